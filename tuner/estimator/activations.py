@@ -1,0 +1,65 @@
+"""Bytes autograd keeps for backward (activations) for one micro-batch on one rank.
+
+The ZeRO/Megatron papers give ``s·b·h·(34 + 5·a·s/h)`` per layer in 16-bit. What a model really saves depends on
+its kernels, so the coefficients here were measured on the built-in models (``tuner/models.py``) with
+``torch.autograd.graph.saved_tensors_hooks`` over many shapes (``tests/test_activations.py`` re-measures them):
+
+* GPT-2 style block (LayerNorm, fused QKV, GELU MLP): ``e·(8·bsh + 2·bsf + 4·bs) + 4·bas`` bytes, where ``e`` is
+  the element size, ``f`` the MLP width and ``4·bas`` SDPA's fp32 log-sum-exp. The paper's ``34·bsh`` for
+  ``f = 4h`` in 16-bit is the same ``2·(8 + 8)·bsh`` plus dropout masks, which the built-in models do not use.
+* LLaMA style block (RMSNorm, rotary, SwiGLU, grouped-query heads expanded before attention):
+  ``(6e + 16)·bsh + 4e·bsf + 6·bs + 4·bas``: PyTorch's RMSNorm keeps two fp32 copies of its input.
+* Eager attention adds the softmax output ``e·b·a·s²`` and a boolean mask ``s²`` per layer, instead of the
+  log-sum-exp. Flash/SDPA attention keeps no score matrix.
+* Full activation checkpointing (per block) keeps only each block's input, ``e·bsh`` per layer.
+* Outside the blocks: the final norm and LM-head input (``2e·bsh`` with LayerNorm, ``(e + 8)·bsh`` with RMSNorm),
+  the fp32 log-softmax of the logits ``4·bsV`` (logits are upcast to fp32 for the loss, as transformers does), and
+  token ids, targets and loss statistics (``28·bs``).
+"""
+
+from __future__ import annotations
+
+from tuner.workload import ModelSpec
+
+TOKEN_BYTES = 28  # token ids + targets (int64) and per-token loss statistics
+
+
+def layer_activation_bytes(model: ModelSpec, batch: int, seq: int, elem: int, attention: str) -> int:
+    """Saved bytes of one transformer block without recomputation."""
+    bs = batch * seq
+    bsh = bs * model.hidden_size
+    bsf = bs * model.intermediate_size
+    if model.norm == "rmsnorm":
+        per_layer = (6 * elem + 16) * bsh + 4 * elem * bsf + 6 * bs
+    else:
+        per_layer = elem * (8 * bsh + 2 * bsf + 4 * bs)
+        if not model.learned_positions:  # rotary on a GPT-NeoX style block: rotated q and k copies
+            per_layer += 2 * elem * bsh
+    if attention == "eager":
+        per_layer += elem * batch * model.num_heads * seq * seq + seq * seq
+    else:
+        per_layer += 4 * batch * model.num_heads * seq
+    return per_layer
+
+
+def head_activation_bytes(model: ModelSpec, batch: int, seq: int, elem: int) -> int:
+    """Saved bytes outside the blocks: final norm, LM head input, fp32 log-softmax, tokens."""
+    bs = batch * seq
+    norm_and_head = (2 * elem if model.norm == "layernorm" else elem + 8) * bs * model.hidden_size
+    return norm_and_head + 4 * bs * model.vocab_size + TOKEN_BYTES * bs
+
+
+def activation_bytes(
+    model: ModelSpec, batch: int, seq: int, elem: int, attention: str, checkpointing: bool
+) -> tuple[int, int]:
+    """(saved bytes after the forward pass, extra bytes while one block is recomputed in backward)."""
+    layer = layer_activation_bytes(model, batch, seq, elem, attention)
+    head = head_activation_bytes(model, batch, seq, elem)
+    if checkpointing:
+        return model.num_layers * elem * batch * seq * model.hidden_size + head, layer
+    return model.num_layers * layer + head, 0
+
+
+def logits_workspace_bytes(model: ModelSpec, batch: int, seq: int, elem: int) -> int:
+    """Transient bytes around the loss: the 16-bit (or fp32) logits and their fp32 copy (or their gradients)."""
+    return (elem + 4) * batch * seq * model.vocab_size

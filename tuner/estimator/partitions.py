@@ -1,0 +1,69 @@
+"""How DeepSpeed 0.19 splits parameters across data-parallel ranks (element counts, worst rank).
+
+ZeRO-1/2 flatten all parameters into one buffer padded to a multiple of ``2 × world_size`` and cut it into equal
+partitions; a rank's gradient buffer holds every parameter that *overlaps* its partition, whole, so parameters that
+straddle a boundary make one rank's gradients larger than ``Ψ/N`` (the ZeRO paper ignores this). ZeRO-3 partitions
+each parameter separately, padding each to a multiple of the world size; parameters of at most
+``stage3_param_persistence_threshold`` elements also stay whole on every rank.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate
+
+NCCL_START_ALIGNMENT = 2  # DeepSpeed's nccl_start_alignment_factor (4 bytes / sizeof(fp16))
+
+
+@dataclass(frozen=True, slots=True)
+class FlatPartition:
+    """ZeRO-1/2 sizes in elements: the padded flat buffer, one partition, and the worst rank's gradient buffer."""
+
+    padded_total: int
+    partition: int
+    worst_rank_grads: int
+
+
+@lru_cache(maxsize=4096)
+def flat_partition(numels: tuple[int, ...], world_size: int) -> FlatPartition:
+    """Partition sizes of ZeRO-1/2 for parameters ``numels`` (in model order) over ``world_size`` ranks."""
+    total = sum(numels)
+    alignment = NCCL_START_ALIGNMENT * world_size
+    padded = -(-total // alignment) * alignment
+    partition = padded // world_size
+    if world_size == 1:
+        return FlatPartition(padded, partition, total)
+    ends = list(accumulate(numels))  # end offset of each parameter
+    starts = [end - numel for end, numel in zip(ends, numels)]
+    worst = 0
+    for rank in range(world_size):
+        lo, hi = rank * partition, (rank + 1) * partition
+        first = bisect_right(ends, lo)  # first parameter ending after lo
+        last = bisect_right(starts, hi - 1) - 1  # last parameter starting before hi
+        if first <= last:
+            worst = max(worst, ends[last] - starts[first])
+    return FlatPartition(padded, partition, worst)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage3Partition:
+    """ZeRO-3 sizes in elements per rank: shards, whole persistent parameters, and the largest parameter."""
+
+    shard: int
+    persistent: int
+    largest: int
+
+
+@lru_cache(maxsize=4096)
+def stage3_partition(
+    numels: tuple[int, ...], world_size: int, persistence_threshold: int, model_persistence_threshold: int
+) -> Stage3Partition:
+    """Per-rank ZeRO-3 sizes for parameters ``numels`` over ``world_size`` ranks."""
+    shard = sum(-(-numel // world_size) for numel in numels)
+    persistent = 0
+    for numel in numels:
+        if numel <= persistence_threshold and persistent + numel <= model_persistence_threshold:
+            persistent += numel
+    return Stage3Partition(shard, persistent, max(numels))

@@ -1,0 +1,252 @@
+"""Read the settings that decide memory out of a DeepSpeed config dict, with DeepSpeed 0.19's defaults.
+
+Pure Python and fast (the tuner resolves tens of thousands of configs). Unknown ``zero_optimization`` keys and bad
+values are rejected the way DeepSpeed's own pydantic models reject them, with the offending key named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.workload import Workload
+
+# Field names and aliases of DeepSpeedZeroConfig and its offload configs in DeepSpeed 0.19.
+ZERO_KEYS = frozenset(
+    """allgather_bucket_size allgather_partitions allgather_sequential compute_grad_norm contiguous_gradients
+    cpu_offload cpu_offload_param cpu_offload_use_pin_memory elastic_checkpoint enable_sanity_checks
+    gather_16bit_weights_on_model_save ignore_unused_parameters leaf_module legacy_stage1 load_from_fp32_weights
+    log_trace_cache_warnings max_live_parameters max_reuse_distance memory_efficient_linear
+    model_persistence_threshold module_granularity_threshold offload_optimizer offload_param overlap_comm
+    override_module_apply param_persistence_threshold parameter_alignment pipeline_loading_checkpoint
+    prefetch_bucket_size reduce_bucket_size reduce_scatter round_robin_gradients save_muon_momentum_buffer_in_memory
+    stage stage3_allgather_sequential stage3_gather_16bit_weights_on_model_save stage3_gather_fp16_weights_on_model_save
+    stage3_max_live_parameters stage3_max_reuse_distance stage3_model_persistence_threshold
+    stage3_module_granularity_threshold stage3_param_persistence_threshold stage3_prefetch_bucket_size
+    stage3_use_all_reduce_for_fetch_params sub_group_size use_all_reduce_for_fetch_params
+    use_multi_rank_bucket_allreduce zenflow zero_hpz_partition_size zero_quantized_gradients
+    zero_quantized_nontrainable_weights zero_quantized_weights""".split()
+)
+OFFLOAD_PARAM_KEYS = frozenset({"buffer_count", "buffer_size", "device", "max_in_cpu", "nvme_path", "pin_memory"})
+OFFLOAD_OPTIMIZER_KEYS = frozenset(
+    {"buffer_count", "cpuadam_cores_perc", "device", "fast_init", "nvme_path", "pin_memory", "pipeline_read",
+     "pipeline_write", "ratio", "super_offload"}
+)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+ADAM_FAMILY = frozenset({"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"})
+
+
+class ConfigError(ValueError):
+    """A ds_config value the estimator (and DeepSpeed) cannot accept; ``field`` is its dotted key."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the estimator needs from workload + ds_config, resolved and validated."""
+
+    world_size: int
+    micro_batch: int
+    grad_accum: int
+    precision: str
+    stage: int
+    overlap_comm: bool
+    contiguous_gradients: bool
+    reduce_bucket_size: int
+    allgather_bucket_size: int
+    offload_optimizer: str
+    offload_optimizer_pin: bool
+    offload_optimizer_buffer_count: int
+    offload_param: str
+    offload_param_pin: bool
+    offload_param_buffer_count: int
+    offload_param_buffer_size: int
+    max_live_parameters: int
+    max_reuse_distance: int
+    prefetch_bucket_size: int
+    param_persistence_threshold: int
+    model_persistence_threshold: int
+    sub_group_size: int
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per element of the parameters DeepSpeed trains (16-bit or fp32)."""
+        return 4 if self.precision == "fp32" else 2
+
+
+def _section(config: dict[str, Any], key: str) -> dict[str, Any]:
+    value = config.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def _int(section: dict[str, Any], key: str, default: int, prefix: str, minimum: int = 0) -> int:
+    value = section.get(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{prefix}{key}", f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{prefix}{key}", f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(section: dict[str, Any], key: str, default: bool, prefix: str) -> bool:
+    value = section.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{prefix}{key}", f"must be true or false, got {value!r}")
+    return value
+
+
+def _enabled(config: dict[str, Any], key: str) -> bool:
+    section = _section(config, key)
+    return _bool(section, "enabled", False, f"{key}.") if section else False
+
+
+def _offload(zero: dict[str, Any], key: str, allowed: frozenset[str]) -> dict[str, Any]:
+    section = _section(zero, key)
+    prefix = f"zero_optimization.{key}."
+    for name in section:
+        if name not in allowed:
+            raise ConfigError(f"{prefix}{name}", "unknown key (DeepSpeed rejects it)")
+    device = section.get("device", "none")
+    if device is None:
+        device = "none"
+    if device not in OFFLOAD_DEVICES:
+        raise ConfigError(f"{prefix}device", f"must be one of none, cpu, nvme, got {device!r}")
+    if device == "nvme" and not section.get("nvme_path"):
+        raise ConfigError(f"{prefix}nvme_path", "required when device is nvme")
+    return section
+
+
+def _zero_value(zero: dict[str, Any], names: tuple[str, str], default: int) -> int:
+    """A stage-3 key given under its ``stage3_`` alias or its plain field name."""
+    key = names[0] if names[0] in zero else names[1]
+    return _int(zero, key, default, "zero_optimization.")
+
+
+def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
+    """Resolve the memory-relevant settings of ``ds_config`` for ``workload``.
+
+    Batch sizes follow DeepSpeed's rules: ``train_batch_size = micro_batch × grad_accum × world_size``, any two
+    determine the third, and the workload's training settings fill in what the config leaves out.
+
+    Raises:
+        ConfigError: a malformed or unsupported value, naming its key.
+    """
+    if not isinstance(ds_config, dict):
+        raise ConfigError("ds_config", "must be a JSON object")
+    world = workload.cluster.world_size
+    micro, accum, _ = _batch_sizes(ds_config, workload, world)
+    fp16, bf16 = _enabled(ds_config, "fp16"), _enabled(ds_config, "bf16")
+    if fp16 and bf16:
+        raise ConfigError("bf16.enabled", "fp16 and bf16 cannot both be enabled")
+    precision = "fp16" if fp16 else "bf16" if bf16 else "fp32"
+    _check_optimizer(ds_config)
+    grad_accum_dtype = _section(ds_config, "data_types").get("grad_accum_dtype")
+    if grad_accum_dtype not in (None, "fp16" if fp16 else "bf16" if bf16 else "fp32"):
+        raise ConfigError("data_types.grad_accum_dtype", "a gradient accumulation dtype other than the model's "
+                          "is not modelled by the estimator yet")
+
+    zero = _section(ds_config, "zero_optimization")
+    for name in zero:
+        if name not in ZERO_KEYS:
+            raise ConfigError(f"zero_optimization.{name}", "unknown key (DeepSpeed rejects it)")
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise ConfigError("zero_optimization.stage", f"must be 0, 1, 2 or 3, got {stage!r}")
+    prefix = "zero_optimization."
+    overlap_default = stage == 3
+    overlap = zero.get("overlap_comm")
+    overlap_comm = overlap_default if overlap is None else _bool(zero, "overlap_comm", overlap_default, prefix)
+    opt_offload = _offload(zero, "offload_optimizer", OFFLOAD_OPTIMIZER_KEYS)
+    param_offload = _offload(zero, "offload_param", OFFLOAD_PARAM_KEYS)
+    opt_device = opt_offload.get("device") or "none"
+    param_device = param_offload.get("device") or "none"
+    if opt_device != "none" and stage == 0:
+        raise ConfigError(f"{prefix}offload_optimizer.device", "optimizer offload needs ZeRO stage 1, 2 or 3")
+    if param_device != "none" and stage != 3:
+        raise ConfigError(f"{prefix}offload_param.device", f"parameter offload needs ZeRO stage 3, got stage {stage}")
+    if opt_device == "nvme" and stage != 3:
+        raise ConfigError(f"{prefix}offload_optimizer.device", "NVMe optimizer offload needs ZeRO stage 3")
+    settings = Settings(
+        world_size=world,
+        micro_batch=micro,
+        grad_accum=accum,
+        precision=precision,
+        stage=stage,
+        overlap_comm=overlap_comm,
+        contiguous_gradients=_bool(zero, "contiguous_gradients", True, prefix),
+        reduce_bucket_size=_int(zero, "reduce_bucket_size", 500_000_000, prefix, minimum=1),
+        allgather_bucket_size=_int(zero, "allgather_bucket_size", 500_000_000, prefix),
+        offload_optimizer=opt_device,
+        offload_optimizer_pin=_bool(opt_offload, "pin_memory", True, f"{prefix}offload_optimizer."),
+        offload_optimizer_buffer_count=_int(opt_offload, "buffer_count", 4, f"{prefix}offload_optimizer."),
+        offload_param=param_device,
+        offload_param_pin=_bool(param_offload, "pin_memory", True, f"{prefix}offload_param."),
+        offload_param_buffer_count=_int(param_offload, "buffer_count", 5, f"{prefix}offload_param."),
+        offload_param_buffer_size=_int(param_offload, "buffer_size", 100_000_000, f"{prefix}offload_param."),
+        max_live_parameters=_zero_value(zero, ("stage3_max_live_parameters", "max_live_parameters"), 1_000_000_000),
+        max_reuse_distance=_zero_value(zero, ("stage3_max_reuse_distance", "max_reuse_distance"), 1_000_000_000),
+        prefetch_bucket_size=_zero_value(zero, ("stage3_prefetch_bucket_size", "prefetch_bucket_size"), 50_000_000),
+        param_persistence_threshold=_zero_value(
+            zero, ("stage3_param_persistence_threshold", "param_persistence_threshold"), 100_000
+        ),
+        model_persistence_threshold=_zero_value(
+            zero, ("stage3_model_persistence_threshold", "model_persistence_threshold"), 2**63 - 1
+        ),
+        sub_group_size=_int(zero, "sub_group_size", 1_000_000_000, prefix),
+    )
+    return settings
+
+
+def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tuple[int, int, int]:
+    """(micro-batch, accumulation steps, global batch) by DeepSpeed's rules."""
+    total = config.get("train_batch_size")
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accum = config.get("gradient_accumulation_steps")
+    for key, value in (("train_batch_size", total), ("train_micro_batch_size_per_gpu", micro),
+                       ("gradient_accumulation_steps", accum)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            if value == "auto":
+                raise ConfigError(key, '"auto" is a Hugging Face Trainer placeholder; give a number')
+            raise ConfigError(key, f"must be a positive integer, got {value!r}")
+    if micro is None and accum is None and total is None:
+        micro, accum = workload.train.micro_batch, workload.train.grad_accum
+    elif micro is None and total is not None:
+        accum = accum or 1
+        if total % (accum * world):
+            raise ConfigError("train_batch_size", f"{total} is not divisible by gradient_accumulation_steps × "
+                              f"world size = {accum * world}")
+        micro = total // (accum * world)
+    elif accum is None:
+        micro = micro or workload.train.micro_batch
+        if total is None:
+            accum = workload.train.grad_accum
+        elif total % (micro * world):
+            raise ConfigError("train_batch_size", f"{total} is not divisible by micro-batch × world size = "
+                              f"{micro * world}")
+        else:
+            accum = total // (micro * world)
+    if micro is None:
+        micro = workload.train.micro_batch
+    expected = micro * accum * world
+    if total is not None and total != expected:
+        raise ConfigError("train_batch_size", f"{total} != micro-batch {micro} × gradient_accumulation_steps "
+                          f"{accum} × world size {world} = {expected}")
+    if micro <= 0 or accum <= 0:
+        raise ConfigError("train_batch_size", "resolves to a batch of zero")
+    return micro, accum, expected
+
+
+def _check_optimizer(config: dict[str, Any]) -> None:
+    optimizer = _section(config, "optimizer")
+    kind = optimizer.get("type", "AdamW")
+    if not isinstance(kind, str) or kind.lower() not in ADAM_FAMILY:
+        raise ConfigError("optimizer.type", f"the estimator models Adam-family optimizers, got {kind!r}")

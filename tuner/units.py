@@ -1,0 +1,63 @@
+"""Byte sizes: parse "80GiB" / "512GB" / "1e9" and format bytes for people."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+GiB = 2**30
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """Parse a memory size with an optional unit into bytes.
+
+    Args:
+        text: ``"80GiB"``, ``"512GB"``, ``"1.5TiB"``, ``"1e9"`` or a number of bytes.
+
+    Returns:
+        The size in bytes, rounded down to an integer.
+
+    Raises:
+        ValueError: the text is not a size, names an unknown unit, or is not positive.
+
+    Example:
+        >>> parse_bytes("80GiB")
+        85899345920
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"not a memory size: {text!r}")
+    if isinstance(text, (int, float)):
+        value, unit = float(text), ""
+    else:
+        match = _SIZE.match(text)
+        if not match:
+            raise ValueError(f"not a memory size: {text!r} (use e.g. 80GiB, 512GB or plain bytes)")
+        value, unit = float(match.group(1)), match.group(2).lower()
+        if unit not in _UNITS:
+            raise ValueError(f"unknown unit {match.group(2)!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    size = int(value * _UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"memory size must be positive, got {text!r}")
+    return size
+
+
+def format_bytes(size: int | None) -> str:
+    """Format bytes in GiB (or MiB below 1 GiB) for tables; ``None`` prints as ``-``."""
+    if size is None:
+        return "-"
+    if abs(size) >= GiB:
+        return f"{size / GiB:.2f} GiB"
+    return f"{size / 2**20:.1f} MiB"

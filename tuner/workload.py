@@ -1,0 +1,338 @@
+"""What is being trained: the model, the cluster and the training settings.
+
+Pure Python: no torch, no transformers. A :class:`ModelSpec` comes from a Hugging Face ``config.json``, a built-in
+preset (the JSON files in ``tuner/presets``), or a bare parameter count. Its parameter count equals what transformers
+instantiates for the same config, to the parameter (``tests/test_workload.py`` checks this on the meta device).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+PRESET_DIR = Path(__file__).parent / "presets"
+SUPPORTED_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
+Precision = Literal["fp32", "fp16", "bf16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+ATTENTION_KINDS: tuple[str, ...] = ("sdpa", "flash", "eager")
+OPTIMIZERS: tuple[str, ...] = ("adam", "adamw")
+
+
+class WorkloadError(ValueError):
+    """Bad workload input; ``field`` names the offending field for error messages."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, described by the shapes that decide its memory.
+
+    ``family == "params"`` is a bare parameter count: model states can be estimated, activations cannot.
+    """
+
+    name: str
+    family: str
+    vocab_size: int = 0
+    hidden_size: int = 0
+    num_layers: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    max_positions: int = 0
+    tie_embeddings: bool = True
+    learned_positions: bool = False
+    norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
+    gated_mlp: bool = True
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    bare_params: int | None = None
+
+    @property
+    def is_bare(self) -> bool:
+        """True when only the parameter count is known (no shapes, no activations)."""
+        return self.bare_params is not None
+
+    @cached_property
+    def param_numels(self) -> tuple[int, ...]:
+        """Element count of every parameter tensor, in the built-in model's order (tied embeddings once).
+
+        A bare parameter count is one tensor of that size (shapes unknown).
+        """
+        if self.bare_params is not None:
+            return (self.bare_params,)
+        h = self.hidden_size
+        q_out, kv_out, ffn = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.intermediate_size
+        norm = [h, h] if self.norm == "layernorm" else [h]  # weight (+ bias)
+        layer: list[int] = list(norm)
+        if self.family in ("gpt2", "gpt_neox") and q_out == kv_out:
+            layer += [h * 3 * q_out] + ([3 * q_out] if self.qkv_bias else [])  # fused qkv
+        else:
+            for out in (q_out, kv_out, kv_out):
+                layer += [h * out] + ([out] if self.qkv_bias else [])
+        layer += [q_out * h] + ([h] if self.out_bias else [])
+        layer += norm
+        for _ in range(2 if self.gated_mlp else 1):  # up (and gate) projections
+            layer += [h * ffn] + ([ffn] if self.mlp_bias else [])
+        layer += [ffn * h] + ([h] if self.mlp_bias else [])
+        numels = [self.vocab_size * h] + ([self.max_positions * h] if self.learned_positions else [])
+        numels += layer * self.num_layers + norm
+        if not self.tie_embeddings:
+            numels.append(self.vocab_size * h)
+        return tuple(numels)
+
+    @cached_property
+    def param_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Parameter tensors grouped as ``(numel, how many tensors of that size)``."""
+        counts: dict[int, int] = {}
+        for numel in self.param_numels:
+            counts[numel] = counts.get(numel, 0) + 1
+        return tuple(counts.items())
+
+    @cached_property
+    def n_params(self) -> int:
+        """Total trainable parameters (tied embeddings counted once)."""
+        return sum(numel * count for numel, count in self.param_shapes)
+
+    @cached_property
+    def largest_param(self) -> int:
+        """Elements of the largest single parameter tensor."""
+        return max(numel for numel, _ in self.param_shapes)
+
+    @cached_property
+    def params_per_layer(self) -> int:
+        """Parameters in one transformer block (0 for a bare count)."""
+        if self.is_bare:
+            return 0
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
+        if self.learned_positions:
+            embeddings += self.max_positions * self.hidden_size
+        final_norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
+        return (self.n_params - embeddings - final_norm) // self.num_layers
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields, for JSON and fingerprints."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Where it runs: ``nodes`` × ``gpus_per_node`` data-parallel ranks, memory per GPU and per node's CPU."""
+
+    gpus_per_node: int = 1
+    nodes: int = 1
+    gpu_memory: int = 80 * 2**30
+    cpu_memory: int = 1024 * 2**30
+    device: Literal["cuda", "cpu"] = "cuda"
+
+    def __post_init__(self) -> None:
+        for name in ("gpus_per_node", "nodes", "gpu_memory", "cpu_memory"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise WorkloadError(name.replace("_", "-"), f"must be a positive integer, got {value!r}")
+        if self.device not in ("cuda", "cpu"):
+            raise WorkloadError("device", f"must be cuda or cpu, got {self.device!r}")
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel world size, as DeepSpeed's launcher counts it."""
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Training settings a ds_config does not carry (or defaults for those it may)."""
+
+    seq_len: int = 2048
+    micro_batch: int = 1
+    grad_accum: int = 1
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    activation_checkpointing: bool = False
+    attention: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "micro_batch", "grad_accum"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise WorkloadError(name.replace("_", "-"), f"must be a positive integer, got {value!r}")
+        if self.precision not in PRECISIONS:
+            raise WorkloadError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise WorkloadError("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.attention not in ATTENTION_KINDS:
+            raise WorkloadError("attention", f"must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Model + cluster + training settings: the unit the tuner searches configs for."""
+
+    model: ModelSpec
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+
+    def fingerprint(self) -> str:
+        """A stable hash of everything that decides memory and speed (the model's name is left out)."""
+        model = {k: v for k, v in self.model.to_dict().items() if k != "name"}
+        payload = {"model": model, "cluster": asdict(self.cluster), "train": asdict(self.train)}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _get(config: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for name in names:
+        if config.get(name) is not None:
+            return config[name]
+    return default
+
+
+def _require_int(config: dict[str, Any], *names: str, default: int | None = None) -> int:
+    value = _get(config, *names, default=default)
+    if value is None:
+        raise WorkloadError(f"model.{names[0]}", "missing from the model config")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise WorkloadError(f"model.{names[0]}", f"must be a positive integer, got {value!r}")
+    return value
+
+
+def model_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelSpec:
+    """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dict.
+
+    Supported ``model_type``: gpt2, llama, mistral, qwen2, gpt_neox. Defaults follow transformers' config classes.
+
+    Example:
+        >>> spec = model_from_hf_config({"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024,
+        ...                              "n_embd": 768, "n_layer": 12, "n_head": 12})
+        >>> spec.n_params
+        124439808
+    """
+    if not isinstance(config, dict):
+        raise WorkloadError("model", "config.json must hold a JSON object")
+    family = config.get("model_type")
+    if family not in SUPPORTED_FAMILIES:
+        raise WorkloadError(
+            "model.model_type", f"unsupported {family!r}; supported: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    if family == "gpt2":
+        hidden = _require_int(config, "n_embd", "hidden_size", default=768)
+        heads = _require_int(config, "n_head", "num_attention_heads", default=12)
+        return ModelSpec(
+            name=name,
+            family=family,
+            vocab_size=_require_int(config, "vocab_size", default=50257),
+            hidden_size=hidden,
+            num_layers=_require_int(config, "n_layer", "num_hidden_layers", default=12),
+            num_heads=heads,
+            num_kv_heads=heads,
+            head_dim=_divide(hidden, heads, "model.n_head"),
+            intermediate_size=_require_int(config, "n_inner", default=4 * hidden),
+            max_positions=_require_int(config, "n_positions", "max_position_embeddings", default=1024),
+            tie_embeddings=bool(config.get("tie_word_embeddings", True)),
+            learned_positions=True,
+            norm="layernorm",
+            gated_mlp=False,
+            qkv_bias=True,
+            out_bias=True,
+            mlp_bias=True,
+        )
+    hidden = _require_int(config, "hidden_size")
+    heads = _require_int(config, "num_attention_heads")
+    common = dict(
+        name=name,
+        family=family,
+        vocab_size=_require_int(config, "vocab_size"),
+        hidden_size=hidden,
+        num_layers=_require_int(config, "num_hidden_layers"),
+        num_heads=heads,
+        intermediate_size=_require_int(config, "intermediate_size"),
+        max_positions=_require_int(config, "max_position_embeddings", default=2048),
+    )
+    if family == "gpt_neox":
+        bias = bool(config.get("attention_bias", True))
+        return ModelSpec(
+            **common,
+            num_kv_heads=heads,
+            head_dim=_divide(hidden, heads, "model.num_attention_heads"),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            norm="layernorm",
+            gated_mlp=False,
+            qkv_bias=bias,
+            out_bias=bias,
+            mlp_bias=True,
+        )
+    kv_heads = _require_int(config, "num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        raise WorkloadError("model.num_key_value_heads", f"{kv_heads} does not divide {heads} attention heads")
+    head_dim = _get(config, "head_dim") or _divide(hidden, heads, "model.num_attention_heads")
+    if family == "llama":
+        attention_bias = bool(config.get("attention_bias", False))
+        qkv_bias, out_bias, mlp_bias = attention_bias, attention_bias, bool(config.get("mlp_bias", False))
+        tie_default = False
+    elif family == "qwen2":
+        qkv_bias, out_bias, mlp_bias = True, False, False
+        tie_default = False
+    else:  # mistral
+        qkv_bias = out_bias = mlp_bias = False
+        tie_default = False
+    return ModelSpec(
+        **common,
+        num_kv_heads=kv_heads,
+        head_dim=int(head_dim),
+        tie_embeddings=bool(config.get("tie_word_embeddings", tie_default)),
+        norm="rmsnorm",
+        gated_mlp=True,
+        qkv_bias=qkv_bias,
+        out_bias=out_bias,
+        mlp_bias=mlp_bias,
+    )
+
+
+def _divide(total: int, parts: int, field_name: str) -> int:
+    if total % parts:
+        raise WorkloadError(field_name, f"{parts} heads do not divide hidden size {total}")
+    return total // parts
+
+
+def preset_names() -> list[str]:
+    """Names of the built-in model presets."""
+    return sorted(path.stem for path in PRESET_DIR.glob("*.json"))
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """The Hugging Face config dict behind a built-in preset."""
+    path = PRESET_DIR / f"{name}.json"
+    if not path.is_file():
+        raise WorkloadError("model", f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
+    return json.loads(path.read_text())
+
+
+def load_model(source: str) -> ModelSpec:
+    """A model from a preset name or a path to a Hugging Face ``config.json`` (or a folder holding one)."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.exists() or "/" in source:
+        if not path.is_file():
+            raise WorkloadError("model", f"no such file: {path}")
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise WorkloadError("model", f"cannot read {path} as JSON: {error}") from None
+        return model_from_hf_config(config, name=path.parent.name or path.stem)
+    return model_from_hf_config(preset_config(source), name=source)
+
+
+def model_from_param_count(n_params: float) -> ModelSpec:
+    """A bare parameter count (``--params 7.5e9``): model states only, activations unknown."""
+    if isinstance(n_params, bool) or not n_params or n_params < 1 or n_params != n_params:
+        raise WorkloadError("params", f"must be a positive number of parameters, got {n_params!r}")
+    count = int(n_params)
+    return ModelSpec(name=f"{count:.3g} params", family="params", bare_params=count)
