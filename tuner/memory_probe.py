@@ -139,6 +139,11 @@ def classify_engine_memory(engine: Any) -> dict[str, int]:
     return dict(ledger.bytes)
 
 
+def _is_parameter_storage(address: int, params: list[torch.Tensor]) -> bool:
+    """True when ``address`` is the storage a parameter holds right now (ZeRO-3 swaps storages as it gathers)."""
+    return any((found := _storage(p)) is not None and found[0] == address for p in params)
+
+
 @contextmanager
 def count_saved_activations(params: Iterable[torch.Tensor] = ()) -> Iterator[dict[str, int]]:
     """Count unique storages autograd saves for backward inside the block, parameters excluded.
@@ -152,9 +157,8 @@ def count_saved_activations(params: Iterable[torch.Tensor] = ()) -> Iterator[dic
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         found = _storage(tensor)
-        if found is not None and found[0] not in seen:
-            if not any((p_found := _storage(p)) is not None and p_found[0] == found[0] for p in params):
-                seen[found[0]] = found[1]
+        if found is not None and found[0] not in seen and not _is_parameter_storage(found[0], params):
+            seen[found[0]] = found[1]
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

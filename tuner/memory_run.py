@@ -28,8 +28,12 @@ def free_port() -> int:
 
 def _rank_main(rank: int, world: int, port: int, workload: Workload, ds_config: dict[str, Any], out: Any) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world), DS_ACCELERATOR="cpu",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        DS_ACCELERATOR="cpu",
     )
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
     try:
@@ -56,8 +60,16 @@ def _rank_main(rank: int, world: int, port: int, workload: Workload, ds_config: 
         engine.backward(loss)
         engine.step()
         recorder.train_step(*batch)
-        out.put((rank, {"snapshots": recorder.snapshots, "activations": recorder.activation_bytes,
-                        "optimizer": type(engine.optimizer).__name__}))
+        out.put(
+            (
+                rank,
+                {
+                    "snapshots": recorder.snapshots,
+                    "activations": recorder.activation_bytes,
+                    "optimizer": type(engine.optimizer).__name__,
+                },
+            )
+        )
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     except BaseException as error:  # reported to the parent, which raises it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -70,7 +71,11 @@ class ModelSpec:
         if self.bare_params is not None:
             return (self.bare_params,)
         h = self.hidden_size
-        q_out, kv_out, ffn = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.intermediate_size
+        q_out, kv_out, ffn = (
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.intermediate_size,
+        )
         norm = [h, h] if self.norm == "layernorm" else [h]  # weight (+ bias)
         layer: list[int] = list(norm)
         if self.family in ("gpt2", "gpt_neox") and q_out == kv_out:
@@ -218,9 +223,7 @@ def model_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelS
         raise WorkloadError("model", "config.json must hold a JSON object")
     family = config.get("model_type")
     if family not in SUPPORTED_FAMILIES:
-        raise WorkloadError(
-            "model.model_type", f"unsupported {family!r}; supported: {', '.join(SUPPORTED_FAMILIES)}"
-        )
+        raise WorkloadError("model.model_type", f"unsupported {family!r}; supported: {', '.join(SUPPORTED_FAMILIES)}")
     if family == "gpt2":
         hidden = _require_int(config, "n_embd", "hidden_size", default=768)
         heads = _require_int(config, "n_head", "num_attention_heads", default=12)
@@ -332,7 +335,7 @@ def load_model(source: str) -> ModelSpec:
 
 def model_from_param_count(n_params: float) -> ModelSpec:
     """A bare parameter count (``--params 7.5e9``): model states only, activations unknown."""
-    if isinstance(n_params, bool) or not n_params or n_params < 1 or n_params != n_params:
+    if isinstance(n_params, bool) or not math.isfinite(n_params) or n_params < 1:
         raise WorkloadError("params", f"must be a positive number of parameters, got {n_params!r}")
     count = int(n_params)
     return ModelSpec(name=f"{count:.3g} params", family="params", bare_params=count)

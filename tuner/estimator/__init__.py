@@ -10,7 +10,15 @@ Example:
     0.234
 """
 
-from tuner.estimator.core import CATEGORIES, DEFAULT_OVERHEAD, PHASES, MemoryEstimate, Overhead, Phase, estimate
+from tuner.estimator.core import (
+    CATEGORIES,
+    DEFAULT_OVERHEAD,
+    PHASES,
+    MemoryEstimate,
+    Overhead,
+    Phase,
+    estimate,
+)
 from tuner.estimator.settings import ConfigError, Settings, resolve
 
 __all__ = [

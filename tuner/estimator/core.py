@@ -122,8 +122,10 @@ class MemoryEstimate:
         """Why it does not fit: the memory that overflows, by how much, and its largest category."""
         if self.headroom < 0:
             largest = max(CATEGORIES, key=lambda name: self.per_gpu[name] or 0)
-            return (f"GPU memory short by {-self.headroom} bytes at the {self.peak_phase} phase "
-                    f"(largest category: {largest})")
+            return (
+                f"GPU memory short by {-self.headroom} bytes at the {self.peak_phase} phase "
+                f"(largest category: {largest})"
+            )
         if self.cpu_headroom < 0:
             largest = max((k for k in self.cpu_per_node if k != "total"), key=self.cpu_per_node.__getitem__)
             return f"CPU memory per node short by {-self.cpu_headroom} bytes (largest: {largest})"
@@ -170,10 +172,8 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     elem = s.param_bytes
     details: dict[str, int] = {}
     phases = {name: Phase() for name in PHASES}
-    if s.stage == 3:
-        nvme = _stage3_states(workload, s, phases, details)
-    else:
-        nvme = _flat_states(workload, s, phases, details)
+    states = _stage3_states if s.stage == 3 else _flat_states
+    nvme = states(workload, s, phases, details)
 
     known = not model.is_bare
     if known:
@@ -187,29 +187,29 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         phases["forward"].gpu["buffers"] += workspace
         phases["backward"].gpu["activations"] += recompute
 
-    peak_phase = max(PHASES, key=lambda name: phases[name].gpu_total)
+    gpu_totals = {name: phases[name].gpu_total for name in PHASES}
+    peak_phase = max(gpu_totals, key=gpu_totals.__getitem__)
     peak = phases[peak_phase]
     per_gpu: dict[str, int | None] = dict(peak.gpu)
     if not known:
         per_gpu["activations"] = None
     device_overhead = 0
     if cluster.device == "cuda":
-        device_overhead = overhead.cuda_context + int(overhead.fragmentation * peak.gpu_total)
+        device_overhead = overhead.cuda_context + int(overhead.fragmentation * gpu_totals[peak_phase])
     per_gpu["overhead"] = device_overhead
-    per_gpu["total"] = peak.gpu_total + device_overhead
+    per_gpu["total"] = gpu_totals[peak_phase] + device_overhead
 
     process = overhead.cpu_process_cuda if cluster.device == "cuda" else overhead.cpu_process_cpu
     ranks = cluster.gpus_per_node
-    cpu_peak = max(phase.cpu_total for phase in phases.values())
+    host = [phase.cpu for phase in phases.values()]
+    cpu_peak = max(sum(held.values()) for held in host)
     load = 0 if s.stage == 3 else model.n_params * elem  # each rank materialises its model before ZeRO shards it
     cpu_per_node = {
-        "optimizer_states": ranks * max(p.cpu["optimizer_states"] for p in phases.values()),
-        "parameters": ranks * max(p.cpu["parameters"] for p in phases.values()),
-        "gradients": ranks * max(p.cpu["gradients"] for p in phases.values()),
-        "buffers": ranks * max(p.cpu["buffers"] for p in phases.values()),
-        "processes": ranks * process,
-        "model_load": ranks * max(0, load - cpu_peak),
+        name: ranks * max(held[name] for held in host)
+        for name in ("parameters", "gradients", "optimizer_states", "buffers")
     }
+    cpu_per_node["processes"] = ranks * process
+    cpu_per_node["model_load"] = ranks * max(0, load - cpu_peak)
     cpu_per_node["total"] = ranks * cpu_peak + cpu_per_node["processes"] + cpu_per_node["model_load"]
     return MemoryEstimate(
         n_params=model.n_params,
@@ -252,11 +252,12 @@ def _flat_states(workload: Workload, s: Settings, phases: dict[str, Phase], deta
     bucket = s.reduce_bucket_size * elem * (2 if s.overlap_comm else 1) if s.contiguous_gradients else 0
     details["reduce_buckets"] = bucket
     _add(phases, "gpu", "buffers", bucket, ("backward",))
+    if s.stage == 1:  # ZeRO-1 reduces after backward: every 16-bit gradient is alive first, offloaded or not
+        _add(phases, "gpu", "gradients", elem * model.n_params, ("backward",))
     if s.offload_optimizer == "none":
         _add(phases, "gpu", "optimizer_states", states)
-        # ZeRO-1 reduces after backward, so every 16-bit gradient is alive first; ZeRO-2 reduces as they arrive.
-        backward_grads = model.n_params if s.stage == 1 else worst_grads
-        _add(phases, "gpu", "gradients", elem * backward_grads, ("backward",))
+        if s.stage == 2:  # ZeRO-2 reduces as gradients arrive, into this rank's partition
+            _add(phases, "gpu", "gradients", elem * worst_grads, ("backward",))
         _add(phases, "gpu", "gradients", FP32 * part, ("step",))
         return 0
     largest = model.largest_param
@@ -284,19 +285,8 @@ def _stage3_states(workload: Workload, s: Settings, phases: dict[str, Phase], de
         _add(phases, "cpu", "buffers", s.offload_param_buffer_count * s.offload_param_buffer_size * elem)
     else:
         _add(phases, param_where, "parameters", elem * shard)
-    # Persistent parameters stay whole through forward and backward; the step repartitions everything.
-    _add(phases, "gpu", "parameters", elem * persistent, ("forward", "backward"))
-    # Gathered parameters after the forward pass: DeepSpeed keeps those it will reuse within
-    # stage3_max_reuse_distance (backward starts with the last layers) up to stage3_max_live_parameters, plus the
-    # prefetch bucket; without reuse only the running module and the prefetch bucket are gathered.
-    if model.is_bare or s.world_size == 1:
-        gathered = 0  # one rank: its shard is the whole parameter, nothing is gathered
-    else:
-        unpartitioned = model.n_params - persistent
-        kept = max(s.max_live_parameters, part.largest) if s.max_reuse_distance >= part.largest else part.largest
-        gathered = min(unpartitioned, kept + s.prefetch_bucket_size)
-    details["gathered_parameters"] = elem * gathered
-    _add(phases, "gpu", "parameters", elem * gathered, ("forward",))
+    if s.world_size > 1 and not model.is_bare:
+        _add_stage3_gathered(model.n_params, part.largest, persistent, elem, s, phases, details)
     bucket = s.reduce_bucket_size * elem if s.contiguous_gradients else 0
     details["reduce_buckets"] = bucket
     _add(phases, "gpu", "buffers", bucket)
@@ -316,3 +306,29 @@ def _stage3_states(workload: Workload, s: Settings, phases: dict[str, Phase], de
         else:
             _add(phases, "cpu", "optimizer_states", states)
     return nvme
+
+
+def _add_stage3_gathered(
+    n_params: int,
+    largest: int,
+    persistent: int,
+    elem: int,
+    s: Settings,
+    phases: dict[str, Phase],
+    details: dict[str, int],
+) -> None:
+    """Whole parameters ZeRO-3 holds beside the shards (on one rank the shard is the whole, so nothing).
+
+    Persistent parameters stay whole through forward and backward; the step repartitions everything. After the
+    forward pass DeepSpeed keeps the gathered parameters it will reuse within ``stage3_max_reuse_distance``
+    (backward starts with the last layers), up to ``stage3_max_live_parameters``. While a module runs, it and the
+    prefetch bucket are gathered too: that working set is transient (``stage3_working_set``).
+    """
+    _add(phases, "gpu", "parameters", elem * persistent, ("forward", "backward"))
+    unpartitioned = n_params - persistent
+    kept = min(unpartitioned, max(s.max_live_parameters, largest)) if s.max_reuse_distance >= largest else 0
+    working = max(0, min(unpartitioned, largest + s.prefetch_bucket_size) - kept)
+    details["gathered_parameters"] = elem * kept
+    details["stage3_working_set"] = elem * working
+    _add(phases, "gpu", "parameters", elem * kept, ("forward",))
+    _add(phases, "gpu", "buffers", elem * working, ("forward",))

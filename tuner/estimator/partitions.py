@@ -36,7 +36,7 @@ def flat_partition(numels: tuple[int, ...], world_size: int) -> FlatPartition:
     if world_size == 1:
         return FlatPartition(padded, partition, total)
     ends = list(accumulate(numels))  # end offset of each parameter
-    starts = [end - numel for end, numel in zip(ends, numels)]
+    starts = [end - numel for end, numel in zip(ends, numels, strict=True)]
     worst = 0
     for rank in range(world_size):
         lo, hi = rank * partition, (rank + 1) * partition

@@ -13,24 +13,75 @@ from tuner.workload import Workload
 
 # Field names and aliases of DeepSpeedZeroConfig and its offload configs in DeepSpeed 0.19.
 ZERO_KEYS = frozenset(
-    """allgather_bucket_size allgather_partitions allgather_sequential compute_grad_norm contiguous_gradients
-    cpu_offload cpu_offload_param cpu_offload_use_pin_memory elastic_checkpoint enable_sanity_checks
-    gather_16bit_weights_on_model_save ignore_unused_parameters leaf_module legacy_stage1 load_from_fp32_weights
-    log_trace_cache_warnings max_live_parameters max_reuse_distance memory_efficient_linear
-    model_persistence_threshold module_granularity_threshold offload_optimizer offload_param overlap_comm
-    override_module_apply param_persistence_threshold parameter_alignment pipeline_loading_checkpoint
-    prefetch_bucket_size reduce_bucket_size reduce_scatter round_robin_gradients save_muon_momentum_buffer_in_memory
-    stage stage3_allgather_sequential stage3_gather_16bit_weights_on_model_save stage3_gather_fp16_weights_on_model_save
-    stage3_max_live_parameters stage3_max_reuse_distance stage3_model_persistence_threshold
-    stage3_module_granularity_threshold stage3_param_persistence_threshold stage3_prefetch_bucket_size
-    stage3_use_all_reduce_for_fetch_params sub_group_size use_all_reduce_for_fetch_params
-    use_multi_rank_bucket_allreduce zenflow zero_hpz_partition_size zero_quantized_gradients
-    zero_quantized_nontrainable_weights zero_quantized_weights""".split()
+    [
+        "allgather_bucket_size",
+        "allgather_partitions",
+        "allgather_sequential",
+        "compute_grad_norm",
+        "contiguous_gradients",
+        "cpu_offload",
+        "cpu_offload_param",
+        "cpu_offload_use_pin_memory",
+        "elastic_checkpoint",
+        "enable_sanity_checks",
+        "gather_16bit_weights_on_model_save",
+        "ignore_unused_parameters",
+        "leaf_module",
+        "legacy_stage1",
+        "load_from_fp32_weights",
+        "log_trace_cache_warnings",
+        "max_live_parameters",
+        "max_reuse_distance",
+        "memory_efficient_linear",
+        "model_persistence_threshold",
+        "module_granularity_threshold",
+        "offload_optimizer",
+        "offload_param",
+        "overlap_comm",
+        "override_module_apply",
+        "param_persistence_threshold",
+        "parameter_alignment",
+        "pipeline_loading_checkpoint",
+        "prefetch_bucket_size",
+        "reduce_bucket_size",
+        "reduce_scatter",
+        "round_robin_gradients",
+        "save_muon_momentum_buffer_in_memory",
+        "stage",
+        "stage3_allgather_sequential",
+        "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save",
+        "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
+        "stage3_model_persistence_threshold",
+        "stage3_module_granularity_threshold",
+        "stage3_param_persistence_threshold",
+        "stage3_prefetch_bucket_size",
+        "stage3_use_all_reduce_for_fetch_params",
+        "sub_group_size",
+        "use_all_reduce_for_fetch_params",
+        "use_multi_rank_bucket_allreduce",
+        "zenflow",
+        "zero_hpz_partition_size",
+        "zero_quantized_gradients",
+        "zero_quantized_nontrainable_weights",
+        "zero_quantized_weights",
+    ]
 )
 OFFLOAD_PARAM_KEYS = frozenset({"buffer_count", "buffer_size", "device", "max_in_cpu", "nvme_path", "pin_memory"})
 OFFLOAD_OPTIMIZER_KEYS = frozenset(
-    {"buffer_count", "cpuadam_cores_perc", "device", "fast_init", "nvme_path", "pin_memory", "pipeline_read",
-     "pipeline_write", "ratio", "super_offload"}
+    {
+        "buffer_count",
+        "cpuadam_cores_perc",
+        "device",
+        "fast_init",
+        "nvme_path",
+        "pin_memory",
+        "pipeline_read",
+        "pipeline_write",
+        "ratio",
+        "super_offload",
+    }
 )
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 ADAM_FAMILY = frozenset({"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"})
@@ -88,6 +139,8 @@ def _section(config: dict[str, Any], key: str) -> dict[str, Any]:
 
 def _int(section: dict[str, Any], key: str, default: int, prefix: str, minimum: int = 0) -> int:
     value = section.get(key, default)
+    if type(value) is int and value >= minimum:  # the common case, checked first: the tuner resolves many configs
+        return value
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -99,7 +152,7 @@ def _int(section: dict[str, Any], key: str, default: int, prefix: str, minimum: 
 
 def _bool(section: dict[str, Any], key: str, default: bool, prefix: str) -> bool:
     value = section.get(key, default)
-    if not isinstance(value, bool):
+    if value is not True and value is not False:
         raise ConfigError(f"{prefix}{key}", f"must be true or false, got {value!r}")
     return value
 
@@ -112,9 +165,8 @@ def _enabled(config: dict[str, Any], key: str) -> bool:
 def _offload(zero: dict[str, Any], key: str, allowed: frozenset[str]) -> dict[str, Any]:
     section = _section(zero, key)
     prefix = f"zero_optimization.{key}."
-    for name in section:
-        if name not in allowed:
-            raise ConfigError(f"{prefix}{name}", "unknown key (DeepSpeed rejects it)")
+    for name in section.keys() - allowed:
+        raise ConfigError(f"{prefix}{name}", "unknown key (DeepSpeed rejects it)")
     device = section.get("device", "none")
     if device is None:
         device = "none"
@@ -151,13 +203,14 @@ def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
     _check_optimizer(ds_config)
     grad_accum_dtype = _section(ds_config, "data_types").get("grad_accum_dtype")
     if grad_accum_dtype not in (None, "fp16" if fp16 else "bf16" if bf16 else "fp32"):
-        raise ConfigError("data_types.grad_accum_dtype", "a gradient accumulation dtype other than the model's "
-                          "is not modelled by the estimator yet")
+        raise ConfigError(
+            "data_types.grad_accum_dtype",
+            "a gradient accumulation dtype other than the model's is not modelled by the estimator yet",
+        )
 
     zero = _section(ds_config, "zero_optimization")
-    for name in zero:
-        if name not in ZERO_KEYS:
-            raise ConfigError(f"zero_optimization.{name}", "unknown key (DeepSpeed rejects it)")
+    for name in sorted(zero.keys() - ZERO_KEYS):
+        raise ConfigError(f"zero_optimization.{name}", "unknown key (DeepSpeed rejects it)")
     stage = zero.get("stage", 0)
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise ConfigError("zero_optimization.stage", f"must be 0, 1, 2 or 3, got {stage!r}")
@@ -211,8 +264,11 @@ def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tupl
     total = config.get("train_batch_size")
     micro = config.get("train_micro_batch_size_per_gpu")
     accum = config.get("gradient_accumulation_steps")
-    for key, value in (("train_batch_size", total), ("train_micro_batch_size_per_gpu", micro),
-                       ("gradient_accumulation_steps", accum)):
+    for key, value in (
+        ("train_batch_size", total),
+        ("train_micro_batch_size_per_gpu", micro),
+        ("gradient_accumulation_steps", accum),
+    ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             if value == "auto":
                 raise ConfigError(key, '"auto" is a Hugging Face Trainer placeholder; give a number')
@@ -222,24 +278,29 @@ def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tupl
     elif micro is None and total is not None:
         accum = accum or 1
         if total % (accum * world):
-            raise ConfigError("train_batch_size", f"{total} is not divisible by gradient_accumulation_steps × "
-                              f"world size = {accum * world}")
+            raise ConfigError(
+                "train_batch_size",
+                f"{total} is not divisible by gradient_accumulation_steps × world size = {accum * world}",
+            )
         micro = total // (accum * world)
     elif accum is None:
         micro = micro or workload.train.micro_batch
         if total is None:
             accum = workload.train.grad_accum
         elif total % (micro * world):
-            raise ConfigError("train_batch_size", f"{total} is not divisible by micro-batch × world size = "
-                              f"{micro * world}")
+            raise ConfigError(
+                "train_batch_size", f"{total} is not divisible by micro-batch × world size = {micro * world}"
+            )
         else:
             accum = total // (micro * world)
     if micro is None:
         micro = workload.train.micro_batch
     expected = micro * accum * world
     if total is not None and total != expected:
-        raise ConfigError("train_batch_size", f"{total} != micro-batch {micro} × gradient_accumulation_steps "
-                          f"{accum} × world size {world} = {expected}")
+        raise ConfigError(
+            "train_batch_size",
+            f"{total} != micro-batch {micro} × gradient_accumulation_steps {accum} × world size {world} = {expected}",
+        )
     if micro <= 0 or accum <= 0:
         raise ConfigError("train_batch_size", "resolves to a batch of zero")
     return micro, accum, expected

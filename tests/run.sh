@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command (README): builds .venv on a fresh machine, then lint and the whole suite.
+# torch comes first and pinned to the CPU build on disk: an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e ".[run,test]"
+export DS_ACCELERATOR=cpu
+export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's compiled ops survive between runs
+.venv/bin/ruff check tuner tests bench
+.venv/bin/ruff format --check tuner tests bench
+.venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,159 @@
+"""Workload model: parameter counts equal transformers' to the parameter, bad input names its field."""
+
+import json
+
+import pytest
+
+from tuner.workload import (
+    ClusterSpec,
+    TrainSpec,
+    Workload,
+    WorkloadError,
+    load_model,
+    model_from_hf_config,
+    model_from_param_count,
+    preset_config,
+    preset_names,
+)
+
+EXTRA_CONFIGS = {
+    "gpt_neox": {
+        "model_type": "gpt_neox",
+        "vocab_size": 50304,
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 2048,
+    },
+    "gpt_neox-tied-nobias": {
+        "model_type": "gpt_neox",
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+    },
+    "llama-biases-headdim": {
+        "model_type": "llama",
+        "vocab_size": 1024,
+        "hidden_size": 128,
+        "intermediate_size": 344,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": True,
+        "head_dim": 64,
+    },
+    "gpt2-untied-inner": {
+        "model_type": "gpt2",
+        "vocab_size": 1000,
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_inner": 300,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
+    "qwen2-untied": {
+        "model_type": "qwen2",
+        "vocab_size": 2000,
+        "hidden_size": 128,
+        "intermediate_size": 300,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": False,
+    },
+    "mistral-headdim": {
+        "model_type": "mistral",
+        "vocab_size": 2000,
+        "hidden_size": 128,
+        "intermediate_size": 300,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 48,
+    },
+}
+CONFIGS = {**{name: preset_config(name) for name in preset_names()}, **EXTRA_CONFIGS}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_parameter_count_equals_transformers(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = CONFIGS[name]
+    hf_config = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    expected = sum(p.numel() for p in model.parameters())
+    assert model_from_hf_config(config, name).n_params == expected
+
+
+def test_known_sizes_of_presets() -> None:
+    assert load_model("llama-2-7b").n_params == 6_738_415_616
+    assert load_model("gpt2").n_params == 124_439_808
+    assert load_model("llama-3-8b").n_params == 8_030_261_248
+
+
+def test_config_file_and_folder(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(preset_config("tiny-llama")))
+    assert load_model(str(tmp_path)).n_params == load_model("tiny-llama").n_params
+    assert load_model(str(tmp_path / "config.json")).family == "llama"
+
+
+@pytest.mark.parametrize(
+    ("source", "field"),
+    [("no-such-preset", "model"), ("/nonexistent/config.json", "model")],
+)
+def test_bad_model_source_names_field(source: str, field: str) -> None:
+    with pytest.raises(WorkloadError) as error:
+        load_model(source)
+    assert error.value.field == field
+
+
+def test_bad_config_values_name_the_key(tmp_path) -> None:
+    with pytest.raises(WorkloadError, match=r"model\.model_type"):
+        model_from_hf_config({"model_type": "t5"})
+    with pytest.raises(WorkloadError, match=r"model\.hidden_size"):
+        model_from_hf_config({**preset_config("tiny-llama"), "hidden_size": -1})
+    with pytest.raises(WorkloadError, match=r"model\.num_key_value_heads"):
+        model_from_hf_config({**preset_config("tiny-llama"), "num_key_value_heads": 3})
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+    with pytest.raises(WorkloadError, match="cannot read"):
+        load_model(str(path))
+
+
+def test_bare_parameter_count() -> None:
+    spec = model_from_param_count(7.5e9)
+    assert spec.n_params == 7_500_000_000 and spec.is_bare
+    for bad in (0, -5, float("nan")):
+        with pytest.raises(WorkloadError, match="params"):
+            model_from_param_count(bad)
+
+
+def test_cluster_and_train_validation() -> None:
+    assert ClusterSpec(gpus_per_node=8, nodes=4).world_size == 32
+    with pytest.raises(WorkloadError, match="gpus-per-node"):
+        ClusterSpec(gpus_per_node=0)
+    with pytest.raises(WorkloadError, match="gpu-memory"):
+        ClusterSpec(gpu_memory=-1)
+    with pytest.raises(WorkloadError, match="precision"):
+        TrainSpec(precision="int8")
+    with pytest.raises(WorkloadError, match="seq-len"):
+        TrainSpec(seq_len=0)
+
+
+def test_fingerprint_is_stable_and_ignores_name() -> None:
+    a = Workload(model_from_hf_config(preset_config("tiny-gpt2"), "a"))
+    b = Workload(model_from_hf_config(preset_config("tiny-gpt2"), "b"))
+    c = Workload(model_from_hf_config(preset_config("tiny-gpt2"), "a"), train=TrainSpec(seq_len=128))
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+    assert len(a.fingerprint()) == 16

@@ -1,0 +1,247 @@
+"""The ``dstune`` command line: a thin face over the workload, the ds_config helpers and the estimator.
+
+Every bad input ends the same way: one line ``error: <field>: <message>`` on stderr, exit code 2 (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any, Literal, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
+
+from tuner.dsconfig import load_ds_config, merge_configs, shortcut_config
+from tuner.estimator import ConfigError, MemoryEstimate, estimate
+from tuner.units import GiB, parse_bytes
+from tuner.workload import (
+    ClusterSpec,
+    ModelSpec,
+    TrainSpec,
+    Workload,
+    WorkloadError,
+    load_model,
+    model_from_param_count,
+)
+
+USAGE_EXIT = 2
+Precision = Literal["bf16", "fp16", "fp32"]
+Offload = Literal["none", "cpu", "nvme"]
+Attention = Literal["sdpa", "flash", "eager"]
+Device = Literal["cuda", "cpu"]
+ROWS = (
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("optimizer_states", "optimizer states"),
+    ("activations", "activations"),
+    ("buffers", "buffers"),
+    ("overhead", "overhead"),
+    ("total", "total"),
+)
+
+
+# Typer >= 0.25 vendors click; take its exception classes from the public BadParameter to work with either.
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _print_error(field_name: str, message: str) -> None:
+    """Print the one-line ``error: <field>: <message>`` to stderr."""
+    typer.echo(f"error: {field_name}: {_one_line(message)}", err=True)
+
+
+def _click_field(error: Exception) -> str:
+    """The option a click error is about, without dashes (``stage`` for ``--stage``)."""
+    param = getattr(error, "param", None)
+    if param is not None:
+        names = [opt for opt in getattr(param, "opts", []) if opt.startswith("--")] or [param.name or "argument"]
+        return names[0].lstrip("-")
+    option_name = getattr(error, "option_name", None)
+    if option_name:
+        return option_name.lstrip("-")
+    return "usage"
+
+
+def _click_message(error: Exception) -> str:
+    """A click error's message without the ``Invalid value for '--x':`` preamble (the field says it)."""
+    if isinstance(error, typer.BadParameter) and error.param is not None and error.message:
+        return error.message.removeprefix("Value error, ")
+    return error.format_message()  # type: ignore[attr-defined]
+
+
+class OneLineErrorGroup(TyperGroup):
+    """A Typer group that reports usage errors as one ``error: <field>: <message>`` line, not a panel."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """Run the command; in standalone mode turn click's errors into one line and exit."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except ClickException as error:
+            message = _click_message(error)
+            if message:  # empty for a bare ``dstune``: the help was shown already
+                _print_error(_click_field(error), message)
+            sys.exit(USAGE_EXIT if isinstance(error, UsageError) else getattr(error, "exit_code", 1))
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+app = typer.Typer(
+    cls=OneLineErrorGroup,
+    help="Auto-tuning search for DeepSpeed training configurations.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(field_name: str, message: str) -> NoReturn:
+    """Report bad input on one line and exit with code 2."""
+    _print_error(field_name, message)
+    raise typer.Exit(USAGE_EXIT)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        try:
+            typer.echo(version("dstune"))
+        except PackageNotFoundError:
+            typer.echo("unknown")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Auto-tuning search for DeepSpeed training configurations."""
+
+
+def _size(text: str, field_name: str) -> int:
+    """Parse a memory size option (``80GiB``, ``512GB`` or bytes)."""
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise WorkloadError(field_name, str(error)) from None
+
+
+def _model(model: str | None, params: float | None) -> ModelSpec:
+    """The model from exactly one of ``--model`` and ``--params``."""
+    if (model is None) == (params is None):
+        raise WorkloadError("model", "give exactly one of --model PATH|PRESET or --params COUNT")
+    if model is not None:
+        return load_model(model)
+    if params is None or not math.isfinite(params):
+        raise WorkloadError("params", f"must be a finite positive number of parameters, got {params!r}")
+    return model_from_param_count(params)
+
+
+def _ds_config(
+    train: TrainSpec,
+    stage: int,
+    offload_optimizer: str,
+    offload_param: str,
+    nvme_path: str | None,
+    ds_config: str | None,
+) -> dict[str, Any]:
+    """The shortcut flags' config, with the ``--ds-config`` file merged over it (the file wins)."""
+    config = shortcut_config(
+        train.micro_batch,
+        train.grad_accum,
+        train.precision,
+        stage,
+        offload_optimizer,
+        offload_param,
+        nvme_path,
+    )
+    if ds_config is not None:
+        config = merge_configs(config, load_ds_config(ds_config))
+    return config
+
+
+def _gib(size: int | None) -> str:
+    return "unknown" if size is None else f"{size / GiB:.2f}"
+
+
+def render(est: MemoryEstimate, title: str, console: Console | None = None) -> None:
+    """Print an estimate as a table of per-GPU categories in GiB, the CPU total, peak phase and verdict."""
+    console = console or Console()
+    console.print(title, highlight=False)
+    table = Table()
+    table.add_column("per GPU")
+    table.add_column("GiB", justify="right")
+    for key, label in ROWS:
+        table.add_row(label, _gib(est.per_gpu.get(key)), style="bold" if key == "total" else None)
+    console.print(table)
+    console.print(f"CPU per node: {_gib(est.cpu_per_node['total'])} GiB of {_gib(est.cpu_memory)} GiB")
+    console.print(f"peak phase: {est.peak_phase}")
+    if est.fits:
+        console.print(
+            f"[green]FITS[/green] with {_gib(est.headroom)} GiB headroom per GPU (of {_gib(est.gpu_memory)} GiB)"
+        )
+    else:
+        console.print(f"[red]DOES NOT FIT[/red]: {est.overflow_reason()}", highlight=False, soft_wrap=True)
+
+
+@app.command("estimate")
+def estimate_command(
+    model: Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")] = None,
+    params: Annotated[float | None, typer.Option(help="A bare parameter count, e.g. 7.5e9.")] = None,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs per node.")] = 1,
+    nodes: Annotated[int, typer.Option(min=1, help="Number of nodes.")] = 1,
+    gpu_memory: Annotated[str, typer.Option(help="Memory per GPU (80GiB, 512GB or bytes).")] = "80GiB",
+    cpu_memory: Annotated[str, typer.Option(help="CPU memory per node.")] = "1TiB",
+    seq_len: Annotated[int, typer.Option(min=1, help="Sequence length.")] = 2048,
+    micro_batch: Annotated[int, typer.Option(min=1, help="Micro-batch per GPU.")] = 1,
+    grad_accum: Annotated[int, typer.Option(min=1, help="Gradient accumulation steps.")] = 1,
+    precision: Annotated[Precision, typer.Option(help="Training precision.")] = "bf16",
+    stage: Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage.")] = 0,
+    offload_optimizer: Annotated[Offload, typer.Option(help="Optimizer offload device.")] = "none",
+    offload_param: Annotated[Offload, typer.Option(help="Parameter offload device (ZeRO-3).")] = "none",
+    nvme_path: Annotated[str | None, typer.Option(help="Folder for NVMe offload.")] = None,
+    activation_checkpointing: Annotated[bool, typer.Option(help="Recompute activations in backward.")] = False,
+    attention: Annotated[Attention, typer.Option(help="Attention kernel.")] = "sdpa",
+    device: Annotated[Device, typer.Option(help="Training device.")] = "cuda",
+    ds_config: Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")] = False,
+) -> None:
+    """Estimate peak memory per GPU and per node's CPU for one training configuration."""
+    try:
+        spec = _model(model, params)
+        cluster = ClusterSpec(
+            gpus_per_node=gpus,
+            nodes=nodes,
+            gpu_memory=_size(gpu_memory, "gpu-memory"),
+            cpu_memory=_size(cpu_memory, "cpu-memory"),
+            device=device,
+        )
+        train = TrainSpec(
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            grad_accum=grad_accum,
+            precision=precision,
+            activation_checkpointing=activation_checkpointing,
+            attention=attention,
+        )
+        config = _ds_config(train, stage, offload_optimizer, offload_param, nvme_path, ds_config)
+        est = estimate(Workload(spec, cluster, train), config)
+    except (WorkloadError, ConfigError) as error:
+        _fail(error.field, str(error).removeprefix(f"{error.field}: "))
+    if as_json:
+        typer.echo(json.dumps(est.to_dict()))
+    else:
+        render(est, f"{spec.name}: {spec.n_params:,} parameters, {cluster.world_size} GPU(s)")

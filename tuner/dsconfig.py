@@ -1,0 +1,158 @@
+"""DeepSpeed config dicts: build one from the CLI's shortcut flags, load, merge and validate them.
+
+Pure Python at import time: :func:`validate_with_deepspeed` imports DeepSpeed only when called.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from tuner.estimator.settings import ConfigError
+
+PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
+DEFAULT_LR = 1e-4
+
+
+def shortcut_config(
+    micro_batch: int,
+    grad_accum: int,
+    precision: str,
+    stage: int,
+    offload_optimizer: str,
+    offload_param: str,
+    nvme_path: str | None = None,
+) -> dict[str, Any]:
+    """A DeepSpeed config dict from the shortcut flags of ``dstune estimate``.
+
+    Args:
+        micro_batch: ``train_micro_batch_size_per_gpu``.
+        grad_accum: ``gradient_accumulation_steps``.
+        precision: ``bf16``, ``fp16`` or ``fp32`` (fp32 adds no precision section).
+        stage: ZeRO stage 0-3.
+        offload_optimizer: ``none``, ``cpu`` or ``nvme``.
+        offload_param: ``none``, ``cpu`` or ``nvme``.
+        nvme_path: Folder for NVMe offload; set on each offload section whose device is ``nvme``.
+
+    Returns:
+        A fresh config dict.
+    """
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "optimizer": {"type": "AdamW", "params": {"lr": DEFAULT_LR}},
+    }
+    if precision in PRECISION_SECTIONS:
+        config[PRECISION_SECTIONS[precision]] = {"enabled": True}
+    zero: dict[str, Any] = {"stage": stage}
+    for key, device in (("offload_optimizer", offload_optimizer), ("offload_param", offload_param)):
+        if device != "none":
+            zero[key] = _offload_section(device, nvme_path)
+    config["zero_optimization"] = zero
+    return config
+
+
+def _offload_section(device: str, nvme_path: str | None) -> dict[str, Any]:
+    section: dict[str, Any] = {"device": device}
+    if device == "nvme" and nvme_path:
+        section["nvme_path"] = nvme_path
+    return section
+
+
+def load_ds_config(path: str | Path) -> dict[str, Any]:
+    """Read a DeepSpeed config JSON file.
+
+    Raises:
+        ConfigError: (field ``ds-config``) the file is missing, unreadable, not JSON, or not a JSON object.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError("ds-config", f"no such file: {file}")
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError("ds-config", f"cannot read {file} as JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ConfigError("ds-config", f"{file} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def merge_configs(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` over ``base``: nested dicts merge key by key, other values of ``override`` win.
+
+    Neither input is modified.
+
+    Example:
+        >>> merge_configs({"zero_optimization": {"stage": 1, "overlap_comm": True}},
+        ...               {"zero_optimization": {"stage": 3}})
+        {'zero_optimization': {'stage': 3, 'overlap_comm': True}}
+    """
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_configs(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def validate_with_deepspeed(config: dict[str, Any], world_size: int) -> None:
+    """Validate ``config`` with DeepSpeed's own config classes, as ``deepspeed.initialize`` would.
+
+    Checks the ``zero_optimization`` section with ``DeepSpeedZeroConfig`` (so the offending key is named),
+    then the whole config with ``DeepSpeedConfig`` at ``world_size`` data-parallel ranks (batch-size
+    arithmetic and the other sections).
+
+    Raises:
+        ConfigError: DeepSpeed rejects the config; ``field`` is the dotted key where DeepSpeed names one.
+        ImportError: DeepSpeed is not installed.
+    """
+    import pydantic
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    zero = config.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError("zero_optimization", f"must be an object, got {type(zero).__name__}")
+    try:
+        DeepSpeedZeroConfig(**zero)
+    except pydantic.ValidationError as error:
+        raise _config_error(error, "zero_optimization") from None
+    try:
+        _deepspeed_config(DeepSpeedConfig, config, world_size)
+    except pydantic.ValidationError as error:
+        raise _config_error(error, _section_of(config, error)) from None
+    except (AssertionError, ValueError, TypeError, KeyError) as error:
+        raise ConfigError("ds_config", f"DeepSpeed rejects it: {error}") from None
+
+
+def _deepspeed_config(config_class: type, config: dict[str, Any], world_size: int) -> Any:
+    """Build ``DeepSpeedConfig`` for ``world_size`` ranks without an initialised process group."""
+    ds_config = config_class.__new__(config_class)
+    ds_config._param_dict = config
+    ds_config.global_rank = 0
+    ds_config.world_size = world_size
+    ds_config._initialize_params(copy.copy(config))
+    ds_config._configure_train_batch_size()
+    ds_config._do_sanity_check()
+    return ds_config
+
+
+def _section_of(config: dict[str, Any], error: Any) -> str:
+    """The top-level section whose object holds the key a nested DeepSpeed model rejected ("" if none)."""
+    location = error.errors()[0].get("loc", ())
+    if location:
+        for key, value in config.items():
+            if isinstance(value, dict) and location[0] in value:
+                return key
+    return ""
+
+
+def _config_error(error: Any, prefix: str) -> ConfigError:
+    """The first pydantic error as a :class:`ConfigError` naming its dotted key under ``prefix``."""
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first.get("loc", ()))
+    field_name = ".".join(part for part in (prefix, location) if part) or "ds_config"
+    return ConfigError(field_name, f"{first.get('msg', 'invalid')} (DeepSpeed rejects it)")
