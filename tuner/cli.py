@@ -25,6 +25,7 @@ from tuner.workload import (
     TrainSpec,
     Workload,
     WorkloadError,
+    load_hf_config,
     load_model,
     model_from_param_count,
 )
@@ -34,6 +35,8 @@ Precision = Literal["bf16", "fp16", "fp32"]
 Offload = Literal["none", "cpu", "nvme"]
 Attention = Literal["sdpa", "flash", "eager"]
 Device = Literal["cuda", "cpu"]
+Launcher = Literal["local", "ray"]
+ModelImpl = Literal["builtin", "transformers"]
 ROWS = (
     ("parameters", "parameters"),
     ("gradients", "gradients"),
@@ -197,31 +200,48 @@ def render(est: MemoryEstimate, title: str, console: Console | None = None) -> N
         console.print(f"[red]DOES NOT FIT[/red]: {est.overflow_reason()}", highlight=False, soft_wrap=True)
 
 
-@app.command("estimate")
-def estimate_command(
-    model: Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")] = None,
-    params: Annotated[float | None, typer.Option(help="A bare parameter count, e.g. 7.5e9.")] = None,
-    gpus: Annotated[int, typer.Option(min=1, help="GPUs per node.")] = 1,
-    nodes: Annotated[int, typer.Option(min=1, help="Number of nodes.")] = 1,
-    gpu_memory: Annotated[str, typer.Option(help="Memory per GPU (80GiB, 512GB or bytes).")] = "80GiB",
-    cpu_memory: Annotated[str, typer.Option(help="CPU memory per node.")] = "1TiB",
-    seq_len: Annotated[int, typer.Option(min=1, help="Sequence length.")] = 2048,
-    micro_batch: Annotated[int, typer.Option(min=1, help="Micro-batch per GPU.")] = 1,
-    grad_accum: Annotated[int, typer.Option(min=1, help="Gradient accumulation steps.")] = 1,
-    precision: Annotated[Precision, typer.Option(help="Training precision.")] = "bf16",
-    stage: Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage.")] = 0,
-    offload_optimizer: Annotated[Offload, typer.Option(help="Optimizer offload device.")] = "none",
-    offload_param: Annotated[Offload, typer.Option(help="Parameter offload device (ZeRO-3).")] = "none",
-    nvme_path: Annotated[str | None, typer.Option(help="Folder for NVMe offload.")] = None,
-    activation_checkpointing: Annotated[bool, typer.Option(help="Recompute activations in backward.")] = False,
-    attention: Annotated[Attention, typer.Option(help="Attention kernel.")] = "sdpa",
-    device: Annotated[Device, typer.Option(help="Training device.")] = "cuda",
-    ds_config: Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")] = False,
-) -> None:
-    """Estimate peak memory per GPU and per node's CPU for one training configuration."""
+ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
+ParamsOpt = Annotated[float | None, typer.Option(help="A bare parameter count, e.g. 7.5e9.")]
+GpusOpt = Annotated[int, typer.Option(min=1, help="GPUs per node.")]
+NodesOpt = Annotated[int, typer.Option(min=1, help="Number of nodes.")]
+GpuMemoryOpt = Annotated[str, typer.Option(help="Memory per GPU (80GiB, 512GB or bytes).")]
+CpuMemoryOpt = Annotated[str, typer.Option(help="CPU memory per node.")]
+SeqLenOpt = Annotated[int, typer.Option(min=1, help="Sequence length.")]
+MicroBatchOpt = Annotated[int, typer.Option(min=1, help="Micro-batch per GPU.")]
+GradAccumOpt = Annotated[int, typer.Option(min=1, help="Gradient accumulation steps.")]
+PrecisionOpt = Annotated[Precision, typer.Option(help="Training precision.")]
+StageOpt = Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage.")]
+OffloadOptimizerOpt = Annotated[Offload, typer.Option(help="Optimizer offload device.")]
+OffloadParamOpt = Annotated[Offload, typer.Option(help="Parameter offload device (ZeRO-3).")]
+NvmePathOpt = Annotated[str | None, typer.Option(help="Folder for NVMe offload.")]
+CheckpointingOpt = Annotated[bool, typer.Option(help="Recompute activations in backward.")]
+AttentionOpt = Annotated[Attention, typer.Option(help="Attention kernel.")]
+DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
+
+
+def _inputs(
+    model: str | None,
+    params: float | None,
+    gpus: int,
+    nodes: int,
+    gpu_memory: str,
+    cpu_memory: str,
+    seq_len: int,
+    micro_batch: int,
+    grad_accum: int,
+    precision: str,
+    stage: int,
+    offload_optimizer: str,
+    offload_param: str,
+    nvme_path: str | None,
+    activation_checkpointing: bool,
+    attention: str,
+    device: str,
+    ds_config: str | None,
+) -> tuple[Workload, dict[str, Any]]:
+    """The workload and the ds_config the workload flags describe (bad input: one line, exit 2)."""
     try:
-        spec = _model(model, params)
         cluster = ClusterSpec(
             gpus_per_node=gpus,
             nodes=nodes,
@@ -237,11 +257,168 @@ def estimate_command(
             activation_checkpointing=activation_checkpointing,
             attention=attention,
         )
+        workload = Workload(_model(model, params), cluster, train)
         config = _ds_config(train, stage, offload_optimizer, offload_param, nvme_path, ds_config)
-        est = estimate(Workload(spec, cluster, train), config)
+        estimate(workload, config)  # validates the config; cheap
     except (WorkloadError, ConfigError) as error:
         _fail(error.field, str(error).removeprefix(f"{error.field}: "))
+    return workload, config
+
+
+@app.command("estimate")
+def estimate_command(
+    model: ModelOpt = None,
+    params: ParamsOpt = None,
+    gpus: GpusOpt = 1,
+    nodes: NodesOpt = 1,
+    gpu_memory: GpuMemoryOpt = "80GiB",
+    cpu_memory: CpuMemoryOpt = "1TiB",
+    seq_len: SeqLenOpt = 2048,
+    micro_batch: MicroBatchOpt = 1,
+    grad_accum: GradAccumOpt = 1,
+    precision: PrecisionOpt = "bf16",
+    stage: StageOpt = 0,
+    offload_optimizer: OffloadOptimizerOpt = "none",
+    offload_param: OffloadParamOpt = "none",
+    nvme_path: NvmePathOpt = None,
+    activation_checkpointing: CheckpointingOpt = False,
+    attention: AttentionOpt = "sdpa",
+    device: Annotated[Device, typer.Option(help="Training device.")] = "cuda",
+    ds_config: DsConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Estimate peak memory per GPU and per node's CPU for one training configuration."""
+    workload, config = _inputs(
+        model,
+        params,
+        gpus,
+        nodes,
+        gpu_memory,
+        cpu_memory,
+        seq_len,
+        micro_batch,
+        grad_accum,
+        precision,
+        stage,
+        offload_optimizer,
+        offload_param,
+        nvme_path,
+        activation_checkpointing,
+        attention,
+        device,
+        ds_config,
+    )
+    est = estimate(workload, config)
     if as_json:
         typer.echo(json.dumps(est.to_dict()))
     else:
-        render(est, f"{spec.name}: {spec.n_params:,} parameters, {cluster.world_size} GPU(s)")
+        spec = workload.model
+        render(est, f"{spec.name}: {spec.n_params:,} parameters, {workload.cluster.world_size} GPU(s)")
+
+
+@app.command("measure")
+def measure_command(
+    model: ModelOpt = None,
+    params: ParamsOpt = None,
+    gpus: GpusOpt = 1,
+    nodes: NodesOpt = 1,
+    gpu_memory: GpuMemoryOpt = "80GiB",
+    cpu_memory: CpuMemoryOpt = "1TiB",
+    seq_len: SeqLenOpt = 2048,
+    micro_batch: MicroBatchOpt = 1,
+    grad_accum: GradAccumOpt = 1,
+    precision: PrecisionOpt = "bf16",
+    stage: StageOpt = 0,
+    offload_optimizer: OffloadOptimizerOpt = "none",
+    offload_param: OffloadParamOpt = "none",
+    nvme_path: NvmePathOpt = None,
+    activation_checkpointing: CheckpointingOpt = False,
+    attention: AttentionOpt = "sdpa",
+    device: Annotated[Device | None, typer.Option(help="Training device (default: cuda if present).")] = None,
+    ds_config: DsConfigOpt = None,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up optimizer steps (not timed).")] = 2,
+    steps: Annotated[int, typer.Option(min=1, help="Timed optimizer steps.")] = 5,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds before every rank is killed.")] = 600.0,
+    launcher: Annotated[Launcher, typer.Option(help="Start ranks on this machine or through Ray.")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster (with --launcher ray).")] = None,
+    memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
+    model_impl: Annotated[ModelImpl, typer.Option(help="Built-in model or transformers from_config.")] = "builtin",
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
+    device = device or _default_device()
+    workload, config = _inputs(
+        model,
+        params,
+        gpus,
+        nodes,
+        gpu_memory,
+        cpu_memory,
+        seq_len,
+        micro_batch,
+        grad_accum,
+        precision,
+        stage,
+        offload_optimizer,
+        offload_param,
+        nvme_path,
+        activation_checkpointing,
+        attention,
+        device,
+        ds_config,
+    )
+    if workload.model.is_bare:
+        _fail("params", "a measured run needs a model architecture: use --model")
+    cap = None
+    try:
+        cap = _size(memory_cap, "memory-cap") if memory_cap else None
+    except WorkloadError as error:
+        _fail(error.field, str(error).removeprefix(f"{error.field}: "))
+    from tuner.measure import measure
+
+    hf_config = load_hf_config(model)[0] if model_impl == "transformers" and model else None
+    result = measure(
+        workload,
+        config,
+        warmup=warmup,
+        steps=steps,
+        timeout=timeout,
+        launcher=launcher,
+        ray_address=ray_address,
+        memory_cap=cap,
+        model_impl=model_impl,
+        hf_config=hf_config,
+        show_progress=not as_json,
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        render_measurement(result)
+    raise typer.Exit(0 if result["status"] == "ok" else 1)
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def render_measurement(result: dict[str, Any], console: Console | None = None) -> None:
+    """Print a measured run: status, throughput, step times, peak memory per rank against the estimate."""
+    console = console or Console()
+    status = result["status"]
+    console.print(f"status: [{'green' if status == 'ok' else 'red'}]{status}[/]")
+    if result["error"]:
+        console.print(result["error"].strip().splitlines()[-1], highlight=False, soft_wrap=True)
+    if status == "ok":
+        steps = result["step_time_s"]
+        console.print(f"throughput: {result['tokens_per_s']:,.0f} tokens/s, {result['samples_per_s']:,.2f} samples/s")
+        console.print(f"step time: p50 {steps['p50']:.3f} s, p90 {steps['p90']:.3f} s")
+        console.print(f"model TFLOP/s per device: {result['tflops_per_device']:.4f}")
+    table = Table()
+    table.add_column("rank")
+    table.add_column("peak GiB", justify="right")
+    for rank, peak in enumerate(result["peak_bytes_per_rank"]):
+        table.add_row(str(rank), _gib(peak))
+    console.print(table)
+    console.print(f"estimated peak per GPU: {_gib(result['estimate']['per_gpu']['total'])} GiB")

@@ -176,3 +176,27 @@ def synthetic_batch(
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, spec.vocab_size, (micro_batch, seq_len + 1), generator=generator)
     return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+class TransformersCausalLM(nn.Module):
+    """A Hugging Face causal LM built ``from_config`` (random weights, no download) behind the built-in interface."""
+
+    def __init__(self, hf_config: dict, attention: str = "sdpa", checkpointing: bool = False) -> None:
+        super().__init__()
+        import transformers
+
+        config = transformers.AutoConfig.for_model(**hf_config)
+        implementation = {"flash": "sdpa"}.get(attention, attention)
+        self.model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
+        if checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token loss; transformers shifts the labels itself, so the labels are the tokens."""
+        del targets
+        return self.model(input_ids=tokens, labels=tokens).loss
+
+
+def build_transformers_model(hf_config: dict, attention: str = "sdpa", checkpointing: bool = False) -> nn.Module:
+    """Build a transformers model from a ``config.json`` dict with random weights."""
+    return TransformersCausalLM(hf_config, attention=attention, checkpointing=checkpointing)

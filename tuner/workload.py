@@ -187,8 +187,8 @@ class Workload:
 
     def fingerprint(self) -> str:
         """A stable hash of everything that decides memory and speed (the model's name is left out)."""
-        model = {k: v for k, v in self.model.to_dict().items() if k != "name"}
-        payload = {"model": model, "cluster": asdict(self.cluster), "train": asdict(self.train)}
+        payload = workload_to_dict(self)
+        del payload["model"]["name"]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -317,8 +317,8 @@ def preset_config(name: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def load_model(source: str) -> ModelSpec:
-    """A model from a preset name or a path to a Hugging Face ``config.json`` (or a folder holding one)."""
+def load_hf_config(source: str) -> tuple[dict[str, Any], str]:
+    """The Hugging Face config dict and a display name for a preset name or a ``config.json`` path (or folder)."""
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
@@ -329,8 +329,14 @@ def load_model(source: str) -> ModelSpec:
             config = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise WorkloadError("model", f"cannot read {path} as JSON: {error}") from None
-        return model_from_hf_config(config, name=path.parent.name or path.stem)
-    return model_from_hf_config(preset_config(source), name=source)
+        return config, path.parent.name or path.stem
+    return preset_config(source), source
+
+
+def load_model(source: str) -> ModelSpec:
+    """A model from a preset name or a path to a Hugging Face ``config.json`` (or a folder holding one)."""
+    config, name = load_hf_config(source)
+    return model_from_hf_config(config, name=name)
 
 
 def model_from_param_count(n_params: float) -> ModelSpec:
@@ -339,3 +345,13 @@ def model_from_param_count(n_params: float) -> ModelSpec:
         raise WorkloadError("params", f"must be a positive number of parameters, got {n_params!r}")
     count = int(n_params)
     return ModelSpec(name=f"{count:.3g} params", family="params", bare_params=count)
+
+
+def workload_to_dict(workload: Workload) -> dict[str, Any]:
+    """Plain JSON-ready fields of a workload (the inverse of :func:`workload_from_dict`)."""
+    return {"model": workload.model.to_dict(), "cluster": asdict(workload.cluster), "train": asdict(workload.train)}
+
+
+def workload_from_dict(data: dict[str, Any]) -> Workload:
+    """Rebuild a workload from :func:`workload_to_dict`'s output."""
+    return Workload(ModelSpec(**data["model"]), ClusterSpec(**data["cluster"]), TrainSpec(**data["train"]))

@@ -1,0 +1,69 @@
+"""``dstune measure`` end to end: a real DeepSpeed run on CPU through the console script."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.deepspeed
+
+DSTUNE = str(Path(sys.executable).with_name("dstune"))
+TINY = ["--model", "tiny-gpt2", "--seq-len", "64", "--micro-batch", "2", "--device", "cpu"]
+
+
+def dstune(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([DSTUNE, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_measure_json_contract(tmp_path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}))
+    done = dstune(
+        "measure",
+        *TINY,
+        "--gpus",
+        "2",
+        "--stage",
+        "2",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--ds-config",
+        str(config),
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "ok" and result["error"] is None
+    assert result["tokens_per_s"] > 0 and result["samples_per_s"] > 0
+    assert set(result["step_time_s"]) == {"p50", "p90"}
+    assert result["tflops_per_device"] > 0
+    assert len(result["peak_bytes_per_rank"]) == 2
+    assert result["estimate"]["world_size"] == 2 and result["estimate"]["per_gpu"]["total"] > 0
+
+
+def test_measure_reports_invalid_config_with_exit_1(tmp_path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 3}))
+    done = dstune("measure", *TINY, "--ds-config", str(config), "--steps", "1", "--json")
+    assert done.returncode == 2  # our own validation catches it before any rank starts
+    assert "train_batch_size" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--params", "1e9"], "params"),
+        (["--steps", "0"], "steps"),
+        (["--memory-cap", "lots"], "memory-cap"),
+        (["--launcher", "slurm"], "launcher"),
+    ],
+)
+def test_measure_bad_input_exits_2(args: list[str], field: str) -> None:
+    base = [a for a in TINY if a not in ("--model", "tiny-gpt2")] if "--params" in args else TINY
+    done = dstune("measure", *base, *args)
+    assert done.returncode == 2 and field in done.stderr and "Traceback" not in done.stderr

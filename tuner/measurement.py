@@ -1,0 +1,147 @@
+"""What a measured run reports: per-rank results and the job-level measurement built from them (pure Python)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tuner.workload import ModelSpec
+
+STATUSES = ("ok", "oom", "error", "timeout", "invalid_config")
+# Tie-breaker between failures at the same moment (the earliest failure explains a job best).
+STATUS_PRIORITY = {"invalid_config": 0, "oom": 1, "timeout": 2, "error": 3, "ok": 4}
+# Dense bf16 peak of common training GPUs, TFLOP/s, for MFU; matched against torch.cuda.get_device_name().
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+EXCERPT_CHARS = 1500
+PEER_KILLED = "KilledAfterPeerFailure"  # a rank the launcher stopped because another rank failed first
+
+
+@dataclass
+class RankResult:
+    """One rank's report. Sizes in bytes, times in seconds."""
+
+    rank: int
+    status: str
+    exception_type: str | None = None
+    error: str | None = None
+    step_times: list[float] = field(default_factory=list)
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    model_state_bytes: int | None = None
+    activation_bytes: int | None = None
+    peak_rss: int | None = None
+    device_name: str | None = None
+    failed_at: float | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    snapshots: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankResult:
+        """Rebuild from JSON, ignoring unknown keys."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """CUDA: the allocator's peak; CPU: the model states and buffers held plus the saved activations."""
+        if self.peak_allocated is not None:
+            return self.peak_allocated
+        if self.model_state_bytes is None:
+            return None
+        return self.model_state_bytes + (self.activation_bytes or 0)
+
+
+@dataclass
+class Measurement:
+    """The result of one measured run (the ``dstune measure --json`` object, less the estimate)."""
+
+    status: str
+    tokens_per_s: float | None = None
+    samples_per_s: float | None = None
+    step_time_s: dict[str, float] | None = None
+    tflops_per_device: float | None = None
+    mfu: float | None = None
+    peak_bytes_per_rank: list[int | None] = field(default_factory=list)
+    error: str | None = None
+    exception_type: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    ranks: list[RankResult] = field(default_factory=list)
+
+    def to_dict(self, with_ranks: bool = True) -> dict[str, Any]:
+        """JSON-ready fields."""
+        data = asdict(self)
+        if not with_ranks:
+            data.pop("ranks")
+        return data
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values`` with linear interpolation."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token: 6·N for the weights plus 12·L·h·s for attention scores (no recomputation)."""
+    attention = 12 * model.num_layers * model.hidden_size * seq_len if not model.is_bare else 0
+    return 6.0 * model.n_params + attention
+
+
+def peak_tflops(device_name: str | None) -> float | None:
+    """The dense bf16 peak of a known GPU, or None."""
+    if not device_name:
+        return None
+    return next((peak for key, peak in PEAK_TFLOPS.items() if key in device_name), None)
+
+
+def _blame_order(result: RankResult) -> tuple[bool, float, int, int]:
+    """Sort key for the root cause: not a peer the launcher killed, failed first, then by status and rank.
+
+    A rank's crash breaks its peers' collectives a moment later, so the earliest failure is the cause.
+    """
+    failed_at = result.failed_at if result.failed_at is not None else float("inf")
+    return result.exception_type == PEER_KILLED, failed_at, STATUS_PRIORITY.get(result.status, 3), result.rank
+
+
+def aggregate(
+    ranks: list[RankResult], model: ModelSpec, seq_len: int, samples_per_step: int, world_size: int
+) -> Measurement:
+    """Combine rank results into the job's measurement.
+
+    A step takes as long as its slowest rank; throughput uses the median step time over the timed steps.
+    """
+    ranks = sorted(ranks, key=lambda result: result.rank)
+    failed = [r for r in ranks if r.status != "ok"]
+    timings = {key: max(r.timings.get(key, 0.0) for r in ranks) for key in {k for r in ranks for k in r.timings}}
+    peaks = [r.peak_bytes for r in ranks]
+    if failed:
+        cause = min(failed, key=_blame_order)
+        return Measurement(
+            status=cause.status,
+            error=cause.error,
+            exception_type=cause.exception_type,
+            peak_bytes_per_rank=peaks,
+            timings=timings,
+            ranks=ranks,
+        )
+    steps = min(len(r.step_times) for r in ranks) if ranks else 0
+    if steps == 0:
+        return Measurement(status="ok", peak_bytes_per_rank=peaks, timings=timings, ranks=ranks)
+    step_times = [max(r.step_times[i] for r in ranks) for i in range(steps)]
+    p50 = percentile(step_times, 0.5)
+    tokens_per_step = samples_per_step * seq_len
+    tflops = model_flops_per_token(model, seq_len) * tokens_per_step / world_size / p50 / 1e12
+    peak = peak_tflops(ranks[0].device_name)
+    return Measurement(
+        status="ok",
+        tokens_per_s=tokens_per_step / p50,
+        samples_per_s=samples_per_step / p50,
+        step_time_s={"p50": p50, "p90": percentile(step_times, 0.9)},
+        tflops_per_device=tflops,
+        mfu=tflops / peak if peak else None,
+        peak_bytes_per_rank=peaks,
+        timings=timings,
+        ranks=ranks,
+    )
