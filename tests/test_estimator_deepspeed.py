@@ -1,6 +1,7 @@
 """The estimator against real DeepSpeed training on CPU ranks (gloo), byte by byte.
 
-Each case runs a warm-up step and a recorded step in fresh rank processes (``tuner.memory_run``) and compares, at
+Each case runs two warm-up steps in fresh rank processes (``tuner.launcher``), the second recorded by
+``tuner.memory_probe.PhaseRecorder``, and compares, at
 each phase of the step (forward, backward, optimizer step) and for the worst rank:
 model states (parameters + gradients + optimizer states) within 2 %, buffers (communication buckets, offload
 staging) within 5 %, and activations saved for backward within 10 %.
@@ -16,8 +17,9 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from tuner.estimator import estimate
-from tuner.memory_run import measure_memory
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.launcher import launch_local
+from tuner.runner import RunSpec
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict
 
 pytestmark = pytest.mark.deepspeed
 
@@ -119,7 +121,9 @@ def test_estimate_matches_deepspeed(model, world, precision, stage, small, offlo
     )
     config = ds_config(precision, stage, small, offload, micro, zero)
     est = estimate(workload, config)
-    ranks = measure_memory(workload, config)
+    run = launch_local(RunSpec(workload_to_dict(workload), config, device="cpu", warmup=2, steps=0), timeout=300)
+    assert run.status == "ok", run.error
+    ranks = [{"snapshots": rank.snapshots, "activations": rank.activation_bytes} for rank in run.ranks]
 
     for phase in ("forward", "backward", "step"):
         estimated = est.phases[phase].by_category()

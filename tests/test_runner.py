@@ -33,7 +33,7 @@ def run_spec(world: int, zero: dict | None = None, **config: object) -> RunSpec:
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
         **config,
     }
-    return RunSpec(workload_to_dict(workload), ds_config, device="cpu", warmup=1, steps=3)
+    return RunSpec(workload_to_dict(workload), ds_config, device="cpu", warmup=2, steps=3)
 
 
 def assert_ok(result, world: int) -> None:

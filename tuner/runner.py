@@ -154,7 +154,8 @@ class TrainingProcess:
         ]
         begin = time.perf_counter()
         for step in range(spec.warmup):
-            probe = spec.probe_memory and not cuda and step == spec.warmup - 1
+            # CPU memory is probed on the last warm-up step, once Adam's states exist (so from the second step on).
+            probe = spec.probe_memory and not cuda and step == spec.warmup - 1 and step >= 1
             self._train_step(engine, batches, probe=probe)
         timings["warmup_s"] = time.perf_counter() - begin
         begin = time.perf_counter()

@@ -1,0 +1,147 @@
+"""Estimated against measured memory over a matrix of configs, written as a Markdown table.
+
+CPU (here): every config runs on real DeepSpeed CPU ranks; bytes are counted by category from live tensor storages
+at each phase of a step (``tuner.memory_probe``) and compared with the estimate's same phase, on the worst rank.
+CUDA (a GPU machine): the peak estimate (overhead excluded) is compared with ``torch.cuda.max_memory_allocated``.
+
+Run: ``.venv/bin/python bench/estimator_accuracy.py --device cpu --out bench/results/estimator_accuracy_cpu.md``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from tuner.estimator import estimate
+from tuner.measure import run_measurement
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+
+STATES = ("parameters", "gradients", "optimizer_states")
+
+
+def matrix(device: str) -> list[tuple[str, int, str, int, int, str, bool]]:
+    """(model, world, precision, stage, micro-batch, offload, checkpointing) cases."""
+    if device == "cuda":  # one GPU: world size 1, models big enough for the allocator's view to matter
+        return [
+            (model, 1, "bf16", stage, micro, "none", ckpt)
+            for model in ("gpt2", "qwen2-1.5b")
+            for stage in (0, 1, 2, 3)
+            for micro, ckpt in ((4, False), (8, True))
+        ] + [("qwen2-1.5b", 1, "bf16", 2, 4, "optimizer", False), ("gpt2", 1, "fp32", 2, 4, "none", False)]
+    cases = [
+        (model, world, precision, stage, 2, "none", False)
+        for model in ("tiny-gpt2", "tiny-llama")
+        for world in (1, 2)
+        for precision in ("bf16", "fp32")
+        for stage in (0, 1, 2, 3)
+    ]
+    cases += [
+        ("tiny-llama", 2, "bf16", 2, 4, "optimizer", False),
+        ("tiny-llama", 2, "bf16", 3, 4, "optimizer", False),
+        ("tiny-gpt2", 2, "bf16", 3, 8, "none", True),
+        ("tiny-llama", 1, "bf16", 2, 8, "none", True),
+    ]
+    return cases
+
+
+def ds_config(precision: str, stage: int, micro: int, offload: str, device: str) -> dict:
+    zero: dict = {"stage": stage}
+    if device == "cpu":
+        zero.update(reduce_bucket_size=50_000, allgather_bucket_size=50_000, stage3_prefetch_bucket_size=50_000)
+    params: dict = {"lr": 1e-4}
+    if offload == "optimizer":
+        zero["offload_optimizer"] = {"device": "cpu"}
+    elif device == "cpu":
+        params["torch_adam"] = True
+    config = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": params},
+    }
+    if precision != "fp32":
+        config[precision] = {"enabled": True}
+    return config
+
+
+def relative(estimated: float, measured: float) -> float:
+    return estimated / measured - 1 if measured else 0.0
+
+
+def run_case(case: tuple, device: str, seq_len: int) -> tuple[str, float | None]:
+    model, world, precision, stage, micro, offload, ckpt = case
+    workload = Workload(
+        load_model(model),
+        ClusterSpec(gpus_per_node=world, device=device, gpu_memory=140 * 2**30),
+        TrainSpec(seq_len=seq_len, micro_batch=micro, precision=precision, activation_checkpointing=ckpt),
+    )
+    config = ds_config(precision, stage, micro, offload, device)
+    est = estimate(workload, config)
+    run = run_measurement(workload, config, warmup=2, steps=1 if device == "cpu" else 3, timeout=900)
+    flags = (" off" if offload != "none" else "") + (" ckpt" if ckpt else "")
+    name = f"{model} N={world} {precision} z{stage} mb{micro}{flags}"
+    if run.status != "ok":
+        return f"| {name} | {run.status} | | | | | |", None
+    if device == "cuda":
+        predicted = est.per_gpu["total"] - est.per_gpu["overhead"]
+        measured = max(rank.peak_allocated for rank in run.ranks)
+        error = relative(predicted, measured)
+        return (
+            f"| {name} | {est.peak_phase} | {predicted / 2**20:,.1f} | {measured / 2**20:,.1f} | {error:+.2%} |",
+            error,
+        )
+    phase = est.peak_phase
+    held = est.phases[phase].by_category()
+    worst = {k: max(r.snapshots[phase][k] for r in run.ranks) for k in (*STATES, "buffers")}
+    transients = est.details.get("logits_workspace", 0) + est.details.get("stage3_working_set", 0)
+    est_buffers = held["buffers"] - (transients if phase == "forward" else 0)
+    est_act = held["activations"]
+    meas_act = max(r.activation_bytes for r in run.ranks) if phase == "forward" else 0
+    states_err = relative(sum(held[k] for k in STATES), sum(worst[k] for k in STATES))
+    total_est = sum(held[k] for k in STATES) + est_buffers + est_act
+    total_meas = sum(worst.values()) + meas_act
+    error = relative(total_est, total_meas)
+    return (
+        f"| {name} | {phase} | {states_err:+.2%} | {relative(est_buffers, worst['buffers']):+.2%} | "
+        f"{relative(est_act, meas_act):+.2%} | {total_est / 2**20:,.2f} | {total_meas / 2**20:,.2f} | {error:+.2%} |",
+        error,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    seq_len = args.seq_len or (64 if args.device == "cpu" else 1024)
+    if args.device == "cuda":
+        header = "| config | peak phase | estimated MiB | max_memory_allocated MiB | error |\n|---|---|---|---|---|"
+    else:
+        header = (
+            "| config | peak phase | model states | buffers | activations | est. MiB | measured MiB | error |\n"
+            "|---|---|---|---|---|---|---|---|"
+        )
+    rows, errors = [], []
+    started = time.monotonic()
+    for case in matrix(args.device):
+        row, error = run_case(case, args.device, seq_len)
+        rows.append(row)
+        print(row, flush=True)
+        if error is not None:
+            errors.append(abs(error))
+    summary = (
+        f"\n{len(errors)} configs measured on {args.device} (seq {seq_len}) in {time.monotonic() - started:.0f} s; "
+        f"|error| of the peak: median {statistics.median(errors):.2%}, worst {max(errors):.2%}\n"
+    )
+    text = f"# Estimated vs measured memory ({args.device})\n\n{header}\n" + "\n".join(rows) + "\n" + summary
+    print(summary)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
