@@ -11,6 +11,8 @@ fi
 .venv/bin/pip install -q -e ".[run,test]"
 export DS_ACCELERATOR=cpu
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's compiled ops survive between runs
-.venv/bin/ruff check tuner tests bench
-.venv/bin/ruff format --check tuner tests bench
+.venv/bin/ruff check tuner tests bench db
+.venv/bin/ruff format --check tuner tests bench db
+# A real PostgreSQL server for the storage contract tests (installed from Debian's packages when missing).
+export DSTUNE_TEST_POSTGRES_URL="${DSTUNE_TEST_POSTGRES_URL:-$(bash tests/start_postgres.sh)}"
 .venv/bin/pytest -q -p no:cacheprovider "$@"

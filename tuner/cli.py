@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 
 from tuner.dsconfig import load_ds_config, merge_configs, shortcut_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
-from tuner.units import GiB, parse_bytes
+from tuner.units import GiB, parse_bytes, parse_duration
 from tuner.workload import (
     ClusterSpec,
     ModelSpec,
@@ -36,6 +36,8 @@ Offload = Literal["none", "cpu", "nvme"]
 Attention = Literal["sdpa", "flash", "eager"]
 Device = Literal["cuda", "cpu"]
 Launcher = Literal["local", "ray"]
+Sampler = Literal["tpe", "random", "grid", "gp"]
+ExportFormat = Literal["deepspeed", "hf"]
 ModelImpl = Literal["builtin", "transformers"]
 ROWS = (
     ("parameters", "parameters"),
@@ -422,3 +424,117 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
         table.add_row(str(rank), _gib(peak))
     console.print(table)
     console.print(f"estimated peak per GPU: {_gib(result['estimate']['per_gpu']['total'])} GiB")
+
+
+SamplerOpt = Annotated[Sampler, typer.Option(help="Optuna sampler: TPE, random, grid (stage × micro-batch) or GP.")]
+StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
+
+
+def _pins(pins: list[str]) -> dict[str, Any]:
+    """``--pin stage=3 --pin zero_optimization.overlap_comm=true`` as a dict (values read as YAML scalars)."""
+    import yaml
+
+    parsed: dict[str, Any] = {}
+    for pin in pins:
+        key, sep, value = pin.partition("=")
+        if not sep or not key.strip():
+            _fail("pin", f"expected KEY=VALUE, got {pin!r}")
+        parsed[key.strip()] = yaml.safe_load(value)
+    return parsed
+
+
+@app.command("tune")
+def tune_command(
+    model: ModelOpt = None,
+    gpus: GpusOpt = 1,
+    nodes: NodesOpt = 1,
+    gpu_memory: GpuMemoryOpt = "80GiB",
+    cpu_memory: CpuMemoryOpt = "1TiB",
+    seq_len: SeqLenOpt = 2048,
+    precision: PrecisionOpt = "bf16",
+    attention: AttentionOpt = "sdpa",
+    device: Annotated[Device | None, typer.Option(help="Training device (default: cuda if present).")] = None,
+    global_batch: Annotated[int | None, typer.Option(min=1, help="Fixed global batch (samples per step).")] = None,
+    space: Annotated[str, typer.Option(help="Search space YAML (a file or a built-in name).")] = "default",
+    pin: Annotated[list[str] | None, typer.Option(help="Pin a parameter: NAME=VALUE (repeatable).")] = None,
+    sampler: SamplerOpt = "tpe",
+    trials: Annotated[int, typer.Option(min=1, help="Trials in the study (pruned ones included).")] = 12,
+    timeout: Annotated[str | None, typer.Option(help="Stop asking after this long: 8h, 30m, 1h30m.")] = None,
+    storage: StorageOpt = None,
+    study: Annotated[str | None, typer.Option(help="Study name; an existing one resumes.")] = None,
+    launcher: Annotated[Launcher, typer.Option(help="Dispatch runs through Ray (default) or locally.")] = "ray",
+    ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster address.")] = None,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up steps per measured run.")] = 2,
+    steps: Annotated[int, typer.Option(min=1, help="Timed steps per measured run.")] = 3,
+    run_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a measured run is killed.")] = 600.0,
+    memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
+    pareto: Annotated[bool, typer.Option(help="Also minimise peak memory (throughput-vs-headroom front).")] = False,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
+    nvme_path: NvmePathOpt = None,
+) -> None:
+    """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
+    from tuner.tune import run_tune
+
+    device = device or _default_device()
+    workload, _ = _inputs(
+        model,
+        None,
+        gpus,
+        nodes,
+        gpu_memory,
+        cpu_memory,
+        seq_len,
+        1,
+        1,
+        precision,
+        0,
+        "none",
+        "none",
+        None,
+        False,
+        attention,
+        device,
+        None,
+    )
+    try:
+        seconds = parse_duration(timeout) if timeout else None
+        cap = _size(memory_cap, "memory-cap") if memory_cap else None
+    except ValueError as error:
+        _fail("timeout" if "duration" in str(error) else "memory-cap", str(error))
+    code = run_tune(
+        workload,
+        space=space,
+        pins=_pins(pin or []),
+        global_batch=global_batch,
+        sampler=sampler,
+        trials=trials,
+        timeout_s=seconds,
+        storage=storage,
+        study=study,
+        launcher=launcher,
+        ray_address=ray_address,
+        warmup=warmup,
+        steps=steps,
+        run_timeout=run_timeout,
+        memory_cap=cap,
+        pareto=pareto,
+        seed=seed,
+        nvme_path=nvme_path,
+        fail=_fail,
+    )
+    raise typer.Exit(code)
+
+
+@app.command("best")
+def best_command(
+    study: Annotated[str, typer.Option(help="Study name.")],
+    storage: StorageOpt = None,
+    format: Annotated[
+        ExportFormat, typer.Option("--format", help="deepspeed, or hf (Trainer with auto).")
+    ] = "deepspeed",
+    out: Annotated[str | None, typer.Option(help="Write the config to this file instead of stdout.")] = None,
+) -> None:
+    """Print (or write) the best measured ds_config of a study, validated by DeepSpeed first."""
+    from tuner.tune import export_best
+
+    export_best(study, storage=storage, format=format, out=out, fail=_fail)

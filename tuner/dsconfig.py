@@ -156,3 +156,42 @@ def _config_error(error: Any, prefix: str) -> ConfigError:
     location = ".".join(str(part) for part in first.get("loc", ()))
     field_name = ".".join(part for part in (prefix, location) if part) or "ds_config"
     return ConfigError(field_name, f"{first.get('msg', 'invalid')} (DeepSpeed rejects it)")
+
+
+# Keys the Hugging Face Trainer fills from its TrainingArguments when they say "auto".
+HF_AUTO_TOP_LEVEL = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def to_hf_trainer(config: dict[str, Any], activation_checkpointing: bool = False) -> tuple[dict[str, Any], dict]:
+    """The Hugging Face Trainer variant of a tuned ds_config, and the TrainingArguments that must go with it.
+
+    Batch sizes, precision switches and optimizer hyper-parameters become ``"auto"`` (the Trainer fills them from
+    its arguments, so they cannot disagree); the tuned ZeRO settings stay explicit.
+
+    Example:
+        >>> hf, args = to_hf_trainer({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+        ...                           "train_batch_size": 64, "bf16": {"enabled": True},
+        ...                           "zero_optimization": {"stage": 2}})
+        >>> hf["train_micro_batch_size_per_gpu"], args["per_device_train_batch_size"], args["bf16"]
+        ('auto', 4, True)
+    """
+    hf = json.loads(json.dumps(config))
+    args: dict[str, Any] = {
+        "per_device_train_batch_size": config.get("train_micro_batch_size_per_gpu"),
+        "gradient_accumulation_steps": config.get("gradient_accumulation_steps", 1),
+        "bf16": bool(config.get("bf16", {}).get("enabled", False)),
+        "fp16": bool(config.get("fp16", {}).get("enabled", False)),
+        "gradient_checkpointing": activation_checkpointing,
+    }
+    for key in HF_AUTO_TOP_LEVEL:
+        if key in hf:
+            hf[key] = "auto"
+    for precision in ("bf16", "fp16"):
+        if isinstance(hf.get(precision), dict):
+            hf[precision]["enabled"] = "auto"
+    optimizer = hf.get("optimizer")
+    if isinstance(optimizer, dict) and isinstance(optimizer.get("params"), dict):
+        for name in ("lr", "betas", "eps", "weight_decay"):
+            if name in optimizer["params"]:
+                optimizer["params"][name] = "auto"
+    return hf, args

@@ -61,3 +61,30 @@ def format_bytes(size: int | None) -> str:
     if abs(size) >= GiB:
         return f"{size / GiB:.2f} GiB"
     return f"{size / 2**20:.1f} MiB"
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms])")
+_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str | float) -> float:
+    """Parse ``"8h"``, ``"1h30m"``, ``"90s"``, ``"2d"`` or plain seconds into seconds.
+
+    Example:
+        >>> parse_duration("1h30m")
+        5400.0
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        compact = str(text).strip().lower()
+        try:
+            seconds = float(compact)
+        except ValueError:
+            parts = _DURATION.findall(compact)
+            if not parts or "".join(f"{n}{u}" for n, u in parts) != compact.replace(" ", ""):
+                raise ValueError(f"not a duration: {text!r} (use e.g. 8h, 30m, 1h30m or seconds)") from None
+            seconds = sum(float(number) * _SECONDS[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {text!r}")
+    return seconds

@@ -17,8 +17,9 @@ Model states follow DeepSpeed 0.19 as measured (``tests/test_estimator_deepspeed
   After the forward pass it still holds the gathered parameters it will reuse within ``stage3_max_reuse_distance``,
   up to ``stage3_max_live_parameters`` (with the defaults, 1e9, that is the whole model below 1B parameters).
 * ZeRO-1/2 allocate their reduce bucket only during backward, twice with ``overlap_comm`` (double buffering), and
-  only with ``contiguous_gradients``. (DeepSpeed's docs quote ``4.5×`` the bucket sizes for ``overlap_comm``; the 0.19
-  code allocates exactly two reduce buckets.)
+  only with ``contiguous_gradients`` or optimizer offload (with offload, ZeRO-1 keeps one copy; with offload,
+  ``overlap_comm``, no ``contiguous_gradients`` and gradient accumulation, both copies stay between micro-steps).
+  DeepSpeed's docs quote ``4.5×`` the bucket sizes for ``overlap_comm``; the 0.19 code allocates two reduce buckets.
 
 Peak memory is the maximum over three phases of a step, each a sum of what is alive then: ``forward`` (after the
 forward pass: activations plus the logits workspace), ``backward`` (all gradients and the reduce buckets; one
@@ -249,9 +250,17 @@ def _flat_states(workload: Workload, s: Settings, phases: dict[str, Phase], deta
     details["partition_elements"] = part
     _add(phases, "gpu", "parameters", elem * flat.padded_total)
     states = (FP32 + ADAM_STATE_BYTES) * part
-    bucket = s.reduce_bucket_size * elem * (2 if s.overlap_comm else 1) if s.contiguous_gradients else 0
+    bucket_phases: tuple[str, ...] = ("backward",)
+    offload = s.offload_optimizer != "none"
+    if s.contiguous_gradients or offload:
+        copies = 2 if s.overlap_comm and (s.stage == 2 or not offload) else 1
+        if offload and s.overlap_comm and not s.contiguous_gradients and s.grad_accum > 1:
+            copies, bucket_phases = 2, PHASES  # measured: with accumulation this path keeps both between micro-steps
+    else:
+        copies = 0
+    bucket = s.reduce_bucket_size * elem * copies
     details["reduce_buckets"] = bucket
-    _add(phases, "gpu", "buffers", bucket, ("backward",))
+    _add(phases, "gpu", "buffers", bucket, bucket_phases)
     if s.stage == 1:  # ZeRO-1 reduces after backward: every 16-bit gradient is alive first, offloaded or not
         _add(phases, "gpu", "gradients", elem * model.n_params, ("backward",))
     if s.offload_optimizer == "none":
