@@ -146,3 +146,22 @@ def test_bad_space_file_is_named(tmp_path) -> None:
     done = tune(f"sqlite:///{tmp_path / 'x.db'}", "bad", "--space", str(space), timeout=120)
     assert done.returncode == 2
     assert "mine.yaml" in done.stderr and "parameters.stage" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_stops_after_recording_what_finished(tmp_path) -> None:
+    storage = f"sqlite:///{tmp_path / 'dstune.db'}"
+    command = [DSTUNE, "tune", *WORKLOAD, *FAST, "--storage", storage, "--study", "ctrlc", "--trials", "30"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        trials = trials_of(storage, "ctrlc")
+        if any(t.status == "ok" for t in trials) and any(t.status == "running" for t in trials):
+            break
+    process.send_signal(signal.SIGINT)
+    stdout, _ = process.communicate(timeout=120)
+    assert "interrupted" in stdout
+    trials = trials_of(storage, "ctrlc")
+    assert any(t.status == "ok" for t in trials)
+    assert not [t for t in trials if t.status in ("running", "pending")]
+    assert len(trials) < 30
