@@ -41,6 +41,16 @@ def trials_of(storage: str, study: str) -> list:
     return store.trials(record.id) if record else []
 
 
+def wait_until_measuring_after_a_result(storage: str, study: str, timeout: float = 600) -> None:
+    """Block until the study has a finished trial and another one running (the moment to interrupt it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        trials = trials_of(storage, study)
+        if any(t.status == "ok" for t in trials) and any(t.status == "running" for t in trials):
+            return
+
+
 def test_tune_prunes_measures_records_and_exports(tmp_path) -> None:
     storage = f"sqlite:///{tmp_path / 'dstune.db'}"
     done = tune(storage, "e2e", "--trials", "8")
@@ -87,13 +97,7 @@ def test_sigkill_mid_study_then_resume_loses_nothing_and_repeats_nothing(tmp_pat
     storage = f"sqlite:///{tmp_path / 'dstune.db'}"
     command = [DSTUNE, "tune", *WORKLOAD, *FAST, "--storage", storage, "--study", "resume", "--trials", "10"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        time.sleep(1)
-        if any(t.status == "ok" for t in trials_of(storage, "resume")) and any(
-            t.status == "running" for t in trials_of(storage, "resume")
-        ):
-            break
+    wait_until_measuring_after_a_result(storage, "resume")
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     before = {t.config_key: t for t in trials_of(storage, "resume")}
@@ -152,12 +156,7 @@ def test_ctrl_c_stops_after_recording_what_finished(tmp_path) -> None:
     storage = f"sqlite:///{tmp_path / 'dstune.db'}"
     command = [DSTUNE, "tune", *WORKLOAD, *FAST, "--storage", storage, "--study", "ctrlc", "--trials", "30"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        time.sleep(1)
-        trials = trials_of(storage, "ctrlc")
-        if any(t.status == "ok" for t in trials) and any(t.status == "running" for t in trials):
-            break
+    wait_until_measuring_after_a_result(storage, "ctrlc")
     process.send_signal(signal.SIGINT)
     stdout, _ = process.communicate(timeout=120)
     assert "interrupted" in stdout
