@@ -2,7 +2,8 @@
 
 Each run reserves what it needs through the Ray launcher's placement group (GPUs = world size on CUDA, one CPU per
 rank on CPU); the dispatcher keeps at most ``cluster resources // world size`` runs in flight so that every
-placement group can be granted. Runs are plain blocking calls in a thread pool: the Ray actors do the work.
+placement group can be granted (one at a time on CPU, where a run's ranks take every core). Runs are plain blocking
+calls in a thread pool: the Ray actors do the work.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ class Dispatcher:
 
     def __init__(self, options: DispatchOptions, device: str, world_size: int) -> None:
         self.options = options
-        self.slots = max(1, self._capacity(device) // world_size)
+        # A CPU run's ranks use every core of the machine: two at once would measure each other, not the config.
+        self.slots = 1 if device == "cpu" else max(1, self._capacity(device) // world_size)
+        if device == "cpu" and options.launcher == "ray":
+            self._capacity(device)  # still connect to Ray up front, so a bad address fails before any trial
         self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="dstune-run")
 
     def _capacity(self, device: str) -> int:
