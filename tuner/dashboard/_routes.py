@@ -1,0 +1,130 @@
+"""The dashboard's routes: server-rendered Jinja2 pages, ds_config downloads and the static assets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from tuner.dashboard import _views as views
+from tuner.store import Store, StudyRecord, TrialRecord
+from tuner.units import format_bytes
+
+HERE = Path(__file__).resolve().parent
+STATIC_DIR = HERE / "static"
+STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".md": "text/markdown"}
+
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters.update(
+    bytes=format_bytes,
+    rate=views.format_rate,
+    time=views.format_time,
+    config=views.describe_config,
+    sortval=views.sort_value,
+    urlpart=lambda value: quote(str(value), safe=""),
+)
+
+router = APIRouter(include_in_schema=False)
+
+
+def _store(request: Request) -> Store:
+    return request.app.state.store
+
+
+def _base(request: Request) -> str:
+    """The path prefix the app is served under (``root_path``), so links work behind a proxy."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, {"base": _base(request), **context}, status_code=status_code)
+
+
+def _not_found(request: Request, message: str) -> HTMLResponse:
+    return _page(request, "not_found.html", {"title": "Not found", "message": message}, status_code=404)
+
+
+@router.get("/", response_class=HTMLResponse, name="dashboard_home")
+def home(request: Request) -> HTMLResponse:
+    """Every workload with its best measured config over all its studies."""
+    store = _store(request)
+    rows: dict[int, views.WorkloadRow] = {}
+    for study in store.list_studies():
+        row = rows.get(study.workload_id)
+        if row is None:
+            row = rows[study.workload_id] = views.WorkloadRow(store.get_workload(study.workload_id))
+        summary = store.study_summary(study.id)
+        row.studies.append(study)
+        row.total += summary.total
+        row.pruned += summary.counts["pruned"]
+        row.measured += sum(summary.counts[status] for status in views.MEASURED_STATUSES)
+        best = summary.best
+        if best is not None and (row.best is None or (best.tokens_per_s or 0) > (row.best.tokens_per_s or 0)):
+            row.best, row.best_study = best, study
+    ordered = sorted(rows.values(), key=lambda r: r.workload.model_name)
+    return _page(request, "home.html", {"title": "dstune", "rows": ordered})
+
+
+def _find_trial(store: Store, study: StudyRecord, number: int) -> TrialRecord | None:
+    return next((t for t in store.trials(study.id, order_by="number") if t.number == number), None)
+
+
+# Registered before the study page: study names may hold "/", so the study route matches any path below /studies/.
+@router.get("/studies/{name:path}/trials/{number:int}/ds_config.json", name="dashboard_ds_config")
+def download_ds_config(request: Request, name: str, number: int) -> Response:
+    """A trial's ds_config as a JSON attachment, ready for ``deepspeed --deepspeed_config``."""
+    store = _store(request)
+    study = store.get_study(name)
+    if study is None:
+        return _not_found(request, f"There is no study called {name!r}.")
+    trial = _find_trial(store, study, number)
+    if trial is None:
+        return _not_found(request, f"Study {name!r} has no trial {number}.")
+    if not trial.ds_config:
+        return _not_found(request, f"Trial {number} has no ds_config: the search space rejected its parameters.")
+    filename = f"ds_config_{quote(study.name, safe='')}_trial{number}.json"
+    return Response(
+        json.dumps(trial.ds_config, indent=2, sort_keys=True) + "\n",
+        media_type="application/json",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+@router.get("/studies/{name:path}", response_class=HTMLResponse, name="dashboard_study")
+def study_page(request: Request, name: str) -> HTMLResponse:
+    """One study: its progress, the throughput/memory trade-off, estimate quality, prune reasons and every trial."""
+    store = _store(request)
+    study = store.get_study(name)
+    if study is None:
+        return _not_found(request, f"There is no study called {name!r}.")
+    workload = store.get_workload(study.workload_id)
+    summary = store.study_summary(study.id)
+    trials = store.trials(study.id, order_by="number")
+    context = {
+        "title": f"{study.name} · dstune",
+        "study": study,
+        "workload": workload,
+        "workload_text": views.describe_workload(workload),
+        "summary": summary,
+        "counts": {status: count for status, count in summary.counts.items() if count},
+        "best": summary.best,
+        "best_headroom": views.headroom(summary.best, workload.gpu_memory),
+        "trials": trials,
+        "quality": views.estimate_quality(trials),
+        "charts": views.chart_data(trials, summary.pruned_reasons, workload.gpu_memory),
+    }
+    return _page(request, "study.html", context)
+
+
+@router.get("/static/{filename}", name="dashboard_static")
+def static(filename: str) -> FileResponse:
+    """The dashboard's own CSS and JavaScript, and the vendored Chart.js (no CDN: the pages work offline)."""
+    path = STATIC_DIR / filename
+    if "/" in filename or filename.startswith(".") or not path.is_file():
+        raise HTTPException(status_code=404, detail="no such file")
+    return FileResponse(path, media_type=STATIC_TYPES.get(path.suffix, "application/octet-stream"))

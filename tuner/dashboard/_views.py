@@ -1,0 +1,183 @@
+"""What the dashboard pages show, computed from store records (no HTTP here, so it is easy to test and reuse)."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from tuner.store import FINISHED_STATUSES, StudyRecord, TrialRecord, WorkloadRecord
+from tuner.units import GiB, format_bytes
+
+MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "pruned")
+
+
+def format_rate(value: float | None) -> str:
+    """Tokens per second for people: ``12,345``; ``None`` prints as ``-``."""
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def format_time(value: datetime | None) -> str:
+    """A UTC timestamp to the minute: ``2024-05-01 13:45 UTC``; ``None`` prints as ``-``."""
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def format_params(n_params: int) -> str:
+    """A parameter count for people: ``124M``, ``6.74B``."""
+    if n_params >= 10**9:
+        return f"{n_params / 10**9:.2f}B"
+    if n_params >= 10**6:
+        return f"{n_params / 10**6:.0f}M"
+    return f"{n_params:,}"
+
+
+def describe_config(config: dict[str, Any]) -> str:
+    """A one-line summary of a ds_config: ``ZeRO-2 · micro 4 × accum 2 · bf16 · optimizer → cpu``."""
+    if not config:
+        return "(no ds_config)"
+    zero = config.get("zero_optimization") or {}
+    parts = [f"ZeRO-{zero.get('stage', 0)}"]
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accum = config.get("gradient_accumulation_steps")
+    if micro is not None:
+        parts.append(f"micro {micro}" + (f" × accum {accum}" if accum is not None else ""))
+    for section in ("bf16", "fp16"):
+        if (config.get(section) or {}).get("enabled"):
+            parts.append(section)
+    for key, label in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
+        device = (zero.get(key) or {}).get("device", "none")
+        if device != "none":
+            parts.append(f"{label} → {device}")
+    return " · ".join(parts)
+
+
+def describe_workload(workload: WorkloadRecord) -> str:
+    """``gpt2 · 124M params · 2 × 24.00 GiB cuda · seq 1024``."""
+    train = workload.workload.get("train", {})
+    parts = [
+        workload.model_name,
+        f"{format_params(workload.n_params)} params",
+        f"{workload.world_size} × {format_bytes(workload.gpu_memory)} {workload.device}",
+    ]
+    if "seq_len" in train:
+        parts.append(f"seq {train['seq_len']}")
+    return " · ".join(parts)
+
+
+def headroom(trial: TrialRecord | None, gpu_memory: int) -> int | None:
+    """GPU memory left at the measured peak (negative when over), or None when nothing was measured."""
+    if trial is None or trial.peak_bytes is None:
+        return None
+    return gpu_memory - trial.peak_bytes
+
+
+@dataclass
+class WorkloadRow:
+    """One line of the home page: a workload, its studies, and its best measured trial over all of them."""
+
+    workload: WorkloadRecord
+    studies: list[StudyRecord] = field(default_factory=list)
+    best: TrialRecord | None = None
+    best_study: StudyRecord | None = None
+    measured: int = 0
+    pruned: int = 0
+    total: int = 0
+
+    @property
+    def description(self) -> str:
+        return describe_workload(self.workload)
+
+    @property
+    def headroom(self) -> int | None:
+        return headroom(self.best, self.workload.gpu_memory)
+
+
+def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """The (memory, throughput, number) points no other point beats on both: less memory and more throughput.
+
+    Returned by increasing memory (and so increasing throughput).
+
+    Example:
+        >>> pareto_front([(2.0, 10.0, 0), (1.0, 5.0, 1), (3.0, 8.0, 2), (1.5, 5.0, 3)])
+        [(1.0, 5.0, 1), (2.0, 10.0, 0)]
+    """
+    front: list[tuple[float, float, int]] = []
+    best = float("-inf")
+    for point in sorted(points, key=lambda p: (p[0], -p[1], p[2])):
+        if point[1] > best:
+            front.append(point)
+            best = point[1]
+    return front
+
+
+def _gib(size: int | None) -> float | None:
+    return None if size is None else round(size / GiB, 4)
+
+
+def _wrap(label: str, width: int = 48) -> list[str] | str:
+    lines = textwrap.wrap(label, width) or [label]
+    return lines if len(lines) > 1 else lines[0]
+
+
+def chart_data(trials: list[TrialRecord], pruned_reasons: dict[str, int], gpu_memory: int) -> dict[str, Any]:
+    """Everything the study page's charts draw, as JSON-ready data (memory in GiB, throughput in tokens/s).
+
+    ``progress``: each measured trial's throughput and the best so far, by trial number. ``pareto``: throughput
+    against measured peak memory, and the front. ``estimate``: estimated against measured peak memory per trial.
+    ``reasons``: the histogram of prune reasons.
+    """
+    ordered = sorted(trials, key=lambda t: (t.number, t.id))
+    ok = [t for t in ordered if t.status == "ok" and t.tokens_per_s is not None]
+    best = None
+    progress = []
+    for trial in ordered:
+        if trial.status not in FINISHED_STATUSES:
+            continue
+        if trial.status == "ok" and trial.tokens_per_s is not None:
+            best = trial.tokens_per_s if best is None else max(best, trial.tokens_per_s)
+        progress.append({"x": trial.number, "y": best})
+    points = [(t.peak_bytes / GiB, t.tokens_per_s, t.number) for t in ok if t.peak_bytes is not None]
+    front = pareto_front(points)  # type: ignore[arg-type]
+    compared = [t for t in ordered if t.estimated_peak_bytes is not None and t.peak_bytes is not None]
+    return {
+        "gpu_memory_gib": _gib(gpu_memory),
+        "progress": {
+            "trials": [{"x": t.number, "y": t.tokens_per_s} for t in ok],
+            "best": [p for p in progress if p["y"] is not None],
+        },
+        "pareto": {
+            "trials": [{"x": round(m, 4), "y": y, "n": n} for m, y, n in points],
+            "front": [{"x": round(m, 4), "y": y, "n": n} for m, y, n in front],
+        },
+        "estimate": {
+            "trials": [
+                {"x": _gib(t.estimated_peak_bytes), "y": _gib(t.peak_bytes), "n": t.number, "status": t.status}
+                for t in compared
+            ],
+        },
+        "reasons": {"labels": [_wrap(r) for r in pruned_reasons], "counts": list(pruned_reasons.values())},
+    }
+
+
+def estimate_quality(trials: list[TrialRecord]) -> dict[str, Any]:
+    """How good the pruning is: measured/estimated peak ratios, and the OOMs the estimate said would fit."""
+    ratios = sorted(
+        t.peak_bytes / t.estimated_peak_bytes
+        for t in trials
+        if t.peak_bytes is not None and t.estimated_peak_bytes and t.status in MEASURED_STATUSES
+    )
+    missed = [t.number for t in trials if t.status == "oom" and (t.estimate or {}).get("fits", True)]
+    return {
+        "compared": len(ratios),
+        "median": ratios[len(ratios) // 2] if ratios else None,
+        "low": ratios[0] if ratios else None,
+        "high": ratios[-1] if ratios else None,
+        "under": sum(r > 1 for r in ratios),
+        "missed_ooms": missed,
+    }
+
+
+def sort_value(value: Any) -> str:
+    """The ``data-value`` a table cell sorts by ('' sorts last)."""
+    return "" if value is None else str(value)
