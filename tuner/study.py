@@ -83,6 +83,17 @@ class StudyReport:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler without its ``study.stop()`` when the grid is exhausted.
+
+    ``Study.stop`` only works inside ``study.optimize``; under ask-and-tell it raises from ``tell``. The loop stops on
+    its own budget, and grid points proposed again are identical configs, told their recorded outcome.
+    """
+
+    def after_trial(self, study: Any, trial: Any, state: TrialState, values: Any) -> None:
+        """Nothing to do: see the class docstring."""
+
+
 def make_sampler(name: str, space: SearchSpace, settings: StudySettings) -> optuna.samplers.BaseSampler:
     """An Optuna sampler by name: TPE (multivariate), random, grid over stage × micro-batch, or GP."""
     if name == "tpe":
@@ -98,7 +109,7 @@ def make_sampler(name: str, space: SearchSpace, settings: StudySettings) -> optu
             world_size=settings.workload.cluster.world_size,
             nvme_path=settings.nvme_path,
         )
-        return optuna.samplers.GridSampler(grid, seed=settings.seed)
+        return AskTellGridSampler(grid, seed=settings.seed)
     raise ValueError(f"sampler: must be one of {', '.join(SAMPLERS)}, got {name!r}")
 
 
