@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -326,6 +327,8 @@ def main() -> None:
     feasible = [p for p in points if p.fits]
     failed = [p for p in points if p.fits and p.tokens_per_s is None]
 
+    noisy = [p for p in measured if p.step_p50 and p.step_p90 and p.step_p90 > 1.5 * p.step_p50]
+    load = " / ".join(f"{value:.1f}" for value in os.getloadavg())
     lines = [
         f"# Search efficiency: measured runs to within {args.within:.0%} of the best config (CPU landscape, replayed)",
         "",
@@ -344,6 +347,11 @@ def main() -> None:
         f"Landscape measurement: {measured_s:.0f} s of measured runs in the store; this invocation spent "
         f"{landscape_s:.0f} s on the landscape (0 when reused). Stored in `{args.db.name}` as study "
         f"`landscape-{workload.fingerprint()}`.",
+        "",
+        f"Noise check: {len(noisy)} of {len(measured)} measured configs had a p90 step time over 1.5× their median "
+        f"(other processes competing for the CPU); load average now (1/5/15 min): {load} on {os.cpu_count()} CPUs. "
+        "Each config is measured once, so a noisy landscape ranks the moments the configs were measured as much as "
+        "the configs.",
         "",
         "## Landscape",
         "",
