@@ -538,3 +538,123 @@ def best_command(
     from tuner.tune import export_best
 
     export_best(study, storage=storage, format=format, out=out, fail=_fail)
+
+
+TOKEN_ENV = "DSTUNE_API_TOKEN"
+
+
+def _api_token(token_file: str | None) -> str | None:
+    """The API token: the file's content (stripped) when given, else ``$DSTUNE_API_TOKEN``; None when neither."""
+    import os
+    from pathlib import Path
+
+    if token_file is not None:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as error:
+            _fail("token-file", f"cannot read {token_file}: {error}")
+        if not token:
+            _fail("token-file", f"{token_file} is empty")
+        return token
+    return os.environ.get(TOKEN_ENV, "").strip() or None
+
+
+@app.command("serve")
+def serve_command(
+    storage: StorageOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+    token_file: Annotated[
+        str | None, typer.Option(help=f"File holding the API bearer token (default: ${TOKEN_ENV}).")
+    ] = None,
+    insecure_no_auth: Annotated[
+        bool, typer.Option("--insecure-no-auth", help="Allow POST/DELETE /v1/jobs without any token.")
+    ] = False,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1024, help="Largest request body accepted (413 above).")
+    ] = 1_000_000,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    workers: Annotated[int, typer.Option(min=1, help="Server processes (uvicorn workers).")] = 1,
+    recommend_cache: Annotated[
+        float, typer.Option(min=0, help="Seconds a recommendation is reused per workload (0: never).")
+    ] = 2.0,
+) -> None:
+    """Serve the HTTP API (estimate, recommend, studies, jobs) on the tuner's database."""
+    import os
+
+    import uvicorn
+
+    from tuner.api import create_app
+    from tuner.store import default_url
+
+    token = _api_token(token_file)
+    if token is None and not insecure_no_auth:
+        _fail("token", f"no API token: set ${TOKEN_ENV} or --token-file (or pass --insecure-no-auth deliberately)")
+    url = storage or os.environ.get("DSTUNE_STORAGE") or default_url()
+    application = create_app(
+        url, token, insecure_no_auth=insecure_no_auth, max_body_bytes=max_body_bytes, recommend_cache_s=recommend_cache
+    )
+    if workers == 1:
+        uvicorn.run(application, host=host, port=port, log_level=log_level)
+        return
+    application.state.store.close()  # migrated; each worker process opens its own
+    os.environ.update(
+        {
+            "DSTUNE_STORAGE": url,
+            "DSTUNE_API_TOKEN": token or "",
+            "DSTUNE_INSECURE_NO_AUTH": "1" if insecure_no_auth else "0",
+            "DSTUNE_MAX_BODY_BYTES": str(max_body_bytes),
+            "DSTUNE_RECOMMEND_CACHE_S": str(recommend_cache),
+        }
+    )
+    uvicorn.run(
+        "tuner.api:create_app_from_env", factory=True, host=host, port=port, log_level=log_level, workers=workers
+    )
+
+
+@app.command("worker")
+def worker_command(
+    storage: StorageOpt = None,
+    once: Annotated[bool, typer.Option(help="Exit when the queue is empty instead of polling.")] = False,
+    poll: Annotated[float, typer.Option(min=0.1, help="Seconds between looks at an empty queue.")] = 5.0,
+    name: Annotated[
+        str | None, typer.Option(help="Worker name recorded on its jobs (default host:pid:thread).")
+    ] = None,
+    job: Annotated[int | None, typer.Option(min=1, help="Run this one job (what a Ray submission runs).")] = None,
+    launcher: Annotated[Launcher | None, typer.Option(help="Override the jobs' launcher.")] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster for the trials; with --submit, the Ray Jobs API address.")
+    ] = None,
+    submit: Annotated[
+        bool, typer.Option(help="Submit each job to the Ray cluster (Jobs API at --ray-address) instead of running it.")
+    ] = False,
+) -> None:
+    """Take queued tuning jobs from the database and run them as studies (or submit them to a Ray cluster)."""
+    import functools
+    import os
+
+    from tuner.store import Store, StoreError, default_url
+    from tuner.worker import run_job, run_study_job, submit_loop, work
+
+    url = storage or os.environ.get("DSTUNE_STORAGE") or default_url()
+    store = Store.open(url)
+    if submit:
+        if not ray_address:
+            _fail("ray-address", "--submit needs the Ray Jobs API address, e.g. http://HEAD:8265")
+        submitted = submit_loop(store, ray_address, url, once=once, poll=poll, name=name)
+        typer.echo(f"submitted {len(submitted)} job(s) to {ray_address}")
+        return
+    executor = functools.partial(run_study_job, launcher=launcher, ray_address=ray_address)
+    if job is not None:
+        try:
+            status = run_job(store, job, executor)
+        except StoreError as error:
+            _fail(error.field, str(error).removeprefix(f"{error.field}: "))
+        typer.echo(f"job {job}: {status}")
+        raise typer.Exit(0 if status in ("done", "cancelled") else 1)
+    try:
+        ran = work(store, name, executor, once=once, poll=poll)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the running job is marked failed; its finished trials are recorded", err=True)
+        raise typer.Exit(130) from None
+    typer.echo(f"ran {len(ran)} job(s)")

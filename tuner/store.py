@@ -871,6 +871,118 @@ class Store:
                 continue
         raise StoreError("calibration", f"cannot store calibration for {hardware}/{model_family}")
 
+    # ---------------------------------------------------------------------------------------------------------- jobs
+
+    def enqueue_job(self, study_name: str, request: dict[str, Any]) -> JobRecord:
+        """Queue a tuning job (``request`` is the JSON the worker rebuilds the study from); returns it, queued."""
+        if not study_name:
+            raise StoreError("study_name", "a job needs a study name")
+        with self.session() as session:
+            row = JobRow(study_name=study_name, request=dict(request), status="queued", created_at=utcnow())
+            session.add(row)
+            session.flush()
+            return _record(JobRecord, row)
+
+    def claim_next_job(self, worker: str) -> JobRecord | None:
+        """Take the oldest queued job for ``worker`` (now running), or None: no job is ever taken twice.
+
+        PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` (concurrent claimers skip each other's row and never wait).
+        SQLite ignores ``FOR UPDATE``; its writing transactions start with ``BEGIN IMMEDIATE`` (the database's write
+        lock), so select-then-update is serialised between processes and threads alike. Either way the update also
+        requires ``status = 'queued'`` and checks the row count, so a lost race can never double-claim.
+        """
+        with self.session() as session:
+            job_id = session.scalar(
+                sa.select(JobRow.id)
+                .where(JobRow.status == "queued")
+                .order_by(JobRow.id)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            )
+            if job_id is None:
+                return None
+            result = session.execute(
+                sa.update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == "queued")
+                .values(status="running", worker=worker, started_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:
+                return None
+            row = session.get(JobRow, job_id, populate_existing=True)
+            assert row is not None
+            return _record(JobRecord, row)
+
+    def get_job(self, job_id: int) -> JobRecord | None:
+        """A job by id, or None."""
+        with self.session(write=False) as session:
+            row = session.get(JobRow, job_id)
+            return None if row is None else _record(JobRecord, row)
+
+    def list_jobs(self, status: str | None = None, limit: int = 100, offset: int = 0) -> list[JobRecord]:
+        """Jobs, newest first, optionally of one status, paged."""
+        query = sa.select(JobRow)
+        if status is not None:
+            query = query.where(JobRow.status == status)
+        query = query.order_by(JobRow.id.desc()).offset(offset).limit(limit)
+        with self.session(write=False) as session:
+            return [_record(JobRecord, row) for row in session.scalars(query)]
+
+    def cancel_job(self, job_id: int) -> JobRecord:
+        """Cancel a job: a queued one is cancelled at once; a running one becomes ``cancel_requested`` (its worker
+        stops the study between trials and marks it cancelled); a finished one is returned unchanged."""
+        with self.session() as session:
+            row = session.get(JobRow, job_id, with_for_update=True)
+            if row is None:
+                raise StoreError("job_id", f"no job {job_id}")
+            if row.status == "queued":
+                row.status = "cancelled"
+                row.finished_at = utcnow()
+            elif row.status == "running":
+                row.status = "cancel_requested"
+            session.flush()
+            return _record(JobRecord, row)
+
+    def update_job_progress(self, job_id: int, progress: dict[str, Any]) -> JobRecord:
+        """Replace a job's progress JSON; returns the job (its status tells the worker whether to stop)."""
+        with self.session() as session:
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise StoreError("job_id", f"no job {job_id}")
+            row.progress = dict(progress)
+            session.flush()
+            return _record(JobRecord, row)
+
+    def finish_job(self, job_id: int, status: str, error: str | None = None) -> JobRecord:
+        """End a job: ``done``, ``failed`` or ``cancelled`` (``finished_at`` now)."""
+        if status not in ("done", "failed", "cancelled"):
+            raise StoreError("status", f"a job finishes done, failed or cancelled, got {status!r}")
+        with self.session() as session:
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise StoreError("job_id", f"no job {job_id}")
+            row.status = status
+            row.error = error
+            row.finished_at = utcnow()
+            session.flush()
+            return _record(JobRecord, row)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A queued tuning job. ``status``: queued, running, cancel_requested, done, failed or cancelled."""
+
+    id: int
+    study_name: str
+    request: dict[str, Any]
+    status: str
+    worker: str | None
+    progress: dict[str, Any] | None
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
 
 __all__ = [
     "FINISHED_STATUSES",
@@ -898,3 +1010,6 @@ __all__ = [
     "migrations_dir",
     "reason_kind",
 ]
+
+JOB_STATES = (*JOB_STATUSES, "cancel_requested")  # cancel_requested: a running job its worker is stopping
+__all__ += ["JOB_STATES", "JobRecord"]

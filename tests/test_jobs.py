@@ -1,0 +1,240 @@
+"""The job queue (store methods + ``tuner.worker``) on SQLite and PostgreSQL: claims, races, cancellation."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from postgres import fresh_database
+
+from tuner.jobs import JobRequest, WorkloadRequest, check_job
+from tuner.store import JobRecord, Store, StoreError
+from tuner.worker import JobHandle, run_job, work
+
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'dstune.db'}"
+    else:
+        with fresh_database() as pg_url:
+            yield pg_url
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[Store]:
+    with Store.open(url) as opened:
+        yield opened
+
+
+def request_json(**change: object) -> dict:
+    base = {"workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": "64MiB", "seq_len": 64}}
+    return JobRequest.model_validate({**base, **change}).model_dump(mode="json")
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def run_threads(threads: list[threading.Thread]) -> None:
+    """Start and join ``threads``; an exception in any of them fails the test."""
+    errors: list[BaseException] = []
+    previous = threading.excepthook
+    threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment,return-value]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        threading.excepthook = previous
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads)
+
+
+def test_queue_contract(store: Store) -> None:
+    first = store.enqueue_job("a", request_json())
+    second = store.enqueue_job("b", request_json())
+    assert first.status == "queued" and first.worker is None and first.request["workload"]["model"] == "tiny-gpt2"
+    claimed = store.claim_next_job("w1")
+    assert claimed is not None and claimed.id == first.id and claimed.status == "running" and claimed.worker == "w1"
+    assert claimed.started_at is not None
+    assert store.update_job_progress(first.id, {"trials": 3}).progress == {"trials": 3}
+    assert store.cancel_job(second.id).status == "cancelled"  # queued: at once
+    assert store.claim_next_job("w2") is None  # nothing queued is left
+    assert store.cancel_job(first.id).status == "cancel_requested"  # running: the worker stops it
+    assert store.update_job_progress(first.id, {"trials": 4}).status == "cancel_requested"
+    done = store.finish_job(first.id, "cancelled", "cancelled on request")
+    assert done.status == "cancelled" and done.finished_at is not None
+    assert store.cancel_job(first.id).status == "cancelled"  # finished: unchanged
+    assert [j.id for j in store.list_jobs()] == [second.id, first.id]
+    assert [j.id for j in store.list_jobs(status="cancelled", limit=1)] == [second.id]
+    assert store.get_job(12345) is None
+    with pytest.raises(StoreError):
+        store.cancel_job(12345)
+    with pytest.raises(StoreError):
+        store.finish_job(first.id, "queued")
+
+
+def test_two_workers_racing_take_each_job_once(url: str) -> None:
+    """Two workers, each with its own Store (own connections), drain a queue of 10 jobs: every job runs once."""
+    with Store.open(url) as setup:
+        ids = [setup.enqueue_job(f"s{i}", request_json()).id for i in range(10)]
+    runs: list[tuple[int, str]] = []
+    lock = threading.Lock()
+    start = threading.Barrier(2)
+
+    def executor(store: Store, job: JobRecord, handle: JobHandle) -> str:
+        with lock:
+            runs.append((job.id, job.worker or ""))
+        time.sleep(0.01)  # hold the job a moment, so the other worker claims meanwhile
+        return "done"
+
+    stores = [Store(url) for _ in range(2)]  # separate engines and connections, as separate processes have
+
+    def worker(own: Store, name: str) -> None:
+        start.wait(timeout=30)
+        work(own, name, executor, once=True)
+
+    run_threads([threading.Thread(target=worker, args=(stores[i], f"w{i}")) for i in range(2)])
+    for own in stores:
+        own.close()
+    counts = Counter(job_id for job_id, _ in runs)
+    assert sorted(counts) == ids and set(counts.values()) == {1}, counts
+    with Store.open(url) as check:
+        jobs = {job.id: job for job in check.list_jobs()}
+    assert all(jobs[i].status == "done" for i in ids)
+    assert all(jobs[job_id].worker == name for job_id, name in runs)  # the row names who ran it
+
+
+def test_claims_from_many_threads_never_collide(url: str) -> None:
+    """Harder race: 4 stores × 25 claim attempts on 40 jobs, no executor in between."""
+    with Store.open(url) as setup:
+        ids = [setup.enqueue_job(f"s{i}", request_json()).id for i in range(40)]
+    claimed: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(4)
+
+    stores = [Store(url) for _ in range(4)]
+
+    def claimer(own: Store, name: str) -> None:
+        start.wait(timeout=30)
+        for _ in range(25):
+            job = own.claim_next_job(name)
+            if job is not None:
+                with lock:
+                    claimed.append(job.id)
+
+    run_threads([threading.Thread(target=claimer, args=(stores[i], f"c{i}")) for i in range(4)])
+    for own in stores:
+        own.close()
+    assert sorted(claimed) == ids
+
+
+def test_cancelling_a_running_job_stops_it_between_steps(store: Store) -> None:
+    """An executor that reports progress after each step stops when the job is cancelled; the job ends cancelled
+    with the progress it had reached (the injected executor stands for the study; see the next test)."""
+    job = store.enqueue_job("long", request_json(trials=1000))
+    steps: list[int] = []
+
+    def executor(store: Store, job: JobRecord, handle: JobHandle) -> str:
+        for step in range(1000):
+            steps.append(step)
+            if handle.report({"trials": step + 1, "budget": 1000}):
+                return "cancelled"
+            time.sleep(0.01)
+        return "done"
+
+    stop = threading.Event()
+    thread = threading.Thread(target=work, args=(store, "w1", executor), kwargs={"stop": stop, "poll": 0.05})
+    thread.start()
+    wait_for(lambda: (store.get_job(job.id).progress or {}).get("trials", 0) >= 3)
+    assert store.cancel_job(job.id).status == "cancel_requested"
+    wait_for(lambda: store.get_job(job.id).status == "cancelled")
+    stop.set()
+    thread.join(timeout=30)
+    final = store.get_job(job.id)
+    assert final.error == "cancelled on request" and final.finished_at is not None
+    assert 3 <= final.progress["trials"] < 1000 and len(steps) == final.progress["trials"]
+
+
+def test_failing_job_is_marked_failed_and_the_worker_goes_on(store: Store) -> None:
+    bad = store.enqueue_job("bad", request_json())
+    good = store.enqueue_job("good", request_json())
+
+    def executor(store: Store, job: JobRecord, handle: JobHandle) -> str:
+        if job.id == bad.id:
+            raise RuntimeError("boom")
+        return "done"
+
+    assert work(store, "w", executor, once=True) == [bad.id, good.id]
+    assert store.get_job(bad.id).status == "failed" and "RuntimeError: boom" in store.get_job(bad.id).error
+    assert store.get_job(good.id).status == "done"
+
+
+def test_real_study_job_runs_and_cancels_cleanly(store: Store) -> None:
+    """The default executor on a real TuningStudy: a workload whose every config is pruned by the estimator (no
+    measured runs, so it is fast), a budget far too large to finish; cancelling stops it between trials, the study's
+    trials are all recorded and none is left running."""
+    request = JobRequest.model_validate(
+        {
+            "workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": "1MiB", "seq_len": 64},
+            "trials": 2000,
+            "launcher": "local",
+            "sampler": "random",
+            "seed": 1,
+            "global_batch": 8,
+            "study": "cancel-me",
+        }
+    )
+    job = store.enqueue_job(check_job(request), request.model_dump(mode="json"))
+    stop = threading.Event()
+    thread = threading.Thread(target=work, args=(store, "w1"), kwargs={"stop": stop, "poll": 0.05})
+    thread.start()
+    wait_for(lambda: (store.get_job(job.id).progress or {}).get("trials", 0) >= 5, timeout=120)
+    store.cancel_job(job.id)
+    wait_for(lambda: store.get_job(job.id).status not in ("running", "cancel_requested"), timeout=120)
+    stop.set()
+    thread.join(timeout=60)
+    final = store.get_job(job.id)
+    assert final.status == "cancelled", final.error
+    study = store.get_study("cancel-me")
+    trials = store.trials(study.id)
+    assert 5 <= len(trials) < 2000
+    assert {t.status for t in trials} == {"pruned"}
+    assert final.progress["counts"]["pruned"] == len(trials) and final.progress["study_id"] == study.id
+
+
+def test_run_job_by_id_claims_that_job(store: Store) -> None:
+    older = store.enqueue_job("older", request_json())
+    target = store.enqueue_job("target", request_json())
+    seen: list[int] = []
+
+    def executor(store: Store, job: JobRecord, handle: JobHandle) -> str:
+        seen.append(job.id)
+        return "done"
+
+    assert run_job(store, target.id, executor) == "done"
+    assert seen == [target.id] and store.get_job(older.id).status == "queued"
+    with pytest.raises(StoreError):
+        run_job(store, target.id, executor)  # finished: not run again
+
+
+def test_job_request_round_trips_to_study_settings() -> None:
+    from tuner.jobs import study_settings
+
+    request = JobRequest(workload=WorkloadRequest(model="gpt2", gpus=4, micro_batch=8), trials=5, launcher="local")
+    settings = study_settings(request, "s", ray_address="ray://head:10001")
+    assert settings.trials == 5 and settings.dispatch.launcher == "local"
+    assert settings.dispatch.ray_address == "ray://head:10001"
+    assert settings.workload.train.micro_batch == 1  # the search decides it
+    assert settings.workload.cluster.world_size == 4

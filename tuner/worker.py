@@ -1,0 +1,259 @@
+"""``dstune worker``: take queued tuning jobs from the database and run each as a study.
+
+Several workers may share one queue: :meth:`tuner.store.Store.claim_next_job` hands every job to exactly one of them
+(row locks with ``SKIP LOCKED`` on PostgreSQL, the database write lock on SQLite). A job runs as a
+:class:`tuner.study.TuningStudy` with the job's settings; its progress (trials so far, best tokens/s, the last event)
+is written to the job row after every trial event, where ``GET /v1/jobs/{id}`` shows it. Cancelling a running job
+(``DELETE /v1/jobs/{id}``) makes the study stop asking between trials; what finished is recorded, runs still in
+flight are recorded failed (the study's Ctrl-C path), and the job ends ``cancelled``.
+
+With ``--submit --ray-address http://HEAD:8265`` the worker does not run jobs itself: it submits each claimed job to
+the Ray cluster through the Ray Jobs API, as ``dstune worker --job ID`` running on the cluster.
+
+The executor (what running a job means) is a parameter of :func:`work`: :func:`run_study_job` by default.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tuner.jobs import JobRequest, study_settings
+from tuner.store import JobRecord, Store, StoreError
+from tuner.study import Event, StudySettings, TuningStudy
+
+STORAGE_ENV = "DSTUNE_STORAGE"
+
+
+class JobHandle:
+    """What an executor may do to its job: report progress, and ask whether it was cancelled."""
+
+    def __init__(self, store: Store, job_id: int) -> None:
+        self.store, self.job_id = store, job_id
+
+    def report(self, progress: dict[str, Any]) -> bool:
+        """Write the job's progress; True when cancellation was requested meanwhile."""
+        return self.store.update_job_progress(self.job_id, progress).status == "cancel_requested"
+
+    def cancel_requested(self) -> bool:
+        """True once ``DELETE /v1/jobs/{id}`` (or :meth:`Store.cancel_job`) asked the running job to stop."""
+        job = self.store.get_job(self.job_id)
+        return job is None or job.status == "cancel_requested"
+
+
+Executor = Callable[[Store, JobRecord, JobHandle], str]
+"""Runs one claimed job; returns ``"done"``, ``"cancelled"`` or ``"interrupted"`` (the worker itself was stopped);
+an exception fails the job."""
+
+
+class StudyCancelled(KeyboardInterrupt):
+    """Raised inside the study loop when its job is cancelled: the loop's Ctrl-C path stops it cleanly."""
+
+
+class CancellableStudy(TuningStudy):
+    """A :class:`TuningStudy` that checks ``should_stop`` before asking for each trial and after each one finishes.
+
+    Stopping reuses the loop's interruption path (``KeyboardInterrupt`` → ``_abandon_in_flight``): finished runs are
+    recorded, runs still in flight are recorded failed, Optuna is told. A run in flight is not killed early: the
+    check happens between trials (a run lasts at most the job's ``run_timeout``).
+    """
+
+    def __init__(self, settings: StudySettings, store: Store, should_stop: Callable[[], bool]) -> None:
+        super().__init__(settings, store)
+        self.should_stop = should_stop
+        self.cancelled = False
+
+    def _check(self) -> None:
+        if not self.cancelled and self.should_stop():
+            self.cancelled = True
+            raise StudyCancelled
+
+    def _ask_one(self, dispatcher: Any) -> None:
+        self._check()
+        super()._ask_one(dispatcher)
+
+    def _finish(self, future: Any) -> None:
+        super()._finish(future)
+        self._check()
+
+
+def run_study_job(
+    store: Store, job: JobRecord, handle: JobHandle, *, launcher: str | None = None, ray_address: str | None = None
+) -> str:
+    """The default executor: run the job as a study until its budget, or until it is cancelled."""
+    from tuner.dispatch import Dispatcher
+
+    request = JobRequest.model_validate(job.request)
+    settings = study_settings(request, job.study_name, launcher=launcher, ray_address=ray_address)
+    tuning = CancellableStudy(settings, store, handle.cancel_requested)
+    state: dict[str, Any] = {"best_tokens_per_s": None, "events": 0}
+
+    def on_event(event: Event) -> None:
+        state["events"] += 1
+        if event.status == "ok" and (event.tokens_per_s or 0) > (state["best_tokens_per_s"] or 0):
+            state["best_tokens_per_s"] = event.tokens_per_s
+        handle.report(
+            {
+                "study_id": tuning.study_id,
+                "trials": tuning._trials_started(),
+                "budget": settings.trials,
+                "best_tokens_per_s": state["best_tokens_per_s"],
+                "last": {"number": event.number, "status": event.status, "reason": event.reason},
+            }
+        )
+
+    tuning.on_event = on_event
+    handle.report({"study_id": tuning.study_id, "trials": tuning._trials_started(), "budget": settings.trials})
+    dispatcher = Dispatcher(settings.dispatch, settings.workload.cluster.device, settings.workload.cluster.world_size)
+    try:
+        report = tuning.run(dispatcher)
+    finally:
+        dispatcher.close(wait=False)
+    best = store.best_trial(tuning.study_id)
+    handle.report(
+        {
+            "study_id": tuning.study_id,
+            "trials": sum(report.counts.values()),
+            "budget": settings.trials,
+            "counts": report.counts,
+            "best_tokens_per_s": None if best is None else best.tokens_per_s,
+            "best_trial_id": None if best is None else best.id,
+        }
+    )
+    if tuning.cancelled:
+        return "cancelled"
+    return "interrupted" if report.interrupted else "done"
+
+
+def run_claimed(store: Store, job: JobRecord, executor: Executor) -> str:
+    """Run a job this worker holds (status running) and record how it ended; returns that status."""
+    handle = JobHandle(store, job.id)
+    try:
+        outcome = executor(store, job, handle)
+    except Exception as error:  # any failure of the job is the job's, not the worker's: record it and go on
+        store.finish_job(job.id, "failed", f"{type(error).__name__}: {error}")
+        return "failed"
+    if outcome == "interrupted":
+        store.finish_job(job.id, "failed", "interrupted: the worker was stopped; finished trials are recorded")
+        raise KeyboardInterrupt
+    status = "cancelled" if outcome == "cancelled" else "done"
+    store.finish_job(job.id, status, "cancelled on request" if status == "cancelled" else None)
+    return status
+
+
+def work(
+    store: Store,
+    name: str | None = None,
+    executor: Executor = run_study_job,
+    *,
+    once: bool = False,
+    poll: float = 5.0,
+    stop: threading.Event | None = None,
+) -> list[int]:
+    """Claim and run jobs until ``stop`` is set (or, with ``once``, until the queue is empty); returns the ids of the
+    jobs this worker ran."""
+    name = name or default_worker_name()
+    stop = stop or threading.Event()
+    ran: list[int] = []
+    while not stop.is_set():
+        job = store.claim_next_job(name)
+        if job is None:
+            if once:
+                break
+            stop.wait(poll)
+            continue
+        ran.append(job.id)
+        run_claimed(store, job, executor)
+    return ran
+
+
+def run_job(store: Store, job_id: int, executor: Executor = run_study_job) -> str:
+    """Run one job by id (``dstune worker --job ID``, what a Ray submission runs). A queued job is claimed first; a
+    job already running (claimed by the submitting worker) is run as it is."""
+    job = store.get_job(job_id)
+    if job is None:
+        raise StoreError("job", f"no job {job_id}")
+    if job.status == "queued":
+        with store.session() as session:  # claim this very job (not the oldest queued one)
+            import sqlalchemy as sa
+
+            from tuner.store import JobRow, utcnow
+
+            claimed = session.execute(
+                sa.update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == "queued")
+                .values(status="running", worker=default_worker_name(), started_at=utcnow())
+            ).rowcount
+        if claimed != 1:
+            raise StoreError("job", f"job {job_id} was taken by another worker")
+        job = store.get_job(job_id)
+        assert job is not None
+    elif job.status not in ("running", "cancel_requested"):
+        raise StoreError("job", f"job {job_id} is {job.status}")
+    return run_claimed(store, job, executor)
+
+
+def submit_to_ray(store: Store, job: JobRecord, address: str, storage_url: str, launcher: str = "ray") -> str:
+    """Submit a claimed job to a Ray cluster through the Ray Jobs API (``address``: the dashboard, e.g.
+    ``http://HEAD:8265``); the cluster runs ``dstune worker --job ID``. The database URL travels as the
+    ``DSTUNE_STORAGE`` environment variable of the Ray job (not on its command line). Returns the submission id."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+    submission_id = client.submit_job(
+        entrypoint=f"dstune worker --job {job.id} --launcher {shlex.quote(launcher)}",
+        submission_id=f"dstune-job-{job.id}-{int(time.time())}",
+        runtime_env={"env_vars": {STORAGE_ENV: storage_url}},
+        metadata={"dstune_job": str(job.id), "study": job.study_name},
+    )
+    store.update_job_progress(job.id, {"ray_submission_id": submission_id, "ray_address": address})
+    return submission_id
+
+
+def submit_loop(
+    store: Store, address: str, storage_url: str, *, once: bool, poll: float, name: str | None = None
+) -> list[int]:
+    """Claim queued jobs and hand each to the Ray cluster (a failed submission fails the job)."""
+
+    def executor(store: Store, job: JobRecord, handle: JobHandle) -> str:
+        submit_to_ray(store, job, address, storage_url)
+        return "submitted"
+
+    name = name or default_worker_name()
+    submitted: list[int] = []
+    while True:
+        job = store.claim_next_job(name)
+        if job is None:
+            if once:
+                return submitted
+            time.sleep(poll)
+            continue
+        try:
+            executor(store, job, JobHandle(store, job.id))
+            submitted.append(job.id)
+        except Exception as error:
+            store.finish_job(job.id, "failed", f"Ray submission failed: {type(error).__name__}: {error}")
+
+
+def default_worker_name() -> str:
+    """``host:pid:thread`` (what the job row's ``worker`` column shows)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+__all__ = [
+    "CancellableStudy",
+    "Executor",
+    "JobHandle",
+    "StudyCancelled",
+    "run_claimed",
+    "run_job",
+    "run_study_job",
+    "submit_loop",
+    "submit_to_ray",
+    "work",
+]
