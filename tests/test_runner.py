@@ -121,3 +121,12 @@ def test_hanging_rank_is_killed_at_the_timeout_with_no_orphans() -> None:
     assert time.monotonic() - started < 40
     time.sleep(0.5)
     assert leftover_processes(marker) == []
+
+
+def test_transformers_model_from_config_trains() -> None:
+    """``model_impl="transformers"``: the Hugging Face model built ``from_config`` (random weights, no download)."""
+    from tuner.workload import preset_config
+
+    spec = run_spec(1)
+    spec.model_impl, spec.hf_config = "transformers", preset_config("tiny-gpt2")
+    assert_ok(launch_local(spec, timeout=300), 1)

@@ -118,11 +118,18 @@ def test_sigkill_mid_study_then_resume_loses_nothing_and_repeats_nothing(tmp_pat
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
-def test_tune_on_postgresql(postgres_url: str) -> None:  # noqa: F811
-    done = tune(postgres_url, "pg", "--trials", "3", "--launcher", "local")
+def test_tune_on_postgresql_with_gp_and_pareto(postgres_url: str) -> None:  # noqa: F811
+    """PostgreSQL backend, the GP sampler and the two-objective (throughput, peak memory) study, through Ray."""
+    done = tune(postgres_url, "pg", "--trials", "4", "--sampler", "gp", "--pareto")
     assert done.returncode in (0, 1), done.stderr[-3000:]
     trials = trials_of(postgres_url, "pg")
     assert len(trials) >= 1 and all(t.status != "running" for t in trials)
+    import optuna
+
+    study = optuna.load_study(study_name="pg", storage=postgres_url)
+    assert len(study.directions) == 2 and len(study.trials) == 4
+    measured = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert all(len(t.values) == 2 and t.values[1] > 0 for t in measured)
 
 
 @pytest.mark.parametrize(
