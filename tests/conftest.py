@@ -1,8 +1,25 @@
-"""Shared test settings: DeepSpeed on CPU, compiled ops cached in the repo's ignored .cache folder."""
+"""Shared test settings: DeepSpeed on CPU, compiled ops cached in .cache, and one database of each backend."""
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+from postgres import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+
+
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of each backend: a SQLite file, then a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'dstune.db'}"
+    else:
+        with fresh_database() as pg_url:
+            yield pg_url

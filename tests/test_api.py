@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from postgres import fresh_database
 
 from tuner.api import create_app
 from tuner.estimator import estimate
@@ -22,17 +21,12 @@ from tuner.workload import Workload
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-BACKENDS = ["sqlite", "postgresql"]
 GPT2 = {"model": "gpt2", "gpus": 2, "gpu_memory": "24GiB", "seq_len": 512}
 
 
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'dstune.db'}"
-    else:
-        with fresh_database() as pg_url:
-            yield pg_url
+@pytest.fixture
+def url(backend_url: str) -> str:
+    return backend_url
 
 
 @pytest.fixture

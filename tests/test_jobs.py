@@ -6,25 +6,17 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from postgres import fresh_database
 
 from tuner.jobs import JobRequest, WorkloadRequest, check_job
 from tuner.store import JobRecord, Store, StoreError
 from tuner.worker import JobHandle, run_job, work
 
-BACKENDS = ["sqlite", "postgresql"]
 
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'dstune.db'}"
-    else:
-        with fresh_database() as pg_url:
-            yield pg_url
+@pytest.fixture
+def url(backend_url: str) -> str:
+    return backend_url
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from postgres import fresh_database
 
 from tuner.estimator import estimate
 from tuner.measurement import Measurement
@@ -33,18 +32,12 @@ from tuner.store import (
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_from_param_count
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKENDS = ["sqlite", "postgresql"]
 DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
 
 
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database of each backend."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'dstune.db'}"
-    else:
-        with fresh_database() as pg_url:
-            yield pg_url
+@pytest.fixture
+def url(backend_url: str) -> str:
+    return backend_url
 
 
 @pytest.fixture
