@@ -130,3 +130,19 @@ def test_transformers_model_from_config_trains() -> None:
     spec = run_spec(1)
     spec.model_impl, spec.hf_config = "transformers", preset_config("tiny-gpt2")
     assert_ok(launch_local(spec, timeout=300), 1)
+
+
+def test_stale_build_locks_are_cleared(tmp_path, monkeypatch) -> None:
+    import os
+
+    from tuner.runner import clear_stale_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale, fresh = tmp_path / "py311_cpu" / "fused_adam" / "lock", tmp_path / "py311_cpu" / "cpu_adam" / "lock"
+    for lock in (stale, fresh):
+        lock.parent.mkdir(parents=True)
+        lock.write_text("")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    assert clear_stale_build_locks() == [stale]
+    assert fresh.exists() and not stale.exists()

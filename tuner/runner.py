@@ -23,6 +23,7 @@ from typing import Any
 from tuner.measurement import EXCERPT_CHARS, RankResult
 
 CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's CPU allocator has no exception type
+STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
 
 
 @dataclass
@@ -69,6 +70,24 @@ def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(data))
     os.replace(partial, path)
+
+
+def clear_stale_build_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
+    """Remove torch extension build locks left by a build that was killed (a run stopped at its timeout).
+
+    torch waits for such a lock to disappear, forever: without this, every later run would hang until its timeout.
+    """
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    removed = []
+    now = time.time()
+    for lock in root.glob("**/lock"):
+        try:
+            if now - lock.stat().st_mtime > max_age_s:
+                lock.unlink()
+                removed.append(lock)
+        except FileNotFoundError:
+            continue
+    return removed
 
 
 def classify(error: BaseException) -> str:
@@ -118,6 +137,7 @@ class TrainingProcess:
 
         spec, timings = self.spec, self.result.timings
         workload = workload_from_dict(spec.workload)
+        clear_stale_build_locks()
         timings["imports_s"] = time.perf_counter() - started
         cuda = spec.device == "cuda"
         if cuda:
