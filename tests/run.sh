@@ -15,6 +15,8 @@ export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's compil
 .venv/bin/ruff format --check tuner tests bench db
 # A real PostgreSQL server for the storage contract tests (installed from Debian's packages when missing).
 export DSTUNE_TEST_POSTGRES_URL="${DSTUNE_TEST_POSTGRES_URL:-$(bash tests/start_postgres.sh)}"
+# DeepSpeed's CPU ops, built once up front (and cached): tests that kill runs must not kill a build half-way.
+.venv/bin/python tests/prebuild_ops.py
 # Debian's chromium and chromedriver for the dashboard's browser tests.
 bash tests/start_browser.sh
 .venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -144,5 +144,6 @@ def test_stale_build_locks_are_cleared(tmp_path, monkeypatch) -> None:
         lock.write_text("")
     old = time.time() - 3600
     os.utime(stale, (old, old))
+    (stale.parent / "fused_adam.o").write_text("half a build")
     assert clear_stale_build_locks() == [stale]
-    assert fresh.exists() and not stale.exists()
+    assert fresh.exists() and not stale.parent.exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -73,9 +74,10 @@ def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
 
 
 def clear_stale_build_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
-    """Remove torch extension build locks left by a build that was killed (a run stopped at its timeout).
+    """Remove torch extension builds left half-done by a killed build (a run stopped at its timeout).
 
-    torch waits for such a lock to disappear, forever: without this, every later run would hang until its timeout.
+    torch waits for such a build's lock to disappear, forever: without this, every later run would hang until its
+    timeout. The op's whole build folder goes with the lock, so the next run builds it again from scratch.
     """
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
     removed = []
@@ -83,7 +85,7 @@ def clear_stale_build_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]
     for lock in root.glob("**/lock"):
         try:
             if now - lock.stat().st_mtime > max_age_s:
-                lock.unlink()
+                shutil.rmtree(lock.parent, ignore_errors=True)
                 removed.append(lock)
         except FileNotFoundError:
             continue
