@@ -82,7 +82,7 @@ def clear_stale_build_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
     removed = []
     now = time.time()
-    for lock in root.glob("**/lock"):
+    for lock in list(root.glob("**/lock")):
         try:
             if now - lock.stat().st_mtime > max_age_s:
                 shutil.rmtree(lock.parent, ignore_errors=True)
