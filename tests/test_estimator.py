@@ -166,6 +166,7 @@ def test_bare_count_has_no_activations() -> None:
         ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "bf16.enabled"),
         ({"optimizer": {"type": "SGD"}}, "optimizer.type"),
         ({"zero_optimization": "three"}, "zero_optimization"),
+        ({"zero_optimization": {"stage": 2, "allgather_bucket_size": 12085325}}, "allgather_bucket_size"),
     ],
 )
 def test_bad_configs_name_the_key(config: dict, field: str) -> None:

@@ -720,3 +720,17 @@ def test_conditions_with_and_lists_and_ordering(tmp_path: Path) -> None:
             assert ("offload_optimizer" in zero) == (stage in (1, 2))
             assert ("reduce_bucket_size" in zero) == (stage in (1, 2) and dev == "cpu")
     assert [str(c) for c in space.parameter("bucket").when] == ["stage > 0", 'dev != "none"']
+
+
+def test_bucket_sizes_are_even_as_deepspeed_asserts(tmp_path) -> None:
+    """DeepSpeed 0.19 asserts allgather_bucket_size % 2 == 0 when it builds the ZeRO-1/2 optimizer."""
+    import optuna
+
+    space = load_space(default_space_path(), pins={"stage": 2})
+    workload = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(40):
+        trial = study.ask()
+        config = space.suggest(trial, workload).ds_config
+        assert config["zero_optimization"]["allgather_bucket_size"] % 2 == 0
+        study.tell(trial, 1.0)

@@ -24,6 +24,7 @@ A space file is a YAML mapping with these top-level fields (no others)::
         high: 1_000_000_000
         log: true                   # optional: log scale (needs low > 0; no step with log)
         step: 1                     # optional: the grid step (int >= 1, float > 0)
+        multiple_of: 2              # optional (int): the value written is rounded to a multiple (Optuna keeps its own)
         key: zero_optimization.reduce_bucket_size
         default: 500_000_000
         when: stage >= 1            # optional condition(s) on parameters defined above
@@ -116,7 +117,7 @@ TOP_FIELDS = ("version", "description", "base", "parameters")
 COMMON_FIELDS = ("kind", "key", "train", "default", "when", "grid", "help")
 KIND_FIELDS = {
     "categorical": ("choices", "nvme_choices"),
-    "int": ("low", "high", "log", "step"),
+    "int": ("low", "high", "log", "step", "multiple_of"),
     "float": ("low", "high", "log", "step"),
 }
 ALL_FIELDS = frozenset(COMMON_FIELDS + KIND_FIELDS["categorical"] + KIND_FIELDS["int"])
@@ -321,9 +322,19 @@ class Parameter:
     high: int | float | None = None
     log: bool = False
     step: int | float | None = None
+    multiple_of: int = 1
     when: tuple[Condition, ...] = ()
     grid_values: tuple[Any, ...] | None = None
     help: str = ""
+
+    def rounded(self, value: int) -> int:
+        """``value`` rounded to the nearest ``multiple_of`` within the bounds (DeepSpeed wants even bucket sizes)."""
+        if self.multiple_of == 1:
+            return value
+        rounded = round(value / self.multiple_of) * self.multiple_of
+        if rounded > self.high:
+            rounded -= self.multiple_of
+        return max(rounded, -(-int(self.low) // self.multiple_of) * self.multiple_of)
 
     def all_choices(self, nvme: bool = True) -> tuple[Any, ...]:
         """Categorical choices, with the NVMe-only ones when ``nvme``."""
@@ -611,8 +622,8 @@ class SearchSpace:
                                 f"no micro-batch choice divides global batch {global_batch} / world size {world}",
                                 values,
                             )
-                value = parameter.suggest(trial, choices)
-                suggested[name] = value
+                suggested[name] = parameter.suggest(trial, choices)  # what Optuna recorded
+                value = parameter.rounded(suggested[name]) if parameter.kind == "int" else suggested[name]
             values[name] = value
             if name == self._micro and global_batch is not None:
                 self._check_micro(value, workload, global_batch, values)
@@ -1079,7 +1090,15 @@ def _parse_bounds(spec: dict[str, Any], kind: str, where: str, source: str, posi
             raise SpaceError(source, f"{where}.step", f"high - low = {high - low} is not a multiple of step {step}")
         if log:
             step = None
-    return {"low": low, "high": high, "log": log, "step": step}
+    bounds = {"low": low, "high": high, "log": log, "step": step}
+    if "multiple_of" in spec:
+        multiple = spec["multiple_of"]
+        if kind != "int" or isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+            raise SpaceError(source, f"{where}.multiple_of", f"must be a positive integer, got {multiple!r}")
+        if high // multiple * multiple < low:
+            raise SpaceError(source, f"{where}.multiple_of", f"no multiple of {multiple} between {low} and {high}")
+        bounds["multiple_of"] = multiple
+    return bounds
 
 
 def _parse_when(raw: Any, where: str, earlier: list[Parameter], source: str) -> tuple[Condition, ...]:

@@ -228,6 +228,9 @@ def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
         raise ConfigError(f"{prefix}offload_param.device", f"parameter offload needs ZeRO stage 3, got stage {stage}")
     if opt_device == "nvme" and stage != 3:
         raise ConfigError(f"{prefix}offload_optimizer.device", "NVMe optimizer offload needs ZeRO stage 3")
+    allgather = _int(zero, "allgather_bucket_size", 500_000_000, prefix)
+    if stage in (1, 2) and allgather % 2:
+        raise ConfigError(f"{prefix}allgather_bucket_size", "must be a multiple of 2 (DeepSpeed's NCCL alignment)")
     settings = Settings(
         world_size=world,
         micro_batch=micro,
@@ -237,7 +240,7 @@ def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
         overlap_comm=overlap_comm,
         contiguous_gradients=_bool(zero, "contiguous_gradients", True, prefix),
         reduce_bucket_size=_int(zero, "reduce_bucket_size", 500_000_000, prefix, minimum=1),
-        allgather_bucket_size=_int(zero, "allgather_bucket_size", 500_000_000, prefix),
+        allgather_bucket_size=allgather,
         offload_optimizer=opt_device,
         offload_optimizer_pin=_bool(opt_offload, "pin_memory", True, f"{prefix}offload_optimizer."),
         offload_optimizer_buffer_count=_int(opt_offload, "buffer_count", 4, f"{prefix}offload_optimizer."),
