@@ -248,7 +248,8 @@ class TrainingProcess:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of one rank: run, write the result, exit 0 when ok."""
-    run_dir, rank = Path((argv or sys.argv[1:])[0]), int((argv or sys.argv[1:])[1])
+    args = argv or sys.argv[1:]
+    run_dir, rank = Path(args[0]), int(args[1])
     result = TrainingProcess(RunSpec.read(run_dir), rank, run_dir).run()
     write_json_atomically(result_path(run_dir, rank), asdict(result))
     if result.status != "ok":

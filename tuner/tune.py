@@ -141,7 +141,7 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
         )
     console.print(table)
     console.print("trials by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
-    reasons = Counter({reason: count for reason, count in summary.pruned_reasons.items()})
+    reasons = Counter(summary.pruned_reasons)
     for reason, count in reasons.most_common(5):
         console.print(f"  pruned ×{count}: {reason}", highlight=False, soft_wrap=True)
     best = store.best_trial(study_id)
