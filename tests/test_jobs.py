@@ -206,6 +206,55 @@ def test_real_study_job_runs_and_cancels_cleanly(store: Store) -> None:
     assert final.progress["counts"]["pruned"] == len(trials) and final.progress["study_id"] == study.id
 
 
+@pytest.mark.deepspeed
+def test_cancelling_during_a_measured_run_kills_it(store: Store) -> None:
+    """A real study job whose first trial is a long measured run (real DeepSpeed ranks): cancelling it kills the
+    ranks at once instead of waiting for the run to end; that trial is recorded failed as cancelled, and the job ends
+    cancelled with no rank process left behind."""
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("deepspeed")
+    request = JobRequest.model_validate(
+        {
+            "workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": "64GiB", "seq_len": 64},
+            "trials": 5,
+            "launcher": "local",
+            "sampler": "random",
+            "seed": 1,
+            "global_batch": 8,
+            "steps": 10_000,  # minutes of training if the run were not killed
+            "run_timeout": 1800,
+            "study": "cancel-measured",
+        }
+    )
+    job = store.enqueue_job(check_job(request), request.model_dump(mode="json"))
+    stop = threading.Event()
+    thread = threading.Thread(target=work, args=(store, "w1"), kwargs={"stop": stop, "poll": 0.05})
+    thread.start()
+
+    def ranks() -> list:
+        return [p for p in psutil.Process().children(recursive=True) if "tuner.runner" in " ".join(p.cmdline())]
+
+    try:
+        wait_for(lambda: ((store.get_job(job.id).progress or {}).get("last") or {}).get("status") == "running", 120)
+        wait_for(lambda: len(ranks()) == 1, 60)
+        running = ranks()
+        time.sleep(3)  # the rank is importing torch / starting DeepSpeed: cancel mid-run
+        cancelled_at = time.monotonic()
+        store.cancel_job(job.id)
+        wait_for(lambda: store.get_job(job.id).status not in ("running", "cancel_requested"), 60)
+        assert time.monotonic() - cancelled_at < 20
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    final = store.get_job(job.id)
+    assert final.status == "cancelled", final.error
+    trials = store.trials(store.get_study("cancel-measured").id)
+    killed = [t for t in trials if t.status == "failed"]
+    assert len(killed) == 1 and killed[0].error == "cancelled: the study was stopped"
+    assert not any(t.status in ("running", "pending") for t in trials)
+    assert not any(process.is_running() and process.status() != psutil.STATUS_ZOMBIE for process in running)
+
+
 def test_run_job_by_id_claims_that_job(store: Store) -> None:
     older = store.enqueue_job("older", request_json())
     target = store.enqueue_job("target", request_json())

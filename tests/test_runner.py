@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -13,7 +14,7 @@ pytest.importorskip("deepspeed")
 psutil = pytest.importorskip("psutil")
 
 from tuner.launcher import launch_local  # noqa: E402
-from tuner.measurement import PEER_KILLED  # noqa: E402
+from tuner.measurement import CANCELLED, PEER_KILLED  # noqa: E402
 from tuner.runner import RunSpec  # noqa: E402
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict  # noqa: E402
 
@@ -119,6 +120,39 @@ def test_hanging_rank_is_killed_at_the_timeout_with_no_orphans() -> None:
     result = launch_local(run_spec(2), timeout=25, entry=entry)
     assert result.status == "timeout"
     assert time.monotonic() - started < 40
+    time.sleep(0.5)
+    assert leftover_processes(marker) == []
+
+
+@pytest.mark.parametrize("launcher", ["local", "ray"])
+def test_cancel_kills_every_rank_at_once(request, launcher: str) -> None:
+    """A stopped study's run: rank 1 hangs mid-training (rank 0 waits in its collective); setting ``cancel`` kills
+    both ranks and the hanging rank's child at once, long before the timeout, and the run says Cancelled."""
+    marker = f"dstune-cancel-{uuid.uuid4().hex}"
+    entry = [sys.executable, str(FAULT_RANK), "hang", "1", marker]
+    cancel = threading.Event()
+    if launcher == "ray":
+        request.getfixturevalue("local_ray")
+        from tuner.ray_launcher import launch_ray as launch
+    else:
+        launch = launch_local
+    outcome: list = []
+    thread = threading.Thread(
+        target=lambda: outcome.append(launch(run_spec(2), timeout=300, entry=entry, cancel=cancel))
+    )
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not leftover_processes(marker):  # the hanging rank reached its first training step
+        assert time.monotonic() < deadline and thread.is_alive(), "the run never reached training"
+        time.sleep(0.2)
+    cancelled_at = time.monotonic()
+    cancel.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert time.monotonic() - cancelled_at < 15
+    result = outcome[0]
+    assert result.status == "error" and result.exception_type == CANCELLED, result.error
+    assert {rank.exception_type for rank in result.ranks} == {CANCELLED}
     time.sleep(0.5)
     assert leftover_processes(marker) == []
 

@@ -9,6 +9,7 @@ calls in a thread pool: the Ray actors do the work.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ class Dispatcher:
         if device == "cpu" and options.launcher == "ray":
             self._capacity(device)  # still connect to Ray up front, so a bad address fails before any trial
         self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="dstune-run")
+        self.cancelled = threading.Event()
 
     def _capacity(self, device: str) -> int:
         resource = "GPU" if device == "cuda" else "CPU"
@@ -69,7 +71,13 @@ class Dispatcher:
             launcher=options.launcher,
             ray_address=options.ray_address,
             memory_cap=options.memory_cap,
+            cancel=self.cancelled,
         )
+
+    def cancel(self) -> None:
+        """Kill every run in flight at once (their measurements end ``error`` / ``Cancelled``); no new runs."""
+        self.cancelled.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self, wait: bool = True) -> None:
         """Stop accepting runs; with ``wait=False`` queued runs are dropped (running ones end with the process)."""

@@ -18,13 +18,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.estimator import resolve
-from tuner.measurement import EXCERPT_CHARS, PEER_KILLED, Measurement, RankResult, aggregate
+from tuner.measurement import CANCELLED, EXCERPT_CHARS, PEER_KILLED, Measurement, RankResult, aggregate
 from tuner.runner import RunSpec, progress_path, result_path
 from tuner.workload import workload_from_dict
 
@@ -118,9 +119,11 @@ def wait_ranks(
     steps: int,
     progress: Progress | None = None,
     should_stop: Callable[[], bool] | None = None,
+    cancel: threading.Event | None = None,
 ) -> None:
     """Wait for every rank. At ``timeout`` kill them all; once a rank failed (or ``should_stop()`` says a rank
-    elsewhere did), kill the rest after a short grace, since they would wait in a collective."""
+    elsewhere did), kill the rest after a short grace, since they would wait in a collective. When ``cancel`` is set
+    (the study was stopped), kill them all at once."""
     deadline = time.monotonic() + timeout
     failed_at: float | None = None
     while True:
@@ -131,9 +134,10 @@ def wait_ranks(
         if all(code is not None for code in codes):
             return
         now = time.monotonic()
-        if now >= deadline:
+        if now >= deadline or (cancel is not None and cancel.is_set()):
+            reason = "timeout" if now >= deadline else "cancelled"
             for rank in ranks:
-                rank.kill("timeout")
+                rank.kill(reason)
             return
         if failed_at is None and (any(code not in (None, 0) for code in codes) or (should_stop and should_stop())):
             failed_at = now
@@ -170,6 +174,8 @@ def collect_rank(run_dir: Path, rank: RankProcess) -> RankResult:
         return RankResult(rank.rank, "timeout", error=f"killed at the timeout\n{_tail(rank.log)}")
     if rank.killed_for == "peer":
         return RankResult(rank.rank, "error", exception_type=PEER_KILLED, error="killed after another rank failed")
+    if rank.killed_for == "cancelled":
+        return RankResult(rank.rank, "error", exception_type=CANCELLED, error="killed: the study was stopped")
     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
     return RankResult(
         rank.rank, "error", exception_type="ProcessExit", error=f"{how}\n{_tail(rank.log)}", failed_at=rank.exited_at
@@ -183,6 +189,7 @@ def launch_local(
     entry: Sequence[str] | None = None,
     progress: Progress | None = None,
     keep_dir: Path | None = None,
+    cancel: threading.Event | None = None,
 ) -> Measurement:
     """Run ``spec`` on this machine with one process per rank and return the job's measurement.
 
@@ -193,6 +200,7 @@ def launch_local(
         entry: the rank command (default ``python -m tuner.runner``).
         progress: called with (timed steps done on rank 0, timed steps) while waiting.
         keep_dir: write the run's files there instead of a temporary folder.
+        cancel: once set, every rank is killed and the run ends ``error`` / ``Cancelled``.
     """
     workload = workload_from_dict(spec.workload)
     world = workload.cluster.world_size
@@ -205,7 +213,7 @@ def launch_local(
         started = time.monotonic()
         ranks = [start_rank(run_dir, r, world, "127.0.0.1", port, r, entry, memory_cap, threads) for r in range(world)]
         try:
-            wait_ranks(ranks, run_dir, timeout, spec.steps, progress)
+            wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel)
         finally:
             for rank in ranks:
                 rank.kill()

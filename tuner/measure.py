@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from contextlib import nullcontext
 from typing import Any
 
@@ -25,8 +26,10 @@ def run_measurement(
     model_impl: str = "builtin",
     hf_config: dict[str, Any] | None = None,
     progress: Any = None,
+    cancel: threading.Event | None = None,
 ) -> Measurement:
-    """Run ``ds_config`` on ``workload`` (its cluster's device and world size) and return the measurement."""
+    """Run ``ds_config`` on ``workload`` (its cluster's device and world size) and return the measurement. Setting
+    ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``)."""
     spec = RunSpec(
         workload_to_dict(workload),
         ds_config,
@@ -39,8 +42,10 @@ def run_measurement(
     if launcher == "ray":
         from tuner.ray_launcher import launch_ray
 
-        return launch_ray(spec, timeout=timeout, address=ray_address, memory_cap=memory_cap, progress=progress)
-    return launch_local(spec, timeout=timeout, memory_cap=memory_cap, progress=progress)
+        return launch_ray(
+            spec, timeout=timeout, address=ray_address, memory_cap=memory_cap, progress=progress, cancel=cancel
+        )
+    return launch_local(spec, timeout=timeout, memory_cap=memory_cap, progress=progress, cancel=cancel)
 
 
 def measure(workload: Workload, ds_config: dict[str, Any], show_progress: bool = False, **options: Any) -> dict:

@@ -14,6 +14,7 @@ STATUS_PRIORITY = {"invalid_config": 0, "oom": 1, "timeout": 2, "error": 3, "ok"
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 EXCERPT_CHARS = 1500
 PEER_KILLED = "KilledAfterPeerFailure"  # a rank the launcher stopped because another rank failed first
+CANCELLED = "Cancelled"  # a rank the launcher killed because the study was stopped (not the config's fault)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -45,6 +46,7 @@ class RankHost:
 
     def __init__(self) -> None:
         self.stop = False
+        self.cancelled = threading.Event()
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0."""
@@ -53,6 +55,10 @@ class RankHost:
     def abort(self) -> None:
         """Ask a running :meth:`run` to kill its rank (a peer failed)."""
         self.stop = True
+
+    def cancel(self) -> None:
+        """Ask a running :meth:`run` to kill its rank at once (the study was stopped)."""
+        self.cancelled.set()
 
     def run(
         self,
@@ -72,7 +78,9 @@ class RankHost:
             run_spec.write(run_dir)
             process = start_rank(run_dir, rank, world, master[0], master[1], 0, entry, memory_cap, threads)
             try:
-                wait_ranks([process], run_dir, timeout, run_spec.steps, should_stop=lambda: self.stop)
+                wait_ranks(
+                    [process], run_dir, timeout, run_spec.steps, should_stop=lambda: self.stop, cancel=self.cancelled
+                )
             finally:
                 process.kill()
             return asdict(collect_rank(run_dir, process))
@@ -85,8 +93,10 @@ def launch_ray(
     memory_cap: int | None = None,
     entry: Sequence[str] | None = None,
     progress: Progress | None = None,
+    cancel: threading.Event | None = None,
 ) -> Measurement:
-    """Run ``spec`` with one Ray actor per rank; same result as :func:`tuner.launcher.launch_local`."""
+    """Run ``spec`` with one Ray actor per rank; same result as :func:`tuner.launcher.launch_local` (``cancel``
+    included: once set, every rank is killed)."""
     ensure_ray(address)
     workload = workload_from_dict(spec.workload)
     world = workload.cluster.world_size
@@ -117,7 +127,7 @@ def launch_ray(
             host.run.remote(asdict(spec), rank, world, master, timeout, memory_cap, entry, 1): rank
             for rank, host in enumerate(hosts)
         }
-        results = _gather(refs, hosts, timeout + 30.0, spec.steps, progress)
+        results = _gather(refs, hosts, timeout + 30.0, spec.steps, progress, cancel)
     finally:
         for host in hosts:
             ray.kill(host)
@@ -128,13 +138,24 @@ def launch_ray(
 
 
 def _gather(
-    refs: dict[Any, int], hosts: list[Any], timeout: float, steps: int, progress: Progress | None
+    refs: dict[Any, int],
+    hosts: list[Any],
+    timeout: float,
+    steps: int,
+    progress: Progress | None,
+    cancel: threading.Event | None = None,
 ) -> list[RankResult]:
-    """Collect rank results; after the first failure, tell the other ranks to stop."""
+    """Collect rank results; after the first failure, tell the other ranks to stop; once ``cancel`` is set, tell
+    every rank to die at once."""
     deadline = time.monotonic() + timeout
     results: dict[int, RankResult] = {}
     pending = list(refs)
+    cancelling = False
     while pending:
+        if cancel is not None and cancel.is_set() and not cancelling:
+            cancelling = True
+            for host in hosts:
+                host.cancel.remote()
         done, pending = ray.wait(pending, timeout=max(0.0, min(1.0, deadline - time.monotonic())))
         for ref in done:
             rank = refs[ref]

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from tuner.calibration import Calibration
 from tuner.dispatch import Dispatcher, DispatchOptions
 from tuner.estimator import MemoryEstimate, estimate
-from tuner.measurement import Measurement
+from tuner.measurement import CANCELLED, Measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, load_space
 from tuner.store import DuplicateConfig, Store
 from tuner.workload import Workload
@@ -32,6 +32,7 @@ from tuner.workload import Workload
 SAMPLERS = ("tpe", "random", "grid", "gp")
 GRID_PARAMETERS = ("stage", "micro_batch")  # the DeepSpeed-autotuner-like baseline sweep
 RETRIES = 1  # a trial left running by a killed process is run once more
+STOP_WAIT_S = 60.0  # how long a stopped study waits for its killed runs to end before recording them
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class StudyReport:
     study_id: int
     interrupted: bool = False
     counts: dict[str, int] = field(default_factory=dict)
+    stopped: bool = False
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):
@@ -181,31 +183,38 @@ class TuningStudy:
                 self.optuna.enqueue_trial(record.params, skip_if_exists=False)
 
     # ----------------------------------------------------------------- the loop
-    def run(self, dispatcher: Dispatcher) -> StudyReport:
-        """Run until ``trials`` trials exist in the study or the timeout passes; Ctrl-C stops cleanly."""
+    def run(self, dispatcher: Dispatcher, should_stop: Callable[[], bool] | None = None) -> StudyReport:
+        """Run until ``trials`` trials exist in the study, the timeout passes, or ``should_stop()`` says so.
+
+        ``should_stop`` is asked before each trial and at least once a second while runs are in flight; when it says
+        stop, the runs in flight are killed and recorded failed (``report.stopped``). Ctrl-C stops the same way,
+        without waiting for the killed runs (``report.interrupted``). What finished is always recorded.
+        """
         self.recover()
         deadline = time.monotonic() + self.settings.timeout_s if self.settings.timeout_s else None
-        interrupted = False
+        interrupted = stopped = False
         try:
-            while True:
+            while not (stopped := should_stop is not None and should_stop()):
                 out_of_time = deadline is not None and time.monotonic() >= deadline
-                while (
+                if (
                     not out_of_time
                     and len(self.in_flight) < dispatcher.slots
                     and self._trials_started() < self.settings.trials
                 ):
                     self._ask_one(dispatcher)
-                if not self.in_flight:
-                    if out_of_time or self._trials_started() >= self.settings.trials:
-                        break
                     continue
+                if not self.in_flight:
+                    break
                 done, _ = wait(list(self.in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in done:
                     self._finish(future)
         except KeyboardInterrupt:
             interrupted = True
-            self._abandon_in_flight()
-        return StudyReport(self.study_id, interrupted, self.store.study_summary(self.study_id).counts)
+        if stopped or interrupted:
+            reason = "interrupted by the user" if interrupted else "cancelled: the study was stopped"
+            self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
+        counts = self.store.study_summary(self.study_id).counts
+        return StudyReport(self.study_id, interrupted, counts, stopped=stopped)
 
     def _trials_started(self) -> int:
         return len(self.optuna.get_trials(deepcopy=False))
@@ -327,12 +336,23 @@ class TuningStudy:
             self._tell(trial, TrialState.FAIL)
         self.on_event(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
 
-    def _abandon_in_flight(self) -> None:
-        """Ctrl-C: what finished is recorded; runs still going are recorded as failed (interrupted)."""
+    def _stop_in_flight(self, dispatcher: Dispatcher, reason: str, wait_s: float) -> None:
+        """Kill the runs in flight, wait up to ``wait_s`` for them to end, and record each failed with ``reason``;
+        a run that finished before it was killed is recorded as measured."""
+        dispatcher.cancel()
+        if self.in_flight and wait_s > 0:
+            wait(list(self.in_flight), timeout=wait_s)
         for future, (trial, trial_id, _, _) in list(self.in_flight.items()):
-            if future.done():
+            if _measured_before_stop(future):
                 self._finish(future)
                 continue
-            self.store.finish_trial(trial_id, "failed", None, error="interrupted by the user")
+            self.store.finish_trial(trial_id, "failed", None, error=reason)
             self._tell(trial, TrialState.FAIL)
         self.in_flight.clear()
+
+
+def _measured_before_stop(future: Future[Measurement]) -> bool:
+    """True when the run ended on its own (not cancelled before it started, not killed by the stop)."""
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return False
+    return future.result().exception_type != CANCELLED
