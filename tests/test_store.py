@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic import command as alembic_command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
@@ -115,6 +116,24 @@ class TestStoreContract:
             assert second.get_study("s1").id == study_id
             second.upgrade()
             assert len(second.list_studies()) == 1
+
+    def test_upgrade_from_the_first_revision_keeps_the_data(self, url: str) -> None:
+        """A database made by 0001 (the (study_id, status) index) is brought to head on open with its trials kept,
+        and the best-trial query then uses the (study_id, status, tokens_per_s) index."""
+        with Store(url) as old:
+            old.upgrade("0001")
+            study_id = new_study(old)
+            finish_ok(old, study_id, "a", 5.0)
+            finish_ok(old, study_id, "b", 7.0, number=1)
+        with Store.open(url) as store:
+            assert store.current_revision() == "0002"
+            assert store.best_trial(study_id).tokens_per_s == 7.0
+            indexes = {index["name"] for index in sa.inspect(store.engine).get_indexes("dstune_trials")}
+            assert "ix_dstune_trials_study_id_status_tokens_per_s" in indexes
+            assert "ix_dstune_trials_study_id_status" not in indexes
+            alembic_command.downgrade(store.alembic_config(), "0001")  # and back: the old index returns
+            indexes = {index["name"] for index in sa.inspect(store.engine).get_indexes("dstune_trials")}
+            assert "ix_dstune_trials_study_id_status" in indexes and store.best_trial(study_id).tokens_per_s == 7.0
 
     def test_workload_upsert_by_fingerprint(self, store: Store) -> None:
         workload = small_workload()

@@ -182,7 +182,7 @@ class TrialRow(Base):
     __table_args__ = (
         sa.UniqueConstraint("study_id", "config_key"),
         sa.Index("ix_dstune_trials_study_id_number", "study_id", "number"),
-        sa.Index("ix_dstune_trials_study_id_status", "study_id", "status"),
+        sa.Index("ix_dstune_trials_study_id_status_tokens_per_s", "study_id", "status", "tokens_per_s"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
