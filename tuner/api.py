@@ -21,24 +21,21 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.answer_cache import AnswerCache
 from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.jobs import FieldError, JobRequest, WorkloadRequest, check_job, checked_estimate, to_workload
-from tuner.recommend import NoFeasibleConfig, RecommendCache
+from tuner.recommend import NoFeasibleConfig, normalised, recommend
 from tuner.store import JOB_STATES, TRIAL_ORDERS, TRIAL_STATUSES, JobRecord, Store, StudyRecord, TrialRecord
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 TrialOrder = Literal[tuple(TRIAL_ORDERS) + tuple(f"-{name}" for name in TRIAL_ORDERS)]  # type: ignore[valid-type]
 TrialStatus = Literal[TRIAL_STATUSES]  # type: ignore[valid-type]
 JobStatus = Literal[JOB_STATES]  # type: ignore[valid-type]
@@ -196,67 +193,6 @@ def _invalid(error: FieldError) -> RequestValidationError:
     return RequestValidationError([{"loc": ("body", *error.loc), "msg": error.message, "type": "value_error"}])
 
 
-# ----------------------------------------------------------------------------------------------- body size limit
-
-
-class BodyLimit:
-    """ASGI middleware: request bodies over ``max_bytes`` answer 413 (by Content-Length, or counted while read)."""
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    too_large = int(value) > self.max_bytes
-                except ValueError:
-                    too_large = False
-                if too_large:
-                    await self._reject(send)
-                    return
-        seen = 0
-        too_large = False
-        replaced = False
-
-        async def counting_receive() -> Message:
-            nonlocal seen, too_large
-            if too_large:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:  # stop reading: the app sees a disconnect, the client gets 413
-                    too_large = True
-                    return {"type": "http.disconnect"}
-            return message
-
-        async def replacing_send(message: Message) -> None:
-            nonlocal replaced
-            if not too_large:
-                await send(message)
-            elif not replaced and message["type"] == "http.response.start":
-                replaced = True
-                await self._reject(send)
-
-        try:
-            await self.app(scope, counting_receive, replacing_send)
-        except Exception:
-            if not too_large:
-                raise
-        if too_large and not replaced:
-            await self._reject(send)
-
-    async def _reject(self, send: Send) -> None:
-        body = b'{"detail":"request body too large"}'
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-
 # -------------------------------------------------------------------------------------------------------------- app
 
 bearer = HTTPBearer(auto_error=False, description="The server's API token (dstune serve --token-file/env).")
@@ -293,8 +229,9 @@ def create_app(
     recommend_cache_s: float = 2.0,
 ) -> FastAPI:
     """The API over the database at ``store_url`` (migrated on open). ``token`` guards the mutating endpoints; with
-    none they answer 503 unless ``insecure_no_auth``. ``app.state.store`` is the :class:`Store`. Recommendations are
-    cached ``recommend_cache_s`` seconds per workload (0: never)."""
+    none they answer 503 unless ``insecure_no_auth``. ``app.state.store`` is the :class:`Store`. A workload's
+    recommendation is answered from memory for ``recommend_cache_s`` seconds, then refreshed in the background
+    (:mod:`tuner.answer_cache`; 0: computed for every request)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -306,12 +243,14 @@ def create_app(
         title="dstune",
         summary="DeepSpeed config tuning: estimates, recommendations, studies and tuning jobs.",
         version="1",
+        max_body_size=max_body_bytes,  # larger bodies answer 413, by Content-Length or counted while read
     )
     app.state.store = Store.open(store_url)
     app.state.token = token
     app.state.insecure_no_auth = insecure_no_auth
-    app.state.recommend_cache = RecommendCache(recommend_cache_s)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # type: ignore[arg-type]
+    app.state.recommend_cache = AnswerCache(
+        recommend_cache_s, max_stale_s=max(60.0, recommend_cache_s), cache_errors=(NoFeasibleConfig, FieldError)
+    )
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(store: StoreDep) -> Health:
@@ -346,16 +285,21 @@ def create_app(
         tags=["recommend"],
         responses={422: {"description": "Bad workload, or no config of the default space fits it."}},
     )
-    def recommend_endpoint(body: RecommendRequest, request: Request, store: StoreDep) -> RecommendResponse:
+    async def recommend_endpoint(body: RecommendRequest, request: Request) -> Response:
         """The best config for a workload: measured, else the nearest measured one re-checked, else estimated."""
-        try:
-            workload = to_workload(body.workload, ("workload",))
-            found = request.app.state.recommend_cache.get(store, workload)
+        store = store_of(request)  # not a sync dependency: that would cost a worker-thread hop per request
+
+        def answer() -> bytes:  # blocking (database, estimator): runs in a worker thread
+            workload = normalised(to_workload(body.workload, ("workload",)))
+            return RecommendResponse(**recommend(store, workload).__dict__).model_dump_json().encode()
+
+        try:  # keyed by the request's workload as sent; a bad workload is an answer too (the same 422 each time)
+            content = await request.app.state.recommend_cache.get(body.workload.model_dump_json(), answer)
         except FieldError as error:
             raise _invalid(error) from None
         except NoFeasibleConfig as error:
             raise _invalid(FieldError(("workload",), str(error))) from None
-        return RecommendResponse(**found.__dict__)
+        return Response(content, media_type="application/json")
 
     def _study(store: Store, name: str) -> StudyRecord:
         record = store.get_study(name)
@@ -462,7 +406,6 @@ def create_app_from_env() -> FastAPI:
 
 
 __all__ = [
-    "BodyLimit",
     "EstimateRequest",
     "EstimateResponse",
     "RecommendRequest",

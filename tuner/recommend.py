@@ -20,8 +20,6 @@ Cost: a handful of indexed queries (the workload's fingerprint is unique; trials
 from __future__ import annotations
 
 import functools
-import threading
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -253,41 +251,4 @@ def _estimated_cached(workload: Workload, margin: float) -> tuple[dict[str, Any]
     return None
 
 
-class RecommendCache:
-    """Recommendations kept ``ttl_s`` seconds per workload (thread-safe; ``ttl_s == 0`` disables it).
-
-    A recommendation changes only when trials finish; answering from a cache a couple of seconds old keeps
-    ``/v1/recommend`` fast under load whatever the database size (``bench/api_load.py``). Failures
-    (:class:`NoFeasibleConfig`) are cached the same way.
-    """
-
-    def __init__(self, ttl_s: float = 2.0, max_entries: int = 4096) -> None:
-        self.ttl_s, self.max_entries = ttl_s, max_entries
-        self._entries: dict[str, tuple[float, Recommendation | NoFeasibleConfig]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, store: Store, workload: Workload) -> Recommendation:
-        """:func:`recommend`, from the cache when a fresh answer is there."""
-        if self.ttl_s <= 0:
-            return recommend(store, workload)
-        key = normalised(workload).fingerprint()
-        now = time.monotonic()
-        with self._lock:
-            found = self._entries.get(key)
-        if found is None or now - found[0] > self.ttl_s:
-            try:
-                outcome: Recommendation | NoFeasibleConfig = recommend(store, workload)
-            except NoFeasibleConfig as error:
-                outcome = error
-            with self._lock:
-                if len(self._entries) >= self.max_entries:
-                    self._entries.clear()
-                self._entries[key] = (now, outcome)
-        else:
-            outcome = found[1]
-        if isinstance(outcome, NoFeasibleConfig):
-            raise outcome
-        return outcome
-
-
-__all__ = ["NoFeasibleConfig", "RecommendCache", "Recommendation", "hardware_of", "normalised", "recommend"]
+__all__ = ["NoFeasibleConfig", "Recommendation", "hardware_of", "normalised", "recommend"]
