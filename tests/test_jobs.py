@@ -61,6 +61,9 @@ def test_queue_contract(store: Store) -> None:
     assert claimed is not None and claimed.id == first.id and claimed.status == "running" and claimed.worker == "w1"
     assert claimed.started_at is not None
     assert store.update_job_progress(first.id, {"trials": 3}).progress == {"trials": 3}
+    merged = store.update_job_progress(first.id, {"trials": 2, "ray_submission_id": "r1"}).progress
+    assert merged == {"trials": 2, "ray_submission_id": "r1"}
+    assert store.update_job_progress(first.id, {"trials": 3}).progress == {"trials": 3, "ray_submission_id": "r1"}
     assert store.cancel_job(second.id).status == "cancelled"  # queued: at once
     assert store.claim_next_job("w2") is None  # nothing queued is left
     assert store.cancel_job(first.id).status == "cancel_requested"  # running: the worker stops it

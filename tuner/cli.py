@@ -615,7 +615,10 @@ def serve_command(
 @app.command("worker")
 def worker_command(
     storage: StorageOpt = None,
-    once: Annotated[bool, typer.Option(help="Exit when the queue is empty instead of polling.")] = False,
+    once: Annotated[
+        bool,
+        typer.Option(help="Exit when the queue is empty (with --submit: and its jobs have ended) instead of polling."),
+    ] = False,
     poll: Annotated[float, typer.Option(min=0.1, help="Seconds between looks at an empty queue.")] = 5.0,
     name: Annotated[
         str | None, typer.Option(help="Worker name recorded on its jobs (default host:pid:thread).")
@@ -641,7 +644,10 @@ def worker_command(
     if submit:
         if not ray_address:
             _fail("ray-address", "--submit needs the Ray Jobs API address, e.g. http://HEAD:8265")
-        submitted = submit_loop(store, ray_address, url, once=once, poll=poll, name=name)
+        try:
+            submitted = submit_loop(store, ray_address, url, once=once, poll=poll, name=name)
+        except ConnectionError as error:  # no Jobs API at that address
+            _fail("ray-address", str(error))
         typer.echo(f"submitted {len(submitted)} job(s) to {ray_address}")
         return
     executor = functools.partial(run_study_job, launcher=launcher, ray_address=ray_address)

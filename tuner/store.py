@@ -944,12 +944,13 @@ class Store:
             return _record(JobRecord, row)
 
     def update_job_progress(self, job_id: int, progress: dict[str, Any]) -> JobRecord:
-        """Replace a job's progress JSON; returns the job (its status tells the worker whether to stop)."""
+        """Merge ``progress`` into the job's progress JSON (its keys replace the same keys; others stay, such as the
+        Ray submission id a submitting worker wrote); returns the job (its status tells the worker whether to stop)."""
         with self.session() as session:
-            row = session.get(JobRow, job_id)
+            row = session.get(JobRow, job_id, with_for_update=True)  # two writers (worker, submitter) lose nothing
             if row is None:
                 raise StoreError("job_id", f"no job {job_id}")
-            row.progress = dict(progress)
+            row.progress = {**(row.progress or {}), **progress}
             session.flush()
             return _record(JobRecord, row)
 

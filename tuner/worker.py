@@ -4,11 +4,14 @@ Several workers may share one queue: :meth:`tuner.store.Store.claim_next_job` ha
 (row locks with ``SKIP LOCKED`` on PostgreSQL, the database write lock on SQLite). A job runs as a
 :class:`tuner.study.TuningStudy` with the job's settings; its progress (trials so far, best tokens/s, the last event)
 is written to the job row after every trial event, where ``GET /v1/jobs/{id}`` shows it. Cancelling a running job
-(``DELETE /v1/jobs/{id}``) makes the study stop asking between trials; what finished is recorded, runs still in
-flight are recorded failed (the study's Ctrl-C path), and the job ends ``cancelled``.
+(``DELETE /v1/jobs/{id}``) stops the study within about a second (``TuningStudy.run``'s ``should_stop``): no new
+trial is asked, the runs in flight are killed (their ranks, locally or on Ray) and recorded failed, what finished
+stays recorded, and the job ends ``cancelled``.
 
 With ``--submit --ray-address http://HEAD:8265`` the worker does not run jobs itself: it submits each claimed job to
-the Ray cluster through the Ray Jobs API, as ``dstune worker --job ID`` running on the cluster.
+the Ray cluster through the Ray Jobs API, as ``dstune worker --job ID`` running on the cluster, and follows it there:
+a Ray job that ends while its dstune job is still running (the entrypoint crashed) fails the job with the Ray status
+and the tail of the Ray job's logs.
 
 The executor (what running a job means) is a parameter of :func:`work`: :func:`run_study_job` by default.
 """
@@ -16,16 +19,20 @@ The executor (what running a job means) is a parameter of :func:`work`: :func:`r
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.jobs import JobRequest, study_settings
 from tuner.store import JobRecord, Store, StoreError
-from tuner.study import Event, StudySettings, TuningStudy
+from tuner.study import Event, TuningStudy
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
 
 STORAGE_ENV = "DSTUNE_STORAGE"
 
@@ -51,37 +58,6 @@ Executor = Callable[[Store, JobRecord, JobHandle], str]
 an exception fails the job."""
 
 
-class StudyCancelled(KeyboardInterrupt):
-    """Raised inside the study loop when its job is cancelled: the loop's Ctrl-C path stops it cleanly."""
-
-
-class CancellableStudy(TuningStudy):
-    """A :class:`TuningStudy` that checks ``should_stop`` before asking for each trial and after each one finishes.
-
-    Stopping reuses the loop's interruption path (``KeyboardInterrupt`` → ``_abandon_in_flight``): finished runs are
-    recorded, runs still in flight are recorded failed, Optuna is told. A run in flight is not killed early: the
-    check happens between trials (a run lasts at most the job's ``run_timeout``).
-    """
-
-    def __init__(self, settings: StudySettings, store: Store, should_stop: Callable[[], bool]) -> None:
-        super().__init__(settings, store)
-        self.should_stop = should_stop
-        self.cancelled = False
-
-    def _check(self) -> None:
-        if not self.cancelled and self.should_stop():
-            self.cancelled = True
-            raise StudyCancelled
-
-    def _ask_one(self, dispatcher: Any) -> None:
-        self._check()
-        super()._ask_one(dispatcher)
-
-    def _finish(self, future: Any) -> None:
-        super()._finish(future)
-        self._check()
-
-
 def run_study_job(
     store: Store, job: JobRecord, handle: JobHandle, *, launcher: str | None = None, ray_address: str | None = None
 ) -> str:
@@ -90,7 +66,7 @@ def run_study_job(
 
     request = JobRequest.model_validate(job.request)
     settings = study_settings(request, job.study_name, launcher=launcher, ray_address=ray_address)
-    tuning = CancellableStudy(settings, store, handle.cancel_requested)
+    tuning = TuningStudy(settings, store)
     state: dict[str, Any] = {"best_tokens_per_s": None, "events": 0}
 
     def on_event(event: Event) -> None:
@@ -111,7 +87,7 @@ def run_study_job(
     handle.report({"study_id": tuning.study_id, "trials": tuning._trials_started(), "budget": settings.trials})
     dispatcher = Dispatcher(settings.dispatch, settings.workload.cluster.device, settings.workload.cluster.world_size)
     try:
-        report = tuning.run(dispatcher)
+        report = tuning.run(dispatcher, should_stop=handle.cancel_requested)
     finally:
         dispatcher.close(wait=False)
     best = store.best_trial(tuning.study_id)
@@ -125,7 +101,7 @@ def run_study_job(
             "best_trial_id": None if best is None else best.id,
         }
     )
-    if tuning.cancelled:
+    if report.stopped:
         return "cancelled"
     return "interrupted" if report.interrupted else "done"
 
@@ -198,16 +174,32 @@ def run_job(store: Store, job_id: int, executor: Executor = run_study_job) -> st
     return run_claimed(store, job, executor)
 
 
-def submit_to_ray(store: Store, job: JobRecord, address: str, storage_url: str, launcher: str = "ray") -> str:
+RAY_JOB_ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+"""Ray job statuses after which nothing more runs on the cluster for that submission."""
+
+LOG_TAIL_LINES, LOG_TAIL_CHARS = 20, 2000
+
+
+def submit_to_ray(
+    store: Store,
+    job: JobRecord,
+    address: str,
+    storage_url: str,
+    launcher: str = "ray",
+    client: JobSubmissionClient | None = None,
+) -> str:
     """Submit a claimed job to a Ray cluster through the Ray Jobs API (``address``: the dashboard, e.g.
     ``http://HEAD:8265``); the cluster runs ``dstune worker --job ID``. The database URL travels as the
     ``DSTUNE_STORAGE`` environment variable of the Ray job (not on its command line). Returns the submission id."""
-    from ray.job_submission import JobSubmissionClient
+    if client is None:
+        from ray.job_submission import JobSubmissionClient
 
-    client = JobSubmissionClient(address)
+        client = JobSubmissionClient(address)
+    # ``--ray-address auto``: the trials go to the cluster running the job (its RAY_ADDRESS); with no address the
+    # entrypoint would try to start a private local Ray, which Ray refuses inside a job.
     submission_id = client.submit_job(
-        entrypoint=f"dstune worker --job {job.id} --launcher {shlex.quote(launcher)}",
-        submission_id=f"dstune-job-{job.id}-{int(time.time())}",
+        entrypoint=f"dstune worker --job {job.id} --launcher {shlex.quote(launcher)} --ray-address auto",
+        submission_id=f"dstune-job-{job.id}-{secrets.token_hex(4)}",  # unique across databases sharing the cluster
         runtime_env={"env_vars": {STORAGE_ENV: storage_url}},
         metadata={"dstune_job": str(job.id), "study": job.study_name},
     )
@@ -215,29 +207,92 @@ def submit_to_ray(store: Store, job: JobRecord, address: str, storage_url: str, 
     return submission_id
 
 
+def follow_submission(store: Store, client: JobSubmissionClient, job_id: int, submission_id: str) -> bool:
+    """Look once at a job this worker submitted; True once there is nothing more to follow (its Ray job ended, or
+    the job was cancelled before its Ray job started).
+
+    A Ray job that ended while its dstune job is still running (the entrypoint crashed, ``dstune`` is missing on the
+    cluster, someone stopped the Ray job) fails the dstune job with the Ray status and the tail of the Ray job's logs.
+    A job cancelled while its Ray job is still pending ends ``cancelled`` at once, and the Ray job is asked to stop
+    (one that started stops itself between trials). The job's progress then keeps the submission id and Ray status.
+    """
+    info = client.get_job_info(submission_id)
+    status = str(info.status)
+    job = store.get_job(job_id)
+    if job is None:
+        return True
+    if status == "PENDING" and job.status == "cancel_requested":
+        # Ray acts on the stop once the job's supervisor starts (a job waiting for resources can stay PENDING for
+        # RAY_JOB_START_TIMEOUT_SECONDS), so it is not waited for; an entrypoint that starts finds its job cancelled.
+        client.stop_job(submission_id)
+        store.finish_job(job_id, "cancelled", f"cancelled on request before Ray job {submission_id} started")
+    elif status not in RAY_JOB_ENDED:
+        return False
+    elif job.status in ("running", "cancel_requested"):
+        reason = (info.message or "").split(", last available logs")[0].strip()
+        store.finish_job(
+            job_id,
+            "failed",
+            f"Ray job {submission_id} ended {status} ({reason}) while the dstune job was {job.status}; "
+            f"last lines of its logs:\n{_log_tail(client, submission_id)}",
+        )
+    store.update_job_progress(job_id, {"ray_submission_id": submission_id, "ray_status": status})
+    return True
+
+
+def _log_tail(client: JobSubmissionClient, submission_id: str) -> str:
+    """The last :data:`LOG_TAIL_LINES` lines of a Ray job's logs, at most :data:`LOG_TAIL_CHARS` characters."""
+    try:
+        logs = client.get_job_logs(submission_id)
+    except Exception as error:  # the failure is still worth recording without its logs
+        return f"(logs unavailable: {type(error).__name__}: {error})"
+    return "\n".join(logs.rstrip().splitlines()[-LOG_TAIL_LINES:])[-LOG_TAIL_CHARS:]
+
+
 def submit_loop(
-    store: Store, address: str, storage_url: str, *, once: bool, poll: float, name: str | None = None
+    store: Store,
+    address: str,
+    storage_url: str,
+    *,
+    once: bool,
+    poll: float,
+    name: str | None = None,
+    timeout: float | None = None,
+    stop: threading.Event | None = None,
 ) -> list[int]:
-    """Claim queued jobs and hand each to the Ray cluster (a failed submission fails the job)."""
+    """Claim queued jobs, submit each to the Ray cluster and follow it there (:func:`follow_submission`) until
+    ``stop`` is set; with ``once``, until the queue is empty and every submitted job has ended, or ``timeout``
+    seconds have passed (:class:`TimeoutError`). A failed submission fails the job. Returns the submitted job ids."""
+    from ray.job_submission import JobSubmissionClient
 
-    def executor(store: Store, job: JobRecord, handle: JobHandle) -> str:
-        submit_to_ray(store, job, address, storage_url)
-        return "submitted"
-
+    client = JobSubmissionClient(address)
     name = name or default_worker_name()
+    stop = stop or threading.Event()
+    deadline = None if timeout is None else time.monotonic() + timeout
     submitted: list[int] = []
-    while True:
+    following: dict[int, str] = {}  # job id -> Ray submission id
+    while not stop.is_set():
         job = store.claim_next_job(name)
-        if job is None:
-            if once:
-                return submitted
-            time.sleep(poll)
-            continue
-        try:
-            executor(store, job, JobHandle(store, job.id))
-            submitted.append(job.id)
-        except Exception as error:
-            store.finish_job(job.id, "failed", f"Ray submission failed: {type(error).__name__}: {error}")
+        if job is not None:
+            try:
+                following[job.id] = submit_to_ray(store, job, address, storage_url, client=client)
+                submitted.append(job.id)
+            except Exception as error:
+                store.finish_job(job.id, "failed", f"Ray submission failed: {type(error).__name__}: {error}")
+            continue  # claim the rest of the queue before looking at the cluster
+        for job_id, submission_id in list(following.items()):
+            try:
+                ended = follow_submission(store, client, job_id, submission_id)
+            except (OSError, RuntimeError):  # the job server did not answer (Ray's errors): look again next poll
+                continue
+            if ended:
+                del following[job_id]
+        if once and not following:
+            break
+        if once and deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"submitted jobs still running on the Ray cluster: {sorted(following)}")
+        stop.wait(poll)
+    return submitted
 
 
 def default_worker_name() -> str:
@@ -246,10 +301,9 @@ def default_worker_name() -> str:
 
 
 __all__ = [
-    "CancellableStudy",
     "Executor",
     "JobHandle",
-    "StudyCancelled",
+    "follow_submission",
     "run_claimed",
     "run_job",
     "run_study_job",
