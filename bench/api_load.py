@@ -1,21 +1,34 @@
 """Load test of ``POST /v1/recommend``: 100 concurrent clients on loopback against a database of 10,000 trials.
 
 Seeds a fresh SQLite database (or the PostgreSQL database given by ``--url``) with ``--trials`` trials over 16
-workloads of GPT-2 (one study each: ok, pruned and out-of-memory trials, real estimates in their rows), starts
-``dstune serve`` on 127.0.0.1 in a subprocess, and runs ``--clients`` closed-loop clients (httpx, one asyncio loop)
-for ``--duration`` seconds. The clients cycle through three requests, one per answer source: a workload with
-measurements (``measured``), the same model on an unmeasured cluster (``nearest``) and a model with no measurements
-at all (``estimate``). Prints p50 and p99 latency and requests per second, overall and per source. Target: p99 under
-25 ms.
+workloads of GPT-2 (one study each: ok, pruned and out-of-memory trials, real estimates in their rows) and starts
+``dstune serve`` on 127.0.0.1. ``--clients`` clients (aiohttp, one connection each, one asyncio loop in this process)
+cycle through three requests, one per answer source: a workload with measurements (``measured``), the same model on
+an unmeasured cluster (``nearest``) and a model with no measurements at all (``estimate``).
 
-Run: ``.venv/bin/python bench/api_load.py [--duration 30] [--clients 100] [--workers 1] [--url postgresql+psycopg://...]``
+Two kinds of load, each for ``--duration`` seconds:
+
+- **closed loop** (the issue's test): every client sends its next request as soon as the previous answer arrives.
+  Latency is then the number of clients over the throughput (Little's law): it measures the server's capacity.
+- **open loop** at ``--rates`` requests/s: requests are due at a fixed pace spread over the clients, and latency is
+  counted from when a request was due (a late client's wait is included: no coordinated omission). This is what a
+  fleet of training launchers asking for their config looks like at that rate.
+
+Side by side, in the same run, the same loads go to a **floor** server (``bench/api_floor.py``): the same route and
+request validation answering a constant, so the figures show what dstune costs on top of uvicorn and FastAPI on
+this machine. Prints requests/s, p50 and p99 (overall and per source) for each. Target: p99 under 25 ms.
+
+Run: ``.venv/bin/python bench/api_load.py [--duration 30] [--clients 100] [--rates 500,1000,2000] [--workers 1]
+[--url postgresql+psycopg://...]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
+import json
 import os
 import socket
 import statistics
@@ -25,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from tuner.estimator import estimate
@@ -97,87 +111,130 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(url: str, port: int, workers: int, cache_s: float) -> subprocess.Popen:
+def start_server(command: list[str], port: int) -> subprocess.Popen:
+    """Start a server and wait until ``/v1/recommend`` answers."""
     env = {**os.environ, "DSTUNE_API_TOKEN": "bench-token"}
-    command = [DSTUNE, "serve", "--storage", url, "--port", str(port), "--log-level", "warning"]
-    command += ["--recommend-cache", str(cache_s)]
-    if workers > 1:
-        command += ["--workers", str(workers)]
     server = subprocess.Popen(command, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+            if httpx.post(f"http://127.0.0.1:{port}/v1/recommend", json=REQUESTS["measured"], timeout=5).is_success:
                 return server
         except httpx.HTTPError:
             time.sleep(0.2)
     server.kill()
-    raise SystemExit("the server did not come up")
+    raise SystemExit(f"the server did not come up: {command}")
 
 
-async def load(port: int, clients: int, duration: float) -> tuple[dict[str, list[float]], int, float]:
-    """Closed-loop clients for ``duration`` seconds: latencies (seconds) by source, errors, elapsed."""
-    latencies: dict[str, list[float]] = {name: [] for name in REQUESTS}
+def dstune_command(url: str, port: int, workers: int, cache_s: float) -> list[str]:
+    command = [DSTUNE, "serve", "--storage", url, "--port", str(port), "--log-level", "warning"]
+    return [*command, "--recommend-cache", str(cache_s), "--workers", str(workers)]
+
+
+def floor_command(port: int, workers: int) -> list[str]:
+    bench = str(Path(__file__).parent)
+    command = [sys.executable, "-m", "uvicorn", "api_floor:app", "--app-dir", bench, "--port", str(port)]
+    return [*command, "--log-level", "warning", "--workers", str(workers)]
+
+
+Latencies = dict[str, list[float]]
+
+
+async def load(port: int, clients: int, duration: float, rate: float | None) -> tuple[Latencies, int, float]:
+    """``clients`` clients for ``duration`` seconds, closed loop (``rate`` None) or open loop at ``rate`` requests/s
+    in all: latencies (seconds) by source, errors, elapsed seconds."""
+    latencies: Latencies = {name: [] for name in REQUESTS}
+    bodies = {name: json.dumps(body).encode() for name, body in REQUESTS.items()}
+    headers = {"content-type": "application/json"}
     errors = 0
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=30) as client:
-        for name, body in REQUESTS.items():  # warm-up, and check each answers with its source
-            answer = (await client.post("/v1/recommend", json=body)).json()
-            assert answer["source"] == name, (name, answer)
-        end = time.monotonic() + duration
-        started = time.monotonic()
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}", connector=connector) as session:
+        for name, body in bodies.items():  # check each answers with its source
+            async with session.post("/v1/recommend", data=body, headers=headers) as response:
+                answer = await response.json()
+            assert answer["source"] == name or answer["study"] == "floor", (name, answer)
 
-        async def one(offset: int) -> None:
+        async def warm_up() -> None:  # every client's connection open before the clock starts
+            async with session.post("/v1/recommend", data=bodies["measured"], headers=headers) as response:
+                await response.read()
+
+        await asyncio.gather(*(warm_up() for _ in range(clients)))
+        gc.collect()
+        gc.freeze()  # this process's own start-up objects: its collector pauses are not the server's latency
+        started = time.perf_counter()
+        end = started + duration
+
+        async def client(index: int) -> None:
             nonlocal errors
-            for name in itertools.islice(itertools.cycle(REQUESTS), offset, None):
-                if time.monotonic() >= end:
+            names = itertools.islice(itertools.cycle(REQUESTS), index % len(REQUESTS), None)
+            for sent, name in enumerate(names):
+                due = time.perf_counter() if rate is None else started + (sent * clients + index) / rate
+                if due >= end:
                     return
-                t0 = time.perf_counter()
-                response = await client.post("/v1/recommend", json=REQUESTS[name])
-                elapsed = time.perf_counter() - t0
-                if response.status_code != 200:
-                    errors += 1
-                latencies[name].append(elapsed)
+                if due > time.perf_counter():
+                    await asyncio.sleep(due - time.perf_counter())
+                async with session.post("/v1/recommend", data=bodies[name], headers=headers) as response:
+                    await response.read()
+                    errors += response.status != 200
+                latencies[name].append(time.perf_counter() - due)
 
-        await asyncio.gather(*(one(i % len(REQUESTS)) for i in range(clients)))
-    return latencies, errors, time.monotonic() - started
+        await asyncio.gather(*(client(index) for index in range(clients)))
+    return latencies, errors, time.perf_counter() - started
 
 
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1] if len(values) > 1 else values[0]
 
 
+def report(server: str, load_name: str, latencies: Latencies, errors: int, elapsed: float) -> None:
+    everything = [value for values in latencies.values() for value in values]
+    sources = "  ".join(
+        f"{name} {percentile(values, 50) * 1e3:.1f}/{percentile(values, 99) * 1e3:.1f}"
+        for name, values in latencies.items()
+    )
+    print(
+        f"| {server:6} | {load_name:14} | {len(everything) / elapsed:7,.0f} | {percentile(everything, 50) * 1e3:7.2f} "
+        f"| {percentile(everything, 99) * 1e3:8.2f} | {errors} | {sources} |",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load (default 30)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of each load (default 30)")
     parser.add_argument("--clients", type=int, default=100, help="concurrent clients (default 100)")
+    parser.add_argument("--rates", default="500,1000,2000", help="open-loop rates, requests/s in all ('' for none)")
     parser.add_argument("--trials", type=int, default=10_000, help="trials in the database (default 10,000)")
-    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (default 1)")
+    parser.add_argument("--workers", type=int, default=1, help="server processes, both servers (default 1)")
     parser.add_argument("--cache", type=float, default=2.0, help="server's --recommend-cache seconds (0: off)")
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor server")
     parser.add_argument("--url", help="an empty PostgreSQL database URL (default: a fresh SQLite file)")
     args = parser.parse_args()
+    rates = [float(rate) for rate in args.rates.split(",") if rate.strip()]
     url = args.url or f"sqlite:///{Path(tempfile.mkdtemp(prefix='dstune-bench-')) / 'dstune.db'}"
     t0 = time.perf_counter()
     seed(url, args.trials)
     print(f"seeded {args.trials} trials in {time.perf_counter() - t0:.1f} s ({url.split(':')[0]})")
-    port = free_port()
-    server = start_server(url, port, args.workers, args.cache)
-    try:
-        latencies, errors, elapsed = asyncio.run(load(port, args.clients, args.duration))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    everything = [value for values in latencies.values() for value in values]
     print(
-        f"{args.clients} clients, {elapsed:.1f} s, {args.workers} server process(es), cache {args.cache} s, "
-        f"{os.cpu_count()} CPUs: "
-        f"{len(everything) / elapsed:,.0f} requests/s, {errors} errors"
+        f"{args.clients} clients, {args.duration:.0f} s per load, {args.workers} server process(es), "
+        f"recommend cache {args.cache} s, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start\n"
     )
-    print(
-        f"  all       p50 {percentile(everything, 50) * 1e3:7.2f} ms   p99 {percentile(everything, 99) * 1e3:7.2f} ms"
-    )
-    for name, values in latencies.items():
-        print(f"  {name:9} p50 {percentile(values, 50) * 1e3:7.2f} ms   p99 {percentile(values, 99) * 1e3:7.2f} ms")
+    print("| server | load           |   req/s | p50 ms  |   p99 ms | errors | p50/p99 ms by source |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    servers = {"dstune": lambda port: dstune_command(url, port, args.workers, args.cache)}
+    if not args.no_floor:
+        servers["floor"] = lambda port: floor_command(port, args.workers)
+    loads: list[tuple[str, float | None]] = [("closed loop", None), *((f"open {r:,.0f}/s", r) for r in rates)]
+    for load_name, rate in loads:  # the two servers alternate under each load: the machine's noise hits both
+        for server_name, command in servers.items():
+            port = free_port()
+            server = start_server(command(port), port)
+            try:
+                latencies, errors, elapsed = asyncio.run(load(port, args.clients, args.duration, rate))
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
+            report(server_name, load_name, latencies, errors, elapsed)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ open, like the GET endpoints. Bad input answers 422 with the field's path (FastA
 from __future__ import annotations
 
 import contextlib
+import gc
 import secrets
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -221,6 +222,14 @@ Auth = Depends(require_token)
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
+def freeze_startup_objects() -> None:
+    """Move every object alive after start-up (modules, the app, SQLAlchemy's and Optuna's internals: about 100,000)
+    out of the garbage collector's reach. A full collection over them takes about 85 ms on this machine and would
+    stall every request in flight whenever it runs; after the freeze it scans only what requests allocate."""
+    gc.collect()
+    gc.freeze()
+
+
 def create_app(
     store_url: str,
     token: str | None,
@@ -235,6 +244,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        freeze_startup_objects()
         yield
         app.state.store.close()
 
