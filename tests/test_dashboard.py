@@ -23,6 +23,7 @@ from tuner.dashboard import router
 from tuner.dashboard._views import chart_data, describe_config, estimate_quality, pareto_front
 from tuner.dsconfig import shortcut_config, validate_with_deepspeed
 from tuner.estimator import estimate
+from tuner.jobs import JobRequest
 from tuner.store import Store
 from tuner.units import GiB
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
@@ -73,11 +74,31 @@ def seed(store: Store) -> None:
     store.add_infeasible(study.id, 7, {"stage": 3, "micro_batch": 64}, "global batch 16 is not divisible by 128")
     store.set_study_status(study.id, "finished")
 
+    seed_jobs(store)
+
     odd = store.get_or_create_study(ODD_STUDY, workload_id, sampler="random", settings={})
     config = shortcut_config(2, 4, "bf16", 1, "none", "none")
     trial_id = store.add_trial(odd.id, 0, "k0", config, None, False, estimate(workload, config))
     store.start_trial(trial_id)
     store.finish_trial(trial_id, "ok", {"tokens_per_s": 1000.0, "peak_bytes_per_rank": [3 * GiB]})
+
+
+def seed_jobs(store: Store) -> None:
+    """Three tuning jobs as workers leave them: one done (its study is STUDY), one failed, one still queued."""
+
+    def request(model: str, trials: int) -> dict:
+        body = {"workload": {"model": model, "gpus": WORLD_SIZE, "seq_len": 1024}, "trials": trials}
+        return JobRequest.model_validate(body).model_dump(mode="json")
+
+    done = store.enqueue_job(STUDY, request("gpt2", 12))
+    failed = store.enqueue_job("llama-night", request("llama-2-7b", 40))
+    store.enqueue_job("queued-night", request("mistral-7b", 30))
+    for job in (done, failed):
+        assert store.claim_next_job("host-a:123:1").id == job.id
+    store.update_job_progress(done.id, {"trials": 12, "budget": 12, "best_tokens_per_s": BEST_TOKENS})
+    store.finish_job(done.id, "done")
+    store.update_job_progress(failed.id, {"trials": 3, "budget": 40})
+    store.finish_job(failed.id, "failed", "Ray job dstune-job-2-ab12 ended FAILED (exit code 1)")
 
 
 def make_app(url: str) -> FastAPI:
@@ -122,6 +143,17 @@ def test_home_lists_workload_with_best_throughput(client: TestClient) -> None:
     assert "/static/dashboard.css" in page
 
 
+def test_home_lists_jobs_with_status_and_progress(client: TestClient) -> None:
+    page = client.get("/").text
+    jobs = page[page.index('id="jobs"') :]
+    assert jobs.index('data-job="3"') < jobs.index('data-job="2"') < jobs.index('data-job="1"')  # newest first
+    assert f'<a href="/studies/{STUDY}">{STUDY}</a>' in jobs  # a job whose study exists links to it
+    assert '<span class="badge s-done">done</span>' in jobs and "12 / 12" in jobs and "61,234" in jobs
+    assert "s-failed" in jobs and "3 / 40" in jobs and "ended FAILED (exit code 1)" in jobs
+    assert '<span class="badge s-queued">queued</span>' in jobs and "0 / 30" in jobs and "mistral-7b" in jobs
+    assert 'href="/studies/queued-night"' not in jobs  # no study yet: no dead link
+
+
 def test_home_without_studies(tmp_path: Path) -> None:
     app = make_app(f"sqlite:///{tmp_path}/empty.db")
     try:
@@ -129,7 +161,7 @@ def test_home_without_studies(tmp_path: Path) -> None:
     finally:
         app.state.store.close()
     assert response.status_code == 200
-    assert "No studies yet" in response.text
+    assert "No studies yet" in response.text and "No tuning jobs queued" in response.text
 
 
 def test_study_page(client: TestClient) -> None:
@@ -262,6 +294,8 @@ def test_browser_home(driver, live: str) -> None:
     assert driver.title == "dstune"
     best = driver.find_element(By.CSS_SELECTOR, "#workloads .best-throughput").text
     assert best == "61,234"
+    statuses = [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, "#jobs .badge")]
+    assert statuses == ["queued", "failed", "done"]
     assert severe_logs(driver) == []
 
 

@@ -17,6 +17,7 @@ from tuner.units import format_bytes
 
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
+JOBS_SHOWN = 50  # the newest tuning jobs on the home page
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".md": "text/markdown"}
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -67,7 +68,9 @@ def home(request: Request) -> HTMLResponse:
         if best is not None and (row.best is None or (best.tokens_per_s or 0) > (row.best.tokens_per_s or 0)):
             row.best, row.best_study = best, study
     ordered = sorted(rows.values(), key=lambda r: r.workload.model_name)
-    return _page(request, "home.html", {"title": "dstune", "rows": ordered})
+    studies = {study.name for study in store.list_studies()}
+    jobs = [views.JobView(job, job.study_name in studies) for job in store.list_jobs(limit=JOBS_SHOWN)]
+    return _page(request, "home.html", {"title": "dstune", "rows": ordered, "jobs": jobs})
 
 
 def _find_trial(store: Store, study: StudyRecord, number: int) -> TrialRecord | None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tuner.store import FINISHED_STATUSES, StudyRecord, TrialRecord, WorkloadRecord
+from tuner.store import FINISHED_STATUSES, JobRecord, StudyRecord, TrialRecord, WorkloadRecord
 from tuner.units import GiB, format_bytes
 
 MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "pruned")
@@ -91,6 +91,41 @@ class WorkloadRow:
     @property
     def headroom(self) -> int | None:
         return headroom(self.best, self.workload.gpu_memory)
+
+
+@dataclass
+class JobView:
+    """A tuning job as the home page shows it: status, progress against its budget, best so far, and errors."""
+
+    job: JobRecord
+    has_study: bool  # its study exists yet (a queued job's does not): link to it
+
+    @property
+    def progress(self) -> dict[str, Any]:
+        return self.job.progress or {}
+
+    @property
+    def trials_text(self) -> str:
+        budget = self.progress.get("budget", self.job.request.get("trials"))
+        trials = self.progress.get("trials", 0)
+        return f"{trials} / {budget}" if budget else str(trials)
+
+    @property
+    def best_tokens_per_s(self) -> float | None:
+        return self.progress.get("best_tokens_per_s")
+
+    @property
+    def workload_text(self) -> str:
+        """Model (preset, config's model_type or parameter count) on GPUs per node × nodes, sequence length."""
+        workload = self.job.request.get("workload") or {}
+        if workload.get("model"):
+            model = str(workload["model"])
+        elif workload.get("config"):
+            model = f"{(workload['config'] or {}).get('model_type', 'custom')} config"
+        else:
+            model = f"{format_params(int(workload.get('params') or 0))} params"
+        gpus = f"{workload.get('gpus', 1)}×{workload.get('nodes', 1)}"
+        return f"{model} · {gpus} {workload.get('device', 'cuda')} · seq {workload.get('seq_len', 2048)}"
 
 
 def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
