@@ -176,25 +176,26 @@ def test_failing_job_is_marked_failed_and_the_worker_goes_on(store: Store) -> No
     assert store.get_job(good.id).status == "done"
 
 
-def test_real_study_job_runs_and_cancels_cleanly(store: Store) -> None:
-    """The default executor on a real TuningStudy: a workload whose every config is pruned by the estimator (no
-    measured runs, so it is fast), a budget far too large to finish; cancelling stops it between trials, the study's
-    trials are all recorded and none is left running."""
-    request = JobRequest.model_validate(
-        {
-            "workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": "1MiB", "seq_len": 64},
-            "trials": 2000,
-            "launcher": "local",
-            "sampler": "random",
-            "seed": 1,
-            "global_batch": 8,
-            "study": "cancel-me",
-        }
-    )
+def start_study_job(
+    store: Store, study: str, gpu_memory: str, **settings: object
+) -> tuple[JobRecord, threading.Event, threading.Thread]:
+    """Queue a real study job of tiny-gpt2 on CPU (local launcher, random sampler, seed 1) and start a worker thread
+    on the queue; returns the job, the worker's stop event and its thread."""
+    workload = {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": gpu_memory, "seq_len": 64}
+    body = {"workload": workload, "launcher": "local", "sampler": "random", "seed": 1, "global_batch": 8}
+    request = JobRequest.model_validate({**body, "study": study, **settings})
     job = store.enqueue_job(check_job(request), request.model_dump(mode="json"))
     stop = threading.Event()
     thread = threading.Thread(target=work, args=(store, "w1"), kwargs={"stop": stop, "poll": 0.05})
     thread.start()
+    return job, stop, thread
+
+
+def test_real_study_job_runs_and_cancels_cleanly(store: Store) -> None:
+    """The default executor on a real TuningStudy: a workload whose every config is pruned by the estimator (no
+    measured runs, so it is fast), a budget far too large to finish; cancelling stops it between trials, the study's
+    trials are all recorded and none is left running."""
+    job, stop, thread = start_study_job(store, "cancel-me", gpu_memory="1MiB", trials=2000)
     wait_for(lambda: (store.get_job(job.id).progress or {}).get("trials", 0) >= 5, timeout=120)
     store.cancel_job(job.id)
     wait_for(lambda: store.get_job(job.id).status not in ("running", "cancel_requested"), timeout=120)
@@ -216,23 +217,10 @@ def test_cancelling_during_a_measured_run_kills_it(store: Store) -> None:
     cancelled with no rank process left behind."""
     psutil = pytest.importorskip("psutil")
     pytest.importorskip("deepspeed")
-    request = JobRequest.model_validate(
-        {
-            "workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": "64GiB", "seq_len": 64},
-            "trials": 5,
-            "launcher": "local",
-            "sampler": "random",
-            "seed": 1,
-            "global_batch": 8,
-            "steps": 10_000,  # minutes of training if the run were not killed
-            "run_timeout": 1800,
-            "study": "cancel-measured",
-        }
+    # 10,000 timed steps: minutes of training if the run were not killed
+    job, stop, thread = start_study_job(
+        store, "cancel-measured", gpu_memory="64GiB", trials=5, steps=10_000, run_timeout=1800
     )
-    job = store.enqueue_job(check_job(request), request.model_dump(mode="json"))
-    stop = threading.Event()
-    thread = threading.Thread(target=work, args=(store, "w1"), kwargs={"stop": stop, "poll": 0.05})
-    thread.start()
 
     def ranks() -> list:
         return [p for p in psutil.Process().children(recursive=True) if "tuner.runner" in " ".join(p.cmdline())]
