@@ -26,7 +26,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 
 from tuner.jobs import JobRequest, check_job
 from tuner.store import JobRecord, Store
-from tuner.worker import STORAGE_ENV, follow_submission, submit_loop
+from tuner.worker import STORAGE_ENV, follow_submission, running_submissions, submit_loop, submit_to_ray
 
 BIN = Path(sys.executable).parent  # the venv's bin: ray, and dstune for the jobs' entrypoints
 
@@ -150,6 +150,22 @@ def test_a_submitted_job_runs_on_the_cluster(ray_head: RayHead, tmp_path: Path) 
         assert study is not None and [t.status for t in store.trials(study.id)] == ["pruned"] * 3
     assert ray_head.client.get_job_status(submission_id) == JobStatus.SUCCEEDED
     assert f"job {job.id}: done" in ray_head.client.get_job_logs(submission_id)  # dstune's last line, on the cluster
+
+
+def test_a_restarted_submitter_follows_what_was_submitted_before(ray_head: RayHead, tmp_path: Path) -> None:
+    """A job submitted by a submitter that then died (submit_to_ray alone, nobody following) is picked up by the next
+    submit loop on the same cluster from what the database holds, and followed to its end."""
+    url = f"sqlite:///{tmp_path / 'dstune.db'}"
+    with Store.open(url) as store:
+        job = enqueue(store, "adopted")
+        claimed = store.claim_next_job("submitter-that-died")
+        submission_id = submit_to_ray(store, claimed, ray_head.address, url)
+        assert running_submissions(store, ray_head.address) == {job.id: submission_id}
+        assert running_submissions(store, "http://elsewhere:8265") == {}
+        assert submit_loop(store, ray_head.address, url, once=True, poll=0.5, timeout=60) == []
+        final = store.get_job(job.id)
+    assert final is not None and final.status == "done", final and final.error
+    assert final.progress["ray_submission_id"] == submission_id and final.progress["ray_status"] == "SUCCEEDED"
 
 
 def test_a_job_whose_ray_entrypoint_crashes_fails_with_the_ray_logs(ray_head: RayHead, tmp_path: Path) -> None:

@@ -30,9 +30,11 @@ PLACEMENT_TIMEOUT_S = 60.0
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
-    """Connect to the Ray cluster at ``address``, or start a local Ray once per process."""
+    """Connect to the Ray cluster at ``address`` (default ``$RAY_ADDRESS``, which Ray sets inside a Ray job), or start
+    a local Ray once per process."""
     if ray.is_initialized():
         return
+    address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
         return

@@ -261,8 +261,9 @@ def submit_loop(
     stop: threading.Event | None = None,
 ) -> list[int]:
     """Claim queued jobs, submit each to the Ray cluster and follow it there (:func:`follow_submission`) until
-    ``stop`` is set; with ``once``, until the queue is empty and every submitted job has ended, or ``timeout``
-    seconds have passed (:class:`TimeoutError`). A failed submission fails the job. Returns the submitted job ids."""
+    ``stop`` is set; with ``once``, until the queue is empty and every followed job has ended, or ``timeout``
+    seconds have passed (:class:`TimeoutError`). A failed submission fails the job. Jobs submitted earlier to the same
+    cluster and still running (a submitter that was restarted) are followed too. Returns the submitted job ids."""
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(address)
@@ -270,7 +271,7 @@ def submit_loop(
     stop = stop or threading.Event()
     deadline = None if timeout is None else time.monotonic() + timeout
     submitted: list[int] = []
-    following: dict[int, str] = {}  # job id -> Ray submission id
+    following = running_submissions(store, address)  # job id -> Ray submission id
     while not stop.is_set():
         job = store.claim_next_job(name)
         if job is not None:
@@ -295,6 +296,17 @@ def submit_loop(
     return submitted
 
 
+def running_submissions(store: Store, address: str) -> dict[int, str]:
+    """Jobs the database says are running on the Ray cluster at ``address``: job id -> Ray submission id."""
+    found = {}
+    for status in ("running", "cancel_requested"):
+        for job in store.list_jobs(status=status, limit=10_000):
+            progress = job.progress or {}
+            if progress.get("ray_address") == address and progress.get("ray_submission_id"):
+                found[job.id] = str(progress["ray_submission_id"])
+    return found
+
+
 def default_worker_name() -> str:
     """``host:pid:thread`` (what the job row's ``worker`` column shows)."""
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
@@ -307,6 +319,7 @@ __all__ = [
     "run_claimed",
     "run_job",
     "run_study_job",
+    "running_submissions",
     "submit_loop",
     "submit_to_ray",
     "work",
