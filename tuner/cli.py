@@ -5,9 +5,11 @@ Every bad input ends the same way: one line ``error: <field>: <message>`` on std
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import sys
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -222,25 +224,32 @@ DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wi
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
 
 
+def _flags(values: dict[str, Any], function: Callable[..., Any]) -> dict[str, Any]:
+    """The command's option values (its ``locals()``) that ``function`` takes as keywords: commands sharing the
+    workload options pass them on without listing them again."""
+    return {name: values[name] for name in inspect.signature(function).parameters if name in values}
+
+
 def _inputs(
+    *,
     model: str | None,
-    params: float | None,
-    gpus: int,
-    nodes: int,
-    gpu_memory: str,
-    cpu_memory: str,
-    seq_len: int,
-    micro_batch: int,
-    grad_accum: int,
-    precision: str,
-    stage: int,
-    offload_optimizer: str,
-    offload_param: str,
-    nvme_path: str | None,
-    activation_checkpointing: bool,
-    attention: str,
-    device: str,
-    ds_config: str | None,
+    params: float | None = None,
+    gpus: int = 1,
+    nodes: int = 1,
+    gpu_memory: str = "80GiB",
+    cpu_memory: str = "1TiB",
+    seq_len: int = 2048,
+    micro_batch: int = 1,
+    grad_accum: int = 1,
+    precision: str = "bf16",
+    stage: int = 0,
+    offload_optimizer: str = "none",
+    offload_param: str = "none",
+    nvme_path: str | None = None,
+    activation_checkpointing: bool = False,
+    attention: str = "sdpa",
+    device: str = "cuda",
+    ds_config: str | None = None,
 ) -> tuple[Workload, dict[str, Any]]:
     """The workload and the ds_config the workload flags describe (bad input: one line, exit 2)."""
     try:
@@ -290,26 +299,7 @@ def estimate_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Estimate peak memory per GPU and per node's CPU for one training configuration."""
-    workload, config = _inputs(
-        model,
-        params,
-        gpus,
-        nodes,
-        gpu_memory,
-        cpu_memory,
-        seq_len,
-        micro_batch,
-        grad_accum,
-        precision,
-        stage,
-        offload_optimizer,
-        offload_param,
-        nvme_path,
-        activation_checkpointing,
-        attention,
-        device,
-        ds_config,
-    )
+    workload, config = _inputs(**_flags(locals(), _inputs))
     est = estimate(workload, config)
     if as_json:
         typer.echo(json.dumps(est.to_dict()))
@@ -349,26 +339,7 @@ def measure_command(
 ) -> None:
     """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
     device = device or _default_device()
-    workload, config = _inputs(
-        model,
-        params,
-        gpus,
-        nodes,
-        gpu_memory,
-        cpu_memory,
-        seq_len,
-        micro_batch,
-        grad_accum,
-        precision,
-        stage,
-        offload_optimizer,
-        offload_param,
-        nvme_path,
-        activation_checkpointing,
-        attention,
-        device,
-        ds_config,
-    )
+    workload, config = _inputs(**_flags(locals(), _inputs))
     if workload.model.is_bare:
         _fail("params", "a measured run needs a model architecture: use --model")
     cap = None
@@ -476,25 +447,16 @@ def tune_command(
     from tuner.tune import run_tune
 
     device = device or _default_device()
-    workload, _ = _inputs(
-        model,
-        None,
-        gpus,
-        nodes,
-        gpu_memory,
-        cpu_memory,
-        seq_len,
-        1,
-        1,
-        precision,
-        0,
-        "none",
-        "none",
-        None,
-        False,
-        attention,
-        device,
-        None,
+    workload, _ = _inputs(  # micro-batch, accumulation, stage and offload are what the search decides
+        model=model,
+        gpus=gpus,
+        nodes=nodes,
+        gpu_memory=gpu_memory,
+        cpu_memory=cpu_memory,
+        seq_len=seq_len,
+        precision=precision,
+        attention=attention,
+        device=device,
     )
     try:
         seconds = parse_duration(timeout) if timeout else None
