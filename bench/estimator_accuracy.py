@@ -14,6 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
+from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
 from tuner.measure import run_measurement
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
@@ -47,23 +48,14 @@ def matrix(device: str) -> list[tuple[str, int, str, int, int, str, bool]]:
 
 
 def ds_config(precision: str, stage: int, micro: int, offload: str, device: str) -> dict:
-    zero: dict = {"stage": stage}
-    if device == "cpu":
-        zero.update(reduce_bucket_size=50_000, allgather_bucket_size=50_000, stage3_prefetch_bucket_size=50_000)
-    params: dict = {"lr": 1e-4}
-    if offload == "optimizer":
-        zero["offload_optimizer"] = {"device": "cpu"}
-    elif device == "cpu":
-        params["torch_adam"] = True
-    config = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": 1,
-        "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": params},
-    }
-    if precision != "fp32":
-        config[precision] = {"enabled": True}
-    return config
+    """``dstune estimate``'s shortcut config; on CPU with buckets sized for the tiny models, and torch's AdamW where
+    the optimizer is not offloaded (no fused op to compile; the same bytes)."""
+    config = shortcut_config(micro, 1, precision, stage, "cpu" if offload == "optimizer" else "none", "none")
+    if device != "cpu":
+        return config
+    small = {"reduce_bucket_size": 50_000, "allgather_bucket_size": 50_000, "stage3_prefetch_bucket_size": 50_000}
+    torch_adam = {} if offload == "optimizer" else {"optimizer": {"params": {"torch_adam": True}}}
+    return merge_configs(config, {"zero_optimization": small, **torch_adam})
 
 
 def relative(estimated: float, measured: float) -> float:

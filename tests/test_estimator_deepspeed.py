@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
+from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
 from tuner.launcher import launch_local
 from tuner.runner import RunSpec
@@ -93,23 +94,12 @@ CASES = [
 
 
 def ds_config(precision: str, stage: int, small: bool, offload: str, micro: int, zero: dict) -> dict:
-    zero_section: dict = {"stage": stage, **(SMALL_BUCKETS if small else {}), **zero}
-    optimizer_params: dict = {"lr": 1e-4}
-    if "optimizer" in offload:
-        zero_section["offload_optimizer"] = {"device": "cpu"}
-    else:
-        optimizer_params["torch_adam"] = True  # skips compiling fused_adam; same bytes as DeepSpeed's FusedAdam
-    if "param" in offload:
-        zero_section["offload_param"] = {"device": "cpu"}
-    config = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": 1,
-        "zero_optimization": zero_section,
-        "optimizer": {"type": "AdamW", "params": optimizer_params},
-    }
-    if precision != "fp32":
-        config[precision] = {"enabled": True}
-    return config
+    """``dstune estimate``'s shortcut config with the case's buckets and ZeRO settings; torch's AdamW where the
+    optimizer is not offloaded (skips compiling fused_adam; the same bytes as DeepSpeed's FusedAdam)."""
+    offload_optimizer, offload_param = ("cpu" if kind in offload else "none" for kind in ("optimizer", "param"))
+    config = shortcut_config(micro, 1, precision, stage, offload_optimizer, offload_param)
+    torch_adam = {} if "optimizer" in offload else {"optimizer": {"params": {"torch_adam": True}}}
+    return merge_configs(config, {"zero_optimization": {**(SMALL_BUCKETS if small else {}), **zero}, **torch_adam})
 
 
 @pytest.mark.parametrize(
