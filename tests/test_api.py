@@ -223,6 +223,23 @@ def test_recommend_cache_reuses_answers_for_its_ttl(url: str) -> None:
         assert cached.post("/v1/recommend", json={"workload": GPT2}).json()["source"] == "measured"
 
 
+def test_a_server_freezes_its_start_up_objects_out_of_the_collector(tmp_path: Path) -> None:
+    """``dstune serve``'s app moves what start-up left alive out of the collector's reach (a full collection over it
+    stalled every request ~85 ms, bench/results/api_load.md); an app built for tests leaves the collector alone."""
+    import gc
+
+    url = f"sqlite:///{tmp_path / 'dstune.db'}"
+    gc.unfreeze()
+    try:
+        with TestClient(create_app(url, TOKEN)):
+            assert gc.get_freeze_count() == 0
+        with TestClient(create_app(url, TOKEN, freeze_gc=True)) as served:
+            assert gc.get_freeze_count() > 10_000
+            assert served.post("/v1/recommend", json={"workload": GPT2}).status_code == 200
+    finally:
+        gc.unfreeze()
+
+
 # --------------------------------------------------------------------------------------------------------- studies
 
 

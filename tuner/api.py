@@ -236,15 +236,18 @@ def create_app(
     insecure_no_auth: bool = False,
     max_body_bytes: int = 1_000_000,
     recommend_cache_s: float = 2.0,
+    freeze_gc: bool = False,
 ) -> FastAPI:
     """The API over the database at ``store_url`` (migrated on open). ``token`` guards the mutating endpoints; with
     none they answer 503 unless ``insecure_no_auth``. ``app.state.store`` is the :class:`Store`. A workload's
     recommendation is answered from memory for ``recommend_cache_s`` seconds, then refreshed in the background
-    (:mod:`tuner.answer_cache`; 0: computed for every request)."""
+    (:mod:`tuner.answer_cache`; 0: computed for every request). ``freeze_gc``: :func:`freeze_startup_objects` at
+    start-up (for a server process; ``dstune serve`` sets it)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        freeze_startup_objects()
+        if freeze_gc:
+            freeze_startup_objects()
         yield
         app.state.store.close()
 
@@ -412,6 +415,7 @@ def create_app_from_env() -> FastAPI:
         insecure_no_auth=os.environ.get("DSTUNE_INSECURE_NO_AUTH") == "1",
         max_body_bytes=int(os.environ.get("DSTUNE_MAX_BODY_BYTES", "1000000")),
         recommend_cache_s=float(os.environ.get("DSTUNE_RECOMMEND_CACHE_S", "2.0")),
+        freeze_gc=True,
     )
 
 

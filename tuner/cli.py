@@ -554,7 +554,12 @@ def serve_command(
         _fail("token", f"no API token: set ${TOKEN_ENV} or --token-file (or pass --insecure-no-auth deliberately)")
     url = storage or os.environ.get("DSTUNE_STORAGE") or default_url()
     application = create_app(
-        url, token, insecure_no_auth=insecure_no_auth, max_body_bytes=max_body_bytes, recommend_cache_s=recommend_cache
+        url,
+        token,
+        insecure_no_auth=insecure_no_auth,
+        max_body_bytes=max_body_bytes,
+        recommend_cache_s=recommend_cache,
+        freeze_gc=True,
     )
     if workers == 1:
         uvicorn.run(application, host=host, port=port, log_level=log_level)
