@@ -210,6 +210,9 @@ class TuningStudy:
                     self._finish(future)
         except KeyboardInterrupt:
             interrupted = True
+        except BaseException:  # the loop itself failed (database gone...): no run may go on behind it
+            dispatcher.cancel()  # its trials stay running in the store; resuming fails them and retries (recover)
+            raise
         if stopped or interrupted:
             reason = "interrupted by the user" if interrupted else "cancelled: the study was stopped"
             self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
