@@ -121,17 +121,19 @@ def stop_head(head: subprocess.Popen, address: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def enqueue(store: Store, study: str, trials: int = 3) -> JobRecord:
-    """A job whose every config the estimator prunes (1 MiB of device memory): no measured run, so it is quick."""
+def enqueue(store: Store, study: str, trials: int = 3, gpu_memory: str = "1MiB", **settings: object) -> JobRecord:
+    """A job of tiny-gpt2 on CPU; by default one whose every config the estimator prunes (1 MiB of device memory):
+    no measured run, so it is quick."""
     request = JobRequest.model_validate(
         {
-            "workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": "1MiB", "seq_len": 64},
+            "workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": gpu_memory, "seq_len": 64},
             "trials": trials,
             "launcher": "ray",
             "sampler": "random",
             "seed": 1,
             "global_batch": 8,
             "study": study,
+            **settings,
         }
     )
     return store.enqueue_job(check_job(request), request.model_dump(mode="json"))
@@ -150,6 +152,24 @@ def test_a_submitted_job_runs_on_the_cluster(ray_head: RayHead, tmp_path: Path) 
         assert study is not None and [t.status for t in store.trials(study.id)] == ["pruned"] * 3
     assert ray_head.client.get_job_status(submission_id) == JobStatus.SUCCEEDED
     assert f"job {job.id}: done" in ray_head.client.get_job_logs(submission_id)  # dstune's last line, on the cluster
+
+
+@pytest.mark.deepspeed
+def test_a_submitted_job_measures_its_trial_on_the_cluster(ray_head: RayHead, tmp_path: Path) -> None:
+    """End to end on the cluster: the submitted ``dstune worker --job`` runs a study whose trial is measured by the
+    Ray launcher on that same cluster (real DeepSpeed ranks placed by Ray), and the measurement lands in the
+    database the submitter reads."""
+    pytest.importorskip("deepspeed")
+    url = f"sqlite:///{tmp_path / 'dstune.db'}"
+    with Store.open(url) as store:
+        job = enqueue(store, "measured-on-the-cluster", trials=1, gpu_memory="64GiB", warmup=1, steps=2)
+        assert submit_loop(store, ray_head.address, url, once=True, poll=0.5, timeout=240) == [job.id]
+        final = store.get_job(job.id)
+        assert final is not None and final.status == "done", final and final.error
+        trials = store.trials(store.get_study("measured-on-the-cluster").id)
+    assert [t.status for t in trials] == ["ok"], [(t.status, t.error) for t in trials]
+    assert trials[0].tokens_per_s > 0
+    assert final.progress["best_tokens_per_s"] == trials[0].tokens_per_s
 
 
 def test_a_restarted_submitter_follows_what_was_submitted_before(ray_head: RayHead, tmp_path: Path) -> None:

@@ -612,7 +612,7 @@ def worker_command(
         if not ray_address:
             _fail("ray-address", "--submit needs the Ray Jobs API address, e.g. http://HEAD:8265")
         try:
-            submitted = submit_loop(store, ray_address, url, once=once, poll=poll, name=name)
+            submitted = submit_loop(store, ray_address, url, once=once, poll=poll, name=name, launcher=launcher)
         except ConnectionError as error:  # no Jobs API at that address
             _fail("ray-address", str(error))
         typer.echo(f"submitted {len(submitted)} job(s) to {ray_address}")

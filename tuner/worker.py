@@ -185,20 +185,22 @@ def submit_to_ray(
     job: JobRecord,
     address: str,
     storage_url: str,
-    launcher: str = "ray",
+    launcher: str | None = None,
     client: JobSubmissionClient | None = None,
 ) -> str:
     """Submit a claimed job to a Ray cluster through the Ray Jobs API (``address``: the dashboard, e.g.
-    ``http://HEAD:8265``); the cluster runs ``dstune worker --job ID``. The database URL travels as the
-    ``DSTUNE_STORAGE`` environment variable of the Ray job (not on its command line). Returns the submission id."""
+    ``http://HEAD:8265``); the cluster runs ``dstune worker --job ID`` (with ``--launcher`` when given: else the
+    job's own launcher). The database URL travels as the ``DSTUNE_STORAGE`` environment variable of the Ray job (not
+    on its command line). Returns the submission id."""
     if client is None:
         from ray.job_submission import JobSubmissionClient
 
         client = JobSubmissionClient(address)
     # ``--ray-address auto``: the trials go to the cluster running the job (its RAY_ADDRESS); with no address the
     # entrypoint would try to start a private local Ray, which Ray refuses inside a job.
+    override = f" --launcher {shlex.quote(launcher)}" if launcher else ""
     submission_id = client.submit_job(
-        entrypoint=f"dstune worker --job {job.id} --launcher {shlex.quote(launcher)} --ray-address auto",
+        entrypoint=f"dstune worker --job {job.id}{override} --ray-address auto",
         submission_id=f"dstune-job-{job.id}-{secrets.token_hex(4)}",  # unique across databases sharing the cluster
         runtime_env={"env_vars": {STORAGE_ENV: storage_url}},
         metadata={"dstune_job": str(job.id), "study": job.study_name},
@@ -259,6 +261,7 @@ def submit_loop(
     name: str | None = None,
     timeout: float | None = None,
     stop: threading.Event | None = None,
+    launcher: str | None = None,
 ) -> list[int]:
     """Claim queued jobs, submit each to the Ray cluster and follow it there (:func:`follow_submission`) until
     ``stop`` is set; with ``once``, until the queue is empty and every followed job has ended, or ``timeout``
@@ -276,7 +279,7 @@ def submit_loop(
         job = store.claim_next_job(name)
         if job is not None:
             try:
-                following[job.id] = submit_to_ray(store, job, address, storage_url, client=client)
+                following[job.id] = submit_to_ray(store, job, address, storage_url, launcher, client=client)
                 submitted.append(job.id)
             except Exception as error:
                 store.finish_job(job.id, "failed", f"Ray submission failed: {type(error).__name__}: {error}")
