@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -345,6 +346,48 @@ def test_serve_refuses_to_start_without_a_token(tmp_path: Path) -> None:
     empty.write_text("\n")
     done = subprocess.run([dstune, "serve", "--token-file", str(empty)], capture_output=True, text=True, env=env)
     assert done.returncode == 2 and "token-file" in done.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_answers_over_http_and_stops_on_sigterm(tmp_path: Path, workers: int) -> None:
+    """The real server (uvicorn, one process or ``--workers 2`` built from the environment): health, a
+    recommendation, the token guarding jobs, and a clean exit on SIGTERM."""
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dstune = str(Path(sys.executable).with_name("dstune"))
+    env = {**os.environ, "DSTUNE_API_TOKEN": TOKEN}
+    command = [dstune, "serve", "--storage", f"sqlite:///{tmp_path / 'dstune.db'}", "--port", str(port)]
+    server = subprocess.Popen([*command, "--workers", str(workers)], env=env, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).json() == {"status": "ok", "database": "sqlite"}:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "the server did not come up"
+                time.sleep(0.2)
+        for _ in range(4):  # with two processes, both get a share of the connections
+            answer = httpx.post(f"{base}/v1/recommend", json={"workload": GPT2}, timeout=30)
+            assert answer.status_code == 200 and answer.json()["source"] == "estimate"
+        job = {"workload": GPT2}
+        assert httpx.post(f"{base}/v1/jobs", json=job, timeout=10).status_code == 401
+        assert httpx.post(f"{base}/v1/jobs", json=job, headers=AUTH, timeout=10).status_code == 201
+    finally:
+        server.send_signal(signal.SIGTERM)
+        _, log = server.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the signal in a single process (exit -15); its supervisor exits 0
+    assert server.returncode in (0, -signal.SIGTERM), log
+    assert log.count("Application shutdown complete") == workers, log
 
 
 # ---------------------------------------------------------------------------------------------------- schemathesis
