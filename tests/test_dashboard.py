@@ -152,6 +152,7 @@ def test_home_lists_jobs_with_status_and_progress(client: TestClient) -> None:
     assert "s-failed" in jobs and "3 / 40" in jobs and "ended FAILED (exit code 1)" in jobs
     assert '<span class="badge s-queued">queued</span>' in jobs and "0 / 30" in jobs and "mistral-7b" in jobs
     assert 'href="/studies/queued-night"' not in jobs  # no study yet: no dead link
+    assert '<meta http-equiv="refresh" content="30">' in page  # a job is queued: the page follows it
 
 
 def test_home_without_studies(tmp_path: Path) -> None:
@@ -162,6 +163,7 @@ def test_home_without_studies(tmp_path: Path) -> None:
         app.state.store.close()
     assert response.status_code == 200
     assert "No studies yet" in response.text and "No tuning jobs queued" in response.text
+    assert 'http-equiv="refresh"' not in response.text  # nothing to follow: no reload
 
 
 def test_study_page(client: TestClient) -> None:

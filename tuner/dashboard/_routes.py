@@ -18,6 +18,8 @@ from tuner.units import format_bytes
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
 JOBS_SHOWN = 50  # the newest tuning jobs on the home page
+ACTIVE_JOB_STATUSES = ("queued", "running", "cancel_requested")
+REFRESH_S = 30  # the home page reloads itself this often while a job is queued or running
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".md": "text/markdown"}
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -70,7 +72,9 @@ def home(request: Request) -> HTMLResponse:
     ordered = sorted(rows.values(), key=lambda r: r.workload.model_name)
     studies = {study.name for study in store.list_studies()}
     jobs = [views.JobView(job, job.study_name in studies) for job in store.list_jobs(limit=JOBS_SHOWN)]
-    return _page(request, "home.html", {"title": "dstune", "rows": ordered, "jobs": jobs})
+    active = any(view.job.status in ACTIVE_JOB_STATUSES for view in jobs)
+    context = {"title": "dstune", "rows": ordered, "jobs": jobs, "refresh_s": REFRESH_S if active else None}
+    return _page(request, "home.html", context)
 
 
 def _find_trial(store: Store, study: StudyRecord, number: int) -> TrialRecord | None:
