@@ -249,6 +249,18 @@ TABLES = tuple(sorted(Base.metadata.tables))
 R = TypeVar("R")
 
 
+RowT = TypeVar("RowT", bound=Base)
+
+
+def _existing(session: Session, model: type[RowT], row_id: int, what: str, **options: Any) -> RowT:
+    """The ``model`` row with primary key ``row_id`` (``options`` go to ``Session.get``, e.g. ``with_for_update``);
+    a missing one is a :class:`StoreError` on the field ``{what}_id``."""
+    row = session.get(model, row_id, **options)
+    if row is None:
+        raise StoreError(f"{what}_id", f"no {what} {row_id}")
+    return row
+
+
 def _record(cls: type[R], row: Base) -> R:
     return cls(**{f.name: getattr(row, f.name) for f in fields(cls)})  # type: ignore[arg-type]
 
@@ -505,15 +517,12 @@ class Store:
     def get_workload(self, workload_id: int) -> WorkloadRecord:
         """A stored workload by id (StoreError if missing)."""
         with self.session(write=False) as session:
-            row = session.get(WorkloadRow, workload_id)
-            if row is None:
-                raise StoreError("workload_id", f"no workload {workload_id}")
-            return _record(WorkloadRecord, row)
+            return _record(WorkloadRecord, _existing(session, WorkloadRow, workload_id, "workload"))
 
     def workload_of(self, study_id: int) -> Workload:
         """The :class:`Workload` a study searches configs for (rebuilt from the stored JSON)."""
         with self.session(write=False) as session:
-            study = self._study_row(session, study_id)
+            study = _existing(session, StudyRow, study_id, "study")
             row = session.get(WorkloadRow, study.workload_id)
             assert row is not None  # the foreign key guarantees it
             return workload_from_dict(row.workload)
@@ -589,17 +598,10 @@ class Store:
         if status not in STUDY_STATUSES:
             raise StoreError("status", f"must be one of {', '.join(STUDY_STATUSES)}, got {status!r}")
         with self.session() as session:
-            row = self._study_row(session, study_id)
+            row = _existing(session, StudyRow, study_id, "study")
             row.status = status
             session.flush()
             return _record(StudyRecord, row)
-
-    @staticmethod
-    def _study_row(session: Session, study_id: int) -> StudyRow:
-        row = session.get(StudyRow, study_id)
-        if row is None:
-            raise StoreError("study_id", f"no study {study_id}")
-        return row
 
     # -------------------------------------------------------------------------------------------------------- trials
 
@@ -630,7 +632,7 @@ class Store:
         now = utcnow()
         try:
             with self.session() as session:
-                self._study_row(session, study_id)
+                _existing(session, StudyRow, study_id, "study")
                 row = TrialRow(
                     study_id=study_id,
                     number=number,
@@ -689,14 +691,7 @@ class Store:
     def get_trial(self, trial_id: int) -> TrialRecord:
         """A trial by id (StoreError if missing)."""
         with self.session(write=False) as session:
-            return _record(TrialRecord, self._trial_row(session, trial_id))
-
-    @staticmethod
-    def _trial_row(session: Session, trial_id: int) -> TrialRow:
-        row = session.get(TrialRow, trial_id)
-        if row is None:
-            raise StoreError("trial_id", f"no trial {trial_id}")
-        return row
+            return _record(TrialRecord, _existing(session, TrialRow, trial_id, "trial"))
 
     def start_trial(self, trial_id: int, hardware: str | None = None) -> TrialRecord:
         """Mark a trial running: ``started_at`` now, ``attempts`` + 1, earlier results cleared.
@@ -704,7 +699,7 @@ class Store:
         Allowed from pending and from the retryable failures (failed, error, timeout); otherwise StoreError.
         """
         with self.session() as session:
-            row = self._trial_row(session, trial_id)
+            row = _existing(session, TrialRow, trial_id, "trial")
             if row.status not in RETRYABLE_STATUSES:
                 raise StoreError("status", f"trial {trial_id} is {row.status}; cannot start it")
             row.status = "running"
@@ -723,7 +718,7 @@ class Store:
         counting (:meth:`start_trial` increments it).
         """
         with self.session() as session:
-            row = self._trial_row(session, trial_id)
+            row = _existing(session, TrialRow, trial_id, "trial")
             if row.status not in RETRYABLE_STATUSES or row.status == "running":
                 raise StoreError("status", f"trial {trial_id} is {row.status}; cannot retry it")
             row.number = number
@@ -745,7 +740,7 @@ class Store:
             raise StoreError("status", f"must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}")
         data = _as_dict(measurement)
         with self.session() as session:
-            row = self._trial_row(session, trial_id)
+            row = _existing(session, TrialRow, trial_id, "trial")
             if row.status not in ("pending", "running"):
                 raise StoreError("status", f"trial {trial_id} is already {row.status}")
             now = utcnow()
@@ -815,7 +810,7 @@ class Store:
     def study_summary(self, study_id: int) -> StudySummary:
         """Counts by status and the histogram of pruned reasons (by :func:`reason_kind`)."""
         with self.session(write=False) as session:
-            study = _record(StudyRecord, self._study_row(session, study_id))
+            study = _record(StudyRecord, _existing(session, StudyRow, study_id, "study"))
             counts = dict.fromkeys(TRIAL_STATUSES, 0)
             for status, count in session.execute(
                 sa.select(TrialRow.status, sa.func.count())
@@ -932,9 +927,7 @@ class Store:
         """Cancel a job: a queued one is cancelled at once; a running one becomes ``cancel_requested`` (its worker
         stops the study between trials and marks it cancelled); a finished one is returned unchanged."""
         with self.session() as session:
-            row = session.get(JobRow, job_id, with_for_update=True)
-            if row is None:
-                raise StoreError("job_id", f"no job {job_id}")
+            row = _existing(session, JobRow, job_id, "job", with_for_update=True)
             if row.status == "queued":
                 row.status = "cancelled"
                 row.finished_at = utcnow()
@@ -947,9 +940,8 @@ class Store:
         """Merge ``progress`` into the job's progress JSON (its keys replace the same keys; others stay, such as the
         Ray submission id a submitting worker wrote); returns the job (its status tells the worker whether to stop)."""
         with self.session() as session:
-            row = session.get(JobRow, job_id, with_for_update=True)  # two writers (worker, submitter) lose nothing
-            if row is None:
-                raise StoreError("job_id", f"no job {job_id}")
+            # locked: two writers (worker, submitter) lose nothing
+            row = _existing(session, JobRow, job_id, "job", with_for_update=True)
             row.progress = {**(row.progress or {}), **progress}
             session.flush()
             return _record(JobRecord, row)
@@ -959,9 +951,7 @@ class Store:
         if status not in ("done", "failed", "cancelled"):
             raise StoreError("status", f"a job finishes done, failed or cancelled, got {status!r}")
         with self.session() as session:
-            row = session.get(JobRow, job_id)
-            if row is None:
-                raise StoreError("job_id", f"no job {job_id}")
+            row = _existing(session, JobRow, job_id, "job")
             row.status = status
             row.error = error
             row.finished_at = utcnow()
