@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from postgres import fresh_database
 
+from tuner.store import Store
+
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
@@ -23,3 +25,16 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
     else:
         with fresh_database() as pg_url:
             yield pg_url
+
+
+@pytest.fixture
+def url(backend_url: str) -> str:
+    """The database URL of each backend (the name the store, job and API tests use)."""
+    return backend_url
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[Store]:
+    """A migrated :class:`Store` over an empty database of each backend."""
+    with Store.open(url) as opened:
+        yield opened

@@ -28,11 +28,6 @@ GPT2 = {"model": "gpt2", "gpus": 2, "gpu_memory": "24GiB", "seq_len": 512}
 
 
 @pytest.fixture
-def url(backend_url: str) -> str:
-    return backend_url
-
-
-@pytest.fixture
 def client(url: str) -> Iterator[TestClient]:
     with TestClient(create_app(url, TOKEN, max_body_bytes=100_000, recommend_cache_s=0)) as test_client:
         yield test_client

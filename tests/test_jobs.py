@@ -5,24 +5,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
 from tuner.jobs import JobRequest, WorkloadRequest, check_job
 from tuner.store import JobRecord, Store, StoreError
 from tuner.worker import JobHandle, run_job, work
-
-
-@pytest.fixture
-def url(backend_url: str) -> str:
-    return backend_url
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[Store]:
-    with Store.open(url) as opened:
-        yield opened
 
 
 def request_json(**change: object) -> dict:

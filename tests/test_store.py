@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import timedelta, timezone
 from pathlib import Path
 
@@ -34,17 +33,6 @@ from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_f
 
 ROOT = Path(__file__).resolve().parent.parent
 DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
-
-
-@pytest.fixture
-def url(backend_url: str) -> str:
-    return backend_url
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[Store]:
-    with Store.open(url) as opened:
-        yield opened
 
 
 def small_workload(gpus: int = 2) -> Workload:
