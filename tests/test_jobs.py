@@ -247,6 +247,9 @@ def test_run_job_by_id_claims_that_job(store: Store) -> None:
     assert seen == [target.id] and store.get_job(older.id).status == "queued"
     with pytest.raises(StoreError):
         run_job(store, target.id, executor)  # finished: not run again
+    taken = store.claim_job(older.id, "w2")  # claiming one job by id: once, and only while it is queued
+    assert taken is not None and taken.status == "running" and taken.worker == "w2"
+    assert store.claim_job(older.id, "w3") is None and store.claim_job(target.id, "w3") is None
 
 
 def test_job_request_round_trips_to_study_settings() -> None:

@@ -886,14 +886,18 @@ class Store:
         lock), so select-then-update is serialised between processes and threads alike. Either way the update also
         requires ``status = 'queued'`` and checks the row count, so a lost race can never double-claim.
         """
+        return self._claim(worker, None)
+
+    def claim_job(self, job_id: int, worker: str) -> JobRecord | None:
+        """Take this very job for ``worker`` if it is still queued (as :meth:`claim_next_job`), else None."""
+        return self._claim(worker, job_id)
+
+    def _claim(self, worker: str, job_id: int | None) -> JobRecord | None:
         with self.session() as session:
-            job_id = session.scalar(
-                sa.select(JobRow.id)
-                .where(JobRow.status == "queued")
-                .order_by(JobRow.id)
-                .limit(1)
-                .with_for_update(skip_locked=True)
-            )
+            queued = sa.select(JobRow.id).where(JobRow.status == "queued")
+            if job_id is not None:
+                queued = queued.where(JobRow.id == job_id)
+            job_id = session.scalar(queued.order_by(JobRow.id).limit(1).with_for_update(skip_locked=True))
             if job_id is None:
                 return None
             result = session.execute(

@@ -155,20 +155,10 @@ def run_job(store: Store, job_id: int, executor: Executor = run_study_job) -> st
     if job is None:
         raise StoreError("job", f"no job {job_id}")
     if job.status == "queued":
-        with store.session() as session:  # claim this very job (not the oldest queued one)
-            import sqlalchemy as sa
-
-            from tuner.store import JobRow, utcnow
-
-            claimed = session.execute(
-                sa.update(JobRow)
-                .where(JobRow.id == job_id, JobRow.status == "queued")
-                .values(status="running", worker=default_worker_name(), started_at=utcnow())
-            ).rowcount
-        if claimed != 1:
+        claimed = store.claim_job(job_id, default_worker_name())
+        if claimed is None:
             raise StoreError("job", f"job {job_id} was taken by another worker")
-        job = store.get_job(job_id)
-        assert job is not None
+        job = claimed
     elif job.status not in ("running", "cancel_requested"):
         raise StoreError("job", f"job {job_id} is {job.status}")
     return run_claimed(store, job, executor)
