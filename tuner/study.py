@@ -199,7 +199,7 @@ class TuningStudy:
                 if (
                     not out_of_time
                     and len(self.in_flight) < dispatcher.slots
-                    and self._trials_started() < self.settings.trials
+                    and self.trials_started() < self.settings.trials
                 ):
                     self._ask_one(dispatcher)
                     continue
@@ -219,7 +219,8 @@ class TuningStudy:
         counts = self.store.study_summary(self.study_id).counts
         return StudyReport(self.study_id, interrupted, counts, stopped=stopped)
 
-    def _trials_started(self) -> int:
+    def trials_started(self) -> int:
+        """Trials the study holds so far (every state: the budget counts them all)."""
         return len(self.optuna.get_trials(deepcopy=False))
 
     def _ask_one(self, dispatcher: Dispatcher) -> None:

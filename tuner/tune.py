@@ -102,7 +102,7 @@ def run_tune(
                 best["tokens"] = event.tokens_per_s or 0.0
             progress.update(
                 task,
-                completed=tuning._trials_started(),
+                completed=tuning.trials_started(),
                 best=f"best {best['tokens']:,.0f} tokens/s" if best["tokens"] else "",
             )
 

@@ -67,16 +67,15 @@ def run_study_job(
     request = JobRequest.model_validate(job.request)
     settings = study_settings(request, job.study_name, launcher=launcher, ray_address=ray_address)
     tuning = TuningStudy(settings, store)
-    state: dict[str, Any] = {"best_tokens_per_s": None, "events": 0}
+    state: dict[str, Any] = {"best_tokens_per_s": None}
 
     def on_event(event: Event) -> None:
-        state["events"] += 1
         if event.status == "ok" and (event.tokens_per_s or 0) > (state["best_tokens_per_s"] or 0):
             state["best_tokens_per_s"] = event.tokens_per_s
         handle.report(
             {
                 "study_id": tuning.study_id,
-                "trials": tuning._trials_started(),
+                "trials": tuning.trials_started(),
                 "budget": settings.trials,
                 "best_tokens_per_s": state["best_tokens_per_s"],
                 "last": {"number": event.number, "status": event.status, "reason": event.reason},
@@ -84,7 +83,7 @@ def run_study_job(
         )
 
     tuning.on_event = on_event
-    handle.report({"study_id": tuning.study_id, "trials": tuning._trials_started(), "budget": settings.trials})
+    handle.report({"study_id": tuning.study_id, "trials": tuning.trials_started(), "budget": settings.trials})
     dispatcher = Dispatcher(settings.dispatch, settings.workload.cluster.device, settings.workload.cluster.world_size)
     try:
         report = tuning.run(dispatcher, should_stop=handle.cancel_requested)
