@@ -30,6 +30,7 @@ from tuner.runner import RunSpec, progress_path, result_path
 from tuner.workload import workload_from_dict
 
 PEER_GRACE_S = 10.0
+TERM_GRACE_S = 3.0  # between SIGTERM and SIGKILL when the launcher stops a rank
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1
 Progress = Callable[[int, int], None]
@@ -67,6 +68,14 @@ class RankProcess:
     killed_for: str | None = None
     exited_at: float | None = None
 
+    def terminate(self, reason: str | None = None) -> None:
+        """Ask the rank's process group to stop (SIGTERM: the rank unwinds, releasing the build locks it holds)."""
+        if self.process.poll() is None:
+            if reason:
+                self.killed_for = reason
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+
     def kill(self, reason: str | None = None) -> None:
         """Kill the rank's whole process group and reap it."""
         if reason and self.process.poll() is None:
@@ -74,6 +83,19 @@ class RankProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+
+
+def stop_ranks(ranks: Sequence[RankProcess], reason: str | None = None) -> None:
+    """Stop every rank: SIGTERM first, so a rank inside torch's extension build unwinds and releases its lock (a
+    SIGKILLed holder leaves the lock behind and every later run waits on it); whatever is left after
+    :data:`TERM_GRACE_S` is killed with its whole process group."""
+    for rank in ranks:
+        rank.terminate(reason)
+    deadline = time.monotonic() + TERM_GRACE_S
+    for rank in ranks:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            rank.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        rank.kill(reason)
 
 
 def start_rank(
@@ -135,15 +157,12 @@ def wait_ranks(
             return
         now = time.monotonic()
         if now >= deadline or (cancel is not None and cancel.is_set()):
-            reason = "timeout" if now >= deadline else "cancelled"
-            for rank in ranks:
-                rank.kill(reason)
+            stop_ranks(ranks, "timeout" if now >= deadline else "cancelled")
             return
         if failed_at is None and (any(code not in (None, 0) for code in codes) or (should_stop and should_stop())):
             failed_at = now
         if failed_at is not None and now - failed_at > PEER_GRACE_S:
-            for rank in ranks:
-                rank.kill("peer")
+            stop_ranks(ranks, "peer")
             return
         if progress is not None:
             progress(_steps_done(run_dir, ranks[0].rank), steps)
@@ -215,8 +234,7 @@ def launch_local(
         try:
             wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel)
         finally:
-            for rank in ranks:
-                rank.kill()
+            stop_ranks(ranks)
         results = [collect_rank(run_dir, rank) for rank in ranks]
     measurement = summarize(results, spec)
     measurement.timings["wall_s"] = time.monotonic() - started

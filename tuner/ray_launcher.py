@@ -21,7 +21,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from tuner.launcher import Progress, collect_rank, free_port, start_rank, summarize, wait_ranks
+from tuner.launcher import Progress, collect_rank, free_port, start_rank, stop_ranks, summarize, wait_ranks
 from tuner.measurement import Measurement, RankResult
 from tuner.runner import RunSpec
 from tuner.workload import workload_from_dict
@@ -84,7 +84,7 @@ class RankHost:
                     [process], run_dir, timeout, run_spec.steps, should_stop=lambda: self.stop, cancel=self.cancelled
                 )
             finally:
-                process.kill()
+                stop_ranks([process])
             return asdict(collect_rank(run_dir, process))
 
 

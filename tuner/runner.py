@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -123,6 +124,8 @@ class TrainingProcess:
         started = time.perf_counter()
         try:
             self._run(started)
+        except Terminated:
+            raise  # the launcher stopped this rank: it says why, not this process
         except BaseException as error:  # every failure is reported, then the process exits non-zero
             self.result.failed_at = time.time()
             self.result.status = classify(error)
@@ -246,11 +249,24 @@ class TrainingProcess:
                 self.result.peak_reserved = torch.cuda.max_memory_reserved()
 
 
+class Terminated(BaseException):
+    """SIGTERM from the launcher (timeout, failed peer, cancelled study), raised so the rank unwinds: ``finally``
+    blocks run, and torch's extension build lock is released instead of left behind for every later run."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of one rank: run, write the result, exit 0 when ok."""
+    """Entry point of one rank: run, write the result, exit 0 when ok (143 without a result when terminated)."""
     args = argv or sys.argv[1:]
     run_dir, rank = Path(args[0]), int(args[1])
-    result = TrainingProcess(RunSpec.read(run_dir), rank, run_dir).run()
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        result = TrainingProcess(RunSpec.read(run_dir), rank, run_dir).run()
+    except Terminated:
+        return 128 + signal.SIGTERM
     write_json_atomically(result_path(run_dir, rank), asdict(result))
     if result.status != "ok":
         print(result.error, file=sys.stderr)
