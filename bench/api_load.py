@@ -42,9 +42,9 @@ import aiohttp
 import httpx
 
 from tuner.estimator import estimate
-from tuner.jobs import WorkloadRequest, to_workload
 from tuner.recommend import normalised
-from tuner.store import Store, StudyRow, TrialRow, utcnow
+from tuner.storage import Store, StudyRow, TrialRow, utcnow
+from tuner.study.jobs import WorkloadRequest, to_workload
 
 GPT2 = {"model": "gpt2", "seq_len": 512}
 REQUESTS = {

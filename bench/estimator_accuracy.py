@@ -1,7 +1,7 @@
 """Estimated against measured memory over a matrix of configs, written as a Markdown table.
 
 CPU (here): every config runs on real DeepSpeed CPU ranks; bytes are counted by category from live tensor storages
-at each phase of a step (``tuner.memory_probe``) and compared with the estimate's same phase, on the worst rank.
+at each phase of a step (``tuner.measure.memory_probe``) and compared with the estimate's same phase, on the worst rank.
 CUDA (a GPU machine): the peak estimate (overhead excluded) is compared with ``torch.cuda.max_memory_allocated``.
 
 Run: ``.venv/bin/python bench/estimator_accuracy.py --device cpu --out bench/results/estimator_accuracy_cpu.md``
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
-from tuner.measure import run_measurement
+from tuner.measure.run import run_measurement
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 
 STATES = ("parameters", "gradients", "optimizer_states")

@@ -3,7 +3,7 @@
 1. The landscape: every config of a small space (ZeRO stage × micro-batch × activation checkpointing at a fixed
    global batch, everything else pinned) is judged by the estimator against ``--gpu-memory`` with the default safety
    margin. Configs that cannot fit are recorded as pruned; every other one is measured ONCE on real DeepSpeed CPU
-   ranks (``run_measurement``, local launcher). All of it lands in SQL (``tuner.store``, one study called
+   ranks (``run_measurement``, local launcher). All of it lands in SQL (``tuner.storage``, one study called
    ``landscape-<workload fingerprint>``); a rerun reuses what is stored unless ``--remeasure``.
 2. The replay: each sampler runs ``--seeds`` times against the stored landscape (no new runs), through the same
    ask → suggest → config key → estimate → tell steps as ``tuner.study``, with ``tuner.study.make_sampler``'s samplers:
@@ -42,13 +42,13 @@ import sqlalchemy as sa
 import yaml
 from optuna.trial import FixedTrial, TrialState
 
-from tuner.calibration import Calibration
 from tuner.estimator import estimate
-from tuner.measure import run_measurement
-from tuner.measurement import percentile
+from tuner.measure.measurement import percentile
+from tuner.measure.run import run_measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, parse_space
-from tuner.store import RETRYABLE_STATUSES, Store, TrialRecord, TrialRow
+from tuner.storage import RETRYABLE_STATUSES, Store, TrialRecord, TrialRow
 from tuner.study import GRID_PARAMETERS, StudySettings, capacity_reason, make_sampler
+from tuner.study.calibration import Calibration
 from tuner.units import parse_bytes
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from postgres import fresh_database
 
-from tuner.store import Store
+from tuner.storage import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DS_ACCELERATOR", "cpu")

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from tuner.jobs import JobRequest, WorkloadRequest, check_job
-from tuner.store import JobRecord, Store, StoreError
+from tuner.storage import JobRecord, Store, StoreError
+from tuner.study.jobs import JobRequest, WorkloadRequest, check_job
 from tuner.worker import JobHandle, run_job, work
 
 
@@ -211,7 +211,7 @@ def test_cancelling_during_a_measured_run_kills_it(store: Store) -> None:
     )
 
     def ranks() -> list:
-        return [p for p in psutil.Process().children(recursive=True) if "tuner.runner" in " ".join(p.cmdline())]
+        return [p for p in psutil.Process().children(recursive=True) if "tuner.measure.runner" in " ".join(p.cmdline())]
 
     try:
         wait_for(lambda: ((store.get_job(job.id).progress or {}).get("last") or {}).get("status") == "running", 120)
@@ -253,7 +253,7 @@ def test_run_job_by_id_claims_that_job(store: Store) -> None:
 
 
 def test_job_request_round_trips_to_study_settings() -> None:
-    from tuner.jobs import study_settings
+    from tuner.study.jobs import study_settings
 
     request = JobRequest(workload=WorkloadRequest(model="gpt2", gpus=4, micro_batch=8), trials=5, launcher="local")
     settings = study_settings(request, "s", ray_address="ray://head:10001")

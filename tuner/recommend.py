@@ -25,10 +25,10 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from tuner.calibration import Calibration
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.space import InfeasibleConfig, default_space_path, load_space
-from tuner.store import Store, StudyRow, TrialRow, WorkloadRow
+from tuner.storage import Store, StudyRow, TrialRow, WorkloadRow
+from tuner.study.calibration import Calibration
 from tuner.workload import Workload
 
 Source = Literal["measured", "nearest", "estimate"]

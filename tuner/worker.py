@@ -1,6 +1,6 @@
 """``dstune worker``: take queued tuning jobs from the database and run each as a study.
 
-Several workers may share one queue: :meth:`tuner.store.Store.claim_next_job` hands every job to exactly one of them
+Several workers may share one queue: :meth:`tuner.storage.Store.claim_next_job` hands every job to exactly one of them
 (row locks with ``SKIP LOCKED`` on PostgreSQL, the database write lock on SQLite). A job runs as a
 :class:`tuner.study.TuningStudy` with the job's settings; its progress (trials so far, best tokens/s, the last event)
 is written to the job row after every trial event, where ``GET /v1/jobs/{id}`` shows it. Cancelling a running job
@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tuner.jobs import JobRequest, study_settings
-from tuner.store import JobRecord, Store, StoreError
+from tuner.storage import JobRecord, Store, StoreError
 from tuner.study import Event, TuningStudy
+from tuner.study.jobs import JobRequest, study_settings
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -62,7 +62,7 @@ def run_study_job(
     store: Store, job: JobRecord, handle: JobHandle, *, launcher: str | None = None, ray_address: str | None = None
 ) -> str:
     """The default executor: run the job as a study until its budget, or until it is cancelled."""
-    from tuner.dispatch import Dispatcher
+    from tuner.measure.dispatch import Dispatcher
 
     request = JobRequest.model_validate(job.request)
     settings = study_settings(request, job.study_name, launcher=launcher, ray_address=ray_address)

@@ -1,6 +1,6 @@
 """The dashboard: server-rendered pages over the results store, served by the same FastAPI app as the API.
 
-Include :data:`router` in an app whose ``app.state.store`` is a :class:`tuner.store.Store`:
+Include :data:`router` in an app whose ``app.state.store`` is a :class:`tuner.storage.Store`:
 
     >>> from fastapi import FastAPI
     >>> from tuner.dashboard import router

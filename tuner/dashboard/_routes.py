@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from tuner.dashboard import _views as views
-from tuner.store import Store, StudyRecord, TrialRecord
+from tuner.storage import Store, StudyRecord, TrialRecord
 from tuner.units import format_bytes
 
 HERE = Path(__file__).resolve().parent

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tuner.store import FINISHED_STATUSES, JobRecord, StudyRecord, TrialRecord, WorkloadRecord
+from tuner.storage import FINISHED_STATUSES, JobRecord, StudyRecord, TrialRecord, WorkloadRecord
 from tuner.units import GiB, format_bytes
 
 MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "pruned")

@@ -1,0 +1,362 @@
+"""The dashboard: routes through FastAPI's TestClient, then the real pages in a headless chromium (Selenium).
+
+The database is seeded through the real Store API with real DeepSpeed configs and real estimates.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("jinja2")
+
+from browser import chrome, serve, severe_logs
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from tuner.dashboard import router
+from tuner.dashboard._views import chart_data, describe_config, estimate_quality, pareto_front
+from tuner.dsconfig import shortcut_config, validate_with_deepspeed
+from tuner.estimator import estimate
+from tuner.storage import Store
+from tuner.study.jobs import JobRequest
+from tuner.units import GiB
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+
+STUDY = "gpt2-search"
+ODD_STUDY = "team/gpt2 v2"  # a slash and a space: links must quote it
+WORLD_SIZE = 2
+BEST_TOKENS = 61234.5
+
+# (number, ds_config shortcut args, status, tokens/s or prune reason, measured/estimated peak ratio)
+TRIALS = [
+    (0, (4, 2, "bf16", 2, "none", "none"), "ok", 50210.0, 1.05),
+    (1, (8, 1, "bf16", 3, "none", "none"), "ok", BEST_TOKENS, 0.97),
+    (2, (16, 1, "bf16", 1, "none", "none"), "pruned", "GPU memory short by 1234567 bytes at the backward phase", None),
+    (3, (8, 1, "bf16", 0, "none", "none"), "oom", None, 1.30),
+    (4, (2, 4, "bf16", 2, "cpu", "none"), "ok", 42000.0, 1.10),
+    (5, (32, 1, "bf16", 0, "none", "none"), "pruned", "GPU memory short by 9876543 bytes at the forward phase", None),
+    (6, (1, 8, "bf16", 1, "none", "none"), "ok", 38000.0, 1.02),
+]
+
+
+def _workload() -> Workload:
+    return Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=WORLD_SIZE, gpu_memory=24 * GiB), TrainSpec(1024))
+
+
+def seed(store: Store) -> None:
+    """A study with ok, oom, pruned and infeasible trials, and a second (oddly named) study of the same workload."""
+    workload = _workload()
+    workload_id = store.upsert_workload(workload)
+    study = store.get_or_create_study(STUDY, workload_id, sampler="tpe", settings={"global_batch": 16})
+    for number, args, status, value, ratio in TRIALS:
+        config = shortcut_config(*args)
+        est = estimate(workload, config)
+        key = json.dumps(config, sort_keys=True)
+        if status == "pruned":
+            store.add_trial(study.id, number, key, config, {"stage": args[3]}, False, est, "pruned", value, 1.0)
+            continue
+        trial_id = store.add_trial(study.id, number, key, config, {"stage": args[3]}, False, est)
+        store.start_trial(trial_id, hardware="test-gpu")
+        peak = int(est.per_gpu["total"] * ratio)
+        measurement = {
+            "status": status,
+            "tokens_per_s": value,
+            "peak_bytes_per_rank": [peak - 1000, peak],
+            "error": "CUDA out of memory" if status == "oom" else None,
+        }
+        store.finish_trial(trial_id, status, measurement)
+    store.add_infeasible(study.id, 7, {"stage": 3, "micro_batch": 64}, "global batch 16 is not divisible by 128")
+    store.set_study_status(study.id, "finished")
+
+    seed_jobs(store)
+
+    odd = store.get_or_create_study(ODD_STUDY, workload_id, sampler="random", settings={})
+    config = shortcut_config(2, 4, "bf16", 1, "none", "none")
+    trial_id = store.add_trial(odd.id, 0, "k0", config, None, False, estimate(workload, config))
+    store.start_trial(trial_id)
+    store.finish_trial(trial_id, "ok", {"tokens_per_s": 1000.0, "peak_bytes_per_rank": [3 * GiB]})
+
+
+def seed_jobs(store: Store) -> None:
+    """Three tuning jobs as workers leave them: one done (its study is STUDY), one failed, one still queued."""
+
+    def request(model: str, trials: int) -> dict:
+        body = {"workload": {"model": model, "gpus": WORLD_SIZE, "seq_len": 1024}, "trials": trials}
+        return JobRequest.model_validate(body).model_dump(mode="json")
+
+    done = store.enqueue_job(STUDY, request("gpt2", 12))
+    failed = store.enqueue_job("llama-night", request("llama-2-7b", 40))
+    store.enqueue_job("queued-night", request("mistral-7b", 30))
+    for job in (done, failed):
+        assert store.claim_next_job("host-a:123:1").id == job.id
+    store.update_job_progress(done.id, {"trials": 12, "budget": 12, "best_tokens_per_s": BEST_TOKENS})
+    store.finish_job(done.id, "done")
+    store.update_job_progress(failed.id, {"trials": 3, "budget": 40})
+    store.finish_job(failed.id, "failed", "Ray job dstune-job-2-ab12 ended FAILED (exit code 1)")
+
+
+def make_app(url: str) -> FastAPI:
+    app = FastAPI()
+    app.state.store = Store.open(url)
+    app.include_router(router)
+    return app
+
+
+@pytest.fixture(scope="module")
+def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('dashboard')}/dstune.db"
+    with Store.open(url) as store:
+        seed(store)
+    return url
+
+
+@pytest.fixture(scope="module")
+def app(db_url: str) -> FastAPI:
+    app = make_app(db_url)
+    yield app
+    app.state.store.close()
+
+
+@pytest.fixture(scope="module")
+def client(app: FastAPI) -> TestClient:
+    return TestClient(app)
+
+
+# ------------------------------------------------------------------------------------------------------------ routes
+
+
+def test_home_lists_workload_with_best_throughput(client: TestClient) -> None:
+    response = client.get("/")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "gpt2" in page
+    assert "61,234" in page  # the best over both studies is trial 1 of STUDY
+    assert "ZeRO-3 · micro 8 × accum 1 · bf16" in page
+    assert f'href="/studies/{quote(ODD_STUDY, safe="")}"' in page
+    assert "/static/dashboard.css" in page
+
+
+def test_home_lists_jobs_with_status_and_progress(client: TestClient) -> None:
+    page = client.get("/").text
+    jobs = page[page.index('id="jobs"') :]
+    assert jobs.index('data-job="3"') < jobs.index('data-job="2"') < jobs.index('data-job="1"')  # newest first
+    assert f'<a href="/studies/{STUDY}">{STUDY}</a>' in jobs  # a job whose study exists links to it
+    assert '<span class="badge s-done">done</span>' in jobs and "12 / 12" in jobs and "61,234" in jobs
+    assert "s-failed" in jobs and "3 / 40" in jobs and "ended FAILED (exit code 1)" in jobs
+    assert '<span class="badge s-queued">queued</span>' in jobs and "0 / 30" in jobs and "mistral-7b" in jobs
+    assert 'href="/studies/queued-night"' not in jobs  # no study yet: no dead link
+    assert '<meta http-equiv="refresh" content="30">' in page  # a job is queued: the page follows it
+
+
+def test_home_without_studies(tmp_path: Path) -> None:
+    app = make_app(f"sqlite:///{tmp_path}/empty.db")
+    try:
+        response = TestClient(app).get("/")
+    finally:
+        app.state.store.close()
+    assert response.status_code == 200
+    assert "No studies yet" in response.text and "No tuning jobs queued" in response.text
+    assert 'http-equiv="refresh"' not in response.text  # nothing to follow: no reload
+
+
+def test_study_page(client: TestClient) -> None:
+    response = client.get(f"/studies/{STUDY}")
+    assert response.status_code == 200
+    page = response.text
+    for chart in ("chart-progress", "chart-pareto", "chart-estimate", "chart-reasons"):
+        assert f'id="{chart}"' in page
+    assert page.count("<tr>") == 1 + len(TRIALS) + 1  # header, the trials, the infeasible one
+    assert "GPU memory short by 1234567 bytes" in page
+    assert "/static/chart.umd.js" in page
+    assert "cdn" not in page.lower() and "https://" not in page  # nothing from the internet
+
+
+def test_study_page_with_slash_in_name(client: TestClient) -> None:
+    response = client.get(f"/studies/{quote(ODD_STUDY, safe='')}")
+    assert response.status_code == 200
+    assert "1,000" in response.text
+
+
+def test_unknown_study_is_404(client: TestClient) -> None:
+    response = client.get("/studies/no-such-study")
+    assert response.status_code == 404
+    assert "no study called" in response.text
+    assert client.get("/studies/no-such-study/trials/0/ds_config.json").status_code == 404
+
+
+def test_download_ds_config(client: TestClient, app: FastAPI) -> None:
+    response = client.get(f"/studies/{STUDY}/trials/1/ds_config.json")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["content-disposition"].startswith("attachment;")
+    assert "trial1.json" in response.headers["content-disposition"]
+    config = response.json()
+    assert config == shortcut_config(8, 1, "bf16", 3, "none", "none")
+    validate_with_deepspeed(config, WORLD_SIZE)
+
+
+def test_download_missing_or_empty_trial_is_404(client: TestClient) -> None:
+    assert client.get(f"/studies/{STUDY}/trials/99/ds_config.json").status_code == 404
+    response = client.get(f"/studies/{STUDY}/trials/7/ds_config.json")  # infeasible: no ds_config at all
+    assert response.status_code == 404
+    assert "no ds_config" in response.text
+    odd = client.get(f"/studies/{quote(ODD_STUDY, safe='')}/trials/0/ds_config.json")
+    assert odd.status_code == 200
+    assert odd.json()["zero_optimization"]["stage"] == 1
+
+
+def test_static_assets(client: TestClient) -> None:
+    for name, kind in (("chart.umd.js", "text/javascript"), ("dashboard.js", "text/javascript")):
+        response = client.get(f"/static/{name}")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith(kind)
+    assert client.get("/static/dashboard.css").headers["content-type"].startswith("text/css")
+    assert "MIT" in client.get("/static/chart.js.LICENSE.md").text
+    assert client.get("/static/nope.js").status_code == 404
+    assert client.get("/static/..%2F_routes.py").status_code == 404
+
+
+# ------------------------------------------------------------------------------------------------------------- views
+
+
+def test_pareto_front_keeps_only_undominated_points() -> None:
+    points = [(2.0, 10.0, 0), (1.0, 5.0, 1), (3.0, 8.0, 2), (1.5, 5.0, 3), (4.0, 12.0, 4)]
+    assert pareto_front(points) == [(1.0, 5.0, 1), (2.0, 10.0, 0), (4.0, 12.0, 4)]
+    assert pareto_front([]) == []
+
+
+def test_chart_data_and_estimate_quality(app: FastAPI) -> None:
+    store: Store = app.state.store
+    study = store.get_study(STUDY)
+    trials = store.trials(study.id)
+    summary = store.study_summary(study.id)
+    data = chart_data(trials, summary.pruned_reasons, 24 * GiB)
+    assert [p["y"] for p in data["progress"]["best"]] == [50210.0] + [BEST_TOKENS] * 7
+    assert len(data["pareto"]["trials"]) == 4
+    assert max(p["y"] for p in data["pareto"]["front"]) == BEST_TOKENS
+    assert {p["status"] for p in data["estimate"]["trials"]} == {"ok", "oom"}
+    assert sum(data["reasons"]["counts"]) == 3
+    quality = estimate_quality(trials)
+    assert quality["compared"] == 5
+    assert quality["missed_ooms"] == [3]  # the estimate said it fits; it ran out of memory
+    assert describe_config({}) == "(no ds_config)"
+    assert describe_config(shortcut_config(2, 4, "fp16", 3, "cpu", "nvme")) == (
+        "ZeRO-3 · micro 2 × accum 4 · fp16 · optimizer → cpu · params → nvme"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------- browser
+
+
+@pytest.fixture(scope="module")
+def live(app: FastAPI) -> str:
+    with serve(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def driver(downloads: Path):
+    with chrome(download_dir=str(downloads)) as driver:
+        driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+        yield driver
+
+
+def _wait(condition, timeout: float = 15.0, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {message}")
+
+
+def _open_study(driver, live: str) -> None:
+    driver.get(f"{live}/studies/{STUDY}")
+    _wait(lambda: driver.execute_script("return window.dstuneCharts !== undefined"), message="charts")
+
+
+def test_browser_home(driver, live: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    severe_logs(driver)  # drop anything earlier
+    driver.get(f"{live}/")
+    assert driver.title == "dstune"
+    best = driver.find_element(By.CSS_SELECTOR, "#workloads .best-throughput").text
+    assert best == "61,234"
+    statuses = [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, "#jobs .badge")]
+    assert statuses == ["queued", "failed", "done"]
+    assert severe_logs(driver) == []
+
+
+def test_browser_study_page_draws_every_chart(driver, live: str) -> None:
+    severe_logs(driver)
+    _open_study(driver, live)
+    assert severe_logs(driver) == [], "console errors on the study page"
+    drawn = driver.execute_script("return Object.keys(window.dstuneCharts).filter(k => window.dstuneCharts[k]).sort()")
+    assert drawn == ["estimate", "pareto", "progress", "reasons"]
+    for name in drawn:
+        state = driver.execute_script(
+            """
+            const canvas = document.getElementById('chart-' + arguments[0]);
+            const blank = document.createElement('canvas');
+            blank.width = canvas.width; blank.height = canvas.height;
+            return {w: canvas.width, h: canvas.height,
+                    data: canvas.toDataURL().length, blank: blank.toDataURL().length};
+            """,
+            name,
+        )
+        assert state["w"] > 100 and state["h"] > 100, f"{name}: canvas has no size"
+        assert state["data"] > state["blank"] + 2000, f"{name}: canvas is blank"
+
+
+def test_browser_table_sorts_on_header_click(driver, live: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    _open_study(driver, live)
+    header = driver.find_element(By.XPATH, "//table[@id='trials']//th[normalize-space()='Tokens/s']")
+
+    def numbers() -> list[str]:
+        return [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#trials tbody tr td:first-child")]
+
+    assert numbers() == [str(n) for n in range(8)]
+    header.click()
+    assert header.get_attribute("aria-sort") == "ascending"
+    ascending = numbers()
+    assert ascending[:4] == ["6", "4", "0", "1"]  # 38000, 42000, 50210, 61234.5; trials without throughput last
+    header.click()
+    assert header.get_attribute("aria-sort") == "descending"
+    assert numbers()[:4] == ["1", "0", "4", "6"]
+    status = driver.find_element(By.XPATH, "//table[@id='trials']//th[normalize-space()='Status']")
+    status.click()
+    statuses = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#trials tbody tr td:nth-child(2)")]
+    assert statuses == sorted(statuses)
+    assert severe_logs(driver) == []
+
+
+def test_browser_downloads_valid_ds_config(driver, live: str, downloads: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    _open_study(driver, live)
+    driver.find_element(By.ID, "best-download").click()
+    path = _wait(
+        lambda: next((p for p in downloads.glob("*.json") if p.stat().st_size > 0), None),
+        message="the ds_config download",
+    )
+    time.sleep(0.2)  # let chromium finish renaming the partial file
+    config = json.loads(path.read_text())
+    assert config["zero_optimization"]["stage"] == 3
+    validate_with_deepspeed(config, WORLD_SIZE)
+    assert severe_logs(driver) == []

@@ -1,0 +1,39 @@
+"""Aggregation of rank results into a job's measurement (pure logic)."""
+
+import pytest
+
+from tuner.measure.measurement import PEER_KILLED, RankResult, aggregate, model_flops_per_token, peak_tflops, percentile
+from tuner.workload import load_model
+
+
+def test_percentiles_interpolate() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert percentile([5.0], 0.9) == 5.0
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.9) == pytest.approx(9.1)
+
+
+def test_throughput_uses_the_slowest_rank_per_step() -> None:
+    spec = load_model("tiny-gpt2")
+    ranks = [RankResult(0, "ok", step_times=[1.0, 1.0, 1.0]), RankResult(1, "ok", step_times=[2.0, 2.0, 1.0])]
+    result = aggregate(ranks, spec, seq_len=64, samples_per_step=8, world_size=2)
+    assert result.status == "ok"
+    assert result.step_time_s["p50"] == 2.0
+    assert result.samples_per_s == 4.0 and result.tokens_per_s == 256.0
+    flops = model_flops_per_token(spec, 64) * 8 * 64 / 2 / 2.0 / 1e12
+    assert result.tflops_per_device == pytest.approx(flops)
+    assert result.mfu is None
+
+
+def test_root_cause_wins_over_peers_killed_after_it() -> None:
+    spec = load_model("tiny-gpt2")
+    ranks = [
+        RankResult(0, "error", exception_type=PEER_KILLED, error="killed after another rank failed"),
+        RankResult(1, "oom", exception_type="torch.OutOfMemoryError", error="CUDA out of memory"),
+    ]
+    result = aggregate(ranks, spec, 64, 8, 2)
+    assert result.status == "oom" and result.exception_type == "torch.OutOfMemoryError"
+
+
+def test_mfu_for_known_gpus() -> None:
+    assert peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("cpu") is None

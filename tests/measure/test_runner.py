@@ -1,0 +1,183 @@
+"""Measured runs with real DeepSpeed on CPU ranks, through both launchers, and every way a run can fail."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+psutil = pytest.importorskip("psutil")
+
+from tuner.measure.launcher import launch_local  # noqa: E402
+from tuner.measure.measurement import CANCELLED, PEER_KILLED  # noqa: E402
+from tuner.measure.runner import RunSpec  # noqa: E402
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict  # noqa: E402
+
+pytestmark = pytest.mark.deepspeed
+FAULT_RANK = Path(__file__).with_name("fault_rank.py")
+
+
+def run_spec(world: int, zero: dict | None = None, **config: object) -> RunSpec:
+    workload = Workload(
+        load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=world, device="cpu"), TrainSpec(seq_len=64, micro_batch=2)
+    )
+    ds_config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "bf16": {"enabled": True},
+        "zero_optimization": zero or {"stage": 2, "reduce_bucket_size": 50_000},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        **config,
+    }
+    return RunSpec(workload_to_dict(workload), ds_config, device="cpu", warmup=2, steps=3)
+
+
+def assert_ok(result, world: int) -> None:
+    assert result.status == "ok", result.error
+    assert result.tokens_per_s > 0 and result.samples_per_s > 0
+    assert result.tokens_per_s == pytest.approx(result.samples_per_s * 64)
+    assert 0 < result.step_time_s["p50"] <= result.step_time_s["p90"]
+    assert len(result.peak_bytes_per_rank) == world and all(b > 0 for b in result.peak_bytes_per_rank)
+    for rank in result.ranks:
+        assert len(rank.step_times) == 3
+        assert rank.model_state_bytes > 0 and rank.peak_rss > rank.model_state_bytes
+        assert {"imports_s", "initialize_s", "warmup_s", "timed_s"} <= set(rank.timings)
+
+
+def leftover_processes(marker: str) -> list:
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_local_launcher_measures(world: int) -> None:
+    assert_ok(launch_local(run_spec(world), timeout=300), world)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    from tuner.measure.ray_launcher import ensure_ray
+
+    ensure_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_ray_launcher_measures(local_ray, world: int) -> None:
+    from tuner.measure.ray_launcher import launch_ray
+
+    assert_ok(launch_ray(run_spec(world), timeout=300), world)
+
+
+def test_ray_launcher_reports_a_crash(local_ray) -> None:
+    from tuner.measure.ray_launcher import launch_ray
+
+    entry = [sys.executable, str(FAULT_RANK), "crash", "1", "unused"]
+    result = launch_ray(run_spec(2), timeout=300, entry=entry)
+    assert result.status == "error" and result.exception_type == "builtins.ZeroDivisionError"
+
+
+def test_out_of_memory_is_classified(tmp_path) -> None:
+    spec = run_spec(1, zero={"stage": 3}, gradient_accumulation_steps=1)  # default buckets: a 1 GB reduce bucket
+    result = launch_local(spec, timeout=300, memory_cap=2 * 2**30)
+    assert result.status == "oom", result.error
+    assert "DefaultCPUAllocator" in result.error
+
+
+def test_invalid_config_reports_deepspeeds_message() -> None:
+    result = launch_local(run_spec(2, zero={"stage": 2, "reduce_bucket_sise": 5}), timeout=300)
+    assert result.status == "invalid_config"
+    assert "reduce_bucket_sise" in result.error
+    mismatch = launch_local(run_spec(2, train_batch_size=7), timeout=300)
+    assert mismatch.status == "invalid_config" and "train_batch_size" in mismatch.error
+
+
+def test_crashing_rank_is_an_error_and_peers_stop() -> None:
+    entry = [sys.executable, str(FAULT_RANK), "crash", "1", "unused"]
+    result = launch_local(run_spec(2), timeout=300, entry=entry)
+    assert result.status == "error"
+    assert result.exception_type == "builtins.ZeroDivisionError"
+    assert "injected crash" in result.error
+
+
+def test_rank_dying_without_report_is_an_error() -> None:
+    entry = [sys.executable, str(FAULT_RANK), "exit", "1", "unused"]
+    result = launch_local(run_spec(2), timeout=300, entry=entry)
+    assert result.status == "error" and "exited with code 3" in result.error
+    assert result.ranks[0].exception_type == PEER_KILLED or result.ranks[0].status == "error"
+
+
+def test_hanging_rank_is_killed_at_the_timeout_with_no_orphans() -> None:
+    marker = f"dstune-orphan-{uuid.uuid4().hex}"
+    entry = [sys.executable, str(FAULT_RANK), "hang", "1", marker]
+    started = time.monotonic()
+    result = launch_local(run_spec(2), timeout=25, entry=entry)
+    assert result.status == "timeout"
+    assert time.monotonic() - started < 40
+    time.sleep(0.5)
+    assert leftover_processes(marker) == []
+
+
+@pytest.mark.parametrize("launcher", ["local", "ray"])
+def test_cancel_kills_every_rank_at_once(request, launcher: str) -> None:
+    """A stopped study's run: rank 1 hangs mid-training (rank 0 waits in its collective); setting ``cancel`` kills
+    both ranks and the hanging rank's child at once, long before the timeout, and the run says Cancelled."""
+    marker = f"dstune-cancel-{uuid.uuid4().hex}"
+    entry = [sys.executable, str(FAULT_RANK), "hang", "1", marker]
+    cancel = threading.Event()
+    if launcher == "ray":
+        request.getfixturevalue("local_ray")
+        from tuner.measure.ray_launcher import launch_ray as launch
+    else:
+        launch = launch_local
+    outcome: list = []
+    thread = threading.Thread(
+        target=lambda: outcome.append(launch(run_spec(2), timeout=300, entry=entry, cancel=cancel))
+    )
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not leftover_processes(marker):  # the hanging rank reached its first training step
+        assert time.monotonic() < deadline and thread.is_alive(), "the run never reached training"
+        time.sleep(0.2)
+    cancelled_at = time.monotonic()
+    cancel.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert time.monotonic() - cancelled_at < 15
+    result = outcome[0]
+    assert result.status == "error" and result.exception_type == CANCELLED, result.error
+    assert {rank.exception_type for rank in result.ranks} == {CANCELLED}
+    time.sleep(0.5)
+    assert leftover_processes(marker) == []
+
+
+def test_transformers_model_from_config_trains() -> None:
+    """``model_impl="transformers"``: the Hugging Face model built ``from_config`` (random weights, no download)."""
+    from tuner.workload import preset_config
+
+    spec = run_spec(1)
+    spec.model_impl, spec.hf_config = "transformers", preset_config("tiny-gpt2")
+    assert_ok(launch_local(spec, timeout=300), 1)
+
+
+def test_stale_build_locks_are_cleared(tmp_path, monkeypatch) -> None:
+    import os
+
+    from tuner.measure.runner import clear_stale_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale, fresh = tmp_path / "py311_cpu" / "fused_adam" / "lock", tmp_path / "py311_cpu" / "cpu_adam" / "lock"
+    for lock in (stale, fresh):
+        lock.parent.mkdir(parents=True)
+        lock.write_text("")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    (stale.parent / "fused_adam.o").write_text("half a build")
+    assert clear_stale_build_locks() == [stale]
+    assert fresh.exists() and not stale.parent.exists()

@@ -1,0 +1,69 @@
+"""``TuningStudy.run`` stopping mid-run: no measured run may go on behind a loop that ended."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+psutil = pytest.importorskip("psutil")
+
+from tuner.measure.dispatch import Dispatcher  # noqa: E402
+from tuner.storage import Store  # noqa: E402
+from tuner.study import TuningStudy  # noqa: E402
+from tuner.study.jobs import JobRequest, check_job, study_settings  # noqa: E402
+
+pytestmark = pytest.mark.deepspeed
+
+
+def rank_processes() -> list:
+    return [p for p in psutil.Process().children(recursive=True) if "tuner.measure.runner" in " ".join(p.cmdline())]
+
+
+def long_study(store: Store, name: str) -> tuple[TuningStudy, Dispatcher]:
+    """A study of tiny-gpt2 on CPU whose first measured run would train for minutes (10,000 timed steps)."""
+    request = JobRequest.model_validate(
+        {
+            "workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": "64GiB", "seq_len": 64},
+            "study": name,
+            "launcher": "local",
+            "sampler": "random",
+            "seed": 1,
+            "global_batch": 8,
+            "trials": 3,
+            "steps": 10_000,
+            "run_timeout": 1800,
+        }
+    )
+    settings = study_settings(request, check_job(request))
+    study = TuningStudy(settings, store)
+    return study, Dispatcher(settings.dispatch, "cpu", settings.workload.cluster.world_size)
+
+
+def test_a_failing_stop_check_kills_the_run_in_flight(tmp_path: Path) -> None:
+    """``should_stop`` itself fails (say the database went away) while a run trains: the error propagates, and the
+    run's ranks are killed rather than left training; the trial stays running in the store, for a resumed study to
+    fail and retry."""
+    with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
+        study, dispatcher = long_study(store, "failing-check")
+
+        def should_stop() -> bool:
+            if rank_processes():
+                time.sleep(2)  # the rank is importing torch / starting DeepSpeed
+                raise ConnectionError("database unreachable")
+            return False
+
+        try:
+            with pytest.raises(ConnectionError):
+                study.run(dispatcher, should_stop=should_stop)
+            deadline = time.monotonic() + 20
+            while rank_processes():
+                assert time.monotonic() < deadline, "the run went on behind the failed loop"
+                time.sleep(0.2)
+        finally:
+            dispatcher.cancel()  # whatever happened above, no rank outlives the test
+            dispatcher.close(wait=True)
+        statuses = [trial.status for trial in store.trials(study.study_id)]
+        assert statuses.count("running") == 1

@@ -1,0 +1,168 @@
+"""``dstune tune`` and ``dstune best``: open the store, run the study with a live display, print what was found."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tuner.dsconfig import to_hf_trainer, validate_with_deepspeed
+from tuner.estimator import ConfigError
+from tuner.measure.dispatch import Dispatcher, DispatchOptions
+from tuner.space import SpaceError, resolve_space
+from tuner.storage import Store, StoreError, default_url
+from tuner.study import Event, StudySettings, TuningStudy
+from tuner.units import GiB
+from tuner.workload import Workload
+
+Fail = Callable[[str, str], NoReturn]
+
+
+def run_tune(
+    workload: Workload,
+    *,
+    space: str,
+    pins: dict[str, Any],
+    global_batch: int | None,
+    sampler: str,
+    trials: int,
+    timeout_s: float | None,
+    storage: str | None,
+    study: str | None,
+    launcher: str,
+    ray_address: str | None,
+    warmup: int,
+    steps: int,
+    run_timeout: float,
+    memory_cap: int | None,
+    pareto: bool,
+    seed: int | None,
+    nvme_path: str | None,
+    fail: Fail,
+) -> int:
+    """Run a study to its budget and print the top configs; 0 when a config was measured, 1 otherwise."""
+    console = Console()
+    name = study or f"{workload.model.name}-{workload.fingerprint()[:8]}"
+    settings = StudySettings(
+        name=name,
+        workload=workload,
+        space_path=resolve_space(space),
+        pins=pins,
+        global_batch=global_batch,
+        sampler=sampler,
+        trials=trials,
+        timeout_s=timeout_s,
+        pareto=pareto,
+        seed=seed,
+        nvme_path=nvme_path,
+        dispatch=DispatchOptions(launcher, ray_address, warmup, steps, run_timeout, memory_cap),
+    )
+    try:
+        store = Store.open(storage or default_url())
+        tuning = TuningStudy(settings, store)
+    except SpaceError as error:
+        fail("space", str(error))
+    except ConfigError as error:
+        fail(error.field, str(error).removeprefix(f"{error.field}: "))
+    except StoreError as error:
+        fail(getattr(error, "field", "study"), str(error))
+    best = {"tokens": 0.0}
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[best]}"),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"study {name}", total=trials, best="")
+
+        def on_event(event: Event) -> None:
+            if event.status == "running":
+                return
+            if event.status == "ok" and (event.tokens_per_s or 0) > best["tokens"]:
+                best["tokens"] = event.tokens_per_s or 0.0
+            progress.update(
+                task,
+                completed=tuning.trials_started(),
+                best=f"best {best['tokens']:,.0f} tokens/s" if best["tokens"] else "",
+            )
+
+        tuning.on_event = on_event
+        dispatcher = Dispatcher(settings.dispatch, workload.cluster.device, workload.cluster.world_size)
+        try:
+            report = tuning.run(dispatcher)
+        finally:
+            dispatcher.close(wait=False)
+    render_study(store, tuning.study_id, name, console)
+    if report.interrupted:
+        console.print("[yellow]interrupted[/]: finished trials are recorded; run the same command to resume")
+    return 0 if store.best_trial(tuning.study_id) is not None else 1
+
+
+def render_study(store: Store, study_id: int, name: str, console: Console, top: int = 5) -> None:
+    """The top measured configs, and what was pruned and why."""
+    summary = store.study_summary(study_id)
+    table = Table(title=f"study {name}: top configs")
+    for column in ("trial", "tokens/s", "peak GiB", "headroom GiB", "stage", "micro", "accum", "offload", "ckpt"):
+        table.add_column(column, justify="right" if column not in ("offload",) else "left")
+    for trial in store.trials(study_id, status="ok", order_by="-tokens_per_s", limit=top):
+        zero = trial.ds_config.get("zero_optimization", {})
+        gpu_memory = (trial.estimate or {}).get("gpu_memory", 0)
+        peak = trial.peak_bytes or 0
+        table.add_row(
+            str(trial.number),
+            f"{trial.tokens_per_s:,.0f}",
+            f"{peak / GiB:.3f}",
+            f"{(gpu_memory - peak) / GiB:.2f}",
+            str(zero.get("stage", 0)),
+            str(trial.ds_config.get("train_micro_batch_size_per_gpu")),
+            str(trial.ds_config.get("gradient_accumulation_steps")),
+            (zero.get("offload_optimizer") or {}).get("device", "none"),
+            "yes" if trial.activation_checkpointing else "no",
+        )
+    console.print(table)
+    console.print("trials by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
+    reasons = Counter(summary.pruned_reasons)
+    for reason, count in reasons.most_common(5):
+        console.print(f"  pruned ×{count}: {reason}", highlight=False, soft_wrap=True)
+    best = store.best_trial(study_id)
+    if best is not None:
+        console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:")
+        console.print_json(json.dumps(best.ds_config))
+
+
+def export_best(study: str, *, storage: str | None, format: str, out: str | None, fail: Fail) -> None:
+    """Write the best measured ds_config of ``study``, after DeepSpeed's own validation."""
+    store = Store.open(storage or default_url())
+    record = store.get_study(study)
+    if record is None:
+        fail("study", f"no study named {study!r} in {store.url}")
+    best = store.best_trial(record.id)
+    if best is None:
+        fail("study", f"study {study!r} has no successfully measured trial yet")
+    world = store.workload_of(record.id).cluster.world_size
+    try:
+        validate_with_deepspeed(best.ds_config, world)
+    except ConfigError as error:
+        fail(error.field, f"DeepSpeed rejects the stored config: {error}")
+    config: dict[str, Any] = best.ds_config
+    extra = ""
+    if format == "hf":
+        config, args = to_hf_trainer(best.ds_config, best.activation_checkpointing)
+        extra = "TrainingArguments to use with it: " + json.dumps(args)
+    text = json.dumps(config, indent=2) + "\n"
+    if out:
+        Path(out).write_text(text)
+        Console(stderr=True).print(f"wrote {out} (trial {best.number}, {best.tokens_per_s:,.0f} tokens/s)")
+    else:
+        print(text, end="")
+    if extra:
+        Console(stderr=True).print(extra, highlight=False, soft_wrap=True)

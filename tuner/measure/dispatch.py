@@ -1,0 +1,84 @@
+"""Send measured runs to Ray workers (a local Ray by default, a cluster by address), as many at once as fit.
+
+Each run reserves what it needs through the Ray launcher's placement group (GPUs = world size on CUDA, one CPU per
+rank on CPU); the dispatcher keeps at most ``cluster resources // world size`` runs in flight so that every
+placement group can be granted (one at a time on CPU, where a run's ranks take every core). Runs are plain blocking
+calls in a thread pool: the Ray actors do the work.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.measure.measurement import Measurement
+from tuner.measure.run import run_measurement
+from tuner.workload import Workload
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    """How trials are measured."""
+
+    launcher: str = "ray"
+    ray_address: str | None = None
+    warmup: int = 2
+    steps: int = 3
+    timeout: float = 600.0
+    memory_cap: int | None = None
+
+
+class Dispatcher:
+    """Runs measurements concurrently, bounded by the resources of the Ray cluster (or this machine)."""
+
+    def __init__(self, options: DispatchOptions, device: str, world_size: int) -> None:
+        self.options = options
+        # A CPU run's ranks use every core of the machine: two at once would measure each other, not the config.
+        self.slots = 1 if device == "cpu" else max(1, self._capacity(device) // world_size)
+        if device == "cpu" and options.launcher == "ray":
+            self._capacity(device)  # still connect to Ray up front, so a bad address fails before any trial
+        self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="dstune-run")
+        self.cancelled = threading.Event()
+
+    def _capacity(self, device: str) -> int:
+        resource = "GPU" if device == "cuda" else "CPU"
+        if self.options.launcher == "ray":
+            import ray
+
+            from tuner.measure.ray_launcher import ensure_ray
+
+            ensure_ray(self.options.ray_address)
+            return int(ray.cluster_resources().get(resource, 0))
+        if device == "cuda":
+            import torch
+
+            return torch.cuda.device_count()
+        return os.cpu_count() or 1
+
+    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
+        """Start measuring ``ds_config`` on ``workload``; the future holds the measurement."""
+        options = self.options
+        return self.pool.submit(
+            run_measurement,
+            workload,
+            ds_config,
+            warmup=options.warmup,
+            steps=options.steps,
+            timeout=options.timeout,
+            launcher=options.launcher,
+            ray_address=options.ray_address,
+            memory_cap=options.memory_cap,
+            cancel=self.cancelled,
+        )
+
+    def cancel(self) -> None:
+        """Kill every run in flight at once (their measurements end ``error`` / ``Cancelled``); no new runs."""
+        self.cancelled.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop accepting runs; with ``wait=False`` queued runs are dropped (running ones end with the process)."""
+        self.pool.shutdown(wait=wait, cancel_futures=not wait)

@@ -1,0 +1,78 @@
+"""One measured run for a workload and ds_config, through either launcher, with the estimate beside it."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import nullcontext
+from typing import Any
+
+from tuner.estimator import estimate
+from tuner.measure.launcher import launch_local
+from tuner.measure.measurement import Measurement
+from tuner.measure.runner import RunSpec
+from tuner.workload import Workload, workload_to_dict
+
+
+def run_measurement(
+    workload: Workload,
+    ds_config: dict[str, Any],
+    *,
+    warmup: int = 2,
+    steps: int = 5,
+    timeout: float = 600.0,
+    launcher: str = "local",
+    ray_address: str | None = None,
+    memory_cap: int | None = None,
+    model_impl: str = "builtin",
+    hf_config: dict[str, Any] | None = None,
+    progress: Any = None,
+    cancel: threading.Event | None = None,
+) -> Measurement:
+    """Run ``ds_config`` on ``workload`` (its cluster's device and world size) and return the measurement. Setting
+    ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``)."""
+    spec = RunSpec(
+        workload_to_dict(workload),
+        ds_config,
+        device=workload.cluster.device,
+        warmup=warmup,
+        steps=steps,
+        model_impl=model_impl,
+        hf_config=hf_config,
+    )
+    if launcher == "ray":
+        from tuner.measure.ray_launcher import launch_ray
+
+        return launch_ray(
+            spec, timeout=timeout, address=ray_address, memory_cap=memory_cap, progress=progress, cancel=cancel
+        )
+    return launch_local(spec, timeout=timeout, memory_cap=memory_cap, progress=progress, cancel=cancel)
+
+
+def measure(workload: Workload, ds_config: dict[str, Any], show_progress: bool = False, **options: Any) -> dict:
+    """The ``dstune measure --json`` object: the measurement, per-rank details and the estimate."""
+    with _progress_bar(show_progress) as bar:
+        task = bar.add_task("measuring", total=options.get("steps", 5)) if bar else None
+
+        def report(done: int, total: int) -> None:
+            if bar is not None:
+                bar.update(task, completed=done, total=total)
+
+        measurement = run_measurement(workload, ds_config, progress=report, **options)
+    result = measurement.to_dict()
+    result["estimate"] = estimate(workload, ds_config).to_dict()
+    return result
+
+
+def _progress_bar(show: bool) -> Any:
+    if not show:
+        return nullcontext(None)
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} timed steps"),
+        TimeElapsedColumn(),
+        transient=True,
+    )

@@ -1,0 +1,57 @@
+"""Storage: the results database (SQLAlchemy 2; SQLite or PostgreSQL), its Alembic migrations (``migrations/``),
+records, the job queue and the queries the recommender needs.
+
+May import: :mod:`tuner.workload`, SQLAlchemy, Alembic. Knows nothing of Optuna's internals, Ray or torch.
+"""
+
+from tuner.storage.store import (
+    FINISHED_STATUSES,
+    JOB_STATES,
+    RETRYABLE_STATUSES,
+    TABLE_PREFIX,
+    TABLES,
+    TRIAL_ORDERS,
+    TRIAL_STATUSES,
+    VERSION_TABLE,
+    Base,
+    DuplicateConfig,
+    JobRecord,
+    Store,
+    StoreError,
+    StudyRecord,
+    StudyRow,
+    TrialRecord,
+    TrialRow,
+    WorkloadRecord,
+    WorkloadRow,
+    default_url,
+    migrations_dir,
+    reason_kind,
+    utcnow,
+)
+
+__all__ = [
+    "FINISHED_STATUSES",
+    "JOB_STATES",
+    "RETRYABLE_STATUSES",
+    "TABLES",
+    "TABLE_PREFIX",
+    "TRIAL_ORDERS",
+    "TRIAL_STATUSES",
+    "VERSION_TABLE",
+    "Base",
+    "DuplicateConfig",
+    "JobRecord",
+    "Store",
+    "StoreError",
+    "StudyRecord",
+    "StudyRow",
+    "TrialRecord",
+    "TrialRow",
+    "WorkloadRecord",
+    "WorkloadRow",
+    "default_url",
+    "migrations_dir",
+    "reason_kind",
+    "utcnow",
+]

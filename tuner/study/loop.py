@@ -1,0 +1,362 @@
+"""The tuning loop: ask Optuna for a config, let the estimator prune it or dispatch it, record, tell; resumable.
+
+One trial, end to end (DESIGN.md): the search space turns an Optuna trial into a ds_config; the estimator judges it
+with the calibrated safety margin; a config that cannot fit is PRUNED with its reason and a positive constraint (so
+the sampler learns the infeasible region) without any run; the others go to Ray for a short measured run; every
+outcome lands in SQL, and measured peaks (and out-of-memory failures) move the margin for the next trials.
+
+Re-running a study name resumes it: trials a killed process left running are marked failed and retried once, and a
+config already recorded in the study is never run again (its earlier outcome is told to Optuna instead).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.estimator import MemoryEstimate, estimate
+from tuner.measure.dispatch import Dispatcher, DispatchOptions
+from tuner.measure.measurement import CANCELLED, Measurement
+from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, load_space
+from tuner.storage import DuplicateConfig, Store
+from tuner.study.calibration import Calibration
+from tuner.workload import Workload
+
+SAMPLERS = ("tpe", "random", "grid", "gp")
+GRID_PARAMETERS = ("stage", "micro_batch")  # the DeepSpeed-autotuner-like baseline sweep
+RETRIES = 1  # a trial left running by a killed process is run once more
+STOP_WAIT_S = 60.0  # how long a stopped study waits for its killed runs to end before recording them
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """What one study searches and how long."""
+
+    name: str
+    workload: Workload
+    space_path: Path
+    pins: dict[str, Any] = field(default_factory=dict)
+    global_batch: int | None = None
+    sampler: str = "tpe"
+    trials: int = 12
+    timeout_s: float | None = None
+    pareto: bool = False
+    seed: int | None = None
+    nvme_path: str | None = None
+    dispatch: DispatchOptions = field(default_factory=DispatchOptions)
+
+    def to_record(self) -> dict[str, Any]:
+        """The settings stored with the study (JSON-ready)."""
+        return {
+            "space": str(self.space_path),
+            "pins": self.pins,
+            "global_batch": self.global_batch,
+            "sampler": self.sampler,
+            "pareto": self.pareto,
+            "seed": self.seed,
+            "nvme_path": self.nvme_path,
+        }
+
+
+@dataclass
+class Event:
+    """What just happened to a trial, for progress displays."""
+
+    number: int
+    status: str
+    tokens_per_s: float | None = None
+    reason: str | None = None
+
+
+@dataclass
+class StudyReport:
+    """The outcome of a run of the loop."""
+
+    study_id: int
+    interrupted: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    stopped: bool = False
+
+
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler without its ``study.stop()`` when the grid is exhausted.
+
+    ``Study.stop`` only works inside ``study.optimize``; under ask-and-tell it raises from ``tell``. The loop stops on
+    its own budget, and grid points proposed again are identical configs, told their recorded outcome.
+    """
+
+    def after_trial(self, study: Any, trial: Any, state: TrialState, values: Any) -> None:
+        """Nothing to do: see the class docstring."""
+
+
+def make_sampler(name: str, space: SearchSpace, settings: StudySettings) -> optuna.samplers.BaseSampler:
+    """An Optuna sampler by name: TPE (multivariate), random, grid over stage × micro-batch, or GP."""
+    if name == "tpe":
+        return optuna.samplers.TPESampler(multivariate=True, seed=settings.seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=settings.seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=settings.seed)
+    if name == "grid":
+        grid = space.grid(
+            list(GRID_PARAMETERS),
+            global_batch=settings.global_batch,
+            world_size=settings.workload.cluster.world_size,
+            nvme_path=settings.nvme_path,
+        )
+        return AskTellGridSampler(grid, seed=settings.seed)
+    raise ValueError(f"sampler: must be one of {', '.join(SAMPLERS)}, got {name!r}")
+
+
+def capacity_reason(est: MemoryEstimate, calibration: Calibration) -> str | None:
+    """Why the estimate (with the margin) does not fit, or None when it fits."""
+    peak = est.per_gpu["total"] or 0
+    if not calibration.fits(peak, est.gpu_memory):
+        largest = max(
+            ("parameters", "gradients", "optimizer_states", "activations", "buffers"),
+            key=lambda name: est.per_gpu[name] or 0,
+        )
+        short = int(peak * (1 + calibration.margin)) - est.gpu_memory
+        return (
+            f"gpu: estimated peak {peak} B × (1 + margin {calibration.margin:.3f}) exceeds {est.gpu_memory} B "
+            f"by {short} B at the {est.peak_phase} phase; largest category {largest}"
+        )
+    if est.cpu_headroom < 0:
+        return est.overflow_reason()
+    return None
+
+
+class TuningStudy:
+    """Runs the ask → estimate → prune or measure → record → tell loop for one study."""
+
+    def __init__(self, settings: StudySettings, store: Store, on_event: Callable[[Event], None] | None = None) -> None:
+        self.settings, self.store, self.on_event = settings, store, on_event or (lambda event: None)
+        space = load_space(settings.space_path, pins=settings.pins)
+        self.space = space.restricted(list(GRID_PARAMETERS)) if settings.sampler == "grid" else space
+        workload = settings.workload
+        self.hardware = "cpu" if workload.cluster.device == "cpu" else f"cuda:{workload.cluster.gpu_memory}"
+        self.family = workload.model.family
+        self.calibration = self._load_calibration()
+        workload_id = store.upsert_workload(workload)
+        self.study_id = store.get_or_create_study(settings.name, workload_id, settings.sampler, settings.to_record()).id
+        directions = ["maximize", "minimize"] if settings.pareto else ["maximize"]
+        self.optuna = optuna.create_study(
+            study_name=settings.name,
+            storage=store.url,
+            directions=directions,
+            sampler=make_sampler(settings.sampler, self.space, settings),
+            load_if_exists=True,
+        )
+        self.in_flight: dict[Future[Measurement], tuple[optuna.Trial, int, Suggestion, MemoryEstimate]] = {}
+
+    # ----------------------------------------------------------------- calibration
+    def _load_calibration(self) -> Calibration:
+        found = self.store.get_calibration(self.hardware, self.family)
+        if found is None:
+            return Calibration()
+        return Calibration(
+            margin=found.margin, ratios=tuple(found.stats.get("ratios", ())), ooms=int(found.stats.get("ooms", 0))
+        )
+
+    def _save_calibration(self) -> None:
+        cal = self.calibration
+        self.store.put_calibration(
+            self.hardware, self.family, cal.margin, len(cal.ratios), {"ratios": list(cal.ratios), "ooms": cal.ooms}
+        )
+
+    # ----------------------------------------------------------------- resume
+    def recover(self) -> None:
+        """Fail what a killed process left running, in Optuna and in the store, and queue each for one retry."""
+        storage = self.optuna._storage
+        for trial in self.optuna.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        for trial_id in self.store.mark_stale_running_failed(self.study_id):
+            record = self.store.get_trial(trial_id)
+            if record is not None and record.attempts <= RETRIES:
+                self.optuna.enqueue_trial(record.params, skip_if_exists=False)
+
+    # ----------------------------------------------------------------- the loop
+    def run(self, dispatcher: Dispatcher, should_stop: Callable[[], bool] | None = None) -> StudyReport:
+        """Run until ``trials`` trials exist in the study, the timeout passes, or ``should_stop()`` says so.
+
+        ``should_stop`` is asked before each trial and at least once a second while runs are in flight; when it says
+        stop, the runs in flight are killed and recorded failed (``report.stopped``). Ctrl-C stops the same way,
+        without waiting for the killed runs (``report.interrupted``). What finished is always recorded.
+        """
+        self.recover()
+        deadline = time.monotonic() + self.settings.timeout_s if self.settings.timeout_s else None
+        interrupted = stopped = False
+        try:
+            while not (stopped := should_stop is not None and should_stop()):
+                out_of_time = deadline is not None and time.monotonic() >= deadline
+                if (
+                    not out_of_time
+                    and len(self.in_flight) < dispatcher.slots
+                    and self.trials_started() < self.settings.trials
+                ):
+                    self._ask_one(dispatcher)
+                    continue
+                if not self.in_flight:
+                    break
+                done, _ = wait(list(self.in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
+                for future in done:
+                    self._finish(future)
+        except KeyboardInterrupt:
+            interrupted = True
+        except BaseException:  # the loop itself failed (database gone...): no run may go on behind it
+            dispatcher.cancel()  # its trials stay running in the store; resuming fails them and retries (recover)
+            raise
+        if stopped or interrupted:
+            reason = "interrupted by the user" if interrupted else "cancelled: the study was stopped"
+            self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
+        counts = self.store.study_summary(self.study_id).counts
+        return StudyReport(self.study_id, interrupted, counts, stopped=stopped)
+
+    def trials_started(self) -> int:
+        """Trials the study holds so far (every state: the budget counts them all)."""
+        return len(self.optuna.get_trials(deepcopy=False))
+
+    def _ask_one(self, dispatcher: Dispatcher) -> None:
+        trial = self.optuna.ask()
+        workload = self.settings.workload
+        try:
+            suggestion = self.space.suggest(trial, workload, self.settings.global_batch, self.settings.nvme_path)
+        except InfeasibleConfig as infeasible:
+            trial.set_constraint("memory", 1.0)
+            self._tell_pruned(trial, None, infeasible.reason, params=dict(trial.params))
+            return
+        key = suggestion.key
+        previous = self.store.find_trial_by_key(self.study_id, key)
+        if previous is not None and not (previous.status == "failed" and previous.attempts <= RETRIES):
+            self._tell_previous(trial, previous)
+            return
+        trial_workload = suggestion.apply_to(workload)
+        est = estimate(trial_workload, suggestion.ds_config)
+        reason = capacity_reason(est, self.calibration)
+        peak = est.per_gpu["total"] or 0
+        trial.set_constraint("memory", peak * (1 + self.calibration.margin) / est.gpu_memory - 1)
+        if reason is not None:
+            self._tell_pruned(trial, suggestion, reason, est=est)
+            return
+        if previous is not None:
+            trial_id = previous.id
+            self.store.retry_trial(trial_id, trial.number)
+        else:
+            trial_id = self._record(trial, suggestion, est, "pending")
+        self.store.start_trial(trial_id)
+        future = dispatcher.submit(trial_workload, suggestion.ds_config)
+        self.in_flight[future] = (trial, trial_id, suggestion, est)
+        self.on_event(Event(trial.number, "running"))
+
+    def _record(
+        self,
+        trial: optuna.Trial,
+        suggestion: Suggestion,
+        est: MemoryEstimate | None,
+        status: str,
+        reason: str | None = None,
+    ) -> int:
+        try:
+            return self.store.add_trial(
+                self.study_id,
+                trial.number,
+                suggestion.key,
+                suggestion.ds_config,
+                suggestion.params,
+                suggestion.activation_checkpointing,
+                est.to_dict() if est else None,
+                status,
+                prune_reason=reason,
+                constraint=dict(trial.constraints).get("memory"),
+                hardware=self.hardware,
+            )
+        except DuplicateConfig:  # another process recorded the same config a moment ago
+            return self.store.find_trial_by_key(self.study_id, suggestion.key).id
+
+    def _tell_pruned(
+        self,
+        trial: optuna.Trial,
+        suggestion: Suggestion | None,
+        reason: str,
+        est: MemoryEstimate | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> None:
+        if suggestion is not None:
+            self._record(trial, suggestion, est, "pruned", reason)
+        else:
+            self.store.add_infeasible(self.study_id, trial.number, params or {}, reason, hardware=self.hardware)
+        self._tell(trial, TrialState.PRUNED)
+        self.on_event(Event(trial.number, "pruned", reason=reason))
+
+    def _tell_previous(self, trial: optuna.Trial, previous: Any) -> None:
+        """Tell Optuna the recorded outcome of an identical config without running it again."""
+        if previous.constraint is not None:
+            trial.set_constraint("memory", previous.constraint)
+        if previous.status == "ok":
+            self._tell(trial, TrialState.COMPLETE, self._values(previous.tokens_per_s, previous.peak_bytes))
+        elif previous.status == "pruned":
+            self._tell(trial, TrialState.PRUNED)
+        else:
+            self._tell(trial, TrialState.FAIL)
+        self.on_event(Event(trial.number, "duplicate", previous.tokens_per_s))
+
+    def _values(self, tokens_per_s: float | None, peak_bytes: int | None) -> list[float]:
+        values = [float(tokens_per_s or 0.0)]
+        if self.settings.pareto:
+            values.append(float(peak_bytes or 0))
+        return values
+
+    def _tell(self, trial: optuna.Trial, state: TrialState, values: list[float] | None = None) -> None:
+        if state == TrialState.PRUNED and self.settings.pareto:
+            state = TrialState.FAIL  # Optuna prunes single-objective trials only; the constraint carries the reason
+        self.optuna.tell(trial, values=values, state=state)
+
+    def _finish(self, future: Future[Measurement]) -> None:
+        trial, trial_id, _, est = self.in_flight.pop(future)
+        try:
+            measurement = future.result()
+        except Exception as error:  # the dispatcher itself failed (Ray unreachable...): record, never lose it
+            measurement = Measurement(status="error", exception_type=type(error).__name__, error=str(error))
+        peak = max((b for b in measurement.peak_bytes_per_rank if b is not None), default=None)
+        self.store.finish_trial(trial_id, measurement.status, measurement.to_dict(), error=measurement.error)
+        estimated_peak = est.per_gpu["total"] or 0
+        if measurement.status == "ok":
+            if peak:
+                self.calibration = self.calibration.after_measurement(estimated_peak, peak)
+                self._save_calibration()
+            self._tell(trial, TrialState.COMPLETE, self._values(measurement.tokens_per_s, peak))
+        else:
+            if measurement.status == "oom":
+                self.calibration = self.calibration.after_oom(estimated_peak, est.gpu_memory)
+                self._save_calibration()
+                trial.set_constraint("memory", 1.0)
+            self._tell(trial, TrialState.FAIL)
+        self.on_event(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
+
+    def _stop_in_flight(self, dispatcher: Dispatcher, reason: str, wait_s: float) -> None:
+        """Kill the runs in flight, wait up to ``wait_s`` for them to end, and record each failed with ``reason``;
+        a run that finished before it was killed is recorded as measured."""
+        dispatcher.cancel()
+        if self.in_flight and wait_s > 0:
+            wait(list(self.in_flight), timeout=wait_s)
+        for future, (trial, trial_id, _, _) in list(self.in_flight.items()):
+            if _measured_before_stop(future):
+                self._finish(future)
+                continue
+            self.store.finish_trial(trial_id, "failed", None, error=reason)
+            self._tell(trial, TrialState.FAIL)
+        self.in_flight.clear()
+
+
+def _measured_before_stop(future: Future[Measurement]) -> bool:
+    """True when the run ended on its own (not cancelled before it started, not killed by the stop)."""
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return False
+    return future.result().exception_type != CANCELLED
