@@ -15,6 +15,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+from tuner.errors import InputError
+
 PRESET_DIR = Path(__file__).parent / "presets"
 SUPPORTED_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -23,12 +25,8 @@ ATTENTION_KINDS: tuple[str, ...] = ("sdpa", "flash", "eager")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw")
 
 
-class WorkloadError(ValueError):
+class WorkloadError(InputError):
     """Bad workload input; ``field`` names the offending field for error messages."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
 
 
 @dataclass(frozen=True)

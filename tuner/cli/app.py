@@ -272,7 +272,7 @@ def _inputs(
         config = _ds_config(train, stage, offload_optimizer, offload_param, nvme_path, ds_config)
         estimate(workload, config)  # validates the config; cheap
     except (WorkloadError, ConfigError) as error:
-        _fail(error.field, str(error).removeprefix(f"{error.field}: "))
+        _fail(error.field, error.message)
     return workload, config
 
 
@@ -346,7 +346,7 @@ def measure_command(
     try:
         cap = _size(memory_cap, "memory-cap") if memory_cap else None
     except WorkloadError as error:
-        _fail(error.field, str(error).removeprefix(f"{error.field}: "))
+        _fail(error.field, error.message)
     from tuner.measure.run import measure
 
     hf_config = load_hf_config(model)[0] if model_impl == "transformers" and model else None
@@ -622,7 +622,7 @@ def worker_command(
         try:
             status = run_job(store, job, executor)
         except StoreError as error:
-            _fail(error.field, str(error).removeprefix(f"{error.field}: "))
+            _fail(error.field, error.message)
         typer.echo(f"job {job}: {status}")
         raise typer.Exit(0 if status in ("done", "cancelled") else 1)
     try:

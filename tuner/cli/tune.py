@@ -68,10 +68,8 @@ def run_tune(
         tuning = TuningStudy(settings, store)
     except SpaceError as error:
         fail("space", str(error))
-    except ConfigError as error:
-        fail(error.field, str(error).removeprefix(f"{error.field}: "))
-    except StoreError as error:
-        fail(getattr(error, "field", "study"), str(error))
+    except (ConfigError, StoreError) as error:
+        fail(error.field, error.message)
     best = {"tokens": 0.0}
     with Progress(
         TextColumn("[bold]{task.description}"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.errors import InputError
 from tuner.workload import Workload
 
 # Field names and aliases of DeepSpeedZeroConfig and its offload configs in DeepSpeed 0.19.
@@ -87,12 +88,8 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 ADAM_FAMILY = frozenset({"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"})
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A ds_config value the estimator (and DeepSpeed) cannot accept; ``field`` is its dotted key."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from tuner.errors import InputError
 from tuner.estimator.settings import OFFLOAD_OPTIMIZER_KEYS, OFFLOAD_PARAM_KEYS, ZERO_KEYS, ConfigError, resolve
 from tuner.workload import TrainSpec, Workload
 
@@ -134,16 +135,17 @@ _NUMBER_STRING = re.compile(r"[-+]?(\d[\d_]*\.?\d*|\.\d+)[eE][-+]?\d+")
 _UNSET = object()
 
 
-class SpaceError(ValueError):
+class SpaceError(InputError):
     """A malformed search space or pin; the message names the file and the key.
 
     Attributes:
         file: The space file's name (or ``<space>`` for one built in code).
         key: The dotted key at fault, e.g. ``parameters.micro_batch.low`` (empty when the whole file is at fault).
+        field: ``file: key`` (or the file alone), what a face names as the field at fault.
     """
 
     def __init__(self, file: str, key: str, message: str) -> None:
-        super().__init__(f"{file}: {key}: {message}" if key else f"{file}: {message}")
+        super().__init__(f"{file}: {key}" if key else file, message)
         self.file = file
         self.key = key
 

@@ -44,6 +44,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from tuner.errors import InputError
 from tuner.workload import Workload, workload_from_dict, workload_to_dict
 
 DEFAULT_DB_FILE = "dstune.db"
@@ -73,12 +74,8 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class StoreError(Exception):
+class StoreError(InputError):
     """A store operation that cannot proceed; ``field`` names the offending field."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
 
 
 class DuplicateConfig(StoreError):

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.errors import InputError
 from tuner.estimator import ConfigError, estimate
 from tuner.units import parse_bytes
 from tuner.workload import (
@@ -43,13 +44,12 @@ Loc = tuple[str | int, ...]
 MemorySize = Annotated[int, Field(ge=1, le=MAX_BYTES)] | Annotated[str, Field(min_length=1, max_length=32)]
 
 
-class FieldError(ValueError):
-    """Bad input at ``loc`` (a path inside the request body, FastAPI style)."""
+class FieldError(InputError):
+    """Bad input at ``loc`` (a path inside the request body, FastAPI style); ``field`` is the dotted path."""
 
     def __init__(self, loc: Loc, message: str) -> None:
-        super().__init__(f"{'.'.join(map(str, loc))}: {message}")
+        super().__init__(".".join(map(str, loc)), message)
         self.loc = loc
-        self.message = message
 
 
 class WorkloadRequest(BaseModel):
@@ -136,8 +136,7 @@ def to_workload(request: WorkloadRequest, loc: Loc = ()) -> Workload:
             attention=request.attention,
         )
     except WorkloadError as error:
-        message = str(error).removeprefix(f"{error.field}: ")
-        raise FieldError(_workload_loc(request, error.field, loc), message) from None
+        raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
     except FieldError:
         raise
     except (TypeError, ValueError, OverflowError, ArithmeticError) as error:  # odd values in an inline config
@@ -153,8 +152,7 @@ def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = (
     try:
         return estimate(workload, ds_config)
     except ConfigError as error:
-        message = str(error).removeprefix(f"{error.field}: ")
-        raise FieldError((*loc, *error.field.split(".")), message) from None
+        raise FieldError((*loc, *error.field.split(".")), error.message) from None
     except (TypeError, ValueError, OverflowError, ArithmeticError, KeyError) as error:
         raise FieldError(loc, f"cannot estimate this config: {error}") from None
 
