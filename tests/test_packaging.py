@@ -1,0 +1,118 @@
+"""A plain wheel works: built from the checkout, installed with ``pip install --target`` outside it, run elsewhere.
+
+The wheel must carry its Alembic migrations and built-in search spaces (package data); ``dstune tune`` from an
+unrelated folder then records trials in a fresh SQLite file.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DATA = (
+    "tuner/space/builtin/default.yaml",
+    "tuner/storage/migrations/env.py",
+    "tuner/storage/migrations/alembic.ini",
+    "tuner/storage/migrations/script.py.mako",
+    "tuner/storage/migrations/versions/0001_initial.py",
+    "tuner/presets/tiny-gpt2.json",
+    "tuner/dashboard/templates/base.html",
+)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The wheel built from this checkout, installed (without dependencies) into a folder of its own."""
+    wheels = tmp_path_factory.mktemp("wheels")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+        check=True,
+        timeout=600,
+    )
+    (wheel,) = wheels.glob("dstune-*.whl")
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        timeout=600,
+    )
+    yield target
+
+
+def _run(target: Path, cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(target), "DS_ACCELERATOR": "cpu"}
+    env.pop("DSTUNE_STORAGE", None)
+    return subprocess.run(
+        [str(target / "bin" / "dstune"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_wheel_carries_migrations_spaces_and_templates(installed: Path) -> None:
+    for name in PACKAGE_DATA:
+        assert (installed / name).is_file(), f"{name} missing from the wheel"
+
+
+def test_installed_package_is_the_wheel_not_the_checkout(installed: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import tuner; print(tuner.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert Path(where).resolve().is_relative_to(installed.resolve())
+
+
+def _trials(db: Path) -> list[tuple[str, str | None]]:
+    with sqlite3.connect(db) as connection:
+        return connection.execute("SELECT status, prune_reason FROM dstune_trials ORDER BY id").fetchall()
+
+
+def test_tune_from_an_unrelated_folder_records_pruned_trials(installed: Path, tmp_path: Path) -> None:
+    """1 MiB of GPU memory fits nothing without offload: every trial is pruned by the estimator, with its reason."""
+    result = _run(
+        installed,
+        tmp_path,
+        "tune", "--model", "tiny-gpt2", "--gpus", "1", "--seq-len", "32", "--device", "cpu",
+        "--gpu-memory", "1MiB", "--global-batch", "4", "--trials", "3", "--launcher", "local", "--study", "wheel",
+        "--pin", "stage=0", "--pin", "offload_optimizer=none", "--seed", "7",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]  # the study ran, but no config was measured
+    assert "Traceback" not in result.stderr
+    trials = _trials(tmp_path / "dstune.db")
+    assert trials  # repeats of a config are answered from its record, so up to 3
+    assert all(status == "pruned" and reason for status, reason in trials)
+
+
+def test_bad_input_from_the_wheel_is_one_line(installed: Path, tmp_path: Path) -> None:
+    result = _run(installed, tmp_path, "tune", "--model", "tiny-gpt2", "--gpus", "1", "--space", "nonexistent")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "dstune.db").exists() or _trials(tmp_path / "dstune.db") == []
+
+
+@pytest.mark.deepspeed
+def test_tune_from_the_wheel_measures_a_trial(installed: Path, tmp_path: Path) -> None:
+    """A measured run from the installed wheel: ranks start as ``python -m tuner.measure.runner`` from it."""
+    env_cache = os.environ.get("TORCH_EXTENSIONS_DIR")
+    assert env_cache, "conftest sets TORCH_EXTENSIONS_DIR"
+    result = _run(
+        installed,
+        tmp_path,
+        "tune", "--model", "tiny-gpt2", "--gpus", "1", "--seq-len", "32", "--device", "cpu",
+        "--gpu-memory", "16GiB", "--global-batch", "4", "--trials", "1", "--launcher", "local",
+        "--pin", "stage=0", "--pin", "offload_optimizer=none", "--study", "wheel-measured",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    statuses = [status for status, _ in _trials(tmp_path / "dstune.db")]
+    assert statuses == ["ok"], (statuses, result.stdout[-2000:])
