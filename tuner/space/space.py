@@ -258,23 +258,16 @@ class SearchSpace:
                 value = parameter.rounded(suggested[name]) if parameter.kind == "int" else suggested[name]
             values[name] = value
             if name == self._micro and global_batch is not None:
-                self._check_micro(value, workload, global_batch, values)
+                self._derive_accum(values, workload, global_batch)  # prune now, before asking for more values
         return self._build(workload, values, suggested, fixed, global_batch, nvme_path)
 
     def _derive_accum(self, values: Mapping[str, Any], workload: Workload, global_batch: int) -> int:
-        """Accumulation steps for ``global_batch`` at the current micro-batch."""
-        world = workload.cluster.world_size
+        """Accumulation steps for ``global_batch`` at the current micro-batch (the workload's when none is set).
+
+        Raises:
+            InfeasibleConfig: The micro-batch times the world size does not divide ``global_batch``.
+        """
         micro = self._micro_value(values, workload)
-        self._check_micro(micro, workload, global_batch, values)
-        return global_batch // (micro * world)
-
-    def _micro_value(self, values: Mapping[str, Any], workload: Workload) -> int:
-        micro = values.get(self._micro) if self._micro else None
-        return workload.train.micro_batch if micro is None else micro
-
-    def _check_micro(self, micro: Any, workload: Workload, global_batch: int, values: Mapping[str, Any]) -> None:
-        if micro is None:
-            micro = workload.train.micro_batch
         world = workload.cluster.world_size
         if global_batch % (micro * world):
             raise InfeasibleConfig(
@@ -282,6 +275,11 @@ class SearchSpace:
                 f"the global batch {global_batch}",
                 values,
             )
+        return global_batch // (micro * world)
+
+    def _micro_value(self, values: Mapping[str, Any], workload: Workload) -> int:
+        micro = values.get(self._micro) if self._micro else None
+        return workload.train.micro_batch if micro is None else micro
 
     def _build(
         self,
@@ -305,9 +303,7 @@ class SearchSpace:
             optimizer["type"] = OPTIMIZER_TYPES[train.optimizer]
         micro = self._micro_value(values, workload)
         if global_batch is not None:
-            accum = global_batch // (micro * world)
-            if self._accum is None or self._accum not in values:
-                self._check_micro(micro, workload, global_batch, values)
+            accum = self._derive_accum(values, workload, global_batch)
         else:
             accum = values.get(self._accum) if self._accum else None
             accum = train.grad_accum if accum is None else accum
