@@ -39,6 +39,11 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def is_positive_int(value: Any) -> bool:
+    """An int above zero, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 @dataclass(frozen=True)
 class Condition:
     """One ``when`` clause: ``name op value``."""
@@ -78,13 +83,11 @@ def parse_when(raw: Any, where: str, earlier: list[Parameter], source: str) -> t
     """
     if raw is None:
         return ()
-    if isinstance(raw, str):
-        clauses = re.split(r"\s+and\s+", raw.strip())
-    elif isinstance(raw, list) and all(isinstance(item, str) for item in raw):
-        clauses = [clause for item in raw for clause in re.split(r"\s+and\s+", item.strip())]
-    else:
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
         raise SpaceError(source, where, f"must be a condition string like 'stage == 3' or a list of them, got {raw!r}")
     known = {parameter.name: parameter for parameter in earlier}
+    clauses = [clause for item in items for clause in re.split(r"\s+and\s+", item.strip())]
     conditions = []
     for clause in clauses:
         match = _COMPARE.fullmatch(clause) or _MEMBER.fullmatch(clause)

@@ -14,9 +14,9 @@ from typing import Any
 import yaml
 
 from tuner.estimator.settings import ZERO_KEYS
-from tuner.space.conditions import is_number, member, parse_when
+from tuner.space.conditions import is_number, is_positive_int, member, parse_when
 from tuner.space.errors import SpaceError
-from tuner.space.parameters import NUMBER_STRING, Parameter, describe
+from tuner.space.parameters import NUMBER_STRING, Parameter, not_a_value
 from tuner.space.space import OFFLOAD_SECTIONS, SearchSpace
 from tuner.space.suggestion import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY
 
@@ -240,7 +240,7 @@ def _parse_parameter(name: Any, spec: Any, earlier: list[Parameter], source: str
             if member(choice, fields["choices"]):
                 raise SpaceError(source, f"{where}.nvme_choices", f"{choice!r} is already in choices")
         for choice in fields["choices"] + fields["nvme_choices"]:
-            if batch and (not isinstance(choice, int) or isinstance(choice, bool) or choice <= 0):
+            if batch and not is_positive_int(choice):
                 raise SpaceError(source, f"{where}.choices", f"must be positive integers, got {choice!r}")
             if train == "activation_checkpointing" and not isinstance(choice, bool):
                 raise SpaceError(source, f"{where}.choices", f"must be true or false, got {choice!r}")
@@ -254,7 +254,7 @@ def _parse_parameter(name: Any, spec: Any, earlier: list[Parameter], source: str
         raise SpaceError(source, f"{where}.default", "missing; the value used when the parameter is not searched")
     default = spec["default"]
     if default is not None and not parameter.contains(default, nvme=False):
-        raise SpaceError(source, f"{where}.default", f"{default!r} is not a value of {name} ({describe(parameter)})")
+        raise not_a_value(parameter, default, source, f"{where}.default")
     if parameter.kind == "int" and default is not None:
         default = int(default)
     grid = spec.get("grid")
@@ -264,10 +264,9 @@ def _parse_parameter(name: Any, spec: Any, earlier: list[Parameter], source: str
             raise SpaceError(source, f"{where}.grid", "must be a non-empty list of values")
         grid_values = []
         for value in grid:
-            if parameter.kind in ("int", "float") and is_number(value) and float(value).is_integer():
-                value = int(value) if parameter.kind == "int" else value
+            value = parameter.integral(value)
             if not parameter.contains(value):
-                raise SpaceError(source, f"{where}.grid", f"{value!r} is not a value of {name} ({describe(parameter)})")
+                raise not_a_value(parameter, value, source, f"{where}.grid")
             grid_values.append(value)
         grid_values = tuple(grid_values)
     when = parse_when(spec.get("when"), f"{where}.when", earlier, source)
@@ -357,7 +356,7 @@ def _parse_bounds(spec: dict[str, Any], kind: str, where: str, source: str, posi
     bounds = {"low": low, "high": high, "log": log, "step": step}
     if "multiple_of" in spec:
         multiple = spec["multiple_of"]
-        if kind != "int" or isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        if kind != "int" or not is_positive_int(multiple):
             raise SpaceError(source, f"{where}.multiple_of", f"must be a positive integer, got {multiple!r}")
         if high // multiple * multiple < low:
             raise SpaceError(source, f"{where}.multiple_of", f"no multiple of {multiple} between {low} and {high}")

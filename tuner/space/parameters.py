@@ -76,6 +76,12 @@ class Parameter:
             rounded -= self.multiple_of
         return max(rounded, -(-int(self.low) // self.multiple_of) * self.multiple_of)
 
+    def integral(self, value: Any) -> Any:
+        """``value`` as an int when this is an int parameter and ``value`` an integral float (YAML's ``5.0e+8``)."""
+        if self.kind == "int" and isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
+
     def all_choices(self, nvme: bool = True) -> tuple[Any, ...]:
         """Categorical choices, with the NVMe-only ones when ``nvme``."""
         return self.choices + (self.nvme_choices if nvme else ())
@@ -135,8 +141,7 @@ def check_value(parameter: Parameter, value: Any, source: str, where: str) -> An
     """A pin's value, coerced from a string when the parameter is not a string parameter ("3" -> 3)."""
     if value is None and parameter.default is None:
         return None
-    if parameter.kind == "int" and isinstance(value, float) and value.is_integer():
-        value = int(value)
+    value = parameter.integral(value)
     if value is not None and parameter.contains(value):
         return int(value) if parameter.kind == "int" else value
     if isinstance(value, str):
@@ -148,10 +153,15 @@ def check_value(parameter: Parameter, value: Any, source: str, where: str) -> An
             return parsed
         if parameter.kind == "float" and NUMBER_STRING.fullmatch(value) and parameter.contains(float(value)):
             return float(value)
-    raise SpaceError(source, where, f"{value!r} is not a value of {parameter.name} ({describe(parameter)})")
+    raise not_a_value(parameter, value, source, where)
 
 
-def describe(parameter: Parameter) -> str:
+def not_a_value(parameter: Parameter, value: Any, source: str, where: str) -> SpaceError:
+    """The error for a ``value`` that ``parameter`` cannot take, naming the values it can."""
+    return SpaceError(source, where, f"{value!r} is not a value of {parameter.name} ({_describe(parameter)})")
+
+
+def _describe(parameter: Parameter) -> str:
     """The values ``parameter`` takes, for error messages (``choices: 0, 1`` or ``int in [1, 8] log scale``)."""
     if parameter.kind == "categorical":
         return "choices: " + ", ".join(json.dumps(c) for c in parameter.all_choices())

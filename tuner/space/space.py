@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tuner.estimator.settings import OFFLOAD_OPTIMIZER_KEYS, OFFLOAD_PARAM_KEYS, ConfigError, resolve
-from tuner.space.conditions import member, same
+from tuner.space.conditions import is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.parameters import Parameter, TrialLike, check_value
 from tuner.space.suggestion import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, Suggestion
@@ -207,7 +207,7 @@ class SearchSpace:
         """
         world = workload.cluster.world_size
         if global_batch is not None:
-            if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch <= 0:
+            if not is_positive_int(global_batch):
                 raise ConfigError("global_batch", f"must be a positive integer, got {global_batch!r}")
             if global_batch % world:
                 raise ConfigError(
@@ -335,15 +335,7 @@ class SearchSpace:
     def _names(self, names: Iterable[str], where: str) -> list[str]:
         if isinstance(names, str):
             names = [names]
-        result = []
-        for name in names:
-            try:
-                result.append(self.parameter(name).name)
-            except KeyError:
-                raise SpaceError(
-                    self.source, where, f"unknown parameter {name!r}; parameters: {', '.join(self._by_name)}"
-                ) from None
-        return result
+        return [self._lookup(name, where, f"unknown parameter {name!r}").name for name in names]
 
     def _check_pins(self, pins: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(pins, Mapping):
@@ -351,16 +343,16 @@ class SearchSpace:
         checked: dict[str, Any] = {}
         for name, value in pins.items():
             where = f"pins.{name}"
-            try:
-                parameter = self.parameter(name)
-            except KeyError:
-                raise SpaceError(
-                    self.source,
-                    where,
-                    f"names no parameter or key path of this space; parameters: {', '.join(self._by_name)}",
-                ) from None
+            parameter = self._lookup(name, where, "names no parameter or key path of this space")
             checked[parameter.name] = check_value(parameter, value, self.source, where)
         return checked
+
+    def _lookup(self, name: str, where: str, problem: str) -> Parameter:
+        """:meth:`parameter`, failing with a :class:`SpaceError` that lists the parameters."""
+        try:
+            return self.parameter(name)
+        except KeyError:
+            raise SpaceError(self.source, where, f"{problem}; parameters: {', '.join(self._by_name)}") from None
 
 
 def _set_path(config: dict[str, Any], path: str, value: Any) -> None:
