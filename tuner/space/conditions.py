@@ -46,7 +46,12 @@ def is_positive_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Condition:
-    """One ``when`` clause: ``name op value``."""
+    """One ``when`` clause: ``name op value``.
+
+    Example:
+        >>> Condition("stage", ">=", 1).holds({"stage": 3}), Condition("overlap", "==", 1).holds({"overlap": True})
+        (True, False)
+    """
 
     name: str
     op: str

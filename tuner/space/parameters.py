@@ -49,6 +49,11 @@ class Parameter:
         when: Conditions that must all hold for the parameter to apply.
         grid_values: Explicit grid values, or None.
         help: A description.
+
+    Example:
+        >>> micro = Parameter("micro", "int", "train_micro_batch_size_per_gpu", None, 1, low=1, high=16, log=True)
+        >>> micro.grid(), micro.contains(3), micro.contains(True)
+        ([1, 2, 4, 8, 16], True, False)
     """
 
     name: str
