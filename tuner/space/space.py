@@ -1,0 +1,363 @@
+"""A validated search space (:class:`SearchSpace`): pins, restricted spaces, grids, and trial values turned into a
+complete ds_config."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from tuner.estimator.settings import OFFLOAD_OPTIMIZER_KEYS, OFFLOAD_PARAM_KEYS, ConfigError, resolve
+from tuner.space.conditions import is_positive_int, member, same
+from tuner.space.errors import InfeasibleConfig, SpaceError
+from tuner.space.parameters import Parameter, TrialLike, check_value
+from tuner.space.suggestion import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, Suggestion
+from tuner.workload import Workload
+
+OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW"}
+OFFLOAD_SECTIONS = {"offload_optimizer": OFFLOAD_OPTIMIZER_KEYS, "offload_param": OFFLOAD_PARAM_KEYS}
+_UNSET = object()
+
+
+class SearchSpace:
+    """A validated search space: parameters in order, a base ds_config, and pins.
+
+    Build one with :func:`load_space`. Spaces are immutable: :meth:`with_pins` and :meth:`restricted` return new
+    ones.
+
+    Example:
+        >>> from tuner.space import default_space_path, load_space
+        >>> space = load_space(default_space_path())
+        >>> "stage" in space.names and "offload_param" in space.names
+        True
+        >>> space.restricted(["stage"]).searched
+        ('stage',)
+    """
+
+    def __init__(
+        self,
+        parameters: Sequence[Parameter],
+        base: Mapping[str, Any] | None = None,
+        source: str = "<space>",
+        pins: Mapping[str, Any] | None = None,
+        frozen: Iterable[str] = (),
+    ) -> None:
+        """Assemble a space. Prefer :func:`load_space`, which validates the parameters.
+
+        Args:
+            parameters: The parameters, in suggestion order.
+            base: The ds_config fragment every trial starts from.
+            source: The file name used in error messages.
+            pins: Parameter name (or key path) -> value; validated here.
+            frozen: Names fixed at their default (see :meth:`restricted`).
+        """
+        self._parameters = tuple(parameters)
+        self._by_name = {parameter.name: parameter for parameter in self._parameters}
+        self._by_key = {parameter.key: parameter for parameter in self._parameters if parameter.key}
+        self._base = copy.deepcopy(dict(base or {}))
+        self.source = source
+        self._frozen = frozenset(frozen)
+        self._micro = next((p.name for p in self._parameters if p.key == MICRO_KEY), None)
+        self._accum = next((p.name for p in self._parameters if p.key == ACCUM_KEY), None)
+        self._pins = self._check_pins(pins or {})
+
+    # --- inspection ---------------------------------------------------------------------------------------------
+
+    @property
+    def parameters(self) -> tuple[Parameter, ...]:
+        """All parameters, in suggestion order."""
+        return self._parameters
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """All parameter names, in order."""
+        return tuple(self._by_name)
+
+    @property
+    def searched(self) -> tuple[str, ...]:
+        """Names Optuna may suggest (neither pinned nor frozen)."""
+        return tuple(name for name in self._by_name if name not in self._pins and name not in self._frozen)
+
+    @property
+    def pins(self) -> dict[str, Any]:
+        """The pins in effect, by parameter name."""
+        return dict(self._pins)
+
+    @property
+    def base(self) -> dict[str, Any]:
+        """A copy of the base ds_config fragment."""
+        return copy.deepcopy(self._base)
+
+    def parameter(self, name: str) -> Parameter:
+        """The parameter called ``name``, or the one writing the ds_config key path ``name``.
+
+        Raises:
+            KeyError: No such parameter.
+        """
+        found = self._by_name.get(name) or self._by_key.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def __repr__(self) -> str:
+        return f"SearchSpace({self.source!r}, searched={list(self.searched)}, pins={self._pins})"
+
+    # --- derived spaces -----------------------------------------------------------------------------------------
+
+    def with_pins(self, pins: Mapping[str, Any]) -> SearchSpace:
+        """A space with ``pins`` added to (and overriding) the current ones.
+
+        Raises:
+            SpaceError: A pin names no parameter or holds a value the parameter cannot take.
+        """
+        return SearchSpace(self._parameters, self._base, self.source, {**self._pins, **pins}, self._frozen)
+
+    def restricted(self, names: Iterable[str]) -> SearchSpace:
+        """A space searching only ``names``; every other parameter is fixed at its ``default``.
+
+        Pins stay in force. Used for the grid baseline together with :meth:`grid`.
+
+        Example:
+            >>> from tuner.space import default_space_path, load_space
+            >>> space = load_space(default_space_path()).restricted(["stage", "micro_batch"])
+            >>> space.searched
+            ('stage', 'micro_batch')
+
+        Raises:
+            SpaceError: A name is not a parameter of this space.
+        """
+        wanted = self._names(names, "restricted")
+        return SearchSpace(
+            self._parameters, self._base, self.source, self._pins, [n for n in self._by_name if n not in wanted]
+        )
+
+    def grid(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        global_batch: int | None = None,
+        world_size: int = 1,
+        nvme_path: str | None = None,
+    ) -> dict[str, list[Any]]:
+        """Value lists for ``optuna.samplers.GridSampler`` over ``names`` (default: every searched parameter).
+
+        Categorical parameters give their choices, ints their ``grid`` list or the powers of two within the bounds
+        (log scale), pinned ones their pin. With ``global_batch``, the micro-batch list keeps only values dividing
+        ``global_batch / world_size``. Conditional parameters are in the grid even where they do not apply, so some
+        grid points repeat a config: compare :func:`config_key` to skip them.
+
+        Example:
+            >>> from tuner.space import default_space_path, load_space
+            >>> load_space(default_space_path()).grid(["stage", "micro_batch"], global_batch=16, world_size=4)
+            {'stage': [0, 1, 2, 3], 'micro_batch': [1, 2, 4]}
+
+        Raises:
+            SpaceError: A name is unknown, or a float parameter without a ``grid`` list.
+        """
+        result: dict[str, list[Any]] = {}
+        for name in self._names(self.searched if names is None else names, "grid"):
+            parameter = self._by_name[name]
+            if name in self._pins:
+                result[name] = [self._pins[name]]
+                continue
+            try:
+                values = parameter.grid(nvme=bool(nvme_path))
+            except ValueError as error:
+                raise SpaceError(self.source, f"parameters.{name}.grid", str(error)) from None
+            if name == self._micro and global_batch is not None:
+                values = [v for v in values if (global_batch // world_size) % v == 0] or values
+            result[name] = values
+        return result
+
+    # --- suggestion ---------------------------------------------------------------------------------------------
+
+    def suggest(
+        self,
+        trial: TrialLike,
+        workload: Workload,
+        global_batch: int | None = None,
+        nvme_path: str | None = None,
+    ) -> Suggestion:
+        """Suggest one config: ask ``trial`` for every searched parameter that applies, in file order.
+
+        Args:
+            trial: An Optuna trial (or anything with its ``suggest_*`` methods).
+            workload: Gives the data-parallel world size, precision, optimizer, and values the space does not set.
+            global_batch: Fix ``train_batch_size``; the accumulation is then derived (see :mod:`tuner.space`).
+                Keep it the same for every trial of a study (the micro-batch choices depend on it).
+            nvme_path: Offer ``nvme_choices`` and write this ``nvme_path`` into NVMe offload sections.
+
+        Returns:
+            The :class:`Suggestion`; its ``ds_config`` passes :func:`tuner.estimator.resolve` for ``workload``.
+
+        Raises:
+            InfeasibleConfig: The values cannot form a valid config (the reason says why); prune the trial.
+            ConfigError: ``global_batch`` is not a positive multiple of the world size.
+            SpaceError: A pinned NVMe choice without ``nvme_path``.
+
+        Example:
+            >>> import optuna
+            >>> from tuner.space import default_space_path, load_space
+            >>> from tuner.workload import ClusterSpec, Workload, model_from_param_count
+            >>> workload = Workload(model_from_param_count(1e9), ClusterSpec(gpus_per_node=4))
+            >>> space = load_space(default_space_path(), pins={"micro_batch": 2})
+            >>> s = space.suggest(optuna.create_study().ask(), workload, global_batch=32)
+            >>> s.ds_config["gradient_accumulation_steps"], s.ds_config["train_batch_size"]
+            (4, 32)
+        """
+        world = workload.cluster.world_size
+        if global_batch is not None:
+            if not is_positive_int(global_batch):
+                raise ConfigError("global_batch", f"must be a positive integer, got {global_batch!r}")
+            if global_batch % world:
+                raise ConfigError(
+                    "global_batch", f"{global_batch} is not divisible by the data-parallel world size {world}"
+                )
+        nvme = bool(nvme_path)
+        values: dict[str, Any] = {}  # active parameters only
+        suggested: dict[str, Any] = {}
+        fixed: dict[str, Any] = {}
+        for parameter in self._parameters:
+            name = parameter.name
+            if not parameter.active(values):
+                pinned = self._pins.get(name, _UNSET)
+                if pinned is not _UNSET and not same(pinned, parameter.default):
+                    raise InfeasibleConfig(
+                        f"{name} is pinned to {pinned!r} but applies only when {parameter.when_text}", values
+                    )
+                continue
+            if name == self._accum and global_batch is not None:
+                value = self._derive_accum(values, workload, global_batch)
+                pinned = self._pins.get(name, _UNSET)
+                if pinned is not _UNSET and pinned is not None and pinned != value:
+                    raise InfeasibleConfig(
+                        f"{name} is pinned to {pinned} but the global batch {global_batch} needs {value}", values
+                    )
+                fixed[name] = value
+            elif name in self._pins:
+                value = self._pins[name]
+                if not nvme and member(value, parameter.nvme_choices):
+                    raise SpaceError(self.source, f"pins.{name}", f"{value!r} needs an NVMe path (nvme_path)")
+                fixed[name] = value
+            elif name in self._frozen:
+                value = parameter.default
+                fixed[name] = value
+            else:
+                choices = None
+                if parameter.kind == "categorical":
+                    choices = list(parameter.all_choices(nvme))
+                    if name == self._micro and global_batch is not None:
+                        per_rank = global_batch // world
+                        choices = [c for c in choices if per_rank % c == 0]
+                        if not choices:
+                            raise InfeasibleConfig(
+                                f"no micro-batch choice divides global batch {global_batch} / world size {world}",
+                                values,
+                            )
+                suggested[name] = parameter.suggest(trial, choices)  # what Optuna recorded
+                value = parameter.rounded(suggested[name]) if parameter.kind == "int" else suggested[name]
+            values[name] = value
+            if name == self._micro and global_batch is not None:
+                self._derive_accum(values, workload, global_batch)  # prune now, before asking for more values
+        return self._build(workload, values, suggested, fixed, global_batch, nvme_path)
+
+    def _derive_accum(self, values: Mapping[str, Any], workload: Workload, global_batch: int) -> int:
+        """Accumulation steps for ``global_batch`` at the current micro-batch (the workload's when none is set).
+
+        Raises:
+            InfeasibleConfig: The micro-batch times the world size does not divide ``global_batch``.
+        """
+        micro = self._micro_value(values, workload)
+        world = workload.cluster.world_size
+        if global_batch % (micro * world):
+            raise InfeasibleConfig(
+                f"micro-batch {micro} × world size {world} = {micro * world} does not divide "
+                f"the global batch {global_batch}",
+                values,
+            )
+        return global_batch // (micro * world)
+
+    def _micro_value(self, values: Mapping[str, Any], workload: Workload) -> int:
+        micro = values.get(self._micro) if self._micro else None
+        return workload.train.micro_batch if micro is None else micro
+
+    def _build(
+        self,
+        workload: Workload,
+        values: dict[str, Any],
+        suggested: dict[str, Any],
+        fixed: dict[str, Any],
+        global_batch: int | None,
+        nvme_path: str | None,
+    ) -> Suggestion:
+        world = workload.cluster.world_size
+        train = workload.train
+        config = copy.deepcopy(self._base)
+        precision_extra = config.pop(train.precision, None) if train.precision in ("bf16", "fp16") else None
+        config.pop("bf16", None)
+        config.pop("fp16", None)
+        if train.precision in ("bf16", "fp16"):
+            config[train.precision] = {**(precision_extra or {}), "enabled": True}
+        optimizer = config.get("optimizer")
+        if isinstance(optimizer, dict) and "type" not in optimizer:
+            optimizer["type"] = OPTIMIZER_TYPES[train.optimizer]
+        micro = self._micro_value(values, workload)
+        if global_batch is not None:
+            accum = self._derive_accum(values, workload, global_batch)
+        else:
+            accum = values.get(self._accum) if self._accum else None
+            accum = train.grad_accum if accum is None else accum
+        config[MICRO_KEY] = micro
+        config[ACCUM_KEY] = accum
+        config[GLOBAL_KEY] = micro * accum * world
+        checkpointing = train.activation_checkpointing
+        for parameter in self._parameters:
+            value = values.get(parameter.name)
+            if parameter.name not in values or value is None:
+                continue
+            if parameter.train == "activation_checkpointing":
+                checkpointing = bool(value)
+            elif parameter.key and parameter.key not in BATCH_KEYS:
+                _set_path(config, parameter.key, value)
+        zero = config.get("zero_optimization")
+        if isinstance(zero, dict) and nvme_path:
+            for section in OFFLOAD_SECTIONS:
+                if isinstance(zero.get(section), dict) and zero[section].get("device") == "nvme":
+                    zero[section]["nvme_path"] = nvme_path
+        try:
+            resolve(workload, config)
+        except ConfigError as error:
+            raise InfeasibleConfig(f"invalid config: {error}", values) from None
+        return Suggestion(config, checkpointing, suggested, fixed)
+
+    # --- validation helpers -------------------------------------------------------------------------------------
+
+    def _names(self, names: Iterable[str], where: str) -> list[str]:
+        if isinstance(names, str):
+            names = [names]
+        return [self._lookup(name, where, f"unknown parameter {name!r}").name for name in names]
+
+    def _check_pins(self, pins: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(pins, Mapping):
+            raise SpaceError(self.source, "pins", f"must be a mapping of parameter -> value, got {pins!r}")
+        checked: dict[str, Any] = {}
+        for name, value in pins.items():
+            where = f"pins.{name}"
+            parameter = self._lookup(name, where, "names no parameter or key path of this space")
+            checked[parameter.name] = check_value(parameter, value, self.source, where)
+        return checked
+
+    def _lookup(self, name: str, where: str, problem: str) -> Parameter:
+        """:meth:`parameter`, failing with a :class:`SpaceError` that lists the parameters."""
+        try:
+            return self.parameter(name)
+        except KeyError:
+            raise SpaceError(self.source, where, f"{problem}; parameters: {', '.join(self._by_name)}") from None
+
+
+def _set_path(config: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
