@@ -37,7 +37,7 @@ def test_enums_equal_their_strings() -> None:
     assert [*TrialStatus] == list(TRIAL_STATUSES) and [*StudyStatus] == list(STUDY_STATUSES)
     assert [*JobStatus] == list(JOB_STATES)
     assert TrialStatus.INVALID_CONFIG == "invalid_config" and f"{JobStatus.CANCEL_REQUESTED}" == "cancel_requested"
-    assert {TrialStatus.OK: 1}["ok"] == 1
+    assert {TrialStatus.OK: 1} == {"ok": 1} and hash(TrialStatus.OK) == hash("ok")
 
 
 def test_enum_members_in_store_plain_strings_out(store: Store) -> None:

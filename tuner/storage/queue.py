@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 
@@ -68,7 +68,7 @@ class JobQueue(Database):
                 .values(status=JobStatus.RUNNING.value, worker=worker, started_at=utcnow())
                 .execution_options(synchronize_session=False)
             )
-            if result.rowcount != 1:
+            if cast(sa.CursorResult[Any], result).rowcount != 1:
                 return None
             row = session.get(JobRow, job_id, populate_existing=True)
             assert row is not None
