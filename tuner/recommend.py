@@ -13,8 +13,9 @@ Three sources, tried in order; the answer always says which (``source``):
    checkpointing grid. Heuristic, documented and deterministic: the lowest ZeRO stage (least communication), then no
    checkpointing before checkpointing (no recomputation), then the largest micro-batch, that fits with the margin.
 
-Cost: a handful of indexed queries (the workload's fingerprint is unique; trials are found by ``study_id`` and
-``status``), never all trials loaded; the estimator grid is cached per workload and margin.
+Cost: a handful of indexed queries, asked of the store (:meth:`tuner.storage.Store.best_measured_trial` and
+:meth:`~tuner.storage.Store.nearest_measured_trials`), never all trials loaded; the estimator grid is cached per
+workload and margin.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-import sqlalchemy as sa
-
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.space import InfeasibleConfig, default_space_path, load_space
-from tuner.storage import Store, StudyRow, TrialRow, WorkloadRow
+from tuner.storage import Store
 from tuner.study.calibration import Calibration
 from tuner.workload import Workload
 
@@ -75,18 +74,17 @@ def recommend(store: Store, workload: Workload) -> Recommendation:
     fingerprint = workload.fingerprint()
     calibration = store.get_calibration(hardware_of(workload), workload.model.family)
     margin = calibration.margin if calibration is not None else Calibration().margin
-    found = _measured(store, fingerprint)
-    if found is not None:
-        trial, study = found
+    best = store.best_measured_trial(fingerprint)
+    if best is not None:
         return Recommendation(
             "measured",
-            trial.ds_config,
-            trial.activation_checkpointing,
-            trial.tokens_per_s,
-            trial.peak_bytes,
-            trial.estimated_peak_bytes,
-            trial.id,
-            study,
+            best.ds_config,
+            best.activation_checkpointing,
+            best.tokens_per_s,
+            best.peak_bytes,
+            best.estimated_peak_bytes,
+            best.trial_id,
+            best.study,
             fingerprint,
             fingerprint,
             margin,
@@ -97,78 +95,31 @@ def recommend(store: Store, workload: Workload) -> Recommendation:
     return _estimated(workload, fingerprint, margin)
 
 
-def _measured(store: Store, fingerprint: str) -> tuple[Any, str] | None:
-    with store.session(write=False) as session:
-        workload_id = session.scalar(sa.select(WorkloadRow.id).where(WorkloadRow.fingerprint == fingerprint))
-        if workload_id is None:
-            return None
-        row = session.execute(_best_trials([workload_id], 1)).first()
-        return None if row is None else (row[0], row[1])
-
-
-def _best_trials(workload_ids: list[int], per_study: int) -> sa.Select[Any]:
-    studies = sa.select(StudyRow.id).where(StudyRow.workload_id.in_(workload_ids)).scalar_subquery()
-    return (
-        sa.select(TrialRow, StudyRow.name, StudyRow.workload_id)
-        .join(StudyRow, StudyRow.id == TrialRow.study_id)
-        .where(TrialRow.study_id.in_(studies), TrialRow.status == "ok", TrialRow.tokens_per_s.is_not(None))
-        .order_by(TrialRow.tokens_per_s.desc(), TrialRow.id)
-        .limit(per_study)
-    )
-
-
 def _nearest(store: Store, workload: Workload, fingerprint: str, margin: float) -> Recommendation | None:
     calibration = Calibration(margin=margin)
-    with store.session(write=False) as session:
-        others = sa.select(WorkloadRow.id).where(
-            WorkloadRow.model_family == workload.model.family,
-            WorkloadRow.n_params == workload.model.n_params,
-            WorkloadRow.fingerprint != fingerprint,
-        )
-        others = others.order_by(WorkloadRow.id.desc()).limit(NEAREST_WORKLOADS).scalar_subquery()
-        rank = (
-            sa.func.row_number()
-            .over(partition_by=StudyRow.workload_id, order_by=(TrialRow.tokens_per_s.desc(), TrialRow.id))
-            .label("rank")
-        )
-        ranked = (  # the window runs over narrow index-backed columns; the JSON is read for the winners only
-            sa.select(TrialRow.id, rank)
-            .join(StudyRow, StudyRow.id == TrialRow.study_id)
-            .where(StudyRow.workload_id.in_(others), TrialRow.status == "ok", TrialRow.tokens_per_s.is_not(None))
-            .subquery()
-        )
-        candidates = session.execute(
-            sa.select(
-                TrialRow.id,
-                TrialRow.ds_config,
-                TrialRow.activation_checkpointing,
-                TrialRow.tokens_per_s,
-                TrialRow.peak_bytes,
-                StudyRow.name.label("study"),
-                WorkloadRow.fingerprint,
-            )
-            .join(ranked, ranked.c.id == TrialRow.id)
-            .join(StudyRow, StudyRow.id == TrialRow.study_id)
-            .join(WorkloadRow, WorkloadRow.id == StudyRow.workload_id)
-            .where(ranked.c.rank <= NEAREST_PER_WORKLOAD)
-            .order_by(TrialRow.tokens_per_s.desc(), TrialRow.id)
-        ).all()
-    for row in candidates:
-        checked = _recheck(workload, row.ds_config, row.activation_checkpointing, calibration)
+    candidates = store.nearest_measured_trials(
+        workload.model.family,
+        workload.model.n_params,
+        fingerprint,
+        workloads=NEAREST_WORKLOADS,
+        per_workload=NEAREST_PER_WORKLOAD,
+    )
+    for candidate in candidates:
+        checked = _recheck(workload, candidate.ds_config, candidate.activation_checkpointing, calibration)
         if checked is None:
             continue
         config, est = checked
         return Recommendation(
             "nearest",
             config,
-            row.activation_checkpointing,
-            row.tokens_per_s,
-            row.peak_bytes,
+            candidate.activation_checkpointing,
+            candidate.tokens_per_s,
+            candidate.peak_bytes,
             est.gpu_total,
-            row.id,
-            row.study,
+            candidate.trial_id,
+            candidate.study,
             fingerprint,
-            row.fingerprint,
+            candidate.workload_fingerprint,
             margin,
         )
     return None

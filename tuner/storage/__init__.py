@@ -1,53 +1,82 @@
 """Storage: the results database (SQLAlchemy 2; SQLite or PostgreSQL), its Alembic migrations (``migrations/``),
 records, the job queue and the queries the recommender needs.
 
-May import: :mod:`tuner.workload`, SQLAlchemy, Alembic. Knows nothing of Optuna's internals, Ray or torch.
+Modules: ``schema`` (tables, column types, status enums), ``records`` (the frozen records handed back), ``engine``
+(URL, engine, sessions, migrations), ``trials``, ``queue`` (the job queue) and ``queries`` (the recommender's reads),
+all joined in ``store``'s :class:`Store`. Import from here, not from those modules.
+
+May import: :mod:`tuner.workload`, :mod:`tuner.errors`, SQLAlchemy, Alembic. Knows nothing of Optuna's internals, Ray
+or torch.
 """
 
-from tuner.storage.store import (
+from tuner.storage.engine import DEFAULT_DB_FILE, default_url, migrations_dir
+from tuner.storage.errors import DuplicateConfig, StoreError
+from tuner.storage.records import (
+    CalibrationRecord,
+    JobRecord,
+    MeasuredTrial,
+    StudyRecord,
+    StudySummary,
+    TrialRecord,
+    WorkloadRecord,
+    reason_kind,
+)
+from tuner.storage.schema import (
     FINISHED_STATUSES,
+    JOB_FINISHED_STATUSES,
     JOB_STATES,
+    JOB_STATUSES,
     RETRYABLE_STATUSES,
+    STUDY_STATUSES,
     TABLE_PREFIX,
     TABLES,
-    TRIAL_ORDERS,
     TRIAL_STATUSES,
     VERSION_TABLE,
     Base,
-    DuplicateConfig,
-    JobRecord,
-    Store,
-    StoreError,
-    StudyRecord,
+    CalibrationRow,
+    JobRow,
+    JobStatus,
     StudyRow,
-    TrialRecord,
+    StudyStatus,
     TrialRow,
-    WorkloadRecord,
+    TrialStatus,
     WorkloadRow,
-    default_url,
-    migrations_dir,
-    reason_kind,
     utcnow,
 )
+from tuner.storage.store import Store
+from tuner.storage.trials import STALE_ERROR, TRIAL_ORDERS
 
 __all__ = [
+    "DEFAULT_DB_FILE",
     "FINISHED_STATUSES",
+    "JOB_FINISHED_STATUSES",
     "JOB_STATES",
+    "JOB_STATUSES",
     "RETRYABLE_STATUSES",
+    "STALE_ERROR",
+    "STUDY_STATUSES",
     "TABLES",
     "TABLE_PREFIX",
     "TRIAL_ORDERS",
     "TRIAL_STATUSES",
     "VERSION_TABLE",
     "Base",
+    "CalibrationRecord",
+    "CalibrationRow",
     "DuplicateConfig",
     "JobRecord",
+    "JobRow",
+    "JobStatus",
+    "MeasuredTrial",
     "Store",
     "StoreError",
     "StudyRecord",
     "StudyRow",
+    "StudyStatus",
+    "StudySummary",
     "TrialRecord",
     "TrialRow",
+    "TrialStatus",
     "WorkloadRecord",
     "WorkloadRow",
     "default_url",

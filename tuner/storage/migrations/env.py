@@ -12,7 +12,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-from tuner.storage import TABLE_PREFIX, VERSION_TABLE, Base
+from tuner.storage.schema import TABLE_PREFIX, VERSION_TABLE, Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:

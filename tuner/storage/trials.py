@@ -1,0 +1,261 @@
+"""Trials (``dstune_trials``): recording, the pending → running → finished lifecycle, queries and study summaries.
+
+:class:`TrialStore` is a part of :class:`tuner.storage.Store`. A trial's ``number`` is just an integer the caller
+chose (the Optuna trial number); the ``config_key`` is unique per study, so one config never runs twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from tuner.storage.engine import Database
+from tuner.storage.errors import DuplicateConfig, StoreError
+from tuner.storage.records import StudyRecord, StudySummary, TrialRecord, as_dict, existing, reason_kind, to_record
+from tuner.storage.schema import (
+    FINISHED_STATUSES,
+    RETRYABLE_STATUSES,
+    TRIAL_STATUSES,
+    StudyRow,
+    TrialRow,
+    TrialStatus,
+    utcnow,
+)
+
+STALE_ERROR = "stale: the process running this trial died (marked failed on resume)"
+TRIAL_ORDERS = ("id", "number", "tokens_per_s", "peak_bytes", "estimated_peak_bytes", "created_at", "finished_at")
+
+
+class TrialStore(Database):
+    """The trials of studies: add, start, retry, finish, list, best, summary."""
+
+    def add_trial(
+        self,
+        study_id: int,
+        number: int,
+        config_key: str,
+        ds_config: dict[str, Any],
+        params: dict[str, Any] | None,
+        activation_checkpointing: bool,
+        estimate: Any,
+        status: str = TrialStatus.PENDING,
+        prune_reason: str | None = None,
+        constraint: float | None = None,
+        hardware: str | None = None,
+    ) -> int:
+        """Record a trial and return its id.
+
+        ``estimate`` is a ``MemoryEstimate`` or its ``to_dict()`` (``per_gpu.total`` becomes ``estimated_peak_bytes``).
+        A ``config_key`` the study already has raises :class:`DuplicateConfig` and writes nothing. A pruned trial is
+        finished on arrival (``finished_at`` set).
+        """
+        if status not in TRIAL_STATUSES or status == TrialStatus.RUNNING:
+            raise StoreError("status", f"a new trial must be pending or finished, got {status!r}")
+        estimate_dict = as_dict(estimate)
+        peak = (estimate_dict or {}).get("per_gpu", {}).get("total")
+        now = utcnow()
+        try:
+            with self.session() as session:
+                existing(session, StudyRow, study_id, "study")
+                row = TrialRow(
+                    study_id=study_id,
+                    number=number,
+                    config_key=config_key,
+                    ds_config=ds_config,
+                    activation_checkpointing=bool(activation_checkpointing),
+                    params=params,
+                    estimate=estimate_dict,
+                    estimated_peak_bytes=None if peak is None else int(peak),
+                    status=str(status),
+                    prune_reason=prune_reason,
+                    constraint=constraint,
+                    hardware=hardware,
+                    attempts=0,
+                    created_at=now,
+                    finished_at=None if status == TrialStatus.PENDING else now,
+                )
+                session.add(row)
+                session.flush()
+                return row.id
+        except IntegrityError as error:
+            found = self.find_trial_by_key(study_id, config_key)
+            if found is None:
+                raise StoreError("trial", f"cannot insert trial: {error.orig}") from error
+            raise DuplicateConfig(study_id, config_key, found.id) from None
+
+    def add_infeasible(
+        self, study_id: int, number: int, params: dict[str, Any], reason: str, hardware: str | None = None
+    ) -> int:
+        """Record a pruned trial whose parameters build no ds_config at all (the space rejected them).
+
+        Its ``config_key`` is ``infeasible:<number>`` and its ``ds_config`` empty: every such Optuna trial is recorded.
+        """
+        return self.add_trial(
+            study_id,
+            number,
+            f"infeasible:{number}",
+            {},
+            params,
+            False,
+            None,
+            status=TrialStatus.PRUNED,
+            prune_reason=reason,
+            constraint=1.0,
+            hardware=hardware,
+        )
+
+    def find_trial_by_key(self, study_id: int, config_key: str) -> TrialRecord | None:
+        """The study's trial with this config key, or None."""
+        with self.session(write=False) as session:
+            row = session.scalar(
+                sa.select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.config_key == config_key)
+            )
+            return None if row is None else to_record(TrialRecord, row)
+
+    def get_trial(self, trial_id: int) -> TrialRecord:
+        """A trial by id (StoreError if missing)."""
+        with self.session(write=False) as session:
+            return to_record(TrialRecord, existing(session, TrialRow, trial_id, "trial"))
+
+    def start_trial(self, trial_id: int, hardware: str | None = None) -> TrialRecord:
+        """Mark a trial running: ``started_at`` now, ``attempts`` + 1, earlier results cleared.
+
+        Allowed from pending and from the retryable failures (failed, error, timeout); otherwise StoreError.
+        """
+        with self.session() as session:
+            row = existing(session, TrialRow, trial_id, "trial")
+            if row.status not in RETRYABLE_STATUSES:
+                raise StoreError("status", f"trial {trial_id} is {row.status}; cannot start it")
+            row.status = TrialStatus.RUNNING
+            row.attempts += 1
+            row.started_at = utcnow()
+            row.finished_at = row.duration_s = row.measurement = row.tokens_per_s = row.peak_bytes = row.error = None
+            if hardware is not None:
+                row.hardware = hardware
+            session.flush()
+            return to_record(TrialRecord, row)
+
+    def retry_trial(self, trial_id: int, number: int) -> TrialRecord:
+        """Make a failed (or error/timeout) trial pending again under a new Optuna trial ``number``.
+
+        The config is not run twice by accident: only the retryable statuses may be retried, and ``attempts`` keeps
+        counting (:meth:`start_trial` increments it).
+        """
+        with self.session() as session:
+            row = existing(session, TrialRow, trial_id, "trial")
+            if row.status not in RETRYABLE_STATUSES or row.status == TrialStatus.RUNNING:
+                raise StoreError("status", f"trial {trial_id} is {row.status}; cannot retry it")
+            row.number = number
+            row.status = TrialStatus.PENDING
+            row.started_at = row.finished_at = row.duration_s = None
+            row.measurement = row.tokens_per_s = row.peak_bytes = row.error = None
+            session.flush()
+            return to_record(TrialRecord, row)
+
+    def finish_trial(
+        self, trial_id: int, status: str, measurement: Any = None, error: str | None = None
+    ) -> TrialRecord:
+        """Record a trial's outcome (``measurement`` is a ``Measurement`` or its ``to_dict()``).
+
+        Fills ``tokens_per_s``, ``peak_bytes`` (the max over ``peak_bytes_per_rank``), ``error`` (the argument, else
+        the measurement's), ``finished_at`` and ``duration_s`` (since ``started_at``). Allowed from pending or running.
+        """
+        if status not in FINISHED_STATUSES:
+            raise StoreError("status", f"must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}")
+        data = as_dict(measurement)
+        with self.session() as session:
+            row = existing(session, TrialRow, trial_id, "trial")
+            if row.status not in (TrialStatus.PENDING, TrialStatus.RUNNING):
+                raise StoreError("status", f"trial {trial_id} is already {row.status}")
+            now = utcnow()
+            row.status = str(status)
+            row.measurement = data
+            if data is not None:
+                tokens = data.get("tokens_per_s")
+                row.tokens_per_s = None if tokens is None else float(tokens)
+                peaks = [int(p) for p in data.get("peak_bytes_per_rank") or [] if p is not None]
+                row.peak_bytes = max(peaks) if peaks else None
+            row.error = error if error is not None else (data or {}).get("error")
+            row.finished_at = now
+            if row.started_at is not None:
+                started = row.started_at if row.started_at.tzinfo else row.started_at.replace(tzinfo=timezone.utc)
+                row.duration_s = (now - started).total_seconds()
+            session.flush()
+            return to_record(TrialRecord, row)
+
+    def mark_stale_running_failed(self, study_id: int, older_than: timedelta | None = None) -> list[int]:
+        """Mark the study's running trials failed (their process died); returns their ids.
+
+        Call on resume, before dispatching: a trial left running by a killed process would otherwise stay running
+        forever. ``older_than`` spares trials started more recently than that.
+        """
+        with self.session() as session:
+            query = sa.select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.status == TrialStatus.RUNNING)
+            if older_than is not None:
+                query = query.where(TrialRow.started_at < utcnow() - older_than)
+            rows = list(session.scalars(query.order_by(TrialRow.id).with_for_update()))
+            now = utcnow()
+            for row in rows:
+                row.status = TrialStatus.FAILED
+                row.error = STALE_ERROR
+                row.finished_at = now
+            return [row.id for row in rows]
+
+    def trials(
+        self,
+        study_id: int,
+        status: str | Iterable[str] | None = None,
+        order_by: str = "number",
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TrialRecord]:
+        """The study's trials, filtered by status (one or several), sorted by ``order_by`` (a column of
+        :data:`TRIAL_ORDERS`, ``-`` prefix for descending; ties by id), paged with ``limit``/``offset``."""
+        column_name = order_by.removeprefix("-")
+        if column_name not in TRIAL_ORDERS:
+            raise StoreError("order_by", f"must be one of {', '.join(TRIAL_ORDERS)} (optionally '-'), got {order_by!r}")
+        column = getattr(TrialRow, column_name)
+        key = column.desc().nulls_last() if order_by.startswith("-") else column.asc().nulls_last()
+        query = sa.select(TrialRow).where(TrialRow.study_id == study_id)
+        if status is not None:
+            statuses = [status] if isinstance(status, str) else list(status)
+            query = query.where(TrialRow.status.in_(statuses))
+        query = query.order_by(key, TrialRow.id).offset(offset)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.session(write=False) as session:
+            return [to_record(TrialRecord, row) for row in session.scalars(query)]
+
+    def best_trial(self, study_id: int) -> TrialRecord | None:
+        """The ok trial with the highest ``tokens_per_s`` (the earliest on a tie), or None."""
+        best = self.trials(study_id, status=TrialStatus.OK, order_by="-tokens_per_s", limit=1)
+        return best[0] if best and best[0].tokens_per_s is not None else None
+
+    def study_summary(self, study_id: int) -> StudySummary:
+        """Counts by status and the histogram of pruned reasons (by :func:`reason_kind`)."""
+        with self.session(write=False) as session:
+            study = to_record(StudyRecord, existing(session, StudyRow, study_id, "study"))
+            counts = dict.fromkeys(TRIAL_STATUSES, 0)
+            for status, count in session.execute(
+                sa.select(TrialRow.status, sa.func.count())
+                .where(TrialRow.study_id == study_id)
+                .group_by(TrialRow.status)
+            ):
+                counts[status] = count
+            reasons: dict[str, int] = {}
+            for reason, count in session.execute(
+                sa.select(TrialRow.prune_reason, sa.func.count())
+                .where(TrialRow.study_id == study_id, TrialRow.status == TrialStatus.PRUNED)
+                .group_by(TrialRow.prune_reason)
+            ):
+                kind = reason_kind(reason) if reason else "(no reason)"
+                reasons[kind] = reasons.get(kind, 0) + count
+        ordered = dict(sorted(reasons.items(), key=lambda item: (-item[1], item[0])))
+        return StudySummary(study, sum(counts.values()), counts, ordered, self.best_trial(study_id))
+
+
+__all__ = ["STALE_ERROR", "TRIAL_ORDERS", "TrialStore"]
