@@ -734,3 +734,22 @@ def test_bucket_sizes_are_even_as_deepspeed_asserts(tmp_path) -> None:
         config = space.suggest(trial, workload).ds_config
         assert config["zero_optimization"]["allgather_bucket_size"] % 2 == 0
         study.tell(trial, 1.0)
+
+
+def test_int_default_written_in_exponent_form_is_an_int(tmp_path: Path) -> None:
+    """The format lets large ints be written 5.0e+8 (YAML reads a float): defaults, like pins and grids, accept it."""
+    path = write(
+        tmp_path,
+        """
+        parameters:
+          reduce_bucket_size:
+            kind: int
+            low: 1.0e+6
+            high: 1.0e+9
+            log: true
+            key: zero_optimization.reduce_bucket_size
+            default: 5.0e+8
+        """,
+    )
+    (parameter,) = [p for p in load_space(path).parameters if p.name == "reduce_bucket_size"]
+    assert parameter.default == 500_000_000 and isinstance(parameter.default, int)

@@ -252,11 +252,9 @@ def _parse_parameter(name: Any, spec: Any, earlier: list[Parameter], source: str
     parameter = replace(parameter, **fields)
     if "default" not in spec:
         raise SpaceError(source, f"{where}.default", "missing; the value used when the parameter is not searched")
-    default = spec["default"]
+    default = parameter.integral(spec["default"])  # an int written 5.0e+8 is the int 500000000
     if default is not None and not parameter.contains(default, nvme=False):
         raise not_a_value(parameter, default, source, f"{where}.default")
-    if parameter.kind == "int" and default is not None:
-        default = int(default)
     grid = spec.get("grid")
     grid_values = None
     if grid is not None:
