@@ -11,12 +11,19 @@ fi
 .venv/bin/pip install -q -e ".[run,test]"
 export DS_ACCELERATOR=cpu
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's compiled ops survive between runs
-.venv/bin/ruff check tuner tests bench db
-.venv/bin/ruff format --check tuner tests bench db
+.venv/bin/ruff check tuner tests bench
+.venv/bin/ruff format --check tuner tests bench
+.venv/bin/mypy  # settings in pyproject.toml: the tuner package
 # A real PostgreSQL server for the storage contract tests (installed from Debian's packages when missing).
 export DSTUNE_TEST_POSTGRES_URL="${DSTUNE_TEST_POSTGRES_URL:-$(bash tests/start_postgres.sh)}"
 # DeepSpeed's CPU ops, built once up front (and cached): tests that kill runs must not kill a build half-way.
 .venv/bin/python tests/prebuild_ops.py
 # Debian's chromium and chromedriver for the dashboard's browser tests.
 bash tests/start_browser.sh
-.venv/bin/pytest -q -p no:cacheprovider "$@"
+if [ "$#" -gt 0 ]; then
+    exec .venv/bin/pytest -q -p no:cacheprovider "$@"
+fi
+# Two tiers: the fast one (pure logic, doctests, SQLite/PostgreSQL, API, a real Ray; under 2 minutes) fails first,
+# then the slow one (real DeepSpeed training on CPU ranks).
+.venv/bin/pytest -q -p no:cacheprovider -m "not deepspeed"
+.venv/bin/pytest -q -p no:cacheprovider -m deepspeed
