@@ -33,9 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.api.answer_cache import AnswerCache
 from tuner.dsconfig import merge_configs, shortcut_config
+from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.recommend import NoFeasibleConfig, normalised, recommend
+from tuner.schema import FieldError, Loc, Offload, WorkloadRequest, to_workload
 from tuner.storage import JOB_STATES, TRIAL_ORDERS, TRIAL_STATUSES, JobRecord, Store, StudyRecord, TrialRecord
-from tuner.study.jobs import FieldError, JobRequest, WorkloadRequest, check_job, checked_estimate, to_workload
+from tuner.study.jobs import JobRequest, check_job
+from tuner.workload import Workload
 
 TrialOrder = Literal[tuple(TRIAL_ORDERS) + tuple(f"-{name}" for name in TRIAL_ORDERS)]  # type: ignore[valid-type]
 TrialStatus = Literal[TRIAL_STATUSES]  # type: ignore[valid-type]
@@ -54,8 +57,8 @@ class EstimateRequest(BaseModel):
 
     workload: WorkloadRequest
     stage: int = Field(0, ge=0, le=3)
-    offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
-    offload_param: Literal["none", "cpu", "nvme"] = "none"
+    offload_optimizer: Offload = "none"
+    offload_param: Offload = "none"
     ds_config: dict[str, Any] | None = None
 
 
@@ -188,6 +191,17 @@ def _trial_out(record: TrialRecord) -> TrialOut:
 
 def _job_out(record: JobRecord) -> JobOut:
     return JobOut.model_validate(record, from_attributes=True)
+
+
+def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = ("ds_config",)) -> MemoryEstimate:
+    """:func:`tuner.estimator.estimate`, with a :class:`ConfigError` (or arithmetic on absurd values) as a
+    :class:`FieldError` at the config key's path."""
+    try:
+        return estimate(workload, ds_config)
+    except ConfigError as error:
+        raise FieldError((*loc, *error.field.split(".")), error.message) from None
+    except (TypeError, ValueError, OverflowError, ArithmeticError, KeyError) as error:
+        raise FieldError(loc, f"cannot estimate this config: {error}") from None
 
 
 def _invalid(error: FieldError) -> RequestValidationError:

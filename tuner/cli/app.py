@@ -20,6 +20,7 @@ from typer.core import TyperGroup
 
 from tuner.dsconfig import load_ds_config, merge_configs, shortcut_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
+from tuner.schema import Attention, Device, Launcher, Offload, Precision, Sampler
 from tuner.units import GiB, parse_bytes, parse_duration
 from tuner.workload import (
     ClusterSpec,
@@ -33,12 +34,6 @@ from tuner.workload import (
 )
 
 USAGE_EXIT = 2
-Precision = Literal["bf16", "fp16", "fp32"]
-Offload = Literal["none", "cpu", "nvme"]
-Attention = Literal["sdpa", "flash", "eager"]
-Device = Literal["cuda", "cpu"]
-Launcher = Literal["local", "ray"]
-Sampler = Literal["tpe", "random", "grid", "gp"]
 ExportFormat = Literal["deepspeed", "hf"]
 ModelImpl = Literal["builtin", "transformers"]
 ROWS = (
