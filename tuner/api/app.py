@@ -82,8 +82,8 @@ def create_app(
     try:  # the dashboard's pages, when that package is installed alongside
         from tuner.dashboard import router as dashboard_router
     except ImportError:
-        dashboard_router = None
-    if dashboard_router is not None:
+        pass
+    else:
         app.include_router(dashboard_router)
     return app
 
