@@ -50,6 +50,8 @@ def test_only_and_overrides() -> None:
 def test_command_without_flags_parameter_is_refused() -> None:
     with pytest.raises(TypeError, match="flags"):
         workload_options()(lambda extra=1: None)
+    with pytest.raises(TypeError, match="not workload flags: colour"):
+        workload_options(only=("model", "colour"))
 
 
 @pytest.mark.parametrize(

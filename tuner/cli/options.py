@@ -92,6 +92,9 @@ def workload_options(
     ``flags=WorkloadFlags(...)``. ``overrides`` maps a field to another ``(annotated type, default)``."""
     hints = get_type_hints(WorkloadFlags, include_extras=True)
     declared = {item.name: (hints[item.name], item.default) for item in fields(WorkloadFlags)}
+    unknown = (set(only or ()) | set(overrides or {})) - declared.keys()
+    if unknown:
+        raise TypeError(f"not workload flags: {', '.join(sorted(unknown))}")
     chosen = {name: (overrides or {}).get(name, spec) for name, spec in declared.items() if not only or name in only}
     options = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
