@@ -18,8 +18,8 @@ from postgres import fresh_database
 from tuner.api import create_app
 from tuner.estimator import estimate
 from tuner.recommend import normalised
+from tuner.schema import WorkloadRequest, to_workload
 from tuner.storage import Store
-from tuner.study.jobs import WorkloadRequest, to_workload
 from tuner.workload import Workload
 
 TOKEN = "s3cret-token"

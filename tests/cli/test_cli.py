@@ -262,3 +262,42 @@ def test_console_script_bad_input() -> None:
     assert len(done.stderr.splitlines()) == 1
     assert "stage" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_cli_builds_the_same_workload_as_the_api() -> None:
+    """The CLI sends its flags through the API's WorkloadRequest and to_workload: same inputs, same estimate."""
+    from tuner.dsconfig import shortcut_config
+    from tuner.estimator import estimate
+    from tuner.schema import WorkloadRequest, to_workload
+
+    flags = {"gpus": 2, "nodes": 2, "gpu_memory": "24GiB", "seq_len": 256, "micro_batch": 2, "precision": "fp16"}
+    cli = run_json("--model", "tiny-llama", *(f"--{k.replace('_', '-')}={v}" for k, v in flags.items()), "--stage", "2")
+    workload = to_workload(WorkloadRequest(model="tiny-llama", **flags))
+    api = estimate(workload, shortcut_config(2, 1, "fp16", 2, "none", "none", None)).to_dict()
+    assert cli == api
+
+
+def test_cli_shares_the_schema_bounds() -> None:
+    assert_usage_error(runner.invoke(app, ["estimate", "--model", "tiny-gpt2", "--gpus", "5000"]), "gpus")
+    assert_usage_error(runner.invoke(app, ["estimate", "--model", "tiny-gpt2", "--seq-len", str(2**21)]), "seq-len")
+    assert_usage_error(
+        runner.invoke(app, ["estimate", "--model", "tiny-gpt2", "--gpu-memory", str(2**61)]), "gpu-memory"
+    )
+
+
+def test_model_file_is_named_by_its_folder(tmp_path: Path) -> None:
+    """``--model`` reads the file and names the model after its folder, whatever its ``_name_or_path`` says."""
+    folder = tmp_path / "mymodel"
+    folder.mkdir()
+    config = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "_name_or_path": "hub/other"}
+    (folder / "config.json").write_text(json.dumps(config))
+    result = runner.invoke(app, ["estimate", "--model", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("mymodel: ")
+
+
+def test_bad_value_in_model_file_names_the_model_key(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 65, "n_layer": 2, "n_head": 4}))
+    result = runner.invoke(app, ["estimate", "--model", str(config)])
+    assert_usage_error(result, "model.n_head")

@@ -1,27 +1,109 @@
-"""``dstune tune`` and ``dstune best``: open the store, run the study with a live display, print what was found."""
+"""``dstune tune`` and ``dstune best``: run a study with a live display and print what was found; export the best
+config of a study.
+
+The study, storage and measurement rooms are imported when a command runs, so ``dstune estimate`` starts without
+them.
+"""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.dsconfig import to_hf_trainer, validate_with_deepspeed
-from tuner.estimator import ConfigError
-from tuner.measure.dispatch import Dispatcher, DispatchOptions
-from tuner.space import SpaceError, resolve_space
-from tuner.storage import Store, StoreError, default_url
-from tuner.study import Event, StudySettings, TuningStudy
-from tuner.units import GiB
-from tuner.workload import Workload
+from tuner.cli.common import fail, size
+from tuner.cli.options import AUTO_DEVICE, TUNE_FLAGS, NvmePathOpt, StorageOpt, WorkloadFlags, build, workload_options
+from tuner.schema import Launcher, Sampler
+from tuner.units import GiB, parse_duration
 
-Fail = Callable[[str, str], NoReturn]
+if TYPE_CHECKING:
+    from tuner.storage import Store
+    from tuner.workload import Workload
+
+ExportFormat = Literal["deepspeed", "hf"]
+SamplerOpt = Annotated[Sampler, typer.Option(help="Optuna sampler: TPE, random, grid (stage × micro-batch) or GP.")]
+
+
+def _pins(pins: list[str]) -> dict[str, Any]:
+    """``--pin stage=3 --pin zero_optimization.overlap_comm=true`` as a dict (values read as YAML scalars)."""
+    import yaml
+
+    parsed: dict[str, Any] = {}
+    for pin in pins:
+        key, sep, value = pin.partition("=")
+        if not sep or not key.strip():
+            fail("pin", f"expected KEY=VALUE, got {pin!r}")
+        parsed[key.strip()] = yaml.safe_load(value)
+    return parsed
+
+
+@workload_options(only=TUNE_FLAGS, overrides=AUTO_DEVICE)
+def tune_command(
+    flags: WorkloadFlags,
+    global_batch: Annotated[int | None, typer.Option(min=1, help="Fixed global batch (samples per step).")] = None,
+    space: Annotated[str, typer.Option(help="Search space YAML (a file or a built-in name).")] = "default",
+    pin: Annotated[list[str] | None, typer.Option(help="Pin a parameter: NAME=VALUE (repeatable).")] = None,
+    sampler: SamplerOpt = "tpe",
+    trials: Annotated[int, typer.Option(min=1, help="Trials in the study (pruned ones included).")] = 12,
+    timeout: Annotated[str | None, typer.Option(help="Stop asking after this long: 8h, 30m, 1h30m.")] = None,
+    storage: StorageOpt = None,
+    study: Annotated[str | None, typer.Option(help="Study name; an existing one resumes.")] = None,
+    launcher: Annotated[Launcher, typer.Option(help="Dispatch runs through Ray (default) or locally.")] = "ray",
+    ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster address.")] = None,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up steps per measured run.")] = 2,
+    steps: Annotated[int, typer.Option(min=1, help="Timed steps per measured run.")] = 3,
+    run_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a measured run is killed.")] = 600.0,
+    memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
+    pareto: Annotated[bool, typer.Option(help="Also minimise peak memory (throughput-vs-headroom front).")] = False,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
+    nvme_path: NvmePathOpt = None,
+) -> None:
+    """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
+    workload, _ = build(flags)  # micro-batch, accumulation, stage and offload are what the search decides
+    try:
+        seconds = parse_duration(timeout) if timeout else None
+    except ValueError as error:
+        fail("timeout", str(error))
+    cap = size(memory_cap, "memory-cap") if memory_cap else None
+    code = run_tune(
+        workload,
+        space=space,
+        pins=_pins(pin or []),
+        global_batch=global_batch,
+        sampler=sampler,
+        trials=trials,
+        timeout_s=seconds,
+        storage=storage,
+        study=study,
+        launcher=launcher,
+        ray_address=ray_address,
+        warmup=warmup,
+        steps=steps,
+        run_timeout=run_timeout,
+        memory_cap=cap,
+        pareto=pareto,
+        seed=seed,
+        nvme_path=nvme_path,
+    )
+    raise typer.Exit(code)
+
+
+def best_command(
+    study: Annotated[str, typer.Option(help="Study name.")],
+    storage: StorageOpt = None,
+    format: Annotated[
+        ExportFormat, typer.Option("--format", help="deepspeed, or hf (Trainer with auto).")
+    ] = "deepspeed",
+    out: Annotated[str | None, typer.Option(help="Write the config to this file instead of stdout.")] = None,
+) -> None:
+    """Print (or write) the best measured ds_config of a study, validated by DeepSpeed first."""
+    export_best(study, storage=storage, format=format, out=out)
 
 
 def run_tune(
@@ -44,9 +126,14 @@ def run_tune(
     pareto: bool,
     seed: int | None,
     nvme_path: str | None,
-    fail: Fail,
 ) -> int:
     """Run a study to its budget and print the top configs; 0 when a config was measured, 1 otherwise."""
+    from tuner.estimator import ConfigError
+    from tuner.measure.dispatch import Dispatcher, DispatchOptions
+    from tuner.space import SpaceError, resolve_space
+    from tuner.storage import Store, StoreError, default_url
+    from tuner.study import Event, StudySettings, TuningStudy
+
     console = Console()
     name = study or f"{workload.model.name}-{workload.fingerprint()[:8]}"
     settings = StudySettings(
@@ -137,8 +224,12 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
         console.print_json(json.dumps(best.ds_config))
 
 
-def export_best(study: str, *, storage: str | None, format: str, out: str | None, fail: Fail) -> None:
+def export_best(study: str, *, storage: str | None, format: str, out: str | None) -> None:
     """Write the best measured ds_config of ``study``, after DeepSpeed's own validation."""
+    from tuner.dsconfig import to_hf_trainer, validate_with_deepspeed
+    from tuner.estimator import ConfigError
+    from tuner.storage import Store, default_url
+
     store = Store.open(storage or default_url())
     record = store.get_study(study)
     if record is None:

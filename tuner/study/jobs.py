@@ -1,160 +1,30 @@
-"""Tuning jobs: the request models shared by the API and the worker, and how a job becomes a study.
+"""Tuning jobs: the request model shared by the API and the worker, and how a job becomes a study.
 
 A job is a row of ``dstune_jobs`` (:meth:`tuner.storage.Store.enqueue_job`): the study name and the validated
 :class:`JobRequest` as JSON. ``dstune worker`` claims queued jobs (:meth:`Store.claim_next_job`, never the same job
 twice) and runs each as a study (:mod:`tuner.worker`). Status: ``queued`` → ``running`` → ``done`` | ``failed`` |
 ``cancelled``; cancelling a running job sets ``cancel_requested`` and its worker stops the study between trials.
 
-Requests describe models as specs only (a built-in preset name, an inline Hugging Face ``config.json`` object, or a
-parameter count), never as paths or import strings: nothing in a request makes the server read a file or run code.
+A job's workload is a :class:`tuner.schema.WorkloadRequest`, the schema the CLI and the API build workloads through:
+model specs only (a preset name, an inline ``config.json`` object, or a parameter count), never paths or import
+strings: nothing in a request makes the server read a file or run code.
 
 Example:
-    >>> request = WorkloadRequest(model="tiny-gpt2", gpus=2, gpu_memory="24GiB", device="cpu")
-    >>> workload = to_workload(request)
-    >>> workload.cluster.world_size, workload.cluster.gpu_memory
-    (2, 25769803776)
+    >>> request = JobRequest(workload={"model": "tiny-gpt2", "device": "cpu"}, trials=4)
+    >>> check_job(request).startswith("tiny-gpt2-"), request.sampler
+    (True, 'tpe')
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.errors import InputError
-from tuner.estimator import ConfigError, estimate
-from tuner.units import parse_bytes
-from tuner.workload import (
-    ClusterSpec,
-    ModelSpec,
-    TrainSpec,
-    Workload,
-    WorkloadError,
-    model_from_hf_config,
-    model_from_param_count,
-    preset_config,
-    preset_names,
-)
+from tuner.schema import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
+from tuner.workload import Workload
 
-MAX_BYTES = 2**60  # memory sizes beyond an exbibyte are typos (and overflow BIGINT columns)
-MAX_PARAMS = 10**15
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-Loc = tuple[str | int, ...]
-MemorySize = Annotated[int, Field(ge=1, le=MAX_BYTES)] | Annotated[str, Field(min_length=1, max_length=32)]
-
-
-class FieldError(InputError):
-    """Bad input at ``loc`` (a path inside the request body, FastAPI style); ``field`` is the dotted path."""
-
-    def __init__(self, loc: Loc, message: str) -> None:
-        super().__init__(".".join(map(str, loc)), message)
-        self.loc = loc
-
-
-class WorkloadRequest(BaseModel):
-    """A workload, with the fields of the CLI's workload flags (``--gpus`` is GPUs per node).
-
-    Give exactly one of ``model`` (a built-in preset name), ``config`` (an inline Hugging Face ``config.json``
-    object) and ``params`` (a bare parameter count: model states only).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] | None = Field(
-        None, description="Built-in preset name (see dstune's presets), e.g. llama-2-7b.", examples=["tiny-gpt2"]
-    )
-    config: dict[str, Any] | None = Field(None, description="Inline Hugging Face config.json object.")
-    params: float | None = Field(None, gt=0, le=MAX_PARAMS, description="Bare parameter count, e.g. 7.5e9.")
-    gpus: int = Field(1, ge=1, le=4096, description="GPUs per node.")
-    nodes: int = Field(1, ge=1, le=4096)
-    gpu_memory: MemorySize = Field("80GiB", description="Per GPU: bytes or a size such as 80GiB.")
-    cpu_memory: MemorySize = Field("1TiB", description="Per node: bytes or a size such as 1TiB.")
-    seq_len: int = Field(2048, ge=1, le=2**20)
-    micro_batch: int = Field(1, ge=1, le=2**16)
-    grad_accum: int = Field(1, ge=1, le=2**16)
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    attention: Literal["sdpa", "flash", "eager"] = "sdpa"
-    activation_checkpointing: bool = False
-    device: Literal["cuda", "cpu"] = "cuda"
-
-
-def _size(value: int | str, name: str, loc: Loc) -> int:
-    try:
-        size = parse_bytes(value)
-    except ValueError as error:
-        raise FieldError((*loc, name), str(error)) from None
-    if size > MAX_BYTES:
-        raise FieldError((*loc, name), f"must be at most {MAX_BYTES} bytes")
-    return size
-
-
-def _workload_loc(request: WorkloadRequest, field_name: str, loc: Loc) -> Loc:
-    """Where in the request a :class:`WorkloadError`'s field lives."""
-    head, _, rest = field_name.partition(".")
-    if head == "model":
-        if request.config is not None:
-            return (*loc, "config", *([rest] if rest else []))
-        return (*loc, "params" if request.params is not None else "model")
-    renamed = {"gpus-per-node": "gpus"}.get(field_name, field_name.replace("-", "_"))
-    return (*loc, renamed)
-
-
-@functools.lru_cache(maxsize=64)
-def _preset_model(name: str) -> ModelSpec:
-    """A built-in preset's model (cached: presets are files shipped with the package)."""
-    if name not in preset_names():
-        raise WorkloadError("model", f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
-    return model_from_hf_config(preset_config(name), name=name)
-
-
-def to_workload(request: WorkloadRequest, loc: Loc = ()) -> Workload:
-    """The :class:`Workload` a request describes; :class:`FieldError` (with the field's path) for bad input."""
-    given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
-    if len(given) != 1:
-        raise FieldError((*loc, "model"), "give exactly one of model (a preset name), config or params")
-    try:
-        if request.model is not None:
-            model = _preset_model(request.model)
-        elif request.config is not None:
-            model = model_from_hf_config(request.config, name=str(request.config.get("_name_or_path", "custom"))[:64])
-        else:
-            model = model_from_param_count(float(request.params or 0))
-        cluster = ClusterSpec(
-            gpus_per_node=request.gpus,
-            nodes=request.nodes,
-            gpu_memory=_size(request.gpu_memory, "gpu_memory", loc),
-            cpu_memory=_size(request.cpu_memory, "cpu_memory", loc),
-            device=request.device,
-        )
-        train = TrainSpec(
-            seq_len=request.seq_len,
-            micro_batch=request.micro_batch,
-            grad_accum=request.grad_accum,
-            precision=request.precision,
-            activation_checkpointing=request.activation_checkpointing,
-            attention=request.attention,
-        )
-    except WorkloadError as error:
-        raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
-    except FieldError:
-        raise
-    except (TypeError, ValueError, OverflowError, ArithmeticError) as error:  # odd values in an inline config
-        raise FieldError((*loc, "config"), f"not a usable model config: {error}") from None
-    if not 0 < model.n_params <= MAX_PARAMS:
-        raise FieldError((*loc, "config" if request.config is not None else "model"), "implausible parameter count")
-    return Workload(model, cluster, train)
-
-
-def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = ("ds_config",)) -> Any:
-    """:func:`tuner.estimator.estimate`, with a :class:`ConfigError` (or arithmetic on absurd values) as a
-    :class:`FieldError` at the config key's path."""
-    try:
-        return estimate(workload, ds_config)
-    except ConfigError as error:
-        raise FieldError((*loc, *error.field.split(".")), error.message) from None
-    except (TypeError, ValueError, OverflowError, ArithmeticError, KeyError) as error:
-        raise FieldError(loc, f"cannot estimate this config: {error}") from None
 
 
 class JobRequest(BaseModel):
@@ -171,10 +41,10 @@ class JobRequest(BaseModel):
     )
     pins: dict[str, Any] = Field(default_factory=dict, description="Pinned parameters, as `dstune tune --pin`.")
     global_batch: int | None = Field(None, ge=1, le=2**24)
-    sampler: Literal["tpe", "random", "grid", "gp"] = "tpe"
+    sampler: Sampler = "tpe"
     trials: int = Field(12, ge=1, le=10_000)
     timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600, description="Stop asking after this long.")
-    launcher: Literal["local", "ray"] = "ray"
+    launcher: Launcher = "ray"
     warmup: int = Field(2, ge=0, le=1000)
     steps: int = Field(3, ge=1, le=10_000)
     run_timeout: float = Field(600.0, ge=1, le=24 * 3600)
@@ -232,13 +102,4 @@ def study_settings(
     )
 
 
-__all__ = [
-    "FieldError",
-    "JobRequest",
-    "WorkloadRequest",
-    "check_job",
-    "checked_estimate",
-    "study_settings",
-    "to_workload",
-    "tuning_workload",
-]
+__all__ = ["JobRequest", "check_job", "study_settings", "tuning_workload"]

@@ -1,0 +1,49 @@
+"""``POST /v1/estimate``: a workload and a ds_config (or the CLI's shortcut fields) → the estimate by category."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from tuner.api.deps import invalid
+from tuner.api.schemas import EstimateRequest, EstimateResponse
+from tuner.dsconfig import merge_configs, shortcut_config
+from tuner.estimator import ConfigError, MemoryEstimate, estimate
+from tuner.schema import FieldError, Loc, to_workload
+from tuner.workload import Workload
+
+router = APIRouter(tags=["estimate"])
+
+
+def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = ("ds_config",)) -> MemoryEstimate:
+    """:func:`tuner.estimator.estimate`, with a :class:`ConfigError` (or arithmetic on absurd values) as a
+    :class:`FieldError` at the config key's path."""
+    try:
+        return estimate(workload, ds_config)
+    except ConfigError as error:
+        raise FieldError((*loc, *error.field.split(".")), error.message) from None
+    except (TypeError, ValueError, OverflowError, ArithmeticError, KeyError) as error:
+        raise FieldError(loc, f"cannot estimate this config: {error}") from None
+
+
+@router.post("/v1/estimate", response_model=EstimateResponse)
+def estimate_endpoint(body: EstimateRequest) -> EstimateResponse:
+    """Estimate peak memory per GPU and per node's CPU, by category, for one workload and ds_config."""
+    try:
+        workload = to_workload(body.workload, ("workload",))
+        train = workload.train
+        config = shortcut_config(
+            train.micro_batch,
+            train.grad_accum,
+            train.precision,
+            body.stage,
+            body.offload_optimizer,
+            body.offload_param,
+        )
+        if body.ds_config is not None:
+            config = merge_configs(config, body.ds_config)
+        est = checked_estimate(workload, config)
+    except FieldError as error:
+        raise invalid(error) from None
+    return EstimateResponse(**est.to_dict(), ds_config=config)

@@ -1,0 +1,52 @@
+"""``POST /v1/jobs`` (queue a tuning job), ``GET /v1/jobs``, ``GET /v1/jobs/{id}`` and ``DELETE /v1/jobs/{id}``
+(cancel). Queueing and cancelling need the bearer token (:func:`tuner.api.deps.require_token`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException
+
+from tuner.api.deps import Auth, JobId, Limit, Offset, StoreDep, invalid
+from tuner.api.schemas import JobOut
+from tuner.schema import FieldError
+from tuner.storage import JOB_STATES
+from tuner.study.jobs import JobRequest, check_job
+
+JobStatus = Literal[JOB_STATES]  # type: ignore[valid-type]
+
+router = APIRouter(tags=["jobs"])
+
+
+@router.post("/v1/jobs", response_model=JobOut, status_code=201, dependencies=[Auth])
+def create_job(body: JobRequest, store: StoreDep) -> JobOut:
+    """Queue a tuning job; a ``dstune worker`` runs it as a study."""
+    try:
+        study_name = check_job(body)
+    except FieldError as error:
+        raise invalid(error) from None
+    return JobOut.of(store.enqueue_job(study_name, body.model_dump(mode="json")))
+
+
+@router.get("/v1/jobs", response_model=list[JobOut])
+def list_jobs(store: StoreDep, status: JobStatus | None = None, limit: Limit = 100, offset: Offset = 0) -> list[JobOut]:
+    """Jobs, newest first."""
+    return [JobOut.of(job) for job in store.list_jobs(status=status, limit=limit, offset=offset)]
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobOut, responses={404: {}})
+def get_job(job_id: JobId, store: StoreDep) -> JobOut:
+    """A job's status and progress (trials done, best so far)."""
+    job = store.get_job(job_id)
+    if job is None:
+        raise HTTPException(404, f"no job {job_id}")
+    return JobOut.of(job)
+
+
+@router.delete("/v1/jobs/{job_id}", response_model=JobOut, dependencies=[Auth], responses={404: {}})
+def cancel_job(job_id: JobId, store: StoreDep) -> JobOut:
+    """Cancel a job: a queued one at once; a running one is stopped by its worker between trials
+    (``cancel_requested`` until then). A finished job is returned unchanged."""
+    if store.get_job(job_id) is None:
+        raise HTTPException(404, f"no job {job_id}")
+    return JobOut.of(store.cancel_job(job_id))

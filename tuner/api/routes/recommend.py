@@ -1,0 +1,35 @@
+"""``POST /v1/recommend``: a workload → the best config, ``source`` measured | nearest | estimate
+(:mod:`tuner.recommend`), answered through the app's :class:`tuner.api.answer_cache.AnswerCache`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from tuner.api.deps import invalid, store_of
+from tuner.api.schemas import RecommendRequest, RecommendResponse
+from tuner.recommend import NoFeasibleConfig, normalised, recommend
+from tuner.schema import FieldError, to_workload
+
+router = APIRouter(tags=["recommend"])
+
+
+@router.post(
+    "/v1/recommend",
+    response_model=RecommendResponse,
+    responses={422: {"description": "Bad workload, or no config of the default space fits it."}},
+)
+async def recommend_endpoint(body: RecommendRequest, request: Request) -> Response:
+    """The best config for a workload: measured, else the nearest measured one re-checked, else estimated."""
+    store = store_of(request)  # not a sync dependency: that would cost a worker-thread hop per request
+
+    def answer() -> bytes:  # blocking (database, estimator): runs in a worker thread
+        workload = normalised(to_workload(body.workload, ("workload",)))
+        return RecommendResponse(**recommend(store, workload).__dict__).model_dump_json().encode()
+
+    try:  # keyed by the request's workload as sent; a bad workload is an answer too (the same 422 each time)
+        content = await request.app.state.recommend_cache.get(body.workload.model_dump_json(), answer)
+    except FieldError as error:
+        raise invalid(error) from None
+    except NoFeasibleConfig as error:
+        raise invalid(FieldError(("workload",), str(error))) from None
+    return Response(content, media_type="application/json")

@@ -1,0 +1,177 @@
+"""The API's request and response models: the documentation, and through FastAPI the OpenAPI schema (the contract).
+
+Workloads are :class:`tuner.schema.WorkloadRequest` and tuning jobs :class:`tuner.study.jobs.JobRequest`, the same
+schema the CLI and the job queue build workloads through.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.schema import Offload, WorkloadRequest
+from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
+
+
+class EstimateRequest(BaseModel):
+    """A workload and the ds_config to estimate: the shortcut fields, with ``ds_config`` merged over them (it wins),
+    as ``dstune estimate`` does with ``--ds-config``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: WorkloadRequest
+    stage: int = Field(0, ge=0, le=3)
+    offload_optimizer: Offload = "none"
+    offload_param: Offload = "none"
+    ds_config: dict[str, Any] | None = None
+
+
+class PhaseBytes(BaseModel):
+    gpu: int
+    cpu: int
+
+
+class EstimateResponse(BaseModel):
+    """The ``dstune estimate --json`` object: sizes in bytes, per GPU by category (``activations`` null for a bare
+    parameter count), per node's CPU, the fit and the phase of the peak."""
+
+    n_params: int
+    world_size: int
+    per_gpu: dict[str, int | None]
+    cpu_per_node: dict[str, int]
+    nvme_per_node: int
+    gpu_memory: int
+    cpu_memory: int
+    fits: bool
+    headroom: int
+    cpu_headroom: int
+    peak_phase: str
+    phases: dict[str, PhaseBytes]
+    details: dict[str, int]
+    reason: str | None
+    ds_config: dict[str, Any] = Field(description="The config that was estimated (shortcut fields + ds_config).")
+
+
+class RecommendRequest(BaseModel):
+    """The workload to recommend for; its micro_batch, grad_accum and activation_checkpointing are ignored (they are
+    what is recommended)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: WorkloadRequest
+
+
+class RecommendResponse(BaseModel):
+    source: Literal["measured", "nearest", "estimate"] = Field(
+        description="measured: this workload's best measured trial; nearest: the best measured trial of the same "
+        "model on another workload that the estimator says fits this one; estimate: the estimator's pick."
+    )
+    ds_config: dict[str, Any]
+    activation_checkpointing: bool
+    tokens_per_s: float | None = Field(description="Measured throughput (on measured_on's workload); null: estimate.")
+    peak_bytes: int | None = Field(description="Measured peak per GPU; null for estimate.")
+    estimated_peak_bytes: int | None
+    trial_id: int | None
+    study: str | None
+    workload_fingerprint: str
+    measured_on: str | None = Field(description="Fingerprint of the workload the trial was measured on.")
+    margin: float = Field(description="The calibrated safety margin used for the fit check.")
+
+
+class StudyOut(BaseModel):
+    id: int
+    name: str
+    sampler: str
+    status: str
+    objectives: list[Any]
+    settings: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, record: StudyRecord) -> StudyOut:
+        """The study as the API shows it."""
+        return cls.model_validate(record, from_attributes=True)
+
+
+class TrialOut(BaseModel):
+    id: int
+    study_id: int
+    number: int
+    config_key: str
+    ds_config: dict[str, Any]
+    activation_checkpointing: bool
+    params: dict[str, Any] | None
+    estimated_peak_bytes: int | None
+    status: str
+    prune_reason: str | None
+    tokens_per_s: float | None
+    peak_bytes: int | None
+    error: str | None
+    attempts: int
+    hardware: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+
+    @classmethod
+    def of(cls, record: TrialRecord) -> TrialOut:
+        """The trial as the API shows it."""
+        return cls.model_validate(record, from_attributes=True)
+
+
+class StudyDetail(BaseModel):
+    study: StudyOut
+    workload: dict[str, Any]
+    total: int
+    counts: dict[str, int]
+    pruned_reasons: dict[str, int]
+    best: TrialOut | None
+
+
+class TrialPage(BaseModel):
+    items: list[TrialOut]
+    total: int = Field(description="Trials matching the filter, over all pages.")
+    limit: int
+    offset: int
+
+
+class JobOut(BaseModel):
+    id: int
+    study_name: str
+    status: Literal[JOB_STATES]  # type: ignore[valid-type]
+    request: dict[str, Any]
+    worker: str | None
+    progress: dict[str, Any] | None
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, record: JobRecord) -> JobOut:
+        """The job as the API shows it."""
+        return cls.model_validate(record, from_attributes=True)
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    database: str
+
+
+__all__ = [
+    "EstimateRequest",
+    "EstimateResponse",
+    "Health",
+    "JobOut",
+    "PhaseBytes",
+    "RecommendRequest",
+    "RecommendResponse",
+    "StudyDetail",
+    "StudyOut",
+    "TrialOut",
+    "TrialPage",
+]

@@ -1,0 +1,96 @@
+"""The plumbing every command shares: bad input as one line ``error: <field>: <message>`` with exit code 2
+(:class:`OneLineErrorGroup` for click's own errors, :func:`fail` for ours), memory sizes, the default device and GiB
+formatting."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+import typer
+from typer.core import TyperGroup
+
+from tuner.units import GiB, parse_bytes
+
+USAGE_EXIT = 2
+
+# Typer >= 0.25 vendors click; take its exception classes from the public BadParameter to work with either.
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _print_error(field_name: str, message: str) -> None:
+    """Print the one-line ``error: <field>: <message>`` to stderr."""
+    typer.echo(f"error: {field_name}: {_one_line(message)}", err=True)
+
+
+def _click_field(error: Exception) -> str:
+    """The option a click error is about, without dashes (``stage`` for ``--stage``)."""
+    param = getattr(error, "param", None)
+    if param is not None:
+        names = [opt for opt in getattr(param, "opts", []) if opt.startswith("--")] or [param.name or "argument"]
+        return names[0].lstrip("-")
+    option_name = getattr(error, "option_name", None)
+    if option_name:
+        return option_name.lstrip("-")
+    return "usage"
+
+
+def _click_message(error: Exception) -> str:
+    """A click error's message without the ``Invalid value for '--x':`` preamble (the field says it)."""
+    if isinstance(error, typer.BadParameter) and error.param is not None and error.message:
+        return error.message.removeprefix("Value error, ")
+    return error.format_message()  # type: ignore[attr-defined]
+
+
+class OneLineErrorGroup(TyperGroup):
+    """A Typer group that reports usage errors as one ``error: <field>: <message>`` line, not a panel."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """Run the command; in standalone mode turn click's errors into one line and exit."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except ClickException as error:
+            message = _click_message(error)
+            if message:  # empty for a bare ``dstune``: the help was shown already
+                _print_error(_click_field(error), message)
+            sys.exit(USAGE_EXIT if isinstance(error, UsageError) else getattr(error, "exit_code", 1))
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def fail(field_name: str, message: str) -> NoReturn:
+    """Report bad input on one line and exit with code 2."""
+    _print_error(field_name, message)
+    raise typer.Exit(USAGE_EXIT)
+
+
+def size(text: str, flag: str) -> int:
+    """A memory size option (``80GiB``, ``512GB`` or bytes) in bytes; bad input fails on one line naming ``flag``."""
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        fail(flag, str(error))
+
+
+def default_device() -> str:
+    """``cuda`` when torch sees a GPU, else ``cpu`` (imports torch: only commands that train call it)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gib(size_bytes: int | None) -> str:
+    """Bytes as GiB with two decimals (``unknown`` for None)."""
+    return "unknown" if size_bytes is None else f"{size_bytes / GiB:.2f}"
+
+
+__all__ = ["USAGE_EXIT", "OneLineErrorGroup", "default_device", "fail", "gib", "size"]

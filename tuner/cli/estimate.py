@@ -1,0 +1,55 @@
+"""``dstune estimate``: peak memory per GPU and per node's CPU for one workload and ds_config, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuner.cli.common import gib
+from tuner.cli.options import JsonOpt, WorkloadFlags, build, workload_options
+from tuner.estimator import MemoryEstimate, estimate
+
+ROWS = (
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("optimizer_states", "optimizer states"),
+    ("activations", "activations"),
+    ("buffers", "buffers"),
+    ("overhead", "overhead"),
+    ("total", "total"),
+)
+
+
+def render(est: MemoryEstimate, title: str, console: Console | None = None) -> None:
+    """Print an estimate as a table of per-GPU categories in GiB, the CPU total, peak phase and verdict."""
+    console = console or Console()
+    console.print(title, highlight=False)
+    table = Table()
+    table.add_column("per GPU")
+    table.add_column("GiB", justify="right")
+    for key, label in ROWS:
+        table.add_row(label, gib(est.per_gpu.get(key)), style="bold" if key == "total" else None)
+    console.print(table)
+    console.print(f"CPU per node: {gib(est.cpu_per_node['total'])} GiB of {gib(est.cpu_memory)} GiB")
+    console.print(f"peak phase: {est.peak_phase}")
+    if est.fits:
+        console.print(
+            f"[green]FITS[/green] with {gib(est.headroom)} GiB headroom per GPU (of {gib(est.gpu_memory)} GiB)"
+        )
+    else:
+        console.print(f"[red]DOES NOT FIT[/red]: {est.overflow_reason()}", highlight=False, soft_wrap=True)
+
+
+@workload_options()
+def estimate_command(flags: WorkloadFlags, as_json: JsonOpt = False) -> None:
+    """Estimate peak memory per GPU and per node's CPU for one training configuration."""
+    workload, config = build(flags)
+    est = estimate(workload, config)
+    if as_json:
+        typer.echo(json.dumps(est.to_dict()))
+    else:
+        spec = workload.model
+        render(est, f"{spec.name}: {spec.n_params:,} parameters, {workload.cluster.world_size} GPU(s)")

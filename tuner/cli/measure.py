@@ -1,0 +1,78 @@
+"""``dstune measure``: one short real DeepSpeed run in fresh rank processes; throughput and peak memory per rank."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuner.cli.common import fail, gib, size
+from tuner.cli.options import AUTO_DEVICE, JsonOpt, WorkloadFlags, build, workload_options
+from tuner.schema import Launcher
+from tuner.workload import load_hf_config
+
+ModelImpl = Literal["builtin", "transformers"]
+
+
+@workload_options(overrides=AUTO_DEVICE)
+def measure_command(
+    flags: WorkloadFlags,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up optimizer steps (not timed).")] = 2,
+    steps: Annotated[int, typer.Option(min=1, help="Timed optimizer steps.")] = 5,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds before every rank is killed.")] = 600.0,
+    launcher: Annotated[Launcher, typer.Option(help="Start ranks on this machine or through Ray.")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster (with --launcher ray).")] = None,
+    memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
+    model_impl: Annotated[ModelImpl, typer.Option(help="Built-in model or transformers from_config.")] = "builtin",
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
+    workload, config = build(flags)
+    if workload.model.is_bare:
+        fail("params", "a measured run needs a model architecture: use --model")
+    cap = size(memory_cap, "memory-cap") if memory_cap else None
+    from tuner.measure.run import measure
+
+    hf_config = load_hf_config(flags.model)[0] if model_impl == "transformers" and flags.model else None
+    result = measure(
+        workload,
+        config,
+        warmup=warmup,
+        steps=steps,
+        timeout=timeout,
+        launcher=launcher,
+        ray_address=ray_address,
+        memory_cap=cap,
+        model_impl=model_impl,
+        hf_config=hf_config,
+        show_progress=not as_json,
+    )
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        render_measurement(result)
+    raise typer.Exit(0 if result["status"] == "ok" else 1)
+
+
+def render_measurement(result: dict[str, Any], console: Console | None = None) -> None:
+    """Print a measured run: status, throughput, step times, peak memory per rank against the estimate."""
+    console = console or Console()
+    status = result["status"]
+    console.print(f"status: [{'green' if status == 'ok' else 'red'}]{status}[/]")
+    if result["error"]:
+        console.print(result["error"].strip().splitlines()[-1], highlight=False, soft_wrap=True)
+    if status == "ok":
+        steps = result["step_time_s"]
+        console.print(f"throughput: {result['tokens_per_s']:,.0f} tokens/s, {result['samples_per_s']:,.2f} samples/s")
+        console.print(f"step time: p50 {steps['p50']:.3f} s, p90 {steps['p90']:.3f} s")
+        console.print(f"model TFLOP/s per device: {result['tflops_per_device']:.4f}")
+    table = Table()
+    table.add_column("rank")
+    table.add_column("peak GiB", justify="right")
+    for rank, peak in enumerate(result["peak_bytes_per_rank"]):
+        table.add_row(str(rank), gib(peak))
+    console.print(table)
+    console.print(f"estimated peak per GPU: {gib(result['estimate']['per_gpu']['total'])} GiB")

@@ -1,0 +1,191 @@
+"""The workload flags of ``estimate``, ``measure`` and ``tune``, declared once, and the workload they describe
+(plus the few options several commands share: ``--json``, ``--storage``).
+
+:class:`WorkloadFlags` is the declaration: each field's type carries its Typer option (help, bounds, choices from
+:mod:`tuner.schema`'s vocabularies) and its default is the flag's default. :func:`workload_options` puts those
+options into a command's signature in place of its ``flags: WorkloadFlags`` parameter and hands the command one
+:class:`WorkloadFlags`; :func:`build` turns it into the workload, through the same :class:`tuner.schema.WorkloadRequest`
+and :func:`tuner.schema.to_workload` as the API and the job queue, plus the ds_config of the shortcut flags.
+
+Example:
+    >>> workload, config = build(WorkloadFlags(model="tiny-gpt2", gpus=2, stage=2, device="cpu"))
+    >>> workload.cluster.world_size, config["zero_optimization"]["stage"]
+    (2, 2)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Annotated, Any, get_type_hints
+
+import typer
+
+from tuner.cli.common import default_device, fail
+from tuner.dsconfig import load_ds_config, merge_configs, shortcut_config
+from tuner.errors import InputError
+from tuner.estimator import estimate
+from tuner.schema import Attention, Device, FieldError, Loc, Offload, Precision, WorkloadRequest, to_workload, validated
+from tuner.workload import Workload, load_hf_config
+
+ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
+ParamsOpt = Annotated[float | None, typer.Option(help="A bare parameter count, e.g. 7.5e9.")]
+GpusOpt = Annotated[int, typer.Option(min=1, help="GPUs per node.")]
+NodesOpt = Annotated[int, typer.Option(min=1, help="Number of nodes.")]
+GpuMemoryOpt = Annotated[str, typer.Option(help="Memory per GPU (80GiB, 512GB or bytes).")]
+CpuMemoryOpt = Annotated[str, typer.Option(help="CPU memory per node.")]
+SeqLenOpt = Annotated[int, typer.Option(min=1, help="Sequence length.")]
+MicroBatchOpt = Annotated[int, typer.Option(min=1, help="Micro-batch per GPU.")]
+GradAccumOpt = Annotated[int, typer.Option(min=1, help="Gradient accumulation steps.")]
+PrecisionOpt = Annotated[Precision, typer.Option(help="Training precision.")]
+StageOpt = Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage.")]
+OffloadOptimizerOpt = Annotated[Offload, typer.Option(help="Optimizer offload device.")]
+OffloadParamOpt = Annotated[Offload, typer.Option(help="Parameter offload device (ZeRO-3).")]
+NvmePathOpt = Annotated[str | None, typer.Option(help="Folder for NVMe offload.")]
+CheckpointingOpt = Annotated[bool, typer.Option(help="Recompute activations in backward.")]
+AttentionOpt = Annotated[Attention, typer.Option(help="Attention kernel.")]
+DeviceOpt = Annotated[Device, typer.Option(help="Training device.")]
+AutoDeviceOpt = Annotated[Device | None, typer.Option(help="Training device (default: cuda if present).")]
+DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
+StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
+
+# the commands that train default --device to the machine's own (None: cuda if torch sees one)
+AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
+TUNE_FLAGS = ("model", "gpus", "nodes", "gpu_memory", "cpu_memory", "seq_len", "precision", "attention", "device")
+
+
+@dataclass(frozen=True)
+class WorkloadFlags:
+    """The workload flags as given (``--model`` a path or preset, sizes as text), with their Typer options.
+
+    Besides the :class:`tuner.schema.WorkloadRequest` fields it holds the ds_config shortcuts (``--stage``,
+    ``--offload-*``, ``--nvme-path``, ``--ds-config``).
+    """
+
+    model: ModelOpt = None
+    params: ParamsOpt = None
+    gpus: GpusOpt = 1
+    nodes: NodesOpt = 1
+    gpu_memory: GpuMemoryOpt = "80GiB"
+    cpu_memory: CpuMemoryOpt = "1TiB"
+    seq_len: SeqLenOpt = 2048
+    micro_batch: MicroBatchOpt = 1
+    grad_accum: GradAccumOpt = 1
+    precision: PrecisionOpt = "bf16"
+    stage: StageOpt = 0
+    offload_optimizer: OffloadOptimizerOpt = "none"
+    offload_param: OffloadParamOpt = "none"
+    nvme_path: NvmePathOpt = None
+    activation_checkpointing: CheckpointingOpt = False
+    attention: AttentionOpt = "sdpa"
+    device: DeviceOpt = "cuda"  # None (measure, tune): the machine's own
+    ds_config: DsConfigOpt = None
+
+
+def workload_options(
+    only: Sequence[str] | None = None, overrides: Mapping[str, tuple[Any, Any]] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the workload flags: its ``flags: WorkloadFlags`` parameter becomes the options (all, or
+    ``only`` these, in :class:`WorkloadFlags`' order) at that place in ``--help``; the command is called with
+    ``flags=WorkloadFlags(...)``. ``overrides`` maps a field to another ``(annotated type, default)``."""
+    hints = get_type_hints(WorkloadFlags, include_extras=True)
+    declared = {item.name: (hints[item.name], item.default) for item in fields(WorkloadFlags)}
+    unknown = (set(only or ()) | set(overrides or {})) - declared.keys()
+    if unknown:
+        raise TypeError(f"not workload flags: {', '.join(sorted(unknown))}")
+    chosen = {name: (overrides or {}).get(name, spec) for name, spec in declared.items() if not only or name in only}
+    options = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+        for name, (annotation, default) in chosen.items()
+    ]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = inspect.signature(command, eval_str=True).parameters.values()
+        if "flags" not in {param.name for param in own}:
+            raise TypeError(f"{command.__name__} needs a 'flags: WorkloadFlags' parameter")
+        parameters: list[inspect.Parameter] = []
+        for param in own:
+            parameters += options if param.name == "flags" else [param.replace(kind=inspect.Parameter.KEYWORD_ONLY)]
+
+        def with_flags(**values: Any) -> Any:
+            flags = WorkloadFlags(**{name: values.pop(name) for name in chosen})
+            return command(flags=flags, **values)
+
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(with_flags, attribute, getattr(command, attribute))
+        with_flags.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        with_flags.__annotations__ = {param.name: param.annotation for param in parameters}
+        return with_flags
+
+    return decorate
+
+
+def _flag(loc: Loc) -> str:
+    """The CLI flag a request path is about: ``gpu_memory`` → ``gpu-memory``, ``config.n_head`` → ``model.n_head``
+    (``--model``'s file is sent as ``config``)."""
+    head, *rest = (str(part) for part in loc)
+    return ".".join(["model" if head == "config" else head.replace("_", "-"), *rest])
+
+
+def build(flags: WorkloadFlags) -> tuple[Workload, dict[str, Any]]:
+    """The workload and the ds_config the flags describe (bad input: one line naming the flag, exit 2).
+
+    ``--model`` is read here (a preset, or a ``config.json`` path or folder) and sent as the request's ``config``;
+    the ds_config is the shortcut flags' with ``--ds-config`` merged over it (the file wins), checked by the
+    estimator. No ``--device`` (measure, tune): cuda when torch sees a GPU, else cpu.
+    """
+    try:
+        if (flags.model is None) == (flags.params is None):
+            raise InputError("model", "give exactly one of --model PATH|PRESET or --params COUNT")
+        config, name = load_hf_config(flags.model) if flags.model is not None else (None, None)
+        request = validated(
+            WorkloadRequest,
+            {
+                "config": config,
+                "params": flags.params,
+                "gpus": flags.gpus,
+                "nodes": flags.nodes,
+                "gpu_memory": flags.gpu_memory,
+                "cpu_memory": flags.cpu_memory,
+                "seq_len": flags.seq_len,
+                "micro_batch": flags.micro_batch,
+                "grad_accum": flags.grad_accum,
+                "precision": flags.precision,
+                "attention": flags.attention,
+                "activation_checkpointing": flags.activation_checkpointing,
+                "device": flags.device or default_device(),
+            },
+        )
+        workload = to_workload(request, config_name=name)
+        train = workload.train
+        ds_config = shortcut_config(
+            train.micro_batch,
+            train.grad_accum,
+            train.precision,
+            flags.stage,
+            flags.offload_optimizer,
+            flags.offload_param,
+            flags.nvme_path,
+        )
+        if flags.ds_config is not None:
+            ds_config = merge_configs(ds_config, load_ds_config(flags.ds_config))
+        estimate(workload, ds_config)  # validates the config; cheap
+    except FieldError as error:
+        fail(_flag(error.loc), error.message)
+    except InputError as error:
+        fail(error.field, error.message)
+    return workload, ds_config
+
+
+__all__ = [
+    "AUTO_DEVICE",
+    "TUNE_FLAGS",
+    "JsonOpt",
+    "NvmePathOpt",
+    "StorageOpt",
+    "WorkloadFlags",
+    "build",
+    "workload_options",
+]

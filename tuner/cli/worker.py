@@ -1,0 +1,63 @@
+"""``dstune worker``: take queued tuning jobs from the database and run them as studies (or submit them to Ray)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Annotated
+
+import typer
+
+from tuner.cli.common import fail
+from tuner.cli.options import StorageOpt
+from tuner.schema import Launcher
+
+
+def worker_command(
+    storage: StorageOpt = None,
+    once: Annotated[
+        bool,
+        typer.Option(help="Exit when the queue is empty (with --submit: and its jobs have ended) instead of polling."),
+    ] = False,
+    poll: Annotated[float, typer.Option(min=0.1, help="Seconds between looks at an empty queue.")] = 5.0,
+    name: Annotated[
+        str | None, typer.Option(help="Worker name recorded on its jobs (default host:pid:thread).")
+    ] = None,
+    job: Annotated[int | None, typer.Option(min=1, help="Run this one job (what a Ray submission runs).")] = None,
+    launcher: Annotated[Launcher | None, typer.Option(help="Override the jobs' launcher.")] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster for the trials; with --submit, the Ray Jobs API address.")
+    ] = None,
+    submit: Annotated[
+        bool, typer.Option(help="Submit each job to the Ray cluster (Jobs API at --ray-address) instead of running it.")
+    ] = False,
+) -> None:
+    """Take queued tuning jobs from the database and run them as studies (or submit them to a Ray cluster)."""
+    from tuner.storage import Store, StoreError, default_url
+    from tuner.worker import run_job, run_study_job, submit_loop, work
+
+    url = storage or os.environ.get("DSTUNE_STORAGE") or default_url()
+    store = Store.open(url)
+    if submit:
+        if not ray_address:
+            fail("ray-address", "--submit needs the Ray Jobs API address, e.g. http://HEAD:8265")
+        try:
+            submitted = submit_loop(store, ray_address, url, once=once, poll=poll, name=name, launcher=launcher)
+        except ConnectionError as error:  # no Jobs API at that address
+            fail("ray-address", str(error))
+        typer.echo(f"submitted {len(submitted)} job(s) to {ray_address}")
+        return
+    executor = functools.partial(run_study_job, launcher=launcher, ray_address=ray_address)
+    if job is not None:
+        try:
+            status = run_job(store, job, executor)
+        except StoreError as error:
+            fail(error.field, error.message)
+        typer.echo(f"job {job}: {status}")
+        raise typer.Exit(0 if status in ("done", "cancelled") else 1)
+    try:
+        ran = work(store, name, executor, once=once, poll=poll)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the running job is marked failed; its finished trials are recorded", err=True)
+        raise typer.Exit(130) from None
+    typer.echo(f"ran {len(ran)} job(s)")

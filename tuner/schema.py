@@ -1,0 +1,214 @@
+"""The one input schema every face builds workloads through: the vocabularies, :class:`WorkloadRequest` and
+:func:`to_workload`.
+
+The CLI (``dstune estimate|measure|tune``), the HTTP API and the job queue all describe a workload with a
+:class:`WorkloadRequest` and turn it into a :class:`tuner.workload.Workload` with :func:`to_workload`; bad input is a
+:class:`FieldError` carrying the field's path, which each face reports its own way (the CLI: ``flag: message``,
+exit 2; the API: 422 with the body path).
+
+The vocabularies (precision, offload target, attention kind, device, launcher, sampler) are declared here once, as
+``Literal`` types: Typer turns them into choices, pydantic into the OpenAPI schema's inline ``enum`` lists.
+
+Pure: pydantic and :mod:`tuner.workload` only (no torch, no SQL). Imported by the faces and :mod:`tuner.study.jobs`.
+
+Requests describe models as specs only (a built-in preset name, an inline Hugging Face ``config.json`` object, or a
+parameter count), never as paths: nothing in a request makes the server read a file. The CLI reads ``--model``'s
+file itself and passes its content as ``config``.
+
+Example:
+    >>> request = WorkloadRequest(model="tiny-gpt2", gpus=2, gpu_memory="24GiB", device="cpu")
+    >>> workload = to_workload(request)
+    >>> workload.cluster.world_size, workload.cluster.gpu_memory
+    (2, 25769803776)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Any, Literal, TypeVar, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tuner.errors import InputError
+from tuner.units import parse_bytes
+from tuner.workload import (
+    ClusterSpec,
+    ModelSpec,
+    TrainSpec,
+    Workload,
+    WorkloadError,
+    model_from_hf_config,
+    model_from_param_count,
+    preset_config,
+    preset_names,
+)
+
+Precision = Literal["bf16", "fp16", "fp32"]
+Offload = Literal["none", "cpu", "nvme"]
+Attention = Literal["sdpa", "flash", "eager"]
+Device = Literal["cuda", "cpu"]
+Launcher = Literal["local", "ray"]
+Sampler = Literal["tpe", "random", "grid", "gp"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OFFLOAD_TARGETS: tuple[str, ...] = get_args(Offload)
+ATTENTION_KINDS: tuple[str, ...] = get_args(Attention)
+DEVICES: tuple[str, ...] = get_args(Device)
+LAUNCHERS: tuple[str, ...] = get_args(Launcher)
+SAMPLERS: tuple[str, ...] = get_args(Sampler)
+
+MAX_BYTES = 2**60  # memory sizes beyond an exbibyte are typos (and overflow BIGINT columns)
+MAX_PARAMS = 10**15
+Loc = tuple[str | int, ...]
+MemorySize = Annotated[int, Field(ge=1, le=MAX_BYTES)] | Annotated[str, Field(min_length=1, max_length=32)]
+Request = TypeVar("Request", bound=BaseModel)
+
+
+class FieldError(InputError):
+    """Bad input at ``loc`` (a path inside the request, FastAPI style); ``field`` is the dotted path."""
+
+    def __init__(self, loc: Loc, message: str) -> None:
+        super().__init__(".".join(map(str, loc)), message)
+        self.loc = loc
+
+
+class WorkloadRequest(BaseModel):
+    """A workload, with the fields of the CLI's workload flags (``--gpus`` is GPUs per node).
+
+    Give exactly one of ``model`` (a built-in preset name), ``config`` (an inline Hugging Face ``config.json``
+    object) and ``params`` (a bare parameter count: model states only).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] | None = Field(
+        None, description="Built-in preset name (see dstune's presets), e.g. llama-2-7b.", examples=["tiny-gpt2"]
+    )
+    config: dict[str, Any] | None = Field(None, description="Inline Hugging Face config.json object.")
+    params: float | None = Field(
+        None, gt=0, le=MAX_PARAMS, allow_inf_nan=False, description="Bare parameter count, e.g. 7.5e9."
+    )
+    gpus: int = Field(1, ge=1, le=4096, description="GPUs per node.")
+    nodes: int = Field(1, ge=1, le=4096)
+    gpu_memory: MemorySize = Field("80GiB", description="Per GPU: bytes or a size such as 80GiB.")
+    cpu_memory: MemorySize = Field("1TiB", description="Per node: bytes or a size such as 1TiB.")
+    seq_len: int = Field(2048, ge=1, le=2**20)
+    micro_batch: int = Field(1, ge=1, le=2**16)
+    grad_accum: int = Field(1, ge=1, le=2**16)
+    precision: Precision = "bf16"
+    attention: Attention = "sdpa"
+    activation_checkpointing: bool = False
+    device: Device = "cuda"
+
+
+def validated(model: type[Request], data: dict[str, Any], loc: Loc = ()) -> Request:
+    """``model`` validated from ``data``; the first bad field as a :class:`FieldError` instead of pydantic's
+    :class:`ValidationError` (for faces that report one line, not FastAPI's list).
+
+    Example:
+        >>> validated(WorkloadRequest, {"model": "tiny-gpt2", "gpus": 0})
+        Traceback (most recent call last):
+        tuner.schema.FieldError: gpus: Input should be greater than or equal to 1
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        errors = error.errors(include_url=False)
+        head = errors[0]["loc"][:1]
+        # a union (e.g. a memory size: bytes or text) reports each branch; the last one is the branch given
+        last = [item for item in errors if item["loc"][:1] == head][-1]
+        raise FieldError((*loc, *head), last["msg"]) from None
+
+
+def _size(value: int | str, name: str, loc: Loc) -> int:
+    try:
+        size = parse_bytes(value)
+    except ValueError as error:
+        raise FieldError((*loc, name), str(error)) from None
+    if size > MAX_BYTES:
+        raise FieldError((*loc, name), f"must be at most {MAX_BYTES} bytes")
+    return size
+
+
+def _workload_loc(request: WorkloadRequest, field_name: str, loc: Loc) -> Loc:
+    """Where in the request a :class:`WorkloadError`'s field lives."""
+    head, _, rest = field_name.partition(".")
+    if head == "model":
+        if request.config is not None:
+            return (*loc, "config", *([rest] if rest else []))
+        return (*loc, "params" if request.params is not None else "model")
+    renamed = {"gpus-per-node": "gpus"}.get(field_name, field_name.replace("-", "_"))
+    return (*loc, renamed)
+
+
+@functools.lru_cache(maxsize=64)
+def _preset_model(name: str) -> ModelSpec:
+    """A built-in preset's model (cached: presets are files shipped with the package)."""
+    if name not in preset_names():
+        raise WorkloadError("model", f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
+    return model_from_hf_config(preset_config(name), name=name)
+
+
+def to_workload(request: WorkloadRequest, loc: Loc = (), *, config_name: str | None = None) -> Workload:
+    """The :class:`Workload` a request describes; :class:`FieldError` (with the field's path) for bad input.
+
+    ``config_name`` names the model of an inline ``config`` (the CLI passes the name of ``--model``'s folder);
+    by default its ``_name_or_path``, else ``custom``.
+    """
+    given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
+    if len(given) != 1:
+        raise FieldError((*loc, "model"), "give exactly one of model (a preset name), config or params")
+    try:
+        if request.model is not None:
+            model = _preset_model(request.model)
+        elif request.config is not None:
+            name = config_name or str(request.config.get("_name_or_path", "custom"))[:64]
+            model = model_from_hf_config(request.config, name=name)
+        else:
+            model = model_from_param_count(float(request.params or 0))
+        cluster = ClusterSpec(
+            gpus_per_node=request.gpus,
+            nodes=request.nodes,
+            gpu_memory=_size(request.gpu_memory, "gpu_memory", loc),
+            cpu_memory=_size(request.cpu_memory, "cpu_memory", loc),
+            device=request.device,
+        )
+        train = TrainSpec(
+            seq_len=request.seq_len,
+            micro_batch=request.micro_batch,
+            grad_accum=request.grad_accum,
+            precision=request.precision,
+            activation_checkpointing=request.activation_checkpointing,
+            attention=request.attention,
+        )
+    except WorkloadError as error:
+        raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
+    except FieldError:
+        raise
+    except (TypeError, ValueError, OverflowError, ArithmeticError) as error:  # odd values in an inline config
+        raise FieldError((*loc, "config"), f"not a usable model config: {error}") from None
+    if not 0 < model.n_params <= MAX_PARAMS:
+        raise FieldError((*loc, "config" if request.config is not None else "model"), "implausible parameter count")
+    return Workload(model, cluster, train)
+
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "DEVICES",
+    "LAUNCHERS",
+    "MAX_BYTES",
+    "MAX_PARAMS",
+    "OFFLOAD_TARGETS",
+    "PRECISIONS",
+    "SAMPLERS",
+    "Attention",
+    "Device",
+    "FieldError",
+    "Launcher",
+    "Loc",
+    "Offload",
+    "Precision",
+    "Sampler",
+    "WorkloadRequest",
+    "to_workload",
+    "validated",
+]
