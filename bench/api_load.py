@@ -43,8 +43,8 @@ import httpx
 
 from tuner.estimator import estimate
 from tuner.recommend import normalised
+from tuner.schema import WorkloadRequest, to_workload
 from tuner.storage import Store, StudyRow, TrialRow, utcnow
-from tuner.study.jobs import WorkloadRequest, to_workload
 
 GPT2 = {"model": "gpt2", "seq_len": 512}
 REQUESTS = {
