@@ -22,11 +22,13 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.estimator import MemoryEstimate, estimate
-from tuner.measure.dispatch import Dispatcher, DispatchOptions
+from tuner.measure.dispatch import DispatchOptions
 from tuner.measure.measurement import CANCELLED, Measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, load_space
 from tuner.storage import DuplicateConfig, Store
 from tuner.study.calibration import Calibration
+from tuner.study.measurer import Measurer
+from tuner.study.pruning import memory_reason
 from tuner.workload import Workload
 
 SAMPLERS = ("tpe", "random", "grid", "gp")
@@ -116,21 +118,10 @@ def make_sampler(name: str, space: SearchSpace, settings: StudySettings) -> optu
 
 
 def capacity_reason(est: MemoryEstimate, calibration: Calibration) -> str | None:
-    """Why the estimate (with the margin) does not fit, or None when it fits."""
-    peak = est.per_gpu["total"] or 0
-    if not calibration.fits(peak, est.gpu_memory):
-        largest = max(
-            ("parameters", "gradients", "optimizer_states", "activations", "buffers"),
-            key=lambda name: est.per_gpu[name] or 0,
-        )
-        short = int(peak * (1 + calibration.margin)) - est.gpu_memory
-        return (
-            f"gpu: estimated peak {peak} B × (1 + margin {calibration.margin:.3f}) exceeds {est.gpu_memory} B "
-            f"by {short} B at the {est.peak_phase} phase; largest category {largest}"
-        )
-    if est.cpu_headroom < 0:
-        return est.overflow_reason()
-    return None
+    """Why the estimate (with the margin) does not fit, as a sentence for people (:mod:`tuner.study.pruning`), or
+    None when it fits."""
+    reason = memory_reason(est, calibration)
+    return None if reason is None else reason.sentence()
 
 
 class TuningStudy:
@@ -183,8 +174,11 @@ class TuningStudy:
                 self.optuna.enqueue_trial(record.params, skip_if_exists=False)
 
     # ----------------------------------------------------------------- the loop
-    def run(self, dispatcher: Dispatcher, should_stop: Callable[[], bool] | None = None) -> StudyReport:
+    def run(self, dispatcher: Measurer, should_stop: Callable[[], bool] | None = None) -> StudyReport:
         """Run until ``trials`` trials exist in the study, the timeout passes, or ``should_stop()`` says so.
+
+        ``dispatcher`` measures the configs that fit: the real :class:`~tuner.measure.dispatch.Dispatcher`, or any
+        :class:`~tuner.study.measurer.Measurer`.
 
         ``should_stop`` is asked before each trial and at least once a second while runs are in flight; when it says
         stop, the runs in flight are killed and recorded failed (``report.stopped``). Ctrl-C stops the same way,
@@ -223,7 +217,7 @@ class TuningStudy:
         """Trials the study holds so far (every state: the budget counts them all)."""
         return len(self.optuna.get_trials(deepcopy=False))
 
-    def _ask_one(self, dispatcher: Dispatcher) -> None:
+    def _ask_one(self, dispatcher: Measurer) -> None:
         trial = self.optuna.ask()
         workload = self.settings.workload
         try:
@@ -340,7 +334,7 @@ class TuningStudy:
             self._tell(trial, TrialState.FAIL)
         self.on_event(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
 
-    def _stop_in_flight(self, dispatcher: Dispatcher, reason: str, wait_s: float) -> None:
+    def _stop_in_flight(self, dispatcher: Measurer, reason: str, wait_s: float) -> None:
         """Kill the runs in flight, wait up to ``wait_s`` for them to end, and record each failed with ``reason``;
         a run that finished before it was killed is recorded as measured."""
         dispatcher.cancel()
