@@ -145,7 +145,8 @@ class TuningStudy:
             sampler=make_sampler(settings.sampler, self.space, settings),
             load_if_exists=True,
         )
-        self.in_flight: dict[Future[Measurement], tuple[optuna.Trial, int, Suggestion, MemoryEstimate]] = {}
+        # each run in flight: its trial, record id, suggestion, estimate and memory constraint (told with the outcome)
+        self.in_flight: dict[Future[Measurement], tuple[optuna.Trial, int, Suggestion, MemoryEstimate, float]] = {}
 
     # ----------------------------------------------------------------- calibration
     def _load_calibration(self) -> Calibration:
@@ -235,18 +236,20 @@ class TuningStudy:
         est = estimate(trial_workload, suggestion.ds_config)
         reason = capacity_reason(est, self.calibration)
         peak = est.per_gpu["total"] or 0
-        trial.set_constraint("memory", peak * (1 + self.calibration.margin) / est.gpu_memory - 1)
+        constraint = peak * (1 + self.calibration.margin) / est.gpu_memory - 1
         if reason is not None:
+            trial.set_constraint("memory", constraint)
             self._tell_pruned(trial, suggestion, reason, est=est)
             return
         if previous is not None:
             trial_id = previous.id
             self.store.retry_trial(trial_id, trial.number)
         else:
-            trial_id = self._record(trial, suggestion, est, "pending")
+            trial_id = self._record(trial, suggestion, est, "pending", constraint=constraint)
         self.store.start_trial(trial_id)
         future = dispatcher.submit(trial_workload, suggestion.ds_config)
-        self.in_flight[future] = (trial, trial_id, suggestion, est)
+        # Optuna keeps a trial's first constraint value: it is set with the outcome, so that an OOM can say 1.0.
+        self.in_flight[future] = (trial, trial_id, suggestion, est, constraint)
         self.on_event(Event(trial.number, "running"))
 
     def _record(
@@ -256,7 +259,10 @@ class TuningStudy:
         est: MemoryEstimate | None,
         status: str,
         reason: str | None = None,
+        constraint: float | None = None,
     ) -> int:
+        if constraint is None:
+            constraint = dict(trial.constraints).get("memory")
         try:
             return self.store.add_trial(
                 self.study_id,
@@ -268,7 +274,7 @@ class TuningStudy:
                 est.to_dict() if est else None,
                 status,
                 prune_reason=reason,
-                constraint=dict(trial.constraints).get("memory"),
+                constraint=constraint,
                 hardware=self.hardware,
             )
         except DuplicateConfig:  # another process recorded the same config a moment ago
@@ -291,7 +297,9 @@ class TuningStudy:
 
     def _tell_previous(self, trial: optuna.Trial, previous: Any) -> None:
         """Tell Optuna the recorded outcome of an identical config without running it again."""
-        if previous.constraint is not None:
+        if previous.status == "oom":
+            trial.set_constraint("memory", 1.0)  # as its first run was told
+        elif previous.constraint is not None:
             trial.set_constraint("memory", previous.constraint)
         if previous.status == "ok":
             self._tell(trial, TrialState.COMPLETE, self._values(previous.tokens_per_s, previous.peak_bytes))
@@ -313,7 +321,7 @@ class TuningStudy:
         self.optuna.tell(trial, values=values, state=state)
 
     def _finish(self, future: Future[Measurement]) -> None:
-        trial, trial_id, _, est = self.in_flight.pop(future)
+        trial, trial_id, _, est, constraint = self.in_flight.pop(future)
         try:
             measurement = future.result()
         except Exception as error:  # the dispatcher itself failed (Ray unreachable...): record, never lose it
@@ -325,12 +333,14 @@ class TuningStudy:
             if peak:
                 self.calibration = self.calibration.after_measurement(estimated_peak, peak)
                 self._save_calibration()
+            trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.COMPLETE, self._values(measurement.tokens_per_s, peak))
         else:
             if measurement.status == "oom":
                 self.calibration = self.calibration.after_oom(estimated_peak, est.gpu_memory)
                 self._save_calibration()
-                trial.set_constraint("memory", 1.0)
+                constraint = 1.0  # infeasible, whatever the estimate said
+            trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.FAIL)
         self.on_event(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
 
@@ -340,11 +350,12 @@ class TuningStudy:
         dispatcher.cancel()
         if self.in_flight and wait_s > 0:
             wait(list(self.in_flight), timeout=wait_s)
-        for future, (trial, trial_id, _, _) in list(self.in_flight.items()):
+        for future, (trial, trial_id, _, _, constraint) in list(self.in_flight.items()):
             if _measured_before_stop(future):
                 self._finish(future)
                 continue
             self.store.finish_trial(trial_id, "failed", None, error=reason)
+            trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.FAIL)
         self.in_flight.clear()
 
