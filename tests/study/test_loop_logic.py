@@ -208,7 +208,7 @@ def test_each_outcome_is_recorded_and_told(tmp_path: Path, store: Store) -> None
         (2, 1): ConnectionError("Ray unreachable"),
     }
     fake = FakeMeasurer(lambda config: script.get(shape(config)) or ok(config))
-    study = TuningStudy(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=30), store)
+    study = TuningStudy(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=12), store)
     study.run(fake)
 
     by_shape = {shape(t.ds_config): t for t in store.trials(study.study_id)}
