@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -18,6 +17,7 @@ from tuner.measure.dispatch import Dispatcher, DispatchOptions
 from tuner.space import SpaceError, resolve_space
 from tuner.storage import Store, StoreError, default_url
 from tuner.study import Event, StudySettings, TuningStudy
+from tuner.study.pruning import group_reasons
 from tuner.units import GiB
 from tuner.workload import Workload
 
@@ -128,13 +128,24 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
         )
     console.print(table)
     console.print("trials by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
-    reasons = Counter(summary.pruned_reasons)
-    for reason, count in reasons.most_common(5):
-        console.print(f"  pruned ×{count}: {reason}", highlight=False, soft_wrap=True)
+    render_pruned(store, study_id, console)
     best = store.best_trial(study_id)
     if best is not None:
         console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:")
         console.print_json(json.dumps(best.ds_config))
+
+
+def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5) -> None:
+    """The pruned trials grouped by kind (memory · phase · largest category), each kind with one of its reasons."""
+    pruned = store.trials(study_id, status="pruned")
+    groups = group_reasons(trial.prune_reason for trial in pruned)
+    if not groups:
+        return
+    console.print(f"pruned without a run: {len(pruned)}, by kind")
+    for group in groups[:kinds]:
+        console.print(f"  ×{group.count}  {group.key} — e.g. {group.example}", highlight=False, soft_wrap=True)
+    if len(groups) > kinds:
+        console.print(f"  … and {len(groups) - kinds} more kinds (the dashboard lists them all)", highlight=False)
 
 
 def export_best(study: str, *, storage: str | None, format: str, out: str | None, fail: Fail) -> None:
