@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -14,9 +15,11 @@ from rich.table import Table
 from tuner.dsconfig import to_hf_trainer, validate_with_deepspeed
 from tuner.estimator import ConfigError
 from tuner.measure.dispatch import Dispatcher, DispatchOptions
+from tuner.measure.measurement import Measurement
+from tuner.measure.op_builds import build_notice, prebuilt_ops
 from tuner.space import SpaceError, resolve_space
 from tuner.storage import Store, StoreError, default_url
-from tuner.study import Event, StudySettings, TuningStudy
+from tuner.study import Event, Measurer, StudySettings, TuningStudy
 from tuner.study.pruning import group_reasons
 from tuner.units import GiB
 from tuner.workload import Workload
@@ -95,14 +98,38 @@ def run_tune(
 
         tuning.on_event = on_event
         dispatcher = Dispatcher(settings.dispatch, workload.cluster.device, workload.cluster.world_size)
+        measurer: Measurer = dispatcher
+        if launcher == "local" or ray_address is None:  # the ranks, and so the builds, run on this machine
+            measurer = AnnounceBuilds(dispatcher, lambda line: console.print(line, highlight=False, soft_wrap=True))
         try:
-            report = tuning.run(dispatcher)
+            report = tuning.run(measurer)
         finally:
             dispatcher.close(wait=False)
     render_study(store, tuning.study_id, name, console)
     if report.interrupted:
         console.print("[yellow]interrupted[/]: finished trials are recorded; run the same command to resume")
     return 0 if store.best_trial(tuning.study_id) is not None else 1
+
+
+class AnnounceBuilds:
+    """A measurer that says, before a run, which of DeepSpeed's ops it compiles first (once per op), then runs it."""
+
+    def __init__(self, inner: Measurer, say: Callable[[str], None]) -> None:
+        self.inner, self.say, self.slots = inner, say, inner.slots
+        self.prebuilt = prebuilt_ops()
+        self.announced: set[str] = set()
+
+    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
+        """Announce the ops this run builds, if any, and submit it."""
+        notice, ops = build_notice(workload.cluster.device, [ds_config], prebuilt=self.prebuilt, skip=self.announced)
+        if notice:
+            self.announced.update(ops)
+            self.say(notice)
+        return self.inner.submit(workload, ds_config)
+
+    def cancel(self) -> None:
+        """Cancel the inner measurer's runs."""
+        self.inner.cancel()
 
 
 def render_study(store: Store, study_id: int, name: str, console: Console, top: int = 5) -> None:
