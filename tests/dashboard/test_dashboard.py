@@ -173,7 +173,7 @@ def test_study_page(client: TestClient) -> None:
     for chart in ("chart-progress", "chart-pareto", "chart-estimate", "chart-reasons"):
         assert f'id="{chart}"' in page
     assert page.count("<tr>") == 1 + len(TRIALS) + 1  # header, the trials, the infeasible one
-    assert "GPU memory short by 1234567 bytes" in page
+    assert "GPU memory short by 1.2 MiB at the backward phase" in page  # an older reason's bytes, for people
     assert "/static/chart.umd.js" in page
     assert "cdn" not in page.lower() and "https://" not in page  # nothing from the internet
 
@@ -232,6 +232,19 @@ def test_pareto_front_keeps_only_undominated_points() -> None:
     assert pareto_front([]) == []
 
 
+def test_reason_chart_groups_new_and_old_reasons_by_kind() -> None:
+    """The store's summary templates numbers as N; new sentences and older raw-byte texts of one kind share a bar."""
+    old = "gpu: estimated peak N B × (N + margin N) exceeds N B by N B at the backward phase; largest category buffers"
+    reasons = {
+        "needs N GiB of N MiB GPU memory at the backward phase (N% margin included); largest: buffers N GiB": 3,
+        old: 1,
+        "needs N GiB of N GiB node CPU memory at the step phase; largest: optimizer states N GiB": 1,
+    }
+    data = chart_data([], reasons, GiB)
+    assert data["reasons"]["labels"] == ["GPU memory · backward · buffers", "node CPU memory · step · optimizer states"]
+    assert data["reasons"]["counts"] == [4, 1]
+
+
 def test_chart_data_and_estimate_quality(app: FastAPI) -> None:
     store: Store = app.state.store
     study = store.get_study(STUDY)
@@ -243,6 +256,12 @@ def test_chart_data_and_estimate_quality(app: FastAPI) -> None:
     assert max(p["y"] for p in data["pareto"]["front"]) == BEST_TOKENS
     assert {p["status"] for p in data["estimate"]["trials"]} == {"ok", "oom"}
     assert sum(data["reasons"]["counts"]) == 3
+    # older stored reasons (raw bytes) still group by kind: memory · phase
+    assert data["reasons"]["labels"] == [
+        "GPU memory · backward",
+        "GPU memory · forward",
+        "global batch N is not divisible by N",
+    ]
     quality = estimate_quality(trials)
     assert quality["compared"] == 5
     assert quality["missed_ooms"] == [3]  # the estimate said it fits; it ran out of memory

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("deepspeed")
-psutil = pytest.importorskip("psutil")
+if importlib.util.find_spec("deepspeed") is None or importlib.util.find_spec("psutil") is None:
+    pytest.skip("needs DeepSpeed and psutil", allow_module_level=True)  # found without importing: collection stays fast
 
-from tuner.measure.dispatch import Dispatcher  # noqa: E402
-from tuner.storage import Store  # noqa: E402
-from tuner.study import TuningStudy  # noqa: E402
-from tuner.study.jobs import JobRequest, check_job, study_settings  # noqa: E402
+import psutil
+
+from tuner.measure.dispatch import Dispatcher
+from tuner.storage import Store
+from tuner.study import TuningStudy
+from tuner.study.jobs import JobRequest, check_job, study_settings
 
 pytestmark = pytest.mark.deepspeed
 

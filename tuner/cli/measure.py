@@ -37,6 +37,12 @@ def measure_command(
     from tuner.measure.run import measure
 
     hf_config = load_hf_config(flags.model)[0] if model_impl == "transformers" and flags.model else None
+    if not as_json and (launcher == "local" or ray_address is None):  # the ranks build DeepSpeed's ops here
+        from tuner.measure.op_builds import build_notice
+
+        notice = build_notice(workload.cluster.device, [config])[0]
+        if notice:
+            Console().print(notice, highlight=False, soft_wrap=True)
     result = measure(
         workload,
         config,

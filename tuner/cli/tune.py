@@ -8,7 +8,6 @@ them.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -130,9 +129,10 @@ def run_tune(
     """Run a study to its budget and print the top configs; 0 when a config was measured, 1 otherwise."""
     from tuner.estimator import ConfigError
     from tuner.measure.dispatch import Dispatcher, DispatchOptions
+    from tuner.measure.op_builds import AnnounceBuilds
     from tuner.space import SpaceError, resolve_space
     from tuner.storage import Store, StoreError, default_url
-    from tuner.study import Event, StudySettings, TuningStudy
+    from tuner.study import Event, Measurer, StudySettings, TuningStudy
 
     console = Console()
     name = study or f"{workload.model.name}-{workload.fingerprint()[:8]}"
@@ -182,8 +182,11 @@ def run_tune(
 
         tuning.on_event = on_event
         dispatcher = Dispatcher(settings.dispatch, workload.cluster.device, workload.cluster.world_size)
+        measurer: Measurer = dispatcher
+        if launcher == "local" or ray_address is None:  # the ranks, and so the builds, run on this machine
+            measurer = AnnounceBuilds(dispatcher, lambda line: console.print(line, highlight=False, soft_wrap=True))
         try:
-            report = tuning.run(dispatcher)
+            report = tuning.run(measurer)
         finally:
             dispatcher.close(wait=False)
     render_study(store, tuning.study_id, name, console)
@@ -215,13 +218,26 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
         )
     console.print(table)
     console.print("trials by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
-    reasons = Counter(summary.pruned_reasons)
-    for reason, count in reasons.most_common(5):
-        console.print(f"  pruned ×{count}: {reason}", highlight=False, soft_wrap=True)
+    render_pruned(store, study_id, console)
     best = store.best_trial(study_id)
     if best is not None:
         console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:")
         console.print_json(json.dumps(best.ds_config))
+
+
+def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5) -> None:
+    """The pruned trials grouped by kind (memory · phase · largest category), each kind with one of its reasons."""
+    from tuner.study.pruning import group_reasons
+
+    pruned = store.trials(study_id, status="pruned")
+    groups = group_reasons(trial.prune_reason for trial in pruned)
+    if not groups:
+        return
+    console.print(f"pruned without a run: {len(pruned)}, by kind")
+    for group in groups[:kinds]:
+        console.print(f"  ×{group.count}  {group.key} — e.g. {group.example}", highlight=False, soft_wrap=True)
+    if len(groups) > kinds:
+        console.print(f"  … and {len(groups) - kinds} more kinds (the dashboard lists them all)", highlight=False)
 
 
 def export_best(study: str, *, storage: str | None, format: str, out: str | None) -> None:

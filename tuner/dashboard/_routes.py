@@ -13,6 +13,7 @@ from fastapi.templating import Jinja2Templates
 
 from tuner.dashboard import _views as views
 from tuner.storage import Store, StudyRecord, TrialRecord
+from tuner.study.pruning import describe_reason
 from tuner.units import format_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -29,6 +30,7 @@ templates.env.filters.update(
     time=views.format_time,
     config=views.describe_config,
     sortval=views.sort_value,
+    reason=describe_reason,
     urlpart=lambda value: quote(str(value), safe=""),
 )
 

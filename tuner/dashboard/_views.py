@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from tuner.storage import FINISHED_STATUSES, JobRecord, StudyRecord, TrialRecord, WorkloadRecord
+from tuner.study.pruning import group_counts
 from tuner.units import GiB, format_bytes
 
 MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "pruned")
@@ -160,7 +161,8 @@ def chart_data(trials: list[TrialRecord], pruned_reasons: dict[str, int], gpu_me
 
     ``progress``: each measured trial's throughput and the best so far, by trial number. ``pareto``: throughput
     against measured peak memory, and the front. ``estimate``: estimated against measured peak memory per trial.
-    ``reasons``: the histogram of prune reasons.
+    ``reasons``: the histogram of prune reasons by kind (``GPU memory · backward · buffers``), most frequent first;
+    older reasons with raw byte counts group the same way.
     """
     ordered = sorted(trials, key=lambda t: (t.number, t.id))
     ok = [t for t in ordered if t.status == "ok" and t.tokens_per_s is not None]
@@ -175,6 +177,7 @@ def chart_data(trials: list[TrialRecord], pruned_reasons: dict[str, int], gpu_me
     points = [(t.peak_bytes / GiB, t.tokens_per_s, t.number) for t in ok if t.peak_bytes is not None]
     front = pareto_front(points)  # type: ignore[arg-type]
     compared = [t for t in ordered if t.estimated_peak_bytes is not None and t.peak_bytes is not None]
+    reasons = group_counts(pruned_reasons)
     return {
         "gpu_memory_gib": _gib(gpu_memory),
         "progress": {
@@ -191,7 +194,7 @@ def chart_data(trials: list[TrialRecord], pruned_reasons: dict[str, int], gpu_me
                 for t in compared
             ],
         },
-        "reasons": {"labels": [_wrap(r) for r in pruned_reasons], "counts": list(pruned_reasons.values())},
+        "reasons": {"labels": [_wrap(r) for r in reasons], "counts": list(reasons.values())},
     }
 
 

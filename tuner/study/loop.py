@@ -22,11 +22,13 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.estimator import MemoryEstimate, estimate
-from tuner.measure.dispatch import Dispatcher, DispatchOptions
+from tuner.measure.dispatch import DispatchOptions
 from tuner.measure.measurement import CANCELLED, Measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, load_space
 from tuner.storage import DuplicateConfig, Store
 from tuner.study.calibration import Calibration
+from tuner.study.measurer import Measurer
+from tuner.study.pruning import memory_reason
 from tuner.workload import Workload
 
 SAMPLERS = ("tpe", "random", "grid", "gp")
@@ -116,21 +118,10 @@ def make_sampler(name: str, space: SearchSpace, settings: StudySettings) -> optu
 
 
 def capacity_reason(est: MemoryEstimate, calibration: Calibration) -> str | None:
-    """Why the estimate (with the margin) does not fit, or None when it fits."""
-    peak = est.per_gpu["total"] or 0
-    if not calibration.fits(peak, est.gpu_memory):
-        largest = max(
-            ("parameters", "gradients", "optimizer_states", "activations", "buffers"),
-            key=lambda name: est.per_gpu[name] or 0,
-        )
-        short = int(peak * (1 + calibration.margin)) - est.gpu_memory
-        return (
-            f"gpu: estimated peak {peak} B × (1 + margin {calibration.margin:.3f}) exceeds {est.gpu_memory} B "
-            f"by {short} B at the {est.peak_phase} phase; largest category {largest}"
-        )
-    if est.cpu_headroom < 0:
-        return est.overflow_reason()
-    return None
+    """Why the estimate (with the margin) does not fit, as a sentence for people (:mod:`tuner.study.pruning`), or
+    None when it fits."""
+    reason = memory_reason(est, calibration)
+    return None if reason is None else reason.sentence()
 
 
 class TuningStudy:
@@ -154,7 +145,8 @@ class TuningStudy:
             sampler=make_sampler(settings.sampler, self.space, settings),
             load_if_exists=True,
         )
-        self.in_flight: dict[Future[Measurement], tuple[optuna.Trial, int, Suggestion, MemoryEstimate]] = {}
+        # each run in flight: its trial, record id, suggestion, estimate and memory constraint (told with the outcome)
+        self.in_flight: dict[Future[Measurement], tuple[optuna.Trial, int, Suggestion, MemoryEstimate, float]] = {}
 
     # ----------------------------------------------------------------- calibration
     def _load_calibration(self) -> Calibration:
@@ -183,8 +175,11 @@ class TuningStudy:
                 self.optuna.enqueue_trial(record.params, skip_if_exists=False)
 
     # ----------------------------------------------------------------- the loop
-    def run(self, dispatcher: Dispatcher, should_stop: Callable[[], bool] | None = None) -> StudyReport:
+    def run(self, dispatcher: Measurer, should_stop: Callable[[], bool] | None = None) -> StudyReport:
         """Run until ``trials`` trials exist in the study, the timeout passes, or ``should_stop()`` says so.
+
+        ``dispatcher`` measures the configs that fit: the real :class:`~tuner.measure.dispatch.Dispatcher`, or any
+        :class:`~tuner.study.measurer.Measurer`.
 
         ``should_stop`` is asked before each trial and at least once a second while runs are in flight; when it says
         stop, the runs in flight are killed and recorded failed (``report.stopped``). Ctrl-C stops the same way,
@@ -223,7 +218,7 @@ class TuningStudy:
         """Trials the study holds so far (every state: the budget counts them all)."""
         return len(self.optuna.get_trials(deepcopy=False))
 
-    def _ask_one(self, dispatcher: Dispatcher) -> None:
+    def _ask_one(self, dispatcher: Measurer) -> None:
         trial = self.optuna.ask()
         workload = self.settings.workload
         try:
@@ -241,18 +236,20 @@ class TuningStudy:
         est = estimate(trial_workload, suggestion.ds_config)
         reason = capacity_reason(est, self.calibration)
         peak = est.per_gpu["total"] or 0
-        trial.set_constraint("memory", peak * (1 + self.calibration.margin) / est.gpu_memory - 1)
+        constraint = peak * (1 + self.calibration.margin) / est.gpu_memory - 1
         if reason is not None:
+            trial.set_constraint("memory", constraint)
             self._tell_pruned(trial, suggestion, reason, est=est)
             return
         if previous is not None:
             trial_id = previous.id
             self.store.retry_trial(trial_id, trial.number)
         else:
-            trial_id = self._record(trial, suggestion, est, "pending")
+            trial_id = self._record(trial, suggestion, est, "pending", constraint=constraint)
         self.store.start_trial(trial_id)
         future = dispatcher.submit(trial_workload, suggestion.ds_config)
-        self.in_flight[future] = (trial, trial_id, suggestion, est)
+        # Optuna keeps a trial's first constraint value: it is set with the outcome, so that an OOM can say 1.0.
+        self.in_flight[future] = (trial, trial_id, suggestion, est, constraint)
         self.on_event(Event(trial.number, "running"))
 
     def _record(
@@ -262,7 +259,10 @@ class TuningStudy:
         est: MemoryEstimate | None,
         status: str,
         reason: str | None = None,
+        constraint: float | None = None,
     ) -> int:
+        if constraint is None:
+            constraint = dict(trial.constraints).get("memory")
         try:
             return self.store.add_trial(
                 self.study_id,
@@ -274,7 +274,7 @@ class TuningStudy:
                 est.to_dict() if est else None,
                 status,
                 prune_reason=reason,
-                constraint=dict(trial.constraints).get("memory"),
+                constraint=constraint,
                 hardware=self.hardware,
             )
         except DuplicateConfig:  # another process recorded the same config a moment ago
@@ -297,7 +297,9 @@ class TuningStudy:
 
     def _tell_previous(self, trial: optuna.Trial, previous: Any) -> None:
         """Tell Optuna the recorded outcome of an identical config without running it again."""
-        if previous.constraint is not None:
+        if previous.status == "oom":
+            trial.set_constraint("memory", 1.0)  # as its first run was told
+        elif previous.constraint is not None:
             trial.set_constraint("memory", previous.constraint)
         if previous.status == "ok":
             self._tell(trial, TrialState.COMPLETE, self._values(previous.tokens_per_s, previous.peak_bytes))
@@ -319,7 +321,7 @@ class TuningStudy:
         self.optuna.tell(trial, values=values, state=state)
 
     def _finish(self, future: Future[Measurement]) -> None:
-        trial, trial_id, _, est = self.in_flight.pop(future)
+        trial, trial_id, _, est, constraint = self.in_flight.pop(future)
         try:
             measurement = future.result()
         except Exception as error:  # the dispatcher itself failed (Ray unreachable...): record, never lose it
@@ -331,26 +333,29 @@ class TuningStudy:
             if peak:
                 self.calibration = self.calibration.after_measurement(estimated_peak, peak)
                 self._save_calibration()
+            trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.COMPLETE, self._values(measurement.tokens_per_s, peak))
         else:
             if measurement.status == "oom":
                 self.calibration = self.calibration.after_oom(estimated_peak, est.gpu_memory)
                 self._save_calibration()
-                trial.set_constraint("memory", 1.0)
+                constraint = 1.0  # infeasible, whatever the estimate said
+            trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.FAIL)
         self.on_event(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
 
-    def _stop_in_flight(self, dispatcher: Dispatcher, reason: str, wait_s: float) -> None:
+    def _stop_in_flight(self, dispatcher: Measurer, reason: str, wait_s: float) -> None:
         """Kill the runs in flight, wait up to ``wait_s`` for them to end, and record each failed with ``reason``;
         a run that finished before it was killed is recorded as measured."""
         dispatcher.cancel()
         if self.in_flight and wait_s > 0:
             wait(list(self.in_flight), timeout=wait_s)
-        for future, (trial, trial_id, _, _) in list(self.in_flight.items()):
+        for future, (trial, trial_id, _, _, constraint) in list(self.in_flight.items()):
             if _measured_before_stop(future):
                 self._finish(future)
                 continue
             self.store.finish_trial(trial_id, "failed", None, error=reason)
+            trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.FAIL)
         self.in_flight.clear()
 

@@ -1,0 +1,14 @@
+"""What pytest skips when it collects doctests (pyproject runs ``--doctest-modules`` over ``tests`` and ``tuner``).
+
+Modules with no doctests that import a training stack (torch, Ray) at import time would only slow collection down,
+Alembic's migration scripts run only under Alembic, and ``tests/prebuild_ops.py`` compiles DeepSpeed's ops when
+imported. Test modules themselves are collected as usual.
+"""
+
+collect_ignore = [
+    "tuner/storage/migrations",
+    "tuner/measure/models.py",
+    "tuner/measure/memory_probe.py",
+    "tuner/measure/ray_launcher.py",
+    "tests/prebuild_ops.py",
+]

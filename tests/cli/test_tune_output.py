@@ -1,0 +1,91 @@
+"""What ``dstune tune`` prints besides its live display: the line before DeepSpeed builds its ops, and the summary of
+pruned trials (grouped by kind with counts, each kind with one reason in sizes)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from tuner.cli.tune import AnnounceBuilds, render_study
+from tuner.dsconfig import shortcut_config
+from tuner.estimator import estimate
+from tuner.measure.measurement import Measurement
+from tuner.storage import Store
+from tuner.study import capacity_reason
+from tuner.study.calibration import Calibration
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+
+OLD_REASON = (  # as the loop wrote it before reasons were for people
+    "gpu: estimated peak 2016309042 B × (1 + margin 0.050) exceeds 67108864 B by 2050015630 B at the backward phase; "
+    "largest category buffers"
+)
+
+
+class Inner:
+    """A measurer that records what it was given and measures nothing."""
+
+    slots = 1
+
+    def __init__(self) -> None:
+        self.submitted: list[dict[str, Any]] = []
+        self.cancelled = False
+
+    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
+        self.submitted.append(ds_config)
+        future: Future[Measurement] = Future()
+        future.set_result(Measurement(status="ok"))
+        return future
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_a_line_before_the_runs_that_build_deepspeed_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(64))
+    plain = shortcut_config(1, 1, "bf16", 2, "none", "none")
+    offload = shortcut_config(1, 1, "bf16", 2, "cpu", "none")
+    lines: list[str] = []
+    inner = Inner()
+    measurer = AnnounceBuilds(inner, lines.append)
+    measurer.prebuilt = set()  # whatever this machine's DeepSpeed was installed with
+    for config in (plain, plain, offload, offload):
+        measurer.submit(work, config)
+    assert inner.submitted == [plain, plain, offload, offload]
+    assert lines == [
+        f"Building DeepSpeed's CPU ops (deepspeed_shm_comm, fused_adam) once; later runs reuse them from {tmp_path}",
+        f"Building DeepSpeed's CPU ops (cpu_adam) once; later runs reuse them from {tmp_path}",
+    ]
+    measurer.cancel()
+    assert inner.cancelled and measurer.slots == 1
+
+
+def test_pruned_trials_are_summarised_by_kind(tmp_path: Path) -> None:
+    work = Workload(
+        load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, gpu_memory=2**26, device="cpu"), TrainSpec(64)
+    )
+    with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
+        study = store.get_or_create_study("summary", store.upsert_workload(work), "tpe", {})
+        reasons = []
+        for number, micro in enumerate((32, 64, 128)):
+            config = shortcut_config(micro, 1, "bf16", 0, "none", "none")
+            est = estimate(work, config)
+            reasons.append(capacity_reason(est, Calibration()))
+            store.add_trial(study.id, number, f"k{number}", config, {}, False, est, "pruned", reasons[-1], 1.0)
+        config = shortcut_config(1, 1, "bf16", 2, "none", "none")
+        store.add_trial(study.id, 3, "old", config, {}, False, estimate(work, config), "pruned", OLD_REASON, 1.0)
+        store.add_infeasible(study.id, 4, {"micro_batch": 3}, "micro-batch 3 × world size 1 = 3 does not divide 8")
+        console = Console(record=True, width=400)
+        render_study(store, study.id, "summary", console)
+    out = console.export_text()
+
+    assert "pruned without a run: 5, by kind" in out
+    assert f"×3  GPU memory · forward · activations — e.g. {reasons[0]}\n" in out
+    assert reasons[0].startswith("needs ") and " MiB of 64.0 MiB GPU memory at the forward phase" in reasons[0]
+    assert "×1  GPU memory · backward · buffers — e.g. gpu: estimated peak 1.88 GiB × (1 + margin 0.050)" in out
+    assert "2016309042" not in out  # older reasons' bytes print as sizes too
+    assert "×1  micro-batch N × world size N = N does not divide N — e.g. micro-batch 3 × world size 1" in out

@@ -1,0 +1,75 @@
+"""Which DeepSpeed ops a run builds first: by device and config, against a temporary extensions folder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.measure.op_builds import build_notice, extensions_dir, missing_ops, ops_needed
+
+ADAMW = {"type": "AdamW", "params": {"lr": 1e-4}}
+OFFLOAD = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+
+
+@pytest.mark.parametrize(
+    ("device", "config", "ops"),
+    [
+        ("cpu", {"optimizer": ADAMW}, ["deepspeed_shm_comm", "fused_adam"]),
+        ("cpu", {"optimizer": ADAMW, "zero_optimization": OFFLOAD}, ["deepspeed_shm_comm", "cpu_adam"]),
+        (
+            "cpu",
+            {"optimizer": {"type": "Adam"}, "zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
+            ["deepspeed_shm_comm", "cpu_adam"],
+        ),
+        ("cpu", {"optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}, ["deepspeed_shm_comm"]),
+        ("cpu", {"zero_optimization": {"stage": 1}}, ["deepspeed_shm_comm"]),  # no optimizer in the config
+        ("cuda", {"optimizer": ADAMW}, ["fused_adam"]),
+        ("cuda", {"optimizer": ADAMW, "zero_optimization": {"offload_optimizer": {"device": "none"}}}, ["fused_adam"]),
+    ],
+)
+def test_ops_needed(device: str, config: dict, ops: list[str]) -> None:
+    assert ops_needed(device, config) == ops
+
+
+def test_extensions_dir_follows_torch(tmp_path: Path) -> None:
+    assert extensions_dir({"TORCH_EXTENSIONS_DIR": str(tmp_path)}) == tmp_path
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{sys.abiflags}"
+    assert (
+        extensions_dir({"XDG_CACHE_HOME": str(tmp_path)}, "cu128") == tmp_path / "torch_extensions" / f"{python}_cu128"
+    )
+    assert extensions_dir({"HOME": str(tmp_path)}, "cpu") == tmp_path / ".cache" / "torch_extensions" / f"{python}_cpu"
+
+
+def built(root: Path, op: str) -> None:
+    (root / op).mkdir(parents=True)
+    (root / op / f"{op}.so").write_bytes(b"\x7fELF")
+
+
+def test_missing_ops_looks_for_each_built_library(tmp_path: Path) -> None:
+    built(tmp_path, "deepspeed_shm_comm")
+    (tmp_path / "fused_adam").mkdir()  # a build that never finished: no library yet
+    (tmp_path / "fused_adam" / "lock").touch()
+    ops = ["deepspeed_shm_comm", "fused_adam", "cpu_adam", "fused_adam"]
+    assert missing_ops(ops, tmp_path) == ["fused_adam", "cpu_adam"]
+    assert missing_ops(ops, tmp_path, prebuilt={"cpu_adam"}) == ["fused_adam"]
+
+
+def test_build_notice_names_what_is_missing_and_where(tmp_path: Path) -> None:
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    configs = [{"optimizer": ADAMW}, {"optimizer": ADAMW, "zero_optimization": OFFLOAD}]
+    notice, ops = build_notice("cpu", configs, env=env, prebuilt=())
+    assert ops == ["deepspeed_shm_comm", "fused_adam", "cpu_adam"]
+    assert notice == (
+        f"Building DeepSpeed's CPU ops (deepspeed_shm_comm, fused_adam, cpu_adam) once; later runs reuse them from "
+        f"{tmp_path}"
+    )
+    built(tmp_path, "deepspeed_shm_comm")
+    built(tmp_path, "fused_adam")
+    assert build_notice("cpu", configs[:1], env=env, prebuilt=()) == (None, [])
+    assert build_notice("cpu", configs, env=env, prebuilt=(), skip={"cpu_adam"}) == (None, [])
+    assert build_notice("cpu", configs, env=env, prebuilt=())[1] == ["cpu_adam"]
+    assert build_notice("cuda", configs, env={"TORCH_EXTENSIONS_DIR": str(tmp_path / "new")}, prebuilt=())[
+        0
+    ].startswith("Building DeepSpeed's ops (fused_adam, cpu_adam) once")

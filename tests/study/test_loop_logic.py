@@ -1,0 +1,324 @@
+"""The tuning loop's logic, fast: the real TuningStudy on a real SQLite store, measuring through a scripted fake.
+
+The fake stands in for the Dispatcher only (``tuner.study.Measurer``): every config is estimated, pruned, recorded,
+told to Optuna and resumed by the real code. Runs finish at once (or hang until cancelled), so these take seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.dsconfig import shortcut_config
+from tuner.estimator import estimate
+from tuner.measure.dispatch import Dispatcher, DispatchOptions
+from tuner.measure.measurement import CANCELLED, Measurement
+from tuner.storage import Store
+from tuner.study import Event, Measurer, StudySettings, TuningStudy, reason_key
+from tuner.study.calibration import DEFAULT_MARGIN
+from tuner.units import format_bytes
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+HANG = object()  # a scripted run that ends only when the measurer is cancelled
+MiB = 2**20
+SPACE = """\
+version: 1
+base:
+  optimizer:
+    params: {{lr: 1.0e-4}}
+parameters:
+  stage:
+    kind: categorical
+    choices: {stages}
+    key: zero_optimization.stage
+    default: 0
+  micro_batch:
+    kind: categorical
+    choices: {micros}
+    key: train_micro_batch_size_per_gpu
+    default: 1
+"""
+Outcome = Callable[[dict[str, Any]], Any]
+
+
+def ok(config: dict[str, Any]) -> Measurement:
+    """A successful run whose throughput identifies its config (stage and micro-batch)."""
+    stage, micro = config["zero_optimization"]["stage"], config["train_micro_batch_size_per_gpu"]
+    return Measurement(status="ok", tokens_per_s=1000.0 * (stage + 1) + micro, peak_bytes_per_rank=[10 * MiB])
+
+
+class FakeMeasurer:
+    """Scripted measurements: ``outcome(ds_config)`` is each run's Measurement, an exception, or :data:`HANG`."""
+
+    def __init__(self, outcome: Outcome = ok, slots: int = 1, delay_s: float = 0.0) -> None:
+        self.slots, self.outcome, self.delay_s = slots, outcome, delay_s
+        self.submitted: list[dict[str, Any]] = []
+        self.hanging: list[Future[Measurement]] = []
+        self.cancelled = False
+
+    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
+        assert not self.cancelled, "a run was submitted after cancel()"
+        self.submitted.append(ds_config)
+        future: Future[Measurement] = Future()
+        result = self.outcome(ds_config)
+        if result is HANG:
+            self.hanging.append(future)
+        elif self.delay_s:
+            threading.Timer(self.delay_s, _resolve, (future, result)).start()
+        else:
+            _resolve(future, result)
+        return future
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        for future in self.hanging:
+            if not future.done():
+                future.set_result(Measurement(status="error", exception_type=CANCELLED, error="killed"))
+
+
+def _resolve(future: Future[Measurement], result: Any) -> None:
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+def workload(gpu_memory: int = 64 * 2**30) -> Workload:
+    return Workload(
+        load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, gpu_memory=gpu_memory, device="cpu"), TrainSpec(64)
+    )
+
+
+def settings(
+    tmp_path: Path,
+    *,
+    stages: list[int] = (0,),
+    micros: list[int] = (1, 2),
+    trials: int = 4,
+    work: Workload | None = None,
+    **extra: Any,
+) -> StudySettings:
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE.format(stages=list(stages), micros=list(micros)))
+    return StudySettings(
+        name="logic",
+        workload=work or workload(),
+        space_path=space,
+        global_batch=64,
+        sampler="random",
+        trials=trials,
+        seed=7,
+        **extra,
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as opened:
+        yield opened
+
+
+def optuna_trials(store: Store) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name="logic", storage=store.url).trials
+
+
+def shape(config: dict[str, Any]) -> tuple[int, int]:
+    return config["zero_optimization"]["stage"], config["train_micro_batch_size_per_gpu"]
+
+
+def stop_when(condition: Callable[[], bool], error: BaseException | None = None) -> Callable[[], bool]:
+    """A ``should_stop`` that says stop (or raises ``error``) once ``condition()`` holds."""
+
+    def should_stop() -> bool:
+        if condition() and error is not None:
+            raise error
+        return condition()
+
+    return should_stop
+
+
+def test_the_dispatcher_and_the_fake_are_measurers() -> None:
+    dispatcher = Dispatcher(DispatchOptions(launcher="local"), "cpu", 1)
+    try:
+        assert isinstance(dispatcher, Measurer) and dispatcher.slots == 1
+    finally:
+        dispatcher.close()
+    assert isinstance(FakeMeasurer(), Measurer)
+
+
+def test_configs_that_cannot_fit_are_pruned_with_reason_and_constraint_never_run(tmp_path: Path, store: Store) -> None:
+    precision = workload().train.precision
+    small, big = (shortcut_config(micro, 64 // micro, precision, 0, "none", "none") for micro in (1, 64))
+    fits = estimate(workload(), small).gpu_total
+    memory = int(fits * 1.5)
+    assert estimate(workload(), big).gpu_total > memory  # the big micro-batch cannot fit
+    events: list[Event] = []
+    study = TuningStudy(settings(tmp_path, micros=[1, 64], trials=6, work=workload(memory)), store, events.append)
+    fake = FakeMeasurer()
+    report = study.run(fake)
+
+    assert {shape(config) for config in fake.submitted} == {(0, 1)}  # the big one never ran
+    pruned = store.trials(study.study_id, status="pruned")
+    assert len(pruned) == 1 and report.counts["pruned"] == 1 and report.counts["ok"] == 1
+    trial = pruned[0]
+    assert trial.prune_reason.startswith("needs ")  # sizes for people, not raw bytes
+    assert f" MiB of {format_bytes(memory)} GPU memory at the forward phase (5% margin" in trial.prune_reason
+    assert str(memory) not in trial.prune_reason and "; largest: activations " in trial.prune_reason
+    assert reason_key(trial.prune_reason) == "GPU memory · forward · activations"
+    assert trial.constraint is not None and trial.constraint > 0 and trial.measurement is None
+    assert any(e.status == "pruned" and e.reason == trial.prune_reason for e in events)
+    frozen = optuna_trials(store)
+    assert frozen[trial.number].state == TrialState.PRUNED
+    assert frozen[trial.number].constraints == {"memory": trial.constraint}
+    assert all(t.constraints["memory"] <= 0 for t in frozen if t.state == TrialState.COMPLETE)
+
+
+def test_identical_configs_are_answered_from_the_record(tmp_path: Path, store: Store) -> None:
+    events: list[Event] = []
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=8), store, events.append)
+    fake = FakeMeasurer()
+    study.run(fake)
+
+    shapes = [shape(config) for config in fake.submitted]
+    assert sorted(shapes) == [(0, 1), (0, 2)]  # two configs, each run once over eight trials
+    assert len(store.trials(study.study_id)) == 2
+    assert sum(e.status == "duplicate" for e in events) == 6
+    frozen = optuna_trials(store)
+    assert len(frozen) == 8 and all(t.state == TrialState.COMPLETE for t in frozen)
+    recorded = {t.number: t.tokens_per_s for t in store.trials(study.study_id)}
+    assert {t.values[0] for t in frozen} == set(recorded.values())
+
+
+def test_each_outcome_is_recorded_and_told(tmp_path: Path, store: Store) -> None:
+    """ok with tokens/s, oom (infeasible from now on, calibration told), error, timeout, a failing dispatcher."""
+    script: dict[tuple[int, int], Any] = {
+        (0, 1): None,  # ok
+        (0, 2): Measurement(status="oom", error="DefaultCPUAllocator: can't allocate"),
+        (1, 1): Measurement(status="error", exception_type="RuntimeError", error="boom"),
+        (1, 2): Measurement(status="timeout", error="no step within 600 s"),
+        (2, 1): ConnectionError("Ray unreachable"),
+    }
+    fake = FakeMeasurer(lambda config: script.get(shape(config)) or ok(config))
+    study = TuningStudy(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=12), store)
+    study.run(fake)
+
+    by_shape = {shape(t.ds_config): t for t in store.trials(study.study_id)}
+    assert set(script) <= set(by_shape)
+    assert by_shape[(0, 1)].status == "ok" and by_shape[(0, 1)].tokens_per_s == 1001.0
+    assert by_shape[(0, 1)].peak_bytes == 10 * MiB
+    assert [by_shape[s].status for s in [(0, 2), (1, 1), (1, 2), (2, 1)]] == ["oom", "error", "timeout", "error"]
+    assert by_shape[(1, 1)].error == "boom" and "Ray unreachable" in by_shape[(2, 1)].error
+    assert by_shape[(2, 1)].measurement["exception_type"] == "ConnectionError"
+    assert len(fake.submitted) == len(by_shape)  # nothing failed was run twice
+    frozen = optuna_trials(store)
+    for trial in by_shape.values():
+        told = frozen[trial.number]
+        assert told.state == (TrialState.COMPLETE if trial.status == "ok" else TrialState.FAIL)
+    assert frozen[by_shape[(0, 2)].number].constraints == {"memory": 1.0}  # the sampler learns an OOM is infeasible
+    calibration = store.get_calibration("cpu", workload().model.family)
+    assert calibration is not None and calibration.stats["ooms"] == 1 and calibration.margin >= DEFAULT_MARGIN
+
+
+def test_a_trial_a_killed_process_left_running_is_failed_and_retried_once(tmp_path: Path, store: Store) -> None:
+    def crash_while_running(fake: FakeMeasurer) -> None:
+        """The loop dies with a run in flight (as a killed process would leave it): the trial stays running."""
+        study = TuningStudy(settings(tmp_path, trials=4), store)
+        with pytest.raises(ConnectionError):
+            study.run(fake, should_stop=stop_when(lambda: bool(fake.hanging), ConnectionError("database gone")))
+        assert fake.cancelled  # no run goes on behind a loop that failed
+
+    first = FakeMeasurer(lambda config: HANG)
+    crash_while_running(first)
+    [stale] = store.trials(store.get_study("logic").id, status="running")
+    assert stale.attempts == 1 and shape(first.submitted[0]) == shape(stale.ds_config)
+
+    resumed = FakeMeasurer(lambda config: HANG if shape(config) == shape(stale.ds_config) else ok(config))
+    crash_while_running(resumed)  # the retry is left running too
+    assert shape(resumed.submitted[0]) == shape(stale.ds_config)  # retried first
+    retried = store.get_trial(stale.id)
+    assert retried.status == "running" and retried.attempts == 2
+
+    last = FakeMeasurer()
+    study = TuningStudy(settings(tmp_path, trials=4), store)
+    study.run(last)
+    assert shape(stale.ds_config) not in {shape(config) for config in last.submitted}  # retried once, not twice
+    final = store.get_trial(stale.id)
+    assert final.status == "failed" and final.attempts == 2
+    assert not store.trials(study.study_id, status=("running", "pending"))
+    assert not [t for t in optuna_trials(store) if t.state == TrialState.RUNNING]
+
+
+def test_a_stale_trial_retried_after_resume_is_measured(tmp_path: Path, store: Store) -> None:
+    first = FakeMeasurer(lambda config: HANG)
+    study = TuningStudy(settings(tmp_path, trials=3), store)
+    with pytest.raises(ConnectionError):
+        study.run(first, should_stop=stop_when(lambda: bool(first.hanging), ConnectionError("killed")))
+
+    again = FakeMeasurer()
+    study = TuningStudy(settings(tmp_path, trials=3), store)
+    study.run(again)
+    assert shape(again.submitted[0]) == shape(first.submitted[0])
+    [record] = [t for t in store.trials(study.study_id) if shape(t.ds_config) == shape(first.submitted[0])]
+    assert record.status == "ok" and record.attempts == 2
+    frozen = optuna_trials(store)
+    assert frozen[0].state == TrialState.FAIL and len(frozen) == 3
+
+
+def test_an_interrupted_study_resumes_without_measuring_anything_again(tmp_path: Path, store: Store) -> None:
+    def first_two_then_hang(config: dict[str, Any]) -> Any:
+        return ok(config) if len(fake.submitted) <= 2 else HANG
+
+    fake = FakeMeasurer(first_two_then_hang)
+    study = TuningStudy(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=6), store)
+    report = study.run(fake, should_stop=stop_when(lambda: bool(fake.hanging), KeyboardInterrupt()))  # Ctrl-C
+    assert report.interrupted
+    before = {t.config_key: t for t in store.trials(study.study_id)}
+    measured = {key: t for key, t in before.items() if t.status == "ok"}
+    assert len(measured) == 2
+    [cut] = [t for t in before.values() if t.status != "ok"]
+    assert cut.status == "failed" and cut.error == "interrupted by the user"
+
+    again = FakeMeasurer()
+    resumed = TuningStudy(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=6), store)
+    report = resumed.run(again)
+    assert not report.interrupted and len(optuna_trials(store)) == 6
+    remeasured = {shape(config) for config in again.submitted} & {shape(t.ds_config) for t in measured.values()}
+    assert not remeasured
+    for key, trial in measured.items():
+        after = store.find_trial_by_key(study.study_id, key)
+        assert (after.status, after.tokens_per_s, after.attempts) == ("ok", trial.tokens_per_s, 1)
+
+
+def test_budget_of_trials_is_exact(tmp_path: Path, store: Store) -> None:
+    study = TuningStudy(settings(tmp_path, stages=[0, 1, 2, 3], micros=[1, 2, 4], trials=5), store)
+    report = study.run(FakeMeasurer())
+    assert len(optuna_trials(store)) == 5 == study.trials_started()
+    assert sum(report.counts.values()) == len(store.trials(study.study_id)) <= 5
+
+
+def test_timeout_stops_asking_and_keeps_what_finished(tmp_path: Path, store: Store) -> None:
+    fake = FakeMeasurer(delay_s=0.2)
+    study = TuningStudy(settings(tmp_path, stages=[0, 1, 2, 3], micros=[1, 2, 4], trials=50, timeout_s=0.5), store)
+    report = study.run(fake)
+    assert 1 <= len(fake.submitted) < 12 and len(optuna_trials(store)) < 50
+    assert not report.stopped and not report.interrupted
+    assert report.counts["ok"] == len(fake.submitted)  # the run in flight at the deadline finished and was recorded
+
+
+def test_should_stop_kills_the_run_in_flight_and_records_it_failed(tmp_path: Path, store: Store) -> None:
+    fake = FakeMeasurer(lambda config: HANG)
+    study = TuningStudy(settings(tmp_path, trials=4), store)
+    report = study.run(fake, should_stop=stop_when(lambda: bool(fake.hanging)))
+    assert report.stopped and fake.cancelled and len(fake.submitted) == 1
+    [trial] = store.trials(study.study_id)
+    assert trial.status == "failed" and trial.error == "cancelled: the study was stopped"
+    assert [t.state for t in optuna_trials(store)] == [TrialState.FAIL]

@@ -1,0 +1,155 @@
+"""Which of DeepSpeed's compiled ops a run will build first, so a face can say so before a silent minute or three.
+
+DeepSpeed compiles its C++ ops on first use (``torch.utils.cpp_extension.load``) into torch's extensions folder,
+``TORCH_EXTENSIONS_DIR`` or else ``~/.cache/torch_extensions/py311_cpu`` (Python and torch build tags), one folder per
+op holding ``<op>.so``, and reuses them afterwards. On CPU every run needs ``deepspeed_shm_comm``
+(``init_distributed``); DeepSpeed's Adam needs ``cpu_adam`` with optimizer offload and ``fused_adam`` otherwise, unless
+the config asks for torch's Adam (``"torch_adam": true``). Nothing here imports torch or DeepSpeed.
+
+Example:
+    >>> offload = {"offload_optimizer": {"device": "cpu"}}
+    >>> ops_needed("cpu", {"optimizer": {"type": "AdamW"}, "zero_optimization": offload})
+    ['deepspeed_shm_comm', 'cpu_adam']
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+from collections.abc import Callable, Collection, Iterable, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tuner.measure.measurement import Measurement
+    from tuner.workload import Workload
+
+SHM_COMM = "deepspeed_shm_comm"
+CPU_ADAM = "cpu_adam"
+FUSED_ADAM = "fused_adam"
+ADAM_TYPES = ("adam", "adamw")
+
+
+def ops_needed(device: str, ds_config: Mapping[str, Any]) -> list[str]:
+    """The compiled ops a run of ``ds_config`` on ``device`` (``cpu`` or ``cuda``) loads, in load order."""
+    ops = [SHM_COMM] if device == "cpu" else []
+    optimizer = ds_config.get("optimizer") or {}
+    if str(optimizer.get("type", "")).lower() in ADAM_TYPES and not (optimizer.get("params") or {}).get("torch_adam"):
+        offload = ((ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device")
+        ops.append(CPU_ADAM if offload in ("cpu", "nvme") else FUSED_ADAM)
+    return ops
+
+
+def extensions_dir(env: Mapping[str, str] | None = None, build_tag: str | None = None) -> Path:
+    """Where torch builds extensions: ``TORCH_EXTENSIONS_DIR``, else its cache folder with a Python/torch subfolder.
+
+    Example:
+        >>> extensions_dir({"TORCH_EXTENSIONS_DIR": "/cache/ext"})
+        PosixPath('/cache/ext')
+        >>> extensions_dir({"XDG_CACHE_HOME": "/c"}, build_tag="cu128").parent
+        PosixPath('/c/torch_extensions')
+    """
+    env = os.environ if env is None else env
+    if env.get("TORCH_EXTENSIONS_DIR"):
+        return Path(env["TORCH_EXTENSIONS_DIR"])
+    cache = env.get("XDG_CACHE_HOME", str(Path(env.get("HOME") or Path.home()) / ".cache"))
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    root = Path(os.path.realpath(Path(cache) / "torch_extensions"))
+    return root / f"{python}_{build_tag or torch_build_tag()}"
+
+
+def torch_build_tag() -> str:
+    """``cpu``, ``cu128`` or ``rocm62``: the build of the installed torch, read from ``torch/version.py``."""
+    values = _package_file_values("torch", "version.py")
+    if values.get("hip"):
+        return "rocm" + str(values["hip"]).replace(".", "")
+    if values.get("cuda"):
+        return "cu" + str(values["cuda"]).replace(".", "")
+    return "cpu"
+
+
+def prebuilt_ops() -> set[str]:
+    """Ops compiled when DeepSpeed was installed (``DS_BUILD_OPS=1``): they are never built at run time."""
+    installed = _package_file_values("deepspeed", "git_version_info_installed.py").get("installed_ops") or {}
+    return {name for name, built in installed.items() if built}
+
+
+def missing_ops(ops: Iterable[str], root: Path, prebuilt: Collection[str] = ()) -> list[str]:
+    """The ops of ``ops`` with neither a build under ``root`` nor a prebuilt copy, without repeats."""
+    missing: list[str] = []
+    for op in ops:
+        if op not in missing and op not in prebuilt and not (root / op / f"{op}.so").is_file():
+            missing.append(op)
+    return missing
+
+
+def build_notice(
+    device: str,
+    ds_configs: Iterable[Mapping[str, Any]],
+    *,
+    env: Mapping[str, str] | None = None,
+    prebuilt: Collection[str] | None = None,
+    skip: Collection[str] = (),
+) -> tuple[str | None, list[str]]:
+    """One line saying which ops the runs of ``ds_configs`` will build first, and those ops (except ``skip``).
+
+    ``(None, [])`` when every op is already built.
+    """
+    root = extensions_dir(env)
+    needed = [op for config in ds_configs for op in ops_needed(device, config) if op not in skip]
+    missing = missing_ops(needed, root, prebuilt_ops() if prebuilt is None else prebuilt)
+    if not missing:
+        return None, []
+    kind = "CPU ops" if device == "cpu" else "ops"
+    return f"Building DeepSpeed's {kind} ({', '.join(missing)}) once; later runs reuse them from {root}", missing
+
+
+def _package_file_values(package: str, filename: str) -> dict[str, Any]:
+    """The module-level values of a small generated file of ``package``, without importing the package."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return {}
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(locations[0]) / filename if locations else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return runpy.run_path(str(path))
+    except Exception:  # an unexpected file: assume nothing was prebuilt and torch is a CPU build
+        return {}
+
+
+class _Submitter(Protocol):
+    slots: int
+
+    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]: ...
+
+    def cancel(self) -> None: ...
+
+
+class AnnounceBuilds:
+    """Wraps a dispatcher: says, before a run, which of DeepSpeed's ops it compiles first (once per op), then runs it.
+
+    It has the dispatcher's ``slots``, ``submit`` and ``cancel``, so the study takes it wherever it takes one.
+    """
+
+    def __init__(self, inner: _Submitter, say: Callable[[str], None]) -> None:
+        self.inner, self.say, self.slots = inner, say, inner.slots
+        self.prebuilt = prebuilt_ops()
+        self.announced: set[str] = set()
+
+    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
+        """Announce the ops this run builds, if any, and submit it."""
+        notice, ops = build_notice(workload.cluster.device, [ds_config], prebuilt=self.prebuilt, skip=self.announced)
+        if notice:
+            self.announced.update(ops)
+            self.say(notice)
+        return self.inner.submit(workload, ds_config)
+
+    def cancel(self) -> None:
+        """Cancel the inner dispatcher's runs."""
+        self.inner.cancel()
