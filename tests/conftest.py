@@ -38,3 +38,22 @@ def store(url: str) -> Iterator[Store]:
     """A migrated :class:`Store` over an empty database of each backend."""
     with Store.open(url) as opened:
         yield opened
+
+
+SLOW_FIXTURES = {"postgres_url", "driver"}  # a PostgreSQL server, a real browser
+SLOW_FILES = {"test_worker_ray_jobs.py", "test_models.py"}  # a real Ray head; training the built-in models in torch
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tier (``-m slow``): real DeepSpeed, Ray, PostgreSQL, a browser, torch training. The fast tier
+    (``-m "not slow"``) is pure logic, doctests, SQLite, the API in-process and fakes of the measurer."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and "postgresql" in callspec.params.values()
+        if (
+            item.get_closest_marker("deepspeed")
+            or on_postgres
+            or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or item.path.name in SLOW_FILES
+        ):
+            item.add_marker(pytest.mark.slow)

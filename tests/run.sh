@@ -23,7 +23,7 @@ bash tests/start_browser.sh
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/pytest -q -p no:cacheprovider "$@"
 fi
-# Two tiers: the fast one (pure logic, doctests, SQLite/PostgreSQL, API, a real Ray; under 2 minutes) fails first,
-# then the slow one (real DeepSpeed training on CPU ranks).
-.venv/bin/pytest -q -p no:cacheprovider -m "not deepspeed"
-.venv/bin/pytest -q -p no:cacheprovider -m deepspeed
+# Two tiers: the fast one (pure logic, doctests, SQLite, the API in-process, the study loop over a fake measurer;
+# under 2 minutes) fails first, then the slow one (real DeepSpeed on CPU ranks, Ray, PostgreSQL, the browser).
+.venv/bin/pytest -q -p no:cacheprovider -m "not slow"
+.venv/bin/pytest -q -p no:cacheprovider -m slow

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tuner.cli.tune import AnnounceBuilds, render_study
+from tuner.cli.tune import render_study
 from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.measurement import Measurement
+from tuner.measure.op_builds import AnnounceBuilds
 from tuner.storage import Store
 from tuner.study import capacity_reason
 from tuner.study.calibration import Calibration
