@@ -128,9 +128,9 @@ def validate_with_deepspeed(config: dict[str, Any], world_size: int) -> None:
         raise ConfigError("ds_config", f"DeepSpeed rejects it: {error}") from None
 
 
-def _deepspeed_config(config_class: type, config: dict[str, Any], world_size: int) -> Any:
+def _deepspeed_config(config_class: type[Any], config: dict[str, Any], world_size: int) -> Any:
     """Build ``DeepSpeedConfig`` for ``world_size`` ranks without an initialised process group."""
-    ds_config = config_class.__new__(config_class)
+    ds_config = object.__new__(config_class)  # skips __init__, which needs a process group
     ds_config._param_dict = config
     ds_config.global_rank = 0
     ds_config.world_size = world_size

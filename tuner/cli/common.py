@@ -52,10 +52,11 @@ class OneLineErrorGroup(TyperGroup):
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         """Run the command; in standalone mode turn click's errors into one line and exit."""
+        kwargs["standalone_mode"] = False  # click raises; this method decides how errors look
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(*args, **kwargs)
         try:
-            result = super().main(*args, standalone_mode=False, **kwargs)
+            result = super().main(*args, **kwargs)
         except ClickException as error:
             message = _click_message(error)
             if message:  # empty for a bare ``dstune``: the help was shown already

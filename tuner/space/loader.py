@@ -260,13 +260,13 @@ def _parse_parameter(name: Any, spec: Any, earlier: list[Parameter], source: str
     if grid is not None:
         if not isinstance(grid, list) or not grid:
             raise SpaceError(source, f"{where}.grid", "must be a non-empty list of values")
-        grid_values = []
+        checked = []
         for value in grid:
             value = parameter.integral(value)
             if not parameter.contains(value):
                 raise not_a_value(parameter, value, source, f"{where}.grid")
-            grid_values.append(value)
-        grid_values = tuple(grid_values)
+            checked.append(value)
+        grid_values = tuple(checked)
     when = parse_when(spec.get("when"), f"{where}.when", earlier, source)
     return replace(parameter, default=default, grid_values=grid_values, when=when)
 

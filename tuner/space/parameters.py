@@ -23,7 +23,7 @@ class TrialLike(Protocol):
 
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
 
-    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int: ...
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
 
     def suggest_float(
         self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
@@ -76,6 +76,7 @@ class Parameter:
         """``value`` rounded to the nearest ``multiple_of`` within the bounds (DeepSpeed wants even bucket sizes)."""
         if self.multiple_of == 1:
             return value
+        assert self.low is not None and self.high is not None, "an int parameter has bounds"
         rounded = round(value / self.multiple_of) * self.multiple_of
         if rounded > self.high:
             rounded -= self.multiple_of
@@ -97,10 +98,11 @@ class Parameter:
             return member(value, self.all_choices(nvme))
         if not is_number(value) or (self.kind == "int" and not isinstance(value, int)):
             return False
-        if not self.low <= value <= self.high:  # type: ignore[operator]
+        assert self.low is not None and self.high is not None, "a numeric parameter has bounds"
+        if not self.low <= value <= self.high:
             return False
         if self.step is not None and self.kind == "int":
-            return (value - self.low) % self.step == 0  # type: ignore[operator]
+            return (value - self.low) % self.step == 0
         return True
 
     def active(self, values: Mapping[str, Any]) -> bool:

@@ -305,8 +305,8 @@ class SearchSpace:
         if global_batch is not None:
             accum = self._derive_accum(values, workload, global_batch)
         else:
-            accum = values.get(self._accum) if self._accum else None
-            accum = train.grad_accum if accum is None else accum
+            chosen = values.get(self._accum) if self._accum else None
+            accum = train.grad_accum if chosen is None else int(chosen)
         config[MICRO_KEY] = micro
         config[ACCUM_KEY] = accum
         config[GLOBAL_KEY] = micro * accum * world

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from optuna.trial import TrialState
@@ -137,7 +137,9 @@ class TuningStudy:
         self.calibration = self._load_calibration()
         workload_id = store.upsert_workload(workload)
         self.study_id = store.get_or_create_study(settings.name, workload_id, settings.sampler, settings.to_record()).id
-        directions = ["maximize", "minimize"] if settings.pareto else ["maximize"]
+        directions: list[Literal["maximize", "minimize"]] = (
+            ["maximize", "minimize"] if settings.pareto else ["maximize"]
+        )
         self.optuna = optuna.create_study(
             study_name=settings.name,
             storage=store.url,
@@ -153,9 +155,8 @@ class TuningStudy:
         found = self.store.get_calibration(self.hardware, self.family)
         if found is None:
             return Calibration()
-        return Calibration(
-            margin=found.margin, ratios=tuple(found.stats.get("ratios", ())), ooms=int(found.stats.get("ooms", 0))
-        )
+        stats = found.stats or {}
+        return Calibration(margin=found.margin, ratios=tuple(stats.get("ratios", ())), ooms=int(stats.get("ooms", 0)))
 
     def _save_calibration(self) -> None:
         cal = self.calibration
@@ -171,7 +172,7 @@ class TuningStudy:
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         for trial_id in self.store.mark_stale_running_failed(self.study_id):
             record = self.store.get_trial(trial_id)
-            if record is not None and record.attempts <= RETRIES:
+            if record is not None and record.params is not None and record.attempts <= RETRIES:
                 self.optuna.enqueue_trial(record.params, skip_if_exists=False)
 
     # ----------------------------------------------------------------- the loop
@@ -278,7 +279,9 @@ class TuningStudy:
                 hardware=self.hardware,
             )
         except DuplicateConfig:  # another process recorded the same config a moment ago
-            return self.store.find_trial_by_key(self.study_id, suggestion.key).id
+            found = self.store.find_trial_by_key(self.study_id, suggestion.key)
+            assert found is not None, "the trial this config repeats is recorded"
+            return found.id
 
     def _tell_pruned(
         self,

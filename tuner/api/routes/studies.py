@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, HTTPException
 
@@ -11,7 +11,10 @@ from tuner.api.schemas import StudyDetail, StudyOut, TrialOut, TrialPage
 from tuner.storage import TRIAL_ORDERS, TRIAL_STATUSES, Store, StudyRecord
 from tuner.workload import workload_to_dict
 
-TrialOrder = Literal[tuple(TRIAL_ORDERS) + tuple(f"-{name}" for name in TRIAL_ORDERS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    TrialOrder = str
+else:  # a Literal built from the store's orders, so the OpenAPI schema lists them
+    TrialOrder = Literal[tuple(TRIAL_ORDERS) + tuple(f"-{name}" for name in TRIAL_ORDERS)]
 TrialStatus = Literal[TRIAL_STATUSES]  # type: ignore[valid-type]
 
 router = APIRouter(tags=["studies"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from logging.config import fileConfig
+from typing import Any
 
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
@@ -31,14 +32,17 @@ def include_name(name: str | None, type_: str, parent_names: object) -> bool:
 
 
 def _url() -> str:
-    return (
+    url = (
         context.get_x_argument(as_dictionary=True).get("url")
         or os.environ.get("DSTUNE_STORAGE")
         or config.get_main_option("sqlalchemy.url")
     )
+    if not url:
+        raise SystemExit("no database URL: pass -x url=..., set DSTUNE_STORAGE or sqlalchemy.url in alembic.ini")
+    return url
 
 
-def _configure(**kwargs: object) -> None:
+def _configure(**kwargs: Any) -> None:
     context.configure(
         target_metadata=target_metadata,
         version_table=VERSION_TABLE,
