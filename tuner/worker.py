@@ -75,7 +75,7 @@ def run_study_job(
         handle.report(
             {
                 "study_id": tuning.study_id,
-                "trials": tuning.trials_started(),
+                "trials": tuning.configs_recorded(),
                 "budget": settings.trials,
                 "best_tokens_per_s": state["best_tokens_per_s"],
                 "last": {"number": event.number, "status": event.status, "reason": event.reason},
@@ -83,7 +83,7 @@ def run_study_job(
         )
 
     tuning.on_event = on_event
-    handle.report({"study_id": tuning.study_id, "trials": tuning.trials_started(), "budget": settings.trials})
+    handle.report({"study_id": tuning.study_id, "trials": tuning.configs_recorded(), "budget": settings.trials})
     dispatcher = Dispatcher(settings.dispatch, settings.workload.cluster.device, settings.workload.cluster.world_size)
     try:
         report = tuning.run(dispatcher, should_stop=handle.cancel_requested)

@@ -127,7 +127,7 @@ def test_tune_on_postgresql_with_gp_and_pareto(postgres_url: str) -> None:  # no
     import optuna
 
     study = optuna.load_study(study_name="pg", storage=postgres_url)
-    assert len(study.directions) == 2 and len(study.trials) == 4
+    assert len(study.directions) == 2 and len(trials) == 4 <= len(study.trials)  # 4 distinct configs
     measured = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert all(len(t.values) == 2 and t.values[1] > 0 for t in measured)
 

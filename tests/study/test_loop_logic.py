@@ -23,6 +23,7 @@ from tuner.measure.measurement import CANCELLED, Measurement
 from tuner.storage import Store
 from tuner.study import Event, Measurer, StudySettings, TuningStudy, reason_key
 from tuner.study.calibration import DEFAULT_MARGIN
+from tuner.study.loop import REPEAT_LIMIT
 from tuner.units import format_bytes
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 
@@ -186,14 +187,14 @@ def test_identical_configs_are_answered_from_the_record(tmp_path: Path, store: S
     events: list[Event] = []
     study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=8), store, events.append)
     fake = FakeMeasurer()
-    study.run(fake)
+    report = study.run(fake)
 
     shapes = [shape(config) for config in fake.submitted]
-    assert sorted(shapes) == [(0, 1), (0, 2)]  # two configs, each run once over eight trials
-    assert len(store.trials(study.study_id)) == 2
-    assert sum(e.status == "duplicate" for e in events) == 6
+    assert sorted(shapes) == [(0, 1), (0, 2)]  # two configs, each run once however often they were proposed
+    assert len(store.trials(study.study_id)) == 2 and report.exhausted  # the space holds 2 of the 8 asked for
     frozen = optuna_trials(store)
-    assert len(frozen) == 8 and all(t.state == TrialState.COMPLETE for t in frozen)
+    assert sum(e.status == "duplicate" for e in events) == len(frozen) - 2 >= REPEAT_LIMIT
+    assert all(t.state == TrialState.COMPLETE for t in frozen)
     recorded = {t.number: t.tokens_per_s for t in store.trials(study.study_id)}
     assert {t.values[0] for t in frozen} == set(recorded.values())
 
@@ -259,18 +260,18 @@ def test_a_trial_a_killed_process_left_running_is_failed_and_retried_once(tmp_pa
 
 def test_a_stale_trial_retried_after_resume_is_measured(tmp_path: Path, store: Store) -> None:
     first = FakeMeasurer(lambda config: HANG)
-    study = TuningStudy(settings(tmp_path, trials=3), store)
+    study = TuningStudy(settings(tmp_path, trials=2), store)
     with pytest.raises(ConnectionError):
         study.run(first, should_stop=stop_when(lambda: bool(first.hanging), ConnectionError("killed")))
 
     again = FakeMeasurer()
-    study = TuningStudy(settings(tmp_path, trials=3), store)
+    study = TuningStudy(settings(tmp_path, trials=2), store)
     study.run(again)
     assert shape(again.submitted[0]) == shape(first.submitted[0])
     [record] = [t for t in store.trials(study.study_id) if shape(t.ds_config) == shape(first.submitted[0])]
     assert record.status == "ok" and record.attempts == 2
     frozen = optuna_trials(store)
-    assert frozen[0].state == TrialState.FAIL and len(frozen) == 3
+    assert frozen[0].state == TrialState.FAIL and len(store.trials(study.study_id)) == 2
 
 
 def test_an_interrupted_study_resumes_without_measuring_anything_again(tmp_path: Path, store: Store) -> None:
@@ -290,7 +291,7 @@ def test_an_interrupted_study_resumes_without_measuring_anything_again(tmp_path:
     again = FakeMeasurer()
     resumed = TuningStudy(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=6), store)
     report = resumed.run(again)
-    assert not report.interrupted and len(optuna_trials(store)) == 6
+    assert not report.interrupted and len(store.trials(study.study_id)) == 6  # all 6 configs of the space
     remeasured = {shape(config) for config in again.submitted} & {shape(t.ds_config) for t in measured.values()}
     assert not remeasured
     for key, trial in measured.items():
@@ -298,11 +299,24 @@ def test_an_interrupted_study_resumes_without_measuring_anything_again(tmp_path:
         assert (after.status, after.tokens_per_s, after.attempts) == ("ok", trial.tokens_per_s, 1)
 
 
-def test_budget_of_trials_is_exact(tmp_path: Path, store: Store) -> None:
-    study = TuningStudy(settings(tmp_path, stages=[0, 1, 2, 3], micros=[1, 2, 4], trials=5), store)
-    report = study.run(FakeMeasurer())
-    assert len(optuna_trials(store)) == 5 == study.trials_started()
-    assert sum(report.counts.values()) == len(store.trials(study.study_id)) <= 5
+def test_the_budget_buys_distinct_configs(tmp_path: Path, store: Store) -> None:
+    """--trials N records N distinct configs; proposals that repeat one are answered from its record, for free."""
+    fake = FakeMeasurer()
+    study = TuningStudy(settings(tmp_path, stages=[0, 1, 2, 3], micros=[1, 2, 4], trials=8), store)
+    report = study.run(fake)
+    keys = [t.config_key for t in store.trials(study.study_id)]
+    assert len(keys) == len(set(keys)) == 8 == study.configs_recorded() == sum(report.counts.values())
+    assert len({shape(config) for config in fake.submitted}) == len(fake.submitted)  # nothing measured twice
+    assert len(optuna_trials(store)) >= 8 and not report.exhausted
+
+
+def test_an_exhausted_space_ends_and_says_so(tmp_path: Path, store: Store) -> None:
+    fake = FakeMeasurer()
+    study = TuningStudy(settings(tmp_path, stages=[0, 1], micros=[1], trials=10), store)
+    report = study.run(fake)
+    assert report.exhausted
+    assert len(store.trials(study.study_id)) == 2 == len(fake.submitted)
+    assert len(optuna_trials(store)) >= 2 + REPEAT_LIMIT
 
 
 def test_timeout_stops_asking_and_keeps_what_finished(tmp_path: Path, store: Store) -> None:

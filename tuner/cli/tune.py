@@ -176,7 +176,7 @@ def run_tune(
                 best["tokens"] = event.tokens_per_s or 0.0
             progress.update(
                 task,
-                completed=tuning.trials_started(),
+                completed=tuning.configs_recorded(),
                 best=f"best {best['tokens']:,.0f} tokens/s" if best["tokens"] else "",
             )
 
@@ -192,6 +192,13 @@ def run_tune(
     render_study(store, tuning.study_id, name, console)
     if report.interrupted:
         console.print("[yellow]interrupted[/]: finished trials are recorded; run the same command to resume")
+    if report.exhausted:
+        recorded = tuning.configs_recorded()
+        console.print(
+            f"the search space has no new config to offer: {recorded} distinct configs recorded, fewer than the "
+            f"{trials} asked for (the sampler's last proposals all repeated recorded ones)",
+            highlight=False,
+        )
     return 0 if store.best_trial(tuning.study_id) is not None else 1
 
 

@@ -88,16 +88,23 @@ class TrialStore(Database):
             raise DuplicateConfig(study_id, config_key, found.id) from None
 
     def add_infeasible(
-        self, study_id: int, number: int, params: dict[str, Any], reason: str, hardware: str | None = None
+        self,
+        study_id: int,
+        number: int,
+        params: dict[str, Any],
+        reason: str,
+        hardware: str | None = None,
+        config_key: str | None = None,
     ) -> int:
         """Record a pruned trial whose parameters build no ds_config at all (the space rejected them).
 
-        Its ``config_key`` is ``infeasible:<number>`` and its ``ds_config`` empty: every such Optuna trial is recorded.
+        Its ``ds_config`` is empty and its ``config_key`` the one given (the study keys it by its parameters, so a
+        repeated proposal is recognised), else ``infeasible:<number>``.
         """
         return self.add_trial(
             study_id,
             number,
-            f"infeasible:{number}",
+            config_key or f"infeasible:{number}",
             {},
             params,
             False,
@@ -107,6 +114,11 @@ class TrialStore(Database):
             constraint=1.0,
             hardware=hardware,
         )
+
+    def count_trials(self, study_id: int) -> int:
+        """How many trials (distinct configs: one row per config key) the study holds, in every state."""
+        with self.session(write=False) as session:
+            return session.scalar(sa.select(sa.func.count()).where(TrialRow.study_id == study_id)) or 0
 
     def find_trial_by_key(self, study_id: int, config_key: str) -> TrialRecord | None:
         """The study's trial with this config key, or None."""

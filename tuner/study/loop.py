@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from tuner.estimator import MemoryEstimate, estimate
 from tuner.measure.dispatch import DispatchOptions
 from tuner.measure.measurement import CANCELLED, Measurement
-from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, load_space
+from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
 from tuner.storage import DuplicateConfig, Store
 from tuner.study.calibration import Calibration
 from tuner.study.measurer import Measurer
@@ -35,6 +35,7 @@ SAMPLERS = ("tpe", "random", "grid", "gp")
 GRID_PARAMETERS = ("stage", "micro_batch")  # the DeepSpeed-autotuner-like baseline sweep
 RETRIES = 1  # a trial left running by a killed process is run once more
 STOP_WAIT_S = 60.0  # how long a stopped study waits for its killed runs to end before recording them
+REPEAT_LIMIT = 100  # proposals in a row that repeat recorded configs before the space counts as exhausted
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class StudyReport:
     interrupted: bool = False
     counts: dict[str, int] = field(default_factory=dict)
     stopped: bool = False
+    exhausted: bool = False  # the sampler kept proposing recorded configs: the space has no new ones to offer
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):
@@ -177,7 +179,10 @@ class TuningStudy:
 
     # ----------------------------------------------------------------- the loop
     def run(self, dispatcher: Measurer, should_stop: Callable[[], bool] | None = None) -> StudyReport:
-        """Run until ``trials`` trials exist in the study, the timeout passes, or ``should_stop()`` says so.
+        """Run until the study holds ``trials`` distinct configs (measured or pruned), the timeout passes, the space
+        has no new config to offer (:data:`REPEAT_LIMIT` proposals in a row repeat recorded ones: ``report.exhausted``)
+        or ``should_stop()`` says so. A proposal identical to a recorded config is told that config's outcome and uses
+        none of the budget.
 
         ``dispatcher`` measures the configs that fit: the real :class:`~tuner.measure.dispatch.Dispatcher`, or any
         :class:`~tuner.study.measurer.Measurer`.
@@ -188,16 +193,19 @@ class TuningStudy:
         """
         self.recover()
         deadline = time.monotonic() + self.settings.timeout_s if self.settings.timeout_s else None
-        interrupted = stopped = False
+        interrupted = stopped = exhausted = False
+        repeats = 0
         try:
             while not (stopped := should_stop is not None and should_stop()):
                 out_of_time = deadline is not None and time.monotonic() >= deadline
                 if (
                     not out_of_time
+                    and not exhausted
                     and len(self.in_flight) < dispatcher.slots
-                    and self.trials_started() < self.settings.trials
+                    and self.configs_recorded() < self.settings.trials
                 ):
-                    self._ask_one(dispatcher)
+                    repeats = 0 if self._ask_one(dispatcher) else repeats + 1
+                    exhausted = repeats >= REPEAT_LIMIT
                     continue
                 if not self.in_flight:
                     break
@@ -213,26 +221,26 @@ class TuningStudy:
             reason = "interrupted by the user" if interrupted else "cancelled: the study was stopped"
             self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
         counts = self.store.study_summary(self.study_id).counts
-        return StudyReport(self.study_id, interrupted, counts, stopped=stopped)
+        return StudyReport(self.study_id, interrupted, counts, stopped=stopped, exhausted=exhausted)
 
-    def trials_started(self) -> int:
-        """Trials the study holds so far (every state: the budget counts them all)."""
-        return len(self.optuna.get_trials(deepcopy=False))
+    def configs_recorded(self) -> int:
+        """Distinct configs the study holds so far, measured, pruned or in flight: what the budget counts."""
+        return self.store.count_trials(self.study_id)
 
-    def _ask_one(self, dispatcher: Measurer) -> None:
+    def _ask_one(self, dispatcher: Measurer) -> bool:
+        """Ask for one config and prune, dispatch or answer it; False when it repeats a recorded config."""
         trial = self.optuna.ask()
         workload = self.settings.workload
         try:
             suggestion = self.space.suggest(trial, workload, self.settings.global_batch, self.settings.nvme_path)
         except InfeasibleConfig as infeasible:
             trial.set_constraint("memory", 1.0)
-            self._tell_pruned(trial, None, infeasible.reason, params=dict(trial.params))
-            return
+            return self._tell_infeasible(trial, infeasible.reason)
         key = suggestion.key
         previous = self.store.find_trial_by_key(self.study_id, key)
         if previous is not None and not (previous.status == "failed" and previous.attempts <= RETRIES):
             self._tell_previous(trial, previous)
-            return
+            return False
         trial_workload = suggestion.apply_to(workload)
         est = estimate(trial_workload, suggestion.ds_config)
         reason = capacity_reason(est, self.calibration)
@@ -241,7 +249,7 @@ class TuningStudy:
         if reason is not None:
             trial.set_constraint("memory", constraint)
             self._tell_pruned(trial, suggestion, reason, est=est)
-            return
+            return True
         if previous is not None:
             trial_id = previous.id
             self.store.retry_trial(trial_id, trial.number)
@@ -252,6 +260,22 @@ class TuningStudy:
         # Optuna keeps a trial's first constraint value: it is set with the outcome, so that an OOM can say 1.0.
         self.in_flight[future] = (trial, trial_id, suggestion, est, constraint)
         self.on_event(Event(trial.number, "running"))
+        return True
+
+    def _tell_infeasible(self, trial: optuna.Trial, reason: str) -> bool:
+        """Record parameters the space cannot build a config from (once per distinct set) and tell Optuna pruned;
+        False when the same parameters were recorded before."""
+        params = dict(trial.params)
+        key = f"infeasible:{config_key(params)}"
+        new = self.store.find_trial_by_key(self.study_id, key) is None
+        if new:
+            try:
+                self.store.add_infeasible(self.study_id, trial.number, params, reason, self.hardware, config_key=key)
+            except DuplicateConfig:  # another process recorded the same parameters a moment ago
+                new = False
+        self._tell(trial, TrialState.PRUNED)
+        self.on_event(Event(trial.number, "pruned" if new else "duplicate", reason=reason))
+        return new
 
     def _record(
         self,
@@ -283,18 +307,8 @@ class TuningStudy:
             assert found is not None, "the trial this config repeats is recorded"
             return found.id
 
-    def _tell_pruned(
-        self,
-        trial: optuna.Trial,
-        suggestion: Suggestion | None,
-        reason: str,
-        est: MemoryEstimate | None = None,
-        params: dict[str, Any] | None = None,
-    ) -> None:
-        if suggestion is not None:
-            self._record(trial, suggestion, est, "pruned", reason)
-        else:
-            self.store.add_infeasible(self.study_id, trial.number, params or {}, reason, hardware=self.hardware)
+    def _tell_pruned(self, trial: optuna.Trial, suggestion: Suggestion, reason: str, est: MemoryEstimate) -> None:
+        self._record(trial, suggestion, est, "pruned", reason)
         self._tell(trial, TrialState.PRUNED)
         self.on_event(Event(trial.number, "pruned", reason=reason))
 
