@@ -9,7 +9,8 @@ against), so predicted and measured MFU use one table. The other figures, per de
   PCIe Gen5 x16 at 64 GB/s each way (NVIDIA H100 and H200 datasheets). Inter-node: one 400 Gb/s NDR InfiniBand
   port per GPU, 50 GB/s (DGX H100/H200 reference architecture). FP32 (non-tensor) 67 TFLOP/s.
 * A100 SXM4 80GB: 312 TFLOP/s bf16 dense; NVLink 3 at 600 GB/s total, 300 GB/s each way; HBM2e 2.0 TB/s; PCIe Gen4
-  x16 at 32 GB/s each way, FP32 19.5 TFLOP/s (NVIDIA A100 datasheet). Inter-node: one 200 Gb/s HDR port per GPU, 25 GB/s (DGX A100).
+  x16 at 32 GB/s each way, FP32 19.5 TFLOP/s (NVIDIA A100 datasheet). Inter-node: one 200 Gb/s HDR port per GPU,
+  25 GB/s (DGX A100).
 * ``cpu``: DeepSpeed on CPU ranks with gloo. No table can know the host (FIELD_NOTES: bf16 matmuls differ 70×
   between an AVX2-only EPYC and an AMX Xeon); the figures are an AVX2-class two-core guess that the fit replaces
   after a few runs: 50 GFLOP/s, 10 GB/s memory copies, loopback "links" at memory speed.

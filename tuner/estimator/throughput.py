@@ -1,7 +1,8 @@
 """Predicted step time and tokens/s of a workload under a ds_config (pure arithmetic, alongside the memory estimate).
 
 One optimizer step on one rank is ``A`` micro-steps (gradient accumulation) of micro-batch ``b`` at sequence ``s``,
-then the step. Its time is a sum of five terms, each a volume over a rate of :class:`~tuner.estimator.hardware.Hardware`:
+then the step. Its time is a sum of five terms, each a volume over a rate of
+:class:`~tuner.estimator.hardware.Hardware`:
 
 * ``compute``: model FLOPs per token (:func:`tuner.measure.measurement.model_flops_per_token`: 6·Ψ plus attention
   scores) × tokens, ×4/3 under full activation checkpointing (one more forward pass), over the sustained FLOP/s.
@@ -19,8 +20,10 @@ then the step. Its time is a sum of five terms, each a volume over a rate of :cl
   down and parameters up over PCIe, ZeRO-3 offloaded parameters up once per gather pass.
 
 With ``overlap_comm`` the bytes sent during backward (gradient reduction; ZeRO-3 prefetch) hide behind the backward
-pass (two thirds of the compute): only what exceeds it counts; per-call latency (hooks, launches) is never hidden. Multiplicative factors per term, fitted
-from measured runs per hardware kind (:mod:`tuner.study.throughput_fit`), scale each term; 1 is the table.
+pass (two thirds of the compute): only what exceeds it counts; per-call latency (hooks, launches) is never hidden.
+Multiplicative factors per term, fitted from measured runs per hardware kind (:mod:`tuner.study.throughput_fit`),
+scale each term; 1 is the table. FLOPs per token and peak FLOP/s are :mod:`tuner.measure.measurement`'s (a pure
+module; its package imports nothing), so predicted and measured TFLOP/s and MFU count the same FLOPs.
 
 Example:
     >>> from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model

@@ -138,8 +138,10 @@ def fit_factors(
         gradient = [sum(a * b for a, b in zip(ci, base, strict=True)) for ci in jacobian]
         improved = False
         while damping < 1e8:
-            system = [[normal[r][c] + (damping * (1 + normal[r][r]) if r == c else 0.0) for c in range(len(active))]
-                      for r in range(len(active))]
+            system = [
+                [normal[r][c] + (damping * (1 + normal[r][r]) if r == c else 0.0) for c in range(len(active))]
+                for r in range(len(active))
+            ]
             step = _solve(system, [-g for g in gradient])
             trial = list(phi)
             for i, delta in zip(active, step, strict=True):
@@ -157,7 +159,7 @@ def fit_factors(
 def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
     """Solve a small dense linear system by Gaussian elimination with partial pivoting."""
     n = len(vector)
-    rows = [row[:] + [value] for row, value in zip(matrix, vector, strict=True)]
+    rows = [[*row, value] for row, value in zip(matrix, vector, strict=True)]
     for col in range(n):
         pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
         rows[col], rows[pivot] = rows[pivot], rows[col]
