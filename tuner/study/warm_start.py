@@ -59,7 +59,8 @@ class _Fixed:
     """A trial answering from ``values``, else with each parameter's default (the TrialLike protocol)."""
 
     def __init__(self, values: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
-        self.values, self.defaults, self.params = values, defaults, {}
+        self.values, self.defaults = values, defaults
+        self.params: dict[str, Any] = {}
 
     def _answer(self, name: str) -> Any:
         self.params[name] = self.values.get(name, self.defaults[name])
