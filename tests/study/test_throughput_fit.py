@@ -16,6 +16,7 @@ from tuner.study.throughput_fit import (
     load_fit,
     record_run,
     spearman,
+    throughput_summary,
 )
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 
@@ -118,3 +119,16 @@ def test_fits_are_kept_per_hardware_and_family_beside_the_memory_margin(tmp_path
 
 def store_fit_factors(store: Store) -> dict[str, float]:
     return ThroughputFit.from_stats(store.get_calibration("cpu", HARDWARE_ROW).stats).factors
+
+
+def test_summary_shown_with_an_estimate_carries_the_fit_and_its_error() -> None:
+    work = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
+    ds = {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    table = throughput_summary(work, ds)
+    assert table["fit_runs"] == 0 and table["error"] is None and not table["fitted"]
+    terms = predict(work, ds).terms
+    fit = ThroughputFit().after_run(terms, 2 * terms.step_time(), "a").after_run(terms, 2 * terms.step_time(), "a")
+    fitted = throughput_summary(work, ds, fit)
+    assert fitted["fit_runs"] == 1 and fitted["error"] == pytest.approx(0.5 * (0.5 + fit.errors[1]))
+    assert fitted["step_time_s"] == pytest.approx(2 * table["step_time_s"], rel=0.02)
+    assert fitted["tokens_per_s"] == pytest.approx(4 * 8 * 1024 / fitted["step_time_s"])

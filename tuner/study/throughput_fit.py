@@ -28,7 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.estimator.throughput import TERMS, StepTerms
+from tuner.estimator.throughput import TERMS, StepTerms, predict
+from tuner.workload import Workload
 
 MAX_RUNS = 200  # the most recent runs kept per row
 RIDGE = 0.003  # pull of each log factor towards its prior: noise (~0.15² in log) over a prior spread (~e^±3)
@@ -203,6 +204,26 @@ def _ranks(values: Sequence[float]) -> list[float]:
     return ranks
 
 
+def throughput_summary(workload: Workload, ds_config: dict[str, Any], fit: ThroughputFit | None = None) -> dict:
+    """The ``throughput`` object shown with an estimate (``dstune estimate --json``, ``/v1/estimate``): the prediction
+    with the fit's factors, plus ``fit_runs`` (measured runs behind them; 0: the hardware table) and ``error`` (their
+    median out-of-sample relative error of step time; null before any run).
+
+    Example:
+        >>> from tuner.workload import ClusterSpec, Workload, load_model
+        >>> out = throughput_summary(Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8)),
+        ...                          {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True}})
+        >>> out["bound"], out["fit_runs"], out["error"]
+        ('compute', 0, None)
+    """
+    fit = fit or ThroughputFit()
+    return {
+        **predict(workload, ds_config, fit.factors).to_dict(),
+        "fit_runs": len(fit.runs),
+        "error": fit.median_error(),
+    }
+
+
 # ------------------------------------------------------------------------------------------------ persistence
 
 
@@ -239,4 +260,4 @@ def record_run(
     return fitted
 
 
-__all__ = ["Run", "ThroughputFit", "fit_factors", "load_fit", "record_run", "spearman"]
+__all__ = ["Run", "ThroughputFit", "fit_factors", "load_fit", "record_run", "spearman", "throughput_summary"]
