@@ -10,7 +10,6 @@ from tuner.estimator.throughput import StepTerms, predict
 from tuner.storage import Store
 from tuner.study.throughput_fit import (
     FAMILY_PREFIX,
-    HARDWARE_ROW,
     ThroughputFit,
     fit_factors,
     load_fit,
@@ -104,21 +103,11 @@ def test_fits_are_kept_per_hardware_and_family_beside_the_memory_margin(tmp_path
         terms = varied_terms()
         for index, item in enumerate(terms[:6]):
             fit = record_run(store, "cpu", "llama", item, item.step_time(TRUE), key=str(index))
-        assert len(fit.runs) == 6 and load_fit(store, "cpu", "llama") == fit
+        assert len(fit.runs) == 6 and load_fit(store, "cpu", "llama") == fit and fit.factors
         assert store.get_calibration("cpu", "llama").margin == 0.07  # the memory margin is untouched
         assert store.get_calibration("cpu", FAMILY_PREFIX + "llama").samples == 6
-        assert store.get_calibration("cpu", HARDWARE_ROW).samples == 6
-        # another family on the same hardware starts from the hardware's constants, with none of its runs
-        gpt2 = load_fit(store, "cpu", "gpt2")
-        assert gpt2.factors == store_fit_factors(store)
-        first = record_run(store, "cpu", "gpt2", terms[40], terms[40].step_time(TRUE), key="g")
-        assert len(first.runs) == 1 and first.prior == gpt2.factors
-        assert store.get_calibration("cpu", HARDWARE_ROW).samples == 7
+        assert load_fit(store, "cpu", "gpt2") == ThroughputFit()  # another family starts from the table
         assert load_fit(store, "cuda:85899345920", "llama") == ThroughputFit()  # other hardware: nothing known
-
-
-def store_fit_factors(store: Store) -> dict[str, float]:
-    return ThroughputFit.from_stats(store.get_calibration("cpu", HARDWARE_ROW).stats).factors
 
 
 def test_summary_shown_with_an_estimate_carries_the_fit_and_its_error() -> None:

@@ -7,9 +7,9 @@ predicted over measured step time, with a ridge pull of ``log factor`` towards 0
 exercises stays at the table's value. Errors are kept two ways: ``errors`` are the honest ones, each run predicted
 *before* it joined the fit; :meth:`ThroughputFit.in_sample_error` is the residual of the fit itself.
 
-Persisted like the memory margin in ``dstune_calibration`` (no table of its own): the row (hardware,
-``throughput:<family>``) for the model family, and (hardware, ``throughput``) across families, used when a family has
-no runs yet. Its ``stats`` JSON holds ``factors``, ``runs`` and ``errors``; its ``margin`` column is unused (0).
+Persisted like the memory margin in ``dstune_calibration`` (no table of its own), in the row (hardware,
+``throughput:<family>``): its ``stats`` JSON holds ``factors``, ``prior``, ``runs`` and ``errors``; its ``margin``
+column is unused (0).
 
 Example:
     >>> from tuner.estimator.throughput import StepTerms
@@ -36,7 +36,6 @@ RIDGE = 0.003  # pull of each log factor towards its prior: noise (~0.15² in lo
 LOG_BOUND = 7.0  # factors stay within e^±7 (about 1100×) of the table
 ITERATIONS = 40
 FAMILY_PREFIX = "throughput:"
-HARDWARE_ROW = "throughput"
 
 
 @dataclass(frozen=True)
@@ -228,36 +227,25 @@ def throughput_summary(workload: Workload, ds_config: dict[str, Any], fit: Throu
 
 
 def load_fit(store: Any, hardware: str, family: str) -> ThroughputFit:
-    """The stored fit for (hardware, family); else the hardware's fit across families; else an empty fit."""
-    for row in (FAMILY_PREFIX + family, HARDWARE_ROW):
-        found = store.get_calibration(hardware, row)
-        if found is not None and found.stats:
-            return ThroughputFit.from_stats(found.stats)
-    return ThroughputFit()
+    """The stored fit for (hardware, family), or an empty fit (the hardware table).
+
+    Fits are not shared across model families: on the bench's CPU landscapes, constants fitted on one family and
+    world size ranked the other's configs worse than the table did (``bench/results/search_efficiency.md``)."""
+    found = store.get_calibration(hardware, FAMILY_PREFIX + family)
+    return ThroughputFit.from_stats(found.stats if found is not None else None)
 
 
 def record_run(
     store: Any, hardware: str, family: str, terms: StepTerms, measured_s: float, key: str | None = None
 ) -> ThroughputFit:
-    """Add one measured run to the family's and the hardware's fits, refit both, store them; returns the family's.
+    """Add one measured run to the (hardware, family) fit, refit, store it; returns the new fit.
 
     ``terms``: :func:`tuner.estimator.throughput.predict`'s ``terms`` for the run's workload and ds_config;
     ``measured_s``: the measured seconds per optimizer step (the median step).
     """
-    fitted = ThroughputFit()
-    for row in (FAMILY_PREFIX + family, HARDWARE_ROW):
-        found = store.get_calibration(hardware, row)
-        if found is not None and found.stats:
-            current = ThroughputFit.from_stats(found.stats)
-        elif row != HARDWARE_ROW:  # the family's first run: start from what the hardware's fit knows
-            current = load_fit(store, hardware, family).starting_from()
-        else:
-            current = ThroughputFit()
-        updated = current.after_run(terms, measured_s, key)
-        store.put_calibration(hardware, row, 0.0, len(updated.runs), updated.to_stats())
-        if row != HARDWARE_ROW:
-            fitted = updated
-    return fitted
+    fit = load_fit(store, hardware, family).after_run(terms, measured_s, key)
+    store.put_calibration(hardware, FAMILY_PREFIX + family, 0.0, len(fit.runs), fit.to_stats())
+    return fit
 
 
 __all__ = ["Run", "ThroughputFit", "fit_factors", "load_fit", "record_run", "spearman", "throughput_summary"]
