@@ -279,6 +279,10 @@ def replay(
     runs, best, wall, known, rho = 0, -math.inf, 0.0, True, None
     reached: tuple[int, float, bool] | None = None
     for _ in range(args.max_asks):
+        if guide is not None and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            pick = guide.next_pick()  # as the tuning loop asks it: only when no enqueued trial is waiting
+            if pick is not None:
+                study.enqueue_trial(pick)
         trial = study.ask()
         try:
             suggestion = trial_space.suggest(trial, workload, global_batch)
@@ -295,9 +299,7 @@ def replay(
                 best = max(best, point.tokens_per_s)
                 if guide is not None:
                     step_s = global_batch * workload.train.seq_len / point.tokens_per_s
-                    pick = guide.after_run(suggestion, step_s, point.tokens_per_s)
-                    if pick is not None:
-                        study.enqueue_trial(pick)
+                    guide.after_run(suggestion, step_s, point.tokens_per_s)
                     if runs == SPEARMAN_AFTER:
                         rho = model_spearman(guide, by_key)
             elif point.fits or not pruning:  # a failed run, or an out-of-memory run the estimator did not stop

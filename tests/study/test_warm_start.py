@@ -95,16 +95,16 @@ def test_guide_reaches_the_best_of_a_measured_landscape_in_three_runs_and_ranks_
     space = bench_space()
     guide = ThroughputGuide(space, work, Calibration(), global_batch=spec["global_batch"])
     by_params = {label(r.params): r for r in guide.ranked}
+    assert guide.next_pick() is None  # nothing measured yet: the warm start goes first
     queue = guide.warm_start()
     seen: list[float] = []
-    while queue and len(seen) < 5:
-        params = queue.pop(0)
+    while len(seen) < 5:
+        params = queue.pop(0) if queue else guide.next_pick()
+        assert params is not None
         key = label(params)
         tokens = measured[key]
         seen.append(tokens)
-        pick = guide.after_run(by_params[key].suggestion, spec["global_batch"] * spec["seq_len"] / tokens, tokens)
-        if pick is not None:
-            queue.append(pick)
+        guide.after_run(by_params[key].suggestion, spec["global_batch"] * spec["seq_len"] / tokens, tokens)
     assert len(seen) == 5 and max(seen[:3]) == max(measured.values())
     ranked = [r for r in guide.ranked if label(r.params) in measured]
     rho = spearman([guide.predicted_tokens_per_s(r) for r in ranked], [measured[label(r.params)] for r in ranked])

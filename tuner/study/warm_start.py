@@ -7,8 +7,8 @@
   can be enqueued (``optuna.Study.enqueue_trial``) into a new study and re-checked by the estimator there.
 * :class:`ThroughputGuide`: the few calls the tuning loop makes. ``warm_start()`` gives the trials to enqueue first
   (earlier similar studies' best configs that still fit, then the model's best), ``after_run()`` refits the constants
-  from a measured run and names the config the refitted model now ranks above everything measured so far (or None:
-  the sampler goes on).
+  from a measured run, and ``next_pick()``, asked when no enqueued trial is waiting, names the config the refitted
+  model ranks within its error of the best measured so far (or None: the sampler proposes).
 
 Example:
     >>> from tuner.space import default_space_path, load_space
@@ -237,22 +237,19 @@ class ThroughputGuide:
         self.proposed.update(c.suggestion.key for c in chosen)
         return [dict(c.params) for c in chosen[:count]]
 
-    def after_run(self, suggestion: Suggestion, step_time_s: float | None, tokens_per_s: float | None) -> dict | None:
-        """Refit from one measured ok run (``step_time_s``: median seconds per optimizer step) and return the params
-        of the config the refitted model ranks first among those not yet measured or proposed, when it is predicted
-        faster than the best measured so far; else None."""
+    def after_run(self, suggestion: Suggestion, step_time_s: float | None, tokens_per_s: float | None) -> None:
+        """Refit from one measured run (``step_time_s``: median seconds per optimizer step; nothing to fit from a
+        failed run) and remember it as measured."""
         if step_time_s and tokens_per_s:
             trial_workload = suggestion.apply_to(self.workload)
             terms = predict(trial_workload, suggestion.ds_config).terms
+            family = self.workload.model.family
             if self.store is not None:
-                self.fit = record_run(
-                    self.store, self.hardware, self.workload.model.family, terms, step_time_s, suggestion.key
-                )
+                self.fit = record_run(self.store, self.hardware, family, terms, step_time_s, suggestion.key)
             else:
                 self.fit = self.fit.after_run(terms, step_time_s, suggestion.key)
             self.measured[suggestion.key] = tokens_per_s
         self.proposed.add(suggestion.key)
-        return self.next_pick()
 
     def predicted_tokens_per_s(self, ranked: Ranked) -> float:
         """The config's tokens/s under the current fit."""
@@ -267,7 +264,9 @@ class ThroughputGuide:
     def next_pick(self) -> dict | None:
         """The params of the best predicted config not yet measured or proposed, when its prediction is within
         :meth:`tolerance` of the best measured tokens/s or above it; else None (the sampler goes on)."""
-        best = max(self.measured.values(), default=0.0)
+        if not self.measured:  # nothing to compare with yet: the warm start and the sampler go first
+            return None
+        best = max(self.measured.values())
         open_ = [r for r in self.ranked if r.suggestion.key not in self.proposed]
         if not open_:
             return None
