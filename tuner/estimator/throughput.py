@@ -104,8 +104,11 @@ class ThroughputPrediction:
     terms: StepTerms
     factors: dict[str, float]
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``throughput`` object of ``dstune estimate --json`` (times in seconds per optimizer step)."""
+    def to_dict(self, fit_runs: int = 0, error: float | None = None) -> dict[str, Any]:
+        """The ``throughput`` object of ``dstune estimate --json`` (times in seconds per optimizer step).
+
+        ``fit_runs``: the measured runs behind ``factors`` (0: the hardware table); ``error``: their median
+        out-of-sample relative error of step time (null before any run)."""
         f = self.factors
         scaled = {name: value * f.get(name, 1.0) for name, value in zip(TERMS, self.terms.values(), strict=True)}
         return {
@@ -119,6 +122,8 @@ class ThroughputPrediction:
             "terms_s": scaled,
             "factors": dict(self.factors),
             "fitted": bool(self.factors),
+            "fit_runs": fit_runs,
+            "error": error,
         }
 
 

@@ -216,11 +216,7 @@ def throughput_summary(workload: Workload, ds_config: dict[str, Any], fit: Throu
         ('compute', 0, None)
     """
     fit = fit or ThroughputFit()
-    return {
-        **predict(workload, ds_config, fit.factors).to_dict(),
-        "fit_runs": len(fit.runs),
-        "error": fit.median_error(),
-    }
+    return predict(workload, ds_config, fit.factors).to_dict(len(fit.runs), fit.median_error())
 
 
 # ------------------------------------------------------------------------------------------------ persistence
