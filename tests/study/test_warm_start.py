@@ -133,11 +133,17 @@ def test_five_random_runs_fit_constants_that_rank_the_landscape() -> None:
 def test_guide_with_a_store_keeps_its_refits(tmp_path: Path) -> None:
     spec, work, _ = _replay_landscape()
     with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
-        guide = ThroughputGuide(bench_space(), work, Calibration(), global_batch=spec["global_batch"], store=store)
+        with pytest.raises(ValueError, match="hardware"):
+            ThroughputGuide(bench_space(), work, Calibration(), store=store)
+        guide = ThroughputGuide(
+            bench_space(), work, Calibration(), global_batch=spec["global_batch"], store=store, hardware="cpu"
+        )
         first = guide.ranked[0]
         guide.after_run(first.suggestion, 0.5, spec["global_batch"] * spec["seq_len"] / 0.5)
         row = store.get_calibration("cpu", FAMILY_PREFIX + "llama")
         assert row is not None and row.samples == 1
-        again = ThroughputGuide(bench_space(), work, Calibration(), global_batch=spec["global_batch"], store=store)
+        again = ThroughputGuide(
+            bench_space(), work, Calibration(), global_batch=spec["global_batch"], store=store, hardware="cpu"
+        )
         assert again.fit.factors == guide.fit.factors != {}
         assert pytest.approx(again.fit.predict_s(first.terms)) == guide.fit.predict_s(first.terms)

@@ -185,8 +185,9 @@ def recheck_earlier(
 class ThroughputGuide:
     """The throughput model inside a study: warm start, refit after each run, and the model's next pick.
 
-    ``store`` (a :class:`tuner.storage.Store`, optional) supplies earlier studies' best configs and fitted constants
-    and keeps the refitted ones; without it the guide is pure (the bench's replays use it so).
+    ``store`` (a :class:`tuner.storage.Store`, optional, with ``hardware``: the calibration key the loop records)
+    supplies earlier studies' best configs and fitted constants and keeps the refitted ones; without it the guide is
+    pure (the bench's replays use it so).
     """
 
     def __init__(
@@ -203,9 +204,9 @@ class ThroughputGuide:
     ) -> None:
         self.space, self.workload, self.calibration = space, workload, calibration
         self.global_batch, self.nvme_path, self.store = global_batch, nvme_path, store
-        self.hardware = hardware or (
-            "cpu" if workload.cluster.device == "cpu" else f"cuda:{workload.cluster.gpu_memory}"
-        )
+        if store is not None and hardware is None:
+            raise ValueError("hardware: the calibration key (as the tuning loop records it) is needed with a store")
+        self.hardware = hardware or ""
         if fit is None:
             fit = load_fit(store, self.hardware, workload.model.family) if store is not None else ThroughputFit()
         self.fit = fit
