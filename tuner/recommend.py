@@ -101,8 +101,7 @@ def recommend(store: Store, workload: Workload) -> Recommendation:
     nearest = _nearest(store, workload, fingerprint, margin)
     if nearest is not None:
         return nearest
-    fit = load_fit(store, hardware_of(workload), workload.model.family)
-    return _estimated(workload, fingerprint, margin, tuple(sorted(fit.factors.items())))
+    return _estimated(workload, fingerprint, margin, load_fit(store, hardware_of(workload), workload.model.family))
 
 
 def _nearest(store: Store, workload: Workload, fingerprint: str, margin: float) -> Recommendation | None:
@@ -164,10 +163,9 @@ def _grid_space() -> Any:
     return load_space(default_space_path()).restricted(list(GRID))
 
 
-def _estimated(
-    workload: Workload, fingerprint: str, margin: float, factors: tuple[tuple[str, float], ...] = ()
-) -> Recommendation:
-    found = _estimated_cached(workload, margin, factors)
+def _estimated(workload: Workload, fingerprint: str, margin: float, fit: ThroughputFit | None = None) -> Recommendation:
+    fit = fit or ThroughputFit()
+    found = _estimated_cached(workload, margin, tuple(sorted(fit.factors.items())), len(fit.runs), fit.median_error())
     if found is None:
         raise NoFeasibleConfig(
             f"no config of the default search space (stage × micro-batch × checkpointing) fits {workload.model.name} "
@@ -193,10 +191,9 @@ def _estimated(
 
 @functools.lru_cache(maxsize=1024)
 def _estimated_cached(
-    workload: Workload, margin: float, factors: tuple[tuple[str, float], ...]
+    workload: Workload, margin: float, factors: tuple[tuple[str, float], ...], fit_runs: int, error: float | None
 ) -> tuple[dict[str, Any], bool, int, dict[str, Any]] | None:
-    fit = ThroughputFit(dict(factors))
-    ranked = rank_feasible(_grid_space(), workload, Calibration(margin=margin), fit)
+    ranked = rank_feasible(_grid_space(), workload, Calibration(margin=margin), ThroughputFit(dict(factors)))
     if not ranked:
         return None
     top = ranked[0].prediction.tokens_per_s
@@ -210,7 +207,7 @@ def _estimated_cached(
         ),
     )
     config, checkpointing = best.suggestion.ds_config, best.suggestion.activation_checkpointing
-    return config, checkpointing, best.estimate.gpu_total, best.prediction.to_dict()
+    return config, checkpointing, best.estimate.gpu_total, best.prediction.to_dict(fit_runs, error)
 
 
 __all__ = ["NoFeasibleConfig", "Recommendation", "hardware_of", "normalised", "recommend"]
