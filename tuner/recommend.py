@@ -9,9 +9,13 @@ Three sources, tried in order; the answer always says which (``source``):
    cluster or sequence length: the best ok trials of those workloads (:data:`NEAREST_PER_WORKLOAD` per workload, at
    most :data:`NEAREST_WORKLOADS` workloads) are re-checked by the estimator against the requested workload with the
    calibrated margin; the fastest that fits wins. Its throughput was measured on the other workload (``measured_on``).
-3. ``estimate``: the estimator alone over the default search space's ZeRO stage × micro-batch × activation
-   checkpointing grid. Heuristic, documented and deterministic: the lowest ZeRO stage (least communication), then no
-   checkpointing before checkpointing (no recomputation), then the largest micro-batch, that fits with the margin.
+3. ``estimate``: nothing measured applies: over the default search space's ZeRO stage × micro-batch × activation
+   checkpointing grid, the config that fits by the estimator with the margin and has the best *predicted*
+   throughput (:mod:`tuner.estimator.throughput`, with the constants fitted on this hardware and model family's
+   runs when there are any, else the hardware table). ``predicted_tokens_per_s`` and ``prediction`` say so;
+   ``tokens_per_s`` stays null (nothing was measured). Predictions within :data:`PREDICTION_TIE` of the best count
+   as equal (finer than the model can tell); among those the simplest wins, deterministically: the lowest ZeRO
+   stage (least communication), then no checkpointing, then the largest micro-batch.
 
 Cost: a handful of indexed queries, asked of the store (:meth:`tuner.storage.Store.best_measured_trial` and
 :meth:`~tuner.storage.Store.nearest_measured_trials`), never all trials loaded; the estimator grid is cached per
@@ -25,15 +29,18 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
-from tuner.space import InfeasibleConfig, default_space_path, load_space
+from tuner.space import default_space_path, load_space
 from tuner.storage import Store
 from tuner.study.calibration import Calibration
+from tuner.study.throughput_fit import ThroughputFit, load_fit
+from tuner.study.warm_start import rank_feasible
 from tuner.workload import Workload
 
 Source = Literal["measured", "nearest", "estimate"]
 NEAREST_WORKLOADS = 10
 NEAREST_PER_WORKLOAD = 3
 GRID = ("stage", "micro_batch", "activation_checkpointing")
+PREDICTION_TIE = 0.01  # predicted tokens/s within 1 % of the best are a tie, settled by simplicity
 
 
 class NoFeasibleConfig(Exception):
@@ -56,6 +63,8 @@ class Recommendation:
     workload_fingerprint: str
     measured_on: str | None
     margin: float
+    predicted_tokens_per_s: float | None = None
+    prediction: dict[str, Any] | None = None
 
 
 def normalised(workload: Workload) -> Workload:
@@ -92,7 +101,7 @@ def recommend(store: Store, workload: Workload) -> Recommendation:
     nearest = _nearest(store, workload, fingerprint, margin)
     if nearest is not None:
         return nearest
-    return _estimated(workload, fingerprint, margin)
+    return _estimated(workload, fingerprint, margin, load_fit(store, hardware_of(workload), workload.model.family))
 
 
 def _nearest(store: Store, workload: Workload, fingerprint: str, margin: float) -> Recommendation | None:
@@ -154,52 +163,51 @@ def _grid_space() -> Any:
     return load_space(default_space_path()).restricted(list(GRID))
 
 
-class _Fixed:
-    """A trial that answers with fixed values (the :class:`tuner.space.TrialLike` protocol)."""
-
-    def __init__(self, params: dict[str, Any]) -> None:
-        self.params = params
-
-    def suggest_categorical(self, name: str, choices: Any) -> Any:
-        return self.params[name]
-
-    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
-        return self.params[name]
-
-    def suggest_float(
-        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
-    ) -> float:
-        return self.params[name]
-
-
-def _estimated(workload: Workload, fingerprint: str, margin: float) -> Recommendation:
-    found = _estimated_cached(workload, margin)
+def _estimated(workload: Workload, fingerprint: str, margin: float, fit: ThroughputFit | None = None) -> Recommendation:
+    fit = fit or ThroughputFit()
+    found = _estimated_cached(workload, margin, tuple(sorted(fit.factors.items())), len(fit.runs), fit.median_error())
     if found is None:
         raise NoFeasibleConfig(
             f"no config of the default search space (stage × micro-batch × checkpointing) fits {workload.model.name} "
             f"on {workload.cluster.world_size} × {workload.cluster.gpu_memory} B with margin {margin:.3f}"
         )
-    config, checkpointing, peak = found
-    return Recommendation("estimate", config, checkpointing, None, None, peak, None, None, fingerprint, None, margin)
+    config, checkpointing, peak, prediction = found
+    return Recommendation(
+        "estimate",
+        config,
+        checkpointing,
+        None,
+        None,
+        peak,
+        None,
+        None,
+        fingerprint,
+        None,
+        margin,
+        predicted_tokens_per_s=prediction["tokens_per_s"],
+        prediction=prediction,
+    )
 
 
 @functools.lru_cache(maxsize=1024)
-def _estimated_cached(workload: Workload, margin: float) -> tuple[dict[str, Any], bool, int] | None:
-    space = _grid_space()
-    grid = space.grid(list(GRID), world_size=workload.cluster.world_size)
-    calibration = Calibration(margin=margin)
-    for stage in sorted(grid["stage"]):
-        for checkpointing in sorted(grid["activation_checkpointing"]):
-            for micro in sorted(grid["micro_batch"], reverse=True):
-                params = {"stage": stage, "micro_batch": micro, "activation_checkpointing": checkpointing}
-                try:
-                    suggestion = space.suggest(_Fixed(params), workload)
-                    est = estimate(suggestion.apply_to(workload), suggestion.ds_config)
-                except (InfeasibleConfig, ConfigError):
-                    continue
-                if calibration.fits(est.gpu_total, est.gpu_memory) and est.cpu_headroom >= 0:
-                    return suggestion.ds_config, suggestion.activation_checkpointing, est.gpu_total
-    return None
+def _estimated_cached(
+    workload: Workload, margin: float, factors: tuple[tuple[str, float], ...], fit_runs: int, error: float | None
+) -> tuple[dict[str, Any], bool, int, dict[str, Any]] | None:
+    ranked = rank_feasible(_grid_space(), workload, Calibration(margin=margin), ThroughputFit(dict(factors)))
+    if not ranked:
+        return None
+    top = ranked[0].prediction.tokens_per_s
+    tied = [r for r in ranked if r.prediction.tokens_per_s >= (1 - PREDICTION_TIE) * top]
+    best = min(
+        tied,
+        key=lambda r: (
+            r.params["stage"],
+            r.suggestion.activation_checkpointing,
+            -r.suggestion.ds_config["train_micro_batch_size_per_gpu"],
+        ),
+    )
+    config, checkpointing = best.suggestion.ds_config, best.suggestion.activation_checkpointing
+    return config, checkpointing, best.estimate.gpu_total, best.prediction.to_dict(fit_runs, error)
 
 
 __all__ = ["NoFeasibleConfig", "Recommendation", "hardware_of", "normalised", "recommend"]

@@ -1,0 +1,223 @@
+"""Predicted step time and tokens/s of a workload under a ds_config (pure arithmetic, alongside the memory estimate).
+
+One optimizer step on one rank is ``A`` micro-steps (gradient accumulation) of micro-batch ``b`` at sequence ``s``,
+then the step. Its time is a sum of five terms, each a volume over a rate of
+:class:`~tuner.estimator.hardware.Hardware`:
+
+* ``compute``: model FLOPs per token (:func:`tuner.measure.measurement.model_flops_per_token`: 6·Ψ plus attention
+  scores) × tokens, ×4/3 under full activation checkpointing (one more forward pass), over the sustained FLOP/s.
+* ``launch``: a fixed cost per layer per micro-step (×4/3 with recomputation) and per step.
+* ``bandwidth``: ZeRO communication in ring collectives, ``(N-1)/N`` of the buffer per rank for a reduce-scatter or an
+  all-gather, twice that for an all-reduce, over the intra-node link (inter-node on several nodes). ZeRO-0
+  all-reduces gradients once per step. ZeRO-1/2 (DeepSpeed 0.19 reduces into partitions during backward for both,
+  FIELD_NOTES) reduce-scatter gradients every micro-step and all-gather the updated 16-bit parameters after the
+  step. ZeRO-3 gathers the parameters above ``stage3_param_persistence_threshold`` in forward, backward and the
+  recomputed forward, and reduce-scatters gradients every micro-step.
+* ``latency``: a fixed cost per collective call, one per reduce/all-gather bucket, per gathered ZeRO-3 parameter
+  and pass (its hooks run even on one rank), and the gradient-norm all-reduce.
+* ``memory``: the optimizer step's memory traffic (about 32 B per parameter of the rank's partition) over device
+  memory bandwidth, the gradient copies into ZeRO-1/2 buckets, and offload: CPU-Adam over the host's rate, gradients
+  down and parameters up over PCIe, ZeRO-3 offloaded parameters up once per gather pass.
+
+With ``overlap_comm`` the bytes sent during backward (gradient reduction; ZeRO-3 prefetch) hide behind the backward
+pass (two thirds of the compute): only what exceeds it counts; per-call latency (hooks, launches) is never hidden.
+Multiplicative factors per term, fitted from measured runs per hardware kind (:mod:`tuner.study.throughput_fit`),
+scale each term; 1 is the table. FLOPs per token and peak FLOP/s are :mod:`tuner.measure.measurement`'s (a pure
+module; its package imports nothing), so predicted and measured TFLOP/s and MFU count the same FLOPs.
+
+Example:
+    >>> from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+    >>> work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=4096))
+    >>> p = predict(work, {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+    ...                    "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}})
+    >>> p.bound, round(p.tokens_per_s / 8)
+    ('compute', 9656)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.estimator.hardware import Hardware, device_kind, hardware_for
+from tuner.estimator.settings import Settings, resolve
+from tuner.measure.measurement import model_flops_per_token, peak_tflops
+from tuner.workload import Workload
+
+TERMS = ("compute", "launch", "bandwidth", "latency", "memory")
+RECOMPUTE = 4 / 3  # full checkpointing runs the forward pass twice: (2 + 4 + 2) / (2 + 4) of the FLOPs
+BACKWARD_SHARE = 2 / 3  # backward is two thirds of a micro-step's compute: what overlap_comm can hide behind
+ADAM_BYTES = 32  # per parameter: read master, gradient, two moments (fp32), write three of them and the 16-bit copy
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """Seconds per optimizer step at the table's rates, by term; ``hideable`` is the share of ``bandwidth`` issued
+    during backward, ``cover`` the backward compute it may hide behind (0 without overlap_comm). Latency (calls,
+    hooks) is host work and never hidden.
+    """
+
+    compute: float
+    launch: float
+    bandwidth: float
+    latency: float
+    memory: float
+    hideable: float = 0.0
+    cover: float = 0.0
+
+    def values(self) -> tuple[float, ...]:
+        """The five terms in :data:`TERMS` order."""
+        return self.compute, self.launch, self.bandwidth, self.latency, self.memory
+
+    def step_time(self, factors: Mapping[str, float] | None = None) -> float:
+        """Seconds per optimizer step with each term scaled by ``factors`` (missing: 1)."""
+        f = factors or {}
+        compute = self.compute * f.get("compute", 1.0)
+        transfer = self.bandwidth * f.get("bandwidth", 1.0)
+        hidden = min(transfer * self.hideable, self.cover * f.get("compute", 1.0))
+        fixed = self.launch * f.get("launch", 1.0) + self.latency * f.get("latency", 1.0)
+        return compute + fixed + transfer - hidden + self.memory * f.get("memory", 1.0)
+
+    def to_dict(self) -> dict[str, float]:
+        """JSON-ready fields."""
+        return {name: getattr(self, name) for name in (*TERMS, "hideable", "cover")}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, float]) -> StepTerms:
+        """The inverse of :meth:`to_dict`."""
+        return cls(**{name: float(data.get(name, 0.0)) for name in (*TERMS, "hideable", "cover")})
+
+
+@dataclass(frozen=True)
+class ThroughputPrediction:
+    """What one config is predicted to do. ``factors`` are the fitted constants used (empty: the table)."""
+
+    hardware: str
+    step_time_s: float
+    tokens_per_s: float
+    samples_per_s: float
+    tflops_per_device: float
+    mfu: float | None
+    bound: str
+    terms: StepTerms
+    factors: dict[str, float]
+
+    def to_dict(self, fit_runs: int = 0, error: float | None = None) -> dict[str, Any]:
+        """The ``throughput`` object of ``dstune estimate --json`` (times in seconds per optimizer step).
+
+        ``fit_runs``: the measured runs behind ``factors`` (0: the hardware table); ``error``: their median
+        out-of-sample relative error of step time (null before any run)."""
+        f = self.factors
+        scaled = {name: value * f.get(name, 1.0) for name, value in zip(TERMS, self.terms.values(), strict=True)}
+        return {
+            "hardware": self.hardware,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "samples_per_s": self.samples_per_s,
+            "tflops_per_device": self.tflops_per_device,
+            "mfu": self.mfu,
+            "bound": self.bound,
+            "terms_s": scaled,
+            "factors": dict(self.factors),
+            "fitted": bool(self.factors),
+            "fit_runs": fit_runs,
+            "error": error,
+        }
+
+
+def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
+    """The five terms (seconds per optimizer step at the table's rates) for resolved settings."""
+    model, train = workload.model, workload.train
+    world, nodes = s.world_size, workload.cluster.nodes
+    psi, elem, accum = model.n_params, s.param_bytes, s.grad_accum
+    redo = RECOMPUTE if train.activation_checkpointing and not model.is_bare else 1.0
+    flops_rate = hw.flops / (hw.fp32_slowdown if s.precision == "fp32" else 1.0)
+    micro_flops = model_flops_per_token(model, train.seq_len) * s.micro_batch * train.seq_len * redo
+    compute = accum * micro_flops / flops_rate
+    layers = model.num_layers + 1
+    launch = hw.launch_s * layers * (accum * redo + 1)
+
+    link = hw.inter_bw if nodes > 1 else hw.intra_bw
+    ring = (world - 1) / world
+    tensors = len(model.param_numels)
+    partition = psi if s.stage == 0 else math.ceil(psi / world)
+    reduce_calls = math.ceil(psi / s.reduce_bucket_size)
+    per_micro_bytes = step_bytes = 0.0
+    per_micro_calls = step_calls = 1.0  # the gradient-norm all-reduce (clipping, overflow check)
+    memory = ADAM_BYTES * partition / hw.memory_bw
+    if s.stage == 0:
+        step_bytes = 2 * ring * elem * psi
+        step_calls += reduce_calls
+    elif s.stage in (1, 2):
+        per_micro_bytes = ring * elem * psi
+        per_micro_calls = reduce_calls
+        step_bytes = ring * elem * psi
+        step_calls += math.ceil(psi / max(1, s.allgather_bucket_size))
+        memory += accum * elem * psi / hw.memory_bw  # gradients copied into the reduce buckets
+    else:
+        passes = 2 + (1 if train.activation_checkpointing else 0)
+        persistent = sum(n for n in model.param_numels if n <= s.param_persistence_threshold) if world > 1 else 0
+        per_micro_bytes = ring * elem * (passes * (psi - persistent) + psi)
+        per_micro_calls = passes * tensors + reduce_calls
+        if s.offload_param != "none":
+            memory += accum * passes * elem * partition / hw.host_bw
+    if s.offload_optimizer != "none":
+        memory += partition / hw.cpu_adam_params_s - ADAM_BYTES * partition / hw.memory_bw
+        memory += 2 * elem * partition / hw.host_bw  # gradients down, updated parameters up
+    bandwidth = (accum * per_micro_bytes + step_bytes) / link
+    latency = (accum * per_micro_calls + step_calls) * hw.collective_s
+    hideable = accum * per_micro_bytes / link / bandwidth if s.overlap_comm and bandwidth > 0 else 0.0
+    cover = BACKWARD_SHARE * compute if s.overlap_comm else 0.0
+    return StepTerms(compute, launch, bandwidth, latency, memory, hideable, cover)
+
+
+def predict(
+    workload: Workload,
+    ds_config: dict[str, Any],
+    factors: Mapping[str, float] | None = None,
+    device_name: str | None = None,
+) -> ThroughputPrediction:
+    """Predict step time and tokens/s of training ``workload`` with ``ds_config``.
+
+    ``workload.train`` carries sequence length, activation checkpointing (as for :func:`tuner.estimator.estimate`);
+    ``factors`` are fitted constants (:class:`tuner.study.throughput_fit.ThroughputFit`); ``device_name`` picks the
+    GPU in the table when known (else it is guessed from the GPU memory).
+
+    Raises:
+        ConfigError: a malformed ds_config (as :func:`tuner.estimator.resolve`).
+    """
+    return predict_resolved(workload, resolve(workload, ds_config), factors, device_name)
+
+
+def predict_resolved(
+    workload: Workload,
+    s: Settings,
+    factors: Mapping[str, float] | None = None,
+    device_name: str | None = None,
+) -> ThroughputPrediction:
+    """:func:`predict` for settings already resolved from a ds_config."""
+    kind = device_kind(workload, device_name)
+    terms = step_terms(workload, s, hardware_for(workload, device_name))
+    f = dict(factors or {})
+    step = terms.step_time(f)
+    samples = s.micro_batch * s.grad_accum * s.world_size
+    tokens = samples * workload.train.seq_len
+    flops = model_flops_per_token(workload.model, workload.train.seq_len) * tokens / s.world_size / step
+    peak = peak_tflops(kind) if kind != "cpu" else None
+    bound = max(TERMS, key=lambda name: getattr(terms, name) * f.get(name, 1.0))
+    return ThroughputPrediction(
+        hardware=kind,
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        samples_per_s=samples / step,
+        tflops_per_device=flops / 1e12,
+        mfu=flops / 1e12 / peak if peak else None,
+        bound=bound,
+        terms=terms,
+        factors=f,
+    )
+
+
+__all__ = ["TERMS", "StepTerms", "ThroughputPrediction", "predict", "predict_resolved", "step_terms"]

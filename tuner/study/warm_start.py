@@ -1,0 +1,281 @@
+"""Warm starts from the throughput model: which configs a study measures first, and which next.
+
+* :func:`rank_feasible`: every config of a space's coarse grid (ZeRO stage, micro-batch, accumulation, checkpointing,
+  offload; everything else at its default) that fits by the estimator with the calibrated margin, fastest predicted
+  first (:func:`tuner.estimator.throughput.predict` with the fitted factors).
+* :func:`params_of`: the space's parameter values that reproduce a stored ds_config, so an earlier study's best config
+  can be enqueued (``optuna.Study.enqueue_trial``) into a new study and re-checked by the estimator there.
+* :class:`ThroughputGuide`: the few calls the tuning loop makes. ``warm_start()`` gives the trials to enqueue first
+  (earlier similar studies' best configs that still fit, then the model's best), ``after_run()`` refits the constants
+  from a measured run, and ``next_pick()``, asked when no enqueued trial is waiting, names the config the refitted
+  model ranks within its error of the best measured so far (or None: the sampler proposes).
+
+Example:
+    >>> from tuner.space import default_space_path, load_space
+    >>> from tuner.study.calibration import Calibration
+    >>> from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+    >>> work = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
+    >>> guide = ThroughputGuide(load_space(default_space_path()), work, Calibration(), global_batch=256)
+    >>> [(p["stage"], p["micro_batch"], p["activation_checkpointing"]) for p in guide.warm_start(2)]
+    [(1, 32, False), (1, 16, False)]
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.estimator import ConfigError, MemoryEstimate, estimate
+from tuner.estimator.throughput import StepTerms, ThroughputPrediction, predict
+from tuner.space import InfeasibleConfig, SearchSpace, Suggestion
+from tuner.study.calibration import Calibration
+from tuner.study.throughput_fit import ThroughputFit, load_fit, record_run
+from tuner.workload import Workload
+
+COARSE = ("stage", "micro_batch", "grad_accum", "activation_checkpointing", "offload_optimizer", "offload_param")
+WARM_START = 3  # configs measured first
+FROM_EARLIER = 2  # of which at most this many are earlier studies' best
+MIN_TOLERANCE = 0.05  # a pick predicted at least 95 % of the best measured is still worth a run
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A feasible config with its memory estimate and predicted throughput; ``params`` go to ``enqueue_trial``."""
+
+    suggestion: Suggestion
+    estimate: MemoryEstimate
+    prediction: ThroughputPrediction
+    params: dict[str, Any]
+
+    @property
+    def terms(self) -> StepTerms:
+        """The prediction's step terms at the table's rates (refits re-weigh them without re-predicting)."""
+        return self.prediction.terms
+
+
+class _Fixed:
+    """A trial answering from ``values``, else with each parameter's default (the TrialLike protocol)."""
+
+    def __init__(self, values: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+        self.values, self.defaults = values, defaults
+        self.params: dict[str, Any] = {}
+
+    def _answer(self, name: str) -> Any:
+        self.params[name] = self.values.get(name, self.defaults[name])
+        return self.params[name]
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return self._answer(name)
+
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
+        return self._answer(name)
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float:
+        return self._answer(name)
+
+
+def _suggest(
+    space: SearchSpace, values: Mapping[str, Any], workload: Workload, global_batch: int | None, nvme: str | None
+) -> Suggestion | None:
+    defaults = {p.name: p.default for p in space.parameters}
+    try:
+        return space.suggest(_Fixed(values, defaults), workload, global_batch, nvme)
+    except (InfeasibleConfig, ConfigError):
+        return None
+
+
+def _judge(
+    suggestion: Suggestion, workload: Workload, calibration: Calibration, fit: ThroughputFit
+) -> tuple[MemoryEstimate, ThroughputPrediction] | None:
+    """The estimate and prediction when the config fits with the margin; else None."""
+    trial_workload = suggestion.apply_to(workload)
+    try:
+        est = estimate(trial_workload, suggestion.ds_config)
+    except ConfigError:
+        return None
+    if not (calibration.fits(est.gpu_total, est.gpu_memory) and est.cpu_headroom >= 0):
+        return None
+    return est, predict(trial_workload, suggestion.ds_config, fit.factors)
+
+
+def rank_feasible(
+    space: SearchSpace,
+    workload: Workload,
+    calibration: Calibration,
+    fit: ThroughputFit | None = None,
+    global_batch: int | None = None,
+    nvme_path: str | None = None,
+) -> list[Ranked]:
+    """Feasible configs of the space's coarse grid (:data:`COARSE`), fastest predicted first (ties: grid order)."""
+    fit = fit or ThroughputFit()
+    names = [name for name in COARSE if name in space.searched]
+    grid = space.grid(names, global_batch=global_batch, world_size=workload.cluster.world_size, nvme_path=nvme_path)
+    seen: set[str] = set()
+    ranked: list[Ranked] = []
+    for values in itertools.product(*grid.values()):
+        suggestion = _suggest(space, dict(zip(grid, values, strict=True)), workload, global_batch, nvme_path)
+        if suggestion is None or suggestion.key in seen:
+            continue
+        seen.add(suggestion.key)
+        judged = _judge(suggestion, workload, calibration, fit)
+        if judged is not None:
+            ranked.append(Ranked(suggestion, *judged, params=_enqueue_params(space, suggestion)))
+    ranked.sort(key=lambda r: -r.prediction.tokens_per_s)
+    return ranked
+
+
+def _enqueue_params(space: SearchSpace, suggestion: Suggestion) -> dict[str, Any]:
+    """What ``enqueue_trial`` needs to reproduce the suggestion: its values, with defaults for unsearched ones."""
+    searched = set(space.searched)
+    return {**{k: v for k, v in suggestion.fixed.items() if k in searched}, **suggestion.params}
+
+
+def _shape(ranked: Ranked) -> tuple[Any, ...]:
+    """Micro-batch, accumulation and checkpointing: what decides compute efficiency and per-micro-step costs."""
+    config = ranked.suggestion.ds_config
+    return (
+        config.get("train_micro_batch_size_per_gpu"),
+        config.get("gradient_accumulation_steps"),
+        ranked.suggestion.activation_checkpointing,
+    )
+
+
+def params_of(space: SearchSpace, ds_config: Mapping[str, Any], activation_checkpointing: bool) -> dict[str, Any]:
+    """The space's parameter values read back from a ds_config (a parameter whose key is absent keeps its default)."""
+    values: dict[str, Any] = {}
+    for parameter in space.parameters:
+        if parameter.train == "activation_checkpointing":
+            values[parameter.name] = bool(activation_checkpointing)
+            continue
+        node: Any = ds_config
+        for part in (parameter.key or "").split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is not None:
+            values[parameter.name] = node
+    return values
+
+
+def recheck_earlier(
+    space: SearchSpace,
+    workload: Workload,
+    calibration: Calibration,
+    earlier: Iterable[tuple[Mapping[str, Any], bool]],
+    fit: ThroughputFit | None = None,
+    global_batch: int | None = None,
+    nvme_path: str | None = None,
+) -> list[Ranked]:
+    """Earlier studies' best configs (ds_config, activation checkpointing), adapted to this workload's batch and world
+    size through the space and kept when they still fit; fastest predicted first."""
+    fit = fit or ThroughputFit()
+    kept: dict[str, Ranked] = {}
+    for ds_config, checkpointing in earlier:
+        suggestion = _suggest(space, params_of(space, ds_config, checkpointing), workload, global_batch, nvme_path)
+        if suggestion is None or suggestion.key in kept:
+            continue
+        judged = _judge(suggestion, workload, calibration, fit)
+        if judged is not None:
+            kept[suggestion.key] = Ranked(suggestion, *judged, params=_enqueue_params(space, suggestion))
+    return sorted(kept.values(), key=lambda r: -r.prediction.tokens_per_s)
+
+
+class ThroughputGuide:
+    """The throughput model inside a study: warm start, refit after each run, and the model's next pick.
+
+    ``store`` (a :class:`tuner.storage.Store`, optional, with ``hardware``: the calibration key the loop records)
+    supplies earlier studies' best configs and fitted constants and keeps the refitted ones; without it the guide is
+    pure (the bench's replays use it so).
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        workload: Workload,
+        calibration: Calibration,
+        *,
+        global_batch: int | None = None,
+        nvme_path: str | None = None,
+        store: Any = None,
+        hardware: str | None = None,
+        fit: ThroughputFit | None = None,
+    ) -> None:
+        self.space, self.workload, self.calibration = space, workload, calibration
+        self.global_batch, self.nvme_path, self.store = global_batch, nvme_path, store
+        if store is not None and hardware is None:
+            raise ValueError("hardware: the calibration key (as the tuning loop records it) is needed with a store")
+        self.hardware = hardware or ""
+        if fit is None:
+            fit = load_fit(store, self.hardware, workload.model.family) if store is not None else ThroughputFit()
+        self.fit = fit
+        self.ranked = rank_feasible(space, workload, calibration, fit, global_batch, nvme_path)
+        self.measured: dict[str, float] = {}  # config key -> measured tokens/s
+        self.proposed: set[str] = set()
+
+    def warm_start(self, count: int = WARM_START, earlier: Iterable[tuple[Mapping[str, Any], bool]] = ()) -> list[dict]:
+        """Params to enqueue first: up to :data:`FROM_EARLIER` re-checked earlier best configs (``earlier``; with a
+        store and none given, its best measured trials of the same model on other workloads), then the model's best."""
+        if self.store is not None and not earlier:
+            trials = self.store.nearest_measured_trials(
+                self.workload.model.family,
+                self.workload.model.n_params,
+                self.workload.fingerprint(),
+                workloads=10,
+                per_workload=3,
+            )
+            earlier = [(t.ds_config, t.activation_checkpointing) for t in trials]
+        rechecked = recheck_earlier(
+            self.space, self.workload, self.calibration, earlier, self.fit, self.global_batch, self.nvme_path
+        )
+        chosen = list(rechecked[:FROM_EARLIER])
+        for candidate in self.ranked:  # one per batch shape: configs that differ only in ZeRO settings are
+            if len(chosen) >= count:  # predicted alike, while compute efficiency against per-micro-step costs is
+                break  # what the table knows least: spread the first runs over shapes
+            if all(_shape(candidate) != _shape(c) for c in chosen):
+                chosen.append(candidate)
+        self.proposed.update(c.suggestion.key for c in chosen)
+        return [dict(c.params) for c in chosen[:count]]
+
+    def after_run(self, suggestion: Suggestion, step_time_s: float | None, tokens_per_s: float | None) -> None:
+        """Refit from one measured run (``step_time_s``: median seconds per optimizer step; nothing to fit from a
+        failed run) and remember it as measured."""
+        if step_time_s and tokens_per_s:
+            trial_workload = suggestion.apply_to(self.workload)
+            terms = predict(trial_workload, suggestion.ds_config).terms
+            family = self.workload.model.family
+            if self.store is not None:
+                self.fit = record_run(self.store, self.hardware, family, terms, step_time_s, suggestion.key)
+            else:
+                self.fit = self.fit.after_run(terms, step_time_s, suggestion.key)
+            self.measured[suggestion.key] = tokens_per_s
+        self.proposed.add(suggestion.key)
+
+    def predicted_tokens_per_s(self, ranked: Ranked) -> float:
+        """The config's tokens/s under the current fit."""
+        return ranked.prediction.tokens_per_s * ranked.prediction.step_time_s / self.fit.predict_s(ranked.terms)
+
+    def tolerance(self) -> float:
+        """How far below the best measured a prediction may be and still be worth a run: twice the fit's median
+        out-of-sample error, at least :data:`MIN_TOLERANCE`."""
+        error = self.fit.median_error()
+        return max(MIN_TOLERANCE, 2 * error) if error is not None else MIN_TOLERANCE
+
+    def next_pick(self) -> dict | None:
+        """The params of the best predicted config not yet measured or proposed, when its prediction is within
+        :meth:`tolerance` of the best measured tokens/s or above it; else None (the sampler goes on)."""
+        if not self.measured:  # nothing to compare with yet: the warm start and the sampler go first
+            return None
+        best = max(self.measured.values())
+        open_ = [r for r in self.ranked if r.suggestion.key not in self.proposed]
+        if not open_:
+            return None
+        top = max(open_, key=self.predicted_tokens_per_s)
+        if self.predicted_tokens_per_s(top) < best * (1 - self.tolerance()):
+            return None
+        self.proposed.add(top.suggestion.key)
+        return dict(top.params)
+
+
+__all__ = ["COARSE", "Ranked", "ThroughputGuide", "params_of", "rank_feasible", "recheck_earlier"]
