@@ -52,6 +52,11 @@ class EstimateResponse(BaseModel):
     details: dict[str, int]
     reason: str | None
     ds_config: dict[str, Any] = Field(description="The config that was estimated (shortcut fields + ds_config).")
+    throughput: dict[str, Any] | None = Field(
+        default=None,
+        description="Predicted step time and tokens/s (tuner.estimator.throughput), with the constants fitted to "
+        "measured runs of this hardware and model family when there are any (fit_runs, error), else the table's.",
+    )
 
 
 class RecommendRequest(BaseModel):
@@ -66,7 +71,8 @@ class RecommendRequest(BaseModel):
 class RecommendResponse(BaseModel):
     source: Literal["measured", "nearest", "estimate"] = Field(
         description="measured: this workload's best measured trial; nearest: the best measured trial of the same "
-        "model on another workload that the estimator says fits this one; estimate: the estimator's pick."
+        "model on another workload that the estimator says fits this one; estimate: nothing measured, the fitting "
+        "config with the best predicted throughput (predicted_tokens_per_s, prediction)."
     )
     ds_config: dict[str, Any]
     activation_checkpointing: bool
@@ -78,6 +84,8 @@ class RecommendResponse(BaseModel):
     workload_fingerprint: str
     measured_on: str | None = Field(description="Fingerprint of the workload the trial was measured on.")
     margin: float = Field(description="The calibrated safety margin used for the fit check.")
+    predicted_tokens_per_s: float | None = Field(default=None, description="The throughput model's prediction.")
+    prediction: dict[str, Any] | None = Field(default=None, description="The prediction's terms (source estimate).")
 
 
 class StudyOut(BaseModel):

@@ -11,6 +11,7 @@ from rich.table import Table
 from tuner.cli.common import gib
 from tuner.cli.options import JsonOpt, WorkloadFlags, build, workload_options
 from tuner.estimator import MemoryEstimate, estimate
+from tuner.estimator.throughput import predict
 
 ROWS = (
     ("parameters", "parameters"),
@@ -48,8 +49,13 @@ def estimate_command(flags: WorkloadFlags, as_json: JsonOpt = False) -> None:
     """Estimate peak memory per GPU and per node's CPU for one training configuration."""
     workload, config = build(flags)
     est = estimate(workload, config)
+    throughput = predict(workload, config).to_dict()  # the hardware table's constants: no store here
     if as_json:
-        typer.echo(json.dumps(est.to_dict()))
+        typer.echo(json.dumps({**est.to_dict(), "throughput": throughput}))
     else:
         spec = workload.model
         render(est, f"{spec.name}: {spec.n_params:,} parameters, {workload.cluster.world_size} GPU(s)")
+        typer.echo(
+            f"predicted: {throughput['tokens_per_s']:,.0f} tokens/s, {throughput['step_time_s']:.3g} s per step "
+            f"({throughput['bound']}-bound; {throughput['hardware']} table constants, not fitted to runs)"
+        )

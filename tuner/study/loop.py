@@ -29,6 +29,8 @@ from tuner.storage import DuplicateConfig, Store
 from tuner.study.calibration import Calibration
 from tuner.study.measurer import Measurer
 from tuner.study.pruning import memory_reason
+from tuner.study.throughput_fit import throughput_summary
+from tuner.study.warm_start import ThroughputGuide
 from tuner.workload import Workload
 
 SAMPLERS = ("tpe", "random", "grid", "gp")
@@ -151,6 +153,18 @@ class TuningStudy:
         )
         # each run in flight: its trial, record id, suggestion, estimate and memory constraint (told with the outcome)
         self.in_flight: dict[Future[Measurement], tuple[optuna.Trial, int, Suggestion, MemoryEstimate, float]] = {}
+        # the throughput model: a new study measures its best-predicted configs first, then its picks between the
+        # sampler's proposals; the baselines (random, grid) stay unguided
+        self.guided = settings.sampler in ("tpe", "gp")
+        self.guide = ThroughputGuide(
+            self.space,
+            workload,
+            self.calibration,
+            global_batch=settings.global_batch,
+            nvme_path=settings.nvme_path,
+            store=store,
+            hardware=self.hardware,
+        )
 
     # ----------------------------------------------------------------- calibration
     def _load_calibration(self) -> Calibration:
@@ -192,6 +206,9 @@ class TuningStudy:
         without waiting for the killed runs (``report.interrupted``). What finished is always recorded.
         """
         self.recover()
+        if self.guided and not self.optuna.get_trials(deepcopy=False):  # a new study: the model's best first
+            for params in self.guide.warm_start():
+                self.optuna.enqueue_trial(params)
         deadline = time.monotonic() + self.settings.timeout_s if self.settings.timeout_s else None
         interrupted = stopped = exhausted = False
         repeats = 0
@@ -229,6 +246,10 @@ class TuningStudy:
 
     def _ask_one(self, dispatcher: Measurer) -> bool:
         """Ask for one config and prune, dispatch or answer it; False when it repeats a recorded config."""
+        if self.guided and not self.optuna.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            pick = self.guide.next_pick()
+            if pick is not None:
+                self.optuna.enqueue_trial(pick)
         trial = self.optuna.ask()
         workload = self.settings.workload
         try:
@@ -288,6 +309,11 @@ class TuningStudy:
     ) -> int:
         if constraint is None:
             constraint = dict(trial.constraints).get("memory")
+        recorded = None
+        if est is not None:  # the prediction with the constants fitted so far: predicted against measured
+            workload = suggestion.apply_to(self.settings.workload)
+            prediction = throughput_summary(workload, suggestion.ds_config, self.guide.fit)
+            recorded = {**est.to_dict(), "throughput": prediction}
         try:
             return self.store.add_trial(
                 self.study_id,
@@ -296,7 +322,7 @@ class TuningStudy:
                 suggestion.ds_config,
                 suggestion.params,
                 suggestion.activation_checkpointing,
-                est.to_dict() if est else None,
+                recorded,
                 status,
                 prune_reason=reason,
                 constraint=constraint,
@@ -338,7 +364,7 @@ class TuningStudy:
         self.optuna.tell(trial, values=values, state=state)
 
     def _finish(self, future: Future[Measurement]) -> None:
-        trial, trial_id, _, est, constraint = self.in_flight.pop(future)
+        trial, trial_id, suggestion, est, constraint = self.in_flight.pop(future)
         try:
             measurement = future.result()
         except Exception as error:  # the dispatcher itself failed (Ray unreachable...): record, never lose it
@@ -352,6 +378,7 @@ class TuningStudy:
                 self._save_calibration()
             trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.COMPLETE, self._values(measurement.tokens_per_s, peak))
+            self.guide.after_run(suggestion, (measurement.step_time_s or {}).get("p50"), measurement.tokens_per_s)
         else:
             if measurement.status == "oom":
                 self.calibration = self.calibration.after_oom(estimated_peak, est.gpu_memory)

@@ -6,11 +6,13 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from tuner.api.deps import invalid
+from tuner.api.deps import StoreDep, invalid
 from tuner.api.schemas import EstimateRequest, EstimateResponse
 from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
+from tuner.recommend import hardware_of
 from tuner.schema import FieldError, Loc, to_workload
+from tuner.study.throughput_fit import load_fit, throughput_summary
 from tuner.workload import Workload
 
 router = APIRouter(tags=["estimate"])
@@ -28,7 +30,7 @@ def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = (
 
 
 @router.post("/v1/estimate", response_model=EstimateResponse)
-def estimate_endpoint(body: EstimateRequest) -> EstimateResponse:
+def estimate_endpoint(body: EstimateRequest, store: StoreDep) -> EstimateResponse:
     """Estimate peak memory per GPU and per node's CPU, by category, for one workload and ds_config."""
     try:
         workload = to_workload(body.workload, ("workload",))
@@ -46,4 +48,5 @@ def estimate_endpoint(body: EstimateRequest) -> EstimateResponse:
         est = checked_estimate(workload, config)
     except FieldError as error:
         raise invalid(error) from None
-    return EstimateResponse(**est.to_dict(), ds_config=config)
+    fit = load_fit(store, hardware_of(workload), workload.model.family)
+    return EstimateResponse(**est.to_dict(), ds_config=config, throughput=throughput_summary(workload, config, fit))
