@@ -45,7 +45,7 @@ def assert_ok(result, world: int) -> None:
     assert len(result.peak_bytes_per_rank) == world and all(b > 0 for b in result.peak_bytes_per_rank)
     for rank in result.ranks:
         assert len(rank.step_times) == 3
-        assert rank.model_state_bytes > 0 and rank.peak_rss > rank.model_state_bytes
+        assert rank.model_state_bytes > 0 and rank.peak_rss_bytes > rank.model_state_bytes
         assert {"imports_s", "initialize_s", "warmup_s", "timed_s"} <= set(rank.timings)
 
 

@@ -204,13 +204,19 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     ranks = cluster.gpus_per_node
     host = [phase.cpu for phase in phases.values()]
     cpu_peak = max(sum(held.values()) for held in host)
-    load = 0 if s.stage == 3 else model.n_params * elem  # each rank materialises its model before ZeRO shards it
     cpu_per_node = {
         name: ranks * max(held[name] for held in host)
         for name in ("parameters", "gradients", "optimizer_states", "buffers")
     }
     cpu_per_node["processes"] = ranks * process
-    cpu_per_node["model_load"] = ranks * max(0, load - cpu_peak)
+    # Building the model adds no host bytes: measured runs build it where it trains (tuner.measure.birth). ZeRO-3
+    # builds under deepspeed.zero.Init (each module's parameters created on the rank's device in the training dtype,
+    # partitioned as soon as the module exists: the device briefly holds one module whole, the host nothing; with
+    # offload_param the shards land in host memory the parameter phases already count), stages 0-2 directly on the
+    # device in the training dtype. No rank holds the full fp32 copy on the host that used to cost 4·Ψ bytes per
+    # rank (280 GB for a 70B model). Measured on CPU ranks: the resident set grows by e·Ψ/N while building
+    # (tests/measure/test_birth.py).
+    cpu_per_node["model_load"] = 0
     cpu_per_node["total"] = ranks * cpu_peak + cpu_per_node["processes"] + cpu_per_node["model_load"]
     return MemoryEstimate(
         n_params=model.n_params,

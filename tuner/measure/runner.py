@@ -137,6 +137,8 @@ class TrainingProcess:
         import deepspeed
         import torch
 
+        from tuner.estimator import resolve
+        from tuner.measure.birth import rss_bytes
         from tuner.workload import workload_from_dict
 
         spec, timings = self.spec, self.result.timings
@@ -157,11 +159,13 @@ class TrainingProcess:
         )
         timings["distributed_s"] = time.perf_counter() - begin
         self._validate_config(spec.ds_config)
+        settings = resolve(workload, spec.ds_config)
         torch.manual_seed(0)
-        model = self._build_model(workload)
+        model = self._born_model(workload, settings)
         begin = time.perf_counter()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=spec.ds_config)
         timings["initialize_s"] = time.perf_counter() - begin
+        self.result.rss_bytes["after_initialize"] = rss_bytes()
         device = engine.device if cuda else "cpu"
         from tuner.measure.models import synthetic_batch
 
@@ -205,6 +209,19 @@ class TrainingProcess:
         except Exception as error:  # pydantic ValidationError, AssertionError, ValueError: DeepSpeed's verdicts
             raise InvalidConfig(f"{type(error).__name__}: {error}") from error
 
+    def _born_model(self, workload: Any, settings: Any) -> Any:
+        """Build the model sharded (ZeRO-3) or on the device in the training dtype (``tuner.measure.birth``),
+        recording the resident bytes it added on the host."""
+        from tuner.measure.birth import born_on_device, rss_bytes
+
+        rss = self.result.rss_bytes
+        rss["before_model"] = rss_bytes()
+        transformers = self.spec.model_impl == "transformers"
+        with born_on_device(self.spec.ds_config, settings.stage, settings.precision, self.spec.device, transformers):
+            model = self._build_model(workload)
+        rss["after_model"] = rss_bytes()
+        return model
+
     def _build_model(self, workload: Any) -> Any:
         train = workload.train
         if self.spec.model_impl == "transformers":
@@ -239,7 +256,7 @@ class TrainingProcess:
     def _memory_peaks(self) -> None:
         import resource
 
-        self.result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.result.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         if self.spec.device == "cuda":
             import torch
 
