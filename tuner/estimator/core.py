@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.estimator.activations import activation_bytes, logits_workspace_bytes
+from tuner.estimator.device import DeviceKind, device_kind
 from tuner.estimator.partitions import flat_partition, stage3_partition
 from tuner.estimator.settings import Settings, resolve
 from tuner.workload import Workload
@@ -49,13 +50,27 @@ class Overhead:
 
     ``cuda_context``: the CUDA context and kernels' workspace (about 0.5 GiB with PyTorch on Hopper);
     ``fragmentation``: the caching allocator's reserved-but-unallocated share of the peak;
-    ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python).
+    ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python);
+    ``device``: when set, the device kind's itemised terms (context, NCCL buffers per communicator, cuBLAS
+    workspace, allocator reserve: :mod:`tuner.estimator.device`) replace ``cuda_context`` and ``fragmentation``.
     """
 
     cuda_context: int = 512 * 2**20
     fragmentation: float = 0.05
     cpu_process_cuda: int = 3 * 2**30
     cpu_process_cpu: int = 450 * 2**20
+    device: DeviceKind | None = None
+
+    @classmethod
+    def for_gpu(cls, device_name: str | None) -> Overhead:
+        """The overhead of a GPU named like ``torch.cuda.get_device_name()`` (``NVIDIA H200``), by device kind."""
+        return cls(device=device_kind(device_name))
+
+    def device_terms(self, peak: int, world_size: int, gpus_per_node: int) -> dict[str, int]:
+        """Bytes a CUDA rank adds beyond its tensors' ``peak``, by term."""
+        if self.device is not None:
+            return self.device.overhead(peak, world_size, gpus_per_node)
+        return {"cuda_context": self.cuda_context, "allocator_reserve": int(self.fragmentation * peak)}
 
 
 DEFAULT_OVERHEAD = Overhead()
@@ -196,7 +211,9 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         per_gpu["activations"] = None
     device_overhead = 0
     if cluster.device == "cuda":
-        device_overhead = overhead.cuda_context + int(overhead.fragmentation * gpu_totals[peak_phase])
+        terms = overhead.device_terms(gpu_totals[peak_phase], s.world_size, cluster.gpus_per_node)
+        details.update(terms)
+        device_overhead = sum(terms.values())
     per_gpu["overhead"] = device_overhead
     per_gpu["total"] = gpu_totals[peak_phase] + device_overhead
 
