@@ -1,10 +1,11 @@
 """The short measured run inside one rank's process: ``python -m tuner.measure.runner RUN_DIR RANK``.
 
 A launcher (``tuner.measure.launcher`` or ``tuner.measure.ray_launcher``) writes ``RUN_DIR/spec.json`` (a
-:class:`RunSpec`), sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``LOCAL_RANK``, and starts one process per
-rank. Each rank builds the model, feeds synthetic token batches, runs ``deepspeed.initialize``, warm-up steps and timed
-steps, and writes ``RUN_DIR/rank-N.json`` (a :class:`tuner.measure.measurement.RankResult`). Failures are classified
-from exception types: CUDA out-of-memory, the CPU allocator's failure and ``MemoryError`` are ``oom``; DeepSpeed's
+:class:`RunSpec`), sets torchrun's environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``), and starts one process per rank. Each rank builds the model where
+it trains (:mod:`tuner.measure.birth`), feeds synthetic token batches, runs ``deepspeed.initialize``, warm-up steps and
+timed steps, and writes ``RUN_DIR/rank-N.json`` (a :class:`tuner.measure.measurement.RankResult`). Failures are
+classified from exception types: CUDA out-of-memory, the CPU allocator's failure and ``MemoryError`` are ``oom``; DeepSpeed's
 config validation (raised while building its ``DeepSpeedConfig``) is ``invalid_config``; everything else is ``error``.
 The runner knows nothing of databases or studies."""
 
