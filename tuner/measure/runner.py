@@ -5,9 +5,9 @@ A launcher (``tuner.measure.launcher`` or ``tuner.measure.ray_launcher``) writes
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``), and starts one process per rank. Each rank builds the model where
 it trains (:mod:`tuner.measure.birth`), feeds synthetic token batches, runs ``deepspeed.initialize``, warm-up steps and
 timed steps, and writes ``RUN_DIR/rank-N.json`` (a :class:`tuner.measure.measurement.RankResult`). Failures are
-classified from exception types: CUDA out-of-memory, the CPU allocator's failure and ``MemoryError`` are ``oom``; DeepSpeed's
-config validation (raised while building its ``DeepSpeedConfig``) is ``invalid_config``; everything else is ``error``.
-The runner knows nothing of databases or studies."""
+classified from exception types: CUDA out-of-memory, the CPU allocator's failure and ``MemoryError`` are ``oom``;
+DeepSpeed's config validation (raised while building its ``DeepSpeedConfig``) is ``invalid_config``; everything else
+is ``error``. The runner knows nothing of databases or studies."""
 
 from __future__ import annotations
 
