@@ -23,7 +23,7 @@ def main() -> None:
         config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage}}
         if precision == "bf16":
             config["bf16"] = {"enabled": True}
-        with born_on_device(config, stage, precision, "cpu"):
+        with born_on_device(config, "cpu"):
             model = build_model(spec)
         held = [getattr(p, "ds_tensor", p) for p in model.parameters()]
         found[f"{stage}-{precision}"] = {

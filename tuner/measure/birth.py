@@ -55,19 +55,30 @@ def default_dtype(dtype: Any) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def stage_and_precision(ds_config: dict[str, Any]) -> tuple[int, str]:
+    """The ZeRO stage and the training precision (``bf16``, ``fp16`` or ``fp32``) a ds_config asks for."""
+    stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
+
+    def enabled(*keys: str) -> bool:
+        return any(bool((ds_config.get(key) or {}).get("enabled")) for key in keys)
+
+    precision = "fp16" if enabled("fp16") else "bf16" if enabled("bf16", "bfloat16") else "fp32"  # DeepSpeed's alias
+    return stage, precision
+
+
 @contextmanager
-def born_on_device(ds_config: dict[str, Any], stage: int, precision: str, device: str, transformers: bool = False):
+def born_on_device(ds_config: dict[str, Any], device: str, transformers: bool = False) -> Iterator[None]:
     """Build the model inside this block: sharded under ZeRO-3, else on ``device`` in the training dtype.
 
     Args:
-        ds_config: the run's ds_config (ZeRO-3 reads its dtype and ``offload_param`` from it).
-        stage: the ZeRO stage.
-        precision: ``bf16``, ``fp16`` or ``fp32``.
+        ds_config: the run's ds_config, already accepted by DeepSpeed (its stage and precision decide; ZeRO-3 also
+            reads its dtype and ``offload_param`` from it).
         device: ``cpu`` or ``cuda`` (CUDA: the current device, which the runner set from ``LOCAL_RANK``).
         transformers: the model is a transformers model (``torch._dynamo`` is imported before ``zero.Init``).
     """
     import torch
 
+    stage, precision = stage_and_precision(ds_config)
     dtype = training_dtype(precision)
     with ExitStack() as stack:
         if stage == 3:

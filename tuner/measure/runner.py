@@ -138,7 +138,6 @@ class TrainingProcess:
         import deepspeed
         import torch
 
-        from tuner.estimator import resolve
         from tuner.measure.birth import rss_bytes
         from tuner.workload import workload_from_dict
 
@@ -160,9 +159,8 @@ class TrainingProcess:
         )
         timings["distributed_s"] = time.perf_counter() - begin
         self._validate_config(spec.ds_config)
-        settings = resolve(workload, spec.ds_config)
         torch.manual_seed(0)
-        model = self._born_model(workload, settings)
+        model = self._born_model(workload)
         begin = time.perf_counter()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=spec.ds_config)
         timings["initialize_s"] = time.perf_counter() - begin
@@ -210,7 +208,7 @@ class TrainingProcess:
         except Exception as error:  # pydantic ValidationError, AssertionError, ValueError: DeepSpeed's verdicts
             raise InvalidConfig(f"{type(error).__name__}: {error}") from error
 
-    def _born_model(self, workload: Any, settings: Any) -> Any:
+    def _born_model(self, workload: Any) -> Any:
         """Build the model sharded (ZeRO-3) or on the device in the training dtype (``tuner.measure.birth``),
         recording the resident bytes it added on the host."""
         from tuner.measure.birth import born_on_device, rss_bytes
@@ -218,7 +216,7 @@ class TrainingProcess:
         rss = self.result.rss_bytes
         rss["before_model"] = rss_bytes()
         transformers = self.spec.model_impl == "transformers"
-        with born_on_device(self.spec.ds_config, settings.stage, settings.precision, self.spec.device, transformers):
+        with born_on_device(self.spec.ds_config, self.spec.device, transformers):
             model = self._build_model(workload)
         rss["after_model"] = rss_bytes()
         return model
