@@ -6,8 +6,9 @@ ranks follow the GPU ids Ray assigned (as Ray Train orders them); rank = node ra
 torchrun's environment (:class:`tuner.measure.launcher.RankPlace`): ``MASTER_ADDR`` is rank 0's node address,
 ``LOCAL_RANK`` 0..G-1 within its node, and on CUDA every rank of a node sees all the GPUs the job holds there
 (``CUDA_VISIBLE_DEVICES`` shared, as Ray Train does), so NCCL can use NVLink/P2P and the rank picks its device by
-``LOCAL_RANK``. A cluster that cannot hold the layout answers ``error`` / ``ResourcesUnavailable`` naming what is
-missing, at once when no set of alive nodes could ever hold it, else at the placement timeout.
+``LOCAL_RANK``. A cluster that cannot hold the layout answers ``error`` / ``ResourcesUnavailable`` at the placement
+timeout, naming what its nodes lack (or, when they could hold it, what is free while other jobs hold the rest). It
+waits even when no alive node could ever hold the layout: an autoscaling cluster (KubeRay) adds nodes on demand.
 
 Why not Ray Train's worker group (``ray.train.torch.TorchTrainer``, read for its conventions and reused in spirit):
 
@@ -155,6 +156,17 @@ def missing_resources(bundle: dict[str, float], nodes: int, cluster: list[dict[s
     )
 
 
+def _why_unplaced(bundle: dict[str, float], nodes: int, waited: float) -> str:
+    """The error of a layout Ray did not place in time: what the cluster lacks, or what other jobs hold."""
+    prefix = f"Ray could not place {nodes} node(s) with {_resources(bundle)} each within {waited:.0f} s: "
+    missing = missing_resources(bundle, nodes, ray.nodes())
+    if missing:
+        return prefix + missing
+    available = ray.available_resources()
+    free = _resources({key: available.get(key, 0.0) for key in bundle})
+    return prefix + f"free in the cluster now {free}; other jobs hold the rest"
+
+
 def _resources(bundle: dict[str, float]) -> str:
     return "{" + ", ".join(f"{key}: {amount:g}" for key, amount in bundle.items()) + "}"
 
@@ -213,20 +225,12 @@ def launch_ray(
     cuda = spec.device == "cuda"
     bundle = node_bundle(cluster.gpus_per_node, cuda)
     started = time.monotonic()
-    reason = missing_resources(bundle, cluster.nodes, ray.nodes())
-    if reason:
-        return _unavailable(reason)
     group = placement_group([bundle] * cluster.nodes, strategy="STRICT_SPREAD")
     try:
         ray.get(group.ready(), timeout=placement_timeout)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
-        available = ray.available_resources()
-        free = _resources({key: available.get(key, 0.0) for key in bundle})
-        return _unavailable(
-            f"Ray could not place {cluster.nodes} node(s) with {_resources(bundle)} each within "
-            f"{placement_timeout:.0f} s (free in the cluster now: {free}; other jobs hold the rest)"
-        )
+        return _unavailable(_why_unplaced(bundle, cluster.nodes, placement_timeout))
     hosts = [
         [
             RankHost.options(
