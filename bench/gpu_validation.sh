@@ -9,3 +9,4 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, deepspeed; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__)"
 out="${OUT:-bench/results}"
 python3 bench/estimator_accuracy.py --device cuda --seq-len 1024 --out "$out/estimator_accuracy_cuda.md"
+python3 bench/born_on_cuda.py "$out/born_on_cuda.json"

@@ -43,6 +43,13 @@ def test_measure_json_contract(tmp_path) -> None:
     assert set(result["step_time_s"]) == {"p50", "p90"}
     assert result["tflops_per_device"] > 0
     assert len(result["peak_bytes_per_rank"]) == 2
+    ranks = result["ranks"]  # the rank report: where each rank ran, its peaks and step times
+    assert [(r["rank"], r["local_rank"], r["node_id"], r["status"]) for r in ranks] == [
+        (0, 0, None, "ok"),
+        (1, 1, None, "ok"),
+    ]
+    assert all(r["hostname"] and "peak_bytes" in r and r["peak_rss_bytes"] > 0 for r in ranks)  # warm-up 1: no probe
+    assert all(len(r["step_times"]) == 2 for r in ranks)
     assert result["estimate"]["world_size"] == 2 and result["estimate"]["per_gpu"]["total"] > 0
 
 

@@ -45,6 +45,24 @@ TRIALS = [
 ]
 
 
+def rank_report(peak: int) -> list[dict]:
+    """Trial 0's rank report: one rank on each of two Ray nodes, as ``Measurement.to_dict()`` stores it."""
+    return [
+        {
+            "rank": rank,
+            "node_id": node,
+            "hostname": f"gpu-{rank}",
+            "node_rank": rank,
+            "local_rank": 0,
+            "status": "ok",
+            "peak_bytes": peak - 1000 * (1 - rank),
+            "peak_rss_bytes": (3 + rank) * GiB,
+            "step_times": [0.25, 0.5 + rank],
+        }
+        for rank, node in enumerate(("a1" * 28, "b2" * 28))
+    ]
+
+
 def _workload() -> Workload:
     return Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=WORLD_SIZE, gpu_memory=24 * GiB), TrainSpec(1024))
 
@@ -69,6 +87,7 @@ def seed(store: Store) -> None:
             "tokens_per_s": value,
             "peak_bytes_per_rank": [peak - 1000, peak],
             "error": "CUDA out of memory" if status == "oom" else None,
+            "ranks": rank_report(peak) if number == 0 else [],
         }
         store.finish_trial(trial_id, status, measurement)
     store.add_infeasible(study.id, 7, {"stage": 3, "micro_batch": 64}, "global batch 16 is not divisible by 128")
@@ -176,6 +195,20 @@ def test_study_page(client: TestClient) -> None:
     assert "GPU memory short by 1.2 MiB at the backward phase" in page  # an older reason's bytes, for people
     assert "/static/chart.umd.js" in page
     assert "cdn" not in page.lower() and "https://" not in page  # nothing from the internet
+
+
+def test_trial_page_shows_the_rank_report(client: TestClient) -> None:
+    page = client.get(f"/studies/{STUDY}").text
+    assert f'<a href="/studies/{STUDY}/trials/0">0</a>' in page
+    response = client.get(f"/studies/{STUDY}/trials/0")
+    assert response.status_code == 200
+    table = response.text[response.text.index('id="ranks"') :]
+    assert table.count("<tr data-rank=") == 2
+    assert 'title="' + "a1" * 28 + '">' + "a1" * 6 + "</td>" in table and "gpu-1" in table
+    assert "3.00 GiB" in table and "4.00 GiB" in table and "0.25, 1.5" in table
+    unmeasured = client.get(f"/studies/{STUDY}/trials/2").text  # pruned: no ranks
+    assert "No rank report" in unmeasured and "GPU memory short by 1234567 bytes" in unmeasured
+    assert client.get(f"/studies/{STUDY}/trials/99").status_code == 404
 
 
 def test_study_page_with_slash_in_name(client: TestClient) -> None:

@@ -45,7 +45,7 @@ def assert_ok(result, world: int) -> None:
     assert len(result.peak_bytes_per_rank) == world and all(b > 0 for b in result.peak_bytes_per_rank)
     for rank in result.ranks:
         assert len(rank.step_times) == 3
-        assert rank.model_state_bytes > 0 and rank.peak_rss > rank.model_state_bytes
+        assert rank.model_state_bytes > 0 and rank.peak_rss_bytes > rank.model_state_bytes
         assert {"imports_s", "initialize_s", "warmup_s", "timed_s"} <= set(rank.timings)
 
 
@@ -181,3 +181,34 @@ def test_stale_build_locks_are_cleared(tmp_path, monkeypatch) -> None:
     (stale.parent / "fused_adam.o").write_text("half a build")
     assert clear_stale_build_locks() == [stale]
     assert fresh.exists() and not stale.parent.exists()
+
+
+def test_local_launcher_gives_each_rank_torchruns_environment(tmp_path) -> None:
+    """``--gpus 2 --nodes 2`` on this machine: the same variables a Ray job's ranks get, node by node."""
+    import json
+    import os
+    import socket
+
+    spec = run_spec(4)
+    spec.workload["cluster"].update(gpus_per_node=2, nodes=2)
+    entry = [sys.executable, str(Path(__file__).with_name("env_rank.py")), str(tmp_path)]
+    result = launch_local(spec, timeout=120, entry=entry)
+    assert result.status == "ok", result.error
+    for rank in range(4):
+        env = json.loads((tmp_path / f"env-{rank}.json").read_text())
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == (
+            str(rank),
+            "4",
+            str(rank % 2),
+            "2",
+            str(rank // 2),
+        )
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["CUDA_VISIBLE_DEVICES"] == os.environ.get(
+            "CUDA_VISIBLE_DEVICES"
+        )
+    assert [(r.node_id, r.hostname, r.local_rank) for r in result.ranks] == [
+        (None, socket.gethostname(), rank % 2) for rank in range(4)
+    ]
+    spec.device = "cuda"
+    refused = launch_local(spec, timeout=120, entry=entry)
+    assert refused.status == "error" and refused.exception_type == "InvalidLayout", refused.error

@@ -76,9 +76,13 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
         console.print(f"step time: p50 {steps['p50']:.3f} s, p90 {steps['p90']:.3f} s")
         console.print(f"model TFLOP/s per device: {result['tflops_per_device']:.4f}")
     table = Table()
-    table.add_column("rank")
+    for name in ("rank", "host", "node rank", "local rank", "status"):
+        table.add_column(name)
     table.add_column("peak GiB", justify="right")
-    for rank, peak in enumerate(result["peak_bytes_per_rank"]):
-        table.add_row(str(rank), gib(peak))
+    table.add_column("peak RSS GiB", justify="right")
+    for rank in result.get("ranks") or []:
+        where = [rank.get("hostname") or "-", *(str(rank.get(k, "-")) for k in ("node_rank", "local_rank"))]
+        peaks = (gib(rank.get("peak_bytes")), gib(rank.get("peak_rss_bytes")))
+        table.add_row(str(rank["rank"]), *where, rank["status"], *peaks)
     console.print(table)
     console.print(f"estimated peak per GPU: {gib(result['estimate']['per_gpu']['total'])} GiB")

@@ -104,6 +104,25 @@ def download_ds_config(request: Request, name: str, number: int) -> Response:
     )
 
 
+@router.get("/studies/{name:path}/trials/{number:int}", response_class=HTMLResponse, name="dashboard_trial")
+def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
+    """One trial: its config, outcome and rank report (where each rank ran, its peaks and step times)."""
+    store = _store(request)
+    study = store.get_study(name)
+    if study is None:
+        return _not_found(request, f"There is no study called {name!r}.")
+    trial = _find_trial(store, study, number)
+    if trial is None:
+        return _not_found(request, f"Study {name!r} has no trial {number}.")
+    context = {
+        "title": f"{study.name} trial {number} · dstune",
+        "study": study,
+        "trial": trial,
+        "ranks": views.rank_rows(trial.measurement),
+    }
+    return _page(request, "trial.html", context)
+
+
 @router.get("/studies/{name:path}", response_class=HTMLResponse, name="dashboard_study")
 def study_page(request: Request, name: str) -> HTMLResponse:
     """One study: its progress, the throughput/memory trade-off, estimate quality, prune reasons and every trial."""

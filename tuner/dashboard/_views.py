@@ -219,3 +219,47 @@ def estimate_quality(trials: list[TrialRecord]) -> dict[str, Any]:
 def sort_value(value: Any) -> str:
     """The ``data-value`` a table cell sorts by ('' sorts last)."""
     return "" if value is None else str(value)
+
+
+@dataclass
+class RankRow:
+    """One rank of a measured trial, as the trial page shows it (from the stored measurement's ``ranks``)."""
+
+    rank: int
+    status: str
+    node_id: str | None
+    hostname: str | None
+    node_rank: int | None
+    local_rank: int | None
+    peak_bytes: int | None
+    peak_rss_bytes: int | None
+    step_times: list[float]
+    error: str | None
+
+    @property
+    def step_p50(self) -> float | None:
+        """The rank's median timed step, seconds."""
+        ordered = sorted(self.step_times)
+        return ordered[len(ordered) // 2] if ordered else None
+
+
+def rank_rows(measurement: dict[str, Any] | None) -> list[RankRow]:
+    """The rank report of a stored measurement (empty when the trial was not measured or predates it)."""
+    rows = []
+    for rank in (measurement or {}).get("ranks") or []:
+        error = rank.get("error")
+        rows.append(
+            RankRow(
+                rank=rank["rank"],
+                status=rank.get("status", "-"),
+                node_id=rank.get("node_id"),
+                hostname=rank.get("hostname"),
+                node_rank=rank.get("node_rank"),
+                local_rank=rank.get("local_rank"),
+                peak_bytes=rank.get("peak_bytes"),
+                peak_rss_bytes=rank.get("peak_rss_bytes", rank.get("peak_rss")),
+                step_times=list(rank.get("step_times") or []),
+                error=error.strip().splitlines()[-1] if error and error.strip() else None,
+            )
+        )
+    return rows

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.estimator.activations import activation_bytes, logits_workspace_bytes
+from tuner.estimator.device import DeviceKind, device_kind
 from tuner.estimator.partitions import flat_partition, stage3_partition
 from tuner.estimator.settings import Settings, resolve
 from tuner.workload import Workload
@@ -49,13 +50,27 @@ class Overhead:
 
     ``cuda_context``: the CUDA context and kernels' workspace (about 0.5 GiB with PyTorch on Hopper);
     ``fragmentation``: the caching allocator's reserved-but-unallocated share of the peak;
-    ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python).
+    ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python);
+    ``device``: when set, the device kind's itemised terms (context, NCCL buffers per communicator, cuBLAS
+    workspace, allocator reserve: :mod:`tuner.estimator.device`) replace ``cuda_context`` and ``fragmentation``.
     """
 
     cuda_context: int = 512 * 2**20
     fragmentation: float = 0.05
     cpu_process_cuda: int = 3 * 2**30
     cpu_process_cpu: int = 450 * 2**20
+    device: DeviceKind | None = None
+
+    @classmethod
+    def for_gpu(cls, device_name: str | None) -> Overhead:
+        """The overhead of a GPU named like ``torch.cuda.get_device_name()`` (``NVIDIA H200``), by device kind."""
+        return cls(device=device_kind(device_name))
+
+    def device_terms(self, peak: int, world_size: int, gpus_per_node: int) -> dict[str, int]:
+        """Bytes a CUDA rank adds beyond its tensors' ``peak``, by term."""
+        if self.device is not None:
+            return self.device.overhead(peak, world_size, gpus_per_node)
+        return {"cuda_context": self.cuda_context, "allocator_reserve": int(self.fragmentation * peak)}
 
 
 DEFAULT_OVERHEAD = Overhead()
@@ -196,7 +211,9 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         per_gpu["activations"] = None
     device_overhead = 0
     if cluster.device == "cuda":
-        device_overhead = overhead.cuda_context + int(overhead.fragmentation * gpu_totals[peak_phase])
+        terms = overhead.device_terms(gpu_totals[peak_phase], s.world_size, cluster.gpus_per_node)
+        details.update(terms)
+        device_overhead = sum(terms.values())
     per_gpu["overhead"] = device_overhead
     per_gpu["total"] = gpu_totals[peak_phase] + device_overhead
 
@@ -204,13 +221,19 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     ranks = cluster.gpus_per_node
     host = [phase.cpu for phase in phases.values()]
     cpu_peak = max(sum(held.values()) for held in host)
-    load = 0 if s.stage == 3 else model.n_params * elem  # each rank materialises its model before ZeRO shards it
     cpu_per_node = {
         name: ranks * max(held[name] for held in host)
         for name in ("parameters", "gradients", "optimizer_states", "buffers")
     }
     cpu_per_node["processes"] = ranks * process
-    cpu_per_node["model_load"] = ranks * max(0, load - cpu_peak)
+    # Building the model adds no host bytes: measured runs build it where it trains (tuner.measure.birth). ZeRO-3
+    # builds under deepspeed.zero.Init (each module's parameters created on the rank's device in the training dtype,
+    # partitioned as soon as the module exists: the device briefly holds one module whole, the host nothing; with
+    # offload_param the shards land in host memory the parameter phases already count), stages 0-2 directly on the
+    # device in the training dtype. No rank holds the full fp32 copy on the host that used to cost 4·Ψ bytes per
+    # rank (280 GB for a 70B model). Measured on CPU ranks: the resident set grows by e·Ψ/N while building
+    # (tests/measure/test_birth.py).
+    cpu_per_node["model_load"] = 0
     cpu_per_node["total"] = ranks * cpu_peak + cpu_per_node["processes"] + cpu_per_node["model_load"]
     return MemoryEstimate(
         n_params=model.n_params,

@@ -3,7 +3,12 @@
 Each rank is ``python -m tuner.measure.runner RUN_DIR RANK`` in a new session (its own process group), so a hard timeout
 kills the rank and everything it started. Ranks also die with their launcher (``PR_SET_PDEATHSIG``), so a killed
 launcher leaves no orphans. When one rank fails, its peers would wait in a collective: they get a short grace period,
-then they are killed. A rank that exits without writing its result is classified from its exit condition."""
+then they are killed. A rank that exits without writing its result is classified from its exit condition.
+
+Every rank gets the environment torchrun gives (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``) from its :class:`RankPlace`, here and on Ray alike. On this machine
+a ``--gpus G --nodes M`` layout is emulated on CPU ranks (rank r is local rank r mod G of node r div G); on CUDA it
+needs one node (M nodes' local ranks would share this machine's device indices): use the Ray launcher."""
 
 from __future__ import annotations
 
@@ -57,13 +62,54 @@ def _rank_preexec(memory_cap: int | None) -> Callable[[], None]:
     return setup
 
 
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank of a job runs: its global rank, its node, and its index among the job's ranks on that node.
+
+    ``visible_devices`` is the node's ``CUDA_VISIBLE_DEVICES`` for the job (every rank of a node sees all the node's
+    GPUs the job holds and picks its own by ``local_rank``); None leaves the variable as the process found it.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    node_id: str | None = None
+    hostname: str | None = None
+    visible_devices: str | None = None
+
+    def env(self, master_addr: str, master_port: int) -> dict[str, str]:
+        """The rank's distributed environment (torchrun's names)."""
+        env = {
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "NODE_RANK": str(self.node_rank),
+        }
+        if self.visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
+        return env
+
+
+def local_places(gpus_per_node: int, nodes: int) -> list[RankPlace]:
+    """The layout ``nodes`` × ``gpus_per_node`` on this machine: rank r is local rank r mod G of node r div G."""
+    world, host = gpus_per_node * nodes, socket.gethostname()
+    return [RankPlace(r, world, r % gpus_per_node, gpus_per_node, r // gpus_per_node, None, host) for r in range(world)]
+
+
 @dataclass
 class RankProcess:
-    """One started rank: its process, its log, and why the launcher killed it (``timeout`` or ``peer``), if it did."""
+    """One started rank: its process, its log, where it runs, and why the launcher killed it (``timeout`` or
+    ``peer``), if it did."""
 
     rank: int
     process: subprocess.Popen[bytes]
     log: Path
+    place: RankPlace | None = None
     killed_for: str | None = None
     exited_at: float | None = None
 
@@ -99,26 +145,18 @@ def stop_ranks(ranks: Sequence[RankProcess], reason: str | None = None) -> None:
 
 def start_rank(
     run_dir: Path,
-    rank: int,
-    world_size: int,
+    place: RankPlace,
     master_addr: str,
     master_port: int,
-    local_rank: int,
     entry: Sequence[str] | None = None,
     memory_cap: int | None = None,
     threads_per_rank: int = 1,
 ) -> RankProcess:
-    """Start rank ``rank`` in a new session, its output in ``RUN_DIR/rank-N.log``."""
+    """Start the rank at ``place`` in a new session, its output in ``RUN_DIR/rank-N.log``."""
     env = dict(os.environ)
-    env.update(
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(master_port),
-        RANK=str(rank),
-        LOCAL_RANK=str(local_rank),
-        WORLD_SIZE=str(world_size),
-        DSTUNE_THREADS_PER_RANK=str(threads_per_rank),
-        PYTHONUNBUFFERED="1",
-    )
+    env.update(place.env(master_addr, master_port))
+    env.update(DSTUNE_THREADS_PER_RANK=str(threads_per_rank), PYTHONUNBUFFERED="1")
+    rank = place.rank
     log = run_dir / f"rank-{rank}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -130,7 +168,7 @@ def start_rank(
             start_new_session=True,
             preexec_fn=_rank_preexec(memory_cap),
         )
-    return RankProcess(rank, process, log)
+    return RankProcess(rank, process, log, place)
 
 
 def wait_ranks(
@@ -182,8 +220,20 @@ def _tail(path: Path) -> str:
         return ""
 
 
+def placed(result: RankResult, place: RankPlace | None) -> RankResult:
+    """``result`` with where its rank ran (node id, hostname, node rank, local rank)."""
+    if place is not None:
+        result.node_id, result.hostname = place.node_id, place.hostname
+        result.node_rank, result.local_rank = place.node_rank, place.local_rank
+    return result
+
+
 def collect_rank(run_dir: Path, rank: RankProcess) -> RankResult:
-    """The rank's own report, or one made from how its process ended."""
+    """The rank's own report, or one made from how its process ended, with where it ran."""
+    return placed(_rank_outcome(run_dir, rank), rank.place)
+
+
+def _rank_outcome(run_dir: Path, rank: RankProcess) -> RankResult:
     path = result_path(run_dir, rank.rank)
     if path.exists():
         return RankResult.from_dict(json.loads(path.read_text()))
@@ -220,8 +270,14 @@ def launch_local(
         keep_dir: write the run's files there instead of a temporary folder.
         cancel: once set, every rank is killed and the run ends ``error`` / ``Cancelled``.
     """
-    workload = workload_from_dict(spec.workload)
-    world = workload.cluster.world_size
+    cluster = workload_from_dict(spec.workload).cluster
+    world = cluster.world_size
+    if spec.device == "cuda" and cluster.nodes > 1:
+        return Measurement(
+            status="error",
+            exception_type="InvalidLayout",
+            error=f"the local launcher runs one node; --nodes {cluster.nodes} on CUDA needs the Ray launcher",
+        )
     threads = max(1, (os.cpu_count() or 1) // world) if spec.device == "cpu" else 1
     with tempfile.TemporaryDirectory(prefix="dstune-run-") as scratch:
         run_dir = keep_dir or Path(scratch)
@@ -229,7 +285,8 @@ def launch_local(
         spec.write(run_dir)
         port = free_port()
         started = time.monotonic()
-        ranks = [start_rank(run_dir, r, world, "127.0.0.1", port, r, entry, memory_cap, threads) for r in range(world)]
+        places = local_places(cluster.gpus_per_node, cluster.nodes)
+        ranks = [start_rank(run_dir, place, "127.0.0.1", port, entry, memory_cap, threads) for place in places]
         try:
             wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel)
         finally:

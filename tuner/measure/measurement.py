@@ -19,7 +19,12 @@ CANCELLED = "Cancelled"  # a rank the launcher killed because the study was stop
 
 @dataclass
 class RankResult:
-    """One rank's report. Sizes in bytes, times in seconds."""
+    """One rank's report. Sizes in bytes, times in seconds.
+
+    Where it ran: ``node_id`` (Ray's node id; None for the local launcher), ``hostname``, ``node_rank`` and
+    ``local_rank`` (its index among the job's ranks on that node), filled in by the launcher. ``rss_bytes`` is the
+    rank's resident set at ``before_model``, ``after_model`` and ``after_initialize``; ``peak_rss_bytes`` its peak.
+    """
 
     rank: int
     status: str
@@ -30,16 +35,26 @@ class RankResult:
     peak_reserved: int | None = None
     model_state_bytes: int | None = None
     activation_bytes: int | None = None
-    peak_rss: int | None = None
+    peak_rss_bytes: int | None = None
     device_name: str | None = None
     failed_at: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     snapshots: dict[str, dict[str, int]] = field(default_factory=dict)
+    rss_bytes: dict[str, int] = field(default_factory=dict)
+    node_id: str | None = None
+    hostname: str | None = None
+    node_rank: int | None = None
+    local_rank: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
-        """Rebuild from JSON, ignoring unknown keys."""
+        """Rebuild from JSON, ignoring unknown keys (``peak_rss`` is the old name of ``peak_rss_bytes``)."""
+        data = {"peak_rss_bytes": data.get("peak_rss"), **data}
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields plus ``peak_bytes`` (the rank report's entry in ``dstune measure --json``)."""
+        return {**asdict(self), "peak_bytes": self.peak_bytes}
 
     @property
     def peak_bytes(self) -> int | None:
@@ -70,6 +85,7 @@ class Measurement:
     def to_dict(self, with_ranks: bool = True) -> dict[str, Any]:
         """JSON-ready fields."""
         data = asdict(self)
+        data["ranks"] = [rank.to_dict() for rank in self.ranks]
         if not with_ranks:
             data.pop("ranks")
         return data

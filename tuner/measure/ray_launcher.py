@@ -1,14 +1,34 @@
-"""Run a measured run's ranks on Ray: one actor per rank, anywhere in a Ray cluster (local Ray by default).
+"""Run a measured run's ranks on Ray as a multi-node job: ``--gpus G --nodes M`` is G ranks on each of M nodes.
 
-Each actor starts its rank with the same machinery as the local launcher (a fresh process in its own session, killed
-with its process group at the deadline), so Ray adds placement, not new failure modes. Retries are off everywhere:
-Ray's defaults would silently re-run a crashed rank. The ranks reserve their resources in one placement group
-(GPUs = world size on CUDA), and rank 0's node hosts the rendezvous.
+Placement: one placement-group bundle per node (G CPUs, plus G GPUs on CUDA), ``STRICT_SPREAD`` so that the M
+bundles land on M distinct nodes, and G rank actors in each bundle. Node rank = bundle index; within a node, local
+ranks follow the GPU ids Ray assigned (as Ray Train orders them); rank = node rank × G + local rank. Every rank gets
+torchrun's environment (:class:`tuner.measure.launcher.RankPlace`): ``MASTER_ADDR`` is rank 0's node address,
+``LOCAL_RANK`` 0..G-1 within its node, and on CUDA every rank of a node sees all the GPUs the job holds there
+(``CUDA_VISIBLE_DEVICES`` shared, as Ray Train does), so NCCL can use NVLink/P2P and the rank picks its device by
+``LOCAL_RANK``. A cluster that cannot hold the layout answers ``error`` / ``ResourcesUnavailable`` at the placement
+timeout, naming what its nodes lack (or, when they could hold it, what is free while other jobs hold the rest). It
+waits even when no alive node could ever hold the layout: an autoscaling cluster (KubeRay) adds nodes on demand.
+
+Why not Ray Train's worker group (``ray.train.torch.TorchTrainer``, read for its conventions and reused in spirit):
+
+* it groups local ranks by node *IP* (``WorkerGroup._assign_worker_ranks``), so two Ray nodes behind one address,
+  such as a ``ray.cluster_utils.Cluster`` on one machine or containers on host networking, would become one node
+  with local ranks 0..2G-1; here nodes are Ray node ids;
+* ``ScalingConfig`` reserves one bundle per worker with ``PACK`` or ``SPREAD``, which cannot promise exactly G ranks
+  on each of M nodes;
+* it runs the training function inside the actor process, while a measured run needs each rank in a fresh process
+  that the launcher kills with its process group at the deadline or when a peer fails (``tuner.measure.launcher``),
+  and its controller adds seconds to every short run.
+
+Each actor starts its rank with the local launcher's machinery, so Ray adds placement, not new failure modes.
+Retries are off everywhere: Ray's defaults would silently re-run a crashed rank.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -21,12 +41,23 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from tuner.measure.launcher import Progress, collect_rank, free_port, start_rank, stop_ranks, summarize, wait_ranks
+from tuner.measure.launcher import (
+    Progress,
+    RankPlace,
+    collect_rank,
+    free_port,
+    placed,
+    start_rank,
+    stop_ranks,
+    summarize,
+    wait_ranks,
+)
 from tuner.measure.measurement import Measurement, RankResult
 from tuner.measure.runner import RunSpec
 from tuner.workload import workload_from_dict
 
 PLACEMENT_TIMEOUT_S = 60.0
+UNAVAILABLE = "ResourcesUnavailable"
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
@@ -50,9 +81,19 @@ class RankHost:
         self.stop = False
         self.cancelled = threading.Event()
 
-    def rendezvous(self) -> tuple[str, int]:
-        """This node's address and a free port, for rank 0."""
-        return ray.util.get_node_ip_address(), free_port()
+    def describe(self) -> dict[str, Any]:
+        """Where this actor runs: Ray's node id, the node's address, the host name and the GPU ids Ray gave it."""
+        context = ray.get_runtime_context()
+        return {
+            "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(),
+            "gpu_ids": [str(gpu) for gpu in context.get_accelerator_ids().get("GPU", [])],
+        }
+
+    def free_port(self) -> int:
+        """A free port on this node, for rank 0's rendezvous."""
+        return free_port()
 
     def abort(self) -> None:
         """Ask a running :meth:`run` to kill its rank (a peer failed)."""
@@ -65,8 +106,7 @@ class RankHost:
     def run(
         self,
         spec: dict[str, Any],
-        rank: int,
-        world: int,
+        place: RankPlace,
         master: tuple[str, int],
         timeout: float,
         memory_cap: int | None,
@@ -74,11 +114,11 @@ class RankHost:
         threads: int,
     ) -> dict[str, Any]:
         """Run one rank to the end (or the deadline) and return its result."""
-        with tempfile.TemporaryDirectory(prefix=f"dstune-rank{rank}-") as scratch:
+        with tempfile.TemporaryDirectory(prefix=f"dstune-rank{place.rank}-") as scratch:
             run_dir = Path(scratch)
             run_spec = RunSpec(**spec)
             run_spec.write(run_dir)
-            process = start_rank(run_dir, rank, world, master[0], master[1], 0, entry, memory_cap, threads)
+            process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, threads)
             try:
                 wait_ranks(
                     [process], run_dir, timeout, run_spec.steps, should_stop=lambda: self.stop, cancel=self.cancelled
@@ -86,6 +126,86 @@ class RankHost:
             finally:
                 stop_ranks([process])
             return asdict(collect_rank(run_dir, process))
+
+
+def node_bundle(gpus_per_node: int, cuda: bool) -> dict[str, float]:
+    """The resources one node gives the job: a CPU per rank, and a GPU per rank on CUDA."""
+    return {"CPU": float(gpus_per_node), "GPU": float(gpus_per_node)} if cuda else {"CPU": float(gpus_per_node)}
+
+
+def missing_resources(bundle: dict[str, float], nodes: int, cluster: list[dict[str, Any]]) -> str | None:
+    """Why no ``nodes`` distinct alive nodes of ``cluster`` (``ray.nodes()``) can each hold ``bundle``, or None."""
+    alive = [node for node in cluster if node.get("Alive")]
+    short: dict[str, dict[str, float]] = {}
+    for node in alive:
+        total = node.get("Resources", {})
+        lacking = {key: need - total.get(key, 0.0) for key, need in bundle.items() if total.get(key, 0.0) < need}
+        if lacking:
+            short[node["NodeID"]] = lacking
+    able = len(alive) - len(short)
+    if able >= nodes:
+        return None
+    shortfalls = "; ".join(
+        f"node {node_id[:12]} lacks " + ", ".join(f"{key} {amount:g}" for key, amount in lacking.items())
+        for node_id, lacking in short.items()
+    )
+    return (
+        f"the layout needs {nodes} node(s) with {_resources(bundle)} each; the cluster has {able} such node(s) of "
+        f"{len(alive)} alive, missing {nodes - able} node(s) with {_resources(bundle)}"
+        + (f" ({shortfalls})" if short else "")
+    )
+
+
+def _why_unplaced(bundle: dict[str, float], nodes: int, waited: float) -> str:
+    """The error of a layout Ray did not place in time: what the cluster lacks, or what other jobs hold."""
+    prefix = f"Ray could not place {nodes} node(s) with {_resources(bundle)} each within {waited:.0f} s: "
+    missing = missing_resources(bundle, nodes, ray.nodes())
+    if missing:
+        return prefix + missing
+    available = ray.available_resources()
+    free = _resources({key: available.get(key, 0.0) for key in bundle})
+    return prefix + f"free in the cluster now {free}; other jobs hold the rest"
+
+
+def _resources(bundle: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{key}: {amount:g}" for key, amount in bundle.items()) + "}"
+
+
+def assign_places(nodes: list[list[dict[str, Any]]], cuda: bool) -> list[list[RankPlace]]:
+    """Ranks for the actors of each node (``nodes[node_rank]`` = the ``describe()`` of its actors, in start order).
+
+    Within a node, actors are ordered by their first GPU id (start order on CPU): that order is the local rank.
+    Returns the places in the same shape as ``nodes``.
+    """
+    per_node = len(nodes[0])
+    world = per_node * len(nodes)
+    places: list[list[RankPlace]] = []
+    for node_rank, actors in enumerate(nodes):
+        order = sorted(range(len(actors)), key=lambda i: ([int(g) for g in actors[i]["gpu_ids"]], i))
+        visible = None
+        if cuda:
+            visible = ",".join(str(g) for g in sorted({int(g) for actor in actors for g in actor["gpu_ids"]}))
+        local_ranks = {index: local_rank for local_rank, index in enumerate(order)}
+        places.append(
+            [
+                RankPlace(
+                    rank=node_rank * per_node + local_ranks[index],
+                    world_size=world,
+                    local_rank=local_ranks[index],
+                    local_world_size=per_node,
+                    node_rank=node_rank,
+                    node_id=actor["node_id"],
+                    hostname=actor["hostname"],
+                    visible_devices=visible,
+                )
+                for index, actor in enumerate(actors)
+            ]
+        )
+    return places
+
+
+def _unavailable(error: str) -> Measurement:
+    return Measurement(status="error", exception_type=UNAVAILABLE, error=error)
 
 
 def launch_ray(
@@ -96,42 +216,46 @@ def launch_ray(
     entry: Sequence[str] | None = None,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
+    placement_timeout: float = PLACEMENT_TIMEOUT_S,
 ) -> Measurement:
-    """Run ``spec`` with one Ray actor per rank; same result as :func:`tuner.measure.launcher.launch_local` (``cancel``
-    included: once set, every rank is killed)."""
+    """Run ``spec`` as a ``nodes`` × ``gpus_per_node`` job of Ray actors; same result as
+    :func:`tuner.measure.launcher.launch_local` (``cancel`` included: once set, every rank is killed)."""
     ensure_ray(address)
-    workload = workload_from_dict(spec.workload)
-    world = workload.cluster.world_size
+    cluster = workload_from_dict(spec.workload).cluster
     cuda = spec.device == "cuda"
-    bundle = {"CPU": 1, "GPU": 1} if cuda else {"CPU": 1}
+    bundle = node_bundle(cluster.gpus_per_node, cuda)
     started = time.monotonic()
-    group = placement_group([bundle] * world, strategy="PACK")
+    group = placement_group([bundle] * cluster.nodes, strategy="STRICT_SPREAD")
     try:
-        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        ray.get(group.ready(), timeout=placement_timeout)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
-        return Measurement(
-            status="error",
-            exception_type="ResourcesUnavailable",
-            error=f"Ray could not place {world} ranks with {bundle} each within {PLACEMENT_TIMEOUT_S:.0f} s",
-        )
+        return _unavailable(_why_unplaced(bundle, cluster.nodes, placement_timeout))
     hosts = [
-        RankHost.options(
-            num_cpus=1,
-            num_gpus=1 if cuda else 0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-        ).remote()
-        for rank in range(world)
+        [
+            RankHost.options(
+                num_cpus=1,
+                num_gpus=1 if cuda else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=node),
+            ).remote()
+            for _ in range(cluster.gpus_per_node)
+        ]
+        for node in range(cluster.nodes)
     ]
+    flat = [host for row in hosts for host in row]
     try:
-        master = ray.get(hosts[0].rendezvous.remote(), timeout=PLACEMENT_TIMEOUT_S)
+        described = ray.get([host.describe.remote() for host in flat], timeout=placement_timeout)
+        per_node = cluster.gpus_per_node
+        places = assign_places([described[i : i + per_node] for i in range(0, len(flat), per_node)], cuda)
+        by_rank = sorted(zip([p for row in places for p in row], flat, described, strict=True), key=lambda t: t[0].rank)
+        master = (by_rank[0][2]["node_ip"], ray.get(by_rank[0][1].free_port.remote(), timeout=placement_timeout))
         refs = {
-            host.run.remote(asdict(spec), rank, world, master, timeout, memory_cap, entry, 1): rank
-            for rank, host in enumerate(hosts)
+            host.run.remote(asdict(spec), place, master, timeout, memory_cap, entry, 1): place
+            for place, host, _ in by_rank
         }
-        results = _gather(refs, hosts, timeout + 30.0, spec.steps, progress, cancel)
+        results = _gather(refs, flat, timeout + 30.0, spec.steps, progress, cancel)
     finally:
-        for host in hosts:
+        for host in flat:
             ray.kill(host)
         remove_placement_group(group)
     measurement = summarize(results, spec)
@@ -140,7 +264,7 @@ def launch_ray(
 
 
 def _gather(
-    refs: dict[Any, int],
+    refs: dict[Any, RankPlace],
     hosts: list[Any],
     timeout: float,
     steps: int,
@@ -160,18 +284,21 @@ def _gather(
                 host.cancel.remote()
         done, pending = ray.wait(pending, timeout=max(0.0, min(1.0, deadline - time.monotonic())))
         for ref in done:
-            rank = refs[ref]
+            place = refs[ref]
             try:
-                results[rank] = RankResult.from_dict(ray.get(ref))
+                result = RankResult.from_dict(ray.get(ref))
             except ray.exceptions.RayError as error:
-                results[rank] = RankResult(rank, "error", exception_type=type(error).__name__, error=str(error)[-1500:])
-            if results[rank].status != "ok":
+                result = RankResult(place.rank, "error", exception_type=type(error).__name__, error=str(error)[-1500:])
+            results[place.rank] = placed(result, place)
+            if result.status != "ok":
                 for host in hosts:
                     host.abort.remote()
         if progress is not None:
             progress(len(results) * steps // max(1, len(refs)), steps)
         if pending and time.monotonic() >= deadline:
             for ref in pending:
-                results[refs[ref]] = RankResult(refs[ref], "timeout", error="the Ray actor did not answer in time")
+                place = refs[ref]
+                late = RankResult(place.rank, "timeout", error="the Ray actor did not answer in time")
+                results[place.rank] = placed(late, place)
             break
     return [results[rank] for rank in sorted(results)]

@@ -1,12 +1,13 @@
 """The short measured run inside one rank's process: ``python -m tuner.measure.runner RUN_DIR RANK``.
 
 A launcher (``tuner.measure.launcher`` or ``tuner.measure.ray_launcher``) writes ``RUN_DIR/spec.json`` (a
-:class:`RunSpec`), sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``LOCAL_RANK``, and starts one process per
-rank. Each rank builds the model, feeds synthetic token batches, runs ``deepspeed.initialize``, warm-up steps and timed
-steps, and writes ``RUN_DIR/rank-N.json`` (a :class:`tuner.measure.measurement.RankResult`). Failures are classified
-from exception types: CUDA out-of-memory, the CPU allocator's failure and ``MemoryError`` are ``oom``; DeepSpeed's
-config validation (raised while building its ``DeepSpeedConfig``) is ``invalid_config``; everything else is ``error``.
-The runner knows nothing of databases or studies."""
+:class:`RunSpec`), sets torchrun's environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``), and starts one process per rank. Each rank builds the model where
+it trains (:mod:`tuner.measure.birth`), feeds synthetic token batches, runs ``deepspeed.initialize``, warm-up steps and
+timed steps, and writes ``RUN_DIR/rank-N.json`` (a :class:`tuner.measure.measurement.RankResult`). Failures are
+classified from exception types: CUDA out-of-memory, the CPU allocator's failure and ``MemoryError`` are ``oom``;
+DeepSpeed's config validation (raised while building its ``DeepSpeedConfig``) is ``invalid_config``; everything else
+is ``error``. The runner knows nothing of databases or studies."""
 
 from __future__ import annotations
 
@@ -137,6 +138,7 @@ class TrainingProcess:
         import deepspeed
         import torch
 
+        from tuner.measure.birth import rss_bytes
         from tuner.workload import workload_from_dict
 
         spec, timings = self.spec, self.result.timings
@@ -158,10 +160,11 @@ class TrainingProcess:
         timings["distributed_s"] = time.perf_counter() - begin
         self._validate_config(spec.ds_config)
         torch.manual_seed(0)
-        model = self._build_model(workload)
+        model = self._born_model(workload)
         begin = time.perf_counter()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=spec.ds_config)
         timings["initialize_s"] = time.perf_counter() - begin
+        self.result.rss_bytes["after_initialize"] = rss_bytes()
         device = engine.device if cuda else "cpu"
         from tuner.measure.models import synthetic_batch
 
@@ -205,6 +208,19 @@ class TrainingProcess:
         except Exception as error:  # pydantic ValidationError, AssertionError, ValueError: DeepSpeed's verdicts
             raise InvalidConfig(f"{type(error).__name__}: {error}") from error
 
+    def _born_model(self, workload: Any) -> Any:
+        """Build the model sharded (ZeRO-3) or on the device in the training dtype (``tuner.measure.birth``),
+        recording the resident bytes it added on the host."""
+        from tuner.measure.birth import born_on_device, rss_bytes
+
+        rss = self.result.rss_bytes
+        rss["before_model"] = rss_bytes()
+        transformers = self.spec.model_impl == "transformers"
+        with born_on_device(self.spec.ds_config, self.spec.device, transformers):
+            model = self._build_model(workload)
+        rss["after_model"] = rss_bytes()
+        return model
+
     def _build_model(self, workload: Any) -> Any:
         train = workload.train
         if self.spec.model_impl == "transformers":
@@ -239,7 +255,7 @@ class TrainingProcess:
     def _memory_peaks(self) -> None:
         import resource
 
-        self.result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.result.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         if self.spec.device == "cuda":
             import torch
 

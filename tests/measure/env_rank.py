@@ -1,0 +1,27 @@
+"""A rank program for placement tests: writes the environment it was started with, then reports ``ok``.
+
+Usage (as a launcher entry): ``python tests/measure/env_rank.py OUT_DIR RUN_DIR RANK``; writes ``OUT_DIR/env-RANK.json``
+with the distributed variables and ``CUDA_VISIBLE_DEVICES``, and the rank's result as the runner would.
+"""
+
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from tuner.measure.measurement import RankResult
+from tuner.measure.runner import result_path, write_json_atomically
+
+NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+
+
+def main() -> int:
+    out, run_dir, rank = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    seen = {name: os.environ.get(name) for name in (*NAMES, "CUDA_VISIBLE_DEVICES")}
+    write_json_atomically(out / f"env-{rank}.json", seen)
+    write_json_atomically(result_path(run_dir, rank), asdict(RankResult(rank, "ok")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

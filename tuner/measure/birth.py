@@ -1,0 +1,98 @@
+"""Where a rank's model is born: sharded under ZeRO-3, on the device in the training dtype otherwise.
+
+Before this, every rank built the whole model in fp32 on the host (4 bytes × Ψ per rank: 280 GB for a 70B model)
+and DeepSpeed then cast, moved and partitioned it. Now no path holds a full fp32 copy on the host:
+
+* ZeRO-3 builds the model under :class:`deepspeed.zero.Init`: each module's parameters are created in the training
+  dtype on the rank's device (``LOCAL_RANK``), then partitioned as soon as the module's ``__init__`` returns, so a
+  rank holds ``e·Ψ/N`` bytes of shards plus, for a moment, the largest module whole. With ``offload_param`` the
+  shards go to the host (DeepSpeed reads ``remote_device`` from the config), which is the point of offloading.
+* Stages 0-2 build under ``torch.device(device)`` with the training dtype as the default dtype: every parameter is
+  allocated once, directly on the device, in its final dtype, and initialised there. DeepSpeed's ``initialize``
+  then finds nothing to move or cast. (Building on ``meta`` and ``to_empty`` would allocate the same bytes but leave
+  non-persistent buffers, such as transformers' rotary ``inv_freq``, uninitialised and every module's weights to be
+  re-initialised by hand; the default-device build is what PyTorch documents for constructing on a device.)
+
+A transformers model under ZeRO-3 is built inside the same ``zero.Init`` (transformers' own route,
+``HfDeepSpeedConfig``, needs ``accelerate``, which dstune does not install); its ``_init_weights`` then sees empty
+partitions and leaves the module's own initialisation in place, which is all a measured run needs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def rss_bytes() -> int:
+    """This process's resident set right now (``/proc/self/statm``), in bytes."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def training_dtype(precision: str) -> Any:
+    """The torch dtype of trained parameters for ``bf16``, ``fp16`` or ``fp32``."""
+    import torch
+
+    return getattr(torch, DTYPES[precision])
+
+
+@contextmanager
+def default_dtype(dtype: Any) -> Iterator[None]:
+    """Make ``dtype`` torch's default floating dtype inside the block."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def stage_and_precision(ds_config: dict[str, Any]) -> tuple[int, str]:
+    """The ZeRO stage and the training precision (``bf16``, ``fp16`` or ``fp32``) a ds_config asks for."""
+    stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
+
+    def enabled(*keys: str) -> bool:
+        return any(bool((ds_config.get(key) or {}).get("enabled")) for key in keys)
+
+    precision = "fp16" if enabled("fp16") else "bf16" if enabled("bf16", "bfloat16") else "fp32"  # DeepSpeed's alias
+    return stage, precision
+
+
+@contextmanager
+def born_on_device(ds_config: dict[str, Any], device: str, transformers: bool = False) -> Iterator[None]:
+    """Build the model inside this block: sharded under ZeRO-3, else on ``device`` in the training dtype.
+
+    Args:
+        ds_config: the run's ds_config, already accepted by DeepSpeed (its stage and precision decide; ZeRO-3 also
+            reads its dtype and ``offload_param`` from it).
+        device: ``cpu`` or ``cuda`` (CUDA: the current device, which the runner set from ``LOCAL_RANK``).
+        transformers: the model is a transformers model (``torch._dynamo`` is imported before ``zero.Init``).
+    """
+    import torch
+
+    stage, precision = stage_and_precision(ds_config)
+    dtype = training_dtype(precision)
+    with ExitStack() as stack:
+        if stage == 3:
+            import deepspeed
+
+            if transformers:
+                # zero.Init patches Tensor.__new__, which importing torch._dynamo (transformers does) then rejects
+                import torch._dynamo
+
+            # The dtype comes from the config: DeepSpeed 0.19.8 replaces an explicit dtype=torch.float32 with
+            # bf16 on accelerators without fp16 (an operator-precedence slip in Init._set_dtype).
+            stack.enter_context(deepspeed.zero.Init(config_dict_or_path=ds_config))
+        else:
+            target = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+            stack.enter_context(target)
+        stack.enter_context(default_dtype(dtype))
+        yield
