@@ -136,8 +136,9 @@ class CausalLM(nn.Module):
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                nn.init.zeros_(bias)
 
     def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary cos/sin tables for ``seq_len`` positions."""

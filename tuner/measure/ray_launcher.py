@@ -73,7 +73,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
     ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, include_dashboard=False, log_to_driver=False)
 
 
-@ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)
+@ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)  # type: ignore[call-overload]  # actor options
 class RankHost:
     """Hosts one rank's process on whichever node Ray placed it."""
 
@@ -233,7 +233,7 @@ def launch_ray(
         return _unavailable(_why_unplaced(bundle, cluster.nodes, placement_timeout))
     hosts = [
         [
-            RankHost.options(
+            RankHost.options(  # type: ignore[attr-defined]  # ray.remote made it an actor class
                 num_cpus=1,
                 num_gpus=1 if cuda else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=node),
