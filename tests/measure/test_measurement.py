@@ -2,7 +2,8 @@
 
 import pytest
 
-from tuner.measure.measurement import PEER_KILLED, RankResult, aggregate, model_flops_per_token, peak_tflops, percentile
+from tuner.estimator.flops import model_flops_per_token, peak_tflops
+from tuner.measure.measurement import PEER_KILLED, RankResult, aggregate, percentile
 from tuner.workload import load_model
 
 

@@ -2,7 +2,7 @@
 :mod:`tuner.study.throughput_fit` corrects from measured runs (as multiplicative factors on the time terms of
 :mod:`tuner.estimator.throughput`, never by editing this table).
 
-Peak dense bf16 FLOP/s come from :data:`tuner.measure.measurement.PEAK_TFLOPS` (the figures MFU is reported
+Peak dense bf16 FLOP/s come from :data:`tuner.estimator.flops.PEAK_TFLOPS` (the figures MFU is reported
 against), so predicted and measured MFU use one table. The other figures, per device:
 
 * H100 SXM5 / H200 SXM: NVLink 4 at 900 GB/s total, 450 GB/s each way; HBM3 3.35 TB/s (H100), HBM3e 4.8 TB/s (H200);
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.measure.measurement import PEAK_TFLOPS
+from tuner.estimator.flops import PEAK_TFLOPS
 from tuner.workload import Workload
 
 GB = 1e9

@@ -4,7 +4,7 @@ One optimizer step on one rank is ``A`` micro-steps (gradient accumulation) of m
 then the step. Its time is a sum of five terms, each a volume over a rate of
 :class:`~tuner.estimator.hardware.Hardware`:
 
-* ``compute``: model FLOPs per token (:func:`tuner.measure.measurement.model_flops_per_token`: 6·Ψ plus attention
+* ``compute``: model FLOPs per token (:func:`tuner.estimator.flops.model_flops_per_token`: 6·Ψ plus attention
   scores) × tokens, ×4/3 under full activation checkpointing (one more forward pass), over the sustained FLOP/s.
 * ``launch``: a fixed cost per layer per micro-step (×4/3 with recomputation) and per step.
 * ``bandwidth``: ZeRO communication in ring collectives, ``(N-1)/N`` of the buffer per rank for a reduce-scatter or an
@@ -41,9 +41,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.estimator.flops import model_flops_per_token, peak_tflops
 from tuner.estimator.hardware import Hardware, device_kind, hardware_for
 from tuner.estimator.settings import Settings, resolve
-from tuner.measure.measurement import model_flops_per_token, peak_tflops
 from tuner.workload import Workload
 
 TERMS = ("compute", "launch", "bandwidth", "latency", "memory")

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tuner.estimator.flops import model_flops_per_token, peak_tflops
 from tuner.workload import ModelSpec
 
 STATUSES = ("ok", "oom", "error", "timeout", "invalid_config")
 # Tie-breaker between failures at the same moment (the earliest failure explains a job best).
 STATUS_PRIORITY = {"invalid_config": 0, "oom": 1, "timeout": 2, "error": 3, "ok": 4}
 # Dense bf16 peak of common training GPUs, TFLOP/s, for MFU; matched against torch.cuda.get_device_name().
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 EXCERPT_CHARS = 1500
 PEER_KILLED = "KilledAfterPeerFailure"  # a rank the launcher stopped because another rank failed first
 CANCELLED = "Cancelled"  # a rank the launcher killed because the study was stopped (not the config's fault)
@@ -98,19 +98,6 @@ def percentile(values: list[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """Training FLOPs per token: 6·N for the weights plus 12·L·h·s for attention scores (no recomputation)."""
-    attention = 12 * model.num_layers * model.hidden_size * seq_len if not model.is_bare else 0
-    return 6.0 * model.n_params + attention
-
-
-def peak_tflops(device_name: str | None) -> float | None:
-    """The dense bf16 peak of a known GPU, or None."""
-    if not device_name:
-        return None
-    return next((peak for key, peak in PEAK_TFLOPS.items() if key in device_name), None)
 
 
 def _blame_order(result: RankResult) -> tuple[bool, float, int, int]:
