@@ -5,7 +5,7 @@ A :class:`ModelProfile` holds the exact parameter facts (counted on the ``meta``
 tensors for one sequence length, precision, attention and MoE experts implementation, and checkpointing setting.
 
 Activation bytes are stored per part as :class:`Linear` functions of the micro-batch (``fixed + per_sample × b``,
-exact: each part was traced at micro-batch 1 and 2). A model of ``L`` layers saves
+traced at micro-batch 1, 2 and 3; exact where the kernels scale linearly). A model of ``L`` layers saves
 ``outside + first_extra + Σ_layers layers[kind(layer)]``: ``outside`` is what the embeddings, final norm, LM head and
 loss save; ``layers[kind]`` what one layer of that kind saves; ``first_extra`` what the first layer of each kind saves
 beyond the others (tensors every layer shares, such as rotary tables or masks, saved once).
@@ -21,22 +21,26 @@ PROFILE_FORMAT = 1
 
 @dataclass(frozen=True, slots=True)
 class Linear:
-    """``fixed + per_sample × micro_batch`` bytes."""
+    """``fixed + per_sample × micro_batch`` bytes from micro-batch 2 on, ``single`` at micro-batch 1.
+
+    Micro-batch 1 is its own point: some kernels take another path for a batch of one (eager attention's batched
+    matmuls fold the batch away and save other tensors), so the line is fitted through micro-batch 2 and 3.
+    """
 
     fixed: int = 0
     per_sample: int = 0
+    single: int | None = None
 
     def at(self, micro_batch: int) -> int:
         """Bytes at ``micro_batch`` samples."""
+        if micro_batch == 1 and self.single is not None:
+            return self.single
         return self.fixed + self.per_sample * micro_batch
 
     @classmethod
-    def through(cls, at_one: int, at_two: int) -> Linear:
-        """The line through the bytes traced at micro-batch 1 and 2."""
-        return cls(2 * at_one - at_two, at_two - at_one)
-
-    def __add__(self, other: Linear) -> Linear:
-        return Linear(self.fixed + other.fixed, self.per_sample + other.per_sample)
+    def through(cls, at_one: int, at_two: int, at_three: int) -> Linear:
+        """The bytes traced at micro-batch 1, 2 and 3."""
+        return cls(3 * at_two - 2 * at_three, at_three - at_two, at_one)
 
 
 @dataclass(frozen=True)

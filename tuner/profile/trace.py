@@ -1,7 +1,7 @@
 """Saved activations traced from the real transformers model under fake tensors (imports torch and transformers).
 
 A copy of the model holding the first two layers of each layer kind runs forward and backward under PyTorch's
-``FakeTensorMode`` (shapes and dtypes only: no memory, no arithmetic) at micro-batch 1 and 2. A
+``FakeTensorMode`` (shapes and dtypes only: no memory, no arithmetic) at micro-batch 1, 2 and 3. A
 ``saved_tensors_hooks`` pack hook records each tensor autograd saves, with the decoder layer running at the time;
 after the forward pass every storage still alive is counted once (parameters and buffers excluded). The same
 counting runs on real CPU tensors (:func:`saved_bytes_by_layer` with ``fake=False``): fake and real are byte-equal.
@@ -9,7 +9,9 @@ counting runs on real CPU tensors (:func:`saved_bytes_by_layer` with ``fake=Fals
 Pitfalls (FIELD_NOTES): no attention mask is passed (an all-ones mask would be materialised); the MoE experts
 implementation is the one training runs (transformers' default); the ``meta`` device is not fake mode. transformers
 looks for packed sequences in the position ids and, unable to read fake values, would build a causal mask and lose
-grouped-query SDPA; the trace tells it there are none, as for the real unpacked batches (:func:`_unpacked`).
+grouped-query SDPA; the trace tells it there are none, as for the real unpacked batches (:func:`_fake_safe`).
+PyTorch's fake ``grouped_mm`` accepts only bf16 (the CPU kernel also runs fp32): other precisions trace
+transformers' own grouped-mm fallback, which saves the same tensors.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import transformers.integrations.moe
 import transformers.masking_utils
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -61,14 +64,24 @@ def _marked_layers(layers: nn.ModuleList, state: dict[str, int]) -> Iterator[Non
 
 
 @contextlib.contextmanager
-def _unpacked() -> Iterator[None]:
-    """transformers sees no packed sequences (what it finds for real unpacked batches, unreadable on fake ones)."""
-    original = transformers.masking_utils.find_packed_sequence_indices
-    transformers.masking_utils.find_packed_sequence_indices = lambda position_ids: None
+def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        transformers.masking_utils.find_packed_sequence_indices = original
+        setattr(module, name, original)
+
+
+@contextlib.contextmanager
+def _fake_safe(model: nn.Module) -> Iterator[None]:
+    """transformers sees no packed sequences (what it finds for real unpacked batches, unreadable on fake ones) and,
+    outside bf16, uses its grouped-mm fallback (fake ``grouped_mm`` is bf16-only)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(transformers.masking_utils, "find_packed_sequence_indices", lambda ids: None))
+        if next(model.parameters()).dtype != torch.bfloat16:
+            stack.enter_context(_patched(transformers.integrations.moe, "_can_use_grouped_mm", lambda *args: False))
+        yield
 
 
 def saved_bytes_by_layer(
@@ -91,9 +104,8 @@ def saved_bytes_by_layer(
     model.train()
     with fake_mode or contextlib.nullcontext():
         tokens = torch.randint(0, model.config.vocab_size, (micro_batch, seq_len))
-        unpacked = _unpacked() if fake_mode is not None else contextlib.nullcontext()
         with (
-            unpacked,
+            _fake_safe(model) if fake_mode is not None else contextlib.nullcontext(),
             _marked_layers(layers, state),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         ):
@@ -103,7 +115,8 @@ def saved_bytes_by_layer(
             if ref() is not None and storage_id not in excluded and storage_id not in owner:
                 owner[storage_id] = (layer, nbytes)
         records.clear()
-        loss.backward()
+        with _fake_safe(model) if fake_mode is not None else contextlib.nullcontext():
+            loss.backward()
     totals: dict[int, int] = {}
     for layer, nbytes in owner.values():
         totals[layer] = totals.get(layer, 0) + nbytes
@@ -177,7 +190,7 @@ def trace_activations(
     attention: str,
     checkpointing: bool,
 ) -> ActivationProfile:
-    """The activation profile of the model for these settings, traced at micro-batch 1 and 2 under fake tensors.
+    """The activation profile of the model for these settings, traced at micro-batch 1, 2 and 3 under fake tensors.
 
     With checkpointing the non-checkpointed layers are traced too: ``recompute`` is the largest of them.
     """
@@ -186,7 +199,7 @@ def trace_activations(
         model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt)
         try:
             traces[ckpt] = [
-                _parts(saved_bytes_by_layer(model, batch, seq_len, fake_mode), keep, kinds) for batch in (1, 2)
+                _parts(saved_bytes_by_layer(model, batch, seq_len, fake_mode), keep, kinds) for batch in (1, 2, 3)
             ]
         except WorkloadError:
             raise
@@ -196,14 +209,14 @@ def trace_activations(
                 "model.model_type", f"{config['model_type']} cannot be traced under fake tensors: {message}"
             ) from None
         experts = str(getattr(model.config, "_experts_implementation", None) or "none")
-    one, two = traces[checkpointing]
-    layers = {kind: Linear.through(one[2][kind], two[2][kind]) for kind in one[2]}
+    one, two, three = traces[checkpointing]
+    layers = {kind: Linear.through(one[2][kind], two[2][kind], three[2][kind]) for kind in one[2]}
     recompute = Linear()
     if checkpointing:
-        plain_one, plain_two = traces[False]
+        plain = traces[False]
         recompute = max(
-            (Linear.through(plain_one[2][kind], plain_two[2][kind]) for kind in plain_one[2]),
-            key=lambda line: line.at(1),
+            (Linear.through(*(trace[2][kind] for trace in plain)) for kind in plain[0][2]),
+            key=lambda line: line.at(2),
         )
     return ActivationProfile(
         seq_len=seq_len,
@@ -211,8 +224,8 @@ def trace_activations(
         attention=attention,
         experts=experts,
         checkpointing=checkpointing,
-        outside=Linear.through(one[0], two[0]),
-        first_extra=Linear.through(one[1], two[1]),
+        outside=Linear.through(one[0], two[0], three[0]),
+        first_extra=Linear.through(one[1], two[1], three[1]),
         layers=layers,
         recompute=recompute,
     )
