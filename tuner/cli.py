@@ -19,7 +19,8 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from tuner.dsconfig import load_ds_config, merge_configs, shortcut_config
-from tuner.estimator import ConfigError, MemoryEstimate, estimate
+from tuner.estimator import ConfigError, MemoryEstimate, estimate, resolve
+from tuner.profile import load_model, with_profile
 from tuner.units import GiB, parse_bytes, parse_duration
 from tuner.workload import (
     ClusterSpec,
@@ -28,7 +29,6 @@ from tuner.workload import (
     Workload,
     WorkloadError,
     load_hf_config,
-    load_model,
     model_from_param_count,
 )
 
@@ -146,12 +146,12 @@ def _size(text: str, field_name: str) -> int:
         raise WorkloadError(field_name, str(error)) from None
 
 
-def _model(model: str | None, params: float | None) -> ModelSpec:
+def _model(model: str | None, params: float | None, model_impl: str = "transformers") -> ModelSpec:
     """The model from exactly one of ``--model`` and ``--params``."""
     if (model is None) == (params is None):
         raise WorkloadError("model", "give exactly one of --model PATH|PRESET or --params COUNT")
     if model is not None:
-        return load_model(model)
+        return load_model(model, implementation=model_impl)
     if params is None or not math.isfinite(params):
         raise WorkloadError("params", f"must be a finite positive number of parameters, got {params!r}")
     return model_from_param_count(params)
@@ -222,6 +222,7 @@ CheckpointingOpt = Annotated[bool, typer.Option(help="Recompute activations in b
 AttentionOpt = Annotated[Attention, typer.Option(help="Attention kernel.")]
 DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
+ModelImplOpt = Annotated[ModelImpl, typer.Option(help="The model trained: transformers from_config, or built-in.")]
 
 
 def _flags(values: dict[str, Any], function: Callable[..., Any]) -> dict[str, Any]:
@@ -250,6 +251,7 @@ def _inputs(
     attention: str = "sdpa",
     device: str = "cuda",
     ds_config: str | None = None,
+    model_impl: str = "transformers",
 ) -> tuple[Workload, dict[str, Any]]:
     """The workload and the ds_config the workload flags describe (bad input: one line, exit 2)."""
     try:
@@ -268,8 +270,9 @@ def _inputs(
             activation_checkpointing=activation_checkpointing,
             attention=attention,
         )
-        workload = Workload(_model(model, params), cluster, train)
+        workload = Workload(_model(model, params, model_impl), cluster, train)
         config = _ds_config(train, stage, offload_optimizer, offload_param, nvme_path, ds_config)
+        workload = with_profile(workload, precisions=(resolve(workload, config).precision,))
         estimate(workload, config)  # validates the config; cheap
     except (WorkloadError, ConfigError) as error:
         _fail(error.field, str(error).removeprefix(f"{error.field}: "))
@@ -296,6 +299,7 @@ def estimate_command(
     attention: AttentionOpt = "sdpa",
     device: Annotated[Device, typer.Option(help="Training device.")] = "cuda",
     ds_config: DsConfigOpt = None,
+    model_impl: ModelImplOpt = "transformers",
     as_json: JsonOpt = False,
 ) -> None:
     """Estimate peak memory per GPU and per node's CPU for one training configuration."""
@@ -305,7 +309,8 @@ def estimate_command(
         typer.echo(json.dumps(est.to_dict()))
     else:
         spec = workload.model
-        render(est, f"{spec.name}: {spec.n_params:,} parameters, {workload.cluster.world_size} GPU(s)")
+        architecture = f" ({est.architecture})" if est.architecture and est.architecture != "params" else ""
+        render(est, f"{spec.name}{architecture}: {spec.n_params:,} parameters, {workload.cluster.world_size} GPU(s)")
 
 
 @app.command("measure")
@@ -334,7 +339,7 @@ def measure_command(
     launcher: Annotated[Launcher, typer.Option(help="Start ranks on this machine or through Ray.")] = "local",
     ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster (with --launcher ray).")] = None,
     memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
-    model_impl: Annotated[ModelImpl, typer.Option(help="Built-in model or transformers from_config.")] = "builtin",
+    model_impl: ModelImplOpt = "transformers",
     as_json: JsonOpt = False,
 ) -> None:
     """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
@@ -442,6 +447,7 @@ def tune_command(
     pareto: Annotated[bool, typer.Option(help="Also minimise peak memory (throughput-vs-headroom front).")] = False,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     nvme_path: NvmePathOpt = None,
+    model_impl: ModelImplOpt = "transformers",
 ) -> None:
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
     from tuner.tune import run_tune
@@ -457,6 +463,7 @@ def tune_command(
         precision=precision,
         attention=attention,
         device=device,
+        model_impl=model_impl,
     )
     try:
         seconds = parse_duration(timeout) if timeout else None

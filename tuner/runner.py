@@ -208,10 +208,11 @@ class TrainingProcess:
 
     def _build_model(self, workload: Any) -> Any:
         train = workload.train
-        if self.spec.model_impl == "transformers":
+        if self.spec.model_impl == "transformers" or workload.model.implementation == "transformers":
             from tuner.models import build_transformers_model
 
-            return build_transformers_model(self.spec.hf_config or {}, train.attention, train.activation_checkpointing)
+            hf_config = self.spec.hf_config or json.loads(workload.model.hf_config)
+            return build_transformers_model(hf_config, train.attention, train.activation_checkpointing)
         from tuner.models import build_model
 
         return build_model(workload.model, attention=train.attention, checkpointing=train.activation_checkpointing)

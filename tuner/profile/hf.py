@@ -53,8 +53,8 @@ def check_config(config: Any) -> str:
 
 
 def _rejected_field(config: dict[str, Any], message: str) -> str:
-    """The config key a transformers error message names (the longest one it mentions), else ``model``."""
-    named = [key for key in config if key in message and key != "model_type"]
+    """The config key a transformers error message names (the longest it mentions, ``_`` or spaces), else ``model``."""
+    named = [key for key in config if key != "model_type" and (key in message or key.replace("_", " ") in message)]
     return f"model.{max(named, key=len)}" if named else "model"
 
 
