@@ -110,9 +110,9 @@ def test_estimate_rejects_bad_input_with_the_field_path(client: TestClient, body
 
 def test_estimate_inline_config_and_ds_config_key_paths(client: TestClient) -> None:
     config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2}
-    response = client.post("/v1/estimate", json={"workload": {"config": {**config, "vocab_size": 1000}}})
-    assert response.status_code == 422  # intermediate_size missing: the path names it
-    assert response.json()["detail"][0]["loc"] == ["body", "workload", "config", "intermediate_size"]
+    response = client.post("/v1/estimate", json={"workload": {"config": {**config, "num_attention_heads": 3}}})
+    assert response.status_code == 422  # transformers rejects 3 heads for hidden size 256: the path names the field
+    assert response.json()["detail"][0]["loc"] == ["body", "workload", "config", "hidden_size"]
     bad_stage = {"workload": GPT2, "ds_config": {"zero_optimization": {"stage": 7}}}
     assert client.post("/v1/estimate", json=bad_stage).json()["detail"][0]["loc"] == [
         "body",

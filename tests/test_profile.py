@@ -193,3 +193,47 @@ def test_estimator_on_a_cached_profile_imports_no_torch(tmp_path: Path) -> None:
     assert second["torch"] is False
     assert second["out"] == json.loads(first.stdout)
     assert second["out"]["activations_source"] == "trace"
+
+
+def test_service_answers_pending_then_from_the_cache(cache: ProfileCache) -> None:
+    """A new model is profiled in a worker process; the request that cannot wait gets ProfilePending."""
+    from tuner.profile.service import ProfilePending, ProfileService
+
+    config = TINY_CONFIGS["phi3"]
+    service = ProfileService(cache, wait_s=0.0)
+    try:
+        with pytest.raises(ProfilePending):
+            service.profile(config, 24, ("bf16",), "sdpa")
+        service.wait_s = 120.0
+        profile = service.profile(config, 24, ("bf16",), "sdpa")  # joins the work in flight
+        assert profile.activation_bytes(24, "bf16", "sdpa", True, 2) is not None
+        service.wait_s = 0.0
+        assert service.profile(config, 24, ("bf16",), "sdpa") == profile  # cached now: no wait
+        with pytest.raises(WorkloadError) as raised:
+            service.profile({**config, "num_attention_heads": 5}, 24, ("bf16",), "sdpa")
+        assert raised.value.field == "model.hidden_size"
+    finally:
+        service.close()
+
+
+def test_api_estimates_any_architecture_and_refuses_custom_code(
+    tmp_path: Path, cache: ProfileCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from tuner.api import create_app
+
+    monkeypatch.setenv("DSTUNE_PROFILE_CACHE", str(cache.folder))
+    config = TINY_CONFIGS["deepseek_v2"]
+    model_profile(config, 32, "bf16", "sdpa", (False, True), cache)  # computed earlier (a worker, another request)
+    with TestClient(create_app(f"sqlite:///{tmp_path / 'api.db'}", "token")) as client:
+        workload = {"config": config, "seq_len": 32, "micro_batch": 2, "device": "cpu", "gpu_memory": "1GiB"}
+        answer = client.post("/v1/estimate", json={"workload": workload})
+        assert answer.status_code == 200, answer.text
+        data = answer.json()
+        assert data["architecture"] == "DeepseekV2ForCausalLM" and data["activations_source"] == "trace"
+        assert data["per_gpu"]["activations"] == measured_saved_bytes(config, 2, 32, "bf16", "sdpa", False)
+        bad = {**workload, "config": {**config, "auto_map": {"AutoConfig": "evil.Config"}}}
+        refused = client.post("/v1/estimate", json={"workload": bad})
+        assert refused.status_code == 422
+        assert refused.json()["detail"][0]["loc"] == ["body", "workload", "config", "auto_map"]

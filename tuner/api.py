@@ -33,7 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.answer_cache import AnswerCache
 from tuner.dsconfig import merge_configs, shortcut_config
-from tuner.jobs import FieldError, JobRequest, WorkloadRequest, check_job, checked_estimate, to_workload
+from tuner.jobs import (
+    FieldError,
+    JobRequest,
+    ProfilePending,
+    WorkloadRequest,
+    check_job,
+    checked_estimate,
+    to_workload,
+)
 from tuner.recommend import NoFeasibleConfig, normalised, recommend
 from tuner.store import JOB_STATES, TRIAL_ORDERS, TRIAL_STATUSES, JobRecord, Store, StudyRecord, TrialRecord
 
@@ -69,6 +77,8 @@ class EstimateResponse(BaseModel):
     parameter count), per node's CPU, the fit and the phase of the peak."""
 
     n_params: int
+    architecture: str = Field("", description="transformers' class (MixtralForCausalLM), or the model family.")
+    activations_source: str = Field("none", description="trace (the model's traced profile), formula, or none.")
     world_size: int
     per_gpu: dict[str, int | None]
     cpu_per_node: dict[str, int]
@@ -264,6 +274,13 @@ def create_app(
     app.state.recommend_cache = AnswerCache(
         recommend_cache_s, max_stale_s=max(60.0, recommend_cache_s), cache_errors=(NoFeasibleConfig, FieldError)
     )
+
+    @app.exception_handler(ProfilePending)
+    async def profile_pending(request: Request, error: ProfilePending) -> Response:
+        """A new model's profile is still being computed off the request path: 503, retry later."""
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": str(error.retry_after)})
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(store: StoreDep) -> Health:

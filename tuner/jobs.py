@@ -7,6 +7,9 @@ twice) and runs each as a study (:mod:`tuner.worker`). Status: ``queued`` → ``
 
 Requests describe models as specs only (a built-in preset name, an inline Hugging Face ``config.json`` object, or a
 parameter count), never as paths or import strings: nothing in a request makes the server read a file or run code.
+Any causal LM transformers ships is accepted (``auto_map``/``trust_remote_code`` refused); its profile (exact
+parameters, traced activations) comes from the disk cache or is computed off the request path with bounded cost
+(:mod:`tuner.profile.service`; a request that would wait too long gets :class:`ProfilePending`).
 
 Example:
     >>> request = WorkloadRequest(model="tiny-gpt2", gpus=2, gpu_memory="24GiB", device="cpu")
@@ -23,6 +26,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.estimator import ConfigError, estimate
+from tuner.profile import ModelProfile, model_from_config, with_profile
+from tuner.profile.profiles import spec_from_profile
+from tuner.profile.service import ProfilePending, default_service
 from tuner.units import parse_bytes
 from tuner.workload import (
     ClusterSpec,
@@ -77,6 +83,9 @@ class WorkloadRequest(BaseModel):
     attention: Literal["sdpa", "flash", "eager"] = "sdpa"
     activation_checkpointing: bool = False
     device: Literal["cuda", "cpu"] = "cuda"
+    model_impl: Literal["transformers", "builtin"] = Field(
+        "transformers", description="The model measured runs train: transformers from_config, or dstune's built-in one."
+    )
 
 
 def _size(value: int | str, name: str, loc: Loc) -> int:
@@ -108,18 +117,34 @@ def _preset_model(name: str) -> ModelSpec:
     return model_from_hf_config(preset_config(name), name=name)
 
 
-def to_workload(request: WorkloadRequest, loc: Loc = ()) -> Workload:
-    """The :class:`Workload` a request describes; :class:`FieldError` (with the field's path) for bad input."""
+def _hf_model(request: WorkloadRequest, train: TrainSpec, inline: bool) -> tuple[ModelSpec, ModelProfile | None]:
+    """The model of a preset or inline config, with its profile when measured runs train the transformers model."""
+    if request.model is not None:
+        if request.model not in preset_names():
+            raise WorkloadError("model", f"unknown preset {request.model!r}; presets: {', '.join(preset_names())}")
+        config, name = preset_config(request.model), request.model
+    else:
+        config = request.config or {}
+        name = str(config.get("_name_or_path", "custom"))[:64]
+    if request.model_impl == "builtin":
+        return (_preset_model(name) if request.model is not None else model_from_hf_config(config, name=name)), None
+    if inline:  # in this process, however long it takes (the worker)
+        workload = with_profile(Workload(model_from_config(config, name), train=train))
+        return workload.model, workload.profile
+    profile = default_service().profile(config, train.seq_len, (train.precision,), train.attention)
+    return spec_from_profile(config, profile, name), profile
+
+
+def to_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = False) -> Workload:
+    """The :class:`Workload` a request describes; :class:`FieldError` (with the field's path) for bad input.
+
+    ``inline``: compute a missing model profile here, however long it takes, instead of through the bounded
+    profile service (which raises :class:`ProfilePending` when it needs longer).
+    """
     given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
     if len(given) != 1:
         raise FieldError((*loc, "model"), "give exactly one of model (a preset name), config or params")
     try:
-        if request.model is not None:
-            model = _preset_model(request.model)
-        elif request.config is not None:
-            model = model_from_hf_config(request.config, name=str(request.config.get("_name_or_path", "custom"))[:64])
-        else:
-            model = model_from_param_count(float(request.params or 0))
         cluster = ClusterSpec(
             gpus_per_node=request.gpus,
             nodes=request.nodes,
@@ -135,6 +160,11 @@ def to_workload(request: WorkloadRequest, loc: Loc = ()) -> Workload:
             activation_checkpointing=request.activation_checkpointing,
             attention=request.attention,
         )
+        profile = None
+        if request.params is not None:
+            model = model_from_param_count(float(request.params))
+        else:
+            model, profile = _hf_model(request, train, inline)
     except WorkloadError as error:
         message = str(error).removeprefix(f"{error.field}: ")
         raise FieldError(_workload_loc(request, error.field, loc), message) from None
@@ -144,7 +174,7 @@ def to_workload(request: WorkloadRequest, loc: Loc = ()) -> Workload:
         raise FieldError((*loc, "config"), f"not a usable model config: {error}") from None
     if not 0 < model.n_params <= MAX_PARAMS:
         raise FieldError((*loc, "config" if request.config is not None else "model"), "implausible parameter count")
-    return Workload(model, cluster, train)
+    return Workload(model, cluster, train, profile=profile)
 
 
 def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = ("ds_config",)) -> Any:
@@ -184,13 +214,13 @@ class JobRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
 
 
-def tuning_workload(request: WorkloadRequest, loc: Loc = ()) -> Workload:
+def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = False) -> Workload:
     """The workload a study searches for: micro-batch, accumulation and checkpointing are what the search decides,
     so they are reset to the defaults ``dstune tune`` stores (1, 1, off): the same model and cluster always meet the
     same stored workload (and :func:`tuner.recommend.recommend` finds its measurements)."""
     from dataclasses import replace
 
-    workload = to_workload(request, loc)
+    workload = to_workload(request, loc, inline=inline)
     return replace(workload, train=replace(workload.train, micro_batch=1, grad_accum=1, activation_checkpointing=False))
 
 
@@ -217,7 +247,7 @@ def study_settings(
     from tuner.study import StudySettings
     from tuner.tune import resolve_space
 
-    workload = tuning_workload(request.workload)
+    workload = tuning_workload(request.workload, inline=True)
     return StudySettings(
         name=study_name,
         workload=workload,
@@ -238,6 +268,7 @@ def study_settings(
 __all__ = [
     "FieldError",
     "JobRequest",
+    "ProfilePending",
     "WorkloadRequest",
     "check_job",
     "checked_estimate",

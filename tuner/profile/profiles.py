@@ -85,6 +85,33 @@ def model_profile(
     return profile.with_activations(tuple(entries))
 
 
+def cached_profile(
+    config: dict[str, Any],
+    seq_len: int,
+    precisions: Iterable[str],
+    attention: str,
+    checkpointing: Iterable[bool] = (False, True),
+    cache: ProfileCache | None = None,
+) -> ModelProfile | None:
+    """The profile :func:`model_profile` would give for each of ``precisions``, if every part is cached; else None.
+    Reads files only: never imports torch."""
+    config = refuse_custom_code(config)
+    cache = cache or ProfileCache()
+    version_ = transformers_version()
+    profile = cache.get_params(params_key(config, version_))
+    if profile is None:
+        return None
+    entries = []
+    for precision in precisions:
+        for ckpt in checkpointing:
+            key = activation_key(config, version_, seq_len, precision, attention, experts_key(config), ckpt)
+            entry = cache.get_activation(key)
+            if entry is None:
+                return None
+            entries.append(entry)
+    return profile.with_activations(tuple(entries))
+
+
 def model_from_config(
     config: dict[str, Any],
     name: str = "custom",
@@ -92,7 +119,13 @@ def model_from_config(
     cache: ProfileCache | None = None,
 ) -> ModelSpec:
     """A :class:`ModelSpec` for any causal LM config transformers can build, parameters counted on ``meta``."""
-    profile = params_profile(config, cache)
+    return spec_from_profile(config, params_profile(config, cache), name, implementation)
+
+
+def spec_from_profile(
+    config: dict[str, Any], profile: ModelProfile, name: str = "custom", implementation: str = "transformers"
+) -> ModelSpec:
+    """The :class:`ModelSpec` of a config whose parameter facts are ``profile``."""
     dims = profile.dims
     if implementation == "builtin":
         from tuner.workload import SUPPORTED_FAMILIES, model_from_hf_config
