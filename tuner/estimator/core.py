@@ -25,6 +25,10 @@ Peak memory is the maximum over three phases of a step, each a sum of what is al
 forward pass: activations plus the logits workspace), ``backward`` (all gradients and the reduce buckets; one
 recomputed block when checkpointing) and ``step`` (fp32 gradients). Overhead (CUDA context and allocator
 fragmentation) is added on top of the peak; its defaults are calibrated from measured runs later.
+
+Activations come from the workload's model profile when it carries one (traced from the real transformers model,
+:mod:`tuner.profile`; plain data here, no torch), else from the built-in models' formulas
+(:mod:`tuner.estimator.activations`).
 """
 
 from __future__ import annotations
