@@ -7,7 +7,8 @@ CUDA (a GPU machine): the peak estimate (overhead excluded) is compared with ``t
 ``--suite transformers`` measures real transformers models (random weights, every preset architecture at small
 dimensions, :mod:`tuner.profile.tiny`): parameter counts against the built model; activations (the estimate's
 forward phase, from the traced profile) against the bytes the real model saves on CPU tensors, bf16 and fp32, two
-sequence lengths, checkpointing on and off; and the peak against real DeepSpeed runs (1 CPU rank: bf16 ZeRO-0, fp32 ZeRO-2 with checkpointing).
+sequence lengths, checkpointing on and off; and the peak against real DeepSpeed runs (1 CPU rank: bf16 ZeRO-0, and
+fp32 ZeRO-2 with checkpointing).
 
 Run: ``.venv/bin/python bench/estimator_accuracy.py --device cpu --out bench/results/estimator_accuracy_cpu.md``
 or ``.venv/bin/python bench/estimator_accuracy.py --suite transformers --out
