@@ -55,6 +55,42 @@ def test_largest_parameter_is_the_fused_experts_tensor(cache: ProfileCache) -> N
     assert deepseek.param_elements_by_dtype["fp32"] > 0  # kept in fp32 when the model is built in bf16
 
 
+DEEPSEEK_V3 = {  # published architecture values of DeepSeek-V3 (671B)
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_shared_experts": 1,
+    "n_routed_experts": 256,
+    "routed_scaling_factor": 2.5,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "qk_nope_head_dim": 128,
+    "topk_method": "noaux_tc",
+    "n_group": 8,
+    "topk_group": 4,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "norm_topk_prob": True,
+    "max_position_embeddings": 163840,
+    "tie_word_embeddings": False,
+}
+
+
+def test_deepseek_v3_without_weights(cache: ProfileCache) -> None:
+    """671B parameters counted on meta; ZeRO-3 gathers one fused experts tensor of 7.5 billion elements whole."""
+    profile = params_profile(DEEPSEEK_V3, cache)
+    assert profile.n_params == 671_026_404_352
+    assert profile.largest_param_numel == 256 * 2 * 2048 * 7168 == 7_516_192_768
+    assert profile.layer_counts == {"L0": 3, "L3": 58}
+
+
 def test_tied_weights_count_once(cache: ProfileCache) -> None:
     gemma = params_profile(preset_config("gemma-2-9b"), cache)
     assert sum(gemma.param_numels) == gemma.n_params == PUBLISHED["gemma-2-9b"]
