@@ -245,8 +245,9 @@ def test_service_answers_pending_then_from_the_cache(cache: ProfileCache) -> Non
         assert profile.activation_bytes(24, "bf16", "sdpa", True, 2) is not None
         service.wait_s = 0.0
         assert service.profile(config, 24, ("bf16",), "sdpa") == profile  # cached now: no wait
+        service.wait_s = 120.0
         with pytest.raises(WorkloadError) as raised:
-            service.profile({**config, "num_attention_heads": 5}, 24, ("bf16",), "sdpa")
+            service.profile({**TINY_CONFIGS["llama"], "num_attention_heads": 5}, 24, ("bf16",), "sdpa")
         assert raised.value.field == "model.hidden_size"
     finally:
         service.close()
