@@ -7,7 +7,9 @@ the config field (``model.<key>``).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -101,6 +103,25 @@ def build(
         ) from None
 
 
+def enable_checkpointing(model: nn.Module) -> None:
+    """transformers' activation (gradient) checkpointing of every decoder layer, non-reentrant, as training uses it."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """transformers' advisory messages about the config (token ids outside a tiny vocabulary...) kept off stderr."""
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The model's list of decoder layers (the ``ModuleList`` as long as ``num_hidden_layers``)."""
     count = model.config.num_hidden_layers
@@ -126,7 +147,7 @@ def layer_kinds(model: nn.Module) -> list[str]:
 
 def describe(config: dict[str, Any]) -> ModelProfile:
     """Parameter facts of the model a ``config.json`` describes, counted on the ``meta`` device (no memory)."""
-    with torch.device("meta"):
+    with quiet(), torch.device("meta"):
         model = build(config, dtype=torch.bfloat16)
     named = list(model.named_parameters())  # tied weights once
     by_dtype: dict[str, int] = {}

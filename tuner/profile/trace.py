@@ -27,7 +27,7 @@ import transformers.masking_utils
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tuner.profile.hf import TORCH_DTYPES, build, decoder_layers, hf_config
+from tuner.profile.hf import TORCH_DTYPES, build, decoder_layers, enable_checkpointing, hf_config, quiet
 from tuner.profile.model_profile import ActivationProfile, Linear
 from tuner.workload import WorkloadError
 
@@ -156,7 +156,7 @@ def build_copy(
             setattr(model.config, name, [overrides[name][i] for i in keep])
     model.config.num_hidden_layers = len(keep)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     return model, keep, fake_mode
 
 
@@ -196,7 +196,8 @@ def trace_activations(
     """
     traces = {}
     for ckpt in (False, True) if checkpointing else (False,):
-        model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt)
+        with quiet():
+            model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt)
         try:
             traces[ckpt] = [
                 _parts(saved_bytes_by_layer(model, batch, seq_len, fake_mode), keep, kinds) for batch in (1, 2, 3)
@@ -237,7 +238,8 @@ def measured_saved_bytes(
     """Bytes the whole model really saves in one forward pass on CPU (real tensors, random weights): the reference
     the traced profile is checked against."""
     torch.manual_seed(0)
-    model = build(config, attention=attention, dtype=TORCH_DTYPES[precision])
+    with quiet():
+        model = build(config, attention=attention, dtype=TORCH_DTYPES[precision])
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     return sum(saved_bytes_by_layer(model, micro_batch, seq_len).values())
