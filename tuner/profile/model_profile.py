@@ -14,6 +14,7 @@ beyond the others (tensors every layer shares, such as rotary tables or masks, s
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 PROFILE_FORMAT = 1
@@ -115,7 +116,7 @@ class ModelProfile:
         """Decoder layers."""
         return len(self.layer_kinds)
 
-    @property
+    @cached_property
     def layer_counts(self) -> dict[str, int]:
         """How many layers of each kind."""
         counts: dict[str, int] = {}
