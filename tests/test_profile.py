@@ -275,3 +275,26 @@ def test_api_estimates_any_architecture_and_refuses_custom_code(
         refused = client.post("/v1/estimate", json={"workload": bad})
         assert refused.status_code == 422
         assert refused.json()["detail"][0]["loc"] == ["body", "workload", "config", "auto_map"]
+
+
+@pytest.mark.deepspeed
+def test_measured_run_trains_the_transformers_model_the_profile_traced(cache: ProfileCache) -> None:
+    """A study's measured run (``run_measurement``, no model_impl given) trains the transformers model its workload
+    names: the activations real DeepSpeed saves are the profile's, to the byte."""
+    pytest.importorskip("deepspeed")
+    from tuner.measure import run_measurement
+    from tuner.profile import model_from_config
+
+    config = TINY_CONFIGS["mixtral"]
+    model = model_from_config(config, "tiny-mixtral", cache=cache)
+    train = TrainSpec(seq_len=32, micro_batch=2, precision="bf16")
+    workload = with_profile(Workload(model, ClusterSpec(device="cpu"), train), cache=cache)
+    ds_config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"torch_adam": True}},
+    }
+    run = run_measurement(workload, ds_config, warmup=2, steps=1, timeout=300)  # probed on the 2nd warm-up step
+    assert run.status == "ok", run.error
+    est = estimate(workload, ds_config)
+    assert run.ranks[0].activation_bytes == est.phases["forward"].gpu["activations"]
