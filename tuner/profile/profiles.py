@@ -15,7 +15,14 @@ from typing import Any
 
 from tuner.profile.cache import ProfileCache, activation_key, canonical_config, params_key
 from tuner.profile.model_profile import ActivationProfile, ModelProfile
-from tuner.workload import ModelSpec, Workload, WorkloadError, load_hf_config
+from tuner.workload import (
+    SUPPORTED_FAMILIES,
+    ModelSpec,
+    Workload,
+    WorkloadError,
+    load_hf_config,
+    model_from_hf_config,
+)
 
 
 @lru_cache(maxsize=1)
@@ -118,24 +125,24 @@ def model_from_config(
     implementation: str = "transformers",
     cache: ProfileCache | None = None,
 ) -> ModelSpec:
-    """A :class:`ModelSpec` for any causal LM config transformers can build, parameters counted on ``meta``."""
-    return spec_from_profile(config, params_profile(config, cache), name, implementation)
+    """A :class:`ModelSpec` for any causal LM config transformers can build, parameters counted on ``meta``.
 
-
-def spec_from_profile(
-    config: dict[str, Any], profile: ModelProfile, name: str = "custom", implementation: str = "transformers"
-) -> ModelSpec:
-    """The :class:`ModelSpec` of a config whose parameter facts are ``profile``."""
-    dims = profile.dims
+    ``implementation="builtin"``: dstune's own model of a gpt2, llama, mistral, qwen2 or gpt_neox config, described
+    by :func:`tuner.workload.model_from_hf_config` (pure Python; as stored before profiles existed).
+    """
     if implementation == "builtin":
-        from tuner.workload import SUPPORTED_FAMILIES, model_from_hf_config
-
-        if profile.model_type not in SUPPORTED_FAMILIES:
+        refuse_custom_code(config)
+        if config["model_type"] not in SUPPORTED_FAMILIES:
             raise WorkloadError(
-                "model-impl", f"the built-in models cover {', '.join(SUPPORTED_FAMILIES)}, not {profile.model_type}"
+                "model-impl", f"the built-in models cover {', '.join(SUPPORTED_FAMILIES)}, not {config['model_type']}"
             )
-        spec = model_from_hf_config(config, name=name)
-        return replace(spec, architecture=profile.architecture, hf_config=canonical_config(config))
+        return model_from_hf_config(config, name=name)
+    return spec_from_profile(config, params_profile(config, cache), name)
+
+
+def spec_from_profile(config: dict[str, Any], profile: ModelProfile, name: str = "custom") -> ModelSpec:
+    """The :class:`ModelSpec` of the transformers model of a config whose parameter facts are ``profile``."""
+    dims = profile.dims
     return ModelSpec(
         name=name,
         family=profile.model_type,
