@@ -180,7 +180,7 @@ def with_profile(
     if model.implementation != "transformers" or not model.hf_config:
         return workload
     config = json.loads(model.hf_config)
-    train = workload.train
+    train, checkpointing = workload.train, tuple(checkpointing)
     profile: ModelProfile | None = None
     for precision in precisions or (train.precision,):
         traced = model_profile(config, train.seq_len, precision, train.attention, checkpointing, cache)
