@@ -1,16 +1,23 @@
 """Estimates per second over a grid of 10,000 ds_configs, in one process (target: 20,000 per second).
 
-Run: ``.venv/bin/python bench/estimator_speed.py`` (prints the median of 5 timed passes and the spread).
+The workload is a transformers model (default ``llama-3-8b``; ``--model`` takes any preset or config.json) carrying
+its traced profile, as ``dstune estimate`` and studies use it: the profile is built (or read from the cache) once,
+before timing, and the per-config work is arithmetic. ``--model-impl builtin`` times the built-in formulas instead.
+
+Run: ``.venv/bin/python bench/estimator_speed.py [--model mixtral-8x7b]`` (prints the median of 5 timed passes and
+the spread).
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
 import time
 
 from tuner.estimator import estimate
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.profile import load_model, with_profile
+from tuner.workload import ClusterSpec, TrainSpec, Workload
 
 
 def config_grid() -> list[dict]:
@@ -59,7 +66,18 @@ def config_grid() -> list[dict]:
 
 
 def main() -> None:
-    workload = Workload(load_model("llama-3-8b"), ClusterSpec(gpus_per_node=8, nodes=2), TrainSpec(seq_len=4096))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3-8b")
+    parser.add_argument("--model-impl", choices=("transformers", "builtin"), default="transformers")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    workload = Workload(
+        load_model(args.model, implementation=args.model_impl),
+        ClusterSpec(gpus_per_node=8, nodes=2),
+        TrainSpec(seq_len=4096),
+    )
+    workload = with_profile(workload, precisions=("bf16", "fp32"))  # the grid trains in both
+    print(f"model {args.model} ({args.model_impl}): profile ready in {time.perf_counter() - started:.2f} s")
     grid = config_grid()
     estimate(workload, grid[0])  # warm the partition caches once, as a long study does
     rates = []
@@ -67,7 +85,7 @@ def main() -> None:
         start = time.perf_counter()
         fits = sum(estimate(workload, config).fits for config in grid)
         rates.append(len(grid) / (time.perf_counter() - start))
-    print(f"configs: {len(grid)}  fitting: {fits}")
+    print(f"configs: {len(grid)}  fitting: {fits}  activations: {estimate(workload, grid[0]).activations_source}")
     print(
         f"estimates/s: median {statistics.median(rates):,.0f}  min {min(rates):,.0f}  max {max(rates):,.0f}"
         f"  (target 20,000)"

@@ -12,6 +12,7 @@ from tuner.storage import Store
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+os.environ.setdefault("DSTUNE_PROFILE_CACHE", str(ROOT / ".cache" / "profiles"))
 
 
 BACKENDS = ["sqlite", "postgresql"]

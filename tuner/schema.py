@@ -9,14 +9,21 @@ exit 2; the API: 422 with the body path).
 The vocabularies (precision, offload target, attention kind, device, launcher, sampler) are declared here once, as
 ``Literal`` types: Typer turns them into choices, pydantic into the OpenAPI schema's inline ``enum`` lists.
 
-Pure: pydantic and :mod:`tuner.workload` only (no torch, no SQL). Imported by the faces and :mod:`tuner.study.jobs`.
+Pure: pydantic, :mod:`tuner.workload` and :mod:`tuner.profile`'s plain-data side (no torch at import, no SQL).
+Imported by the faces and :mod:`tuner.study.jobs`.
+
+A Hugging Face model is, by default (``model_impl="transformers"``), the transformers model itself: its exact
+parameters and traced activations come from :mod:`tuner.profile` (the disk cache, or a trace: in this process with
+``inline=True``, the CLI's and the worker's way; through the bounded profiling service otherwise, the API's way,
+which raises :class:`tuner.profile.service.ProfilePending` when a new profile takes longer than a request may wait).
+``model_impl="builtin"`` is dstune's own model of the five built-in families, with formula activations.
 
 Requests describe models as specs only (a built-in preset name, an inline Hugging Face ``config.json`` object, or a
 parameter count), never as paths: nothing in a request makes the server read a file. The CLI reads ``--model``'s
 file itself and passes its content as ``config``.
 
 Example:
-    >>> request = WorkloadRequest(model="tiny-gpt2", gpus=2, gpu_memory="24GiB", device="cpu")
+    >>> request = WorkloadRequest(model="tiny-gpt2", gpus=2, gpu_memory="24GiB", device="cpu", model_impl="builtin")
     >>> workload = to_workload(request)
     >>> workload.cluster.world_size, workload.cluster.gpu_memory
     (2, 25769803776)
@@ -30,6 +37,9 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import InputError
+from tuner.profile import ModelProfile, model_from_config, with_profile
+from tuner.profile.profiles import spec_from_profile
+from tuner.profile.service import default_service
 from tuner.units import parse_bytes
 from tuner.workload import (
     ClusterSpec,
@@ -49,12 +59,14 @@ Attention = Literal["sdpa", "flash", "eager"]
 Device = Literal["cuda", "cpu"]
 Launcher = Literal["local", "ray"]
 Sampler = Literal["tpe", "random", "grid", "gp"]
+ModelImpl = Literal["transformers", "builtin"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 OFFLOAD_TARGETS: tuple[str, ...] = get_args(Offload)
 ATTENTION_KINDS: tuple[str, ...] = get_args(Attention)
 DEVICES: tuple[str, ...] = get_args(Device)
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
+MODEL_IMPLS: tuple[str, ...] = get_args(ModelImpl)
 
 MAX_BYTES = 2**60  # memory sizes beyond an exbibyte are typos (and overflow BIGINT columns)
 MAX_PARAMS = 10**15
@@ -98,6 +110,9 @@ class WorkloadRequest(BaseModel):
     attention: Attention = "sdpa"
     activation_checkpointing: bool = False
     device: Device = "cuda"
+    model_impl: ModelImpl = Field(
+        "transformers", description="The model measured runs train: transformers from_config, or dstune's built-in one."
+    )
 
 
 def validated(model: type[Request], data: dict[str, Any], loc: Loc = ()) -> Request:
@@ -148,23 +163,41 @@ def _preset_model(name: str) -> ModelSpec:
     return model_from_hf_config(preset_config(name), name=name)
 
 
-def to_workload(request: WorkloadRequest, loc: Loc = (), *, config_name: str | None = None) -> Workload:
+def _hf_model(
+    request: WorkloadRequest, train: TrainSpec, inline: bool, config_name: str | None
+) -> tuple[ModelSpec, ModelProfile | None]:
+    """The model of a preset or an inline config, with its profile when it is the transformers model."""
+    if request.model is not None:
+        if request.model_impl == "builtin":
+            return _preset_model(request.model), None
+        if request.model not in preset_names():
+            raise WorkloadError("model", f"unknown preset {request.model!r}; presets: {', '.join(preset_names())}")
+        config, name = preset_config(request.model), request.model
+    else:
+        config = request.config or {}
+        name = config_name or str(config.get("_name_or_path", "custom"))[:64]
+        if request.model_impl == "builtin":
+            return model_from_hf_config(config, name=name), None
+    if inline:  # in this process, however long a new profile takes (the CLI, the worker)
+        workload = with_profile(Workload(model_from_config(config, name), train=train))
+        return workload.model, workload.profile
+    profile = default_service().profile(config, train.seq_len, (train.precision,), train.attention)
+    return spec_from_profile(config, profile, name), profile
+
+
+def to_workload(
+    request: WorkloadRequest, loc: Loc = (), *, config_name: str | None = None, inline: bool = True
+) -> Workload:
     """The :class:`Workload` a request describes; :class:`FieldError` (with the field's path) for bad input.
 
     ``config_name`` names the model of an inline ``config`` (the CLI passes the name of ``--model``'s folder);
-    by default its ``_name_or_path``, else ``custom``.
+    by default its ``_name_or_path``, else ``custom``. ``inline=False`` (the API): a missing profile is computed by
+    the bounded profiling service, which raises :class:`~tuner.profile.service.ProfilePending` past its wait.
     """
     given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
     if len(given) != 1:
         raise FieldError((*loc, "model"), "give exactly one of model (a preset name), config or params")
     try:
-        if request.model is not None:
-            model = _preset_model(request.model)
-        elif request.config is not None:
-            name = config_name or str(request.config.get("_name_or_path", "custom"))[:64]
-            model = model_from_hf_config(request.config, name=name)
-        else:
-            model = model_from_param_count(float(request.params or 0))
         cluster = ClusterSpec(
             gpus_per_node=request.gpus,
             nodes=request.nodes,
@@ -180,6 +213,11 @@ def to_workload(request: WorkloadRequest, loc: Loc = (), *, config_name: str | N
             activation_checkpointing=request.activation_checkpointing,
             attention=request.attention,
         )
+        profile = None
+        if request.params is not None:
+            model = model_from_param_count(float(request.params))
+        else:
+            model, profile = _hf_model(request, train, inline, config_name)
     except WorkloadError as error:
         raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
     except FieldError:
@@ -188,7 +226,7 @@ def to_workload(request: WorkloadRequest, loc: Loc = (), *, config_name: str | N
         raise FieldError((*loc, "config"), f"not a usable model config: {error}") from None
     if not 0 < model.n_params <= MAX_PARAMS:
         raise FieldError((*loc, "config" if request.config is not None else "model"), "implausible parameter count")
-    return Workload(model, cluster, train)
+    return Workload(model, cluster, train, profile=profile)
 
 
 __all__ = [
@@ -197,6 +235,7 @@ __all__ = [
     "LAUNCHERS",
     "MAX_BYTES",
     "MAX_PARAMS",
+    "MODEL_IMPLS",
     "OFFLOAD_TARGETS",
     "PRECISIONS",
     "SAMPLERS",
@@ -205,6 +244,7 @@ __all__ = [
     "FieldError",
     "Launcher",
     "Loc",
+    "ModelImpl",
     "Offload",
     "Precision",
     "Sampler",

@@ -1,8 +1,11 @@
 """What is being trained: the model, the cluster and the training settings.
 
 Pure Python: no torch, no transformers. A :class:`ModelSpec` comes from a Hugging Face ``config.json``, a built-in
-preset (the JSON files in ``tuner/presets``), or a bare parameter count. Its parameter count equals what transformers
-instantiates for the same config, to the parameter (``tests/test_workload.py`` checks this on the meta device).
+preset (the JSON files in ``tuner/presets``), or a bare parameter count. For gpt2, llama, mistral, qwen2 and gpt_neox
+its parameter count is computed here and equals what transformers instantiates, to the parameter
+(``tests/test_workload.py``); any other causal LM transformers ships is described by :mod:`tuner.profile`, which
+counts the parameters on the meta device and fills :attr:`ModelSpec.numels`. A :class:`Workload` may carry that
+model profile (traced activations) for the estimator; the profile never enters fingerprints or stored dicts.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from tuner.profile.model_profile import ModelProfile
 
 from tuner.errors import InputError
 
@@ -23,6 +29,9 @@ Precision = Literal["fp32", "fp16", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 ATTENTION_KINDS: tuple[str, ...] = ("sdpa", "flash", "eager")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw")
+IMPLEMENTATIONS: tuple[str, ...] = ("builtin", "transformers")
+# Fields added after workloads were first stored: left out of dicts (and fingerprints) while at their defaults.
+OPTIONAL_MODEL_FIELDS = {"architecture": "", "implementation": "builtin", "hf_config": "", "numels": ()}
 
 
 class WorkloadError(InputError):
@@ -34,6 +43,9 @@ class ModelSpec:
     """A decoder-only transformer, described by the shapes that decide its memory.
 
     ``family == "params"`` is a bare parameter count: model states can be estimated, activations cannot.
+    ``implementation``: the model measured runs train, dstune's built-in one or the transformers one built from
+    ``hf_config`` (its canonical JSON); ``numels``: the parameters' element counts when counted by transformers
+    (any ``model_type``), else derived from the shapes; ``architecture``: transformers' class name.
     """
 
     name: str
@@ -54,6 +66,16 @@ class ModelSpec:
     out_bias: bool = False
     mlp_bias: bool = False
     bare_params: int | None = None
+    architecture: str = ""
+    implementation: str = "builtin"
+    hf_config: str = ""
+    numels: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.numels, tuple):  # JSON gives a list
+            object.__setattr__(self, "numels", tuple(self.numels))
+        if self.implementation not in IMPLEMENTATIONS:
+            raise WorkloadError("model-impl", f"must be builtin or transformers, got {self.implementation!r}")
 
     @property
     def is_bare(self) -> bool:
@@ -68,6 +90,8 @@ class ModelSpec:
         """
         if self.bare_params is not None:
             return (self.bare_params,)
+        if self.numels:
+            return self.numels
         h = self.hidden_size
         q_out, kv_out, ffn = (
             self.num_heads * self.head_dim,
@@ -115,6 +139,8 @@ class ModelSpec:
         """Parameters in one transformer block (0 for a bare count)."""
         if self.is_bare:
             return 0
+        if self.numels:  # counted by transformers: everything but the embeddings and head, shared per layer
+            return (self.n_params - self.vocab_size * self.hidden_size) // max(1, self.num_layers)
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
         if self.learned_positions:
             embeddings += self.max_positions * self.hidden_size
@@ -122,8 +148,14 @@ class ModelSpec:
         return (self.n_params - embeddings - final_norm) // self.num_layers
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain fields, for JSON and fingerprints."""
-        return asdict(self)
+        """Plain fields, for JSON and fingerprints (fields added later are left out at their defaults)."""
+        data = asdict(self)
+        for name, default in OPTIONAL_MODEL_FIELDS.items():
+            if data[name] == default:
+                del data[name]
+        if "numels" in data:
+            data["numels"] = list(data["numels"])
+        return data
 
 
 @dataclass(frozen=True)
@@ -182,6 +214,7 @@ class Workload:
     model: ModelSpec
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
+    profile: ModelProfile | None = field(default=None, compare=False, repr=False)
 
     def fingerprint(self) -> str:
         """A stable hash of everything that decides memory and speed (the model's name is left out)."""

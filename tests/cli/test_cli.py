@@ -294,7 +294,7 @@ def test_model_file_is_named_by_its_folder(tmp_path: Path) -> None:
     (folder / "config.json").write_text(json.dumps(config))
     result = runner.invoke(app, ["estimate", "--model", str(folder)])
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("mymodel: ")
+    assert result.stdout.startswith("mymodel (GPT2LMHeadModel): ")  # the folder's name, the architecture
 
 
 def test_bad_value_in_model_file_names_the_model_key(tmp_path: Path) -> None:

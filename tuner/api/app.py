@@ -23,11 +23,13 @@ import contextlib
 import gc
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from tuner.api.answer_cache import AnswerCache
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
+from tuner.profile.service import ProfilePending
 from tuner.recommend import NoFeasibleConfig
 from tuner.schema import FieldError
 from tuner.storage import Store
@@ -48,6 +50,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         freeze_startup_objects()
     yield
     app.state.store.close()
+
+
+async def _profile_pending(request: Request, error: Exception) -> Response:
+    """A new model's profile is still being computed off the request path: 503 with Retry-After, not a wait."""
+    retry_after = getattr(error, "retry_after", 5)
+    return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": str(retry_after)})
 
 
 def create_app(
@@ -77,6 +85,7 @@ def create_app(
     app.state.recommend_cache = AnswerCache(
         recommend_cache_s, max_stale_s=max(60.0, recommend_cache_s), cache_errors=(NoFeasibleConfig, FieldError)
     )
+    app.add_exception_handler(ProfilePending, _profile_pending)
     for router in ROUTERS:
         app.include_router(router)
     try:  # the dashboard's pages, when that package is installed alongside

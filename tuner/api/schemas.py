@@ -38,6 +38,8 @@ class EstimateResponse(BaseModel):
     parameter count), per node's CPU, the fit and the phase of the peak."""
 
     n_params: int
+    architecture: str = Field("", description="transformers' class (MixtralForCausalLM), or the model family.")
+    activations_source: str = Field("none", description="trace (the model's traced profile), formula, or none.")
     world_size: int
     per_gpu: dict[str, int | None]
     cpu_per_node: dict[str, int]

@@ -54,7 +54,8 @@ def estimate_command(flags: WorkloadFlags, as_json: JsonOpt = False) -> None:
         typer.echo(json.dumps({**est.to_dict(), "throughput": throughput}))
     else:
         spec = workload.model
-        render(est, f"{spec.name}: {spec.n_params:,} parameters, {workload.cluster.world_size} GPU(s)")
+        architecture = f" ({est.architecture})" if est.architecture and est.architecture != "params" else ""
+        render(est, f"{spec.name}{architecture}: {spec.n_params:,} parameters, {workload.cluster.world_size} GPU(s)")
         typer.echo(
             f"predicted: {throughput['tokens_per_s']:,.0f} tokens/s, {throughput['step_time_s']:.3g} s per step "
             f"({throughput['bound']}-bound; {throughput['hardware']} table constants, not fitted to runs)"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -13,8 +13,6 @@ from tuner.cli.common import fail, gib, size
 from tuner.cli.options import AUTO_DEVICE, JsonOpt, WorkloadFlags, build, workload_options
 from tuner.schema import Launcher
 from tuner.workload import load_hf_config
-
-ModelImpl = Literal["builtin", "transformers"]
 
 
 @workload_options(overrides=AUTO_DEVICE)
@@ -26,7 +24,6 @@ def measure_command(
     launcher: Annotated[Launcher, typer.Option(help="Start ranks on this machine or through Ray.")] = "local",
     ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster (with --launcher ray).")] = None,
     memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
-    model_impl: Annotated[ModelImpl, typer.Option(help="Built-in model or transformers from_config.")] = "builtin",
     as_json: JsonOpt = False,
 ) -> None:
     """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
@@ -36,7 +33,8 @@ def measure_command(
     cap = size(memory_cap, "memory-cap") if memory_cap else None
     from tuner.measure.run import measure
 
-    hf_config = load_hf_config(flags.model)[0] if model_impl == "transformers" and flags.model else None
+    transformers = flags.model_impl == "transformers"
+    hf_config = load_hf_config(flags.model)[0] if transformers and flags.model else None
     if not as_json and (launcher == "local" or ray_address is None):  # the ranks build DeepSpeed's ops here
         from tuner.measure.op_builds import build_notice
 
@@ -52,7 +50,7 @@ def measure_command(
         launcher=launcher,
         ray_address=ray_address,
         memory_cap=cap,
-        model_impl=model_impl,
+        model_impl=flags.model_impl,
         hf_config=hf_config,
         show_progress=not as_json,
     )

@@ -25,8 +25,20 @@ import typer
 from tuner.cli.common import default_device, fail
 from tuner.dsconfig import load_ds_config, merge_configs, shortcut_config
 from tuner.errors import InputError
-from tuner.estimator import estimate
-from tuner.schema import Attention, Device, FieldError, Loc, Offload, Precision, WorkloadRequest, to_workload, validated
+from tuner.estimator import estimate, resolve
+from tuner.profile import with_profile
+from tuner.schema import (
+    Attention,
+    Device,
+    FieldError,
+    Loc,
+    ModelImpl,
+    Offload,
+    Precision,
+    WorkloadRequest,
+    to_workload,
+    validated,
+)
 from tuner.workload import Workload, load_hf_config
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
@@ -50,10 +62,13 @@ AutoDeviceOpt = Annotated[Device | None, typer.Option(help="Training device (def
 DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
 StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
+ModelImplOpt = Annotated[ModelImpl, typer.Option(help="The model trained: transformers from_config, or built-in.")]
 
 # the commands that train default --device to the machine's own (None: cuda if torch sees one)
 AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
-TUNE_FLAGS = ("model", "gpus", "nodes", "gpu_memory", "cpu_memory", "seq_len", "precision", "attention", "device")
+TUNE_FLAGS = (
+    "model", "gpus", "nodes", "gpu_memory", "cpu_memory", "seq_len", "precision", "attention", "device", "model_impl",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,7 @@ class WorkloadFlags:
     attention: AttentionOpt = "sdpa"
     device: DeviceOpt = "cuda"  # None (measure, tune): the machine's own
     ds_config: DsConfigOpt = None
+    model_impl: ModelImplOpt = "transformers"
 
 
 def workload_options(
@@ -156,6 +172,7 @@ def build(flags: WorkloadFlags) -> tuple[Workload, dict[str, Any]]:
                 "attention": flags.attention,
                 "activation_checkpointing": flags.activation_checkpointing,
                 "device": flags.device or default_device(),
+                "model_impl": flags.model_impl,
             },
         )
         workload = to_workload(request, config_name=name)
@@ -171,6 +188,8 @@ def build(flags: WorkloadFlags) -> tuple[Workload, dict[str, Any]]:
         )
         if flags.ds_config is not None:
             ds_config = merge_configs(ds_config, load_ds_config(flags.ds_config))
+        # the precision the ds_config trains in (a --ds-config may change it): its traced activations
+        workload = with_profile(workload, precisions=(resolve(workload, ds_config).precision,))
         estimate(workload, ds_config)  # validates the config; cheap
     except FieldError as error:
         fail(_flag(error.loc), error.message)

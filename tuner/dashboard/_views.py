@@ -54,10 +54,11 @@ def describe_config(config: dict[str, Any]) -> str:
 
 
 def describe_workload(workload: WorkloadRecord) -> str:
-    """``gpt2 · 124M params · 2 × 24.00 GiB cuda · seq 1024``."""
+    """``gpt2 (GPT2LMHeadModel) · 124M params · 2 × 24.00 GiB cuda · seq 1024`` (the architecture when known)."""
     train = workload.workload.get("train", {})
+    architecture = workload.workload.get("model", {}).get("architecture")
     parts = [
-        workload.model_name,
+        workload.model_name + (f" ({architecture})" if architecture else ""),
         f"{format_params(workload.n_params)} params",
         f"{workload.world_size} × {format_bytes(workload.gpu_memory)} {workload.device}",
     ]

@@ -15,11 +15,16 @@ its kernels, so the coefficients here were measured on the built-in models (``tu
 * Outside the blocks: the final norm and LM-head input (``2e·bsh`` with LayerNorm, ``(e + 8)·bsh`` with RMSNorm),
   the fp32 log-softmax of the logits ``4·bsV`` (logits are upcast to fp32 for the loss, as transformers does), and
   token ids, targets and loss statistics (``28·bs``).
+
+These formulas describe dstune's built-in models only. A model trained through transformers saves what its own code
+saves (tiny GPT-2: 37 % more than the formula), so its activations come from the workload's traced profile
+(:mod:`tuner.profile`); without one, the formula stands in for the five built-in families and the activations of
+other models are unknown.
 """
 
 from __future__ import annotations
 
-from tuner.workload import ModelSpec
+from tuner.workload import SUPPORTED_FAMILIES, ModelSpec, Workload
 
 TOKEN_BYTES = 28  # token ids + targets (int64) and per-token loss statistics
 
@@ -63,3 +68,26 @@ def activation_bytes(
 def logits_workspace_bytes(model: ModelSpec, batch: int, seq: int, elem: int) -> int:
     """Transient bytes around the loss: the 16-bit (or fp32) logits and their fp32 copy (or their gradients)."""
     return (elem + 4) * batch * seq * model.vocab_size
+
+
+def workload_activation_bytes(
+    workload: Workload, micro_batch: int, precision: str, elem: int
+) -> tuple[int, int, str] | None:
+    """(saved bytes after forward, extra bytes while one block recomputes, source) for ``workload`` at
+    ``micro_batch``; source ``trace`` (the profile) or ``formula``; None when unknown."""
+    model, train = workload.model, workload.train
+    if model.is_bare:
+        return None
+    profile = workload.profile
+    if profile is not None and model.implementation == "transformers":
+        found = profile.activation_bytes(
+            train.seq_len, precision, train.attention, train.activation_checkpointing, micro_batch
+        )
+        if found is not None:
+            return found[0], found[1], "trace"
+    if model.implementation == "builtin" or model.family in SUPPORTED_FAMILIES:
+        saved, recompute = activation_bytes(
+            model, micro_batch, train.seq_len, elem, train.attention, train.activation_checkpointing
+        )
+        return saved, recompute, "formula"
+    return None

@@ -25,6 +25,10 @@ Peak memory is the maximum over three phases of a step, each a sum of what is al
 forward pass: activations plus the logits workspace), ``backward`` (all gradients and the reduce buckets; one
 recomputed block when checkpointing) and ``step`` (fp32 gradients). Overhead (CUDA context and allocator
 fragmentation) is added on top of the peak; its defaults are calibrated from measured runs later.
+
+Activations come from the workload's model profile when it carries one (traced from the real transformers model,
+:mod:`tuner.profile`; plain data here, no torch), else from the built-in models' formulas
+(:mod:`tuner.estimator.activations`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.estimator.activations import activation_bytes, logits_workspace_bytes
+from tuner.estimator.activations import logits_workspace_bytes, workload_activation_bytes
 from tuner.estimator.device import DeviceKind, device_kind
 from tuner.estimator.partitions import flat_partition, stage3_partition
 from tuner.estimator.settings import Settings, resolve
@@ -113,6 +117,8 @@ class MemoryEstimate:
     cpu_memory: int
     details: dict[str, int]
     activations_known: bool
+    architecture: str = ""
+    activations_source: str = "none"
 
     @property
     def gpu_total(self) -> int:
@@ -151,6 +157,8 @@ class MemoryEstimate:
         """The ``dstune estimate --json`` object (DESIGN.md contract), plus phases and details."""
         return {
             "n_params": self.n_params,
+            "architecture": self.architecture,
+            "activations_source": self.activations_source,
             "world_size": self.world_size,
             "per_gpu": dict(self.per_gpu),
             "cpu_per_node": dict(self.cpu_per_node),
@@ -191,17 +199,18 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     states = _stage3_states if s.stage == 3 else _flat_states
     nvme = states(workload, s, phases, details)
 
-    known = not model.is_bare
-    if known:
-        saved, recompute = activation_bytes(
-            model, s.micro_batch, train.seq_len, elem, train.attention, train.activation_checkpointing
-        )
+    activations = workload_activation_bytes(workload, s.micro_batch, s.precision, elem)
+    known = activations is not None
+    if activations is not None:
+        saved, recompute, source = activations
         workspace = logits_workspace_bytes(model, s.micro_batch, train.seq_len, elem)
         details["logits_workspace"] = workspace
         details["recomputed_block"] = recompute
         phases["forward"].gpu["activations"] += saved
         phases["forward"].gpu["buffers"] += workspace
         phases["backward"].gpu["activations"] += recompute
+    else:
+        source = "none"
 
     gpu_totals = {name: phases[name].gpu_total for name in PHASES}
     peak_phase = max(gpu_totals, key=gpu_totals.__getitem__)
@@ -247,6 +256,8 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         cpu_memory=cluster.cpu_memory,
         details=details,
         activations_known=known,
+        architecture=model.architecture or model.family,
+        activations_source=source,
     )
 
 

@@ -184,13 +184,11 @@ class TransformersCausalLM(nn.Module):
 
     def __init__(self, hf_config: dict, attention: str = "sdpa", checkpointing: bool = False) -> None:
         super().__init__()
-        import transformers
+        from tuner.profile.hf import build, enable_checkpointing
 
-        config = transformers.AutoConfig.for_model(**hf_config)
-        implementation = {"flash": "sdpa"}.get(attention, attention)
-        self.model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
+        self.model = build(hf_config, attention=attention)  # the same model the profile traces
         if checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(self.model)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token loss; transformers shifts the labels itself, so the labels are the tokens."""

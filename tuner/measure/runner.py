@@ -215,7 +215,7 @@ class TrainingProcess:
 
         rss = self.result.rss_bytes
         rss["before_model"] = rss_bytes()
-        transformers = self.spec.model_impl == "transformers"
+        transformers = self.spec.model_impl == "transformers" or workload.model.implementation == "transformers"
         with born_on_device(self.spec.ds_config, self.spec.device, transformers):
             model = self._build_model(workload)
         rss["after_model"] = rss_bytes()
@@ -223,10 +223,11 @@ class TrainingProcess:
 
     def _build_model(self, workload: Any) -> Any:
         train = workload.train
-        if self.spec.model_impl == "transformers":
+        if self.spec.model_impl == "transformers" or workload.model.implementation == "transformers":
             from tuner.measure.models import build_transformers_model
 
-            return build_transformers_model(self.spec.hf_config or {}, train.attention, train.activation_checkpointing)
+            hf_config = self.spec.hf_config or json.loads(workload.model.hf_config)
+            return build_transformers_model(hf_config, train.attention, train.activation_checkpointing)
         from tuner.measure.models import build_model
 
         return build_model(workload.model, attention=train.attention, checkpointing=train.activation_checkpointing)

@@ -52,21 +52,22 @@ class JobRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
 
 
-def tuning_workload(request: WorkloadRequest, loc: Loc = ()) -> Workload:
+def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = True) -> Workload:
     """The workload a study searches for: micro-batch, accumulation and checkpointing are what the search decides,
     so they are reset to the defaults ``dstune tune`` stores (1, 1, off): the same model and cluster always meet the
-    same stored workload (and :func:`tuner.recommend.recommend` finds its measurements)."""
+    same stored workload (and :func:`tuner.recommend.recommend` finds its measurements). ``inline``: as
+    :func:`tuner.schema.to_workload` (the API passes False: a new model's profile is computed off the request path)."""
     from dataclasses import replace
 
-    workload = to_workload(request, loc)
+    workload = to_workload(request, loc, inline=inline)
     return replace(workload, train=replace(workload.train, micro_batch=1, grad_accum=1, activation_checkpointing=False))
 
 
-def check_job(request: JobRequest) -> str:
+def check_job(request: JobRequest, *, inline: bool = True) -> str:
     """Validate a job beyond its schema (workload, search space, pins); returns its study name."""
     from tuner.space import SpaceError, load_space, resolve_space, space_names
 
-    workload = tuning_workload(request.workload, ("workload",))
+    workload = tuning_workload(request.workload, ("workload",), inline=inline)
     if request.space not in space_names():
         raise FieldError(("space",), f"unknown search space {request.space!r}; built-in: {', '.join(space_names())}")
     try:

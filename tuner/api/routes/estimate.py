@@ -33,7 +33,7 @@ def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = (
 def estimate_endpoint(body: EstimateRequest, store: StoreDep) -> EstimateResponse:
     """Estimate peak memory per GPU and per node's CPU, by category, for one workload and ds_config."""
     try:
-        workload = to_workload(body.workload, ("workload",))
+        workload = to_workload(body.workload, ("workload",), inline=False)
         train = workload.train
         config = shortcut_config(
             train.micro_batch,

@@ -22,7 +22,7 @@ router = APIRouter(tags=["jobs"])
 def create_job(body: JobRequest, store: StoreDep) -> JobOut:
     """Queue a tuning job; a ``dstune worker`` runs it as a study."""
     try:
-        study_name = check_job(body)
+        study_name = check_job(body, inline=False)
     except FieldError as error:
         raise invalid(error) from None
     return JobOut.of(store.enqueue_job(study_name, body.model_dump(mode="json")))

@@ -23,7 +23,7 @@ async def recommend_endpoint(body: RecommendRequest, request: Request) -> Respon
     store = store_of(request)  # not a sync dependency: that would cost a worker-thread hop per request
 
     def answer() -> bytes:  # blocking (database, estimator): runs in a worker thread
-        workload = normalised(to_workload(body.workload, ("workload",)))
+        workload = normalised(to_workload(body.workload, ("workload",), inline=False))
         return RecommendResponse(**recommend(store, workload).__dict__).model_dump_json().encode()
 
     try:  # keyed by the request's workload as sent; a bad workload is an answer too (the same 422 each time)

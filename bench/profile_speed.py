@@ -1,0 +1,42 @@
+"""Seconds to build a new model profile (parameters on meta, activations traced under fake tensors), uncached.
+
+Each pass profiles the model into an empty cache folder: both checkpointing settings, one precision, one sequence
+length. The first pass of the process also pays for importing torch and transformers; the median is over the rest.
+
+Run: ``.venv/bin/python bench/profile_speed.py [--model llama-2-7b] [--seq-len 2048] [--passes 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from tuner.profile import ProfileCache, model_profile
+from tuner.workload import load_hf_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-2-7b")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--passes", type=int, default=5)
+    args = parser.parse_args()
+    config, _ = load_hf_config(args.model)
+    times = []
+    for _ in range(args.passes + 1):
+        with tempfile.TemporaryDirectory() as folder:
+            start = time.perf_counter()
+            model_profile(config, args.seq_len, args.precision, "sdpa", (False, True), ProfileCache(Path(folder)))
+            times.append(time.perf_counter() - start)
+    print(
+        f"{args.model} seq {args.seq_len} {args.precision}: first {times[0]:.2f} s (with imports), "
+        f"then median {statistics.median(times[1:]):.2f} s (min {min(times[1:]):.2f}, max {max(times[1:]):.2f})"
+    )
+
+
+if __name__ == "__main__":
+    main()

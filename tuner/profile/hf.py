@@ -1,0 +1,209 @@
+"""Transformers models from a ``config.json`` dict: validation, construction, and parameter facts on ``meta``.
+
+Imports torch and transformers. Nothing is ever downloaded (``HF_HUB_OFFLINE``); configs that ask for custom code
+(``auto_map``, ``trust_remote_code``) are refused. Every refusal is a :class:`~tuner.workload.WorkloadError` naming
+the config field (``model.<key>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import torch
+import transformers
+from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from tuner.profile.model_profile import ModelProfile
+from tuner.profile.profiles import refuse_custom_code
+from tuner.workload import WorkloadError
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SDPA_FALLBACK = "dstune_attention"  # no "sdpa" in the name: transformers would check the class refuses it
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _sdpa_without_softcap(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """PyTorch SDPA for models whose class refuses it (Gemma-2: logit soft-capping is dropped, the saved bytes are
+    those of flash attention, which supports it: output and log-sum-exp)."""
+    kwargs.pop("softcap", None)
+    return sdpa_attention_forward(module, *args, **kwargs)
+
+
+AttentionInterface.register(SDPA_FALLBACK, _sdpa_without_softcap)
+
+
+def check_config(config: Any) -> str:
+    """The ``model_type`` of a config transformers can build as a causal LM without custom code."""
+    model_type = refuse_custom_code(config)["model_type"]
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise WorkloadError(
+            "model.model_type", f"unknown model_type {model_type!r} for transformers {transformers.__version__}"
+        )
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise WorkloadError("model.model_type", f"{model_type!r} has no causal language model in transformers")
+    return model_type
+
+
+# what transformers' messages call the standard config attributes ("embed_dim must be divisible by num_heads")
+MESSAGE_NAMES = {"num_heads": "num_attention_heads", "embed_dim": "hidden_size", "n_heads": "num_attention_heads"}
+
+
+def _rejected_field(config: dict[str, Any], message: str) -> str:
+    """The config key a transformers error message names (the longest it mentions, ``_`` or spaces; a standard name
+    in the message, e.g. ``num_heads``, maps to the key the config spells it with, e.g. GPT-2's ``n_head``), else
+    ``model``."""
+    named = [key for key in config if key != "model_type" and (key in message or key.replace("_", " ") in message)]
+    if not named:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        model_type = str(config.get("model_type"))
+        config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # lazy: no .get
+        spelled = getattr(config_class, "attribute_map", {}) if config_class is not None else {}
+        for said, standard in MESSAGE_NAMES.items():
+            key = spelled.get(standard, standard)
+            if said in message and key in config:
+                named.append(key)
+    return f"model.{max(named, key=len)}" if named else "model"
+
+
+def hf_config(config: dict[str, Any], **overrides: Any) -> Any:
+    """The transformers config object of a ``config.json`` dict (``overrides`` replace its fields)."""
+    check_config(config)
+    values = {key: value for key, value in config.items() if key not in ("architectures", "transformers_version")}
+    values.update(overrides)
+    model_type = values.pop("model_type")
+    try:
+        return transformers.AutoConfig.for_model(model_type, **values)
+    except Exception as error:  # transformers raises ValueError, TypeError, AttributeError... for bad values
+        message = " ".join(str(error).split()) or type(error).__name__
+        raise WorkloadError(_rejected_field(config, message), f"transformers rejects the config: {message}") from None
+
+
+def attention_implementation(config_object: Any, attention: str) -> str:
+    """transformers' ``attn_implementation`` for dstune's attention kind.
+
+    ``flash`` is traced and run as SDPA (on CPU its flash path saves output and log-sum-exp, as flash attention
+    does); a model class that refuses SDPA gets :data:`SDPA_FALLBACK`.
+    """
+    if attention == "eager":
+        return "eager"
+    model_class = transformers.AutoModelForCausalLM._model_mapping[type(config_object)]
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else SDPA_FALLBACK
+
+
+def build(
+    config: dict[str, Any], attention: str = "sdpa", dtype: torch.dtype | None = None, **overrides: Any
+) -> nn.Module:
+    """``AutoModelForCausalLM.from_config`` with random weights on the current device (or fake/meta mode)."""
+    config_object = hf_config(config, **overrides)
+    try:
+        return transformers.AutoModelForCausalLM.from_config(
+            config_object, attn_implementation=attention_implementation(config_object, attention), dtype=dtype
+        )
+    except WorkloadError:
+        raise
+    except Exception as error:
+        message = " ".join(str(error).split()) or type(error).__name__
+        raise WorkloadError(
+            _rejected_field(config, message), f"transformers cannot build the model: {message}"
+        ) from None
+
+
+def enable_checkpointing(model: Any) -> None:  # a transformers PreTrainedModel
+    """transformers' activation (gradient) checkpointing of every decoder layer, non-reentrant, as training uses it."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """transformers' advisory messages about the config (token ids outside a tiny vocabulary...) kept off stderr."""
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedModel
+    """The model's list of decoder layers (the ``ModuleList`` as long as ``num_hidden_layers``)."""
+    count = model.config.num_hidden_layers
+    for module in model.base_model.children():
+        if isinstance(module, nn.ModuleList) and len(module) == count:
+            return module
+    raise WorkloadError("model.model_type", f"no list of {count} decoder layers found in {type(model).__name__}")
+
+
+def layer_kinds(model: Any) -> list[str]:  # a transformers PreTrainedModel
+    """A kind per decoder layer: layers with equal parameter shapes and attention type share a kind (``L<i>``,
+    ``i`` the index of the first layer of that kind)."""
+    layer_types = getattr(model.config, "layer_types", None)
+    kinds: list[str] = []
+    first_of: dict[Any, int] = {}
+    for index, layer in enumerate(decoder_layers(model)):
+        signature = tuple((name, tuple(p.shape), p.dtype) for name, p in layer.named_parameters())
+        attention_type = layer_types[index] if isinstance(layer_types, (list, tuple)) else None
+        key = (signature, attention_type)
+        first_of.setdefault(key, index)
+        kinds.append(f"L{first_of[key]}")
+    return kinds
+
+
+def describe(config: dict[str, Any]) -> ModelProfile:
+    """Parameter facts of the model a ``config.json`` describes, counted on the ``meta`` device (no memory)."""
+    with quiet(), torch.device("meta"):
+        model: Any = build(config, dtype=torch.bfloat16)
+    named = list(model.named_parameters())  # tied weights once
+    by_dtype: dict[str, int] = {}
+    for _, param in named:
+        name = DTYPE_NAMES.get(param.dtype, str(param.dtype).removeprefix("torch."))
+        by_dtype[name] = by_dtype.get(name, 0) + param.numel()
+    largest_name, largest = max(named, key=lambda item: item[1].numel())
+    architectures = config.get("architectures")
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else type(model).__name__
+    return ModelProfile(
+        model_type=model.config.model_type,
+        architecture=str(architecture),
+        transformers_version=transformers.__version__,
+        n_params=sum(p.numel() for _, p in named),
+        param_numels=tuple(p.numel() for _, p in named),
+        param_elements_by_dtype=by_dtype,
+        largest_param_name=largest_name,
+        largest_param_numel=largest.numel(),
+        layer_kinds=tuple(layer_kinds(model)),
+        dims=config_fields(model.config),
+    )
+
+
+def config_fields(config_object: Any) -> dict[str, int]:
+    """Shapes the estimator's logits workspace and reports use, read through transformers' config classes."""
+
+    def number(name: str) -> int:
+        value = getattr(config_object, name, None)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    heads = number("num_attention_heads")
+    hidden = number("hidden_size")
+    return {
+        "vocab_size": number("vocab_size"),
+        "hidden_size": hidden,
+        "num_layers": number("num_hidden_layers"),
+        "num_heads": heads,
+        "num_kv_heads": number("num_key_value_heads") or heads,
+        "head_dim": number("head_dim") or (hidden // heads if heads else 0),
+        "intermediate_size": number("intermediate_size"),
+        "max_positions": number("max_position_embeddings"),
+    }

@@ -1,0 +1,198 @@
+"""The model profile: what the estimator needs to know about a transformers model, as plain data (no torch).
+
+A :class:`ModelProfile` holds the exact parameter facts (counted on the ``meta`` device) and zero or more
+:class:`ActivationProfile` entries, each the bytes autograd saves for backward in one forward pass, traced under fake
+tensors for one sequence length, precision, attention and MoE experts implementation, and checkpointing setting.
+
+Activation bytes are stored per part as :class:`Linear` functions of the micro-batch (``fixed + per_sample × b``,
+traced at micro-batch 1, 2 and 3; exact where the kernels scale linearly). A model of ``L`` layers saves
+``outside + first_extra + Σ_layers layers[kind(layer)]``: ``outside`` is what the embeddings, final norm, LM head and
+loss save; ``layers[kind]`` what one layer of that kind saves; ``first_extra`` what the first layer of each kind saves
+beyond the others (tensors every layer shares, such as rotary tables or masks, saved once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any
+
+PROFILE_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """``fixed + per_sample × micro_batch`` bytes from micro-batch 2 on, ``single`` at micro-batch 1.
+
+    Micro-batch 1 is its own point: some kernels take another path for a batch of one (eager attention's batched
+    matmuls fold the batch away and save other tensors), so the line is fitted through micro-batch 2 and 3.
+    """
+
+    fixed: int = 0
+    per_sample: int = 0
+    single: int | None = None
+
+    def at(self, micro_batch: int) -> int:
+        """Bytes at ``micro_batch`` samples."""
+        if micro_batch == 1 and self.single is not None:
+            return self.single
+        return self.fixed + self.per_sample * micro_batch
+
+    @classmethod
+    def through(cls, at_one: int, at_two: int, at_three: int) -> Linear:
+        """The bytes traced at micro-batch 1, 2 and 3."""
+        return cls(3 * at_two - 2 * at_three, at_three - at_two, at_one)
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Saved-for-backward bytes of one configuration of the model, by part, as functions of the micro-batch.
+
+    ``recompute``: with checkpointing, the extra bytes while one layer is recomputed in backward (the largest layer
+    kind's saved bytes without checkpointing); 0 without checkpointing.
+    """
+
+    seq_len: int
+    precision: str
+    attention: str
+    experts: str
+    checkpointing: bool
+    outside: Linear
+    first_extra: Linear
+    layers: dict[str, Linear]
+    recompute: Linear = Linear()
+
+    def saved_bytes(self, layer_counts: dict[str, int], micro_batch: int) -> int:
+        """Saved bytes after the forward pass of the whole model at ``micro_batch``."""
+        total = self.outside.at(micro_batch) + self.first_extra.at(micro_batch)
+        for kind, count in layer_counts.items():
+            total += count * self.layers[kind].at(micro_batch)
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready fields."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ActivationProfile:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            seq_len=int(data["seq_len"]),
+            precision=str(data["precision"]),
+            attention=str(data["attention"]),
+            experts=str(data["experts"]),
+            checkpointing=bool(data["checkpointing"]),
+            outside=Linear(**data["outside"]),
+            first_extra=Linear(**data["first_extra"]),
+            layers={kind: Linear(**value) for kind, value in data["layers"].items()},
+            recompute=Linear(**data.get("recompute", {})),
+        )
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Parameter facts of a transformers model and its traced activation profiles.
+
+    ``param_numels``: elements of every unique parameter in model order (tied weights once), as ZeRO partitions
+    them; ``param_elements_by_dtype``: elements per dtype as the model is built in ``dtype=bf16`` (some models keep
+    fp32 weights); ``layer_kinds``: the kind of each decoder layer (layers whose parameter shapes and attention type
+    match are one kind); ``dims``: the config's shapes (vocabulary, hidden size, heads...).
+    """
+
+    model_type: str
+    architecture: str
+    transformers_version: str
+    n_params: int
+    param_numels: tuple[int, ...]
+    param_elements_by_dtype: dict[str, int]
+    largest_param_name: str
+    largest_param_numel: int
+    layer_kinds: tuple[str, ...]
+    dims: dict[str, int] = field(default_factory=dict)
+    activations: tuple[ActivationProfile, ...] = field(default=())
+
+    @property
+    def n_layers(self) -> int:
+        """Decoder layers."""
+        return len(self.layer_kinds)
+
+    @cached_property
+    def layer_counts(self) -> dict[str, int]:
+        """How many layers of each kind."""
+        counts: dict[str, int] = {}
+        for kind in self.layer_kinds:
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    def activation(self, seq_len: int, precision: str, attention: str, checkpointing: bool) -> ActivationProfile | None:
+        """The traced profile for these settings, or None when it was not traced."""
+        for entry in self.activations:
+            if (entry.seq_len, entry.precision, entry.attention, entry.checkpointing) == (
+                seq_len,
+                precision,
+                attention,
+                checkpointing,
+            ):
+                return entry
+        return None
+
+    def activation_bytes(
+        self, seq_len: int, precision: str, attention: str, checkpointing: bool, micro_batch: int
+    ) -> tuple[int, int] | None:
+        """(saved bytes after forward, extra bytes while one layer is recomputed), or None when not traced."""
+        entry = self.activation(seq_len, precision, attention, checkpointing)
+        if entry is None:
+            return None
+        return entry.saved_bytes(self.layer_counts, micro_batch), entry.recompute.at(micro_batch)
+
+    def with_activations(self, entries: tuple[ActivationProfile, ...]) -> ModelProfile:
+        """A copy holding ``entries`` beside (or instead of, for the same settings) the ones it has."""
+        keys = {(e.seq_len, e.precision, e.attention, e.checkpointing) for e in entries}
+        kept = tuple(e for e in self.activations if (e.seq_len, e.precision, e.attention, e.checkpointing) not in keys)
+        return ModelProfile(**{**self._static_fields(), "activations": kept + tuple(entries)})
+
+    def without_activations(self) -> ModelProfile:
+        """The parameter facts alone."""
+        return ModelProfile(**self._static_fields())
+
+    def _static_fields(self) -> dict[str, Any]:
+        return {
+            "model_type": self.model_type,
+            "architecture": self.architecture,
+            "transformers_version": self.transformers_version,
+            "n_params": self.n_params,
+            "param_numels": self.param_numels,
+            "param_elements_by_dtype": dict(self.param_elements_by_dtype),
+            "largest_param_name": self.largest_param_name,
+            "largest_param_numel": self.largest_param_numel,
+            "layer_kinds": self.layer_kinds,
+            "dims": dict(self.dims),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready fields (the disk cache's format)."""
+        data = self._static_fields()
+        data["format"] = PROFILE_FORMAT
+        data["param_numels"] = list(self.param_numels)
+        data["layer_kinds"] = list(self.layer_kinds)
+        data["activations"] = [entry.to_dict() for entry in self.activations]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelProfile:
+        """Inverse of :meth:`to_dict`."""
+        if data.get("format") != PROFILE_FORMAT:
+            raise ValueError(f"profile format {data.get('format')!r} is not {PROFILE_FORMAT}")
+        return cls(
+            model_type=str(data["model_type"]),
+            architecture=str(data["architecture"]),
+            transformers_version=str(data["transformers_version"]),
+            n_params=int(data["n_params"]),
+            param_numels=tuple(int(n) for n in data["param_numels"]),
+            param_elements_by_dtype={str(k): int(v) for k, v in data["param_elements_by_dtype"].items()},
+            largest_param_name=str(data["largest_param_name"]),
+            largest_param_numel=int(data["largest_param_numel"]),
+            layer_kinds=tuple(str(kind) for kind in data["layer_kinds"]),
+            dims={str(k): int(v) for k, v in data.get("dims", {}).items()},
+            activations=tuple(ActivationProfile.from_dict(entry) for entry in data.get("activations", ())),
+        )

@@ -1,0 +1,188 @@
+"""Profiles for workloads: read from the disk cache, or computed (importing torch and transformers) on a miss.
+
+On a cache hit nothing heavy is imported: ``dstune estimate`` on a cached model stays fast. Bad configs raise
+:class:`~tuner.workload.WorkloadError` naming the field, and nothing is cached for them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import replace
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from tuner.profile.cache import ProfileCache, activation_key, canonical_config, params_key
+from tuner.profile.model_profile import ActivationProfile, ModelProfile
+from tuner.workload import (
+    SUPPORTED_FAMILIES,
+    ModelSpec,
+    Workload,
+    WorkloadError,
+    load_hf_config,
+    model_from_hf_config,
+)
+
+
+@lru_cache(maxsize=1)
+def transformers_version() -> str:
+    """The installed transformers version, read without importing it."""
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        raise WorkloadError("model", "transformers is not installed: pip install transformers") from None
+
+
+def refuse_custom_code(config: Any) -> dict[str, Any]:
+    """The config, unless it is not an object or asks for custom model code (checked before any cache lookup)."""
+    if not isinstance(config, dict):
+        raise WorkloadError("model", "config.json must hold a JSON object")
+    for key in ("auto_map", "trust_remote_code"):
+        if config.get(key):
+            raise WorkloadError(
+                f"model.{key}", "custom model code (trust_remote_code) is refused; use a model_type transformers ships"
+            )
+    if not isinstance(config.get("model_type"), str):
+        raise WorkloadError("model.model_type", "missing from the model config")
+    return config
+
+
+def params_profile(config: dict[str, Any], cache: ProfileCache | None = None) -> ModelProfile:
+    """The parameter facts of a config's model (no activations), cached."""
+    config = refuse_custom_code(config)
+    cache = cache or ProfileCache()
+    key = params_key(config, transformers_version())
+    found = cache.get_params(key)
+    if found is None:
+        from tuner.profile.hf import describe
+
+        found = describe(config)
+        cache.put_params(key, found)
+    return found
+
+
+def experts_key(config: dict[str, Any]) -> str:
+    """The MoE experts implementation asked for (``default``: transformers' choice for the installed version)."""
+    return str(config.get("experts_implementation") or "default")
+
+
+def model_profile(
+    config: dict[str, Any],
+    seq_len: int,
+    precision: str,
+    attention: str,
+    checkpointing: Iterable[bool] = (False, True),
+    cache: ProfileCache | None = None,
+) -> ModelProfile:
+    """The model's profile with activations traced for ``seq_len``, ``precision``, ``attention`` and each
+    checkpointing setting; every part read from the cache or traced and cached."""
+    cache = cache or ProfileCache()
+    profile = params_profile(config, cache)
+    entries: list[ActivationProfile] = []
+    for ckpt in checkpointing:
+        key = activation_key(config, transformers_version(), seq_len, precision, attention, experts_key(config), ckpt)
+        entry = cache.get_activation(key)
+        if entry is None:
+            from tuner.profile.trace import trace_activations
+
+            entry = trace_activations(config, profile.layer_kinds, seq_len, precision, attention, ckpt)
+            cache.put_activation(key, entry)
+        entries.append(entry)
+    return profile.with_activations(tuple(entries))
+
+
+def cached_profile(
+    config: dict[str, Any],
+    seq_len: int,
+    precisions: Iterable[str],
+    attention: str,
+    checkpointing: Iterable[bool] = (False, True),
+    cache: ProfileCache | None = None,
+) -> ModelProfile | None:
+    """The profile :func:`model_profile` would give for each of ``precisions``, if every part is cached; else None.
+    Reads files only: never imports torch."""
+    config = refuse_custom_code(config)
+    cache = cache or ProfileCache()
+    version_ = transformers_version()
+    profile = cache.get_params(params_key(config, version_))
+    if profile is None:
+        return None
+    entries = []
+    for precision in precisions:
+        for ckpt in checkpointing:
+            key = activation_key(config, version_, seq_len, precision, attention, experts_key(config), ckpt)
+            entry = cache.get_activation(key)
+            if entry is None:
+                return None
+            entries.append(entry)
+    return profile.with_activations(tuple(entries))
+
+
+def model_from_config(
+    config: dict[str, Any],
+    name: str = "custom",
+    implementation: str = "transformers",
+    cache: ProfileCache | None = None,
+) -> ModelSpec:
+    """A :class:`ModelSpec` for any causal LM config transformers can build, parameters counted on ``meta``.
+
+    ``implementation="builtin"``: dstune's own model of a gpt2, llama, mistral, qwen2 or gpt_neox config, described
+    by :func:`tuner.workload.model_from_hf_config` (pure Python; as stored before profiles existed).
+    """
+    if implementation == "builtin":
+        refuse_custom_code(config)
+        if config["model_type"] not in SUPPORTED_FAMILIES:
+            raise WorkloadError(
+                "model-impl", f"the built-in models cover {', '.join(SUPPORTED_FAMILIES)}, not {config['model_type']}"
+            )
+        return model_from_hf_config(config, name=name)
+    return spec_from_profile(config, params_profile(config, cache), name)
+
+
+def spec_from_profile(config: dict[str, Any], profile: ModelProfile, name: str = "custom") -> ModelSpec:
+    """The :class:`ModelSpec` of the transformers model of a config whose parameter facts are ``profile``."""
+    dims = profile.dims
+    return ModelSpec(
+        name=name,
+        family=profile.model_type,
+        vocab_size=dims.get("vocab_size", 0),
+        hidden_size=dims.get("hidden_size", 0),
+        num_layers=profile.n_layers,
+        num_heads=dims.get("num_heads", 0),
+        num_kv_heads=dims.get("num_kv_heads", 0),
+        head_dim=dims.get("head_dim", 0),
+        intermediate_size=dims.get("intermediate_size", 0),
+        max_positions=dims.get("max_positions", 0),
+        architecture=profile.architecture,
+        implementation="transformers",
+        hf_config=canonical_config(config),
+        numels=profile.param_numels,
+    )
+
+
+def load_model(source: str, implementation: str = "transformers", cache: ProfileCache | None = None) -> ModelSpec:
+    """A model from a preset name or a ``config.json`` path (or folder), for any architecture transformers ships."""
+    config, name = load_hf_config(source)
+    return model_from_config(config, name=name, implementation=implementation, cache=cache)
+
+
+def with_profile(
+    workload: Workload,
+    precisions: Iterable[str] | None = None,
+    checkpointing: Iterable[bool] = (False, True),
+    cache: ProfileCache | None = None,
+) -> Workload:
+    """The workload carrying its model's profile, traced for its sequence length and attention, each of
+    ``precisions`` (default: the workload's) and checkpointing setting. Built-in and bare models are returned as
+    they are (their activations are formulas, or unknown)."""
+    model = workload.model
+    if model.implementation != "transformers" or not model.hf_config:
+        return workload
+    config = json.loads(model.hf_config)
+    train, checkpointing = workload.train, tuple(checkpointing)
+    profile: ModelProfile | None = None
+    for precision in precisions or (train.precision,):
+        traced = model_profile(config, train.seq_len, precision, train.attention, checkpointing, cache)
+        profile = traced if profile is None else profile.with_activations(traced.activations)
+    return replace(workload, profile=profile)

@@ -1,0 +1,245 @@
+"""Saved activations traced from the real transformers model under fake tensors (imports torch and transformers).
+
+A copy of the model holding the first two layers of each layer kind runs forward and backward under PyTorch's
+``FakeTensorMode`` (shapes and dtypes only: no memory, no arithmetic) at micro-batch 1, 2 and 3. A
+``saved_tensors_hooks`` pack hook records each tensor autograd saves, with the decoder layer running at the time;
+after the forward pass every storage still alive is counted once (parameters and buffers excluded). The same
+counting runs on real CPU tensors (:func:`saved_bytes_by_layer` with ``fake=False``): fake and real are byte-equal.
+
+Pitfalls (FIELD_NOTES): no attention mask is passed (an all-ones mask would be materialised); the MoE experts
+implementation is the one training runs (transformers' default); the ``meta`` device is not fake mode. transformers
+looks for packed sequences in the position ids and, unable to read fake values, would build a causal mask and lose
+grouped-query SDPA; the trace tells it there are none, as for the real unpacked batches (:func:`_fake_safe`).
+PyTorch's fake ``grouped_mm`` accepts only bf16 (the CPU kernel also runs fp32): other precisions trace
+transformers' own grouped-mm fallback, which saves the same tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import transformers.integrations.moe
+import transformers.masking_utils
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from tuner.profile.hf import TORCH_DTYPES, build, decoder_layers, enable_checkpointing, hf_config, quiet
+from tuner.profile.model_profile import ActivationProfile, Linear
+from tuner.workload import WorkloadError
+
+OUTSIDE = -1
+
+
+def _storage_id(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+@contextlib.contextmanager
+def _marked_layers(layers: nn.ModuleList, state: dict[str, int]) -> Iterator[None]:
+    """While inside, ``state["layer"]`` is the index of the decoder layer running (``OUTSIDE`` between layers).
+
+    Module hooks run outside transformers' gradient checkpointing (it checkpoints ``forward``), so the inputs it
+    saves count as that layer's.
+    """
+    handles = []
+    for index, layer in enumerate(layers):
+
+        def enter(module: nn.Module, args: Any, _index: int = index) -> None:
+            state["layer"] = _index
+
+        def leave(module: nn.Module, args: Any, output: Any) -> None:
+            state["layer"] = OUTSIDE
+
+        handles.append(layer.register_forward_pre_hook(enter))
+        handles.append(layer.register_forward_hook(leave, always_call=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+@contextlib.contextmanager
+def _fake_safe(model: nn.Module) -> Iterator[None]:
+    """transformers sees no packed sequences (what it finds for real unpacked batches, unreadable on fake ones) and,
+    outside bf16, uses its grouped-mm fallback (fake ``grouped_mm`` is bf16-only)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(transformers.masking_utils, "find_packed_sequence_indices", lambda ids: None))
+        if next(model.parameters()).dtype != torch.bfloat16:
+            stack.enter_context(_patched(transformers.integrations.moe, "_can_use_grouped_mm", lambda *args: False))
+        yield
+
+
+def saved_bytes_by_layer(
+    model: Any, micro_batch: int, seq_len: int, fake_mode: FakeTensorMode | None = None
+) -> dict[int, int]:
+    """Bytes autograd saves in one forward pass, by decoder layer index (``OUTSIDE`` for the rest); then backward.
+
+    Each storage counts once, for the first layer that saved it, if still alive after the forward pass.
+    """
+    layers = decoder_layers(model)
+    excluded = {_storage_id(t) for t in (*model.parameters(), *model.buffers())}
+    state = {"layer": OUTSIDE}
+    records: list[tuple[weakref.ref, int, int, int]] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        records.append((weakref.ref(storage), storage._cdata, storage.nbytes(), state["layer"]))
+        return tensor
+
+    model.train()
+    with fake_mode or contextlib.nullcontext():
+        tokens = torch.randint(0, model.config.vocab_size, (micro_batch, seq_len))
+        with (
+            _fake_safe(model) if fake_mode is not None else contextlib.nullcontext(),
+            _marked_layers(layers, state),
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        ):
+            loss = model(input_ids=tokens, labels=tokens, use_cache=False).loss
+        owner: dict[int, tuple[int, int]] = {}
+        for ref, storage_id, nbytes, layer in records:
+            if ref() is not None and storage_id not in excluded and storage_id not in owner:
+                owner[storage_id] = (layer, nbytes)
+        records.clear()
+        with _fake_safe(model) if fake_mode is not None else contextlib.nullcontext():
+            loss.backward()
+    totals: dict[int, int] = {}
+    for layer, nbytes in owner.values():
+        totals[layer] = totals.get(layer, 0) + nbytes
+    return totals
+
+
+def _representatives(kinds: tuple[str, ...] | list[str]) -> list[int]:
+    """Indices of the first two layers of each kind (one where the model has only one), in model order."""
+    seen: dict[str, list[int]] = {}
+    for index, kind in enumerate(kinds):
+        if len(seen.setdefault(kind, [])) < 2:
+            seen[kind].append(index)
+    return sorted(index for indices in seen.values() for index in indices)
+
+
+def build_copy(
+    config: dict[str, Any], kinds: tuple[str, ...] | list[str], precision: str, attention: str, checkpointing: bool
+) -> tuple[nn.Module, list[int], FakeTensorMode]:
+    """A fake-tensor copy of the model keeping only the representative layers; returns it with their indices."""
+    keep = _representatives(kinds)
+    built = keep[-1] + 1
+    full = hf_config(config)
+    overrides: dict[str, Any] = {"num_hidden_layers": built}
+    for name, value in config.items():  # per-layer lists (layer_types...) follow the shorter model
+        if isinstance(value, list) and len(value) == full.num_hidden_layers and name != "architectures":
+            overrides[name] = value[:built]
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode:
+        model: Any = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
+    layers = decoder_layers(model)
+    kept = nn.ModuleList([layers[i] for i in keep])
+    for name, module in model.base_model.named_children():
+        if module is layers:
+            setattr(model.base_model, name, kept)
+    for name in list(overrides):
+        if name != "num_hidden_layers":
+            setattr(model.config, name, [overrides[name][i] for i in keep])
+    model.config.num_hidden_layers = len(keep)
+    if checkpointing:
+        enable_checkpointing(model)
+    return model, keep, fake_mode
+
+
+def _parts(
+    by_layer: dict[int, int], keep: list[int], kinds: tuple[str, ...] | list[str]
+) -> tuple[int, int, dict[str, int]]:
+    """(outside, first-layer extras, bytes per kind) from bytes per kept layer."""
+    per_kind: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for position, index in enumerate(keep):
+        kind = kinds[index]
+        saved = by_layer.get(position, 0)
+        if kind in first:
+            per_kind[kind] = saved
+        else:
+            first[kind] = saved
+    extra = 0
+    for kind, saved in first.items():
+        if kind in per_kind:
+            extra += saved - per_kind[kind]
+        else:
+            per_kind[kind] = saved
+    return by_layer.get(OUTSIDE, 0), extra, per_kind
+
+
+def trace_activations(
+    config: dict[str, Any],
+    kinds: tuple[str, ...] | list[str],
+    seq_len: int,
+    precision: str,
+    attention: str,
+    checkpointing: bool,
+) -> ActivationProfile:
+    """The activation profile of the model for these settings, traced at micro-batch 1, 2 and 3 under fake tensors.
+
+    With checkpointing the non-checkpointed layers are traced too: ``recompute`` is the largest of them.
+    """
+    traces = {}
+    for ckpt in (False, True) if checkpointing else (False,):
+        with quiet():
+            model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt)
+        try:
+            traces[ckpt] = [
+                _parts(saved_bytes_by_layer(model, batch, seq_len, fake_mode), keep, kinds) for batch in (1, 2, 3)
+            ]
+        except WorkloadError:
+            raise
+        except Exception as error:
+            message = " ".join(str(error).split())[:300] or type(error).__name__
+            raise WorkloadError(
+                "model.model_type", f"{config['model_type']} cannot be traced under fake tensors: {message}"
+            ) from None
+        experts = str(getattr(model.config, "_experts_implementation", None) or "none")
+    one, two, three = traces[checkpointing]
+    layers = {kind: Linear.through(one[2][kind], two[2][kind], three[2][kind]) for kind in one[2]}
+    recompute = Linear()
+    if checkpointing:
+        plain = traces[False]
+        recompute = max(
+            (Linear.through(*(trace[2][kind] for trace in plain)) for kind in plain[0][2]),
+            key=lambda line: line.at(2),
+        )
+    return ActivationProfile(
+        seq_len=seq_len,
+        precision=precision,
+        attention=attention,
+        experts=experts,
+        checkpointing=checkpointing,
+        outside=Linear.through(one[0], two[0], three[0]),
+        first_extra=Linear.through(one[1], two[1], three[1]),
+        layers=layers,
+        recompute=recompute,
+    )
+
+
+def measured_saved_bytes(
+    config: dict[str, Any], micro_batch: int, seq_len: int, precision: str, attention: str, checkpointing: bool
+) -> int:
+    """Bytes the whole model really saves in one forward pass on CPU (real tensors, random weights): the reference
+    the traced profile is checked against."""
+    torch.manual_seed(0)
+    with quiet():
+        model = build(config, attention=attention, dtype=TORCH_DTYPES[precision])
+    if checkpointing:
+        enable_checkpointing(model)
+    return sum(saved_bytes_by_layer(model, micro_batch, seq_len).values())
