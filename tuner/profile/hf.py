@@ -67,7 +67,7 @@ def _rejected_field(config: dict[str, Any], message: str) -> str:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
         model_type = str(config.get("model_type"))
-        config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # lazy: no .get
+        config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401 (a lazy mapping: .get misses)
         spelled = getattr(config_class, "attribute_map", {}) if config_class is not None else {}
         for said, standard in MESSAGE_NAMES.items():
             key = spelled.get(standard, standard)
