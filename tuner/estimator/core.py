@@ -23,8 +23,13 @@ Model states follow DeepSpeed 0.19 as measured (``tests/test_estimator_deepspeed
 
 Peak memory is the maximum over three phases of a step, each a sum of what is alive then: ``forward`` (after the
 forward pass: activations plus the logits workspace), ``backward`` (all gradients and the reduce buckets; one
-recomputed block when checkpointing) and ``step`` (fp32 gradients). Overhead (CUDA context and allocator
-fragmentation) is added on top of the peak; its defaults are calibrated from measured runs later.
+recomputed block when checkpointing) and ``step`` (fp32 gradients). ZeRO-3 with
+``stage3_gather_16bit_weights_on_model_save`` adds a fourth, ``save`` (:func:`_add_save_phase`): saving the model
+gathers the whole 16-bit model on rank 0. Overhead (CUDA context and allocator fragmentation) is added on top of the
+peak; its defaults are calibrated from measured runs later.
+
+Host buffers DeepSpeed pins cost their size rounded up to a power of two on CUDA hosts (:mod:`.pinned`);
+``cpu_per_node["pinned"]`` reports the page-locked bytes, which are part of the node's total, not added to it.
 
 Activations come from the workload's model profile when it carries one (traced from the real transformers model,
 :mod:`tuner.profile`; plain data here, no torch), else from the built-in models' formulas
@@ -38,12 +43,15 @@ from typing import Any
 
 from tuner.estimator.activations import logits_workspace_bytes, workload_activation_bytes
 from tuner.estimator.device import DeviceKind, device_kind
-from tuner.estimator.partitions import flat_partition, stage3_partition
+from tuner.estimator.partitions import flat_partition, round_robin_order, stage3_partition
+from tuner.estimator.pinned import HostPins
 from tuner.estimator.settings import Settings, resolve
 from tuner.workload import Workload
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
-PHASES = ("forward", "backward", "step")
+PHASES = ("forward", "backward", "step", "save")  # "save" only where the estimate has it (ZeRO-3, gather on save)
+STEP_PHASES = PHASES[:3]
+CPU_VIEWS = frozenset({"total", "pinned"})  # cpu_per_node entries that are not categories of their own
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
 FP32 = 4
 
@@ -149,7 +157,7 @@ class MemoryEstimate:
                 f"(largest category: {largest})"
             )
         if self.cpu_headroom < 0:
-            largest = max((k for k in self.cpu_per_node if k != "total"), key=self.cpu_per_node.__getitem__)
+            largest = max((k for k in self.cpu_per_node if k not in CPU_VIEWS), key=self.cpu_per_node.__getitem__)
             return f"CPU memory per node short by {-self.cpu_headroom} bytes (largest: {largest})"
         return None
 
@@ -195,9 +203,12 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     model, cluster, train = workload.model, workload.cluster, workload.train
     elem = s.param_bytes
     details: dict[str, int] = {}
-    phases = {name: Phase() for name in PHASES}
+    saving = s.stage == 3 and s.gather_16bit_on_save
+    phases = {name: Phase() for name in (PHASES if saving else STEP_PHASES)}
+    pins = HostPins(cuda=cluster.device == "cuda")
     states = _stage3_states if s.stage == 3 else _flat_states
-    nvme = states(workload, s, phases, details)
+    nvme = states(workload, s, phases, details, pins)
+    gathered = _add_save_phase(workload, s, phases, details) if saving else 0
 
     activations = workload_activation_bytes(workload, s.micro_batch, s.precision, elem)
     known = activations is not None
@@ -212,7 +223,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     else:
         source = "none"
 
-    gpu_totals = {name: phases[name].gpu_total for name in PHASES}
+    gpu_totals = {name: phase.gpu_total for name, phase in phases.items()}
     peak_phase = max(gpu_totals, key=gpu_totals.__getitem__)
     peak = phases[peak_phase]
     per_gpu: dict[str, int | None] = dict(peak.gpu)
@@ -228,11 +239,9 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
 
     process = overhead.cpu_process_cuda if cluster.device == "cuda" else overhead.cpu_process_cpu
     ranks = cluster.gpus_per_node
-    host = [phase.cpu for phase in phases.values()]
-    cpu_peak = max(sum(held.values()) for held in host)
+    node = _node_host(phases, ranks, gathered)
     cpu_per_node = {
-        name: ranks * max(held[name] for held in host)
-        for name in ("parameters", "gradients", "optimizer_states", "buffers")
+        name: max(held[name] for held in node) for name in ("parameters", "gradients", "optimizer_states", "buffers")
     }
     cpu_per_node["processes"] = ranks * process
     # Building the model adds no host bytes: measured runs build it where it trains (tuner.measure.birth). ZeRO-3
@@ -243,7 +252,12 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     # rank (280 GB for a 70B model). Measured on CPU ranks: the resident set grows by e·Ψ/N while building
     # (tests/measure/test_birth.py).
     cpu_per_node["model_load"] = 0
-    cpu_per_node["total"] = ranks * cpu_peak + cpu_per_node["processes"] + cpu_per_node["model_load"]
+    cpu_per_node["total"] = max(sum(held.values()) for held in node) + cpu_per_node["processes"]
+    cpu_per_node["total"] += cpu_per_node["model_load"]
+    cpu_per_node["pinned"] = ranks * pins.pinned
+    if pins.pinned:
+        details["pinned_host"] = pins.pinned
+        details["pinned_rounding"] = pins.rounding
     return MemoryEstimate(
         n_params=model.n_params,
         world_size=s.world_size,
@@ -262,12 +276,34 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
 
 
 def _add(phases: dict[str, Phase], where: str, category: str, size: int, only: tuple[str, ...] = PHASES) -> None:
+    """Add ``size`` bytes to ``category`` in the phases ``only`` that the estimate has (default: all of them,
+    for what stays allocated throughout)."""
     for name in only:
-        getattr(phases[name], where)[category] += size
+        if name in phases:
+            getattr(phases[name], where)[category] += size
 
 
-def _flat_states(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> int:
-    """Model states and buckets of ZeRO stages 0, 1 and 2 (no NVMe use)."""
+def _node_host(phases: dict[str, Phase], ranks: int, gathered: int) -> list[dict[str, int]]:
+    """Host bytes of the worst node per phase, by category: every rank's, except that in the ``save`` phase only
+    rank 0 holds the ``gathered`` model."""
+    node = []
+    for name, phase in phases.items():
+        held = {category: ranks * size for category, size in phase.cpu.items()}
+        if name == "save":
+            held["parameters"] -= (ranks - 1) * gathered
+        node.append(held)
+    return node
+
+
+def _flat_states(
+    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
+) -> int:
+    """Model states and buckets of ZeRO stages 0, 1 and 2 (no NVMe use).
+
+    ``round_robin_gradients`` reorders the flat buffer (:func:`.round_robin_order`): the sizes are unchanged, only
+    which parameters straddle a partition boundary, so it moves ZeRO-2's worst-rank gradient buffer a little. With
+    optimizer offload (where it is meant to be used) nothing estimated depends on the order.
+    """
     model, elem = workload.model, s.param_bytes
     mixed = s.precision != "fp32"
     if s.stage == 0:
@@ -278,7 +314,10 @@ def _flat_states(workload: Workload, s: Settings, phases: dict[str, Phase], deta
         if mixed:  # FP16_Optimizer builds fp32 gradients beside the 16-bit ones for the step
             _add(phases, "gpu", "gradients", FP32 * n, ("step",))
         return 0
-    flat = flat_partition(model.param_numels, s.world_size)
+    numels = model.param_numels
+    if s.round_robin_gradients and s.world_size > 1:
+        numels = round_robin_order(numels, s.world_size)
+    flat = flat_partition(numels, s.world_size)
     part = flat.partition
     worst_grads = part if model.is_bare else flat.worst_rank_grads
     details["partition_elements"] = part
@@ -304,15 +343,20 @@ def _flat_states(workload: Workload, s: Settings, phases: dict[str, Phase], deta
         _add(phases, "gpu", "gradients", FP32 * part, ("step",))
         return 0
     largest = model.largest_param
-    _add(phases, "cpu", "optimizer_states", states)
-    _add(phases, "cpu", "gradients", FP32 * part)  # fp32 gradient partition, pinned, always allocated
-    _add(phases, "cpu", "buffers", elem * part + elem * largest)  # 16-bit param copy-back, grad staging
+    pin = s.offload_optimizer_pin
+    master = pins.size(FP32 * part, pin)  # the fp32 master partition; Adam's moments are pageable
+    _add(phases, "cpu", "optimizer_states", master + ADAM_STATE_BYTES * part)
+    _add(phases, "cpu", "gradients", pins.size(FP32 * part, pin))  # fp32 gradient partition, always allocated
+    staging = pins.size(elem * part, pin) + pins.size(elem * largest, pin)  # 16-bit param copy-back, grad staging
+    _add(phases, "cpu", "buffers", staging)
     _add(phases, "gpu", "buffers", elem * largest)  # device-side gradient staging buffer
     details["offload_staging"] = elem * part + 2 * elem * largest
     return 0
 
 
-def _stage3_states(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> int:
+def _stage3_states(
+    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
+) -> int:
     """Model states and buffers of ZeRO stage 3; returns NVMe bytes per rank."""
     model, elem = workload.model, s.param_bytes
     part = stage3_partition(
@@ -322,12 +366,13 @@ def _stage3_states(workload: Workload, s: Settings, phases: dict[str, Phase], de
     details["partition_elements"] = shard
     details["persistent_elements"] = persistent
     nvme = 0
-    param_where = "gpu" if s.offload_param == "none" else "cpu"
     if s.offload_param == "nvme":
         nvme += elem * shard
-        _add(phases, "cpu", "buffers", s.offload_param_buffer_count * s.offload_param_buffer_size * elem)
+        _add(phases, "cpu", "buffers", pins.locked(s.offload_param_buffer_count * s.offload_param_buffer_size * elem))
+    elif s.offload_param == "cpu":  # one flat buffer, pinned whatever offload_param.pin_memory says
+        _add(phases, "cpu", "parameters", pins.size(elem * shard, True))
     else:
-        _add(phases, param_where, "parameters", elem * shard)
+        _add(phases, "gpu", "parameters", elem * shard)
     if s.world_size > 1 and not model.is_bare:
         _add_stage3_gathered(model.n_params, part.largest, persistent, elem, s, phases, details)
     bucket = s.reduce_bucket_size * elem if s.contiguous_gradients else 0
@@ -341,11 +386,12 @@ def _stage3_states(workload: Workload, s: Settings, phases: dict[str, Phase], de
         _add(phases, "gpu", "gradients", elem * shard)  # the flat gradient partition buffer is permanent
         _add(phases, "gpu", "gradients", step_grads, ("step",))
     else:  # with offload the 16-bit gradient partition and its fp32 copy both live on the host for good
-        _add(phases, "cpu", "gradients", (elem + FP32) * shard)
+        pin = s.offload_optimizer_pin
+        _add(phases, "cpu", "gradients", pins.size(elem * shard, pin) + _sub_group_grads(shard, s, pins))
         if s.offload_optimizer == "nvme":
             nvme += states
             swap = s.offload_optimizer_buffer_count * min(shard, s.sub_group_size or shard) * FP32
-            _add(phases, "cpu", "buffers", swap)
+            _add(phases, "cpu", "buffers", pins.locked(swap))
         else:
             _add(phases, "cpu", "optimizer_states", states)
     return nvme
@@ -375,3 +421,42 @@ def _add_stage3_gathered(
     details["stage3_working_set"] = elem * working
     _add(phases, "gpu", "parameters", elem * kept, ("forward",))
     _add(phases, "gpu", "buffers", elem * working, ("forward",))
+
+
+def _add_save_phase(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> int:
+    """The ``save`` phase of ZeRO-3 with ``stage3_gather_16bit_weights_on_model_save``; returns the bytes gathered.
+
+    ``save_16bit_model`` calls ``_zero3_consolidated_16bit_state_dict`` (``deepspeed/runtime/engine.py:5631``) on
+    every rank between steps: it gathers one module's parameters at a time (``GatheredParameters`` on every rank's
+    device) and rank 0 copies each into a host ``state_dict`` (``param.detach().cpu()``), so rank 0's host ends up
+    holding the whole model in the training dtype, ``e·Ψ`` (tied weights once), beside the steady state: shards,
+    optimizer states, the permanent gradient partition and reduce bucket (no activations, no fp32 step gradients).
+    The device adds the module being gathered (its largest parameter). On CPU ranks ``.cpu()`` copies nothing: the
+    state_dict keeps the gathered storages themselves, and parameters that stay whole (persistent ones, or all of
+    them on one rank) add nothing. The phase's host bytes are rank 0's (the worst rank); on the node only rank 0
+    holds the model.
+    """
+    model, elem = workload.model, s.param_bytes
+    if workload.cluster.device == "cuda":
+        gathered, working = elem * model.n_params, elem * model.largest_param
+    elif s.world_size > 1:
+        persistent = details.get("persistent_elements", 0)
+        gathered, working = elem * (model.n_params - persistent), 0
+    else:
+        gathered, working = 0, 0
+    details["save_gathered_model"] = gathered
+    details["save_working_set"] = working
+    _add(phases, "cpu", "parameters", gathered, ("save",))
+    _add(phases, "gpu", "buffers", working, ("save",))
+    return gathered
+
+
+def _sub_group_grads(shard: int, s: Settings, pins: HostPins) -> int:
+    """Host bytes of ZeRO-3's fp32 gradient buffers with optimizer offload: one per sub-group of ``sub_group_size``
+    elements (the shard cut into equal sub-groups, as the step's fp32 gradients are sized), each pinned alone."""
+    group = min(shard, s.sub_group_size) if s.sub_group_size else shard
+    if group == 0:
+        return 0
+    full, rest = divmod(shard, group)
+    pin = s.offload_optimizer_pin and s.offload_optimizer == "cpu"  # NVMe steps swapped sub-groups in one buffer
+    return pins.size(FP32 * group, pin, count=full) + pins.size(FP32 * rest, pin)

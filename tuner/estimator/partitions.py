@@ -67,3 +67,18 @@ def stage3_partition(
         if numel <= persistence_threshold and persistent + numel <= model_persistence_threshold:
             persistent += numel
     return Stage3Partition(shard, persistent, max(numels))
+
+
+@lru_cache(maxsize=1024)
+def round_robin_order(numels: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+    """Parameters in the order ZeRO-1/2 flattens them with ``round_robin_gradients``.
+
+    DeepSpeed's ``_round_robin_reorder`` (``stage_1_and_2.py:901``) deals parameter ``i`` to bucket ``i % N`` and
+    concatenates the buckets, so consecutive gradients reduce into different ranks' partitions. The buffer's size is
+    unchanged; which parameters straddle a partition boundary (and so the worst rank's gradient buffer) may change.
+
+    Example:
+        >>> round_robin_order((1, 2, 3, 4, 5), 2)
+        (1, 3, 5, 2, 4)
+    """
+    return tuple(numels[i] for start in range(world_size) for i in range(start, len(numels), world_size))

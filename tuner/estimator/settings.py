@@ -118,6 +118,8 @@ class Settings:
     param_persistence_threshold: int
     model_persistence_threshold: int
     sub_group_size: int
+    round_robin_gradients: bool = False
+    gather_16bit_on_save: bool = False
 
     @property
     def param_bytes(self) -> int:
@@ -255,8 +257,24 @@ def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
             zero, ("stage3_model_persistence_threshold", "model_persistence_threshold"), 2**63 - 1
         ),
         sub_group_size=_int(zero, "sub_group_size", 1_000_000_000, prefix),
+        round_robin_gradients=_bool(zero, "round_robin_gradients", False, prefix),
+        gather_16bit_on_save=_gather_on_save(zero),
     )
     return settings
+
+
+def _gather_on_save(zero: dict[str, Any]) -> bool:
+    """``stage3_gather_16bit_weights_on_model_save`` (or its field name, or the deprecated ``fp16`` spelling that
+    DeepSpeed maps onto it); DeepSpeed's default is false."""
+    prefix = "zero_optimization."
+    return any(
+        _bool(zero, key, False, prefix)
+        for key in (
+            "stage3_gather_16bit_weights_on_model_save",
+            "gather_16bit_weights_on_model_save",
+            "stage3_gather_fp16_weights_on_model_save",
+        )
+    )
 
 
 def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tuple[int, int, int]:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tuner.estimator import MemoryEstimate
-from tuner.estimator.core import CATEGORIES, PHASES
+from tuner.estimator.core import CATEGORIES, CPU_VIEWS, PHASES
 from tuner.study.calibration import Calibration
 from tuner.units import format_bytes
 
@@ -95,7 +95,7 @@ def memory_reason(est: MemoryEstimate, calibration: Calibration) -> PruneReason 
             margin=calibration.margin,
         )
     if est.cpu_headroom < 0:
-        held = {name: size for name, size in est.cpu_per_node.items() if name != "total"}
+        held = {name: size for name, size in est.cpu_per_node.items() if name not in CPU_VIEWS}
         largest = max(held, key=held.__getitem__)
         host = {name: est.phases[name].cpu_total for name in PHASES if name in est.phases}
         phase = max(host, key=host.__getitem__) if any(host.values()) and largest in CATEGORIES else None
