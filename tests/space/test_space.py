@@ -125,6 +125,9 @@ def test_default_space_covers_the_zero_settings(space: SearchSpace) -> None:
         "allgather_bucket_size",
         "offload_optimizer",
         "offload_param",
+        "offload_optimizer_pin_memory",
+        "offload_param_pin_memory",
+        "round_robin_gradients",
         "stage3_max_live_parameters",
         "stage3_max_reuse_distance",
         "stage3_prefetch_bucket_size",
@@ -140,6 +143,10 @@ def test_default_space_covers_the_zero_settings(space: SearchSpace) -> None:
 
 def test_default_space_defaults_match_deepspeed(deepspeed_on_cpu: None, space: SearchSpace) -> None:
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
 
     defaults = DeepSpeedZeroConfig()
     stage_dependent = space.parameter("overlap_comm")
@@ -157,6 +164,13 @@ def test_default_space_defaults_match_deepspeed(deepspeed_on_cpu: None, space: S
                 "stage3_param_persistence_threshold": "param_persistence_threshold",
             }.get(field, field)
             assert parameter.default == getattr(defaults, attribute), parameter.name
+    offload = {
+        "offload_optimizer": DeepSpeedZeroOffloadOptimizerConfig(),
+        "offload_param": DeepSpeedZeroOffloadParamConfig(),
+    }
+    for section, config in offload.items():
+        parameter = space.parameter(f"zero_optimization.{section}.pin_memory")
+        assert parameter.default is config.pin_memory is True, parameter.name
 
 
 def test_default_space_by_name_and_listing() -> None:
@@ -223,7 +237,57 @@ def test_conditional_parameters_appear_only_where_their_condition_holds(space: S
         if stage >= 1:
             assert zero["reduce_bucket_size"] == trial.params["reduce_bucket_size"]
             assert isinstance(zero["reduce_bucket_size"], int)
-            assert zero["offload_optimizer"] == {"device": trial.params["offload_optimizer"]}
+            assert zero["offload_optimizer"]["device"] == trial.params["offload_optimizer"]
+        check_offload_knobs(trial.params, zero)
+
+
+def check_offload_knobs(params: dict[str, Any], zero: dict[str, Any]) -> None:
+    """pin_memory only where its offload is on, round_robin_gradients only for ZeRO-1/2 with CPU optimizer offload."""
+    stage = params["stage"]
+    for section in ("offload_optimizer", "offload_param"):
+        device = params.get(section)
+        name = f"{section}_pin_memory"
+        assert (name in params) == (device not in (None, "none")), params
+        if name in params:
+            assert zero[section] == {"device": device, "pin_memory": params[name]}
+        elif section in zero:
+            assert "pin_memory" not in zero[section]
+    robin = stage in (1, 2) and params.get("offload_optimizer") == "cpu"
+    assert ("round_robin_gradients" in params) == robin, params
+    assert ("round_robin_gradients" in zero) == robin
+    if robin:
+        assert zero["round_robin_gradients"] is params["round_robin_gradients"]
+
+
+@pytest.mark.usefixtures("deepspeed_on_cpu")
+@pytest.mark.parametrize(
+    ("pins", "knobs"),
+    [
+        ({"stage": 1, "offload_optimizer": "cpu"}, {"offload_optimizer_pin_memory", "round_robin_gradients"}),
+        ({"stage": 2, "offload_optimizer": "cpu"}, {"offload_optimizer_pin_memory", "round_robin_gradients"}),
+        ({"stage": 2, "offload_optimizer": "none"}, set()),
+        (
+            {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+            {"offload_optimizer_pin_memory", "offload_param_pin_memory"},
+        ),
+        ({"stage": 3, "offload_optimizer": "none", "offload_param": "cpu"}, {"offload_param_pin_memory"}),
+    ],
+)
+def test_offload_knobs_are_searched_where_they_apply(space: SearchSpace, pins: dict[str, Any], knobs: set[str]) -> None:
+    work = workload()
+    _, seen = run_study(space.with_pins(pins), work, optuna.samplers.RandomSampler(seed=5), n_trials=12)
+    values: dict[str, set[Any]] = {name: set() for name in knobs}
+    for trial, suggestion in seen:
+        check_suggestion(trial, suggestion, work)  # DeepSpeed's own classes accept every config
+        check_offload_knobs({**pins, **trial.params}, suggestion.ds_config["zero_optimization"])
+        assert knobs == trial.params.keys() & {
+            "offload_optimizer_pin_memory",
+            "offload_param_pin_memory",
+            "round_robin_gradients",
+        }
+        for name in knobs:
+            values[name].add(trial.params[name])
+    assert all(found == {False, True} for found in values.values()), values
 
 
 @pytest.mark.usefixtures("deepspeed_on_cpu")
@@ -358,7 +422,7 @@ def test_pins_are_honoured_and_not_suggested() -> None:
         check_suggestion(trial, suggestion, work)
         assert not {"stage", "offload_param", "activation_checkpointing"} & trial.params.keys()
         assert suggestion.ds_config["zero_optimization"]["stage"] == 3
-        assert suggestion.ds_config["zero_optimization"]["offload_param"] == {"device": "cpu"}
+        assert suggestion.ds_config["zero_optimization"]["offload_param"]["device"] == "cpu"
         assert suggestion.activation_checkpointing is True
         assert suggestion.fixed["stage"] == 3
 
