@@ -43,14 +43,17 @@ def config_grid() -> list[dict]:
             "allgather_bucket_size": bucket,
             "contiguous_gradients": contiguous,
         }
-        if stage:
-            zero["offload_optimizer"] = {"device": offload}
+        if stage:  # the offload knobs follow other axes, keeping the grid at 10,000 configs
+            zero["offload_optimizer"] = {"device": offload, "pin_memory": contiguous}
+        if stage in (1, 2) and offload == "cpu":
+            zero["round_robin_gradients"] = overlap
         if stage == 3:
             zero.update(
                 stage3_param_persistence_threshold=persist,
                 stage3_max_live_parameters=live,
                 stage3_prefetch_bucket_size=bucket // 10,
-                offload_param={"device": offload},
+                offload_param={"device": offload, "pin_memory": overlap},
+                stage3_gather_16bit_weights_on_model_save=contiguous,
             )
         config = {
             "train_micro_batch_size_per_gpu": micro,

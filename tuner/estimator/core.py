@@ -51,6 +51,7 @@ from tuner.workload import Workload
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
 PHASES = ("forward", "backward", "step", "save")  # "save" only where the estimate has it (ZeRO-3, gather on save)
 STEP_PHASES = PHASES[:3]
+HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # cpu_per_node's (no host activations)
 CPU_VIEWS = frozenset({"total", "pinned"})  # cpu_per_node entries that are not categories of their own
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
 FP32 = 4
@@ -239,10 +240,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
 
     process = overhead.cpu_process_cuda if cluster.device == "cuda" else overhead.cpu_process_cpu
     ranks = cluster.gpus_per_node
-    node = _node_host(phases, ranks, gathered)
-    cpu_per_node = {
-        name: max(held[name] for held in node) for name in ("parameters", "gradients", "optimizer_states", "buffers")
-    }
+    cpu_per_node, node_peak = _node_host(phases, ranks, gathered)
     cpu_per_node["processes"] = ranks * process
     # Building the model adds no host bytes: measured runs build it where it trains (tuner.measure.birth). ZeRO-3
     # builds under deepspeed.zero.Init (each module's parameters created on the rank's device in the training dtype,
@@ -252,8 +250,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     # rank (280 GB for a 70B model). Measured on CPU ranks: the resident set grows by e·Ψ/N while building
     # (tests/measure/test_birth.py).
     cpu_per_node["model_load"] = 0
-    cpu_per_node["total"] = max(sum(held.values()) for held in node) + cpu_per_node["processes"]
-    cpu_per_node["total"] += cpu_per_node["model_load"]
+    cpu_per_node["total"] = node_peak + cpu_per_node["processes"] + cpu_per_node["model_load"]
     cpu_per_node["pinned"] = ranks * pins.pinned
     if pins.pinned:
         details["pinned_host"] = pins.pinned
@@ -283,16 +280,22 @@ def _add(phases: dict[str, Phase], where: str, category: str, size: int, only: t
             getattr(phases[name], where)[category] += size
 
 
-def _node_host(phases: dict[str, Phase], ranks: int, gathered: int) -> list[dict[str, int]]:
-    """Host bytes of the worst node per phase, by category: every rank's, except that in the ``save`` phase only
-    rank 0 holds the ``gathered`` model."""
-    node = []
-    for name, phase in phases.items():
-        held = {category: ranks * size for category, size in phase.cpu.items()}
-        if name == "save":
-            held["parameters"] -= (ranks - 1) * gathered
-        node.append(held)
-    return node
+def _node_host(phases: dict[str, Phase], ranks: int, gathered: int) -> tuple[dict[str, int], int]:
+    """The worst node's host bytes: the largest of each category over the phases, and the peak of their sums.
+
+    Every rank holds its phase's host bytes, except that in the ``save`` phase only rank 0 holds the ``gathered``
+    model.
+    """
+    held = [phase.cpu for name, phase in phases.items() if name != "save"]
+    by_category = {name: ranks * max(host[name] for host in held) for name in HOST_CATEGORIES}
+    peak = ranks * max(sum(host.values()) for host in held)
+    if "save" in phases:
+        save = phases["save"].cpu
+        for name in HOST_CATEGORIES:
+            size = ranks * save[name] - ((ranks - 1) * gathered if name == "parameters" else 0)
+            by_category[name] = max(by_category[name], size)
+        peak = max(peak, ranks * sum(save.values()) - (ranks - 1) * gathered)
+    return by_category, peak
 
 
 def _flat_states(

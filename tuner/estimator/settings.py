@@ -85,6 +85,11 @@ OFFLOAD_OPTIMIZER_KEYS = frozenset(
     }
 )
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+GATHER_ON_SAVE_KEYS = (
+    "stage3_gather_16bit_weights_on_model_save",
+    "gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save",
+)
 ADAM_FAMILY = frozenset({"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"})
 
 
@@ -266,15 +271,7 @@ def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
 def _gather_on_save(zero: dict[str, Any]) -> bool:
     """``stage3_gather_16bit_weights_on_model_save`` (or its field name, or the deprecated ``fp16`` spelling that
     DeepSpeed maps onto it); DeepSpeed's default is false."""
-    prefix = "zero_optimization."
-    return any(
-        _bool(zero, key, False, prefix)
-        for key in (
-            "stage3_gather_16bit_weights_on_model_save",
-            "gather_16bit_weights_on_model_save",
-            "stage3_gather_fp16_weights_on_model_save",
-        )
-    )
+    return any(_bool(zero, key, False, "zero_optimization.") for key in GATHER_ON_SAVE_KEYS if key in zero)
 
 
 def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tuple[int, int, int]:
