@@ -42,11 +42,13 @@ from tuner.profile.profiles import spec_from_profile
 from tuner.profile.service import default_service
 from tuner.units import parse_bytes
 from tuner.workload import (
+    SUPPORTED_FAMILIES,
     ClusterSpec,
     ModelSpec,
     TrainSpec,
     Workload,
     WorkloadError,
+    check_config_limits,
     model_from_hf_config,
     model_from_param_count,
     preset_config,
@@ -70,6 +72,9 @@ MODEL_IMPLS: tuple[str, ...] = get_args(ModelImpl)
 
 MAX_BYTES = 2**60  # memory sizes beyond an exbibyte are typos (and overflow BIGINT columns)
 MAX_PARAMS = 10**15
+# Data-parallel ranks (gpus × nodes): several times the largest training jobs run (~100,000 GPUs). The estimator's
+# ZeRO-1/2 partitioning visits every rank (about 0.1 s at this bound), so the bound is its cost's bound too.
+MAX_WORLD_SIZE = 2**17
 Loc = tuple[str | int, ...]
 MemorySize = Annotated[int, Field(ge=1, le=MAX_BYTES)] | Annotated[str, Field(min_length=1, max_length=32)]
 Request = TypeVar("Request", bound=BaseModel)
@@ -149,7 +154,7 @@ def _workload_loc(request: WorkloadRequest, field_name: str, loc: Loc) -> Loc:
     head, _, rest = field_name.partition(".")
     if head == "model":
         if request.config is not None:
-            return (*loc, "config", *([rest] if rest else []))
+            return (*loc, "config", *(rest.split(".") if rest else []))
         return (*loc, "params" if request.params is not None else "model")
     renamed = {"gpus-per-node": "gpus"}.get(field_name, field_name.replace("-", "_"))
     return (*loc, renamed)
@@ -175,14 +180,30 @@ def _hf_model(
         config, name = preset_config(request.model), request.model
     else:
         config = request.config or {}
+        check_config_limits(config)  # before anything is counted, described or built
         name = config_name or str(config.get("_name_or_path", "custom"))[:64]
         if request.model_impl == "builtin":
             return model_from_hf_config(config, name=name), None
+        _check_counted_params(config)
     if inline:  # in this process, however long a new profile takes (the CLI, the worker)
         workload = with_profile(Workload(model_from_config(config, name), train=train))
         return workload.model, workload.profile
     profile = default_service().profile(config, train.seq_len, (train.precision,), train.attention)
     return spec_from_profile(config, profile, name), profile
+
+
+def _check_counted_params(config: dict[str, Any]) -> None:
+    """For the families dstune's built-in models count (arithmetic, no torch), refuse an implausible parameter count
+    before the transformers model is described in the profiling service. Other families rely on the dimension
+    limits alone; configs the built-in count rejects are left to transformers' own judgement."""
+    if config.get("model_type") not in SUPPORTED_FAMILIES:
+        return
+    try:
+        counted = model_from_hf_config(config).n_params
+    except (WorkloadError, TypeError, ValueError, ArithmeticError):
+        return
+    if counted > MAX_PARAMS:
+        raise WorkloadError("model", f"implausible parameter count: about {counted:.3g}, at most {MAX_PARAMS:.0e}")
 
 
 def to_workload(
@@ -197,6 +218,8 @@ def to_workload(
     given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
     if len(given) != 1:
         raise FieldError((*loc, "model"), "give exactly one of model (a preset name), config or params")
+    if request.gpus * request.nodes > MAX_WORLD_SIZE:
+        raise FieldError((*loc, "nodes"), f"gpus × nodes must be at most {MAX_WORLD_SIZE} ranks")
     try:
         cluster = ClusterSpec(
             gpus_per_node=request.gpus,
@@ -235,6 +258,7 @@ __all__ = [
     "LAUNCHERS",
     "MAX_BYTES",
     "MAX_PARAMS",
+    "MAX_WORLD_SIZE",
     "MODEL_IMPLS",
     "OFFLOAD_TARGETS",
     "PRECISIONS",

@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from tuner.api.answer_cache import AnswerCache
+from tuner.api.budget import OverBudget
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
 from tuner.profile.service import ProfilePending
@@ -53,7 +54,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 async def _profile_pending(request: Request, error: Exception) -> Response:
-    """A new model's profile is still being computed off the request path: 503 with Retry-After, not a wait."""
+    """A new model's profile, or an answer past the request's budget, is still being computed off the request path:
+    503 with Retry-After, not a wait."""
     retry_after = getattr(error, "retry_after", 5)
     return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": str(retry_after)})
 
@@ -65,12 +67,15 @@ def create_app(
     max_body_bytes: int = 1_000_000,
     recommend_cache_s: float = 2.0,
     freeze_gc: bool = False,
+    request_budget_s: float = 10.0,
 ) -> FastAPI:
     """The API over the database at ``store_url`` (migrated on open). ``token`` guards the mutating endpoints; with
     none they answer 503 unless ``insecure_no_auth``. ``app.state.store`` is the :class:`Store`. A workload's
     recommendation is answered from memory for ``recommend_cache_s`` seconds, then refreshed in the background
     (:mod:`tuner.api.answer_cache`; 0: computed for every request). ``freeze_gc``: :func:`freeze_startup_objects` at
-    start-up (for a server process; ``dstune serve`` sets it)."""
+    start-up (for a server process; ``dstune serve`` sets it). ``request_budget_s``: the most seconds ``/v1/estimate``
+    and ``/v1/recommend`` wait for their computation before answering 503 with Retry-After (:mod:`tuner.api.budget`;
+    0: no budget)."""
     app = FastAPI(
         lifespan=_lifespan,
         title="dstune",
@@ -82,10 +87,12 @@ def create_app(
     app.state.token = token
     app.state.insecure_no_auth = insecure_no_auth
     app.state.freeze_gc = freeze_gc
+    app.state.request_budget_s = request_budget_s
     app.state.recommend_cache = AnswerCache(
         recommend_cache_s, max_stale_s=max(60.0, recommend_cache_s), cache_errors=(NoFeasibleConfig, FieldError)
     )
     app.add_exception_handler(ProfilePending, _profile_pending)
+    app.add_exception_handler(OverBudget, _profile_pending)
     for router in ROUTERS:
         app.include_router(router)
     try:  # the dashboard's pages, when that package is installed alongside
@@ -99,8 +106,8 @@ def create_app(
 
 def create_app_from_env() -> FastAPI:
     """:func:`create_app` configured by the environment ``dstune serve --workers N`` sets for each worker process:
-    ``DSTUNE_STORAGE``, ``DSTUNE_API_TOKEN``, ``DSTUNE_INSECURE_NO_AUTH`` (``1``), ``DSTUNE_MAX_BODY_BYTES`` and
-    ``DSTUNE_RECOMMEND_CACHE_S``."""
+    ``DSTUNE_STORAGE``, ``DSTUNE_API_TOKEN``, ``DSTUNE_INSECURE_NO_AUTH`` (``1``), ``DSTUNE_MAX_BODY_BYTES``,
+    ``DSTUNE_RECOMMEND_CACHE_S`` and ``DSTUNE_REQUEST_BUDGET_S``."""
     import os
 
     from tuner.storage import default_url
@@ -112,6 +119,7 @@ def create_app_from_env() -> FastAPI:
         max_body_bytes=int(os.environ.get("DSTUNE_MAX_BODY_BYTES", "1000000")),
         recommend_cache_s=float(os.environ.get("DSTUNE_RECOMMEND_CACHE_S", "2.0")),
         freeze_gc=True,
+        request_budget_s=float(os.environ.get("DSTUNE_REQUEST_BUDGET_S", "10")),
     )
 
 
