@@ -180,11 +180,9 @@ def _hf_model(
         config, name = preset_config(request.model), request.model
     else:
         config = request.config or {}
-        check_config_limits(config)  # before anything is counted, described or built
         name = config_name or str(config.get("_name_or_path", "custom"))[:64]
         if request.model_impl == "builtin":
             return model_from_hf_config(config, name=name), None
-        _check_counted_params(config)
     if inline:  # in this process, however long a new profile takes (the CLI, the worker)
         workload = with_profile(Workload(model_from_config(config, name), train=train))
         return workload.model, workload.profile
@@ -206,6 +204,32 @@ def _check_counted_params(config: dict[str, Any]) -> None:
         raise WorkloadError("model", f"implausible parameter count: about {counted:.3g}, at most {MAX_PARAMS:.0e}")
 
 
+def check_request(request: WorkloadRequest, loc: Loc = ()) -> None:
+    """The checks that bound a request's cost, before any work: one model source, ``gpus × nodes`` at most
+    :data:`MAX_WORLD_SIZE`, an inline config's dimensions within :data:`tuner.workload.CONFIG_LIMITS` and, for the
+    families dstune counts by arithmetic, a plausible parameter count. Pure and cheap (linear in the config's size,
+    no model built, no file read): the API runs it on its event loop before handing work to a thread, and
+    :func:`to_workload` runs it first. :class:`FieldError` naming the field.
+
+    Example:
+        >>> check_request(WorkloadRequest(model="gpt2", gpus=4096, nodes=4096), ("workload",))
+        Traceback (most recent call last):
+        tuner.schema.FieldError: workload.nodes: gpus × nodes must be at most 131072 ranks
+    """
+    given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
+    if len(given) != 1:
+        raise FieldError((*loc, "model"), "give exactly one of model (a preset name), config or params")
+    if request.gpus * request.nodes > MAX_WORLD_SIZE:
+        raise FieldError((*loc, "nodes"), f"gpus × nodes must be at most {MAX_WORLD_SIZE} ranks")
+    if request.config is None:
+        return
+    try:
+        check_config_limits(request.config)
+        _check_counted_params(request.config)
+    except WorkloadError as error:
+        raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
+
+
 def to_workload(
     request: WorkloadRequest, loc: Loc = (), *, config_name: str | None = None, inline: bool = True
 ) -> Workload:
@@ -215,11 +239,7 @@ def to_workload(
     by default its ``_name_or_path``, else ``custom``. ``inline=False`` (the API): a missing profile is computed by
     the bounded profiling service, which raises :class:`~tuner.profile.service.ProfilePending` past its wait.
     """
-    given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
-    if len(given) != 1:
-        raise FieldError((*loc, "model"), "give exactly one of model (a preset name), config or params")
-    if request.gpus * request.nodes > MAX_WORLD_SIZE:
-        raise FieldError((*loc, "nodes"), f"gpus × nodes must be at most {MAX_WORLD_SIZE} ranks")
+    check_request(request, loc)
     try:
         cluster = ClusterSpec(
             gpus_per_node=request.gpus,
@@ -273,6 +293,7 @@ __all__ = [
     "Precision",
     "Sampler",
     "WorkloadRequest",
+    "check_request",
     "to_workload",
     "validated",
 ]

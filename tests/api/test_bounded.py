@@ -17,6 +17,7 @@ from tuner import schema
 from tuner.api import create_app
 from tuner.api.routes import estimate as estimate_route
 from tuner.api.routes import recommend as recommend_route
+from tuner.profile.service import default_service
 from tuner.workload import preset_config
 
 LLAMA = preset_config("llama-2-7b")
@@ -80,6 +81,15 @@ def test_hostile_workloads_are_refused_before_work(
     assert response.json()["detail"][0]["loc"][:2] == ["body", "workload"]
     assert response.json()["detail"][0]["loc"][2:] == loc
     assert _rows(db) == before
+    assert not client.app.state.recommend_cache._entries  # type: ignore[attr-defined]  # refused before any thread
+
+
+def test_a_serving_app_caps_the_profile_wait_at_half_its_budget(db: Path) -> None:
+    service = default_service()
+    saved = service.wait_s
+    with TestClient(create_app(f"sqlite:///{db}", None, request_budget_s=4)):
+        assert service.wait_s == min(saved, 2)
+    assert service.wait_s == saved
 
 
 def test_recommend_past_its_budget_is_503_then_answered_from_the_cache(

@@ -30,7 +30,7 @@ from tuner.api.answer_cache import AnswerCache
 from tuner.api.budget import OverBudget
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
-from tuner.profile.service import ProfilePending
+from tuner.profile.service import ProfilePending, default_service
 from tuner.recommend import NoFeasibleConfig
 from tuner.schema import FieldError
 from tuner.storage import Store
@@ -46,11 +46,21 @@ def freeze_startup_objects() -> None:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Freeze the start-up objects when asked (``app.state.freeze_gc``); close the store at shutdown."""
+    """Freeze the start-up objects when asked (``app.state.freeze_gc``); while serving, cap how long a request's
+    worker thread waits for a new model's profile at half the request budget (then 503; the profile goes on in the
+    profiling service's process), so requests for new models cannot hold every worker thread; close the store at
+    shutdown."""
     if app.state.freeze_gc:
         freeze_startup_objects()
-    yield
-    app.state.store.close()
+    service, budget = default_service(), app.state.request_budget_s
+    saved_wait = service.wait_s
+    if budget > 0:
+        service.wait_s = min(saved_wait, budget / 2)
+    try:
+        yield
+    finally:
+        service.wait_s = saved_wait
+        app.state.store.close()
 
 
 async def _profile_pending(request: Request, error: Exception) -> Response:

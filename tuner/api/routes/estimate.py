@@ -15,7 +15,7 @@ from tuner.api.schemas import EstimateRequest, EstimateResponse
 from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.recommend import hardware_of
-from tuner.schema import FieldError, Loc, to_workload
+from tuner.schema import FieldError, Loc, check_request, to_workload
 from tuner.study.throughput_fit import load_fit, throughput_summary
 from tuner.workload import Workload
 
@@ -40,6 +40,10 @@ def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = (
 )
 async def estimate_endpoint(body: EstimateRequest, request: Request) -> EstimateResponse:
     """Estimate peak memory per GPU and per node's CPU, by category, for one workload and ds_config."""
+    try:
+        check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
+    except FieldError as error:
+        raise invalid(error) from None
     return await within(asyncio.to_thread(_answer, body, request), request.app.state.request_budget_s)
 
 

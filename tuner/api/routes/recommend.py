@@ -9,7 +9,7 @@ from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import RecommendRequest, RecommendResponse
 from tuner.recommend import NoFeasibleConfig, normalised, recommend
-from tuner.schema import FieldError, to_workload
+from tuner.schema import FieldError, check_request, to_workload
 
 router = APIRouter(tags=["recommend"])
 
@@ -31,6 +31,7 @@ async def recommend_endpoint(body: RecommendRequest, request: Request) -> Respon
         return RecommendResponse(**recommend(store, workload).__dict__).model_dump_json().encode()
 
     try:  # keyed by the request's workload as sent; a bad workload is an answer too (the same 422 each time)
+        check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
         content = await within(
             request.app.state.recommend_cache.get(body.workload.model_dump_json(), answer),
             request.app.state.request_budget_s,
