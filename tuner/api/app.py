@@ -19,9 +19,11 @@ open, like the GET endpoints. Bad input answers 422 with the field's path (FastA
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -34,6 +36,8 @@ from tuner.profile.service import ProfilePending, default_service
 from tuner.recommend import NoFeasibleConfig
 from tuner.schema import FieldError
 from tuner.storage import Store
+
+WORKER_THREADS = 64  # the blocking parts of /v1/estimate and /v1/recommend (asyncio.to_thread)
 
 
 def freeze_startup_objects() -> None:
@@ -52,6 +56,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     shutdown."""
     if app.state.freeze_gc:
         freeze_startup_objects()
+    # worker threads mostly wait (database, a profile): more of them than asyncio's default (CPUs + 4), so a burst of
+    # requests for new models waiting on their profiles does not queue every other computation behind them
+    threads = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="dstune-api")
+    asyncio.get_running_loop().set_default_executor(threads)
     service, budget = default_service(), app.state.request_budget_s
     saved_wait = service.wait_s
     if budget > 0:
@@ -60,6 +68,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         service.wait_s = saved_wait
+        threads.shutdown(wait=False, cancel_futures=True)
         app.state.store.close()
 
 
