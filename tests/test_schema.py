@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tuner import workload
+from tuner import schema, workload
 from tuner.estimator.settings import OFFLOAD_DEVICES
 from tuner.schema import (
     ATTENTION_KINDS,
+    MAX_WORLD_SIZE,
     OFFLOAD_TARGETS,
     PRECISIONS,
     SAMPLERS,
@@ -66,3 +67,39 @@ def test_workload_errors_carry_the_request_path() -> None:
     with pytest.raises(FieldError) as caught:
         to_workload(WorkloadRequest(model="tiny-gpt2", cpu_memory="0"))
     assert caught.value.loc == ("cpu_memory",)
+
+
+class _NoProfiles:
+    """A profiling service that must not be asked: the request is refused before any model is described."""
+
+    def profile(self, *args: object) -> None:
+        raise AssertionError("the profiling service was asked")
+
+
+@pytest.mark.parametrize("impl", ["transformers", "builtin"])
+@pytest.mark.parametrize(
+    ("change", "loc"),
+    [
+        ({"num_hidden_layers": 10**9}, ("workload", "config", "num_hidden_layers")),
+        ({"num_hidden_layers": 10**7}, ("workload", "config", "num_hidden_layers")),
+        ({"vocab_size": 2**40}, ("workload", "config", "vocab_size")),
+        ({"text_config": {"hidden_size": 2**30}}, ("workload", "config", "text_config", "hidden_size")),
+        # within every dimension's limit, but 1024 layers of 2^29-wide projections: counted, not built
+        ({"num_hidden_layers": 1024, "num_attention_heads": 4096, "head_dim": 2**17}, ("workload", "config")),
+    ],
+)
+def test_hostile_configs_are_refused_before_any_model_is_described(
+    monkeypatch: pytest.MonkeyPatch, impl: str, change: dict, loc: tuple
+) -> None:
+    monkeypatch.setattr(schema, "default_service", _NoProfiles)
+    request = WorkloadRequest(config={**preset_config("llama-2-7b"), **change}, model_impl=impl)
+    with pytest.raises(FieldError) as caught:
+        to_workload(request, ("workload",), inline=False)
+    assert caught.value.loc == loc
+
+
+def test_world_size_is_bounded() -> None:
+    assert to_workload(WorkloadRequest(params=1e9, gpus=4096, nodes=MAX_WORLD_SIZE // 4096)).cluster.world_size == 2**17
+    with pytest.raises(FieldError) as caught:
+        to_workload(WorkloadRequest(params=1e9, gpus=4096, nodes=4096), ("workload",))
+    assert caught.value.loc == ("workload", "nodes") and str(MAX_WORLD_SIZE) in caught.value.message

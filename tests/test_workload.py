@@ -1,6 +1,7 @@
 """Workload model: parameter counts equal transformers' to the parameter, bad input names its field."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -10,6 +11,7 @@ from tuner.workload import (
     TrainSpec,
     Workload,
     WorkloadError,
+    check_config_limits,
     load_model,
     model_from_hf_config,
     model_from_param_count,
@@ -160,3 +162,52 @@ def test_fingerprint_is_stable_and_ignores_name() -> None:
     c = Workload(model_from_hf_config(preset_config("tiny-gpt2"), "a"), train=TrainSpec(seq_len=128))
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
     assert len(a.fingerprint()) == 16
+
+
+def test_counts_are_per_layer_kind_without_a_per_layer_list() -> None:
+    """A billion layers are counted by arithmetic (no per-layer list, which would take gigabytes): the shapes are
+    one block's times the layer count, and equal the materialised list's for a real size."""
+    llama = model_from_hf_config(preset_config("llama-2-7b"))
+    counted: dict[int, int] = {}
+    for numel in llama.param_numels:
+        counted[numel] = counted.get(numel, 0) + 1
+    assert dict(llama.param_shapes) == counted and sum(llama.param_numels) == llama.n_params
+    huge = replace(llama, num_layers=10**9)
+    per_layer = (llama.n_params - 2 * 32000 * 4096 - 4096) // 32
+    assert huge.n_params == 10**9 * per_layer + 2 * 32000 * 4096 + 4096
+    assert huge.largest_param == llama.largest_param
+    assert dict(huge.param_shapes)[4096 * 4096] == 4 * 10**9
+    assert "param_numels" not in huge.__dict__  # the cached per-tensor list was never built
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"num_hidden_layers": 10**9}, "model.num_hidden_layers"),
+        ({"num_hidden_layers": 1e7}, "model.num_hidden_layers"),
+        ({"hidden_size": 2**17 + 1}, "model.hidden_size"),
+        ({"intermediate_size": 2**30}, "model.intermediate_size"),
+        ({"num_attention_heads": 10**6}, "model.num_attention_heads"),
+        ({"vocab_size": 2**40}, "model.vocab_size"),
+        ({"max_position_embeddings": 2**40}, "model.max_position_embeddings"),
+        ({"num_local_experts": 10**6}, "model.num_local_experts"),
+        ({"text_config": {"num_hidden_layers": 10**9}}, "model.text_config.num_hidden_layers"),
+    ],
+)
+def test_config_limits_name_the_field_before_any_work(change: dict, field: str) -> None:
+    with pytest.raises(WorkloadError) as caught:
+        check_config_limits({**preset_config("llama-2-7b"), **change})
+    assert caught.value.field == field and "must be at most" in caught.value.message
+    with pytest.raises(WorkloadError) as built:  # the built-in model checks them before counting
+        model_from_hf_config({**preset_config("llama-2-7b"), **change})
+    assert built.value.field == field
+
+
+def test_config_limits_pass_every_preset_and_refuse_deep_nesting() -> None:
+    for name in preset_names():
+        check_config_limits(preset_config(name))
+    deep: dict = {}
+    for _ in range(10):
+        deep = {"sub": deep}
+    with pytest.raises(WorkloadError, match="nested deeper"):
+        check_config_limits(deep)

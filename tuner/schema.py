@@ -42,11 +42,13 @@ from tuner.profile.profiles import spec_from_profile
 from tuner.profile.service import default_service
 from tuner.units import parse_bytes
 from tuner.workload import (
+    SUPPORTED_FAMILIES,
     ClusterSpec,
     ModelSpec,
     TrainSpec,
     Workload,
     WorkloadError,
+    check_config_limits,
     model_from_hf_config,
     model_from_param_count,
     preset_config,
@@ -70,6 +72,9 @@ MODEL_IMPLS: tuple[str, ...] = get_args(ModelImpl)
 
 MAX_BYTES = 2**60  # memory sizes beyond an exbibyte are typos (and overflow BIGINT columns)
 MAX_PARAMS = 10**15
+# Data-parallel ranks (gpus × nodes): several times the largest training jobs run (~100,000 GPUs). The estimator's
+# ZeRO-1/2 partitioning visits every rank (about 0.1 s at this bound), so the bound is its cost's bound too.
+MAX_WORLD_SIZE = 2**17
 Loc = tuple[str | int, ...]
 MemorySize = Annotated[int, Field(ge=1, le=MAX_BYTES)] | Annotated[str, Field(min_length=1, max_length=32)]
 Request = TypeVar("Request", bound=BaseModel)
@@ -149,7 +154,7 @@ def _workload_loc(request: WorkloadRequest, field_name: str, loc: Loc) -> Loc:
     head, _, rest = field_name.partition(".")
     if head == "model":
         if request.config is not None:
-            return (*loc, "config", *([rest] if rest else []))
+            return (*loc, "config", *(rest.split(".") if rest else []))
         return (*loc, "params" if request.params is not None else "model")
     renamed = {"gpus-per-node": "gpus"}.get(field_name, field_name.replace("-", "_"))
     return (*loc, renamed)
@@ -185,6 +190,46 @@ def _hf_model(
     return spec_from_profile(config, profile, name), profile
 
 
+def _check_counted_params(config: dict[str, Any]) -> None:
+    """For the families dstune's built-in models count (arithmetic, no torch), refuse an implausible parameter count
+    before the transformers model is described in the profiling service. Other families rely on the dimension
+    limits alone; configs the built-in count rejects are left to transformers' own judgement."""
+    if config.get("model_type") not in SUPPORTED_FAMILIES:
+        return
+    try:
+        counted = model_from_hf_config(config).n_params
+    except (WorkloadError, TypeError, ValueError, ArithmeticError):
+        return
+    if counted > MAX_PARAMS:
+        raise WorkloadError("model", f"implausible parameter count: about {counted:.3g}, at most {MAX_PARAMS:.0e}")
+
+
+def check_request(request: WorkloadRequest, loc: Loc = ()) -> None:
+    """The checks that bound a request's cost, before any work: one model source, ``gpus × nodes`` at most
+    :data:`MAX_WORLD_SIZE`, an inline config's dimensions within :data:`tuner.workload.CONFIG_LIMITS` and, for the
+    families dstune counts by arithmetic, a plausible parameter count. Pure and cheap (linear in the config's size,
+    no model built, no file read): the API runs it on its event loop before handing work to a thread, and
+    :func:`to_workload` runs it first. :class:`FieldError` naming the field.
+
+    Example:
+        >>> check_request(WorkloadRequest(model="gpt2", gpus=4096, nodes=4096), ("workload",))
+        Traceback (most recent call last):
+        tuner.schema.FieldError: workload.nodes: gpus × nodes must be at most 131072 ranks
+    """
+    given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
+    if len(given) != 1:
+        raise FieldError((*loc, "model"), "give exactly one of model (a preset name), config or params")
+    if request.gpus * request.nodes > MAX_WORLD_SIZE:
+        raise FieldError((*loc, "nodes"), f"gpus × nodes must be at most {MAX_WORLD_SIZE} ranks")
+    if request.config is None:
+        return
+    try:
+        check_config_limits(request.config)
+        _check_counted_params(request.config)
+    except WorkloadError as error:
+        raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
+
+
 def to_workload(
     request: WorkloadRequest, loc: Loc = (), *, config_name: str | None = None, inline: bool = True
 ) -> Workload:
@@ -194,9 +239,7 @@ def to_workload(
     by default its ``_name_or_path``, else ``custom``. ``inline=False`` (the API): a missing profile is computed by
     the bounded profiling service, which raises :class:`~tuner.profile.service.ProfilePending` past its wait.
     """
-    given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
-    if len(given) != 1:
-        raise FieldError((*loc, "model"), "give exactly one of model (a preset name), config or params")
+    check_request(request, loc)
     try:
         cluster = ClusterSpec(
             gpus_per_node=request.gpus,
@@ -235,6 +278,7 @@ __all__ = [
     "LAUNCHERS",
     "MAX_BYTES",
     "MAX_PARAMS",
+    "MAX_WORLD_SIZE",
     "MODEL_IMPLS",
     "OFFLOAD_TARGETS",
     "PRECISIONS",
@@ -249,6 +293,7 @@ __all__ = [
     "Precision",
     "Sampler",
     "WorkloadRequest",
+    "check_request",
     "to_workload",
     "validated",
 ]

@@ -82,16 +82,8 @@ class ModelSpec:
         """True when only the parameter count is known (no shapes, no activations)."""
         return self.bare_params is not None
 
-    @cached_property
-    def param_numels(self) -> tuple[int, ...]:
-        """Element count of every parameter tensor, in the built-in model's order (tied embeddings once).
-
-        A bare parameter count is one tensor of that size (shapes unknown).
-        """
-        if self.bare_params is not None:
-            return (self.bare_params,)
-        if self.numels:
-            return self.numels
+    def _layer_numels(self) -> tuple[list[int], list[int], list[int]]:
+        """One block's parameter sizes, and those before and after the blocks, in the built-in model's order."""
         h = self.hidden_size
         q_out, kv_out, ffn = (
             self.num_heads * self.head_dim,
@@ -110,18 +102,40 @@ class ModelSpec:
         for _ in range(2 if self.gated_mlp else 1):  # up (and gate) projections
             layer += [h * ffn] + ([ffn] if self.mlp_bias else [])
         layer += [ffn * h] + ([h] if self.mlp_bias else [])
-        numels = [self.vocab_size * h] + ([self.max_positions * h] if self.learned_positions else [])
-        numels += layer * self.num_layers + norm
-        if not self.tie_embeddings:
-            numels.append(self.vocab_size * h)
-        return tuple(numels)
+        head = [self.vocab_size * h] + ([self.max_positions * h] if self.learned_positions else [])
+        tail = norm + ([] if self.tie_embeddings else [self.vocab_size * h])
+        return head, layer, tail
+
+    @cached_property
+    def param_numels(self) -> tuple[int, ...]:
+        """Element count of every parameter tensor, in the built-in model's order (tied embeddings once).
+
+        A bare parameter count is one tensor of that size (shapes unknown). Materialised per layer, so only the
+        estimator's ZeRO partitions ask for it (model order decides which parameters straddle a partition); the
+        counts below (:attr:`param_shapes`, :attr:`n_params`, :attr:`largest_param`) are arithmetic per layer kind.
+        """
+        if self.bare_params is not None:
+            return (self.bare_params,)
+        if self.numels:
+            return self.numels
+        head, layer, tail = self._layer_numels()
+        return tuple(head + layer * self.num_layers + tail)
 
     @cached_property
     def param_shapes(self) -> tuple[tuple[int, int], ...]:
-        """Parameter tensors grouped as ``(numel, how many tensors of that size)``."""
+        """Parameter tensors grouped as ``(numel, how many tensors of that size)``, in order of first appearance.
+
+        Counted per layer kind (one block's sizes times ``num_layers``): no per-layer list is built.
+        """
         counts: dict[int, int] = {}
-        for numel in self.param_numels:
-            counts[numel] = counts.get(numel, 0) + 1
+        if self.bare_params is not None or self.numels:
+            for numel in self.param_numels:
+                counts[numel] = counts.get(numel, 0) + 1
+            return tuple(counts.items())
+        head, layer, tail = self._layer_numels()
+        for numels, times in ((head, 1), (layer, self.num_layers), (tail, 1)):
+            for numel in numels:
+                counts[numel] = counts.get(numel, 0) + times
         return tuple(counts.items())
 
     @cached_property
@@ -223,6 +237,52 @@ class Workload:
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# Upper bounds on an inline config's dimensions, checked before anything is built or counted (a clear error naming
+# the field instead of minutes of work or a MemoryError). Each is several times the largest published model's: about
+# 160 layers, hidden 25,600, MLP width 53,248, 256k vocabulary, 384 routed experts, 10M positions.
+MAX_LAYERS = 1024
+CONFIG_LIMITS: dict[str, int] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), MAX_LAYERS),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "head_dim", "kv_lora_rank", "q_lora_rank"), 2**17),
+    **dict.fromkeys(
+        ("intermediate_size", "n_inner", "ffn_dim", "moe_intermediate_size", "shared_expert_intermediate_size"),
+        2**19,
+    ),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_key_value_heads", "num_kv_heads"), 2**12),
+    "vocab_size": 2**22,
+    **dict.fromkeys(
+        ("num_local_experts", "n_routed_experts", "num_experts", "n_shared_experts", "num_experts_per_tok"), 2**10
+    ),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx"), 2**24),
+}
+MAX_CONFIG_DEPTH = 4  # nested configs (text_config...) deeper than this are refused
+
+
+def check_config_limits(config: Any, path: str = "model", depth: int = 0) -> None:
+    """Refuse an inline config whose dimensions (:data:`CONFIG_LIMITS`), in it or in a nested config object, are
+    out of bounds: a :class:`WorkloadError` naming the field (``model.num_hidden_layers: must be at most 1024``).
+    Pure and linear in the config's size: run before any model is described or built.
+
+    Example:
+        >>> check_config_limits({"model_type": "llama", "num_hidden_layers": 10**9})
+        Traceback (most recent call last):
+        tuner.workload.WorkloadError: model.num_hidden_layers: must be at most 1024, got 1000000000
+    """
+    if not isinstance(config, dict):
+        return
+    if depth > MAX_CONFIG_DEPTH:
+        raise WorkloadError(path, f"config objects nested deeper than {MAX_CONFIG_DEPTH} levels")
+    for key, value in config.items():
+        if isinstance(value, dict):
+            check_config_limits(value, f"{path}.{key}", depth + 1)
+            continue
+        limit = CONFIG_LIMITS.get(key)
+        if limit is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not value <= limit:  # NaN fails too
+            raise WorkloadError(f"{path}.{key}", f"must be at most {limit}, got {value!r}")
+
+
 def _get(config: dict[str, Any], *names: str, default: Any = None) -> Any:
     for name in names:
         if config.get(name) is not None:
@@ -252,6 +312,7 @@ def model_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelS
     """
     if not isinstance(config, dict):
         raise WorkloadError("model", "config.json must hold a JSON object")
+    check_config_limits(config)
     family = config.get("model_type")
     if family not in SUPPORTED_FAMILIES:
         raise WorkloadError("model.model_type", f"unsupported {family!r}; supported: {', '.join(SUPPORTED_FAMILIES)}")

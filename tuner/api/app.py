@@ -19,20 +19,25 @@ open, like the GET endpoints. Bad input answers 422 with the field's path (FastA
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from tuner.api.answer_cache import AnswerCache
+from tuner.api.budget import OverBudget
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
-from tuner.profile.service import ProfilePending
+from tuner.profile.service import ProfilePending, default_service
 from tuner.recommend import NoFeasibleConfig
 from tuner.schema import FieldError
 from tuner.storage import Store
+
+WORKER_THREADS = 64  # the blocking parts of /v1/estimate and /v1/recommend (asyncio.to_thread)
 
 
 def freeze_startup_objects() -> None:
@@ -45,15 +50,31 @@ def freeze_startup_objects() -> None:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Freeze the start-up objects when asked (``app.state.freeze_gc``); close the store at shutdown."""
+    """Freeze the start-up objects when asked (``app.state.freeze_gc``); while serving, cap how long a request's
+    worker thread waits for a new model's profile at half the request budget (then 503; the profile goes on in the
+    profiling service's process), so requests for new models cannot hold every worker thread; close the store at
+    shutdown."""
     if app.state.freeze_gc:
         freeze_startup_objects()
-    yield
-    app.state.store.close()
+    # worker threads mostly wait (database, a profile): more of them than asyncio's default (CPUs + 4), so a burst of
+    # requests for new models waiting on their profiles does not queue every other computation behind them
+    threads = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="dstune-api")
+    asyncio.get_running_loop().set_default_executor(threads)
+    service, budget = default_service(), app.state.request_budget_s
+    saved_wait = service.wait_s
+    if budget > 0:
+        service.wait_s = min(saved_wait, budget / 2)
+    try:
+        yield
+    finally:
+        service.wait_s = saved_wait
+        threads.shutdown(wait=False, cancel_futures=True)
+        app.state.store.close()
 
 
 async def _profile_pending(request: Request, error: Exception) -> Response:
-    """A new model's profile is still being computed off the request path: 503 with Retry-After, not a wait."""
+    """A new model's profile, or an answer past the request's budget, is still being computed off the request path:
+    503 with Retry-After, not a wait."""
     retry_after = getattr(error, "retry_after", 5)
     return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": str(retry_after)})
 
@@ -65,12 +86,15 @@ def create_app(
     max_body_bytes: int = 1_000_000,
     recommend_cache_s: float = 2.0,
     freeze_gc: bool = False,
+    request_budget_s: float = 10.0,
 ) -> FastAPI:
     """The API over the database at ``store_url`` (migrated on open). ``token`` guards the mutating endpoints; with
     none they answer 503 unless ``insecure_no_auth``. ``app.state.store`` is the :class:`Store`. A workload's
     recommendation is answered from memory for ``recommend_cache_s`` seconds, then refreshed in the background
     (:mod:`tuner.api.answer_cache`; 0: computed for every request). ``freeze_gc``: :func:`freeze_startup_objects` at
-    start-up (for a server process; ``dstune serve`` sets it)."""
+    start-up (for a server process; ``dstune serve`` sets it). ``request_budget_s``: the most seconds ``/v1/estimate``
+    and ``/v1/recommend`` wait for their computation before answering 503 with Retry-After (:mod:`tuner.api.budget`;
+    0: no budget)."""
     app = FastAPI(
         lifespan=_lifespan,
         title="dstune",
@@ -82,10 +106,12 @@ def create_app(
     app.state.token = token
     app.state.insecure_no_auth = insecure_no_auth
     app.state.freeze_gc = freeze_gc
+    app.state.request_budget_s = request_budget_s
     app.state.recommend_cache = AnswerCache(
         recommend_cache_s, max_stale_s=max(60.0, recommend_cache_s), cache_errors=(NoFeasibleConfig, FieldError)
     )
     app.add_exception_handler(ProfilePending, _profile_pending)
+    app.add_exception_handler(OverBudget, _profile_pending)
     for router in ROUTERS:
         app.include_router(router)
     try:  # the dashboard's pages, when that package is installed alongside
@@ -99,8 +125,8 @@ def create_app(
 
 def create_app_from_env() -> FastAPI:
     """:func:`create_app` configured by the environment ``dstune serve --workers N`` sets for each worker process:
-    ``DSTUNE_STORAGE``, ``DSTUNE_API_TOKEN``, ``DSTUNE_INSECURE_NO_AUTH`` (``1``), ``DSTUNE_MAX_BODY_BYTES`` and
-    ``DSTUNE_RECOMMEND_CACHE_S``."""
+    ``DSTUNE_STORAGE``, ``DSTUNE_API_TOKEN``, ``DSTUNE_INSECURE_NO_AUTH`` (``1``), ``DSTUNE_MAX_BODY_BYTES``,
+    ``DSTUNE_RECOMMEND_CACHE_S`` and ``DSTUNE_REQUEST_BUDGET_S``."""
     import os
 
     from tuner.storage import default_url
@@ -112,6 +138,7 @@ def create_app_from_env() -> FastAPI:
         max_body_bytes=int(os.environ.get("DSTUNE_MAX_BODY_BYTES", "1000000")),
         recommend_cache_s=float(os.environ.get("DSTUNE_RECOMMEND_CACHE_S", "2.0")),
         freeze_gc=True,
+        request_budget_s=float(os.environ.get("DSTUNE_REQUEST_BUDGET_S", "10")),
     )
 
 

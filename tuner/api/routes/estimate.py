@@ -1,17 +1,21 @@
-"""``POST /v1/estimate``: a workload and a ds_config (or the CLI's shortcut fields) → the estimate by category."""
+"""``POST /v1/estimate``: a workload and a ds_config (or the CLI's shortcut fields) → the estimate by category.
+
+The estimate runs in a worker thread within the request's time budget (:mod:`tuner.api.budget`: 503 past it)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from tuner.api.deps import StoreDep, invalid
+from tuner.api.budget import within
+from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import EstimateRequest, EstimateResponse
 from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.recommend import hardware_of
-from tuner.schema import FieldError, Loc, to_workload
+from tuner.schema import FieldError, Loc, check_request, to_workload
 from tuner.study.throughput_fit import load_fit, throughput_summary
 from tuner.workload import Workload
 
@@ -29,9 +33,23 @@ def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = (
         raise FieldError(loc, f"cannot estimate this config: {error}") from None
 
 
-@router.post("/v1/estimate", response_model=EstimateResponse)
-def estimate_endpoint(body: EstimateRequest, store: StoreDep) -> EstimateResponse:
+@router.post(
+    "/v1/estimate",
+    response_model=EstimateResponse,
+    responses={503: {"description": "Still being computed (a new model's profile, or past the time budget)."}},
+)
+async def estimate_endpoint(body: EstimateRequest, request: Request) -> EstimateResponse:
     """Estimate peak memory per GPU and per node's CPU, by category, for one workload and ds_config."""
+    try:
+        check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
+    except FieldError as error:
+        raise invalid(error) from None
+    return await within(asyncio.to_thread(_answer, body, request), request.app.state.request_budget_s)
+
+
+def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
+    """The estimate (blocking: profile service, estimator, database)."""
+    store = store_of(request)
     try:
         workload = to_workload(body.workload, ("workload",), inline=False)
         train = workload.train

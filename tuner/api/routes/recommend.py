@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
+from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import RecommendRequest, RecommendResponse
 from tuner.recommend import NoFeasibleConfig, normalised, recommend
-from tuner.schema import FieldError, to_workload
+from tuner.schema import FieldError, check_request, to_workload
 
 router = APIRouter(tags=["recommend"])
 
@@ -16,7 +17,10 @@ router = APIRouter(tags=["recommend"])
 @router.post(
     "/v1/recommend",
     response_model=RecommendResponse,
-    responses={422: {"description": "Bad workload, or no config of the default space fits it."}},
+    responses={
+        422: {"description": "Bad workload, or no config of the default space fits it."},
+        503: {"description": "Still being computed (a new model's profile, or past the request's time budget)."},
+    },
 )
 async def recommend_endpoint(body: RecommendRequest, request: Request) -> Response:
     """The best config for a workload: measured, else the nearest measured one re-checked, else estimated."""
@@ -27,7 +31,11 @@ async def recommend_endpoint(body: RecommendRequest, request: Request) -> Respon
         return RecommendResponse(**recommend(store, workload).__dict__).model_dump_json().encode()
 
     try:  # keyed by the request's workload as sent; a bad workload is an answer too (the same 422 each time)
-        content = await request.app.state.recommend_cache.get(body.workload.model_dump_json(), answer)
+        check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
+        content = await within(
+            request.app.state.recommend_cache.get(body.workload.model_dump_json(), answer),
+            request.app.state.request_budget_s,
+        )
     except FieldError as error:
         raise invalid(error) from None
     except NoFeasibleConfig as error:

@@ -1,0 +1,131 @@
+"""Bounded cost per request (issue 13.4): hostile but plausible-looking workloads are refused by validation before
+any work (422 naming the field, nothing written), and an answer past the request's time budget is 503 + Retry-After
+while it is still computed and cached for the retry."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tuner import schema
+from tuner.api import create_app
+from tuner.api.routes import estimate as estimate_route
+from tuner.api.routes import recommend as recommend_route
+from tuner.profile.service import default_service
+from tuner.workload import preset_config
+
+LLAMA = preset_config("llama-2-7b")
+HOSTILE: list[tuple[str, dict[str, Any], list[str | int]]] = [
+    ("/v1/estimate", {"config": {**LLAMA, "num_hidden_layers": 10**9}}, ["config", "num_hidden_layers"]),
+    (
+        "/v1/estimate",
+        {"config": {**LLAMA, "num_hidden_layers": 10**9}, "model_impl": "builtin"},
+        ["config", "num_hidden_layers"],
+    ),
+    (
+        "/v1/estimate",
+        {"config": {**LLAMA, "num_hidden_layers": 10**7}, "model_impl": "builtin"},
+        ["config", "num_hidden_layers"],
+    ),
+    ("/v1/estimate", {"config": {**LLAMA, "vocab_size": 2**40}}, ["config", "vocab_size"]),
+    ("/v1/estimate", {"config": {**LLAMA, "num_local_experts": 10**6}}, ["config", "num_local_experts"]),
+    (
+        "/v1/estimate",
+        {"config": {**LLAMA, "num_hidden_layers": 1024, "num_attention_heads": 4096, "head_dim": 2**17}},
+        ["config"],
+    ),
+    ("/v1/recommend", {"model": "llama-2-7b", "seq_len": 2**20, "gpus": 4096, "nodes": 4096}, ["nodes"]),
+    ("/v1/recommend", {"config": {**LLAMA, "num_hidden_layers": 10**9}}, ["config", "num_hidden_layers"]),
+    ("/v1/recommend", {"model": "llama-2-7b", "seq_len": 2**21}, ["seq_len"]),
+]
+
+
+class _NoProfiles:
+    def profile(self, *args: object) -> None:
+        raise AssertionError("the profiling service was asked")
+
+
+def _rows(db: Path) -> dict[str, int]:
+    with sqlite3.connect(db) as connection:
+        tables = [name for (name,) in connection.execute("select name from sqlite_master where type='table'")]
+        return {table: connection.execute(f'select count(*) from "{table}"').fetchone()[0] for table in tables}
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "dstune.db"
+
+
+@pytest.fixture
+def client(db: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(f"sqlite:///{db}", None, recommend_cache_s=2.0)) as test_client:
+        yield test_client
+
+
+@pytest.mark.parametrize(("path", "workload", "loc"), HOSTILE)
+def test_hostile_workloads_are_refused_before_work(
+    monkeypatch: pytest.MonkeyPatch, client: TestClient, db: Path, path: str, workload: dict, loc: list
+) -> None:
+    monkeypatch.setattr(schema, "default_service", _NoProfiles)  # no model is described, in any process
+    before = _rows(db)
+    started = time.perf_counter()
+    response = client.post(path, json={"workload": workload})
+    assert time.perf_counter() - started < 10  # generous: the work done is bounded by _NoProfiles and the limits
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][:2] == ["body", "workload"]
+    assert response.json()["detail"][0]["loc"][2:] == loc
+    assert _rows(db) == before
+    assert not client.app.state.recommend_cache._entries  # type: ignore[attr-defined]  # refused before any thread
+
+
+def test_a_serving_app_caps_the_profile_wait_at_half_its_budget(db: Path) -> None:
+    service = default_service()
+    saved = service.wait_s
+    with TestClient(create_app(f"sqlite:///{db}", None, request_budget_s=4)):
+        assert service.wait_s == min(saved, 2)
+    assert service.wait_s == saved
+
+
+def test_recommend_past_its_budget_is_503_then_answered_from_the_cache(
+    monkeypatch: pytest.MonkeyPatch, db: Path
+) -> None:
+    real = recommend_route.recommend
+
+    def slow(*args: Any) -> Any:
+        time.sleep(1.0)
+        return real(*args)
+
+    monkeypatch.setattr(recommend_route, "recommend", slow)
+    app = create_app(f"sqlite:///{db}", None, recommend_cache_s=60, request_budget_s=0.2)
+    body = {"workload": {"model": "gpt2", "seq_len": 512, "model_impl": "builtin"}}
+    with TestClient(app) as client:
+        late = client.post("/v1/recommend", json=body)
+        assert late.status_code == 503 and late.headers["Retry-After"] == "5"
+        assert "budget" in late.json()["detail"]
+        time.sleep(1.5)  # the computation went on in its thread and landed in the cache
+        started = time.perf_counter()
+        answer = client.post("/v1/recommend", json=body)
+        assert answer.status_code == 200 and answer.json()["source"] == "estimate"
+        assert time.perf_counter() - started < 0.9  # from the cache, not a second slow computation
+
+
+def test_estimate_past_its_budget_is_503(monkeypatch: pytest.MonkeyPatch, db: Path) -> None:
+    real = estimate_route.checked_estimate
+
+    def slow(*args: Any) -> Any:
+        time.sleep(0.6)
+        return real(*args)
+
+    monkeypatch.setattr(estimate_route, "checked_estimate", slow)
+    body = {"workload": {"model": "gpt2", "model_impl": "builtin"}}
+    with TestClient(create_app(f"sqlite:///{db}", None, request_budget_s=0.1)) as client:
+        late = client.post("/v1/estimate", json=body)
+        assert late.status_code == 503 and int(late.headers["Retry-After"]) > 0
+    with TestClient(create_app(f"sqlite:///{db}", None, request_budget_s=0)) as client:  # 0: no budget
+        assert client.post("/v1/estimate", json=body).status_code == 200
