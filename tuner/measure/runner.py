@@ -48,6 +48,7 @@ class RunSpec:
     settle_steps: int = 2  # the last this many warm-up steps must agree ...
     settle_tolerance: float = 0.1  # ... within this fraction of their median
     wall_clock_breakdown: bool = True
+    lean: bool = True  # skip start-up and shut-down work that measures nothing (:mod:`tuner.measure.lean`)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def write(self, run_dir: Path) -> None:
@@ -180,6 +181,11 @@ class TrainingProcess:
         spec, timings = self.spec, self.result.timings
         workload = workload_from_dict(spec.workload)
         clear_stale_build_locks()
+        if spec.lean:
+            from tuner.measure.lean import cache_cpu_info, freeze_imports
+
+            cache_cpu_info()
+            freeze_imports()
         timings["imports_s"] = time.perf_counter() - started
         cuda = spec.device == "cuda"
         if cuda:
@@ -382,10 +388,15 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         return 128 + signal.SIGTERM
     write_json_atomically(result_path(run_dir, rank), asdict(result))
+    code = 0
     if result.status != "ok":
         print(result.error, file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    if process.spec.lean:  # the result is written: skip the interpreter's teardown of torch and DeepSpeed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
