@@ -39,7 +39,7 @@ from tuner.measure.measurement import (
     StepHook,
     aggregate,
 )
-from tuner.measure.runner import SPAWNED_AT, RunSpec, read_progress, result_path
+from tuner.measure.runner import SPAWNED_AT, RunSpec, read_progress, result_path, timings_path
 from tuner.workload import workload_from_dict
 
 PEER_GRACE_S = 10.0
@@ -251,9 +251,16 @@ def _rank_outcome(run_dir: Path, rank: RankProcess) -> RankResult:
         return RankResult(rank.rank, "timeout", error=f"killed at the timeout\n{_tail(rank.log)}")
     if rank.killed_for == "peer":
         return RankResult(rank.rank, "error", exception_type=PEER_KILLED, error="killed after another rank failed")
-    if rank.killed_for == "stopped_early":
+    if rank.killed_for == "stopped_early":  # its phases up to the timed steps, and the steps it finished
         times = read_progress(run_dir, rank.rank)
-        return RankResult(rank.rank, "ok", exception_type=STOPPED_EARLY, error="stopped early", step_times=times)
+        try:
+            timings = json.loads(timings_path(run_dir, rank.rank).read_text())
+        except (FileNotFoundError, ValueError):
+            timings = {}
+        timings["timed_s"] = sum(times)
+        stopped = RankResult(rank.rank, "ok", exception_type=STOPPED_EARLY, error="stopped early", step_times=times)
+        stopped.timings = timings
+        return stopped
     if rank.killed_for == "cancelled":
         return RankResult(rank.rank, "error", exception_type=CANCELLED, error="killed: the study was stopped")
     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"

@@ -75,6 +75,11 @@ def progress_path(run_dir: Path, rank: int) -> Path:
     return run_dir / f"progress-{rank}"
 
 
+def timings_path(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` leaves its phase timings before its timed steps (a run stopped early reports them)."""
+    return run_dir / f"timings-{rank}.json"
+
+
 def read_progress(run_dir: Path, rank: int) -> list[float]:
     """The timed step times rank ``rank`` finished so far (complete lines only: a step being written is skipped)."""
     try:
@@ -229,6 +234,7 @@ class TrainingProcess:
         begin = time.perf_counter()
         self._warm_up(engine, batches, cuda)
         timings["warmup_s"] = time.perf_counter() - begin
+        write_json_atomically(timings_path(self.run_dir, self.rank), dict(timings))
         begin = time.perf_counter()
         progress = progress_path(self.run_dir, self.rank)
         for _ in range(spec.steps):
