@@ -35,7 +35,7 @@ class Inner:
         self.submitted: list[dict[str, Any]] = []
         self.cancelled = False
 
-    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
+    def submit(self, workload: Workload, ds_config: dict[str, Any], on_step: Any = None) -> Future[Measurement]:
         self.submitted.append(ds_config)
         future: Future[Measurement] = Future()
         future.set_result(Measurement(status="ok"))

@@ -89,6 +89,11 @@ def seed(store: Store) -> None:
             "error": "CUDA out of memory" if status == "oom" else None,
             "ranks": rank_report(peak) if number == 0 else [],
         }
+        if number == 0:
+            measurement["cost"] = {"imports_s": 3.0, "initialize_s": 6.0, "timed_s": 1.5, "wall_s": 12.0}
+            measurement["cost"].update(overhead_s=10.5, other_s=1.5)
+            measurement["breakdown"] = {"forward_s": 0.125, "backward_s": 0.25, "step_s": 0.0625}
+            measurement["stopped_early"] = True
         store.finish_trial(trial_id, status, measurement)
     store.add_infeasible(study.id, 7, {"stage": 3, "micro_batch": 64}, "global batch 16 is not divisible by 128")
     store.set_study_status(study.id, "finished")
@@ -206,7 +211,15 @@ def test_trial_page_shows_the_rank_report(client: TestClient) -> None:
     assert table.count("<tr data-rank=") == 2
     assert 'title="' + "a1" * 28 + '">' + "a1" * 6 + "</td>" in table and "gpu-1" in table
     assert "3.00 GiB" in table and "4.00 GiB" in table and "0.25, 1.5" in table
+    cost = response.text[response.text.index('id="cost"') :]
+    assert "overhead beyond the timed steps\n      10.50 s" in response.text
+    assert '<td>deepspeed.initialize</td><td class="num">6.00</td>' in cost and "50%" in cost
+    assert cost.index("Imports") < cost.index("deepspeed.initialize") < cost.index("Timed steps")
+    split = response.text[response.text.index('id="breakdown"') :]
+    assert "0.125" in split and "0.250" in split and "0.062" in split
+    assert 'id="stopped-early"' in response.text
     unmeasured = client.get(f"/studies/{STUDY}/trials/2").text  # pruned: no ranks
+    assert "No cost report" in unmeasured and 'id="stopped-early"' not in unmeasured
     assert "No rank report" in unmeasured and "GPU memory short by 1234567 bytes" in unmeasured
     assert client.get(f"/studies/{STUDY}/trials/99").status_code == 404
 

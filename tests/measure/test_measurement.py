@@ -38,3 +38,25 @@ def test_root_cause_wins_over_peers_killed_after_it() -> None:
 def test_mfu_for_known_gpus() -> None:
     assert peak_tflops("NVIDIA H200") == 989.0
     assert peak_tflops("cpu") is None
+
+
+def test_progress_lines_are_read_complete_only(tmp_path) -> None:
+    from tuner.measure.runner import progress_path, read_progress
+
+    assert read_progress(tmp_path, 0) == []
+    progress_path(tmp_path, 0).write_text("0.5\n0.25\n0.1")  # the third step's line is still being written
+    assert read_progress(tmp_path, 0) == [0.5, 0.25]
+
+
+def test_a_stopped_rank_counts_as_ok_and_the_split_takes_the_slowest_rank() -> None:
+    from tuner.measure.measurement import STOPPED_EARLY
+
+    ranks = [
+        RankResult(0, "ok", exception_type=STOPPED_EARLY, step_times=[1.0, 2.0], breakdown={"forward_s": 0.5}),
+        RankResult(1, "ok", exception_type=STOPPED_EARLY, step_times=[1.5], breakdown={"forward_s": 0.25}),
+    ]
+    measurement = aggregate(ranks, load_model("tiny-gpt2"), 64, 8, 2)
+    assert measurement.status == "ok" and measurement.step_time_s["p50"] == 1.5  # one step both ranks finished
+    assert measurement.breakdown == {"forward_s": 0.5}
+    measurement.set_wall(10.0)
+    assert measurement.cost == {"wall_s": 10.0, "overhead_s": 10.0, "other_s": 10.0}

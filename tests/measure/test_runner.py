@@ -14,7 +14,7 @@ pytest.importorskip("deepspeed")
 psutil = pytest.importorskip("psutil")
 
 from tuner.measure.launcher import launch_local  # noqa: E402
-from tuner.measure.measurement import CANCELLED, PEER_KILLED  # noqa: E402
+from tuner.measure.measurement import CANCELLED, COST_PHASES, PEER_KILLED, STOPPED_EARLY  # noqa: E402
 from tuner.measure.runner import RunSpec  # noqa: E402
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict  # noqa: E402
 
@@ -47,6 +47,13 @@ def assert_ok(result, world: int) -> None:
         assert len(rank.step_times) == 3
         assert rank.model_state_bytes > 0 and rank.peak_rss_bytes > rank.model_state_bytes
         assert {"imports_s", "initialize_s", "warmup_s", "timed_s"} <= set(rank.timings)
+        assert set(rank.breakdown) == {"forward_s", "backward_s", "step_s"}  # DeepSpeed's wall_clock_breakdown
+        assert all(seconds > 0 for seconds in rank.breakdown.values())
+    assert set(COST_PHASES) | {"wall_s", "overhead_s", "other_s"} == set(result.cost)
+    assert result.cost["overhead_s"] == pytest.approx(result.cost["wall_s"] - result.cost["timed_s"])
+    for rank in result.ranks:  # each rank's phases fit in the wall (the cost takes the slowest rank per phase)
+        assert sum(rank.timings[phase] for phase in COST_PHASES) <= result.cost["wall_s"]
+    assert not result.stopped_early
 
 
 def leftover_processes(marker: str) -> list:
@@ -55,7 +62,45 @@ def leftover_processes(marker: str) -> list:
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_local_launcher_measures(world: int) -> None:
-    assert_ok(launch_local(run_spec(world), timeout=300), world)
+    """Also the settle-based warm-up: past the cold step and the probed one, steps go on until two agree (within
+    10 %), at most 4 in all, the ranks deciding together."""
+    spec = run_spec(world)
+    spec.warmup_max = 4
+    result = launch_local(spec, timeout=300)
+    assert_ok(result, world)
+    warmups = {rank.warmup_steps for rank in result.ranks}
+    assert len(warmups) == 1 and 3 <= warmups.pop() <= 4
+
+
+@pytest.mark.parametrize("launcher", ["local", "ray"])
+def test_a_run_stopped_early_keeps_its_partial_steps_and_leaves_no_rank_behind(
+    request, tmp_path: Path, launcher: str
+) -> None:
+    spec = run_spec(2)
+    spec.steps = 50  # far more than it will run
+    seen: list[list[float]] = []
+
+    def on_step(times: list[float]) -> bool:
+        seen.append(times)
+        return len(times) >= 2
+
+    run_dir = tmp_path / f"stopped-{uuid.uuid4().hex}"
+    if launcher == "ray":
+        request.getfixturevalue("local_ray")
+        from tuner.measure.ray_launcher import launch_ray
+
+        result = launch_ray(spec, timeout=300, on_step=on_step)
+    else:
+        result = launch_local(spec, timeout=300, on_step=on_step, keep_dir=run_dir)
+    assert result.status == "ok" and result.stopped_early, result.error
+    assert {rank.exception_type for rank in result.ranks} == {STOPPED_EARLY}
+    assert all(2 <= len(rank.step_times) < 50 for rank in result.ranks)
+    assert seen[-1] == result.ranks[0].step_times[: len(seen[-1])] and len(seen[-1]) >= 2
+    assert result.tokens_per_s > 0
+    assert set(COST_PHASES) <= set(result.cost)  # phases up to the timed steps, then the steps it finished
+    assert result.cost["timed_s"] >= max(sum(rank.step_times) for rank in result.ranks) * 0.99
+    time.sleep(0.5)
+    assert leftover_processes(str(run_dir)) == []  # (on Ray the run dirs are the actors' own)
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ from optuna.trial import TrialState
 from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.dispatch import Dispatcher, DispatchOptions
-from tuner.measure.measurement import CANCELLED, Measurement
+from tuner.measure.measurement import CANCELLED, STOPPED_EARLY, Measurement, RankResult, StepHook
 from tuner.storage import Store
-from tuner.study import Event, Measurer, StudySettings, TuningStudy, reason_key
+from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy, reason_key
 from tuner.study.calibration import DEFAULT_MARGIN
 from tuner.study.loop import REPEAT_LIMIT
 from tuner.units import format_bytes
@@ -58,19 +58,26 @@ def ok(config: dict[str, Any]) -> Measurement:
 
 
 class FakeMeasurer:
-    """Scripted measurements: ``outcome(ds_config)`` is each run's Measurement, an exception, or :data:`HANG`."""
+    """Scripted measurements: ``outcome(ds_config)`` is each run's Measurement, an exception, :data:`HANG`, or a
+    list of step times (:func:`stepped`: each is shown to the run's ``on_step`` as a real run's would be)."""
 
     def __init__(self, outcome: Outcome = ok, slots: int = 1, delay_s: float = 0.0) -> None:
         self.slots, self.outcome, self.delay_s = slots, outcome, delay_s
         self.submitted: list[dict[str, Any]] = []
         self.hanging: list[Future[Measurement]] = []
         self.cancelled = False
+        self.hooked: list[bool] = []  # whether each run was given an on_step
 
-    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
+    def submit(
+        self, workload: Workload, ds_config: dict[str, Any], on_step: StepHook | None = None
+    ) -> Future[Measurement]:
         assert not self.cancelled, "a run was submitted after cancel()"
         self.submitted.append(ds_config)
+        self.hooked.append(on_step is not None)
         future: Future[Measurement] = Future()
         result = self.outcome(ds_config)
+        if isinstance(result, list):
+            result = stepped(result, on_step)
         if result is HANG:
             self.hanging.append(future)
         elif self.delay_s:
@@ -84,6 +91,27 @@ class FakeMeasurer:
         for future in self.hanging:
             if not future.done():
                 future.set_result(Measurement(status="error", exception_type=CANCELLED, error="killed"))
+
+
+def stepped(step_times: list[float], on_step: StepHook | None, tokens_per_step: float = 64 * 64) -> Measurement:
+    """The measurement of a run whose timed steps take ``step_times``, stopped early when ``on_step`` says so after
+    a step (as the launcher does): ok, its partial step times and ``stopped_early``."""
+    done: list[float] = []
+    stopped = False
+    for seconds in step_times:
+        done.append(seconds)
+        if on_step is not None and on_step(list(done)):
+            stopped = True
+            break
+    p50 = sorted(done)[len(done) // 2]
+    return Measurement(
+        status="ok",
+        tokens_per_s=tokens_per_step / p50,
+        step_time_s={"p50": p50, "p90": max(done)},
+        peak_bytes_per_rank=[None if stopped else 10 * MiB],
+        ranks=[RankResult(0, "ok", exception_type=STOPPED_EARLY if stopped else None, step_times=done)],
+        stopped_early=stopped,
+    )
 
 
 def _resolve(future: Future[Measurement], result: Any) -> None:
@@ -336,3 +364,50 @@ def test_should_stop_kills_the_run_in_flight_and_records_it_failed(tmp_path: Pat
     [trial] = store.trials(study.study_id)
     assert trial.status == "failed" and trial.error == "cancelled: the study was stopped"
     assert [t.state for t in optuna_trials(store)] == [TrialState.FAIL]
+
+
+@pytest.mark.parametrize("early_stop", [SlowRunStopper(fraction=0.5, min_steps=2), None])
+def test_a_run_clearly_slower_than_the_best_is_stopped_early(
+    tmp_path: Path, store: Store, early_stop: SlowRunStopper | None
+) -> None:
+    """Micro-batch 1 runs first at 4096 tokens/s (1 s steps); micro-batch 2 takes 10 s steps: stopped after two."""
+    script = {(0, 1): [1.0, 1.0, 1.0], (0, 2): [10.0, 10.0, 10.0]}
+    fake = FakeMeasurer(lambda config: script[shape(config)])
+    study = TuningStudy(settings(tmp_path, trials=2, early_stop=early_stop), store)
+    study.optuna.enqueue_trial({"stage": 0, "micro_batch": 1})
+    study.optuna.enqueue_trial({"stage": 0, "micro_batch": 2})
+    events: list[Event] = []
+    study.on_event = events.append
+    study.run(fake)
+
+    by_shape = {shape(t.ds_config): t for t in store.trials(study.study_id)}
+    fast, slow = by_shape[(0, 1)], by_shape[(0, 2)]
+    assert fast.status == "ok" and fast.tokens_per_s == pytest.approx(4096.0) and not fast.measurement["stopped_early"]
+    frozen = optuna_trials(store)
+    assert frozen[fast.number].state == TrialState.COMPLETE
+    assert fake.hooked == [early_stop is not None] * 2
+    if early_stop is None:  # measured to the end, told complete
+        assert slow.status == "ok" and not slow.measurement["stopped_early"]
+        assert frozen[slow.number].state == TrialState.COMPLETE
+        return
+    # stopped after two steps: recorded ok with its partial figures, distinct from memory pruning, told PRUNED
+    assert slow.status == "ok" and slow.measurement["stopped_early"] is True and slow.prune_reason is None
+    assert slow.measurement["ranks"][0]["step_times"] == [10.0, 10.0]
+    assert slow.tokens_per_s == pytest.approx(409.6)
+    assert frozen[slow.number].state == TrialState.PRUNED
+    assert frozen[slow.number].intermediate_values == {0: pytest.approx(409.6), 1: pytest.approx(409.6)}
+    assert [e.status for e in events if e.number == slow.number][-1] == "stopped_early"
+    assert store.best_trial(study.study_id).number == fast.number
+
+
+def test_the_best_so_far_survives_a_resume(tmp_path: Path, store: Store) -> None:
+    """A resumed study stops slow runs against the best recorded before it stopped."""
+    first = TuningStudy(settings(tmp_path, trials=1), store)
+    first.optuna.enqueue_trial({"stage": 0, "micro_batch": 1})
+    first.run(FakeMeasurer(lambda config: [1.0, 1.0, 1.0]))
+    again = TuningStudy(settings(tmp_path, trials=2), store)
+    assert again.best_tokens_per_s == pytest.approx(4096.0)
+    again.optuna.enqueue_trial({"stage": 0, "micro_batch": 2})
+    again.run(FakeMeasurer(lambda config: [10.0, 10.0, 10.0]))
+    slow = next(t for t in store.trials(again.study_id) if shape(t.ds_config) == (0, 2))
+    assert slow.measurement["stopped_early"] is True

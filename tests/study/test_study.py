@@ -22,7 +22,15 @@ pytestmark = pytest.mark.deepspeed
 
 
 def rank_processes() -> list:
-    return [p for p in psutil.Process().children(recursive=True) if "tuner.measure.runner" in " ".join(p.cmdline())]
+    """Live rank processes below this one (a killed rank its launcher has not reaped yet is a zombie: dead)."""
+    ranks = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "tuner.measure.runner" in " ".join(process.cmdline()):
+                ranks.append(process)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return ranks
 
 
 def long_study(store: Store, name: str) -> tuple[TuningStudy, Dispatcher]:

@@ -119,6 +119,9 @@ def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
         "study": study,
         "trial": trial,
         "ranks": views.rank_rows(trial.measurement),
+        "cost": views.cost_rows(trial.measurement),
+        "breakdown": views.breakdown_rows(trial.measurement),
+        "stopped_early": bool((trial.measurement or {}).get("stopped_early")),
     }
     return _page(request, "trial.html", context)
 

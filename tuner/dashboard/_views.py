@@ -264,3 +264,45 @@ def rank_rows(measurement: dict[str, Any] | None) -> list[RankRow]:
             )
         )
     return rows
+
+
+COST_LABELS = {
+    "start_s": "Process start",
+    "imports_s": "Imports",
+    "distributed_s": "Process group",
+    "model_s": "Model build",
+    "initialize_s": "deepspeed.initialize",
+    "warmup_s": "Warm-up",
+    "timed_s": "Timed steps",
+    "other_s": "Launcher and teardown",
+}
+BREAKDOWN_LABELS = {"forward_s": "Forward", "backward_s": "Backward", "step_s": "Optimizer step"}
+
+
+@dataclass
+class CostRow:
+    """One phase of a measured trial's cost: seconds and share of the wall time."""
+
+    phase: str
+    seconds: float
+    share: float | None
+
+
+def cost_rows(measurement: dict[str, Any] | None) -> tuple[list[CostRow], dict[str, float]]:
+    """What the trial cost, phase by phase (in run order, then the launcher's rest), and the wall and overhead
+    seconds; empty when the trial was not measured or predates cost reports."""
+    cost = (measurement or {}).get("cost") or {}
+    wall = cost.get("wall_s")
+    rows = [
+        CostRow(label, cost[key], cost[key] / wall if wall else None)
+        for key, label in COST_LABELS.items()
+        if key in cost
+    ]
+    totals = {key: cost[key] for key in ("wall_s", "overhead_s") if key in cost}
+    return rows, totals
+
+
+def breakdown_rows(measurement: dict[str, Any] | None) -> list[tuple[str, float]]:
+    """DeepSpeed's forward / backward / step seconds per timed step (``wall_clock_breakdown``), if stored."""
+    breakdown = (measurement or {}).get("breakdown") or {}
+    return [(label, breakdown[key]) for key, label in BREAKDOWN_LABELS.items() if key in breakdown]

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.measure.measurement import Measurement
+from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.run import run_measurement
 from tuner.workload import Workload
 
@@ -29,6 +29,7 @@ class DispatchOptions:
     steps: int = 3
     timeout: float = 600.0
     memory_cap: int | None = None
+    warmup_max: int | None = None  # past ``warmup``, warm up until step times settle, up to this many steps
 
 
 class Dispatcher:
@@ -58,8 +59,11 @@ class Dispatcher:
             return torch.cuda.device_count()
         return os.cpu_count() or 1
 
-    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
-        """Start measuring ``ds_config`` on ``workload``; the future holds the measurement."""
+    def submit(
+        self, workload: Workload, ds_config: dict[str, Any], on_step: StepHook | None = None
+    ) -> Future[Measurement]:
+        """Start measuring ``ds_config`` on ``workload``; the future holds the measurement. ``on_step`` sees rank 0's
+        timed step times while the run goes on and may stop it early (True)."""
         options = self.options
         return self.pool.submit(
             run_measurement,
@@ -72,6 +76,8 @@ class Dispatcher:
             ray_address=options.ray_address,
             memory_cap=options.memory_cap,
             cancel=self.cancelled,
+            warmup_max=options.warmup_max,
+            on_step=on_step,
         )
 
     def cancel(self) -> None:

@@ -29,8 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.estimator import resolve
-from tuner.measure.measurement import CANCELLED, EXCERPT_CHARS, PEER_KILLED, Measurement, RankResult, aggregate
-from tuner.measure.runner import RunSpec, progress_path, result_path
+from tuner.measure.measurement import (
+    CANCELLED,
+    EXCERPT_CHARS,
+    PEER_KILLED,
+    STOPPED_EARLY,
+    Measurement,
+    RankResult,
+    StepHook,
+    aggregate,
+)
+from tuner.measure.runner import SPAWNED_AT, RunSpec, read_progress, result_path, timings_path
 from tuner.workload import workload_from_dict
 
 PEER_GRACE_S = 10.0
@@ -158,6 +167,7 @@ def start_rank(
     env.update(DSTUNE_THREADS_PER_RANK=str(threads_per_rank), PYTHONUNBUFFERED="1")
     rank = place.rank
     log = run_dir / f"rank-{rank}.log"
+    env[SPAWNED_AT] = repr(time.monotonic())  # the rank reports its start-up time against this
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [*(entry or default_entry()), str(run_dir), str(rank)],
@@ -179,10 +189,12 @@ def wait_ranks(
     progress: Progress | None = None,
     should_stop: Callable[[], bool] | None = None,
     cancel: threading.Event | None = None,
+    on_step: StepHook | None = None,
 ) -> None:
     """Wait for every rank. At ``timeout`` kill them all; once a rank failed (or ``should_stop()`` says a rank
     elsewhere did), kill the rest after a short grace, since they would wait in a collective. When ``cancel`` is set
-    (the study was stopped), kill them all at once."""
+    (the study was stopped), kill them all at once. ``on_step`` sees the first rank's timed step times at every poll
+    once one finished; when it answers True every rank is stopped at once (``stopped_early``)."""
     deadline = time.monotonic() + timeout
     failed_at: float | None = None
     while True:
@@ -201,16 +213,13 @@ def wait_ranks(
         if failed_at is not None and now - failed_at > PEER_GRACE_S:
             stop_ranks(ranks, "peer")
             return
+        times = read_progress(run_dir, ranks[0].rank) if progress or on_step else []
         if progress is not None:
-            progress(_steps_done(run_dir, ranks[0].rank), steps)
+            progress(len(times), steps)
+        if on_step is not None and times and failed_at is None and on_step(times):
+            stop_ranks(ranks, "stopped_early")
+            return
         time.sleep(POLL_S)
-
-
-def _steps_done(run_dir: Path, rank: int) -> int:
-    try:
-        return int(progress_path(run_dir, rank).read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
 
 
 def _tail(path: Path) -> str:
@@ -242,6 +251,16 @@ def _rank_outcome(run_dir: Path, rank: RankProcess) -> RankResult:
         return RankResult(rank.rank, "timeout", error=f"killed at the timeout\n{_tail(rank.log)}")
     if rank.killed_for == "peer":
         return RankResult(rank.rank, "error", exception_type=PEER_KILLED, error="killed after another rank failed")
+    if rank.killed_for == "stopped_early":  # its phases up to the timed steps, and the steps it finished
+        times = read_progress(run_dir, rank.rank)
+        try:
+            timings = json.loads(timings_path(run_dir, rank.rank).read_text())
+        except (FileNotFoundError, ValueError):
+            timings = {}
+        timings["timed_s"] = sum(times)
+        stopped = RankResult(rank.rank, "ok", exception_type=STOPPED_EARLY, error="stopped early", step_times=times)
+        stopped.timings = timings
+        return stopped
     if rank.killed_for == "cancelled":
         return RankResult(rank.rank, "error", exception_type=CANCELLED, error="killed: the study was stopped")
     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
@@ -258,6 +277,7 @@ def launch_local(
     progress: Progress | None = None,
     keep_dir: Path | None = None,
     cancel: threading.Event | None = None,
+    on_step: StepHook | None = None,
 ) -> Measurement:
     """Run ``spec`` on this machine with one process per rank and return the job's measurement.
 
@@ -269,6 +289,8 @@ def launch_local(
         progress: called with (timed steps done on rank 0, timed steps) while waiting.
         keep_dir: write the run's files there instead of a temporary folder.
         cancel: once set, every rank is killed and the run ends ``error`` / ``Cancelled``.
+        on_step: sees rank 0's timed step times as they finish; True stops the run, which ends ``ok`` with its
+            partial figures and ``stopped_early``.
     """
     cluster = workload_from_dict(spec.workload).cluster
     world = cluster.world_size
@@ -288,12 +310,12 @@ def launch_local(
         places = local_places(cluster.gpus_per_node, cluster.nodes)
         ranks = [start_rank(run_dir, place, "127.0.0.1", port, entry, memory_cap, threads) for place in places]
         try:
-            wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel)
+            wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel, on_step=on_step)
         finally:
             stop_ranks(ranks)
         results = [collect_rank(run_dir, rank) for rank in ranks]
     measurement = summarize(results, spec)
-    measurement.timings["wall_s"] = time.monotonic() - started
+    measurement.set_wall(time.monotonic() - started)
     return measurement
 
 
@@ -304,4 +326,6 @@ def summarize(results: list[RankResult], spec: RunSpec) -> Measurement:
     if all(result.status == "ok" for result in results):
         settings = resolve(workload, spec.ds_config)
         samples = settings.micro_batch * settings.grad_accum * workload.cluster.world_size
-    return aggregate(results, workload.model, workload.train.seq_len, samples, workload.cluster.world_size)
+    measurement = aggregate(results, workload.model, workload.train.seq_len, samples, workload.cluster.world_size)
+    measurement.stopped_early = any(result.exception_type == STOPPED_EARLY for result in results)
+    return measurement

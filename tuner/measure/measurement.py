@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -13,8 +14,14 @@ STATUSES = ("ok", "oom", "error", "timeout", "invalid_config")
 STATUS_PRIORITY = {"invalid_config": 0, "oom": 1, "timeout": 2, "error": 3, "ok": 4}
 # Dense bf16 peak of common training GPUs, TFLOP/s, for MFU; matched against torch.cuda.get_device_name().
 EXCERPT_CHARS = 1500
+# A trial's phases in order, as ranks time them (seconds; the slowest rank's): process start up to the rank's main,
+# importing torch and DeepSpeed, the process group, building the model, deepspeed.initialize, warm-up, timed steps.
+COST_PHASES = ("start_s", "imports_s", "distributed_s", "model_s", "initialize_s", "warmup_s", "timed_s")
 PEER_KILLED = "KilledAfterPeerFailure"  # a rank the launcher stopped because another rank failed first
 CANCELLED = "Cancelled"  # a rank the launcher killed because the study was stopped (not the config's fault)
+STOPPED_EARLY = "StoppedEarly"  # a rank stopped on purpose mid-run (clearly slow): status ok, its partial step times
+# Called with rank 0's timed step times so far (seconds), polled while a run goes on; True stops the run early.
+StepHook = Callable[[list[float]], bool]
 
 
 @dataclass
@@ -41,6 +48,8 @@ class RankResult:
     timings: dict[str, float] = field(default_factory=dict)
     snapshots: dict[str, dict[str, int]] = field(default_factory=dict)
     rss_bytes: dict[str, int] = field(default_factory=dict)
+    warmup_steps: int | None = None
+    breakdown: dict[str, float] = field(default_factory=dict)
     node_id: str | None = None
     hostname: str | None = None
     node_rank: int | None = None
@@ -81,6 +90,14 @@ class Measurement:
     exception_type: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     ranks: list[RankResult] = field(default_factory=list)
+    cost: dict[str, float] = field(default_factory=dict)
+    breakdown: dict[str, float] = field(default_factory=dict)
+    stopped_early: bool = False
+
+    def set_wall(self, wall_s: float) -> None:
+        """Record the run's wall time and derive :attr:`cost` from it (:func:`trial_cost`)."""
+        self.timings["wall_s"] = wall_s
+        self.cost = trial_cost(self.timings)
 
     def to_dict(self, with_ranks: bool = True) -> dict[str, Any]:
         """JSON-ready fields."""
@@ -89,6 +106,24 @@ class Measurement:
         if not with_ranks:
             data.pop("ranks")
         return data
+
+
+def trial_cost(timings: dict[str, float]) -> dict[str, float]:
+    """What a trial cost, in seconds: each phase of :data:`COST_PHASES` the ranks timed, ``wall_s`` (the launcher's
+    whole run), ``overhead_s`` (wall − timed: everything that is not measurement) and ``other_s`` (wall − the phases:
+    launcher, placement, teardown).
+
+    >>> cost = trial_cost({"imports_s": 3.0, "initialize_s": 2.0, "timed_s": 5.0, "wall_s": 12.0})
+    >>> cost["overhead_s"], cost["other_s"]
+    (7.0, 2.0)
+    """
+    cost = {phase: timings[phase] for phase in COST_PHASES if phase in timings}
+    wall = timings.get("wall_s")
+    if wall is not None:
+        cost["wall_s"] = wall
+        cost["overhead_s"] = wall - cost.get("timed_s", 0.0)
+        cost["other_s"] = max(0.0, wall - sum(cost[phase] for phase in COST_PHASES if phase in cost))
+    return cost
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -120,6 +155,7 @@ def aggregate(
     failed = [r for r in ranks if r.status != "ok"]
     timings = {key: max(r.timings.get(key, 0.0) for r in ranks) for key in {k for r in ranks for k in r.timings}}
     peaks = [r.peak_bytes for r in ranks]
+    breakdown = {key: max(r.breakdown.get(key, 0.0) for r in ranks) for key in {k for r in ranks for k in r.breakdown}}
     if failed:
         cause = min(failed, key=_blame_order)
         return Measurement(
@@ -148,4 +184,5 @@ def aggregate(
         peak_bytes_per_rank=peaks,
         timings=timings,
         ranks=ranks,
+        breakdown=breakdown,
     )

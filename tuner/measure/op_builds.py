@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from tuner.measure.measurement import Measurement
+    from tuner.measure.measurement import Measurement, StepHook
     from tuner.workload import Workload
 
 SHM_COMM = "deepspeed_shm_comm"
@@ -126,7 +126,9 @@ def _package_file_values(package: str, filename: str) -> dict[str, Any]:
 class _Submitter(Protocol):
     slots: int
 
-    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]: ...
+    def submit(
+        self, workload: Workload, ds_config: dict[str, Any], on_step: StepHook | None = None
+    ) -> Future[Measurement]: ...
 
     def cancel(self) -> None: ...
 
@@ -142,13 +144,15 @@ class AnnounceBuilds:
         self.prebuilt = prebuilt_ops()
         self.announced: set[str] = set()
 
-    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
+    def submit(
+        self, workload: Workload, ds_config: dict[str, Any], on_step: StepHook | None = None
+    ) -> Future[Measurement]:
         """Announce the ops this run builds, if any, and submit it."""
         notice, ops = build_notice(workload.cluster.device, [ds_config], prebuilt=self.prebuilt, skip=self.announced)
         if notice:
             self.announced.update(ops)
             self.say(notice)
-        return self.inner.submit(workload, ds_config)
+        return self.inner.submit(workload, ds_config, on_step)
 
     def cancel(self) -> None:
         """Cancel the inner dispatcher's runs."""

@@ -52,8 +52,8 @@ from tuner.measure.launcher import (
     summarize,
     wait_ranks,
 )
-from tuner.measure.measurement import Measurement, RankResult
-from tuner.measure.runner import RunSpec
+from tuner.measure.measurement import Measurement, RankResult, StepHook
+from tuner.measure.runner import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
 PLACEMENT_TIMEOUT_S = 60.0
@@ -80,6 +80,9 @@ class RankHost:
     def __init__(self) -> None:
         self.stop = False
         self.cancelled = threading.Event()
+        self.early = threading.Event()
+        self.run_dir: Path | None = None
+        self.rank = 0
 
     def describe(self) -> dict[str, Any]:
         """Where this actor runs: Ray's node id, the node's address, the host name and the GPU ids Ray gave it."""
@@ -103,6 +106,14 @@ class RankHost:
         """Ask a running :meth:`run` to kill its rank at once (the study was stopped)."""
         self.cancelled.set()
 
+    def stop_early(self) -> None:
+        """Ask a running :meth:`run` to stop its rank now and report its partial step times."""
+        self.early.set()
+
+    def progress(self) -> list[float]:
+        """The timed step times the rank finished so far."""
+        return read_progress(self.run_dir, self.rank) if self.run_dir is not None else []
+
     def run(
         self,
         spec: dict[str, Any],
@@ -116,16 +127,25 @@ class RankHost:
         """Run one rank to the end (or the deadline) and return its result."""
         with tempfile.TemporaryDirectory(prefix=f"dstune-rank{place.rank}-") as scratch:
             run_dir = Path(scratch)
+            self.run_dir, self.rank = run_dir, place.rank
             run_spec = RunSpec(**spec)
             run_spec.write(run_dir)
             process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, threads)
             try:
                 wait_ranks(
-                    [process], run_dir, timeout, run_spec.steps, should_stop=lambda: self.stop, cancel=self.cancelled
+                    [process],
+                    run_dir,
+                    timeout,
+                    run_spec.steps,
+                    should_stop=lambda: self.stop,
+                    cancel=self.cancelled,
+                    on_step=lambda times: self.early.is_set(),
                 )
             finally:
                 stop_ranks([process])
-            return asdict(collect_rank(run_dir, process))
+            result = asdict(collect_rank(run_dir, process))
+            self.run_dir = None
+            return result
 
 
 def node_bundle(gpus_per_node: int, cuda: bool) -> dict[str, float]:
@@ -217,9 +237,10 @@ def launch_ray(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     placement_timeout: float = PLACEMENT_TIMEOUT_S,
+    on_step: StepHook | None = None,
 ) -> Measurement:
     """Run ``spec`` as a ``nodes`` × ``gpus_per_node`` job of Ray actors; same result as
-    :func:`tuner.measure.launcher.launch_local` (``cancel`` included: once set, every rank is killed)."""
+    :func:`tuner.measure.launcher.launch_local` (``cancel`` and ``on_step`` included)."""
     ensure_ray(address)
     cluster = workload_from_dict(spec.workload).cluster
     cuda = spec.device == "cuda"
@@ -253,13 +274,14 @@ def launch_ray(
             host.run.remote(asdict(spec), place, master, timeout, memory_cap, entry, 1): place
             for place, host, _ in by_rank
         }
-        results = _gather(refs, flat, timeout + 30.0, spec.steps, progress, cancel)
+        first = by_rank[0][1]
+        results = _gather(refs, flat, timeout + 30.0, spec.steps, progress, cancel, (first, on_step))
     finally:
         for host in flat:
             ray.kill(host)
         remove_placement_group(group)
     measurement = summarize(results, spec)
-    measurement.timings["wall_s"] = time.monotonic() - started
+    measurement.set_wall(time.monotonic() - started)
     return measurement
 
 
@@ -270,14 +292,26 @@ def _gather(
     steps: int,
     progress: Progress | None,
     cancel: threading.Event | None = None,
+    watch: tuple[Any, StepHook | None] = (None, None),
 ) -> list[RankResult]:
     """Collect rank results; after the first failure, tell the other ranks to stop; once ``cancel`` is set, tell
-    every rank to die at once."""
+    every rank to die at once. ``watch`` is rank 0's host and the run's step hook: when the hook answers True on the
+    host's step times, every rank is told to stop early."""
     deadline = time.monotonic() + timeout
     results: dict[int, RankResult] = {}
     pending = list(refs)
-    cancelling = False
+    cancelling = stopping = False
+    first, on_step = watch
     while pending:
+        if on_step is not None and first is not None and not stopping and not results:
+            try:
+                times = ray.get(first.progress.remote(), timeout=10.0)
+            except ray.exceptions.RayError:
+                times = []
+            if times and on_step(times):
+                stopping = True
+                for host in hosts:
+                    host.stop_early.remote()
         if cancel is not None and cancel.is_set() and not cancelling:
             cancelling = True
             for host in hosts:

@@ -8,7 +8,7 @@ from typing import Any
 
 from tuner.estimator import estimate
 from tuner.measure.launcher import launch_local
-from tuner.measure.measurement import Measurement
+from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.runner import RunSpec
 from tuner.workload import Workload, workload_to_dict
 
@@ -27,9 +27,13 @@ def run_measurement(
     hf_config: dict[str, Any] | None = None,
     progress: Any = None,
     cancel: threading.Event | None = None,
+    warmup_max: int | None = None,
+    on_step: StepHook | None = None,
 ) -> Measurement:
     """Run ``ds_config`` on ``workload`` (its cluster's device and world size) and return the measurement. Setting
-    ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``)."""
+    ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``). ``warmup_max``
+    lets warm-up go on past ``warmup`` steps until step times settle; ``on_step`` may stop a run early
+    (:func:`tuner.measure.launcher.launch_local`)."""
     spec = RunSpec(
         workload_to_dict(workload),
         ds_config,
@@ -38,14 +42,21 @@ def run_measurement(
         steps=steps,
         model_impl=model_impl,
         hf_config=hf_config,
+        warmup_max=warmup_max,
     )
     if launcher == "ray":
         from tuner.measure.ray_launcher import launch_ray
 
         return launch_ray(
-            spec, timeout=timeout, address=ray_address, memory_cap=memory_cap, progress=progress, cancel=cancel
+            spec,
+            timeout=timeout,
+            address=ray_address,
+            memory_cap=memory_cap,
+            progress=progress,
+            cancel=cancel,
+            on_step=on_step,
         )
-    return launch_local(spec, timeout=timeout, memory_cap=memory_cap, progress=progress, cancel=cancel)
+    return launch_local(spec, timeout=timeout, memory_cap=memory_cap, progress=progress, cancel=cancel, on_step=on_step)
 
 
 def measure(workload: Workload, ds_config: dict[str, Any], show_progress: bool = False, **options: Any) -> dict:

@@ -26,6 +26,9 @@ from tuner.measure.measurement import EXCERPT_CHARS, RankResult
 
 CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's CPU allocator has no exception type
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
+SPAWNED_AT = "DSTUNE_SPAWNED_AT"  # the launcher's time.monotonic() when it started this rank (the clock is system-wide)
+# DeepSpeed's global timers (deepspeed.runtime.engine's FORWARD/BACKWARD/STEP_GLOBAL_TIMER) by the name we report
+BREAKDOWN_TIMERS = {"forward_s": "fwd", "backward_s": "bwd", "step_s": "step"}
 
 
 @dataclass
@@ -41,6 +44,11 @@ class RunSpec:
     hf_config: dict[str, Any] | None = None
     collective_timeout_s: float = 120.0
     probe_memory: bool = True
+    warmup_max: int | None = None  # settle-based warm-up: after ``warmup`` steps, go on until steps settle, up to this
+    settle_steps: int = 2  # the last this many warm-up steps must agree ...
+    settle_tolerance: float = 0.1  # ... within this fraction of their median
+    wall_clock_breakdown: bool = True
+    lean: bool = True  # skip start-up and shut-down work that measures nothing (:mod:`tuner.measure.lean`)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def write(self, run_dir: Path) -> None:
@@ -63,8 +71,42 @@ def result_path(run_dir: Path, rank: int) -> Path:
 
 
 def progress_path(run_dir: Path, rank: int) -> Path:
-    """Where rank ``rank`` writes how many steps it finished."""
+    """Where rank ``rank`` appends each finished timed step's seconds, one a line (:func:`read_progress`)."""
     return run_dir / f"progress-{rank}"
+
+
+def timings_path(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` leaves its phase timings before its timed steps (a run stopped early reports them)."""
+    return run_dir / f"timings-{rank}.json"
+
+
+def read_progress(run_dir: Path, rank: int) -> list[float]:
+    """The timed step times rank ``rank`` finished so far (complete lines only: a step being written is skipped)."""
+    try:
+        text = progress_path(run_dir, rank).read_text()
+    except FileNotFoundError:
+        return []
+    lines = text.split("\n")[:-1]  # the last piece is empty or a line still being written
+    times = []
+    for line in lines:
+        try:
+            times.append(float(line))
+        except ValueError:
+            break
+    return times
+
+
+def settled(times: list[float], count: int, tolerance: float) -> bool:
+    """True when the last ``count`` step times agree within ``tolerance`` of their median.
+
+    >>> settled([3.0, 1.02, 1.0], 2, 0.1), settled([3.0, 1.5, 1.0], 2, 0.1), settled([1.0], 2, 0.1)
+    (True, False, False)
+    """
+    if count < 1 or len(times) < count:
+        return False
+    last = sorted(times[-count:])
+    middle = last[len(last) // 2]
+    return middle > 0 and (last[-1] - last[0]) <= tolerance * middle
 
 
 def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
@@ -144,6 +186,11 @@ class TrainingProcess:
         spec, timings = self.spec, self.result.timings
         workload = workload_from_dict(spec.workload)
         clear_stale_build_locks()
+        if spec.lean:
+            from tuner.measure.lean import cache_cpu_info, freeze_imports
+
+            cache_cpu_info()
+            freeze_imports()
         timings["imports_s"] = time.perf_counter() - started
         cuda = spec.device == "cuda"
         if cuda:
@@ -160,9 +207,14 @@ class TrainingProcess:
         timings["distributed_s"] = time.perf_counter() - begin
         self._validate_config(spec.ds_config)
         torch.manual_seed(0)
-        model = self._born_model(workload)
         begin = time.perf_counter()
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=spec.ds_config)
+        model = self._born_model(workload)
+        timings["model_s"] = time.perf_counter() - begin
+        begin = time.perf_counter()
+        config = dict(spec.ds_config)
+        if spec.wall_clock_breakdown:  # DeepSpeed's forward / backward / step timers (:meth:`_add_breakdown`)
+            config["wall_clock_breakdown"] = True
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         timings["initialize_s"] = time.perf_counter() - begin
         self.result.rss_bytes["after_initialize"] = rss_bytes()
         device = engine.device if cuda else "cpu"
@@ -180,23 +232,77 @@ class TrainingProcess:
             for i in range(accum)
         ]
         begin = time.perf_counter()
-        for step in range(spec.warmup):
-            # CPU memory is probed on the last warm-up step, once Adam's states exist (so from the second step on).
-            probe = spec.probe_memory and not cuda and step == spec.warmup - 1 and step >= 1
-            self._train_step(engine, batches, probe=probe)
+        self._warm_up(engine, batches, cuda)
         timings["warmup_s"] = time.perf_counter() - begin
+        write_json_atomically(timings_path(self.run_dir, self.rank), dict(timings))
         begin = time.perf_counter()
-        for step in range(spec.steps):
+        progress = progress_path(self.run_dir, self.rank)
+        for _ in range(spec.steps):
             if cuda:
                 torch.cuda.synchronize()
             tick = time.perf_counter()
             self._train_step(engine, batches)
             if cuda:
                 torch.cuda.synchronize()
-            self.result.step_times.append(time.perf_counter() - tick)
-            progress_path(self.run_dir, self.rank).write_text(str(step + 1))
+            elapsed = time.perf_counter() - tick
+            self._add_breakdown(engine, spec.steps)
+            self.result.step_times.append(elapsed)
+            with progress.open("a") as sink:  # the launcher reads finished lines while the run goes on
+                sink.write(f"{elapsed!r}\n")
         timings["timed_s"] = time.perf_counter() - begin
         torch.distributed.barrier()
+
+    def _warm_up(self, engine: Any, batches: list[Any], cuda: bool) -> None:
+        """``spec.warmup`` steps, then more until the last ``settle_steps`` agree, up to ``warmup_max`` in all.
+
+        CPU memory is probed on step ``warmup - 1`` (from the second step on, once Adam's states exist); the probe's
+        hooks slow that step, so it never counts towards settling. The ranks decide together (an all-reduce per
+        extra step), so that they keep running the same number of steps.
+        """
+        import torch
+
+        spec = self.spec
+        limit = max(spec.warmup, spec.warmup_max or spec.warmup)
+        probe_step = spec.warmup - 1 if spec.probe_memory and not cuda and spec.warmup >= 2 else -1
+        times: list[float] = []
+        step = 0
+        while step < limit:
+            if step >= spec.warmup and self._agree_settled(settled(times, spec.settle_steps, spec.settle_tolerance)):
+                break
+            if cuda:
+                torch.cuda.synchronize()
+            tick = time.perf_counter()
+            self._train_step(engine, batches, probe=step == probe_step)
+            if cuda:
+                torch.cuda.synchronize()
+            if step != probe_step:
+                times.append(time.perf_counter() - tick)
+            step += 1
+        self.result.warmup_steps = step
+
+    def _agree_settled(self, mine: bool) -> bool:
+        """True when every rank's warm-up settled (a MIN all-reduce: one rank still moving keeps them all going)."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if mine else 0], dtype=torch.int32)
+        if self.spec.device == "cuda":
+            flag = flag.cuda()
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def _add_breakdown(self, engine: Any, steps: int) -> None:
+        """Add one timed step's share of DeepSpeed's forward / backward / step time to the per-step means.
+
+        DeepSpeed logs and resets its global timers at every accumulation boundary, after caching them
+        (``get_wall_clock_timers``, milliseconds): read right after a step, the cache holds that step's totals.
+        """
+        if not engine.wall_clock_breakdown():
+            return
+        cache = engine.get_wall_clock_timers()
+        for key, name in BREAKDOWN_TIMERS.items():
+            if name in cache:
+                self.result.breakdown[key] = self.result.breakdown.get(key, 0.0) + cache[name] / 1000.0 / steps
 
     @staticmethod
     def _validate_config(ds_config: dict[str, Any]) -> None:
@@ -280,14 +386,23 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, rank = Path(args[0]), int(args[1])
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        result = TrainingProcess(RunSpec.read(run_dir), rank, run_dir).run()
+        process = TrainingProcess(RunSpec.read(run_dir), rank, run_dir)
+        spawned = os.environ.get(SPAWNED_AT)
+        if spawned:
+            process.result.timings["start_s"] = max(0.0, time.monotonic() - float(spawned))
+        result = process.run()
     except Terminated:
         return 128 + signal.SIGTERM
     write_json_atomically(result_path(run_dir, rank), asdict(result))
+    code = 0
     if result.status != "ok":
         print(result.error, file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    if process.spec.lean:  # the result is written: skip the interpreter's teardown of torch and DeepSpeed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

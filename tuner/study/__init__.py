@@ -6,6 +6,7 @@ May import: :mod:`tuner.measure` (its Measurement and DispatchOptions; runs go t
 :mod:`tuner.storage`, :mod:`tuner.space`, :mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
 """
 
+from tuner.study.early_stop import SlowRunStopper
 from tuner.study.loop import (
     GRID_PARAMETERS,
     AskTellGridSampler,
@@ -24,6 +25,7 @@ __all__ = [
     "Event",
     "Measurer",
     "PruneReason",
+    "SlowRunStopper",
     "StudySettings",
     "TuningStudy",
     "capacity_reason",

@@ -21,12 +21,13 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
-from tuner.estimator import MemoryEstimate, estimate
+from tuner.estimator import MemoryEstimate, estimate, resolve
 from tuner.measure.dispatch import DispatchOptions
 from tuner.measure.measurement import CANCELLED, Measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
 from tuner.storage import DuplicateConfig, Store
 from tuner.study.calibration import Calibration
+from tuner.study.early_stop import SlowRunStopper
 from tuner.study.measurer import Measurer
 from tuner.study.pruning import memory_reason
 from tuner.study.throughput_fit import throughput_summary
@@ -56,6 +57,7 @@ class StudySettings:
     seed: int | None = None
     nvme_path: str | None = None
     dispatch: DispatchOptions = field(default_factory=DispatchOptions)
+    early_stop: SlowRunStopper | None = field(default_factory=SlowRunStopper)  # None measures every run to the end
 
     def to_record(self) -> dict[str, Any]:
         """The settings stored with the study (JSON-ready)."""
@@ -67,6 +69,7 @@ class StudySettings:
             "pareto": self.pareto,
             "seed": self.seed,
             "nvme_path": self.nvme_path,
+            "early_stop": None if self.early_stop is None else vars(self.early_stop),
         }
 
 
@@ -165,6 +168,8 @@ class TuningStudy:
             store=store,
             hardware=self.hardware,
         )
+        best = store.best_trial(self.study_id)  # what a run must not be clearly slower than (early stop)
+        self.best_tokens_per_s: float | None = best.tokens_per_s if best is not None else None
 
     # ----------------------------------------------------------------- calibration
     def _load_calibration(self) -> Calibration:
@@ -277,11 +282,25 @@ class TuningStudy:
         else:
             trial_id = self._record(trial, suggestion, est, "pending", constraint=constraint)
         self.store.start_trial(trial_id)
-        future = dispatcher.submit(trial_workload, suggestion.ds_config)
+        future = dispatcher.submit(
+            trial_workload, suggestion.ds_config, on_step=self._step_hook(trial_workload, suggestion)
+        )
         # Optuna keeps a trial's first constraint value: it is set with the outcome, so that an OOM can say 1.0.
         self.in_flight[future] = (trial, trial_id, suggestion, est, constraint)
         self.on_event(Event(trial.number, "running"))
         return True
+
+    def _step_hook(self, workload: Workload, suggestion: Suggestion) -> Callable[[list[float]], bool] | None:
+        """The run's early-stop test (:class:`SlowRunStopper` against the best so far), or None when it is off.
+
+        It runs on the dispatcher's thread and only reads :attr:`best_tokens_per_s`, which the loop's thread sets."""
+        stopper = self.settings.early_stop
+        if stopper is None:
+            return None
+        settings = resolve(workload, suggestion.ds_config)
+        samples = settings.micro_batch * settings.grad_accum * workload.cluster.world_size
+        tokens_per_step = float(samples * workload.train.seq_len)
+        return lambda times: stopper.should_stop(times, tokens_per_step, self.best_tokens_per_s)
 
     def _tell_infeasible(self, trial: optuna.Trial, reason: str) -> bool:
         """Record parameters the space cannot build a config from (once per distinct set) and tell Optuna pruned;
@@ -372,6 +391,9 @@ class TuningStudy:
         peak = max((b for b in measurement.peak_bytes_per_rank if b is not None), default=None)
         self.store.finish_trial(trial_id, measurement.status, measurement.to_dict(), error=measurement.error)
         estimated_peak = est.per_gpu["total"] or 0
+        if measurement.status == "ok" and measurement.stopped_early:
+            self._tell_stopped_early(trial, suggestion, measurement, constraint)
+            return
         if measurement.status == "ok":
             if peak:
                 self.calibration = self.calibration.after_measurement(estimated_peak, peak)
@@ -379,6 +401,8 @@ class TuningStudy:
             trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.COMPLETE, self._values(measurement.tokens_per_s, peak))
             self.guide.after_run(suggestion, (measurement.step_time_s or {}).get("p50"), measurement.tokens_per_s)
+            if measurement.tokens_per_s and measurement.tokens_per_s > (self.best_tokens_per_s or 0.0):
+                self.best_tokens_per_s = measurement.tokens_per_s
         else:
             if measurement.status == "oom":
                 self.calibration = self.calibration.after_oom(estimated_peak, est.gpu_memory)
@@ -387,6 +411,24 @@ class TuningStudy:
             trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.FAIL)
         self.on_event(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
+
+    def _tell_stopped_early(
+        self, trial: optuna.Trial, suggestion: Suggestion, measurement: Measurement, constraint: float
+    ) -> None:
+        """A run stopped for being clearly slow: each timed step's throughput reported to Optuna, then PRUNED.
+
+        Its partial step times are real measurements, so the throughput model learns from them; its peak is not
+        known (the ranks were stopped before reporting), so calibration does not."""
+        tokens = measurement.tokens_per_s
+        p50 = (measurement.step_time_s or {}).get("p50")
+        if not self.settings.pareto and tokens and p50:  # Optuna reports intermediate values for one objective only
+            tokens_per_step = tokens * p50
+            for step, seconds in enumerate(measurement.ranks[0].step_times if measurement.ranks else []):
+                trial.report(tokens_per_step / seconds, step)
+        trial.set_constraint("memory", constraint)
+        self._tell(trial, TrialState.PRUNED)
+        self.guide.after_run(suggestion, p50, tokens)
+        self.on_event(Event(trial.number, "stopped_early", tokens, "stopped early: clearly slower than the best"))
 
     def _stop_in_flight(self, dispatcher: Measurer, reason: str, wait_s: float) -> None:
         """Kill the runs in flight, wait up to ``wait_s`` for them to end, and record each failed with ``reason``;
