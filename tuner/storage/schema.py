@@ -211,10 +211,14 @@ class CalibrationRow(Base):
 
 
 class JobRow(Base):
-    """A queued tuning request (for the job queue of the API server and workers)."""
+    """A queued tuning request (for the job queue of the API server and workers). A running job is leased to its
+    ``worker`` until ``lease_expires_at``, which the worker's heartbeat renews; ``attempts`` counts its claims."""
 
     __tablename__ = "dstune_jobs"
-    __table_args__ = (sa.Index("ix_dstune_jobs_status_created_at", "status", "created_at"),)
+    __table_args__ = (
+        sa.Index("ix_dstune_jobs_status_created_at", "status", "created_at"),
+        sa.Index("ix_dstune_jobs_status_lease_expires_at", "status", "lease_expires_at"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     study_name: Mapped[str] = mapped_column(sa.String(255), index=True)
@@ -226,6 +230,9 @@ class JobRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    lease_expires_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(default=0, server_default="0")
 
 
 TABLES = tuple(sorted(Base.metadata.tables))
