@@ -11,6 +11,7 @@ or torch.
 
 from tuner.storage.engine import DEFAULT_DB_FILE, default_url, is_disconnect, migrations_dir
 from tuner.storage.errors import DatabaseUnavailable, DuplicateConfig, StoreError
+from tuner.storage.owners import new_holder, owner_alive, process_owner, release
 from tuner.storage.queue import DEFAULT_LEASE_S, MAX_ATTEMPTS
 from tuner.storage.records import (
     CalibrationRecord,
@@ -86,6 +87,10 @@ __all__ = [
     "default_url",
     "is_disconnect",
     "migrations_dir",
+    "new_holder",
+    "owner_alive",
+    "process_owner",
     "reason_kind",
+    "release",
     "utcnow",
 ]

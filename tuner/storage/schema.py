@@ -195,6 +195,17 @@ class TrialRow(Base):
     duration_s: Mapped[float | None]
 
 
+class TrialLeaseRow(Base):
+    """Who runs a running trial (a holder of :mod:`tuner.storage.owners`) and until when its lease holds, apart from
+    the trial row. Only a running trial's lease means anything; one left behind by a finished trial is inert."""
+
+    __tablename__ = "dstune_trial_leases"
+
+    trial_id: Mapped[int] = mapped_column(sa.ForeignKey("dstune_trials.id", ondelete="CASCADE"), primary_key=True)
+    owner: Mapped[str] = mapped_column(sa.String(255))
+    lease_expires_at: Mapped[datetime | None]
+
+
 class CalibrationRow(Base):
     """What measurements taught about the estimator on one kind of hardware for one model family."""
 
@@ -254,6 +265,7 @@ __all__ = [
     "JobStatus",
     "StudyRow",
     "StudyStatus",
+    "TrialLeaseRow",
     "TrialRow",
     "TrialStatus",
     "UTCDateTime",

@@ -6,7 +6,9 @@ the sampler learns the infeasible region) without any run; the others go to Ray 
 outcome lands in SQL, and measured peaks (and out-of-memory failures) move the margin for the next trials.
 
 Re-running a study name resumes it: trials a killed process left running are marked failed and retried once, and a
-config already recorded in the study is never run again (its earlier outcome is told to Optuna instead).
+config already recorded in the study is never run again (its earlier outcome is told to Optuna instead). Several
+processes may run one study at once: each holds the trials it runs (owner process and a renewed lease), so resuming
+fails only trials nobody holds, and a config another process recorded or started meanwhile is not run again.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ from tuner.estimator import MemoryEstimate, estimate
 from tuner.measure.dispatch import Dispatcher, DispatchOptions
 from tuner.measure.measurement import CANCELLED, Measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, load_space
-from tuner.storage import DuplicateConfig, Store
+from tuner.storage import DuplicateConfig, Store, StoreError, new_holder, owner_alive, release
 from tuner.study.calibration import Calibration
+from tuner.study.optuna_storage import RetryingRDBStorage
 from tuner.workload import Workload
 
 SAMPLERS = ("tpe", "random", "grid", "gp")
 GRID_PARAMETERS = ("stage", "micro_batch")  # the DeepSpeed-autotuner-like baseline sweep
 RETRIES = 1  # a trial left running by a killed process is run once more
 STOP_WAIT_S = 60.0  # how long a stopped study waits for its killed runs to end before recording them
+TRIAL_LEASE_S = 120.0  # a running trial's lease, renewed every quarter of it while its process lives
+OWNER_ATTR = "dstune_owner"  # Optuna user attribute: the process that asked the trial
 
 
 @dataclass(frozen=True)
@@ -147,9 +152,11 @@ class TuningStudy:
         workload_id = store.upsert_workload(workload)
         self.study_id = store.get_or_create_study(settings.name, workload_id, settings.sampler, settings.to_record()).id
         directions = ["maximize", "minimize"] if settings.pareto else ["maximize"]
+        self.owner = ""  # the holder of the trials a run starts: new in each run, released when it ends
+        self._renewed_at = 0.0
         self.optuna = optuna.create_study(
             study_name=settings.name,
-            storage=store.url,
+            storage=RetryingRDBStorage(store.url, retry_s=store.retry_s),
             directions=directions,
             sampler=make_sampler(settings.sampler, self.space, settings),
             load_if_exists=True,
@@ -173,11 +180,16 @@ class TuningStudy:
 
     # ----------------------------------------------------------------- resume
     def recover(self) -> None:
-        """Fail what a killed process left running, in Optuna and in the store, and queue each for one retry."""
+        """Fail what a killed process left running, in Optuna and in the store, and queue each for one retry; what
+        another live process holds is left alone."""
         storage = self.optuna._storage
+        stale_ids = self.store.mark_stale_running_failed(self.study_id)
+        held = {t.number for t in self.store.trials(self.study_id, status="running")}
         for trial in self.optuna.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if not _optuna_trial_stale(trial, held):
+                continue
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        for trial_id in self.store.mark_stale_running_failed(self.study_id):
+        for trial_id in stale_ids:
             record = self.store.get_trial(trial_id)
             if record is not None and record.attempts <= RETRIES:
                 self.optuna.enqueue_trial(record.params, skip_if_exists=False)
@@ -190,6 +202,7 @@ class TuningStudy:
         stop, the runs in flight are killed and recorded failed (``report.stopped``). Ctrl-C stops the same way,
         without waiting for the killed runs (``report.interrupted``). What finished is always recorded.
         """
+        self.owner = new_holder()
         self.recover()
         deadline = time.monotonic() + self.settings.timeout_s if self.settings.timeout_s else None
         interrupted = stopped = False
@@ -205,6 +218,7 @@ class TuningStudy:
                     continue
                 if not self.in_flight:
                     break
+                self._renew_leases()
                 done, _ = wait(list(self.in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in done:
                     self._finish(future)
@@ -212,12 +226,21 @@ class TuningStudy:
             interrupted = True
         except BaseException:  # the loop itself failed (database gone...): no run may go on behind it
             dispatcher.cancel()  # its trials stay running in the store; resuming fails them and retries (recover)
+            release(self.owner)  # so they are stale from now on, to this process too
             raise
         if stopped or interrupted:
             reason = "interrupted by the user" if interrupted else "cancelled: the study was stopped"
             self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
+        release(self.owner)
         counts = self.store.study_summary(self.study_id).counts
         return StudyReport(self.study_id, interrupted, counts, stopped=stopped)
+
+    def _renew_leases(self) -> None:
+        """Keep holding the trials in flight (every quarter lease), so a resuming process elsewhere leaves them be."""
+        if time.monotonic() - self._renewed_at >= TRIAL_LEASE_S / 4:
+            self._renewed_at = time.monotonic()
+            ids = [trial_id for _, trial_id, _, _ in self.in_flight.values()]
+            self.store.renew_trial_leases(ids, self.owner, TRIAL_LEASE_S)
 
     def trials_started(self) -> int:
         """Trials the study holds so far (every state: the budget counts them all)."""
@@ -225,6 +248,7 @@ class TuningStudy:
 
     def _ask_one(self, dispatcher: Dispatcher) -> None:
         trial = self.optuna.ask()
+        trial.set_user_attr(OWNER_ATTR, self.owner)
         workload = self.settings.workload
         try:
             suggestion = self.space.suggest(trial, workload, self.settings.global_batch, self.settings.nvme_path)
@@ -245,12 +269,16 @@ class TuningStudy:
         if reason is not None:
             self._tell_pruned(trial, suggestion, reason, est=est)
             return
-        if previous is not None:
-            trial_id = previous.id
-            self.store.retry_trial(trial_id, trial.number)
-        else:
-            trial_id = self._record(trial, suggestion, est, "pending")
-        self.store.start_trial(trial_id)
+        try:  # another process on this study may record or start the same config meanwhile: it runs there
+            if previous is not None:
+                trial_id = previous.id
+                self.store.retry_trial(trial_id, trial.number)
+            else:
+                trial_id = self._record(trial, suggestion, est, "pending")
+            self.store.start_trial(trial_id, owner=self.owner, lease_s=TRIAL_LEASE_S)
+        except (DuplicateConfig, StoreError):
+            self._tell_previous(trial, self.store.find_trial_by_key(self.study_id, key))
+            return
         future = dispatcher.submit(trial_workload, suggestion.ds_config)
         self.in_flight[future] = (trial, trial_id, suggestion, est)
         self.on_event(Event(trial.number, "running"))
@@ -278,6 +306,8 @@ class TuningStudy:
                 hardware=self.hardware,
             )
         except DuplicateConfig:  # another process recorded the same config a moment ago
+            if status == "pending":
+                raise  # it is that process's to run
             return self.store.find_trial_by_key(self.study_id, suggestion.key).id
 
     def _tell_pruned(
@@ -353,6 +383,20 @@ class TuningStudy:
             self.store.finish_trial(trial_id, "failed", None, error=reason)
             self._tell(trial, TrialState.FAIL)
         self.in_flight.clear()
+
+
+def _optuna_trial_stale(trial: optuna.trial.FrozenTrial, held: set[int]) -> bool:
+    """True when nobody runs this RUNNING Optuna trial any more: it was asked by a process that is gone (this host),
+    or, by one elsewhere, its trial is not held in the store and it is older than a lease. Trials asked before owners
+    were recorded are stale."""
+    owner = trial.user_attrs.get(OWNER_ATTR)
+    if owner is None:
+        return True
+    alive = owner_alive(owner)
+    if alive is not None:
+        return not alive
+    started = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
+    return trial.number not in held and time.time() - started > TRIAL_LEASE_S
 
 
 def _measured_before_stop(future: Future[Measurement]) -> bool:
