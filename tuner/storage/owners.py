@@ -31,13 +31,14 @@ _lock = threading.Lock()
 
 
 def _start_ticks(pid: int) -> str | None:
-    """The process's start time since boot (``/proc/PID/stat`` field 22), or None when there is no such process."""
+    """The process's start time since boot (``/proc/PID/stat`` field 22), or None when there is no such process or it
+    has died (a zombie its parent has not reaped yet is dead too)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            text = stat.read()
+            fields = stat.read().rsplit(")", 1)[1].split()  # after the command name: field 3 (state) is the first
     except OSError:
         return None
-    return text.rsplit(")", 1)[1].split()[19]  # fields after the command name; field 22 is the 20th of them
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 @functools.cache

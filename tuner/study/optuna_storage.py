@@ -4,7 +4,8 @@ Optuna turns a lost connection into ``StorageInternalError`` and gives up. :clas
 storage call again, with backoff, for up to ``retry_s`` seconds while the database is out of reach
 (:func:`tuner.storage.is_disconnect` on the error or its cause), with pooled connections checked before use. Optuna
 cannot say whether a lost commit landed; the one call where running it twice would fail, finishing a trial, is checked
-on the retry: a trial already in the requested state counts as done.
+on the retry: a trial already in the requested state counts as done. Creating Optuna's tables in a fresh database
+from two processes at once (Optuna does not guard that) is tried again too.
 
 Example:
     >>> import tempfile
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
+import sqlalchemy as sa
 from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
@@ -62,7 +64,13 @@ class RetryingRDBStorage(RDBStorage):
         engine_kwargs = dict(kwargs.pop("engine_kwargs", None) or {})
         if not url.startswith("sqlite"):
             engine_kwargs.setdefault("pool_pre_ping", True)
-        super().__init__(url, engine_kwargs=engine_kwargs, **kwargs)
+        for attempt in range(3):
+            try:
+                super().__init__(url, engine_kwargs=dict(engine_kwargs), **kwargs)
+                return
+            except sa.exc.DBAPIError as error:  # two processes creating Optuna's tables at once: one loses the race
+                if attempt == 2 or not (isinstance(error, sa.exc.IntegrityError) or "already exists" in str(error)):
+                    raise
 
     def _already(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         return self.get_trial(trial_id).state == state
