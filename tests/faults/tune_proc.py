@@ -1,9 +1,9 @@
 """One tuning process for the concurrency tests: ``python tune_proc.py URL STUDY TRIALS SEED LOG``.
 
 The real study loop (:class:`tuner.study.TuningStudy`: ask, estimate, record, tell) on the real store, with a
-measurer that does not train: every config it is asked to measure is appended to LOG (one line per measurement, by
-any process) and answered after a short pause with a throughput derived from the config. Two such processes on one
-study show whether a config is ever measured twice.
+measurer that does not train: every config it is asked to measure (ds_config and activation checkpointing) is
+appended to LOG (one line per measurement, by any process) and answered after a short pause with a throughput derived
+from the config. Two such processes on one study show whether a config is ever measured twice.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ class LoggingMeasurer:
         self.log, self.pool = log, ThreadPoolExecutor(max_workers=self.slots)
         self.cancelled = threading.Event()
 
-    def _measure(self, ds_config: dict[str, Any]) -> Measurement:
-        key = json.dumps(ds_config, sort_keys=True)
+    def _measure(self, workload: Workload, ds_config: dict[str, Any]) -> Measurement:
+        key = json.dumps([ds_config, workload.train.activation_checkpointing], sort_keys=True)
         with open(self.log, "a") as log:
             fcntl.flock(log, fcntl.LOCK_EX)
             log.write(key + "\n")
@@ -43,7 +43,7 @@ class LoggingMeasurer:
         return Measurement(status="ok", tokens_per_s=float(tokens), peak_bytes_per_rank=[1_000_000])
 
     def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
-        return self.pool.submit(self._measure, ds_config)
+        return self.pool.submit(self._measure, workload, ds_config)
 
     def cancel(self) -> None:
         self.cancelled.set()

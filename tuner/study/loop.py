@@ -38,6 +38,7 @@ RETRIES = 1  # a trial left running by a killed process is run once more
 STOP_WAIT_S = 60.0  # how long a stopped study waits for its killed runs to end before recording them
 TRIAL_LEASE_S = 120.0  # a running trial's lease, renewed every quarter of it while its process lives
 OWNER_ATTR = "dstune_owner"  # Optuna user attribute: the process that asked the trial
+OWNERLESS_GRACE_S = 30.0  # an Optuna trial asked this recently may not carry its owner yet
 
 
 @dataclass(frozen=True)
@@ -387,15 +388,16 @@ class TuningStudy:
 
 def _optuna_trial_stale(trial: optuna.trial.FrozenTrial, held: set[int]) -> bool:
     """True when nobody runs this RUNNING Optuna trial any more: it was asked by a process that is gone (this host),
-    or, by one elsewhere, its trial is not held in the store and it is older than a lease. Trials asked before owners
-    were recorded are stale."""
+    or, by one elsewhere, its trial is not held in the store and it is older than a lease. A trial without an owner
+    (asked before owners were recorded, or just asked: the owner is written right after ``ask``) is stale once it is
+    older than :data:`OWNERLESS_GRACE_S`."""
     owner = trial.user_attrs.get(OWNER_ATTR)
+    started = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
     if owner is None:
-        return True
+        return time.time() - started > OWNERLESS_GRACE_S
     alive = owner_alive(owner)
     if alive is not None:
         return not alive
-    started = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
     return trial.number not in held and time.time() - started > TRIAL_LEASE_S
 
 
