@@ -139,12 +139,13 @@ def test_a_worker_running_a_study_carries_on_through_a_restart(server: PrivatePo
     """A real study job (every config pruned, so no training) is running when the server restarts: the worker's
     store and Optuna's storage retry, the job finishes done without a take-over, and no trial is lost or doubled."""
     with Store.open(pg) as store:
-        job = store.enqueue_job("through", pruned_job_request("through", trials=40))
+        job = store.enqueue_job("through", pruned_job_request("through", trials=300))
         stop = threading.Event()
         thread = threading.Thread(target=work, args=(store, "w"), kwargs={"poll": 0.2, "lease_s": 60.0, "stop": stop})
         thread.start()
         try:
             wait_for(lambda: (store.get_job(job.id).progress or {}).get("trials", 0) >= 5, 180, "the job to run")
+            assert store.get_job(job.id).status == "running"
             restart(server)
             wait_for(lambda: store.get_job(job.id).status not in ("queued", "running"), 300, "the job to end")
         finally:
@@ -152,4 +153,4 @@ def test_a_worker_running_a_study_carries_on_through_a_restart(server: PrivatePo
             thread.join(timeout=120)
         final = store.get_job(job.id)
     assert final.status == "done" and final.attempts == 1, final.error
-    check_study(pg, "through", budget=40)
+    check_study(pg, "through", budget=300)
