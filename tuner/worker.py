@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tuner.storage import DEFAULT_LEASE_S, DatabaseUnavailable, JobRecord, Store, StoreError
+from tuner.storage import DEFAULT_LEASE_S, DatabaseUnavailable, JobRecord, Store, StoreError, is_disconnect
 from tuner.study import Event, TuningStudy
 from tuner.study.jobs import JobRequest, study_settings
 
@@ -173,10 +173,10 @@ def run_claimed(store: Store, job: JobRecord, executor: Executor, lease_s: float
     try:
         try:
             outcome = executor(store, job, handle)
-        except DatabaseUnavailable as error:
-            _log.error("job %s: %s; the job is left to its lease", job.id, error)
-            return "unavailable"
         except Exception as error:  # any failure of the job is the job's, not the worker's: record it and go on
+            if isinstance(error, DatabaseUnavailable) or is_disconnect(error):  # Optuna's storage gave up too
+                _log.error("job %s: database unavailable (%s); the job is left to its lease", job.id, error)
+                return "unavailable"
             return _finish(store, job.id, "failed", f"{type(error).__name__}: {error}", holder)
         finally:
             if heartbeat is not None:
@@ -195,9 +195,13 @@ def run_claimed(store: Store, job: JobRecord, executor: Executor, lease_s: float
 
 
 def _finish(store: Store, job_id: int, status: str, error: str | None, holder: str | None) -> str:
-    """Finish the job if this worker still holds it (``holder``; None: unchecked); ``"lost"`` when it does not."""
+    """Finish the job if this worker still holds it (``holder``; None: unchecked); ``"lost"`` when it does not,
+    ``"unavailable"`` when the database cannot be reached (the job is then left to its lease)."""
     try:
         store.finish_job(job_id, status, error, worker=holder)
+    except DatabaseUnavailable as unavailable:  # the job stays running: its lease passes and it is taken over
+        _log.error("job %s: could not record it %s: %s", job_id, status, unavailable)
+        return "unavailable"
     except StoreError as lost:
         if lost.field != "worker":
             raise
