@@ -32,6 +32,8 @@ from tuner.storage.engine import DEFAULT_RETRY_S
 
 _log = logging.getLogger(__name__)
 _NOT_RETRIED = {"remove_session", "upgrade", "get_current_version", "get_head_version", "get_all_versions"}
+# what Optuna's _CachedStorage (the wrapper create_study puts around an RDBStorage) calls besides the public methods
+_PRIVATE_CALLED = ("_create_new_trial", "_get_best_trial_id", "_get_stale_trial_ids", "_get_trials", "_set_trial_param")
 
 
 def _retried(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -78,7 +80,8 @@ class RetryingRDBStorage(RDBStorage):
 
 for _name in dir(RDBStorage):
     _member = getattr(RDBStorage, _name)
-    if not _name.startswith("_") and callable(_member) and _name not in _NOT_RETRIED:
+    public = not _name.startswith("_") and _name not in _NOT_RETRIED
+    if callable(_member) and (public or _name in _PRIVATE_CALLED):
         setattr(RetryingRDBStorage, _name, _retried(_name, _member))
 
 
