@@ -218,7 +218,7 @@ def pg_restart(server: PrivatePostgres) -> Outcome:
     running, doubled = study_faults(url, "r")
     ok = final.status == "done" and final.attempts == 1 and not running and not doubled
     return Outcome(
-        ok, lost=running, duplicated=doubled, recover_s=recover, note=f"{final.status}: {before} trials at the stop"
+        ok, lost=running, duplicated=doubled, recover_s=recover, note=f"{final.status} after {final.attempts} claim(s)"
     )
 
 
