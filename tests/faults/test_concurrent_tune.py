@@ -30,7 +30,7 @@ def test_two_tuners_on_one_study_measure_each_config_once(url: str, tmp_path: Pa
         for _ in range(2)
     ]
     outputs = [process.communicate(timeout=600) for process in processes]
-    assert [process.returncode for process in processes] == [0, 0], [err[-2000:] for _, err in outputs]
+    assert [process.returncode for process in processes] == [0, 0], [err[-8000:] for _, err in outputs]
     measured = Counter(log.read_text().splitlines())
     assert measured and max(measured.values()) == 1, measured.most_common(3)
     with Store.open(url) as store:

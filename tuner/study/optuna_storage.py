@@ -32,6 +32,7 @@ from tuner.storage.engine import DEFAULT_RETRY_S
 
 _log = logging.getLogger(__name__)
 _NOT_RETRIED = {"remove_session", "upgrade", "get_current_version", "get_head_version", "get_all_versions"}
+TABLE_RACE_ATTEMPTS = 10
 # what Optuna's _CachedStorage (the wrapper create_study puts around an RDBStorage) calls besides the public methods
 _PRIVATE_CALLED = ("_create_new_trial", "_get_best_trial_id", "_get_stale_trial_ids", "_get_trials", "_set_trial_param")
 
@@ -66,13 +67,15 @@ class RetryingRDBStorage(RDBStorage):
         engine_kwargs = dict(kwargs.pop("engine_kwargs", None) or {})
         if not url.startswith("sqlite"):
             engine_kwargs.setdefault("pool_pre_ping", True)
-        for attempt in range(3):
+        for attempt in range(TABLE_RACE_ATTEMPTS):
             try:
                 super().__init__(url, engine_kwargs=dict(engine_kwargs), **kwargs)
                 return
             except sa.exc.DBAPIError as error:  # two processes creating Optuna's tables at once: one loses the race
-                if attempt == 2 or not (isinstance(error, sa.exc.IntegrityError) or "already exists" in str(error)):
+                lost_race = isinstance(error, sa.exc.IntegrityError) or "already exists" in str(error)
+                if attempt == TABLE_RACE_ATTEMPTS - 1 or not lost_race:
                     raise
+                time.sleep(0.2 * (attempt + 1))  # let the winner finish creating the other tables
 
     def _already(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         return self.get_trial(trial_id).state == state
