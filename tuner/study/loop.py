@@ -39,6 +39,7 @@ STOP_WAIT_S = 60.0  # how long a stopped study waits for its killed runs to end 
 TRIAL_LEASE_S = 120.0  # a running trial's lease, renewed every quarter of it while its process lives
 OWNER_ATTR = "dstune_owner"  # Optuna user attribute: the process that asked the trial
 OWNERLESS_GRACE_S = 30.0  # an Optuna trial asked this recently may not carry its owner yet
+HOLDER_ATTR = "dstune_holder:"  # Optuna study user attributes: every run of the study, by holder
 
 
 @dataclass(frozen=True)
@@ -186,8 +187,10 @@ class TuningStudy:
         storage = self.optuna._storage
         stale_ids = self.store.mark_stale_running_failed(self.study_id)
         held = {t.number for t in self.store.trials(self.study_id, status="running")}
+        holders = [key.removeprefix(HOLDER_ATTR) for key in self.optuna.user_attrs if key.startswith(HOLDER_ATTR)]
+        others = any(holder != self.owner and owner_alive(holder) is not False for holder in holders)
         for trial in self.optuna.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if not _optuna_trial_stale(trial, held):
+            if not _optuna_trial_stale(trial, held, others):
                 continue
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         for trial_id in stale_ids:
@@ -204,6 +207,7 @@ class TuningStudy:
         without waiting for the killed runs (``report.interrupted``). What finished is always recorded.
         """
         self.owner = new_holder()
+        self.optuna.set_user_attr(HOLDER_ATTR + self.owner, True)  # the study's runs, for recover
         self.recover()
         deadline = time.monotonic() + self.settings.timeout_s if self.settings.timeout_s else None
         interrupted = stopped = False
@@ -386,15 +390,16 @@ class TuningStudy:
         self.in_flight.clear()
 
 
-def _optuna_trial_stale(trial: optuna.trial.FrozenTrial, held: set[int]) -> bool:
+def _optuna_trial_stale(trial: optuna.trial.FrozenTrial, held: set[int], others: bool) -> bool:
     """True when nobody runs this RUNNING Optuna trial any more: it was asked by a process that is gone (this host),
     or, by one elsewhere, its trial is not held in the store and it is older than a lease. A trial without an owner
-    (asked before owners were recorded, or just asked: the owner is written right after ``ask``) is stale once it is
-    older than :data:`OWNERLESS_GRACE_S`."""
+    (asked before owners were recorded, or killed right after ``ask``, before its owner was written) is stale at once
+    when no ``others`` (another run of the study that may be alive) could have just asked it, else once it is older
+    than :data:`OWNERLESS_GRACE_S`."""
     owner = trial.user_attrs.get(OWNER_ATTR)
     started = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
     if owner is None:
-        return time.time() - started > OWNERLESS_GRACE_S
+        return not others or time.time() - started > OWNERLESS_GRACE_S
     alive = owner_alive(owner)
     if alive is not None:
         return not alive
