@@ -13,11 +13,19 @@ the Ray cluster through the Ray Jobs API, as ``dstune worker --job ID`` running 
 a Ray job that ends while its dstune job is still running (the entrypoint crashed) fails the job with the Ray status
 and the tail of the Ray job's logs.
 
+Leases: a claimed job is leased to its worker, and a :class:`Heartbeat` thread renews the lease every quarter of it
+while the job runs (``$DSTUNE_JOB_LEASE_S``, default 60 s). A worker that is killed stops renewing; once the lease has
+passed, the next worker's claim takes the job over and its study resumes (trials the dead worker left running are
+failed and retried once, finished ones are kept), so no job stays ``running`` forever. A worker that finds its lease
+taken (it was stalled longer than the lease) stops its study and leaves the job to the new holder. While the database
+is out of reach, the worker waits for it; a job that failed for that reason is left to its lease.
+
 The executor (what running a job means) is a parameter of :func:`work`: :func:`run_study_job` by default.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shlex
@@ -27,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tuner.storage import JobRecord, Store, StoreError
+from tuner.storage import DEFAULT_LEASE_S, DatabaseUnavailable, JobRecord, Store, StoreError, is_disconnect
 from tuner.study import Event, TuningStudy
 from tuner.study.jobs import JobRequest, study_settings
 
@@ -35,20 +43,67 @@ if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
 STORAGE_ENV = "DSTUNE_STORAGE"
+LEASE_ENV = "DSTUNE_JOB_LEASE_S"
+_log = logging.getLogger(__name__)
+
+
+def default_lease_s() -> float:
+    """The job lease: ``$DSTUNE_JOB_LEASE_S`` seconds, else :data:`tuner.storage.DEFAULT_LEASE_S` (60)."""
+    try:
+        return max(1.0, float(os.environ.get(LEASE_ENV, DEFAULT_LEASE_S)))
+    except ValueError:
+        return DEFAULT_LEASE_S
+
+
+class Heartbeat(threading.Thread):
+    """Renews ``worker``'s lease on a job every ``lease_s / 4`` seconds until :meth:`stop`; sets :attr:`lost` once
+    the job was taken over (or finished) by someone else. A renewal that fails because the database is out of reach
+    is tried again at the next beat: the lease covers outages shorter than itself."""
+
+    def __init__(self, store: Store, job_id: int, worker: str, lease_s: float) -> None:
+        super().__init__(name=f"dstune-heartbeat-{job_id}", daemon=True)
+        self.store, self.job_id, self.worker, self.lease_s = store, job_id, worker, lease_s
+        self.lost = threading.Event()
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self.lease_s / 4):
+            try:
+                held = self.store.renew_lease(self.job_id, self.worker, self.lease_s)
+            except DatabaseUnavailable as error:
+                _log.warning("job %s: lease not renewed: %s", self.job_id, error)
+                continue
+            if held is None:
+                _log.warning("job %s: lease lost (taken over or finished elsewhere); stopping", self.job_id)
+                self.lost.set()
+                return
+
+    def stop(self) -> None:
+        """End the beats (the thread exits within one beat; it is a daemon either way)."""
+        self._stopped.set()
 
 
 class JobHandle:
-    """What an executor may do to its job: report progress, and ask whether it was cancelled."""
+    """What an executor may do to its job: report progress, and ask whether it must stop (cancelled, or its lease
+    was lost to another worker)."""
 
-    def __init__(self, store: Store, job_id: int) -> None:
-        self.store, self.job_id = store, job_id
+    def __init__(self, store: Store, job_id: int, heartbeat: Heartbeat | None = None) -> None:
+        self.store, self.job_id, self.heartbeat = store, job_id, heartbeat
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once another worker took the job over: this one must stop and record nothing more about the job."""
+        return self.heartbeat is not None and self.heartbeat.lost.is_set()
 
     def report(self, progress: dict[str, Any]) -> bool:
-        """Write the job's progress; True when cancellation was requested meanwhile."""
-        return self.store.update_job_progress(self.job_id, progress).status == "cancel_requested"
+        """Write the job's progress; True when the job must stop (cancellation requested, lease lost)."""
+        return self.store.update_job_progress(self.job_id, progress).status == "cancel_requested" or self.lease_lost
 
     def cancel_requested(self) -> bool:
-        """True once ``DELETE /v1/jobs/{id}`` (or :meth:`Store.cancel_job`) asked the running job to stop."""
+        """True once ``DELETE /v1/jobs/{id}`` (or :meth:`Store.cancel_job`) asked the running job to stop, or the
+        lease was lost."""
+        if self.lease_lost:
+            return True
         job = self.store.get_job(self.job_id)
         return job is None or job.status == "cancel_requested"
 
@@ -105,19 +160,52 @@ def run_study_job(
     return "interrupted" if report.interrupted else "done"
 
 
-def run_claimed(store: Store, job: JobRecord, executor: Executor) -> str:
-    """Run a job this worker holds (status running) and record how it ended; returns that status."""
-    handle = JobHandle(store, job.id)
+def run_claimed(store: Store, job: JobRecord, executor: Executor, lease_s: float | None = None) -> str:
+    """Run a job this worker holds (status running) and record how it ended; returns that status, or ``"lost"``
+    (another worker took the job over; nothing recorded) or ``"unavailable"`` (the database went away; the job is
+    left to its lease). A job claimed with a lease has it renewed by a :class:`Heartbeat` (every ``lease_s / 4``)."""
+    heartbeat = None
+    if job.lease_expires_at is not None and job.worker:
+        heartbeat = Heartbeat(store, job.id, job.worker, lease_s or default_lease_s())
+        heartbeat.start()
+    handle = JobHandle(store, job.id, heartbeat)
+    holder = job.worker if heartbeat is not None else None
     try:
-        outcome = executor(store, job, handle)
-    except Exception as error:  # any failure of the job is the job's, not the worker's: record it and go on
-        store.finish_job(job.id, "failed", f"{type(error).__name__}: {error}")
-        return "failed"
-    if outcome == "interrupted":
-        store.finish_job(job.id, "failed", "interrupted: the worker was stopped; finished trials are recorded")
-        raise KeyboardInterrupt
-    status = "cancelled" if outcome == "cancelled" else "done"
-    store.finish_job(job.id, status, "cancelled on request" if status == "cancelled" else None)
+        try:
+            outcome = executor(store, job, handle)
+        except Exception as error:  # any failure of the job is the job's, not the worker's: record it and go on
+            if isinstance(error, DatabaseUnavailable) or is_disconnect(error):  # Optuna's storage gave up too
+                _log.error("job %s: database unavailable (%s); the job is left to its lease", job.id, error)
+                return "unavailable"
+            return _finish(store, job.id, "failed", f"{type(error).__name__}: {error}", holder)
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+        if handle.lease_lost:
+            return "lost"
+        if outcome == "interrupted":
+            stopped = "interrupted: the worker was stopped; finished trials are recorded"
+            _finish(store, job.id, "failed", stopped, holder)
+            raise KeyboardInterrupt
+        status = "cancelled" if outcome == "cancelled" else "done"
+        return _finish(store, job.id, status, "cancelled on request" if status == "cancelled" else None, holder)
+    finally:
+        if heartbeat is not None:
+            heartbeat.join(timeout=5)
+
+
+def _finish(store: Store, job_id: int, status: str, error: str | None, holder: str | None) -> str:
+    """Finish the job if this worker still holds it (``holder``; None: unchecked); ``"lost"`` when it does not,
+    ``"unavailable"`` when the database cannot be reached (the job is then left to its lease)."""
+    try:
+        store.finish_job(job_id, status, error, worker=holder)
+    except DatabaseUnavailable as unavailable:  # the job stays running: its lease passes and it is taken over
+        _log.error("job %s: could not record it %s: %s", job_id, status, unavailable)
+        return "unavailable"
+    except StoreError as lost:
+        if lost.field != "worker":
+            raise
+        return "lost"
     return status
 
 
@@ -129,38 +217,55 @@ def work(
     once: bool = False,
     poll: float = 5.0,
     stop: threading.Event | None = None,
+    lease_s: float | None = None,
 ) -> list[int]:
     """Claim and run jobs until ``stop`` is set (or, with ``once``, until the queue is empty); returns the ids of the
-    jobs this worker ran."""
+    jobs this worker ran. Each job is leased for ``lease_s`` (default :func:`default_lease_s`) and heartbeated; jobs
+    whose worker died (lease passed) are taken over. A database out of reach is waited for (with ``once`` it ends
+    the loop with :class:`DatabaseUnavailable`)."""
     name = name or default_worker_name()
     stop = stop or threading.Event()
+    lease_s = lease_s or default_lease_s()
     ran: list[int] = []
     while not stop.is_set():
-        job = store.claim_next_job(name)
+        try:
+            job = store.claim_next_job(name, lease_s=lease_s)
+        except DatabaseUnavailable as error:
+            if once:
+                raise
+            _log.warning("worker %s: %s; waiting for it", name, error)
+            stop.wait(poll)
+            continue
         if job is None:
             if once:
                 break
             stop.wait(poll)
             continue
         ran.append(job.id)
-        run_claimed(store, job, executor)
+        run_claimed(store, job, executor, lease_s)
     return ran
 
 
-def run_job(store: Store, job_id: int, executor: Executor = run_study_job) -> str:
-    """Run one job by id (``dstune worker --job ID``, what a Ray submission runs). A queued job is claimed first; a
-    job already running (claimed by the submitting worker) is run as it is."""
+def run_job(store: Store, job_id: int, executor: Executor = run_study_job, lease_s: float | None = None) -> str:
+    """Run one job by id (``dstune worker --job ID``, what a Ray submission runs). A queued job (or one whose worker
+    died: lease passed) is claimed; a job the submitting worker holds is handed over to this one (the lease passes
+    here, and this worker's heartbeat renews it); a job held without a lease is run as it is."""
     job = store.get_job(job_id)
     if job is None:
         raise StoreError("job", f"no job {job_id}")
-    if job.status == "queued":
-        claimed = store.claim_job(job_id, default_worker_name())
-        if claimed is None:
-            raise StoreError("job", f"job {job_id} was taken by another worker")
-        job = claimed
-    elif job.status not in ("running", "cancel_requested"):
+    lease_s = lease_s or default_lease_s()
+    name = default_worker_name()
+    if job.status in ("running", "cancel_requested") and job.lease_expires_at is None:
+        return run_claimed(store, job, executor, lease_s)
+    if job.status not in ("queued", "running", "cancel_requested"):
         raise StoreError("job", f"job {job_id} is {job.status}")
-    return run_claimed(store, job, executor)
+    claimed = None
+    if job.status != "queued" and job.worker:
+        claimed = store.renew_lease(job_id, job.worker, lease_s, new_worker=name)
+    claimed = claimed or store.claim_job(job_id, name, lease_s=lease_s)
+    if claimed is None:
+        raise StoreError("job", f"job {job_id} was taken by another worker")
+    return run_claimed(store, claimed, executor, lease_s)
 
 
 RAY_JOB_ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -265,7 +370,7 @@ def submit_loop(
     submitted: list[int] = []
     following = running_submissions(store, address)  # job id -> Ray submission id
     while not stop.is_set():
-        job = store.claim_next_job(name)
+        job = store.claim_next_job(name, lease_s=default_lease_s())
         if job is not None:
             try:
                 following[job.id] = submit_to_ray(store, job, address, storage_url, launcher, client=client)
@@ -274,6 +379,8 @@ def submit_loop(
                 store.finish_job(job.id, "failed", f"Ray submission failed: {type(error).__name__}: {error}")
             continue  # claim the rest of the queue before looking at the cluster
         for job_id, submission_id in list(following.items()):
+            # hold the lease until the cluster's worker takes it over (run_job): the Ray job may wait for resources
+            store.renew_lease(job_id, name, default_lease_s())
             try:
                 ended = follow_submission(store, client, job_id, submission_id)
             except (OSError, RuntimeError):  # the job server did not answer (Ray's errors): look again next poll
@@ -305,8 +412,11 @@ def default_worker_name() -> str:
 
 
 __all__ = [
+    "LEASE_ENV",
     "Executor",
+    "Heartbeat",
     "JobHandle",
+    "default_lease_s",
     "follow_submission",
     "run_claimed",
     "run_job",

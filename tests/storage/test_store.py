@@ -114,7 +114,7 @@ class TestStoreContract:
             finish_ok(old, study_id, "a", 5.0)
             finish_ok(old, study_id, "b", 7.0, number=1)
         with Store.open(url) as store:
-            assert store.current_revision() == "0002"
+            assert store.current_revision() == "0003"
             assert store.best_trial(study_id).tokens_per_s == 7.0
             indexes = {index["name"] for index in sa.inspect(store.engine).get_indexes("dstune_trials")}
             assert "ix_dstune_trials_study_id_status_tokens_per_s" in indexes

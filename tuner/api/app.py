@@ -32,6 +32,7 @@ from tuner.api.answer_cache import AnswerCache
 from tuner.api.budget import OverBudget
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
+from tuner.api.unavailable import register as register_unavailable
 from tuner.profile.service import ProfilePending, default_service
 from tuner.recommend import NoFeasibleConfig
 from tuner.schema import FieldError
@@ -112,6 +113,7 @@ def create_app(
     )
     app.add_exception_handler(ProfilePending, _profile_pending)
     app.add_exception_handler(OverBudget, _profile_pending)
+    register_unavailable(app)  # the database down: 503 with Retry-After, not 500
     for router in ROUTERS:
         app.include_router(router)
     try:  # the dashboard's pages, when that package is installed alongside

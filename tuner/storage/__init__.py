@@ -9,8 +9,10 @@ May import: :mod:`tuner.workload`, :mod:`tuner.errors`, SQLAlchemy, Alembic. Kno
 or torch.
 """
 
-from tuner.storage.engine import DEFAULT_DB_FILE, default_url, migrations_dir
-from tuner.storage.errors import DuplicateConfig, StoreError
+from tuner.storage.engine import DEFAULT_DB_FILE, default_url, is_disconnect, migrations_dir
+from tuner.storage.errors import DatabaseUnavailable, DuplicateConfig, StoreError
+from tuner.storage.owners import new_holder, owner_alive, process_owner, release
+from tuner.storage.queue import DEFAULT_LEASE_S, MAX_ATTEMPTS
 from tuner.storage.records import (
     CalibrationRecord,
     JobRecord,
@@ -48,10 +50,12 @@ from tuner.storage.trials import STALE_ERROR, TRIAL_ORDERS
 
 __all__ = [
     "DEFAULT_DB_FILE",
+    "DEFAULT_LEASE_S",
     "FINISHED_STATUSES",
     "JOB_FINISHED_STATUSES",
     "JOB_STATES",
     "JOB_STATUSES",
+    "MAX_ATTEMPTS",
     "RETRYABLE_STATUSES",
     "STALE_ERROR",
     "STUDY_STATUSES",
@@ -63,6 +67,7 @@ __all__ = [
     "Base",
     "CalibrationRecord",
     "CalibrationRow",
+    "DatabaseUnavailable",
     "DuplicateConfig",
     "JobRecord",
     "JobRow",
@@ -80,7 +85,12 @@ __all__ = [
     "WorkloadRecord",
     "WorkloadRow",
     "default_url",
+    "is_disconnect",
     "migrations_dir",
+    "new_holder",
+    "owner_alive",
+    "process_owner",
     "reason_kind",
+    "release",
     "utcnow",
 ]

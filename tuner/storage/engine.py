@@ -3,6 +3,12 @@
 :class:`Database` is the base of :class:`tuner.storage.Store`: it owns the engine and hands out one-transaction
 sessions; the store's parts (trials, the job queue, the recommender's queries) build on :meth:`Database.session`.
 
+Losing the database (a PostgreSQL restart, a dropped connection) is survived, not just reported: pooled connections are
+checked before use (``pool_pre_ping``), and every public method of a :class:`Database` subclass is retried as a whole
+for up to ``retry_s`` seconds when the database is out of reach, where that is safe: the transaction failed before its
+commit (the server rolled it back) or it only read. A connection lost during a writing commit is not retried (the
+write may have landed). What cannot be done in time raises :class:`~tuner.storage.errors.DatabaseUnavailable`.
+
 Example:
     >>> import tempfile
     >>> with Database.open(f"sqlite:///{tempfile.mkdtemp()}/dstune.db") as database:
@@ -13,20 +19,31 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ParamSpec, Self, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.storage.errors import StoreError
+from tuner.storage.errors import DatabaseUnavailable, StoreError
 from tuner.storage.schema import VERSION_TABLE
 
 DEFAULT_DB_FILE = "dstune.db"
+RETRY_ENV = "DSTUNE_DB_RETRY_S"
+DEFAULT_RETRY_S = 60.0  # a PostgreSQL restart takes seconds; a failover tens of seconds
+CONNECT_TIMEOUT_S = 10  # a host that does not answer at all fails the attempt instead of hanging it
+_DISCONNECT_STATES = ("08", "57P")  # SQLSTATE classes: connection exception; operator intervention (shutdown)
+_log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def default_url() -> str:
@@ -76,20 +93,96 @@ def create_engine(url: str, *, echo: bool = False) -> Engine:
             kwargs["poolclass"] = sa.pool.StaticPool  # one shared in-memory database
     else:
         kwargs["pool_pre_ping"] = True
+        if sa_url.get_backend_name() == "postgresql":
+            kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     engine = sa.create_engine(sa_url, **kwargs)
     if engine.dialect.name == "sqlite":
         configure_sqlite(engine)
     return engine
 
 
+def is_disconnect(error: BaseException) -> bool:
+    """True when ``error`` (or what caused it) says the database is out of reach, not that the statement was wrong:
+    a connection SQLAlchemy invalidated, a refused or failed connect (a driver error without SQLSTATE), or a server
+    error of SQLSTATE class 08 (connection exception) or 57P (shutting down, starting up). SQLite errors ("database is
+    locked") never are."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, sa.exc.DBAPIError):
+            if seen.connection_invalidated:
+                return True
+            if isinstance(seen, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+                orig = seen.orig
+                state = getattr(orig, "sqlstate", getattr(orig, "pgcode", False))  # psycopg 3, psycopg2
+                if state is None or (isinstance(state, str) and state.startswith(_DISCONNECT_STATES)):
+                    return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def default_retry_s() -> float:
+    """How long a store keeps retrying an unreachable database: ``$DSTUNE_DB_RETRY_S``, else 60 s."""
+    try:
+        return max(0.0, float(os.environ.get(RETRY_ENV, DEFAULT_RETRY_S)))
+    except ValueError:
+        return DEFAULT_RETRY_S
+
+
+_retrying_now = threading.local()  # depth of retried calls on this thread: nested store calls do not retry again
+
+
+def retry_unavailable(method: Callable[P, T]) -> Callable[P, T]:
+    """Run ``method`` (of a :class:`Database`) again while the database is unreachable and running it again is safe,
+    with backoff, for up to the database's ``retry_s``; then raise :class:`DatabaseUnavailable`."""
+
+    @functools.wraps(method)
+    def retried(*args: P.args, **kwargs: P.kwargs) -> T:
+        if getattr(_retrying_now, "depth", 0):
+            return method(*args, **kwargs)  # the outermost store call retries the whole operation
+        database = args[0]
+        assert isinstance(database, Database)
+        _retrying_now.depth = 1
+        try:
+            deadline, delay = None, 0.1
+            while True:
+                try:
+                    return method(*args, **kwargs)
+                except (DatabaseUnavailable, sa.exc.DBAPIError) as error:
+                    unavailable = database.unavailable(error)
+                    if unavailable is None:
+                        raise
+                    now = time.monotonic()
+                    deadline = deadline if deadline is not None else now + database.retry_s
+                    if not unavailable.retry_safe or now + delay > deadline:
+                        if unavailable is error:
+                            raise
+                        raise unavailable from error
+                    _log.warning("%s; retrying %s in %.1f s", unavailable, method.__name__, delay)
+                    time.sleep(delay)
+                    delay = min(2 * delay, 2.0)
+        finally:
+            _retrying_now.depth = 0
+
+    return retried
+
+
 class Database:
     """An engine, its sessions and its migrations. Thread-safe.
 
-    ``Database(url)`` only connects; :meth:`open` also migrates the schema to the newest revision.
+    ``Database(url)`` only connects; :meth:`open` also migrates the schema to the newest revision. ``retry_s`` (default
+    :func:`default_retry_s`) bounds how long a public method waits for an unreachable database (see the module doc);
+    every public method a subclass defines is wrapped with :func:`retry_unavailable`.
     """
 
-    def __init__(self, url: str | None = None, *, echo: bool = False) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, member in list(vars(cls).items()):
+            if not name.startswith("_") and callable(member) and not isinstance(member, (classmethod, staticmethod)):
+                setattr(cls, name, retry_unavailable(member))
+
+    def __init__(self, url: str | None = None, *, echo: bool = False, retry_s: float | None = None) -> None:
         self.url = url or default_url()
+        self.retry_s = default_retry_s() if retry_s is None else retry_s
         self.engine = create_engine(self.url, echo=echo)
         self._writer = self.engine.execution_options(dstune_write=True)
         self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -97,9 +190,9 @@ class Database:
         self._migrate_lock = threading.Lock()
 
     @classmethod
-    def open(cls, url: str | None = None, *, echo: bool = False) -> Self:
+    def open(cls, url: str | None = None, *, echo: bool = False, retry_s: float | None = None) -> Self:
         """Connect to ``url`` (default :func:`default_url`) and apply pending migrations (``alembic upgrade head``)."""
-        database = cls(url, echo=echo)
+        database = cls(url, echo=echo, retry_s=retry_s)
         try:
             database.upgrade()
         except BaseException:
@@ -120,12 +213,42 @@ class Database:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.engine.url.render_as_string(hide_password=True)!r})"
 
+    def unavailable(self, error: BaseException) -> DatabaseUnavailable | None:
+        """``error`` as a :class:`DatabaseUnavailable` when it says the database is out of reach, else None."""
+        if isinstance(error, DatabaseUnavailable):
+            return error
+        if not is_disconnect(error):
+            return None
+        detail = " ".join(str(getattr(error, "orig", None) or error).split())[:300]
+        return DatabaseUnavailable(self.engine.url.render_as_string(hide_password=True), detail)
+
     @contextlib.contextmanager
     def session(self, write: bool = True) -> Iterator[Session]:
-        """A session in one transaction: committed when the block ends, rolled back (nothing written) if it raises."""
+        """A session in one transaction: committed when the block ends, rolled back (nothing written) if it raises.
+
+        The database out of reach raises :class:`DatabaseUnavailable`; ``retry_safe`` is False only when a writing
+        transaction lost its connection while committing."""
         factory = self._write_sessions if write else self._read_sessions
-        with factory() as session, session.begin():
-            yield session
+        with factory() as session:
+            session.begin()
+            try:
+                yield session
+                session.flush()
+            except sa.exc.DBAPIError as error:
+                with contextlib.suppress(sa.exc.SQLAlchemyError):
+                    session.rollback()
+                unavailable = self.unavailable(error)
+                if unavailable is None:
+                    raise
+                raise unavailable from error
+            try:
+                session.commit()
+            except sa.exc.DBAPIError as error:
+                unavailable = self.unavailable(error)
+                if unavailable is None:
+                    raise
+                unavailable.retry_safe = not write
+                raise unavailable from error
 
     def alembic_config(self) -> Any:
         """An Alembic ``Config`` for this database and the ``db/`` environment (no alembic.ini needed)."""
@@ -158,4 +281,19 @@ class Database:
             return context.get_current_revision()
 
 
-__all__ = ["DEFAULT_DB_FILE", "Database", "configure_sqlite", "create_engine", "default_url", "migrations_dir"]
+for _name in ("upgrade", "current_revision"):
+    setattr(Database, _name, retry_unavailable(getattr(Database, _name)))
+
+__all__ = [
+    "DEFAULT_DB_FILE",
+    "DEFAULT_RETRY_S",
+    "RETRY_ENV",
+    "Database",
+    "configure_sqlite",
+    "create_engine",
+    "default_retry_s",
+    "default_url",
+    "is_disconnect",
+    "migrations_dir",
+    "retry_unavailable",
+]

@@ -1,4 +1,5 @@
-"""The store's errors: both are :class:`tuner.errors.InputError` (a ``field`` and a message)."""
+"""The store's errors: :class:`StoreError` and :class:`DuplicateConfig` are :class:`tuner.errors.InputError` (a
+``field`` and a message); :class:`DatabaseUnavailable` is not bad input but the database out of reach."""
 
 from __future__ import annotations
 
@@ -27,4 +28,21 @@ class DuplicateConfig(StoreError):
         self.existing_trial_id = existing_trial_id
 
 
-__all__ = ["DuplicateConfig", "StoreError"]
+class DatabaseUnavailable(Exception):
+    """The database could not be reached (refused, shut down, connection lost) for longer than the store retries.
+
+    ``retry_safe`` is False when the connection was lost while committing: the transaction may or may not have been
+    applied, so it was not run again. The API answers 503 for it; the worker leaves its job to the lease.
+
+    Example:
+        >>> error = DatabaseUnavailable("postgresql://db/dstune", "connection refused")
+        >>> str(error), isinstance(error, InputError)
+        ('database postgresql://db/dstune unavailable: connection refused', False)
+    """
+
+    def __init__(self, url: str, detail: str, retry_safe: bool = True) -> None:
+        super().__init__(f"database {url} unavailable: {detail}")
+        self.url, self.detail, self.retry_safe = url, detail, retry_safe
+
+
+__all__ = ["DatabaseUnavailable", "DuplicateConfig", "StoreError"]

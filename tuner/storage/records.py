@@ -102,7 +102,8 @@ class CalibrationRecord:
 
 @dataclass(frozen=True)
 class JobRecord:
-    """A queued tuning job. ``status``: queued, running, cancel_requested, done, failed or cancelled."""
+    """A queued tuning job. ``status``: queued, running, cancel_requested, done, failed or cancelled. A running job
+    is leased to ``worker`` until ``lease_expires_at`` (renewed at ``heartbeat_at``); ``attempts`` counts claims."""
 
     id: int
     study_name: str
@@ -114,6 +115,9 @@ class JobRecord:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    lease_expires_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    attempts: int = 0
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,17 @@ class TrialRow(Base):
     duration_s: Mapped[float | None]
 
 
+class TrialLeaseRow(Base):
+    """Who runs a running trial (a holder of :mod:`tuner.storage.owners`) and until when its lease holds, apart from
+    the trial row. Only a running trial's lease means anything; one left behind by a finished trial is inert."""
+
+    __tablename__ = "dstune_trial_leases"
+
+    trial_id: Mapped[int] = mapped_column(sa.ForeignKey("dstune_trials.id", ondelete="CASCADE"), primary_key=True)
+    owner: Mapped[str] = mapped_column(sa.String(255))
+    lease_expires_at: Mapped[datetime | None]
+
+
 class CalibrationRow(Base):
     """What measurements taught about the estimator on one kind of hardware for one model family."""
 
@@ -211,10 +222,14 @@ class CalibrationRow(Base):
 
 
 class JobRow(Base):
-    """A queued tuning request (for the job queue of the API server and workers)."""
+    """A queued tuning request (for the job queue of the API server and workers). A running job is leased to its
+    ``worker`` until ``lease_expires_at``, which the worker's heartbeat renews; ``attempts`` counts its claims."""
 
     __tablename__ = "dstune_jobs"
-    __table_args__ = (sa.Index("ix_dstune_jobs_status_created_at", "status", "created_at"),)
+    __table_args__ = (
+        sa.Index("ix_dstune_jobs_status_created_at", "status", "created_at"),
+        sa.Index("ix_dstune_jobs_status_lease_expires_at", "status", "lease_expires_at"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     study_name: Mapped[str] = mapped_column(sa.String(255), index=True)
@@ -226,6 +241,9 @@ class JobRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    lease_expires_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(default=0, server_default="0")
 
 
 TABLES = tuple(sorted(Base.metadata.tables))
@@ -247,6 +265,7 @@ __all__ = [
     "JobStatus",
     "StudyRow",
     "StudyStatus",
+    "TrialLeaseRow",
     "TrialRow",
     "TrialStatus",
     "UTCDateTime",

@@ -7,20 +7,22 @@ chose (the Optuna trial number); the ``config_key`` is unique per study, so one 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import timedelta, timezone
-from typing import Any
+from datetime import datetime, timedelta, timezone
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from tuner.storage.engine import Database
 from tuner.storage.errors import DuplicateConfig, StoreError
+from tuner.storage.owners import owner_alive
 from tuner.storage.records import StudyRecord, StudySummary, TrialRecord, as_dict, existing, reason_kind, to_record
 from tuner.storage.schema import (
     FINISHED_STATUSES,
     RETRYABLE_STATUSES,
     TRIAL_STATUSES,
     StudyRow,
+    TrialLeaseRow,
     TrialRow,
     TrialStatus,
     utcnow,
@@ -133,23 +135,46 @@ class TrialStore(Database):
         with self.session(write=False) as session:
             return to_record(TrialRecord, existing(session, TrialRow, trial_id, "trial"))
 
-    def start_trial(self, trial_id: int, hardware: str | None = None) -> TrialRecord:
-        """Mark a trial running: ``started_at`` now, ``attempts`` + 1, earlier results cleared.
+    def start_trial(
+        self, trial_id: int, hardware: str | None = None, owner: str | None = None, lease_s: float | None = None
+    ) -> TrialRecord:
+        """Mark a trial running: ``started_at`` now, ``attempts`` + 1, earlier results cleared; held by ``owner``
+        (:func:`~tuner.storage.owners.process_owner`) for ``lease_s`` seconds (renewed by
+        :meth:`renew_trial_leases`).
 
-        Allowed from pending and from the retryable failures (failed, error, timeout); otherwise StoreError.
+        Allowed from pending and from the retryable failures (failed, error, timeout); otherwise StoreError (so of two
+        processes starting one trial, one gets the error).
         """
         with self.session() as session:
-            row = existing(session, TrialRow, trial_id, "trial")
+            row = existing(session, TrialRow, trial_id, "trial", with_for_update=True)
             if row.status not in RETRYABLE_STATUSES:
                 raise StoreError("status", f"trial {trial_id} is {row.status}; cannot start it")
             row.status = TrialStatus.RUNNING
             row.attempts += 1
-            row.started_at = utcnow()
+            row.started_at = now = utcnow()
             row.finished_at = row.duration_s = row.measurement = row.tokens_per_s = row.peak_bytes = row.error = None
+            if owner is not None:
+                expires = None if lease_s is None else now + timedelta(seconds=lease_s)
+                session.merge(TrialLeaseRow(trial_id=trial_id, owner=owner, lease_expires_at=expires))
             if hardware is not None:
                 row.hardware = hardware
             session.flush()
             return to_record(TrialRecord, row)
+
+    def renew_trial_leases(self, trial_ids: Iterable[int], owner: str, lease_s: float) -> int:
+        """Extend ``owner``'s leases on its running trials to ``lease_s`` seconds from now; returns how many it
+        holds."""
+        ids = list(trial_ids)
+        if not ids:
+            return 0
+        with self.session() as session:
+            result = session.execute(
+                sa.update(TrialLeaseRow)
+                .where(TrialLeaseRow.trial_id.in_(ids), TrialLeaseRow.owner == owner)
+                .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+                .execution_options(synchronize_session=False)
+            )
+            return int(cast(sa.CursorResult[Any], result).rowcount)
 
     def retry_trial(self, trial_id: int, number: int) -> TrialRecord:
         """Make a failed (or error/timeout) trial pending again under a new Optuna trial ``number``.
@@ -200,10 +225,12 @@ class TrialStore(Database):
             return to_record(TrialRecord, row)
 
     def mark_stale_running_failed(self, study_id: int, older_than: timedelta | None = None) -> list[int]:
-        """Mark the study's running trials failed (their process died); returns their ids.
+        """Mark the study's running trials that nobody holds failed (their process died); returns their ids.
 
         Call on resume, before dispatching: a trial left running by a killed process would otherwise stay running
-        forever. ``older_than`` spares trials started more recently than that.
+        forever. A trial is held while its ``owner`` process lives (same host) or its lease has not passed (another
+        host); trials of another live process on the same study are left alone. Trials without an owner (started
+        before leases existed) count as stale. ``older_than`` spares trials started more recently than that.
         """
         with self.session() as session:
             query = sa.select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.status == TrialStatus.RUNNING)
@@ -211,11 +238,18 @@ class TrialStore(Database):
                 query = query.where(TrialRow.started_at < utcnow() - older_than)
             rows = list(session.scalars(query.order_by(TrialRow.id).with_for_update()))
             now = utcnow()
-            for row in rows:
+            leases = {
+                lease.trial_id: lease
+                for lease in session.scalars(
+                    sa.select(TrialLeaseRow).where(TrialLeaseRow.trial_id.in_([row.id for row in rows]))
+                )
+            }
+            stale = [row for row in rows if not _held(leases.get(row.id), now)]
+            for row in stale:
                 row.status = TrialStatus.FAILED
                 row.error = STALE_ERROR
                 row.finished_at = now
-            return [row.id for row in rows]
+            return [row.id for row in stale]
 
     def trials(
         self,
@@ -268,6 +302,16 @@ class TrialStore(Database):
                 reasons[kind] = reasons.get(kind, 0) + count
         ordered = dict(sorted(reasons.items(), key=lambda item: (-item[1], item[0])))
         return StudySummary(study, sum(counts.values()), counts, ordered, self.best_trial(study_id))
+
+
+def _held(lease: TrialLeaseRow | None, now: datetime) -> bool:
+    """True while the trial's holder lives (this host) or, elsewhere, its lease has not passed."""
+    if lease is None:
+        return False
+    alive = owner_alive(lease.owner)
+    if alive is not None:
+        return alive
+    return lease.lease_expires_at is not None and lease.lease_expires_at >= now
 
 
 __all__ = ["STALE_ERROR", "TRIAL_ORDERS", "TrialStore"]

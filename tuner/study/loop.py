@@ -6,7 +6,9 @@ the sampler learns the infeasible region) without any run; the others go to Ray 
 outcome lands in SQL, and measured peaks (and out-of-memory failures) move the margin for the next trials.
 
 Re-running a study name resumes it: trials a killed process left running are marked failed and retried once, and a
-config already recorded in the study is never run again (its earlier outcome is told to Optuna instead).
+config already recorded in the study is never run again (its earlier outcome is told to Optuna instead). Several
+processes may run one study at once: each holds the trials it runs (owner process and a renewed lease), so resuming
+fails only trials nobody holds, and a config another process recorded or started meanwhile is not run again.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from tuner.estimator import MemoryEstimate, estimate, resolve
 from tuner.measure.dispatch import DispatchOptions
 from tuner.measure.measurement import CANCELLED, Measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
-from tuner.storage import DuplicateConfig, Store
+from tuner.storage import DuplicateConfig, Store, StoreError, new_holder, owner_alive, release
 from tuner.study.calibration import Calibration
 from tuner.study.early_stop import SlowRunStopper
 from tuner.study.measurer import Measurer
+from tuner.study.optuna_storage import RetryingRDBStorage
 from tuner.study.pruning import memory_reason
 from tuner.study.throughput_fit import throughput_summary
 from tuner.study.warm_start import ThroughputGuide
@@ -39,6 +42,10 @@ GRID_PARAMETERS = ("stage", "micro_batch")  # the DeepSpeed-autotuner-like basel
 RETRIES = 1  # a trial left running by a killed process is run once more
 STOP_WAIT_S = 60.0  # how long a stopped study waits for its killed runs to end before recording them
 REPEAT_LIMIT = 100  # proposals in a row that repeat recorded configs before the space counts as exhausted
+TRIAL_LEASE_S = 120.0  # a running trial's lease, renewed every quarter of it while its process lives
+OWNER_ATTR = "dstune_owner"  # Optuna user attribute: the process that asked the trial
+OWNERLESS_GRACE_S = 30.0  # an Optuna trial asked this recently may not carry its owner yet
+HOLDER_ATTR = "dstune_holder:"  # Optuna study user attributes: every run of the study, by holder
 
 
 @dataclass(frozen=True)
@@ -147,9 +154,11 @@ class TuningStudy:
         directions: list[Literal["maximize", "minimize"]] = (
             ["maximize", "minimize"] if settings.pareto else ["maximize"]
         )
+        self.owner = ""  # the holder of the trials a run starts: new in each run, released when it ends
+        self._renewed_at = 0.0
         self.optuna = optuna.create_study(
             study_name=settings.name,
-            storage=store.url,
+            storage=RetryingRDBStorage(store.url, retry_s=store.retry_s),
             directions=directions,
             sampler=make_sampler(settings.sampler, self.space, settings),
             load_if_exists=True,
@@ -187,11 +196,18 @@ class TuningStudy:
 
     # ----------------------------------------------------------------- resume
     def recover(self) -> None:
-        """Fail what a killed process left running, in Optuna and in the store, and queue each for one retry."""
+        """Fail what a killed process left running, in Optuna and in the store, and queue each for one retry; what
+        another live process holds is left alone."""
         storage = self.optuna._storage
+        stale_ids = self.store.mark_stale_running_failed(self.study_id)
+        held = {t.number for t in self.store.trials(self.study_id, status="running")}
+        holders = [key.removeprefix(HOLDER_ATTR) for key in self.optuna.user_attrs if key.startswith(HOLDER_ATTR)]
+        others = any(holder != self.owner and owner_alive(holder) is not False for holder in holders)
         for trial in self.optuna.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if not _optuna_trial_stale(trial, held, others):
+                continue
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        for trial_id in self.store.mark_stale_running_failed(self.study_id):
+        for trial_id in stale_ids:
             record = self.store.get_trial(trial_id)
             if record is not None and record.params is not None and record.attempts <= RETRIES:
                 self.optuna.enqueue_trial(record.params, skip_if_exists=False)
@@ -210,6 +226,8 @@ class TuningStudy:
         stop, the runs in flight are killed and recorded failed (``report.stopped``). Ctrl-C stops the same way,
         without waiting for the killed runs (``report.interrupted``). What finished is always recorded.
         """
+        self.owner = new_holder()
+        self.optuna.set_user_attr(HOLDER_ATTR + self.owner, True)  # the study's runs, for recover
         self.recover()
         if self.guided and not self.optuna.get_trials(deepcopy=False):  # a new study: the model's best first
             for params in self.guide.warm_start():
@@ -231,6 +249,7 @@ class TuningStudy:
                     continue
                 if not self.in_flight:
                     break
+                self._renew_leases()
                 done, _ = wait(list(self.in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in done:
                     self._finish(future)
@@ -238,12 +257,21 @@ class TuningStudy:
             interrupted = True
         except BaseException:  # the loop itself failed (database gone...): no run may go on behind it
             dispatcher.cancel()  # its trials stay running in the store; resuming fails them and retries (recover)
+            release(self.owner)  # so they are stale from now on, to this process too
             raise
         if stopped or interrupted:
             reason = "interrupted by the user" if interrupted else "cancelled: the study was stopped"
             self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
+        release(self.owner)
         counts = self.store.study_summary(self.study_id).counts
         return StudyReport(self.study_id, interrupted, counts, stopped=stopped, exhausted=exhausted)
+
+    def _renew_leases(self) -> None:
+        """Keep holding the trials in flight (every quarter lease), so a resuming process elsewhere leaves them be."""
+        if time.monotonic() - self._renewed_at >= TRIAL_LEASE_S / 4:
+            self._renewed_at = time.monotonic()
+            ids = [entry[1] for entry in self.in_flight.values()]
+            self.store.renew_trial_leases(ids, self.owner, TRIAL_LEASE_S)
 
     def configs_recorded(self) -> int:
         """Distinct configs the study holds so far, measured, pruned or in flight: what the budget counts."""
@@ -256,6 +284,7 @@ class TuningStudy:
             if pick is not None:
                 self.optuna.enqueue_trial(pick)
         trial = self.optuna.ask()
+        trial.set_user_attr(OWNER_ATTR, self.owner)
         workload = self.settings.workload
         try:
             suggestion = self.space.suggest(trial, workload, self.settings.global_batch, self.settings.nvme_path)
@@ -276,12 +305,19 @@ class TuningStudy:
             trial.set_constraint("memory", constraint)
             self._tell_pruned(trial, suggestion, reason, est=est)
             return True
-        if previous is not None:
-            trial_id = previous.id
-            self.store.retry_trial(trial_id, trial.number)
-        else:
-            trial_id = self._record(trial, suggestion, est, "pending", constraint=constraint)
-        self.store.start_trial(trial_id)
+        try:  # another process on this study may record or start the same config meanwhile: it runs there
+            if previous is not None:
+                trial_id = previous.id
+                self.store.retry_trial(trial_id, trial.number)
+            else:
+                trial_id = self._record(trial, suggestion, est, "pending", constraint=constraint)
+            self.store.start_trial(trial_id, owner=self.owner, lease_s=TRIAL_LEASE_S)
+        except (DuplicateConfig, StoreError):
+            recorded = self.store.find_trial_by_key(self.study_id, key)
+            if recorded is None:
+                raise
+            self._tell_previous(trial, recorded)
+            return False
         future = dispatcher.submit(
             trial_workload, suggestion.ds_config, on_step=self._step_hook(trial_workload, suggestion)
         )
@@ -348,6 +384,8 @@ class TuningStudy:
                 hardware=self.hardware,
             )
         except DuplicateConfig:  # another process recorded the same config a moment ago
+            if status == "pending":
+                raise  # it is that process's to run
             found = self.store.find_trial_by_key(self.study_id, suggestion.key)
             assert found is not None, "the trial this config repeats is recorded"
             return found.id
@@ -444,6 +482,22 @@ class TuningStudy:
             trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.FAIL)
         self.in_flight.clear()
+
+
+def _optuna_trial_stale(trial: optuna.trial.FrozenTrial, held: set[int], others: bool) -> bool:
+    """True when nobody runs this RUNNING Optuna trial any more: it was asked by a process that is gone (this host),
+    or, by one elsewhere, its trial is not held in the store and it is older than a lease. A trial without an owner
+    (asked before owners were recorded, or killed right after ``ask``, before its owner was written) is stale at once
+    when no ``others`` (another run of the study that may be alive) could have just asked it, else once it is older
+    than :data:`OWNERLESS_GRACE_S`."""
+    owner = trial.user_attrs.get(OWNER_ATTR)
+    started = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
+    if owner is None:
+        return not others or time.time() - started > OWNERLESS_GRACE_S
+    alive = owner_alive(owner)
+    if alive is not None:
+        return not alive
+    return trial.number not in held and time.time() - started > TRIAL_LEASE_S
 
 
 def _measured_before_stop(future: Future[Measurement]) -> bool:

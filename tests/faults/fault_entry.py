@@ -1,0 +1,27 @@
+"""A rank program for the fault tests: the real ``tuner.measure.runner``, with one fault in one rank's training step.
+
+Usage (as a launcher entry): ``python fault_entry.py FAULT RANK_WITH_FAULT RUN_DIR RANK``. FAULT is ``sigkill`` (the
+rank is SIGKILLed mid-step: no report, no cleanup) or ``sigstop`` (the rank is stopped mid-step: a hang that no
+timeout inside the process can end).
+"""
+
+import os
+import signal
+import sys
+
+from tuner.measure import runner
+
+
+def main() -> int:
+    fault, target, run_dir, rank = sys.argv[1:5]
+    if int(rank) == int(target):
+
+        def faulty_step(self, engine, batches, probe=False):  # type: ignore[no-untyped-def]
+            os.kill(os.getpid(), signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
+
+        runner.TrainingProcess._train_step = faulty_step
+    return runner.main([run_dir, rank])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
