@@ -42,7 +42,7 @@ class LoggingMeasurer:
         tokens = 1000 + int(hashlib.sha256(key.encode()).hexdigest()[:4], 16) % 1000
         return Measurement(status="ok", tokens_per_s=float(tokens), peak_bytes_per_rank=[1_000_000])
 
-    def submit(self, workload: Workload, ds_config: dict[str, Any]) -> Future[Measurement]:
+    def submit(self, workload: Workload, ds_config: dict[str, Any], on_step: Any = None) -> Future[Measurement]:
         return self.pool.submit(self._measure, workload, ds_config)
 
     def cancel(self) -> None:
