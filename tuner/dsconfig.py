@@ -72,7 +72,12 @@ def load_ds_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError("ds-config", f"no such file: {file}")
     try:
         config = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (
+        OSError,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        RecursionError,
+    ) as error:  # RecursionError: absurd nesting
         raise ConfigError("ds-config", f"cannot read {file} as JSON: {error}") from None
     if not isinstance(config, dict):
         raise ConfigError("ds-config", f"{file} must hold a JSON object, got {type(config).__name__}")
