@@ -193,3 +193,12 @@ def test_core_imports_no_heavy_dependency() -> None:
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_absurd_batch_in_a_ds_config_is_refused_by_name() -> None:
+    """A fuzz finding: micro-batch 10**40 in a ds_config file was estimated (5e38 GiB) and even measured."""
+    work = Workload(load_model("tiny-gpt2"))
+    with pytest.raises(ConfigError) as caught:
+        estimate(work, {"train_micro_batch_size_per_gpu": 10**40})
+    assert caught.value.field == "train_micro_batch_size_per_gpu"
+    assert estimate(work, {"train_micro_batch_size_per_gpu": 4}).per_gpu["total"] > 0

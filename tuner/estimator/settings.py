@@ -274,6 +274,9 @@ def _gather_on_save(zero: dict[str, Any]) -> bool:
     return any(_bool(zero, key, False, "zero_optimization.") for key in GATHER_ON_SAVE_KEYS if key in zero)
 
 
+MAX_BATCH = 2**31  # samples: beyond any real global batch (and what the schema's micro-batch × ranks allows)
+
+
 def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tuple[int, int, int]:
     """(micro-batch, accumulation steps, global batch) by DeepSpeed's rules."""
     total = config.get("train_batch_size")
@@ -288,6 +291,8 @@ def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tupl
             if value == "auto":
                 raise ConfigError(key, '"auto" is a Hugging Face Trainer placeholder; give a number')
             raise ConfigError(key, f"must be a positive integer, got {value!r}")
+        if value is not None and value > MAX_BATCH:  # no run trains 10**40 samples at once: a typo, refused early
+            raise ConfigError(key, f"must be at most {MAX_BATCH}, got {value}")
     if micro is None and accum is None and total is None:
         micro, accum = workload.train.micro_batch, workload.train.grad_accum
     elif micro is None and total is not None:
