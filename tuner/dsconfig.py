@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.estimator.settings import ConfigError
+from tuner.workload import TrainSpec
 
 PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
 DEFAULT_LR = 1e-4
@@ -59,6 +60,29 @@ def _offload_section(device: str, nvme_path: str | None) -> dict[str, Any]:
     if device == "nvme" and nvme_path:
         section["nvme_path"] = nvme_path
     return section
+
+
+def workload_config(
+    train: TrainSpec,
+    stage: int,
+    offload_optimizer: str,
+    offload_param: str,
+    nvme_path: str | None = None,
+    override: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The config of a workload's training settings and the shortcut flags, with ``override`` (a user's ds_config)
+    merged over it: the one way the CLI and the API build the config they estimate or measure.
+
+    Example:
+        >>> from tuner.workload import TrainSpec
+        >>> workload_config(TrainSpec(micro_batch=2), 3, "none", "none", override={"gradient_clipping": 0.5})[
+        ...     "zero_optimization"]["stage"]
+        3
+    """
+    config = shortcut_config(
+        train.micro_batch, train.grad_accum, train.precision, stage, offload_optimizer, offload_param, nvme_path
+    )
+    return config if override is None else merge_configs(config, override)
 
 
 def load_ds_config(path: str | Path) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Annotated, Any, get_type_hints
 import typer
 
 from tuner.cli.common import default_device, fail
-from tuner.dsconfig import load_ds_config, merge_configs, shortcut_config
+from tuner.dsconfig import load_ds_config, workload_config
 from tuner.errors import InputError
 from tuner.estimator import estimate, resolve
 from tuner.profile import with_profile
@@ -176,18 +176,10 @@ def build(flags: WorkloadFlags) -> tuple[Workload, dict[str, Any]]:
             },
         )
         workload = to_workload(request, config_name=name)
-        train = workload.train
-        ds_config = shortcut_config(
-            train.micro_batch,
-            train.grad_accum,
-            train.precision,
-            flags.stage,
-            flags.offload_optimizer,
-            flags.offload_param,
-            flags.nvme_path,
+        override = load_ds_config(flags.ds_config) if flags.ds_config is not None else None
+        ds_config = workload_config(
+            workload.train, flags.stage, flags.offload_optimizer, flags.offload_param, flags.nvme_path, override
         )
-        if flags.ds_config is not None:
-            ds_config = merge_configs(ds_config, load_ds_config(flags.ds_config))
         # the precision the ds_config trains in (a --ds-config may change it): its traced activations
         workload = with_profile(workload, precisions=(resolve(workload, ds_config).precision,))
         estimate(workload, ds_config)  # validates the config; cheap

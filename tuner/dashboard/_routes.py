@@ -79,21 +79,26 @@ def home(request: Request) -> HTMLResponse:
     return _page(request, "home.html", context)
 
 
-def _find_trial(store: Store, study: StudyRecord, number: int) -> TrialRecord | None:
-    return next((t for t in store.trials(study.id, order_by="number") if t.number == number), None)
+def _study_trial(request: Request, name: str, number: int) -> tuple[StudyRecord, TrialRecord] | HTMLResponse:
+    """A study's trial by number, or the not-found page naming what is missing."""
+    store = _store(request)
+    study = store.get_study(name)
+    if study is None:
+        return _not_found(request, f"There is no study called {name!r}.")
+    trial = next((t for t in store.trials(study.id, order_by="number") if t.number == number), None)
+    if trial is None:
+        return _not_found(request, f"Study {name!r} has no trial {number}.")
+    return study, trial
 
 
 # Registered before the study page: study names may hold "/", so the study route matches any path below /studies/.
 @router.get("/studies/{name:path}/trials/{number:int}/ds_config.json", name="dashboard_ds_config")
 def download_ds_config(request: Request, name: str, number: int) -> Response:
     """A trial's ds_config as a JSON attachment, ready for ``deepspeed --deepspeed_config``."""
-    store = _store(request)
-    study = store.get_study(name)
-    if study is None:
-        return _not_found(request, f"There is no study called {name!r}.")
-    trial = _find_trial(store, study, number)
-    if trial is None:
-        return _not_found(request, f"Study {name!r} has no trial {number}.")
+    found = _study_trial(request, name, number)
+    if isinstance(found, HTMLResponse):
+        return found
+    study, trial = found
     if not trial.ds_config:
         return _not_found(request, f"Trial {number} has no ds_config: the search space rejected its parameters.")
     filename = f"ds_config_{quote(study.name, safe='')}_trial{number}.json"
@@ -107,13 +112,10 @@ def download_ds_config(request: Request, name: str, number: int) -> Response:
 @router.get("/studies/{name:path}/trials/{number:int}", response_class=HTMLResponse, name="dashboard_trial")
 def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
     """One trial: its config, outcome and rank report (where each rank ran, its peaks and step times)."""
-    store = _store(request)
-    study = store.get_study(name)
-    if study is None:
-        return _not_found(request, f"There is no study called {name!r}.")
-    trial = _find_trial(store, study, number)
-    if trial is None:
-        return _not_found(request, f"Study {name!r} has no trial {number}.")
+    found = _study_trial(request, name, number)
+    if isinstance(found, HTMLResponse):
+        return found
+    study, trial = found
     context = {
         "title": f"{study.name} trial {number} · dstune",
         "study": study,

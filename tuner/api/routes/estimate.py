@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import EstimateRequest, EstimateResponse
-from tuner.dsconfig import merge_configs, shortcut_config
+from tuner.dsconfig import workload_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.recommend import hardware_of
 from tuner.schema import FieldError, Loc, check_request, to_workload
@@ -52,17 +52,9 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
     store = store_of(request)
     try:
         workload = to_workload(body.workload, ("workload",), inline=False)
-        train = workload.train
-        config = shortcut_config(
-            train.micro_batch,
-            train.grad_accum,
-            train.precision,
-            body.stage,
-            body.offload_optimizer,
-            body.offload_param,
+        config = workload_config(
+            workload.train, body.stage, body.offload_optimizer, body.offload_param, override=body.ds_config
         )
-        if body.ds_config is not None:
-            config = merge_configs(config, body.ds_config)
         est = checked_estimate(workload, config)
     except FieldError as error:
         raise invalid(error) from None
