@@ -42,7 +42,11 @@ def store(url: str) -> Iterator[Store]:
 
 
 SLOW_FIXTURES = {"postgres_url", "driver"}  # a PostgreSQL server, a real browser
-SLOW_FILES = {"test_worker_ray_jobs.py", "test_models.py"}  # a real Ray head; training the built-in models in torch
+SLOW_FILES = {  # a real Ray head; training the built-in models in torch; a PostgreSQL server stopped and started
+    "test_worker_ray_jobs.py",
+    "test_models.py",
+    "test_database_restart.py",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
