@@ -121,12 +121,14 @@ class RankProcess:
     place: RankPlace | None = None
     killed_for: str | None = None
     exited_at: float | None = None
+    signalled_at: float | None = None  # wall-clock time of the launcher's first SIGTERM or SIGKILL
 
     def terminate(self, reason: str | None = None) -> None:
         """Ask the rank's process group to stop (SIGTERM: the rank unwinds, releasing the build locks it holds)."""
         if self.process.poll() is None:
             if reason:
                 self.killed_for = reason
+            self.signalled_at = self.signalled_at or time.time()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
 
@@ -134,6 +136,7 @@ class RankProcess:
         """Kill the rank's whole process group and reap it."""
         if reason and self.process.poll() is None:
             self.killed_for = reason
+            self.signalled_at = self.signalled_at or time.time()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
@@ -242,10 +245,18 @@ def collect_rank(run_dir: Path, rank: RankProcess) -> RankResult:
     return placed(_rank_outcome(run_dir, rank), rank.place)
 
 
+KILLED_BY_LAUNCHER = frozenset({"timeout", "peer", "cancelled"})
+
+
 def _rank_outcome(run_dir: Path, rank: RankProcess) -> RankResult:
     path = result_path(run_dir, rank.rank)
     if path.exists():
-        return RankResult.from_dict(json.loads(path.read_text()))
+        report = RankResult.from_dict(json.loads(path.read_text()))
+        # an error written after the launcher's signal (e.g. a RecursionError from an import SIGTERM interrupted) says
+        # how the rank died, not what the config did: then the launcher's reason wins
+        after_signal = rank.signalled_at is not None and path.stat().st_mtime >= rank.signalled_at
+        if report.status == "ok" or rank.killed_for not in KILLED_BY_LAUNCHER or not after_signal:
+            return report
     code = rank.process.returncode
     if rank.killed_for == "timeout":
         return RankResult(rank.rank, "timeout", error=f"killed at the timeout\n{_tail(rank.log)}")

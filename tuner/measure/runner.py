@@ -376,7 +376,11 @@ class Terminated(BaseException):
     blocks run, and torch's extension build lock is released instead of left behind for every later run."""
 
 
+_terminated: list[int] = []  # the signal, once received: a report written while unwinding from it is not the config's
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    _terminated.append(signum)
     raise Terminated
 
 
@@ -392,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             process.result.timings["start_s"] = max(0.0, time.monotonic() - float(spawned))
         result = process.run()
     except Terminated:
+        return 128 + signal.SIGTERM
+    if _terminated:  # Terminated was swallowed or replaced while unwinding (e.g. mid-import): the launcher classifies
         return 128 + signal.SIGTERM
     write_json_atomically(result_path(run_dir, rank), asdict(result))
     code = 0

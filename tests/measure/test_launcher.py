@@ -1,0 +1,52 @@
+"""How the local launcher classifies a rank from its report and from why it killed the rank (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from tuner.measure.launcher import RankProcess, collect_rank
+from tuner.measure.measurement import CANCELLED, RankResult
+from tuner.measure.runner import result_path
+
+
+def sleeping_rank(tmp_path: Path) -> RankProcess:
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    return RankProcess(0, process, tmp_path / "rank0.log")
+
+
+def write_report(tmp_path: Path, result: RankResult, mtime: float) -> None:
+    path = result_path(tmp_path, 0)
+    path.write_text(json.dumps(asdict(result)))
+    os.utime(path, (mtime, mtime))
+
+
+def test_an_error_reported_after_the_cancel_signal_is_the_cancel(tmp_path: Path) -> None:
+    """A rank unwinding from SIGTERM mid-import reported a RecursionError: the run was cancelled, not broken."""
+    rank = sleeping_rank(tmp_path)
+    rank.kill("cancelled")
+    assert rank.signalled_at is not None
+    write_report(tmp_path, RankResult(0, "error", exception_type="builtins.RecursionError"), rank.signalled_at + 0.5)
+    assert collect_rank(tmp_path, rank).exception_type == CANCELLED
+
+
+def test_an_error_reported_before_the_signal_is_kept(tmp_path: Path) -> None:
+    """A rank that reported its OOM and was still tearing down when the timeout struck: the OOM stands."""
+    rank = sleeping_rank(tmp_path)
+    rank.kill("timeout")
+    assert rank.signalled_at is not None
+    write_report(tmp_path, RankResult(0, "oom", exception_type="torch.OutOfMemoryError"), rank.signalled_at - 5)
+    outcome = collect_rank(tmp_path, rank)
+    assert (outcome.status, outcome.exception_type) == ("oom", "torch.OutOfMemoryError")
+
+
+def test_a_finished_report_is_kept_whenever_it_was_written(tmp_path: Path) -> None:
+    rank = sleeping_rank(tmp_path)
+    rank.kill("cancelled")
+    write_report(tmp_path, RankResult(0, "ok"), time.time() + 1)
+    assert collect_rank(tmp_path, rank).status == "ok"
