@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
 os.environ.setdefault("DSTUNE_PROFILE_CACHE", str(ROOT / ".cache" / "profiles"))
+os.environ.setdefault("DSTUNE_FORKSERVER_IDLE_S", "60")  # the tests' fork servers leave soon after the tests
 
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -46,6 +47,7 @@ SLOW_FILES = {  # a real Ray head; training the built-in models in torch; a Post
     "test_worker_ray_jobs.py",
     "test_models.py",
     "test_database_restart.py",
+    "test_forkserver.py",  # a fork server that imports torch and DeepSpeed
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import resource
 import signal
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.estimator import resolve
+from tuner.measure.forkserver import ForkedProcess, ForkServerUnavailable, forget_client, node_client
 from tuner.measure.measurement import (
     CANCELLED,
     EXCERPT_CHARS,
@@ -42,6 +44,7 @@ from tuner.measure.measurement import (
 from tuner.measure.runner import SPAWNED_AT, RunSpec, read_progress, result_path, timings_path
 from tuner.workload import workload_from_dict
 
+logger = logging.getLogger(__name__)
 PEER_GRACE_S = 10.0
 TERM_GRACE_S = 3.0  # between SIGTERM and SIGKILL when the launcher stops a rank
 POLL_S = 0.2
@@ -116,7 +119,7 @@ class RankProcess:
     ``peer``), if it did."""
 
     rank: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     log: Path
     place: RankPlace | None = None
     killed_for: str | None = None
@@ -163,17 +166,26 @@ def start_rank(
     entry: Sequence[str] | None = None,
     memory_cap: int | None = None,
     threads_per_rank: int = 1,
+    forked: bool = False,
+    preload: Sequence[str] = (),
 ) -> RankProcess:
-    """Start the rank at ``place`` in a new session, its output in ``RUN_DIR/rank-N.log``."""
+    """Start the rank at ``place`` in a new session, its output in ``RUN_DIR/rank-N.log``: forked from the node's
+    fork server when ``forked`` (:mod:`tuner.measure.forkserver`; ``preload`` names modules it imports first),
+    else a fresh interpreter (also when no fork server can serve, which is logged)."""
     env = dict(os.environ)
     env.update(place.env(master_addr, master_port))
     env.update(DSTUNE_THREADS_PER_RANK=str(threads_per_rank), PYTHONUNBUFFERED="1")
     rank = place.rank
     log = run_dir / f"rank-{rank}.log"
+    argv = [*(entry or default_entry()), str(run_dir), str(rank)]
     env[SPAWNED_AT] = repr(time.monotonic())  # the rank reports its start-up time against this
+    if forked:
+        process = _fork_rank(argv, env, log, memory_cap, preload)
+        if process is not None:
+            return RankProcess(rank, process, log, place)
     with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [*(entry or default_entry()), str(run_dir), str(rank)],
+        spawned = subprocess.Popen(
+            argv,
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -181,7 +193,33 @@ def start_rank(
             start_new_session=True,
             preexec_fn=_rank_preexec(memory_cap),
         )
-    return RankProcess(rank, process, log, place)
+    return RankProcess(rank, spawned, log, place)
+
+
+def _fork_rank(
+    argv: list[str], env: dict[str, str], log: Path, memory_cap: int | None, preload: Sequence[str]
+) -> ForkedProcess | None:
+    """The rank forked by the node's server, retried once on a fresh connection (a server that just went idle);
+    None when no server can serve."""
+    for attempt in range(2):
+        client = None
+        try:
+            client = node_client(env)
+            return client.start(argv, env, log, memory_cap, preload)
+        except ForkServerUnavailable as error:
+            if client is not None:
+                forget_client(client)
+            if attempt:
+                logger.warning("no fork server (%s): ranks start as fresh processes", error)
+    return None
+
+
+def rank_preloads(spec: RunSpec) -> list[str]:
+    """Modules a rank of ``spec`` imports that the fork server does not preload: the transformers model's own."""
+    model_type = str((spec.hf_config or {}).get("model_type", "")) if spec.model_impl == "transformers" else ""
+    if not model_type.isidentifier():
+        return []
+    return [f"transformers.models.{model_type}.modeling_{model_type}"]
 
 
 def wait_ranks(
@@ -319,7 +357,11 @@ def launch_local(
         port = free_port()
         started = time.monotonic()
         places = local_places(cluster.gpus_per_node, cluster.nodes)
-        ranks = [start_rank(run_dir, place, "127.0.0.1", port, entry, memory_cap, threads) for place in places]
+        forked, preload = spec.lean, rank_preloads(spec)
+        ranks = [
+            start_rank(run_dir, place, "127.0.0.1", port, entry, memory_cap, threads, forked, preload)
+            for place in places
+        ]
         try:
             wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel, on_step=on_step)
         finally:

@@ -47,6 +47,7 @@ from tuner.measure.launcher import (
     collect_rank,
     free_port,
     placed,
+    rank_preloads,
     start_rank,
     stop_ranks,
     summarize,
@@ -130,7 +131,8 @@ class RankHost:
             self.run_dir, self.rank = run_dir, place.rank
             run_spec = RunSpec(**spec)
             run_spec.write(run_dir)
-            process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, threads)
+            forked, preload = run_spec.lean, rank_preloads(run_spec)
+            process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, threads, forked, preload)
             try:
                 wait_ranks(
                     [process],

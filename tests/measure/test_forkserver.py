@@ -1,0 +1,114 @@
+"""The node's fork server with real processes: a forked rank is the process a launcher would have spawned, and it
+dies with the launcher that asked for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.measure.forkserver import ForkServerUnavailable, node_client, server_key
+from tuner.measure.launcher import rank_preloads
+from tuner.measure.runner import RunSpec
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+
+
+def wait_until(condition, deadline_s: float = 120.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def test_a_forked_rank_runs_its_script_with_its_environment_folder_and_log(tmp_path: Path) -> None:
+    script = tmp_path / "entry.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, sys
+            import torch  # preloaded by the server
+            print("argv", sys.argv[1:], "cwd", os.getcwd(), "var", os.environ.get("DSTUNE_PROBE"), flush=True)
+            print("session leader", os.getsid(0) == os.getpid(), file=sys.stderr)
+            sys.exit(7)
+            """
+        )
+    )
+    client = node_client()
+    env = dict(os.environ, DSTUNE_PROBE="rank-env")
+    rank = client.start([sys.executable, str(script), "a", "b"], env, tmp_path / "rank.log")
+    assert rank.wait(timeout=120) == 7
+    log = (tmp_path / "rank.log").read_text()
+    assert "argv ['a', 'b']" in log and f"cwd {os.getcwd()}" in log and "var rank-env" in log
+    assert "session leader True" in log
+    assert node_client() is client and client.request({"op": "ping"})["pid"] != os.getpid()
+
+
+def test_a_module_entry_runs_as_main(tmp_path: Path) -> None:
+    client = node_client()
+    rank = client.start([sys.executable, "-m", "json.tool", "--help"], dict(os.environ), tmp_path / "rank.log")
+    assert rank.wait(timeout=120) == 0
+    assert "usage:" in (tmp_path / "rank.log").read_text()
+
+
+def test_an_entry_of_another_interpreter_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ForkServerUnavailable, match=r"runs .* entries"):
+        node_client().start(["/usr/bin/env", "python3", "-c", "pass"], dict(os.environ), tmp_path / "rank.log")
+    assert node_client().request({"op": "ping"})["pid"] > 0  # and the server still serves
+
+
+def test_a_launcher_that_dies_takes_its_ranks_with_it(tmp_path: Path) -> None:
+    """The launcher is SIGKILLed while its rank sleeps: the server kills the rank (as PDEATHSIG would)."""
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import os, sys, time
+                from pathlib import Path
+                from tuner.measure.forkserver import node_client
+                sleeper = [sys.executable, "-c", "import time; print('asleep', flush=True); time.sleep(3600)"]
+                rank = node_client().start(sleeper, dict(os.environ), Path({str(tmp_path)!r}) / "r.log")
+                print(rank.pid, flush=True)
+                time.sleep(3600)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    pid = int(launcher.stdout.readline())
+    log = tmp_path / "r.log"
+    wait_until(lambda: log.exists() and "asleep" in log.read_text())
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    wait_until(lambda: not alive(pid))
+
+
+def test_the_server_key_follows_what_the_preloaded_imports_depend_on() -> None:
+    base = dict(os.environ, DS_ACCELERATOR="cpu")
+    assert server_key(base) == server_key(dict(base))
+    assert server_key(dict(base, DS_ACCELERATOR="cuda")) != server_key(base)
+    assert server_key(dict(base, PYTHONPATH="/elsewhere")) != server_key(base)
+
+
+def test_a_transformers_run_preloads_its_model_family() -> None:
+    spec = RunSpec({}, {}, model_impl="transformers", hf_config={"model_type": "llama"})
+    assert rank_preloads(spec) == ["transformers.models.llama.modeling_llama"]
+    assert rank_preloads(RunSpec({}, {}, model_impl="builtin")) == []
+    assert rank_preloads(RunSpec({}, {}, model_impl="transformers", hf_config={"model_type": "../x"})) == []
