@@ -72,16 +72,11 @@ def normalised(workload: Workload) -> Workload:
     return replace(workload, train=replace(workload.train, micro_batch=1, grad_accum=1, activation_checkpointing=False))
 
 
-def hardware_of(workload: Workload) -> str:
-    """The calibration key of the workload's device (as :class:`tuner.study.TuningStudy` records it)."""
-    return "cpu" if workload.cluster.device == "cpu" else f"cuda:{workload.cluster.gpu_memory}"
-
-
 def recommend(store: Store, workload: Workload) -> Recommendation:
     """The best config for ``workload``: measured, else nearest re-checked, else estimated (module docstring)."""
     workload = normalised(workload)
     fingerprint = workload.fingerprint()
-    calibration = store.get_calibration(hardware_of(workload), workload.model.family)
+    calibration = store.get_calibration(workload.cluster.hardware_key, workload.model.family)
     margin = calibration.margin if calibration is not None else Calibration().margin
     best = store.best_measured_trial(fingerprint)
     if best is not None:
@@ -101,7 +96,8 @@ def recommend(store: Store, workload: Workload) -> Recommendation:
     nearest = _nearest(store, workload, fingerprint, margin)
     if nearest is not None:
         return nearest
-    return _estimated(workload, fingerprint, margin, load_fit(store, hardware_of(workload), workload.model.family))
+    fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
+    return _estimated(workload, fingerprint, margin, fit)
 
 
 def _nearest(store: Store, workload: Workload, fingerprint: str, margin: float) -> Recommendation | None:
@@ -210,4 +206,4 @@ def _estimated_cached(
     return config, checkpointing, best.estimate.gpu_total, best.prediction.to_dict(fit_runs, error)
 
 
-__all__ = ["NoFeasibleConfig", "Recommendation", "hardware_of", "normalised", "recommend"]
+__all__ = ["NoFeasibleConfig", "Recommendation", "normalised", "recommend"]

@@ -191,6 +191,16 @@ class ClusterSpec:
             raise WorkloadError("device", f"must be cuda or cpu, got {self.device!r}")
 
     @property
+    def hardware_key(self) -> str:
+        """The kind of hardware that calibrations and fitted throughput constants are kept for (``cpu``, or
+        ``cuda:`` and the per-GPU memory).
+
+        >>> ClusterSpec(gpus_per_node=2, device="cpu").hardware_key, ClusterSpec(gpu_memory=80 * 2**30).hardware_key
+        ('cpu', 'cuda:85899345920')
+        """
+        return "cpu" if self.device == "cpu" else f"cuda:{self.gpu_memory}"
+
+    @property
     def world_size(self) -> int:
         """Data-parallel world size, as DeepSpeed's launcher counts it."""
         return self.gpus_per_node * self.nodes

@@ -146,7 +146,7 @@ class TuningStudy:
         space = load_space(settings.space_path, pins=settings.pins)
         self.space = space.restricted(list(GRID_PARAMETERS)) if settings.sampler == "grid" else space
         workload = settings.workload
-        self.hardware = "cpu" if workload.cluster.device == "cpu" else f"cuda:{workload.cluster.gpu_memory}"
+        self.hardware = workload.cluster.hardware_key
         self.family = workload.model.family
         self.calibration = self._load_calibration()
         workload_id = store.upsert_workload(workload)

@@ -14,7 +14,6 @@ from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import EstimateRequest, EstimateResponse
 from tuner.dsconfig import workload_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
-from tuner.recommend import hardware_of
 from tuner.schema import FieldError, Loc, check_request, to_workload
 from tuner.study.throughput_fit import load_fit, throughput_summary
 from tuner.workload import Workload
@@ -58,5 +57,5 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
         est = checked_estimate(workload, config)
     except FieldError as error:
         raise invalid(error) from None
-    fit = load_fit(store, hardware_of(workload), workload.model.family)
+    fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
     return EstimateResponse(**est.to_dict(), ds_config=config, throughput=throughput_summary(workload, config, fit))
