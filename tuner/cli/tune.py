@@ -202,28 +202,44 @@ def run_tune(
     return 0 if store.best_trial(tuning.study_id) is not None else 1
 
 
+STOPPED_EARLY_NOTE = "stopped early"
+
+
 def render_study(store: Store, study_id: int, name: str, console: Console, top: int = 5) -> None:
-    """The top measured configs, and what was pruned and why."""
+    """The top measured configs (runs the throughput pruner stopped early marked: their figures are partial), and
+    what was pruned and why."""
     summary = store.study_summary(study_id)
     table = Table(title=f"study {name}: top configs")
-    for column in ("trial", "tokens/s", "peak GiB", "headroom GiB", "stage", "micro", "accum", "offload", "ckpt"):
-        table.add_column(column, justify="right" if column not in ("offload",) else "left")
+    columns = ("trial", "tokens/s", "peak GiB", "headroom GiB", "stage", "micro", "accum", "offload", "ckpt", "note")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("offload", "note") else "right")
+    partial = False
     for trial in store.trials(study_id, status="ok", order_by="-tokens_per_s", limit=top):
         zero = trial.ds_config.get("zero_optimization", {})
         gpu_memory = (trial.estimate or {}).get("gpu_memory", 0)
-        peak = trial.peak_bytes or 0
+        peak = trial.peak_bytes
+        stopped = bool((trial.measurement or {}).get("stopped_early"))
+        partial = partial or stopped
         table.add_row(
             str(trial.number),
             f"{trial.tokens_per_s:,.0f}",
-            f"{peak / GiB:.3f}",
-            f"{(gpu_memory - peak) / GiB:.2f}",
+            "-" if peak is None else f"{peak / GiB:.3f}",
+            "-" if peak is None else f"{(gpu_memory - peak) / GiB:.2f}",
             str(zero.get("stage", 0)),
             str(trial.ds_config.get("train_micro_batch_size_per_gpu")),
             str(trial.ds_config.get("gradient_accumulation_steps")),
             (zero.get("offload_optimizer") or {}).get("device", "none"),
             "yes" if trial.activation_checkpointing else "no",
+            STOPPED_EARLY_NOTE if stopped else "",
         )
     console.print(table)
+    if partial:
+        console.print(
+            f"{STOPPED_EARLY_NOTE}: the run was clearly slower than the best and was stopped after its first timed "
+            "steps, so its figures are partial (tokens/s from those steps only)",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print("trials by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
     render_pruned(store, study_id, console)
     best = store.best_trial(study_id)
