@@ -17,7 +17,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.cli.common import fail, size
-from tuner.cli.options import AUTO_DEVICE, TUNE_FLAGS, NvmePathOpt, StorageOpt, WorkloadFlags, build, workload_options
+from tuner.cli.options import (
+    AUTO_DEVICE,
+    TUNE_FLAGS,
+    NvmePathOpt,
+    StorageOpt,
+    WarmupMaxOpt,
+    WorkloadFlags,
+    build,
+    warmup_limit,
+    workload_options,
+)
 from tuner.schema import Launcher, Sampler
 from tuner.units import GiB, parse_duration
 
@@ -56,6 +66,7 @@ def tune_command(
     launcher: Annotated[Launcher, typer.Option(help="Dispatch runs through Ray (default) or locally.")] = "ray",
     ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster address.")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up steps per measured run.")] = 2,
+    warmup_max: WarmupMaxOpt = None,
     steps: Annotated[int, typer.Option(min=1, help="Timed steps per measured run.")] = 3,
     run_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a measured run is killed.")] = 600.0,
     memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
@@ -64,6 +75,7 @@ def tune_command(
     nvme_path: NvmePathOpt = None,
 ) -> None:
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
+    warmup_max = warmup_limit(warmup, warmup_max)
     workload, _ = build(flags)  # micro-batch, accumulation, stage and offload are what the search decides
     try:
         seconds = parse_duration(timeout) if timeout else None
@@ -83,6 +95,7 @@ def tune_command(
         launcher=launcher,
         ray_address=ray_address,
         warmup=warmup,
+        warmup_max=warmup_max,
         steps=steps,
         run_timeout=run_timeout,
         memory_cap=cap,
@@ -119,6 +132,7 @@ def run_tune(
     launcher: str,
     ray_address: str | None,
     warmup: int,
+    warmup_max: int | None,
     steps: int,
     run_timeout: float,
     memory_cap: int | None,
@@ -148,7 +162,7 @@ def run_tune(
         pareto=pareto,
         seed=seed,
         nvme_path=nvme_path,
-        dispatch=DispatchOptions(launcher, ray_address, warmup, steps, run_timeout, memory_cap),
+        dispatch=DispatchOptions(launcher, ray_address, warmup, steps, run_timeout, memory_cap, warmup_max=warmup_max),
     )
     try:
         store = Store.open(storage or default_url())
