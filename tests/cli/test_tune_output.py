@@ -1,5 +1,6 @@
-"""What ``dstune tune`` prints besides its live display: the line before DeepSpeed builds its ops, and the summary of
-pruned trials (grouped by kind with counts, each kind with one reason in sizes)."""
+"""What ``dstune tune`` prints besides its live display: the line before DeepSpeed builds its ops, the top configs
+(runs stopped early marked as such), and the summary of pruned trials (grouped by kind with counts, each kind with one
+reason in sizes)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,25 @@ def test_pruned_trials_are_summarised_by_kind(tmp_path: Path) -> None:
     assert "×1  GPU memory · backward · buffers — e.g. gpu: estimated peak 1.88 GiB × (1 + margin 0.050)" in out
     assert "2016309042" not in out  # older reasons' bytes print as sizes too
     assert "×1  micro-batch N × world size N = N does not divide N — e.g. micro-batch 3 × world size 1" in out
+
+
+def test_runs_stopped_early_are_marked_in_the_top_configs(tmp_path: Path) -> None:
+    """A run the throughput pruner stopped is ``ok`` with partial figures (no peak): its row says so, the others not."""
+    work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(64))
+    with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
+        study = store.get_or_create_study("stopped", store.upsert_workload(work), "tpe", {})
+        for number, (micro, tokens, stopped) in enumerate(((1, 900.0, False), (2, 300.0, True))):
+            config = shortcut_config(micro, 1, "bf16", 2, "none", "none")
+            trial_id = store.add_trial(study.id, number, f"k{number}", config, {}, False, estimate(work, config))
+            store.start_trial(trial_id)
+            measurement: dict[str, Any] = {"status": "ok", "tokens_per_s": tokens, "stopped_early": stopped}
+            measurement["peak_bytes_per_rank"] = [None] if stopped else [2**24]
+            store.finish_trial(trial_id, "ok", measurement)
+        console = Console(record=True, width=400)
+        render_study(store, study.id, "stopped", console)
+    out = console.export_text()
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if "│" in line}
+    assert "stopped early" in rows["1"] and "300" in rows["1"]
+    assert "stopped early" not in rows["0"] and "900" in rows["0"] and "0.016" in rows["0"]
+    assert rows["1"].split("│")[3].strip() == "-"  # no peak measured: no made-up 0 GiB
+    assert "stopped early: the run was clearly slower than the best" in out

@@ -20,11 +20,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from tuner.dashboard import router
-from tuner.dashboard._views import chart_data, describe_config, estimate_quality, pareto_front
+from tuner.dashboard._views import chart_data, describe_config, estimate_quality, pareto_front, throughput_accuracy
 from tuner.dsconfig import shortcut_config, validate_with_deepspeed
 from tuner.estimator import estimate
 from tuner.storage import Store
 from tuner.study.jobs import JobRequest
+from tuner.study.throughput_fit import throughput_summary
 from tuner.units import GiB
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 
@@ -43,6 +44,8 @@ TRIALS = [
     (5, (32, 1, "bf16", 0, "none", "none"), "pruned", "GPU memory short by 9876543 bytes at the forward phase", None),
     (6, (1, 8, "bf16", 1, "none", "none"), "ok", 38000.0, 1.02),
 ]
+# the throughput model's tokens/s, as the loop records it with each trial's estimate
+PREDICTED = {0: 45000.0, 1: 70000.0, 2: 80000.0, 3: 30000.0, 4: 52000.0, 5: 90000.0, 6: 30000.0}
 
 
 def rank_report(peak: int) -> list[dict]:
@@ -67,21 +70,28 @@ def _workload() -> Workload:
     return Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=WORLD_SIZE, gpu_memory=24 * GiB), TrainSpec(1024))
 
 
+def recorded(workload: Workload, config: dict, predicted_tokens_per_s: float) -> dict:
+    """A trial's stored estimate as the loop records it: the memory estimate plus the throughput prediction."""
+    prediction = {**throughput_summary(workload, config), "tokens_per_s": predicted_tokens_per_s}
+    return {**estimate(workload, config).to_dict(), "throughput": prediction}
+
+
 def seed(store: Store) -> None:
-    """A study with ok, oom, pruned and infeasible trials, and a second (oddly named) study of the same workload."""
+    """A study with ok, oom, pruned and infeasible trials, and a second (oddly named) study of the same workload whose
+    trial predates stored throughput predictions."""
     workload = _workload()
     workload_id = store.upsert_workload(workload)
     study = store.get_or_create_study(STUDY, workload_id, sampler="tpe", settings={"global_batch": 16})
     for number, args, status, value, ratio in TRIALS:
         config = shortcut_config(*args)
-        est = estimate(workload, config)
+        est = recorded(workload, config, PREDICTED[number])
         key = json.dumps(config, sort_keys=True)
         if status == "pruned":
             store.add_trial(study.id, number, key, config, {"stage": args[3]}, False, est, "pruned", value, 1.0)
             continue
         trial_id = store.add_trial(study.id, number, key, config, {"stage": args[3]}, False, est)
         store.start_trial(trial_id, hardware="test-gpu")
-        peak = int(est.per_gpu["total"] * ratio)
+        peak = int(est["per_gpu"]["total"] * ratio)
         measurement = {
             "status": status,
             "tokens_per_s": value,
@@ -194,12 +204,40 @@ def test_study_page(client: TestClient) -> None:
     response = client.get(f"/studies/{STUDY}")
     assert response.status_code == 200
     page = response.text
-    for chart in ("chart-progress", "chart-pareto", "chart-estimate", "chart-reasons"):
+    for chart in ("chart-progress", "chart-pareto", "chart-estimate", "chart-throughput", "chart-reasons"):
         assert f'id="{chart}"' in page
-    assert page.count("<tr>") == 1 + len(TRIALS) + 1  # header, the trials, the infeasible one
+    table = page[page.index('id="trials"') :]
+    assert table.count("<tr>") == 1 + len(TRIALS) + 1  # header, the trials, the infeasible one
     assert "GPU memory short by 1.2 MiB at the backward phase" in page  # an older reason's bytes, for people
     assert "/static/chart.umd.js" in page
     assert "cdn" not in page.lower() and "https://" not in page  # nothing from the internet
+
+
+def test_study_page_compares_predicted_and_measured_throughput(client: TestClient) -> None:
+    """The measured trials (ok, with a throughput) by number, each with its prediction and signed error; the summary:
+    median |error| of (10.4, 14.3, 23.8, 21.1)% and Spearman 0.8 (predicted ranks trials 0 and 4 the other way)."""
+    page = client.get(f"/studies/{STUDY}").text
+    card = " ".join(page[page.index('id="throughput-accuracy"') : page.index('id="chart-progress"')].split())
+    assert "17.7% <small>median error" in card and "4 measured trials compared (1 stopped early);" in card
+    assert "Spearman rank correlation 0.80" in card
+    table = page[page.index('id="throughput"') : page.index('id="trials"')]
+    rows = table.split("<tr data-trial=")[1:]
+    assert [row.split('"')[1] for row in rows] == ["0", "1", "4", "6"]  # no oom, no pruned trial
+    expected = [
+        ("45,000", "50,210", "-10.4%"),
+        ("70,000", "61,234", "+14.3%"),
+        ("52,000", "42,000", "+23.8%"),
+        ("30,000", "38,000", "-21.1%"),
+    ]
+    for row, (predicted, measured, error) in zip(rows, expected, strict=True):
+        assert f">{predicted}</td>" in row and f">{measured}</td>" in row and f">{error}</td>" in row
+    assert "stopped early" in rows[0] and all("stopped early" not in row for row in rows[1:])
+
+
+def test_study_page_without_throughput_predictions(client: TestClient) -> None:
+    page = client.get(f"/studies/{quote(ODD_STUDY, safe='')}").text
+    assert "No measured trial has a recorded throughput prediction yet." in page
+    assert 'id="throughput"' not in page and 'id="chart-throughput"' in page  # the chart says it has nothing
 
 
 def test_trial_page_shows_the_rank_report(client: TestClient) -> None:
@@ -308,6 +346,16 @@ def test_chart_data_and_estimate_quality(app: FastAPI) -> None:
         "GPU memory · forward",
         "global batch N is not divisible by N",
     ]
+    assert [(p["n"], p["x"], p["y"], p["stopped_early"]) for p in data["throughput"]["trials"]] == [
+        (0, 45000.0, 50210.0, True),
+        (1, 70000.0, BEST_TOKENS, False),
+        (4, 52000.0, 42000.0, False),
+        (6, 30000.0, 38000.0, False),
+    ]
+    accuracy = throughput_accuracy(trials)
+    assert accuracy.summary.runs == 4 and accuracy.summary.spearman == pytest.approx(0.8)
+    assert accuracy.summary.median_error == pytest.approx((70000 / BEST_TOKENS - 1 + 1 - 30000 / 38000) / 2)
+    assert [round(r.error, 3) for r in accuracy.rows] == [-0.104, 0.143, 0.238, -0.211]
     quality = estimate_quality(trials)
     assert quality["compared"] == 5
     assert quality["missed_ooms"] == [3]  # the estimate said it fits; it ran out of memory
@@ -371,7 +419,7 @@ def test_browser_study_page_draws_every_chart(driver, live: str) -> None:
     _open_study(driver, live)
     assert severe_logs(driver) == [], "console errors on the study page"
     drawn = driver.execute_script("return Object.keys(window.dstuneCharts).filter(k => window.dstuneCharts[k]).sort()")
-    assert drawn == ["estimate", "pareto", "progress", "reasons"]
+    assert drawn == ["estimate", "pareto", "progress", "reasons", "throughput"]
     for name in drawn:
         state = driver.execute_script(
             """

@@ -10,9 +10,11 @@ from tuner.estimator.throughput import StepTerms, predict
 from tuner.storage import Store
 from tuner.study.throughput_fit import (
     FAMILY_PREFIX,
+    PredictionAccuracy,
     ThroughputFit,
     fit_factors,
     load_fit,
+    prediction_accuracy,
     record_run,
     spearman,
     throughput_summary,
@@ -87,6 +89,20 @@ def test_stats_round_trip() -> None:
     again = ThroughputFit.from_stats(fit.to_stats())
     assert again == fit
     assert ThroughputFit.from_stats(None) == ThroughputFit()
+
+
+def test_prediction_accuracy() -> None:
+    """Median |predicted / measured - 1| over the runs; the rank correlation only from 3 runs, and not when one side
+    does not rank anything."""
+    found = prediction_accuracy([90.0, 260.0, 250.0, 500.0], [100.0, 200.0, 300.0, 400.0])
+    assert found.runs == 4 and found.median_error == pytest.approx((1 - 250 / 300 + 0.25) / 2)
+    assert found.spearman == pytest.approx(0.8)
+    two = prediction_accuracy([90.0, 260.0], [100.0, 200.0])
+    assert two.median_error == pytest.approx(0.2) and two.spearman is None
+    assert prediction_accuracy([5.0, 5.0, 5.0], [1.0, 2.0, 3.0]).spearman is None  # every prediction alike
+    assert prediction_accuracy([], []) == PredictionAccuracy(0, None, None)
+    with pytest.raises(ValueError, match="one prediction per measured run"):
+        prediction_accuracy([1.0], [1.0, 2.0])
 
 
 def test_spearman() -> None:

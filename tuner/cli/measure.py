@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.common import fail, gib, size
-from tuner.cli.options import AUTO_DEVICE, JsonOpt, WorkloadFlags, build, workload_options
+from tuner.cli.options import AUTO_DEVICE, JsonOpt, WarmupMaxOpt, WorkloadFlags, build, warmup_limit, workload_options
 from tuner.schema import Launcher
 from tuner.workload import load_hf_config
 
@@ -19,6 +19,7 @@ from tuner.workload import load_hf_config
 def measure_command(
     flags: WorkloadFlags,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up optimizer steps (not timed).")] = 2,
+    warmup_max: WarmupMaxOpt = None,
     steps: Annotated[int, typer.Option(min=1, help="Timed optimizer steps.")] = 5,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds before every rank is killed.")] = 600.0,
     launcher: Annotated[Launcher, typer.Option(help="Start ranks on this machine or through Ray.")] = "local",
@@ -27,6 +28,7 @@ def measure_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
+    warmup_max = warmup_limit(warmup, warmup_max)
     workload, config = build(flags)
     if workload.model.is_bare:
         fail("params", "a measured run needs a model architecture: use --model")
@@ -45,6 +47,7 @@ def measure_command(
         workload,
         config,
         warmup=warmup,
+        warmup_max=warmup_max,
         steps=steps,
         timeout=timeout,
         launcher=launcher,

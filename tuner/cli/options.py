@@ -63,6 +63,10 @@ DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wi
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
 StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
 ModelImplOpt = Annotated[ModelImpl, typer.Option(help="The model trained: transformers from_config, or built-in.")]
+WarmupMaxOpt = Annotated[
+    int | None,
+    typer.Option(min=1, help="Past --warmup, warm up until step times settle, up to this many warm-up steps in all."),
+]
 
 # the commands that train default --device to the machine's own (None: cuda if torch sees one)
 AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
@@ -138,6 +142,14 @@ def workload_options(
     return decorate
 
 
+def warmup_limit(warmup: int, warmup_max: int | None) -> int | None:
+    """``--warmup-max`` checked against ``--warmup`` (it counts the same steps, so it may not be fewer); bad input:
+    one line naming the flag, exit 2."""
+    if warmup_max is not None and warmup_max < warmup:
+        fail("warmup-max", f"{warmup_max} is fewer than --warmup {warmup}: it caps the warm-up steps in all")
+    return warmup_max
+
+
 def _flag(loc: Loc) -> str:
     """The CLI flag a request path is about: ``gpu_memory`` → ``gpu-memory``, ``config.n_head`` → ``model.n_head``
     (``--model``'s file is sent as ``config``)."""
@@ -196,7 +208,9 @@ __all__ = [
     "JsonOpt",
     "NvmePathOpt",
     "StorageOpt",
+    "WarmupMaxOpt",
     "WorkloadFlags",
     "build",
+    "warmup_limit",
     "workload_options",
 ]

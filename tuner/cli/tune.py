@@ -17,7 +17,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.cli.common import fail, size
-from tuner.cli.options import AUTO_DEVICE, TUNE_FLAGS, NvmePathOpt, StorageOpt, WorkloadFlags, build, workload_options
+from tuner.cli.options import (
+    AUTO_DEVICE,
+    TUNE_FLAGS,
+    NvmePathOpt,
+    StorageOpt,
+    WarmupMaxOpt,
+    WorkloadFlags,
+    build,
+    warmup_limit,
+    workload_options,
+)
 from tuner.schema import Launcher, Sampler
 from tuner.units import GiB, parse_duration
 
@@ -56,6 +66,7 @@ def tune_command(
     launcher: Annotated[Launcher, typer.Option(help="Dispatch runs through Ray (default) or locally.")] = "ray",
     ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster address.")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up steps per measured run.")] = 2,
+    warmup_max: WarmupMaxOpt = None,
     steps: Annotated[int, typer.Option(min=1, help="Timed steps per measured run.")] = 3,
     run_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a measured run is killed.")] = 600.0,
     memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
@@ -64,6 +75,7 @@ def tune_command(
     nvme_path: NvmePathOpt = None,
 ) -> None:
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
+    warmup_max = warmup_limit(warmup, warmup_max)
     workload, _ = build(flags)  # micro-batch, accumulation, stage and offload are what the search decides
     try:
         seconds = parse_duration(timeout) if timeout else None
@@ -83,6 +95,7 @@ def tune_command(
         launcher=launcher,
         ray_address=ray_address,
         warmup=warmup,
+        warmup_max=warmup_max,
         steps=steps,
         run_timeout=run_timeout,
         memory_cap=cap,
@@ -119,6 +132,7 @@ def run_tune(
     launcher: str,
     ray_address: str | None,
     warmup: int,
+    warmup_max: int | None,
     steps: int,
     run_timeout: float,
     memory_cap: int | None,
@@ -148,7 +162,7 @@ def run_tune(
         pareto=pareto,
         seed=seed,
         nvme_path=nvme_path,
-        dispatch=DispatchOptions(launcher, ray_address, warmup, steps, run_timeout, memory_cap),
+        dispatch=DispatchOptions(launcher, ray_address, warmup, steps, run_timeout, memory_cap, warmup_max=warmup_max),
     )
     try:
         store = Store.open(storage or default_url())
@@ -202,28 +216,44 @@ def run_tune(
     return 0 if store.best_trial(tuning.study_id) is not None else 1
 
 
+STOPPED_EARLY_NOTE = "stopped early"
+
+
 def render_study(store: Store, study_id: int, name: str, console: Console, top: int = 5) -> None:
-    """The top measured configs, and what was pruned and why."""
+    """The top measured configs (runs the throughput pruner stopped early marked: their figures are partial), and
+    what was pruned and why."""
     summary = store.study_summary(study_id)
     table = Table(title=f"study {name}: top configs")
-    for column in ("trial", "tokens/s", "peak GiB", "headroom GiB", "stage", "micro", "accum", "offload", "ckpt"):
-        table.add_column(column, justify="right" if column not in ("offload",) else "left")
+    columns = ("trial", "tokens/s", "peak GiB", "headroom GiB", "stage", "micro", "accum", "offload", "ckpt", "note")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("offload", "note") else "right")
+    partial = False
     for trial in store.trials(study_id, status="ok", order_by="-tokens_per_s", limit=top):
         zero = trial.ds_config.get("zero_optimization", {})
         gpu_memory = (trial.estimate or {}).get("gpu_memory", 0)
-        peak = trial.peak_bytes or 0
+        peak = trial.peak_bytes
+        stopped = bool((trial.measurement or {}).get("stopped_early"))
+        partial = partial or stopped
         table.add_row(
             str(trial.number),
             f"{trial.tokens_per_s:,.0f}",
-            f"{peak / GiB:.3f}",
-            f"{(gpu_memory - peak) / GiB:.2f}",
+            "-" if peak is None else f"{peak / GiB:.3f}",
+            "-" if peak is None else f"{(gpu_memory - peak) / GiB:.2f}",
             str(zero.get("stage", 0)),
             str(trial.ds_config.get("train_micro_batch_size_per_gpu")),
             str(trial.ds_config.get("gradient_accumulation_steps")),
             (zero.get("offload_optimizer") or {}).get("device", "none"),
             "yes" if trial.activation_checkpointing else "no",
+            STOPPED_EARLY_NOTE if stopped else "",
         )
     console.print(table)
+    if partial:
+        console.print(
+            f"{STOPPED_EARLY_NOTE}: the run was clearly slower than the best and was stopped after its first timed "
+            "steps, so its figures are partial (tokens/s from those steps only)",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print("trials by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
     render_pruned(store, study_id, console)
     best = store.best_trial(study_id)

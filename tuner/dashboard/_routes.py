@@ -27,6 +27,7 @@ templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters.update(
     bytes=format_bytes,
     rate=views.format_rate,
+    percent=views.format_percent,
     time=views.format_time,
     config=views.describe_config,
     sortval=views.sort_value,
@@ -123,14 +124,15 @@ def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
         "ranks": views.rank_rows(trial.measurement),
         "cost": views.cost_rows(trial.measurement),
         "breakdown": views.breakdown_rows(trial.measurement),
-        "stopped_early": bool((trial.measurement or {}).get("stopped_early")),
+        "stopped_early": views.stopped_early(trial),
     }
     return _page(request, "trial.html", context)
 
 
 @router.get("/studies/{name:path}", response_class=HTMLResponse, name="dashboard_study")
 def study_page(request: Request, name: str) -> HTMLResponse:
-    """One study: its progress, the throughput/memory trade-off, estimate quality, prune reasons and every trial."""
+    """One study: its progress, the throughput/memory trade-off, estimate quality (memory and throughput), prune
+    reasons and every trial."""
     store = _store(request)
     study = store.get_study(name)
     if study is None:
@@ -149,6 +151,7 @@ def study_page(request: Request, name: str) -> HTMLResponse:
         "best_headroom": views.headroom(summary.best, workload.gpu_memory),
         "trials": trials,
         "quality": views.estimate_quality(trials),
+        "throughput": views.throughput_accuracy(trials),
         "charts": views.chart_data(trials, summary.pruned_reasons, workload.gpu_memory),
     }
     return _page(request, "study.html", context)

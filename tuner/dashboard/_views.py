@@ -9,6 +9,7 @@ from typing import Any
 
 from tuner.storage import FINISHED_STATUSES, JobRecord, StudyRecord, TrialRecord, WorkloadRecord
 from tuner.study.pruning import group_counts
+from tuner.study.throughput_fit import PredictionAccuracy, prediction_accuracy
 from tuner.units import GiB, format_bytes
 
 MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "pruned")
@@ -17,6 +18,13 @@ MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "p
 def format_rate(value: float | None) -> str:
     """Tokens per second for people: ``12,345``; ``None`` prints as ``-``."""
     return "-" if value is None else f"{value:,.0f}"
+
+
+def format_percent(value: float | None, signed: bool = False) -> str:
+    """A fraction as a percentage for people: ``12.3%`` (``+12.3%`` when ``signed``); ``None`` prints as ``-``."""
+    if value is None:
+        return "-"
+    return f"{value:+.1%}" if signed else f"{value:.1%}"
 
 
 def format_time(value: datetime | None) -> str:
@@ -157,11 +165,67 @@ def _wrap(label: str, width: int = 48) -> list[str] | str:
     return lines if len(lines) > 1 else lines[0]
 
 
+def predicted_tokens_per_s(trial: TrialRecord) -> float | None:
+    """The throughput model's tokens/s for the trial, as the study recorded it when the trial was proposed (with the
+    constants fitted up to then); None for trials recorded before predictions were stored."""
+    value = ((trial.estimate or {}).get("throughput") or {}).get("tokens_per_s")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def stopped_early(trial: TrialRecord) -> bool:
+    """True when the throughput pruner stopped the trial's run: its figures come from its first timed steps only."""
+    return bool((trial.measurement or {}).get("stopped_early"))
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    """One measured trial's predicted and measured tokens/s."""
+
+    trial: TrialRecord
+    predicted: float
+    measured: float
+
+    @property
+    def error(self) -> float:
+        """The signed relative error of the prediction: ``predicted / measured - 1``."""
+        return self.predicted / self.measured - 1
+
+    @property
+    def stopped_early(self) -> bool:
+        return stopped_early(self.trial)
+
+
+@dataclass(frozen=True)
+class ThroughputAccuracy:
+    """Predicted against measured throughput over a study's measured trials (by trial number), with the summary."""
+
+    rows: list[ThroughputRow]
+    summary: PredictionAccuracy
+
+    @property
+    def stopped_early(self) -> int:
+        """How many of the rows are runs stopped early."""
+        return sum(row.stopped_early for row in self.rows)
+
+
+def throughput_accuracy(trials: list[TrialRecord]) -> ThroughputAccuracy:
+    """Every ok trial with a measured and a predicted tokens/s; runs stopped early count (their median step is a real
+    measurement, and the throughput model learns from it too) and are marked."""
+    rows = []
+    for trial in sorted(trials, key=lambda t: (t.number, t.id)):
+        predicted = predicted_tokens_per_s(trial)
+        if trial.status == "ok" and trial.tokens_per_s and predicted is not None:
+            rows.append(ThroughputRow(trial, predicted, trial.tokens_per_s))
+    summary = prediction_accuracy([r.predicted for r in rows], [r.measured for r in rows])
+    return ThroughputAccuracy(rows, summary)
+
+
 def chart_data(trials: list[TrialRecord], pruned_reasons: dict[str, int], gpu_memory: int) -> dict[str, Any]:
     """Everything the study page's charts draw, as JSON-ready data (memory in GiB, throughput in tokens/s).
 
     ``progress``: each measured trial's throughput and the best so far, by trial number. ``pareto``: throughput
     against measured peak memory, and the front. ``estimate``: estimated against measured peak memory per trial.
+    ``throughput``: predicted against measured tokens/s per measured trial (:func:`throughput_accuracy`).
     ``reasons``: the histogram of prune reasons by kind (``GPU memory · backward · buffers``), most frequent first;
     older reasons with raw byte counts group the same way.
     """
@@ -193,6 +257,12 @@ def chart_data(trials: list[TrialRecord], pruned_reasons: dict[str, int], gpu_me
             "trials": [
                 {"x": _gib(t.estimated_peak_bytes), "y": _gib(t.peak_bytes), "n": t.number, "status": t.status}
                 for t in compared
+            ],
+        },
+        "throughput": {
+            "trials": [
+                {"x": r.predicted, "y": r.measured, "n": r.trial.number, "stopped_early": r.stopped_early}
+                for r in throughput_accuracy(trials).rows
             ],
         },
         "reasons": {"labels": [_wrap(r) for r in reasons], "counts": list(reasons.values())},

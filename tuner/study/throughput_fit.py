@@ -189,6 +189,45 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
     return statistics.correlation(_ranks(xs), _ranks(ys))
 
 
+@dataclass(frozen=True)
+class PredictionAccuracy:
+    """How predicted tokens/s matched measured over some runs.
+
+    ``median_error``: the median of ``|predicted / measured - 1|`` (a fraction; None without runs). ``spearman``: the
+    rank correlation of predicted and measured (None below :data:`MIN_RANKED` runs or when either side is constant).
+    """
+
+    runs: int
+    median_error: float | None
+    spearman: float | None
+
+
+MIN_RANKED = 3  # fewer runs than this have no meaningful rank correlation
+
+
+def prediction_accuracy(predicted: Sequence[float], measured: Sequence[float]) -> PredictionAccuracy:
+    """The accuracy of predicted tokens/s against measured, run by run (measured > 0).
+
+    The error is on tokens/s, the figure people compare; :attr:`ThroughputFit.errors` are on step time.
+
+    Example:
+        >>> prediction_accuracy([125.0, 150.0, 375.0], [100.0, 200.0, 300.0])
+        PredictionAccuracy(runs=3, median_error=0.25, spearman=1.0)
+        >>> prediction_accuracy([110.0], [100.0]).spearman is None
+        True
+    """
+    if len(predicted) != len(measured):
+        raise ValueError("prediction_accuracy needs one prediction per measured run")
+    errors = [abs(p / m - 1) for p, m in zip(predicted, measured, strict=True)]
+    rho = None
+    if len(errors) >= MIN_RANKED:
+        try:
+            rho = spearman(predicted, measured)
+        except statistics.StatisticsError:  # every prediction (or every measurement) alike: no ranking to compare
+            rho = None
+    return PredictionAccuracy(len(errors), statistics.median(errors) if errors else None, rho)
+
+
 def _ranks(values: Sequence[float]) -> list[float]:
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)
@@ -244,4 +283,15 @@ def record_run(
     return fit
 
 
-__all__ = ["Run", "ThroughputFit", "fit_factors", "load_fit", "record_run", "spearman", "throughput_summary"]
+__all__ = [
+    "MIN_RANKED",
+    "PredictionAccuracy",
+    "Run",
+    "ThroughputFit",
+    "fit_factors",
+    "load_fit",
+    "prediction_accuracy",
+    "record_run",
+    "spearman",
+    "throughput_summary",
+]

@@ -79,6 +79,21 @@
     }
     drawn.estimate = scatter("chart-estimate", datasets, "Estimated peak per GPU (GiB)", "Measured peak per GPU (GiB)");
 
+    const measured = data.throughput.trials.filter(function (p) { return !p.stopped_early; });
+    const stopped = data.throughput.trials.filter(function (p) { return p.stopped_early; });
+    const rates = data.throughput.trials.flatMap(function (p) { return [p.x, p.y]; });
+    const throughput = [
+      { label: "Measured trial", data: measured, backgroundColor: COLORS.ok, borderColor: COLORS.ok },
+      { label: "Stopped early (partial)", data: stopped, pointStyle: "triangle", pointRadius: 5,
+        backgroundColor: COLORS.other, borderColor: COLORS.other },
+    ];
+    if (rates.length) {
+      const lo = Math.min.apply(null, rates), hi = Math.max.apply(null, rates);
+      throughput.push({ label: "measured = predicted", data: [{ x: lo, y: lo }, { x: hi, y: hi }], showLine: true,
+        pointRadius: 0, borderDash: [6, 4], borderColor: COLORS.grey, backgroundColor: COLORS.grey, borderWidth: 1 });
+    }
+    drawn.throughput = scatter("chart-throughput", throughput, "Predicted tokens/s", "Measured tokens/s");
+
     drawn.reasons = makeChart("chart-reasons", {
       type: "bar",
       data: { labels: data.reasons.labels,
