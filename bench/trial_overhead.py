@@ -5,10 +5,11 @@ The README's workload (``--model tiny-llama --gpus 2 --seq-len 128 --device cpu 
 global batch fixed at 16), each run through the real launcher (``run_measurement``: fresh rank processes) once per
 variant, the variants interleaved config by config so that load from elsewhere on the host hits both alike:
 
-* ``before``: ``RunSpec.lean`` off (:mod:`tuner.measure.lean`): the ranks as they were.
-* ``after``: lean ranks (the default).
+* ``before``: ``RunSpec.lean`` off: every rank a fresh interpreter that imports torch, DeepSpeed and transformers.
+* ``after``: lean ranks (the default): forked from the node's fork server, which imported all of that once
+  (:mod:`tuner.measure.forkserver`), with the start-up and shut-down cuts of :mod:`tuner.measure.lean`.
 
-Prints and writes (``--out``, default ``bench/results/trial_overhead.md``) the median per variant of the wall time,
+Prints and writes (``--out``, default ``bench/results/trial_overhead_LAUNCHER.md``) the median per variant of the wall time,
 the timed steps, the overhead (wall − timed) and each phase of the trial's cost (:func:`tuner.measure.measurement.
 trial_cost`), and the after/before ratio. Every run's status must be ``ok``: a failed run is shown and stops the bench.
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10, help="runs per variant")
     parser.add_argument("--launcher", choices=("local", "ray"), default="local")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/trial_overhead.md"))
+    parser.add_argument("--out", type=Path, help="default bench/results/trial_overhead_LAUNCHER.md")
     args = parser.parse_args(argv)
     workload = readme_workload()
     assert workload.model.implementation == "transformers", "the README's study trains the transformers model"
@@ -116,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.monotonic() - started:.0f} s in all.\n\n"
         f"The README's workload (tiny-llama, transformers, 2 CPU ranks, seq 128, global batch 16), "
         f"{args.trials} runs per variant over stage 0-2 × micro-batch 1/2/4, variants interleaved. "
-        f"`before`: `RunSpec(lean=False)`; `after`: lean ranks (`tuner/measure/lean.py`). "
+        f"`before`: `RunSpec(lean=False)`, fresh rank processes; `after`: lean ranks forked from the node's fork "
+        "server (`tuner/measure/forkserver.py`, `tuner/measure/lean.py`). "
         f"Slowest rank per phase; overhead = wall − timed.\n\n{body}\n"
     )
+    args.out = args.out or Path(f"bench/results/trial_overhead_{args.launcher}.md")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(f"wrote {args.out}")
