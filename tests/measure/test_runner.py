@@ -72,6 +72,19 @@ def test_local_launcher_measures(world: int) -> None:
     assert len(warmups) == 1 and 3 <= warmups.pop() <= 4
 
 
+def test_a_forked_rank_measures_what_a_fresh_one_does() -> None:
+    """Lean ranks fork from the node's fork server; fresh ones import everything themselves. The model states and
+    activations each rank measures are the same bytes: nothing of the server (or of an earlier rank) is counted."""
+    forked, fresh = run_spec(2), run_spec(2)
+    fresh.lean = False
+    first, second = launch_local(forked, timeout=300), launch_local(fresh, timeout=300)
+    assert_ok(first, 2)
+    assert_ok(second, 2)
+    assert first.ranks[0].timings["imports_s"] < 0.5 * second.ranks[0].timings["imports_s"]
+    for a, b in zip(first.ranks, second.ranks, strict=True):
+        assert (a.model_state_bytes, a.activation_bytes) == (b.model_state_bytes, b.activation_bytes)
+
+
 @pytest.mark.parametrize("launcher", ["local", "ray"])
 def test_a_run_stopped_early_keeps_its_partial_steps_and_leaves_no_rank_behind(
     request, tmp_path: Path, launcher: str
