@@ -57,6 +57,31 @@ def test_a_forked_rank_runs_its_script_with_its_environment_folder_and_log(tmp_p
     assert node_client() is client and client.request({"op": "ping"})["pid"] != os.getpid()
 
 
+def test_ps_and_psutil_see_the_ranks_own_command_and_environment(tmp_path: Path) -> None:
+    """Not the server's: operators (and the fault suite) find ranks by their command line and environment."""
+    import psutil
+
+    log = tmp_path / "rank.log"
+    code = "import time; print('asleep', flush=True); time.sleep(3600)"
+    env = dict(os.environ, DSTUNE_PROBE="seen-by-ps")
+    rank = node_client().start([sys.executable, "-c", code, "marker-arg"], env, log)
+    wait_until(lambda: log.exists() and "asleep" in log.read_text())
+    seen = psutil.Process(rank.pid)
+    assert [arg for arg in seen.cmdline() if arg] == [sys.executable, "-c", code, "marker-arg"]
+    assert seen.environ()["DSTUNE_PROBE"] == "seen-by-ps" and "DSTUNE_FORKSERVER_ROOM" not in seen.environ()
+    os.killpg(rank.pid, signal.SIGKILL)
+    assert rank.wait(timeout=60) == -signal.SIGKILL
+
+
+def test_ranks_find_deepspeeds_built_cpu_ops_loaded(tmp_path: Path) -> None:
+    """The server loaded the ops already built (the suite prebuilds them), so no rank takes torch's build lock (a
+    rank killed inside it would leave every later rank waiting)."""
+    code = "from deepspeed.ops.op_builder.builder import OpBuilder; print(sorted(OpBuilder._loaded_ops))"
+    rank = node_client().start([sys.executable, "-c", code], dict(os.environ), tmp_path / "rank.log")
+    assert rank.wait(timeout=120) == 0
+    assert "deepspeed_shm_comm" in (tmp_path / "rank.log").read_text()
+
+
 def test_a_module_entry_runs_as_main(tmp_path: Path) -> None:
     client = node_client()
     rank = client.start([sys.executable, "-m", "json.tool", "--help"], dict(os.environ), tmp_path / "rank.log")

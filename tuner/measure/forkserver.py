@@ -15,7 +15,8 @@ pristine process, so one trial's allocations, process group or engine never exis
 Launchers (the local one, and Ray's rank hosts on every node) share the node's server through a Unix socket under
 the temporary folder, named by a key of the interpreter, ``PYTHONPATH``, the accelerator and the installed code
 (a changed dstune, torch or DeepSpeed gets a new server). A launcher that dies takes its ranks with it, as with
-``PR_SET_PDEATHSIG`` on a spawned rank: the server kills every rank started over a connection when it closes. The
+``PR_SET_PDEATHSIG`` on a spawned rank: the server stops every rank started over a connection when it closes
+(SIGTERM, then SIGKILL after :data:`TERM_GRACE_S`). The
 server exits after :data:`IDLE_S` seconds with no connection and no rank (``DSTUNE_FORKSERVER_IDLE_S``).
 """
 
@@ -61,7 +62,11 @@ PRELOAD = (
 IDLE_S = float(os.environ.get("DSTUNE_FORKSERVER_IDLE_S", "300"))
 START_TIMEOUT_S = 300.0  # importing torch and DeepSpeed on a loaded 2-core host
 PR_SET_PDEATHSIG = 1
+TERM_GRACE_S = 3.0  # between SIGTERM and SIGKILL for the ranks of a launcher that went away
 KEY_VARIABLES = ("PYTHONPATH", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR")
+ARGV_ROOM, ENV_ROOM = 2048, 32768  # bytes the server's command line and environment reserve for its ranks' own
+ROOM_VARIABLE = "DSTUNE_FORKSERVER_ROOM"
+STAT_ARG_START = 48  # /proc/self/stat's fields (proc(5)): where the command line and the environment lie
 
 
 class ForkServerUnavailable(RuntimeError):
@@ -225,8 +230,8 @@ def _connect_or_start(key: str, env: Mapping[str, str] | None) -> socket.socket:
         log = path.with_suffix(".log")
         with log.open("ab") as sink:
             starter = subprocess.Popen(
-                [sys.executable, "-m", "tuner.measure.forkserver", str(path)],
-                env=dict(os.environ if env is None else env),
+                [sys.executable, "-m", "tuner.measure.forkserver", str(path), " " * ARGV_ROOM],
+                env={**(os.environ if env is None else env), ROOM_VARIABLE: " " * ENV_ROOM},
                 stdin=subprocess.DEVNULL,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
@@ -246,6 +251,37 @@ def _connect_or_start(key: str, env: Mapping[str, str] | None) -> socket.socket:
 # -- the server side -------------------------------------------------------------------------------------------
 
 
+OP_BUILDERS = {
+    "deepspeed_shm_comm": "ShareMemCommBuilder",
+    "fused_adam": "FusedAdamBuilder",
+    "cpu_adam": "CPUAdamBuilder",
+}
+_loaded_ops: set[str] = set()
+
+
+def _load_built_ops() -> None:
+    """Load DeepSpeed's CPU ops that are already built (never build one here: that is the runs' announced work).
+
+    A rank loading an op takes torch's build lock for its up-to-date check; a rank killed inside that window
+    leaves the lock behind and every later rank waits on it. Loaded here, DeepSpeed's builders answer the ranks
+    from their cache (``OpBuilder._loaded_ops``) and no rank takes the lock. CPU only: GPU nodes keep their ops to
+    the ranks, so that nothing CUDA-linked is loaded before the fork.
+    """
+    from tuner.measure.op_builds import extensions_dir, missing_ops, prebuilt_ops
+
+    if len(_loaded_ops) == len(OP_BUILDERS) or "deepspeed" not in sys.modules:
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    built = set(OP_BUILDERS) - set(missing_ops(OP_BUILDERS, extensions_dir(), prebuilt_ops())) - _loaded_ops
+    if get_accelerator().device_name() != "cpu" or not built:
+        return
+    for name in sorted(built):
+        with contextlib.suppress(Exception):  # an op this host cannot load: the ranks say why when they need it
+            get_accelerator().create_op_builder(OP_BUILDERS[name]).load(verbose=False)
+            _loaded_ops.add(name)
+
+
 def _preload(modules: Sequence[str]) -> None:
     for name in modules:
         if name not in sys.modules:
@@ -263,6 +299,7 @@ class Server:
         self.buffers: dict[socket.socket, bytes] = {}
         self.owner: dict[int, socket.socket] = {}  # running rank pid -> the connection that started it
         self.codes: dict[int, tuple[socket.socket, int]] = {}  # reaped rank -> (its launcher, exit code) until asked
+        self.doomed: dict[int, float] = {}  # rank process group -> when it gets SIGKILL (its launcher is gone)
         self.idle_since = time.monotonic()
 
     def serve(self) -> None:
@@ -277,7 +314,8 @@ class Server:
                 else:
                     self._read(sock)
             self._reap()
-            if self.buffers or self.owner:
+            self._kill_doomed()
+            if self.buffers or self.owner or self.doomed:
                 self.idle_since = time.monotonic()
             elif time.monotonic() - self.idle_since > IDLE_S:
                 return
@@ -304,6 +342,7 @@ class Server:
         op = message.get("op")
         if op == "start":
             _preload(message.get("preload", ()))
+            _load_built_ops()
             pid = self._fork(message)
             self.owner[pid] = conn
             return {"pid": pid}
@@ -325,12 +364,21 @@ class Server:
         self.buffers.pop(conn, None)
         conn.close()
         for pid, owner in list(self.owner.items()):
-            if owner is conn:
+            if owner is conn:  # SIGTERM first: a rank unwinds (releasing torch's build lock), then SIGKILL
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+                    os.killpg(pid, signal.SIGTERM)
+                self.doomed[pid] = time.monotonic() + TERM_GRACE_S
         for pid, (owner, _) in list(self.codes.items()):
             if owner is conn:
                 del self.codes[pid]
+
+    def _kill_doomed(self) -> None:
+        now = time.monotonic()
+        for pid, deadline in list(self.doomed.items()):
+            if now >= deadline:  # the group, whether its leader is gone or not: what the rank started goes too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                del self.doomed[pid]
 
     def _reap(self) -> None:
         while True:
@@ -383,8 +431,9 @@ class Server:
             cap = int(message["memory_cap"])
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         os.chdir(message["cwd"])
-        os.environ.clear()
+        os.environ.clear()  # no libc pointer into the inherited environment's memory is left ...
         os.environ.update(message["env"])
+        retitle(message["argv"], message["env"])  # ... so it can say the rank's own
         sink = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -392,6 +441,26 @@ class Server:
         os.dup2(sink, 2)
         os.close(sink)
         os.close(null)
+
+
+def retitle(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """Make ``/proc/self/cmdline`` and ``/proc/self/environ`` (what ``ps``, ``psutil`` and an operator see) say this
+    rank's command and environment instead of the server's, by writing them over the server's own, which the
+    starter padded (:data:`ARGV_ROOM`, :data:`ENV_ROOM`); what does not fit is left out of that view only."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # fields from the third on
+    arg_start, arg_end, env_start, env_end = (int(fields[STAT_ARG_START - 3 + i]) for i in range(4))
+    _overwrite(arg_start, arg_end, [arg.encode() for arg in argv])
+    _overwrite(env_start, env_end, [f"{key}={value}".encode() for key, value in env.items()])
+
+
+def _overwrite(start: int, end: int, items: list[bytes]) -> None:
+    room = end - start
+    data = b""
+    for item in items:
+        if len(data) + len(item) + 2 > room:
+            break
+        data += item + b"\0"
+    ctypes.memmove(start, data.ljust(room, b"\0"), room)
 
 
 def _run_entry(argv: list[str]) -> int:
@@ -451,6 +520,7 @@ def _daemon(path: Path, ready: int) -> int:
         from tuner.measure.lean import cache_cpu_info
 
         cache_cpu_info()
+    _load_built_ops()
     if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
         print("CUDA was initialised while preloading: forked ranks could not use it", file=sys.stderr)
         return 3
