@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.dispatch import Dispatcher, DispatchOptions
-from tuner.measure.measurement import CANCELLED, STOPPED_EARLY, Measurement, RankResult, StepHook
+from tuner.measure.measurement import CANCELLED, NODE_LOST, STOPPED_EARLY, Measurement, RankResult, StepHook
 from tuner.storage import Store
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy, reason_key
 from tuner.study.calibration import DEFAULT_MARGIN
@@ -300,6 +300,41 @@ def test_a_stale_trial_retried_after_resume_is_measured(tmp_path: Path, store: S
     assert record.status == "ok" and record.attempts == 2
     frozen = optuna_trials(store)
     assert frozen[0].state == TrialState.FAIL and len(store.trials(study.study_id)) == 2
+
+
+def lost_node(config: dict[str, Any]) -> Measurement:
+    return Measurement(status="error", exception_type=NODE_LOST, error="rank 1's Ray node or actor was lost mid-run")
+
+
+def test_a_run_that_lost_its_ray_node_is_measured_again_at_once(tmp_path: Path, store: Store) -> None:
+    """The cluster's failure, not the config's: recorded failed, queued again, and measured on the next run."""
+    lost: list[tuple[int, int]] = []
+
+    def outcome(config: dict[str, Any]) -> Measurement:
+        if not lost:
+            lost.append(shape(config))
+            return lost_node(config)
+        return ok(config)
+
+    events: list[Event] = []
+    fake = FakeMeasurer(outcome)
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store, events.append)
+    report = study.run(fake)
+
+    shapes = [shape(config) for config in fake.submitted]
+    assert shapes[:2] == [lost[0], lost[0]] and sorted(set(shapes)) == [(0, 1), (0, 2)]
+    [record] = [t for t in store.trials(study.study_id) if shape(t.ds_config) == lost[0]]
+    assert (record.status, record.attempts) == ("ok", 2) and report.counts["ok"] == 2
+    assert any(e.status == "failed" and "queued to run again" in (e.reason or "") for e in events)
+
+
+def test_a_config_whose_node_is_lost_twice_is_not_retried_a_third_time(tmp_path: Path, store: Store) -> None:
+    fake = FakeMeasurer(lambda config: lost_node(config) if shape(config) == (0, 1) else ok(config))
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
+    study.run(fake)
+    assert [shape(config) for config in fake.submitted].count((0, 1)) == 2
+    [record] = [t for t in store.trials(study.study_id) if shape(t.ds_config) == (0, 1)]
+    assert (record.status, record.attempts) == ("failed", 2)
 
 
 def test_an_interrupted_study_resumes_without_measuring_anything_again(tmp_path: Path, store: Store) -> None:

@@ -53,11 +53,13 @@ from tuner.measure.launcher import (
     summarize,
     wait_ranks,
 )
-from tuner.measure.measurement import Measurement, RankResult, StepHook
+from tuner.measure.measurement import NODE_LOST, Measurement, RankResult, StepHook
 from tuner.measure.runner import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
 PLACEMENT_TIMEOUT_S = 60.0
+# what Ray raises for a rank whose node or host actor died: not the config's failure
+LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError)
 UNAVAILABLE = "ResourcesUnavailable"
 
 
@@ -283,6 +285,10 @@ def launch_ray(
             ray.kill(host)
         remove_placement_group(group)
     measurement = summarize(results, spec)
+    lost = [result for result in results if result.exception_type == NODE_LOST]
+    if lost:  # the peers' broken collectives follow from it: the run failed because the cluster lost a node
+        measurement.status, measurement.exception_type = "error", NODE_LOST
+        measurement.error = f"rank {lost[0].rank}'s Ray node or actor was lost mid-run: {lost[0].error}"
     measurement.set_wall(time.monotonic() - started)
     return measurement
 
@@ -323,6 +329,10 @@ def _gather(
             place = refs[ref]
             try:
                 result = RankResult.from_dict(ray.get(ref))
+            except LOST as error:  # the node (or the actor's process) went away with the rank
+                result = RankResult(
+                    place.rank, "error", exception_type=NODE_LOST, error=f"{type(error).__name__}: {error}"[-1500:]
+                )
             except ray.exceptions.RayError as error:
                 result = RankResult(place.rank, "error", exception_type=type(error).__name__, error=str(error)[-1500:])
             results[place.rank] = placed(result, place)

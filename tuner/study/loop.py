@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 
 from tuner.estimator import MemoryEstimate, estimate, resolve
 from tuner.measure.dispatch import DispatchOptions
-from tuner.measure.measurement import CANCELLED, Measurement
+from tuner.measure.measurement import CANCELLED, NODE_LOST, Measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
 from tuner.storage import DuplicateConfig, Store, StoreError, new_holder, owner_alive, release
 from tuner.study.calibration import Calibration
@@ -165,6 +165,7 @@ class TuningStudy:
         )
         # each run in flight: its trial, record id, suggestion, estimate and memory constraint (told with the outcome)
         self.in_flight: dict[Future[Measurement], tuple[optuna.Trial, int, Suggestion, MemoryEstimate, float]] = {}
+        self.requeued: set[str] = set()  # config keys of runs that lost their Ray node, queued to run again
         # the throughput model: a new study measures its best-predicted configs first, then its picks between the
         # sampler's proposals; the baselines (random, grid) stay unguided
         self.guided = settings.sampler in ("tpe", "gp")
@@ -242,7 +243,7 @@ class TuningStudy:
                     not out_of_time
                     and not exhausted
                     and len(self.in_flight) < dispatcher.slots
-                    and self.configs_recorded() < self.settings.trials
+                    and (self.configs_recorded() < self.settings.trials or self._retry_waiting())
                 ):
                     repeats = 0 if self._ask_one(dispatcher) else repeats + 1
                     exhausted = repeats >= REPEAT_LIMIT
@@ -273,6 +274,12 @@ class TuningStudy:
             ids = [entry[1] for entry in self.in_flight.values()]
             self.store.renew_trial_leases(ids, self.owner, TRIAL_LEASE_S)
 
+    def _retry_waiting(self) -> bool:
+        """A run that lost its Ray node is queued again and still waits (it is measured even at the budget)."""
+        if self.requeued and not self.optuna.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            self.requeued.clear()  # nothing is queued any more: whatever took its place ran
+        return bool(self.requeued)
+
     def configs_recorded(self) -> int:
         """Distinct configs the study holds so far, measured, pruned or in flight: what the budget counts."""
         return self.store.count_trials(self.study_id)
@@ -292,6 +299,7 @@ class TuningStudy:
             trial.set_constraint("memory", 1.0)
             return self._tell_infeasible(trial, infeasible.reason)
         key = suggestion.key
+        self.requeued.discard(key)
         previous = self.store.find_trial_by_key(self.study_id, key)
         if previous is not None and not (previous.status == "failed" and previous.attempts <= RETRIES):
             self._tell_previous(trial, previous)
@@ -427,6 +435,9 @@ class TuningStudy:
         except Exception as error:  # the dispatcher itself failed (Ray unreachable...): record, never lose it
             measurement = Measurement(status="error", exception_type=type(error).__name__, error=str(error))
         peak = max((b for b in measurement.peak_bytes_per_rank if b is not None), default=None)
+        if measurement.exception_type == NODE_LOST:  # the cluster's failure, not the config's: measured again
+            self._requeue_lost(trial, trial_id, measurement, constraint)
+            return
         self.store.finish_trial(trial_id, measurement.status, measurement.to_dict(), error=measurement.error)
         estimated_peak = est.per_gpu["total"] or 0
         if measurement.status == "ok" and measurement.stopped_early:
@@ -449,6 +460,19 @@ class TuningStudy:
             trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.FAIL)
         self.on_event(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
+
+    def _requeue_lost(self, trial: optuna.Trial, trial_id: int, measurement: Measurement, constraint: float) -> None:
+        """A run whose Ray node died: recorded ``failed`` (retryable, like a run a killed tuner left), told FAIL,
+        and its config queued to run again once (:data:`RETRIES`), on whatever nodes the cluster has left."""
+        record = self.store.finish_trial(trial_id, "failed", measurement.to_dict(), error=measurement.error)
+        trial.set_constraint("memory", constraint)
+        self._tell(trial, TrialState.FAIL)
+        requeued = record.params is not None and record.attempts <= RETRIES
+        if record.params is not None and requeued:
+            self.optuna.enqueue_trial(record.params, skip_if_exists=False)
+            self.requeued.add(record.config_key)
+        note = "queued to run again" if requeued else "not retried again"
+        self.on_event(Event(trial.number, "failed", None, f"{measurement.error} ({note})"))
 
     def _tell_stopped_early(
         self, trial: optuna.Trial, suggestion: Suggestion, measurement: Measurement, constraint: float
