@@ -153,7 +153,8 @@ def ray_node_removed() -> Outcome:
     try:
         ray.init(address=cluster.address, log_to_driver=False)
         outcome: list = []
-        run = threading.Thread(target=lambda: outcome.append(launch_ray(run_spec(2, steps=100_000), timeout=600)))
+        spec = run_spec(1, steps=100_000, nodes=2)  # one rank on each single-CPU node
+        run = threading.Thread(target=lambda: outcome.append(launch_ray(spec, timeout=600)))
         run.start()
         wait_for(lambda: len(rank_processes(marked_processes(marker))) == 2, 600, "both ranks")
         time.sleep(2)

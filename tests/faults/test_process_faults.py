@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +21,7 @@ pytest.importorskip("psutil")
 from faultkit import MARKER_ENV, marked_processes, rank_processes, wait_for
 
 from tuner.measure.launcher import launch_local
-from tuner.measure.measurement import PEER_KILLED
+from tuner.measure.measurement import PEER_KILLED, Measurement
 from tuner.measure.runner import RunSpec
 from tuner.storage import Store
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict
@@ -35,10 +36,11 @@ TUNE = [
 ]
 
 
-def run_spec(world: int, steps: int = 2) -> RunSpec:
-    workload = Workload(
-        load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=world, device="cpu"), TrainSpec(seq_len=32, micro_batch=1)
-    )
+def run_spec(gpus_per_node: int, steps: int = 2, nodes: int = 1) -> RunSpec:
+    """A tiny-gpt2 run of ``nodes`` × ``gpus_per_node`` CPU ranks (on Ray, one bundle of ``gpus_per_node`` CPUs per
+    node)."""
+    cluster = ClusterSpec(gpus_per_node=gpus_per_node, nodes=nodes, device="cpu")
+    workload = Workload(load_model("tiny-gpt2"), cluster, TrainSpec(seq_len=32, micro_batch=1))
     ds_config = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -125,17 +127,12 @@ def test_a_sigkilled_tuner_leaves_no_rank_and_resumes_without_loss_or_repeat(
     assert no_ranks_left(marker)
 
 
-@pytest.mark.skip(
-    reason="flaky: in a fresh clone's slow tier (after the SIGKILLed-tuner Ray test) the two 1-CPU nodes never placed "
-    "the ranks within 600 s; it passed in the full run before and bench/faults.py measures this fault (2/2). "
-    "To fix: find what holds the nodes' CPUs after the previous test"
-)
 def test_a_ray_node_removed_mid_run_fails_the_run_cleanly_and_the_rest_of_the_cluster_measures(
     marker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two single-CPU nodes, one rank on each; the worker node is removed while the ranks train: the run ends
-    ``error`` with the reason, well before its timeout, no rank is left, and a run that fits the remaining node
-    measures there."""
+    """Two single-CPU nodes, one rank on each (a 2-node × 1-rank job); the worker node is removed once the ranks
+    train: the run ends ``error`` with the reason, well before its timeout, no rank is left, and a run that fits the
+    remaining node measures there."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -144,23 +141,35 @@ def test_a_ray_node_removed_mid_run_fails_the_run_cleanly_and_the_rest_of_the_cl
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     node = cluster.add_node(num_cpus=1)
+    training = threading.Event()
+    outcome: list[Measurement | BaseException] = []
+
+    def trained(times: list[float]) -> bool:
+        training.set()
+        return False  # never stop early
+
+    def measure() -> None:
+        try:
+            outcome.append(launch_ray(run_spec(1, steps=100_000, nodes=2), timeout=600, on_step=trained))
+        except BaseException as error:  # reported by the test, not lost in the thread
+            outcome.append(error)
+
     try:
         ray.init(address=cluster.address, log_to_driver=False)
-        import threading
-
-        outcome: list = []
-        run = threading.Thread(target=lambda: outcome.append(launch_ray(run_spec(2, steps=100_000), timeout=600)))
+        run = threading.Thread(target=measure)
         started = time.monotonic()
         run.start()
-        wait_for(lambda: len(rank_processes(marked_processes(marker))) == 2, 600, "both ranks to start")
-        time.sleep(2)  # the ranks are importing torch or training: remove the node mid-run
+        wait_for(lambda: training.is_set() or not run.is_alive(), 600, "rank 0 to report timed steps")
+        assert training.is_set(), outcome  # the run ended before it trained (placement, start-up): say why
+        assert len(rank_processes(marked_processes(marker))) == 2
         cluster.remove_node(node)
         run.join(timeout=300)
         assert not run.is_alive() and time.monotonic() - started < 600
         result = outcome[0]
-        assert result.status == "error" and result.error, result
+        assert isinstance(result, Measurement) and result.status == "error" and result.error, result
         wait_for(lambda: no_ranks_left(marker), 60, "the ranks to be gone")
-        assert launch_ray(run_spec(1), timeout=300).status == "ok"
+        rerun = launch_ray(run_spec(1), timeout=300)
+        assert rerun.status == "ok", rerun.error
     finally:
         ray.shutdown()
         cluster.shutdown()

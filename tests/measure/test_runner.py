@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -124,6 +128,29 @@ def local_ray():
     ensure_ray(num_cpus=2)
     yield ray
     ray.shutdown()
+
+
+def test_ensure_ray_starts_its_own_ray_whatever_cluster_ray_recorded() -> None:
+    """``ray.init()`` joins the cluster recorded in ``ray_current_cluster`` (the last ``ray start`` or test
+    ``Cluster``, maybe stale or another process's) and then refuses ``num_cpus``; with no address ``ensure_ray``
+    starts a private Ray instead."""
+    pytest.importorskip("ray")
+    temp = Path(tempfile.mkdtemp(prefix="dstune-ray-"))  # short: Ray's socket paths live under it
+    try:
+        (temp / "ray").mkdir()
+        (temp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")  # nothing listens there
+        env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+        root = str(Path(__file__).resolve().parents[2])
+        env.update(RAY_TMPDIR=str(temp), PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
+        code = (
+            "import ray\nfrom tuner.measure.ray_launcher import ensure_ray\n"
+            "ensure_ray(num_cpus=1)\nprint(ray.get_runtime_context().gcs_address)"
+        )
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split()[-1] != "127.0.0.1:1"
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -65,7 +65,8 @@ UNAVAILABLE = "ResourcesUnavailable"
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
     """Connect to the Ray cluster at ``address`` (default ``$RAY_ADDRESS``, which Ray sets inside a Ray job), or start
-    a local Ray once per process."""
+    a private local Ray once per process: never the cluster Ray last recorded in ``/tmp/ray/ray_current_cluster``,
+    which ``ray.init()`` would join (or fail on, given ``num_cpus``) even when it is stale or another process's."""
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
@@ -73,7 +74,13 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
         ray.init(address=address, log_to_driver=False)
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local Ray needs no token file
-    ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus or os.cpu_count(),
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
 
 
 @ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)  # type: ignore[call-overload]  # actor options
