@@ -4,6 +4,11 @@ The workload is a transformers model (default ``llama-3-8b``; ``--model`` takes 
 its traced profile, as ``dstune estimate`` and studies use it: the profile is built (or read from the cache) once,
 before timing, and the per-config work is arithmetic. ``--model-impl builtin`` times the built-in formulas instead.
 
+Then the same workload across world sizes (``--world-sizes``, default 8, 512 and 4,096 ranks, 8 GPUs a node) and ZeRO
+stages 1 to 3: estimates/s over the grid's configs of that stage (median of the passes), and the first estimate's time
+with the partition caches empty (median), which pays for the partition sizes (:mod:`tuner.estimator.partitions`) as
+an API request for a new cluster or a study's first proposal does.
+
 Run: ``.venv/bin/python bench/estimator_speed.py [--model mixtral-8x7b]`` (prints the median of 5 timed passes and
 the spread).
 """
@@ -14,8 +19,9 @@ import argparse
 import itertools
 import statistics
 import time
+from dataclasses import replace
 
-from tuner.estimator import estimate
+from tuner.estimator import estimate, partitions
 from tuner.profile import load_model, with_profile
 from tuner.workload import ClusterSpec, TrainSpec, Workload
 
@@ -68,10 +74,40 @@ def config_grid() -> list[dict]:
     return grid
 
 
+def clear_partition_caches() -> None:
+    """Forget every partition size computed so far, as a fresh process would."""
+    for cached in (partitions.flat_partition, partitions.stage3_partition, partitions.round_robin_order):
+        cached.cache_clear()
+
+
+def world_scaling(workload: Workload, grid: list[dict], world_sizes: list[int], passes: int = 5) -> None:
+    """Print world size × ZeRO stage: estimates/s with warm caches, and the first estimate's time with cold ones."""
+    print(f"{'world':>6} {'stage':>5} {'estimates/s':>12} {'first estimate (cold), ms':>26}")
+    for world in world_sizes:
+        per_node = 8 if world % 8 == 0 else 1
+        sized = replace(workload, cluster=replace(workload.cluster, gpus_per_node=per_node, nodes=world // per_node))
+        for stage in (1, 2, 3):
+            configs = [config for config in grid if config["zero_optimization"]["stage"] == stage]
+            cold = []
+            for _ in range(passes):
+                clear_partition_caches()
+                start = time.perf_counter()
+                estimate(sized, configs[0])
+                cold.append(time.perf_counter() - start)
+            rates = []
+            for _ in range(passes):
+                start = time.perf_counter()
+                for config in configs:
+                    estimate(sized, config)
+                rates.append(len(configs) / (time.perf_counter() - start))
+            print(f"{world:>6} {stage:>5} {statistics.median(rates):>12,.0f} {statistics.median(cold) * 1e3:>26.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-3-8b")
     parser.add_argument("--model-impl", choices=("transformers", "builtin"), default="transformers")
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 512, 4096], metavar="N")
     args = parser.parse_args()
     started = time.perf_counter()
     workload = Workload(
@@ -93,6 +129,7 @@ def main() -> None:
         f"estimates/s: median {statistics.median(rates):,.0f}  min {min(rates):,.0f}  max {max(rates):,.0f}"
         f"  (target 20,000)"
     )
+    world_scaling(workload, grid, args.world_sizes)
 
 
 if __name__ == "__main__":

@@ -35,16 +35,36 @@ def flat_partition(numels: tuple[int, ...], world_size: int) -> FlatPartition:
     partition = padded // world_size
     if world_size == 1:
         return FlatPartition(padded, partition, total)
+    return FlatPartition(padded, partition, worst_rank_span(numels, partition, world_size))
+
+
+def worst_rank_span(numels: tuple[int, ...], partition: int, world_size: int) -> int:
+    """Elements of the parameters overlapping one rank's ``[r·p, (r+1)·p)`` slice of the flat buffer, worst rank.
+
+    DeepSpeed's ``get_partition_info`` (``stage_1_and_2.py``) gives a rank every parameter that starts in its
+    partition or straddles its start. Only ranks in which some parameter starts are examined, so the cost is set by
+    the parameters, not by ``world_size``: a rank in which none starts lies inside one parameter ``q`` (or in the
+    padding), and the rank where ``q`` starts holds ``q`` whole too, so it is at least as large. Exactly the maximum
+    over all ranks (``tests/estimator/test_partitions.py`` checks it against the per-rank loop).
+
+    Example:
+        >>> worst_rank_span((10, 1000, 10), 510, 2)
+        1010
+    """
+    if partition <= 0:
+        return 0
     ends = list(accumulate(numels))  # end offset of each parameter
     starts = [end - numel for end, numel in zip(ends, numels, strict=True)]
     worst = 0
-    for rank in range(world_size):
+    for rank in {start // partition for start in starts}:
+        if rank >= world_size:
+            continue
         lo, hi = rank * partition, (rank + 1) * partition
         first = bisect_right(ends, lo)  # first parameter ending after lo
         last = bisect_right(starts, hi - 1) - 1  # last parameter starting before hi
         if first <= last:
             worst = max(worst, ends[last] - starts[first])
-    return FlatPartition(padded, partition, worst)
+    return worst
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,4 +101,5 @@ def round_robin_order(numels: tuple[int, ...], world_size: int) -> tuple[int, ..
         >>> round_robin_order((1, 2, 3, 4, 5), 2)
         (1, 3, 5, 2, 4)
     """
-    return tuple(numels[i] for start in range(world_size) for i in range(start, len(numels), world_size))
+    buckets = min(world_size, len(numels))  # buckets past the last parameter are empty
+    return tuple(numels[i] for start in range(buckets) for i in range(start, len(numels), world_size))
