@@ -9,8 +9,8 @@ variant, the variants interleaved config by config so that load from elsewhere o
 * ``after``: lean ranks (the default): forked from the node's fork server, which imported all of that once
   (:mod:`tuner.measure.forkserver`), with the start-up and shut-down cuts of :mod:`tuner.measure.lean`.
 
-Prints and writes (``--out``, default ``bench/results/trial_overhead_LAUNCHER.md``) the median per variant of the wall time,
-the timed steps, the overhead (wall − timed) and each phase of the trial's cost (:func:`tuner.measure.measurement.
+Prints and writes (``--out``, default ``bench/results/trial_overhead_LAUNCHER.md``) the median per variant of the wall
+time, the timed steps, the overhead (wall − timed) and each phase of the trial's cost (:func:`tuner.measure.measurement.
 trial_cost`), and the after/before ratio. Every run's status must be ``ok``: a failed run is shown and stops the bench.
 
 Run: ``PYTHONPATH=$PWD DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=... python bench/trial_overhead.py --trials 10``
