@@ -1,12 +1,15 @@
 """Bounded cost per request (issue 13.4): hostile but plausible-looking workloads are refused by validation before
-any work (422 naming the field, nothing written), and an answer past the request's time budget is 503 + Retry-After
-while it is still computed and cached for the retry."""
+any work (422 naming the field, nothing written), an answer past the request's time budget is 503 + Retry-After
+while it is still computed and cached for the retry, and a new model's profile past a full profiling queue is 503 +
+Retry-After at once, queueing nothing."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,8 @@ from tuner import schema
 from tuner.api import create_app
 from tuner.api.routes import estimate as estimate_route
 from tuner.api.routes import recommend as recommend_route
-from tuner.profile.service import default_service
+from tuner.profile.cache import ProfileCache
+from tuner.profile.service import ProfileService, default_service
 from tuner.workload import preset_config
 
 LLAMA = preset_config("llama-2-7b")
@@ -129,3 +133,47 @@ def test_estimate_past_its_budget_is_503(monkeypatch: pytest.MonkeyPatch, db: Pa
         assert late.status_code == 503 and int(late.headers["Retry-After"]) > 0
     with TestClient(create_app(f"sqlite:///{db}", None, request_budget_s=0)) as client:  # 0: no budget
         assert client.post("/v1/estimate", json=body).status_code == 200
+
+
+def test_a_full_profiling_queue_is_503_with_retry_after_and_queues_nothing(
+    monkeypatch: pytest.MonkeyPatch, db: Path, tmp_path: Path
+) -> None:
+    release, calls = threading.Event(), []
+
+    def worker(config: dict[str, Any], *args: Any) -> tuple[str, str]:  # holds its job, then refuses the config
+        calls.append(config["num_hidden_layers"])
+        assert release.wait(60), "the test never released the worker"
+        return "model.num_hidden_layers", "not a model this worker profiles"
+
+    service = ProfileService(
+        ProfileCache(tmp_path / "profiles"), wait_s=0.0, max_queued=1, worker=worker, pool=lambda: ThreadPoolExecutor(1)
+    )
+    monkeypatch.setattr(schema, "default_service", lambda: service)
+
+    def body(layers: int) -> dict[str, Any]:
+        return {"workload": {"config": {**LLAMA, "num_hidden_layers": layers}, "gpus": 8, "gpu_memory": "80GiB"}}
+
+    try:
+        with TestClient(create_app(f"sqlite:///{db}", None)) as client:
+            pending = client.post("/v1/estimate", json=body(2))
+            assert pending.status_code == 503 and int(pending.headers["Retry-After"]) > 0
+            assert "being computed" in pending.json()["detail"]
+            for path in ("/v1/estimate", "/v1/recommend"):
+                full = client.post(path, json=body(3))
+                assert full.status_code == 503, full.text
+                assert int(full.headers["Retry-After"]) > 0
+                assert "profiling queue is full" in full.json()["detail"]
+            again = client.post("/v1/estimate", json=body(2))  # the same model joins its job: pending, not full
+            assert again.status_code == 503 and "being computed" in again.json()["detail"]
+            release.set()
+            deadline = time.monotonic() + 60
+            while service.queued:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            refused = client.post("/v1/estimate", json=body(2))  # the worker's refusal: 422 naming the field
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["detail"][0]["loc"] == ["body", "workload", "config", "num_hidden_layers"]
+            assert calls == [2]  # the refused requests queued nothing
+    finally:
+        release.set()
+        service.close()

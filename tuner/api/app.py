@@ -13,7 +13,9 @@ Auth: the mutating endpoints (``POST /v1/jobs``, ``DELETE /v1/jobs/{id}``) need 
 a missing token answers 401, a wrong one 403. A server started without a token answers them 503 unless it was made
 open on purpose (``insecure_no_auth``). Estimate and recommend are read-only computations on request data and stay
 open, like the GET endpoints. Bad input answers 422 with the field's path (FastAPI's ``{"detail": [{"loc", "msg",
-"type"}]}``), unknown studies and jobs 404, bodies over ``max_body_bytes`` 413. Requests carry model specs only
+"type"}]}``), unknown studies and jobs 404, bodies over ``max_body_bytes`` 413. An inline config whose profile is
+not cached answers 503 with ``Retry-After`` while it is computed (:mod:`tuner.profile.service`), or at once when the
+profiling queue is full, as does an answer past the request's time budget. Requests carry model specs only
 (preset names, inline config objects, parameter counts), never paths: the API reads no user files and runs no code.
 """
 
@@ -33,7 +35,7 @@ from tuner.api.budget import OverBudget
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
 from tuner.api.unavailable import register as register_unavailable
-from tuner.profile.service import ProfilePending, default_service
+from tuner.profile.service import ProfilePending, ProfileQueueFull, default_service
 from tuner.recommend import NoFeasibleConfig
 from tuner.schema import FieldError
 from tuner.storage import Store
@@ -73,9 +75,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.store.close()
 
 
-async def _profile_pending(request: Request, error: Exception) -> Response:
-    """A new model's profile, or an answer past the request's budget, is still being computed off the request path:
-    503 with Retry-After, not a wait."""
+async def _retry_later(request: Request, error: Exception) -> Response:
+    """A new model's profile, or an answer past the request's budget, is still being computed off the request path,
+    or the profiling queue is full: 503 with Retry-After (and what it is in ``detail``), not a wait."""
     retry_after = getattr(error, "retry_after", 5)
     return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": str(retry_after)})
 
@@ -111,8 +113,8 @@ def create_app(
     app.state.recommend_cache = AnswerCache(
         recommend_cache_s, max_stale_s=max(60.0, recommend_cache_s), cache_errors=(NoFeasibleConfig, FieldError)
     )
-    app.add_exception_handler(ProfilePending, _profile_pending)
-    app.add_exception_handler(OverBudget, _profile_pending)
+    for retry_later in (ProfilePending, ProfileQueueFull, OverBudget):
+        app.add_exception_handler(retry_later, _retry_later)
     register_unavailable(app)  # the database down: 503 with Retry-After, not 500
     for router in ROUTERS:
         app.include_router(router)

@@ -4,20 +4,27 @@ A request whose profile is cached is answered from the cache (pure Python, no to
 config is profiled in one separate worker process (spawned once, importing torch and transformers there), at most
 ``limit_s`` seconds of work per profile; the request waits up to ``wait_s`` and otherwise gets
 :class:`ProfilePending` (HTTP 503 with ``Retry-After``) while the work goes on and lands in the cache. Bad configs
-come back as :class:`~tuner.workload.WorkloadError` naming the field, remembered in memory, never cached on disk.
-Configs are data: nothing a request sends is ever run as code (``auto_map`` and ``trust_remote_code`` are refused).
+come back as :class:`~tuner.workload.WorkloadError` naming the field, remembered in memory (the
+:data:`REMEMBERED_REFUSALS` most recently asked for), never cached on disk. Configs are data: nothing a request sends
+is ever run as code (``auto_map`` and ``trust_remote_code`` are refused).
+
+The queue is bounded: requests for a profile already queued or in progress join that job, and at most
+``max_queued`` distinct profiles (:data:`MAX_QUEUED`, or ``$DSTUNE_PROFILE_QUEUE``) wait for or occupy the worker;
+a new one past that gets :class:`ProfileQueueFull` (HTTP 503 with ``Retry-After``) and nothing is queued. Each API
+server process has its own service. The CLI and the job worker profile in their own process and never come here.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
 import os
 import signal
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,13 @@ from tuner.profile.profiles import cached_profile, refuse_custom_code
 from tuner.workload import WorkloadError
 
 WAIT_ENV = "DSTUNE_PROFILE_WAIT_S"
+QUEUE_ENV = "DSTUNE_PROFILE_QUEUE"
+MAX_QUEUED = 32  # distinct profiles waiting for or being computed in the worker, per service
+REMEMBERED_REFUSALS = 256  # bad configs' refusals kept in memory, the most recently asked for
+QUEUE_FULL_RETRY_S = 10  # a slot frees when the oldest queued profile ends: usually seconds, at most limit_s
+
+Refusal = tuple[str, str]  # (field, message): why a config cannot be profiled
+Worker = Callable[[dict[str, Any], int, tuple[str, ...], str, str, int], Refusal | None]
 
 
 class ProfilePending(Exception):
@@ -37,9 +51,19 @@ class ProfilePending(Exception):
         self.retry_after = retry_after
 
 
+class ProfileQueueFull(Exception):
+    """The profiling queue holds as many new models as it takes; nothing was queued: retry after ``retry_after``
+    seconds."""
+
+    def __init__(self, queued: int, retry_after: int = QUEUE_FULL_RETRY_S) -> None:
+        super().__init__(f"the profiling queue is full ({queued} new model profiles queued); retry in {retry_after} s")
+        self.queued = queued
+        self.retry_after = retry_after
+
+
 def _profile_in_worker(
     config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str, folder: str, limit_s: int
-) -> tuple[str, str] | None:
+) -> Refusal | None:
     """Compute and cache the profile (in the worker process); a refusal comes back as ``(field, message)``."""
 
     def expired(signum: int, frame: Any) -> None:
@@ -63,71 +87,138 @@ def _profile_in_worker(
         signal.alarm(0)
 
 
-class ProfileService:
-    """Hands out model profiles to request handlers (thread-safe)."""
+def _spawn_pool() -> Executor:
+    """One worker process, spawned (not forked from a server with threads), started on the first job."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
 
-    def __init__(self, cache: ProfileCache | None = None, wait_s: float | None = None, limit_s: int = 120) -> None:
+
+def _job_key(config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str, folder: str) -> str:
+    """A short digest naming one job: what is kept in memory per job, however large the config."""
+    parts = [canonical_config(config), seq_len, list(precisions), attention, folder]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def _outcome(future: Future[Refusal | None]) -> Refusal | None:
+    """A finished job's refusal, or None (profiled and cached, or cancelled)."""
+    if future.cancelled():
+        return None
+    error = future.exception()
+    if error is None:
+        return future.result()
+    if isinstance(error, BrokenExecutor):
+        return "model", "profiling this model ended its worker process (out of memory?)"
+    return "model", f"cannot profile this model: {' '.join(str(error).split())[:300]}"
+
+
+class ProfileService:
+    """Hands out model profiles to request handlers (thread-safe; see the module docstring).
+
+    ``max_queued``: the most distinct profiles queued or in progress (default ``$DSTUNE_PROFILE_QUEUE``, else
+    :data:`MAX_QUEUED`). ``worker`` computes one profile in an executor made by ``pool`` (by default
+    :func:`_profile_in_worker` in one spawned process; tests pass a thread pool and a function they control)."""
+
+    def __init__(
+        self,
+        cache: ProfileCache | None = None,
+        wait_s: float | None = None,
+        limit_s: int = 120,
+        max_queued: int | None = None,
+        *,
+        worker: Worker = _profile_in_worker,
+        pool: Callable[[], Executor] = _spawn_pool,
+    ) -> None:
         self._cache = cache
         self.wait_s = float(os.environ.get(WAIT_ENV, "20")) if wait_s is None else wait_s
         self.limit_s = limit_s
+        self.max_queued = int(os.environ.get(QUEUE_ENV, MAX_QUEUED)) if max_queued is None else max_queued
+        if self.max_queued < 1:
+            raise ValueError(f"the profiling queue must hold at least 1 profile ({QUEUE_ENV}), not {self.max_queued}")
+        self._worker, self._new_pool = worker, pool
         self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
-        self._running: dict[str, Future] = {}
-        self._refused: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._pool: Executor | None = None
+        self._running: dict[str, Future[Refusal | None]] = {}  # queued or in progress (finished ones until collected)
+        self._refused: OrderedDict[str, Refusal] = OrderedDict()
 
     @property
     def cache(self) -> ProfileCache:
         """The cache it reads and fills (by default the folder ``$DSTUNE_PROFILE_CACHE`` names now)."""
         return self._cache or ProfileCache()
 
+    @property
+    def queued(self) -> int:
+        """How many distinct profiles are queued or in progress now."""
+        with self._lock:
+            self._collect()
+            return len(self._running)
+
     def profile(
         self, config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str
     ) -> ModelProfile:
-        """The profile for these settings (both checkpointing settings), from the cache or computed."""
+        """The profile for these settings (both checkpointing settings), from the cache or computed.
+
+        Raises :class:`ProfilePending` past ``wait_s``, :class:`ProfileQueueFull` for a new profile while the queue
+        is full, :class:`WorkloadError` for a config that cannot be profiled."""
         refuse_custom_code(config)
         cache = self.cache
         found = cached_profile(config, seq_len, precisions, attention, cache=cache)
         if found is not None:
             return found
-        key = canonical_config([config, seq_len, precisions, attention, str(cache.folder)])
+        key = _job_key(config, seq_len, precisions, attention, str(cache.folder))
         with self._lock:
-            if key in self._refused:
-                raise WorkloadError(*self._refused[key])
-            future = self._running.get(key)
+            self._collect()
+            refusal = self._refused.get(key)
+            if refusal is not None:
+                self._refused.move_to_end(key)
+                raise WorkloadError(*refusal)
+            future = self._running.get(key)  # the same profile asked again: join its job
             if future is None:
-                future = self._submit(config, seq_len, precisions, attention, cache)
-                self._running[key] = future
-        try:
-            refusal = future.result(timeout=self.wait_s)
-        except FutureTimeout:
-            raise ProfilePending() from None
-        except BrokenProcessPool:
-            refusal = ("model", "profiling this model ended its worker process (out of memory?)")
-            with self._lock:
-                self._pool = None
-        finally:
-            if future.done():
-                with self._lock:
-                    self._running.pop(key, None)
+                if len(self._running) >= self.max_queued:
+                    raise ProfileQueueFull(len(self._running))
+                future = self._running[key] = self._submit(config, seq_len, precisions, attention, cache)
+        if not wait([future], timeout=self.wait_s).done:
+            raise ProfilePending()
+        with self._lock:
+            refusal = self._settle(key, future)
+        if future.cancelled():  # the service was closed: the job is gone, a retry queues it again
+            raise ProfilePending()
         if refusal is not None:
-            with self._lock:
-                self._refused[key] = refusal
-                while len(self._refused) > 256:
-                    self._refused.popitem(last=False)
             raise WorkloadError(*refusal)
         found = cached_profile(config, seq_len, precisions, attention, cache=cache)
         if found is None:
             raise WorkloadError("model", "the profile could not be read back from the cache")
         return found
 
+    def _collect(self) -> None:
+        """Forget finished jobs, remembering refusals (under the lock): only unfinished jobs count against the queue,
+        whether or not a request came back for their outcome."""
+        for key, future in list(self._running.items()):
+            if future.done():
+                self._settle(key, future)
+
+    def _settle(self, key: str, future: Future[Refusal | None]) -> Refusal | None:
+        """A finished job's refusal, remembered, and the job forgotten (under the lock)."""
+        if self._running.get(key) is future:
+            del self._running[key]
+        refusal = _outcome(future)
+        if refusal is not None:
+            self._refused[key] = refusal
+            self._refused.move_to_end(key)
+            while len(self._refused) > REMEMBERED_REFUSALS:
+                self._refused.popitem(last=False)
+        return refusal
+
     def _submit(
         self, config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str, cache: ProfileCache
-    ) -> Future:
+    ) -> Future[Refusal | None]:
+        args = (config, seq_len, precisions, attention, str(cache.folder), self.limit_s)
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        return self._pool.submit(
-            _profile_in_worker, config, seq_len, precisions, attention, str(cache.folder), self.limit_s
-        )
+            self._pool = self._new_pool()
+        try:
+            return self._pool.submit(self._worker, *args)
+        except BrokenExecutor:  # an earlier profile ended the worker process: a new one for this profile
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._new_pool()
+            return self._pool.submit(self._worker, *args)
 
     def close(self) -> None:
         """Stop the worker process (work in flight is abandoned)."""

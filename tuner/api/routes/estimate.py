@@ -35,7 +35,12 @@ def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = (
 @router.post(
     "/v1/estimate",
     response_model=EstimateResponse,
-    responses={503: {"description": "Still being computed (a new model's profile, or past the time budget)."}},
+    responses={
+        503: {
+            "description": "Still being computed (a new model's profile, or past the time budget), or the profiling"
+            " queue is full."
+        }
+    },
 )
 async def estimate_endpoint(body: EstimateRequest, request: Request) -> EstimateResponse:
     """Estimate peak memory per GPU and per node's CPU, by category, for one workload and ds_config."""

@@ -19,7 +19,10 @@ router = APIRouter(tags=["recommend"])
     response_model=RecommendResponse,
     responses={
         422: {"description": "Bad workload, or no config of the default space fits it."},
-        503: {"description": "Still being computed (a new model's profile, or past the request's time budget)."},
+        503: {
+            "description": "Still being computed (a new model's profile, or past the request's time budget), or"
+            " the profiling queue is full."
+        },
     },
 )
 async def recommend_endpoint(body: RecommendRequest, request: Request) -> Response:
