@@ -8,9 +8,10 @@ generation, and then forks one child per rank it is asked for. Each child become
 started: a new session (the launcher kills its process group), the rank's environment, working folder, log and
 address-space limit, ``PR_SET_PDEATHSIG`` tied to the server, then the entry's module or script run as ``__main__``.
 
-Nothing of one run reaches the next: the server never builds a model, touches a tensor or initialises CUDA (it
-refuses to serve if an import did: a forked child could not use it), and every rank is a fresh fork of that
-pristine process, so one trial's allocations, process group or engine never exist in the next one's rank.
+Nothing of one run reaches the next: the server never builds a model, touches a tensor or initialises CUDA (on a
+GPU node it checks that a forked child can still allocate on a GPU, and refuses to serve otherwise: the launcher
+then spawns fresh ranks), and every rank is a fresh fork of that pristine process, so one trial's allocations,
+process group or engine never exist in the next one's rank.
 
 Launchers (the local one, and Ray's rank hosts on every node) share the node's server through a Unix socket under
 the temporary folder, named by a key of the interpreter, ``PYTHONPATH``, the accelerator and the installed code
@@ -96,6 +97,9 @@ def socket_path(key: str) -> Path:
     socket paths must be)."""
     folder = Path(tempfile.gettempdir()) / f"dstune-fork-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
+    status = folder.lstat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o077 or not folder.is_dir() or folder.is_symlink():
+        raise ForkServerUnavailable(f"{folder} is not a private folder of this user: ranks are not forked through it")
     return folder / f"{key}.sock"
 
 
@@ -513,16 +517,39 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(code)
 
 
+def _forked_child_uses_cuda() -> bool:
+    """Whether a child forked now can allocate on a GPU: the self-test of a server on a GPU node, since an import
+    that initialised the CUDA driver (not only torch's context) would leave every forked rank unable to."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import torch
+
+            torch.zeros(1, device="cuda")
+            torch.cuda.synchronize()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return exit_code(status) == 0
+
+
 def _daemon(path: Path, ready: int) -> int:
     started = time.monotonic()
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # torch.cuda.is_available() without initialising the driver
     _preload(PRELOAD)
     with contextlib.suppress(Exception):
         from tuner.measure.lean import cache_cpu_info
 
         cache_cpu_info()
     _load_built_ops()
-    if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
         print("CUDA was initialised while preloading: forked ranks could not use it", file=sys.stderr)
+        return 3
+    if torch is not None and torch.cuda.device_count() > 0 and not _forked_child_uses_cuda():
+        print("a child forked after the imports cannot use CUDA (the driver was initialised)", file=sys.stderr)
         return 3
     gc.collect()
     gc.freeze()  # what the imports made is never garbage: the ranks' collections skip it (tuner.measure.lean)
