@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter
 
 import pytest
@@ -200,7 +201,7 @@ def test_real_study_job_runs_and_cancels_cleanly(store: Store) -> None:
 
 
 @pytest.mark.deepspeed
-def test_cancelling_during_a_measured_run_kills_it(store: Store) -> None:
+def test_cancelling_during_a_measured_run_kills_it(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real study job whose first trial is a long measured run (real DeepSpeed ranks): cancelling it kills the
     ranks at once instead of waiting for the run to end; that trial is recorded failed as cancelled, and the job ends
     cancelled with no rank process left behind."""
@@ -211,8 +212,13 @@ def test_cancelling_during_a_measured_run_kills_it(store: Store) -> None:
         store, "cancel-measured", gpu_memory="64GiB", trials=5, steps=10_000, run_timeout=1800
     )
 
+    from faultkit import MARKER_ENV, marked_processes, rank_processes
+
+    marker = f"dstune-jobs-{uuid.uuid4().hex}"  # ranks are the node's fork server's children: found by marker
+    monkeypatch.setenv(MARKER_ENV, marker)
+
     def ranks() -> list:
-        return [p for p in psutil.Process().children(recursive=True) if "tuner.measure.runner" in " ".join(p.cmdline())]
+        return rank_processes(marked_processes(marker))
 
     try:
         wait_for(lambda: ((store.get_job(job.id).progress or {}).get("last") or {}).get("status") == "running", 120)

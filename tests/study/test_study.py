@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,8 @@ import pytest
 if importlib.util.find_spec("deepspeed") is None or importlib.util.find_spec("psutil") is None:
     pytest.skip("needs DeepSpeed and psutil", allow_module_level=True)  # found without importing: collection stays fast
 
-import psutil
+from faultkit import MARKER_ENV, marked_processes
+from faultkit import rank_processes as ranks_among
 
 from tuner.measure.dispatch import Dispatcher
 from tuner.storage import Store
@@ -21,16 +24,18 @@ from tuner.study.jobs import JobRequest, check_job, study_settings
 pytestmark = pytest.mark.deepspeed
 
 
+@pytest.fixture(autouse=True)
+def marker(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A marker the ranks started from here on carry in their environment (they are the node's fork server's
+    children, not this process's)."""
+    value = f"dstune-study-{uuid.uuid4().hex}"
+    monkeypatch.setenv(MARKER_ENV, value)
+    return value
+
+
 def rank_processes() -> list:
-    """Live rank processes below this one (a killed rank its launcher has not reaped yet is a zombie: dead)."""
-    ranks = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if "tuner.measure.runner" in " ".join(process.cmdline()):
-                ranks.append(process)
-        except (psutil.ZombieProcess, psutil.NoSuchProcess):
-            continue
-    return ranks
+    """Live rank processes of this test's runs (zombies are dead)."""
+    return ranks_among(marked_processes(os.environ[MARKER_ENV]))
 
 
 def long_study(store: Store, name: str) -> tuple[TuningStudy, Dispatcher]:
