@@ -130,6 +130,9 @@ def test_the_server_key_follows_what_the_preloaded_imports_depend_on() -> None:
     assert server_key(base) == server_key(dict(base))
     assert server_key(dict(base, DS_ACCELERATOR="cuda")) != server_key(base)
     assert server_key(dict(base, PYTHONPATH="/elsewhere")) != server_key(base)
+    assert server_key(dict(base, MALLOC_MMAP_THRESHOLD_="131072")) != server_key(base)  # read when malloc starts
+    assert server_key(dict(base, OMP_NUM_THREADS="1")) != server_key(base)
+    assert server_key(dict(base, RANK="1", MASTER_PORT="29500", DSTUNE_FAULT_MARKER="x")) == server_key(base)
 
 
 def test_a_transformers_run_preloads_its_model_family() -> None:

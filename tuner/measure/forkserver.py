@@ -14,11 +14,12 @@ then spawns fresh ranks), and every rank is a fresh fork of that pristine proces
 process group or engine never exist in the next one's rank.
 
 Launchers (the local one, and Ray's rank hosts on every node) share the node's server through a Unix socket under
-the temporary folder, named by a key of the interpreter, ``PYTHONPATH``, the accelerator and the installed code
-(a changed dstune, torch or DeepSpeed gets a new server). A launcher that dies takes its ranks with it, as with
-``PR_SET_PDEATHSIG`` on a spawned rank: the server stops every rank started over a connection when it closes
-(SIGTERM, then SIGKILL after :data:`TERM_GRACE_S`). The
-server exits after :data:`IDLE_S` seconds with no connection and no rank (``DSTUNE_FORKSERVER_IDLE_S``).
+the temporary folder, named by a key of the interpreter, the environment read at start-up (``PYTHONPATH``, the
+allocator's and OpenMP's variables, ``LD_PRELOAD``, the accelerator...: a forked rank keeps the server's) and the
+installed code (a changed dstune, torch or DeepSpeed gets a new server). A launcher that dies takes its ranks with
+it, as with ``PR_SET_PDEATHSIG`` on a spawned rank: the server stops every rank started over a connection when it
+closes (SIGTERM, then SIGKILL after :data:`TERM_GRACE_S`). The server exits after :data:`IDLE_S` seconds with no
+connection and no rank (``DSTUNE_FORKSERVER_IDLE_S``).
 """
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ IDLE_S = float(os.environ.get("DSTUNE_FORKSERVER_IDLE_S", "300"))
 START_TIMEOUT_S = 300.0  # importing torch and DeepSpeed on a loaded 2-core host
 PR_SET_PDEATHSIG = 1
 TERM_GRACE_S = 3.0  # between SIGTERM and SIGKILL for the ranks of a launcher that went away
-KEY_VARIABLES = ("PYTHONPATH", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR")
+# Variables read when a process starts or imports (the allocator, the loader, Python, OpenMP/BLAS, DeepSpeed's
+# accelerator): a forked rank keeps the server's, so servers are keyed by them. Per-rank variables are not among them.
+KEY_VARIABLES = ("DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR", "LD_PRELOAD", "LD_LIBRARY_PATH", "GLIBC_TUNABLES")
+KEY_PREFIXES = ("PYTHON", "MALLOC_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
 ARGV_ROOM, ENV_ROOM = 2048, 32768  # bytes the server's command line and environment reserve for its ranks' own
 ROOM_VARIABLE = "DSTUNE_FORKSERVER_ROOM"
 STAT_ARG_START = 48  # /proc/self/stat's fields (proc(5)): where the command line and the environment lie
@@ -75,14 +79,15 @@ class ForkServerUnavailable(RuntimeError):
 
 
 def server_key(env: Mapping[str, str] | None = None) -> str:
-    """A short hash of what a preloaded server depends on: the interpreter, the variables read at import time, and
-    the installed code (dstune's own files' modification times; torch, DeepSpeed and transformers versions)."""
+    """A short hash of what a preloaded server depends on: the interpreter, the variables read at start-up or import
+    (:data:`KEY_VARIABLES`, :data:`KEY_PREFIXES`: a rank asking with other values gets a server started with them),
+    and the installed code (dstune's own files' modification times; torch, DeepSpeed and transformers versions)."""
     from importlib import metadata
 
     env = os.environ if env is None else env
     digest = hashlib.sha256(sys.executable.encode())
-    for name in KEY_VARIABLES:
-        digest.update(f"{name}={env.get(name, '')}\n".encode())
+    for name in sorted(n for n in env if n in KEY_VARIABLES or n.startswith(KEY_PREFIXES)):
+        digest.update(f"{name}={env[name]}\n".encode())
     for dist in ("torch", "deepspeed", "transformers"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             digest.update(f"{dist}={metadata.version(dist)}\n".encode())
