@@ -1,9 +1,12 @@
-"""Start a measured run's ranks as fresh processes on this machine, and never leave one behind.
+"""Start a measured run's ranks as processes of their own on this machine, and never leave one behind.
 
 Each rank is ``python -m tuner.measure.runner RUN_DIR RANK`` in a new session (its own process group), so a hard timeout
-kills the rank and everything it started. Ranks also die with their launcher (``PR_SET_PDEATHSIG``), so a killed
-launcher leaves no orphans. When one rank fails, its peers would wait in a collective: they get a short grace period,
-then they are killed. A rank that exits without writing its result is classified from its exit condition.
+kills the rank and everything it started. Lean runs (the default) fork it from the node's fork server, which imported
+torch and DeepSpeed once (:mod:`tuner.measure.forkserver`); otherwise it is a fresh interpreter. Ranks die with their
+launcher either way (``PR_SET_PDEATHSIG`` on a spawned rank; the server stops a forked rank whose launcher's
+connection closed), so a killed launcher leaves no orphans. When one rank fails, its peers would wait in a collective:
+they get a short grace period, then they are killed. A rank that exits without writing its result is classified from
+its exit condition.
 
 Every rank gets the environment torchrun gives (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``) from its :class:`RankPlace`, here and on Ray alike. On this machine
