@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import gc
 import hashlib
 import importlib
@@ -82,19 +83,27 @@ def server_key(env: Mapping[str, str] | None = None) -> str:
     """A short hash of what a preloaded server depends on: the interpreter, the variables read at start-up or import
     (:data:`KEY_VARIABLES`, :data:`KEY_PREFIXES`: a rank asking with other values gets a server started with them),
     and the installed code (dstune's own files' modification times; torch, DeepSpeed and transformers versions)."""
-    from importlib import metadata
-
     env = os.environ if env is None else env
-    digest = hashlib.sha256(sys.executable.encode())
+    digest = hashlib.sha256(_installed_code().encode())
     for name in sorted(n for n in env if n in KEY_VARIABLES or n.startswith(KEY_PREFIXES)):
         digest.update(f"{name}={env[name]}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _installed_code() -> str:
+    """The interpreter and the code this process runs (read once: it does not change under a running launcher,
+    and every rank start asks for the key)."""
+    from importlib import metadata
+
+    digest = hashlib.sha256(sys.executable.encode())
     for dist in ("torch", "deepspeed", "transformers"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             digest.update(f"{dist}={metadata.version(dist)}\n".encode())
     package = Path(__file__).resolve().parents[1]
     for path in sorted(package.rglob("*.py")):
         digest.update(f"{path}:{path.stat().st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
 
 
 def socket_path(key: str) -> Path:
@@ -265,7 +274,7 @@ OP_BUILDERS = {
     "fused_adam": "FusedAdamBuilder",
     "cpu_adam": "CPUAdamBuilder",
 }
-_loaded_ops: set[str] = set()
+_settled_ops: set[str] = set()  # loaded, or built but not loadable here: never tried again
 
 
 def _load_built_ops() -> None:
@@ -276,19 +285,28 @@ def _load_built_ops() -> None:
     from their cache (``OpBuilder._loaded_ops``) and no rank takes the lock. CPU only: GPU nodes keep their ops to
     the ranks, so that nothing CUDA-linked is loaded before the fork.
     """
-    from tuner.measure.op_builds import extensions_dir, missing_ops, prebuilt_ops
+    from tuner.measure.op_builds import extensions_dir, missing_ops
 
-    if len(_loaded_ops) == len(OP_BUILDERS) or "deepspeed" not in sys.modules:
+    if len(_settled_ops) == len(OP_BUILDERS) or "deepspeed" not in sys.modules:
         return
     from deepspeed.accelerator import get_accelerator
 
-    built = set(OP_BUILDERS) - set(missing_ops(OP_BUILDERS, extensions_dir(), prebuilt_ops())) - _loaded_ops
-    if get_accelerator().device_name() != "cpu" or not built:
+    if get_accelerator().device_name() != "cpu":
+        _settled_ops.update(OP_BUILDERS)
         return
+    unsettled = [name for name in OP_BUILDERS if name not in _settled_ops]
+    built = set(unsettled) - set(missing_ops(unsettled, extensions_dir(), _prebuilt_ops()))
     for name in sorted(built):
+        _settled_ops.add(name)
         with contextlib.suppress(Exception):  # an op this host cannot load: the ranks say why when they need it
             get_accelerator().create_op_builder(OP_BUILDERS[name]).load(verbose=False)
-            _loaded_ops.add(name)
+
+
+@functools.cache
+def _prebuilt_ops() -> frozenset[str]:
+    from tuner.measure.op_builds import prebuilt_ops
+
+    return frozenset(prebuilt_ops())
 
 
 def _preload(modules: Sequence[str]) -> None:
