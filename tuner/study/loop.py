@@ -27,7 +27,7 @@ from tuner.estimator import MemoryEstimate, estimate, resolve
 from tuner.measure.dispatch import DispatchOptions
 from tuner.measure.measurement import CANCELLED, NODE_LOST, Measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
-from tuner.storage import DuplicateConfig, Store, StoreError, new_holder, owner_alive, release
+from tuner.storage import DuplicateConfig, Store, StoreError, TrialRecord, new_holder, owner_alive, release
 from tuner.study.calibration import Calibration
 from tuner.study.early_stop import SlowRunStopper
 from tuner.study.measurer import Measurer
@@ -210,8 +210,8 @@ class TuningStudy:
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         for trial_id in stale_ids:
             record = self.store.get_trial(trial_id)
-            if record is not None and record.params is not None and record.attempts <= RETRIES:
-                self.optuna.enqueue_trial(record.params, skip_if_exists=False)
+            if record is not None:
+                self._queue_retry(record)
 
     # ----------------------------------------------------------------- the loop
     def run(self, dispatcher: Measurer, should_stop: Callable[[], bool] | None = None) -> StudyReport:
@@ -467,12 +467,18 @@ class TuningStudy:
         record = self.store.finish_trial(trial_id, "failed", measurement.to_dict(), error=measurement.error)
         trial.set_constraint("memory", constraint)
         self._tell(trial, TrialState.FAIL)
-        requeued = record.params is not None and record.attempts <= RETRIES
-        if record.params is not None and requeued:
-            self.optuna.enqueue_trial(record.params, skip_if_exists=False)
+        requeued = self._queue_retry(record)
+        if requeued:
             self.requeued.add(record.config_key)
         note = "queued to run again" if requeued else "not retried again"
         self.on_event(Event(trial.number, "failed", None, f"{measurement.error} ({note})"))
+
+    def _queue_retry(self, record: TrialRecord) -> bool:
+        """Queue a failed trial's config to be proposed again, while it has retries left (:data:`RETRIES`)."""
+        if record.params is None or record.attempts > RETRIES:
+            return False
+        self.optuna.enqueue_trial(record.params, skip_if_exists=False)
+        return True
 
     def _tell_stopped_early(
         self, trial: optuna.Trial, suggestion: Suggestion, measurement: Measurement, constraint: float
