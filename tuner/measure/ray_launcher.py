@@ -53,7 +53,7 @@ from tuner.measure.launcher import (
     summarize,
     wait_ranks,
 )
-from tuner.measure.measurement import NODE_LOST, Measurement, RankResult, StepHook
+from tuner.measure.measurement import EXCERPT_CHARS, NODE_LOST, Measurement, RankResult, StepHook
 from tuner.measure.runner import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
@@ -337,11 +337,11 @@ def _gather(
             try:
                 result = RankResult.from_dict(ray.get(ref))
             except LOST as error:  # the node (or the actor's process) went away with the rank
-                result = RankResult(
-                    place.rank, "error", exception_type=NODE_LOST, error=f"{type(error).__name__}: {error}"[-1500:]
-                )
+                why = f"{type(error).__name__}: {error}"[-EXCERPT_CHARS:]
+                result = RankResult(place.rank, "error", exception_type=NODE_LOST, error=why)
             except ray.exceptions.RayError as error:
-                result = RankResult(place.rank, "error", exception_type=type(error).__name__, error=str(error)[-1500:])
+                why = str(error)[-EXCERPT_CHARS:]
+                result = RankResult(place.rank, "error", exception_type=type(error).__name__, error=why)
             results[place.rank] = placed(result, place)
             if result.status != "ok":
                 for host in hosts:
