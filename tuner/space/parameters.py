@@ -105,6 +105,24 @@ class Parameter:
             return (value - self.low) % self.step == 0
         return True
 
+    def searchable_default(self) -> Any:
+        """The default as a value Optuna can record for this parameter: the default itself when it is one of the
+        parameter's values, else (a ``null`` default, "DeepSpeed decides") the first choice or the lower bound.
+
+        A config proposed outside the sampler (warm start, a retry) is enqueued as values of the parameters'
+        distributions; ``None`` is none (Optuna refuses it), so such configs set this value explicitly.
+
+        Example:
+            >>> Parameter("overlap", "categorical", "zero_optimization.overlap_comm", None, None,
+            ...           choices=(False, True)).searchable_default()
+            False
+        """
+        if self.default is not None and self.contains(self.default):
+            return self.default
+        if self.kind == "categorical":
+            return self.choices[0]
+        return self.rounded(int(self.low)) if self.kind == "int" else self.low  # type: ignore[arg-type]
+
     def active(self, values: Mapping[str, Any]) -> bool:
         """Whether every ``when`` clause holds for the active ``values``."""
         return all(condition.holds(values) for condition in self.when)

@@ -81,7 +81,7 @@ class _Fixed:
 def _suggest(
     space: SearchSpace, values: Mapping[str, Any], workload: Workload, global_batch: int | None, nvme: str | None
 ) -> Suggestion | None:
-    defaults = {p.name: p.default for p in space.parameters}
+    defaults = {p.name: p.searchable_default() for p in space.parameters}  # what enqueue_trial can carry
     try:
         return space.suggest(_Fixed(values, defaults), workload, global_batch, nvme)
     except (InfeasibleConfig, ConfigError):
