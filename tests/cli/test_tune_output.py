@@ -108,8 +108,34 @@ def test_runs_stopped_early_are_marked_in_the_top_configs(tmp_path: Path) -> Non
         console = Console(record=True, width=400)
         render_study(store, study.id, "stopped", console)
     out = console.export_text()
-    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if "│" in line}
-    assert "stopped early" in rows["1"] and "300" in rows["1"]
-    assert "stopped early" not in rows["0"] and "900" in rows["0"] and "0.016" in rows["0"]
-    assert rows["1"].split("│")[3].strip() == "-"  # no peak measured: no made-up 0 GiB
-    assert "stopped early: the run was clearly slower than the best" in out
+    rows = {line.split()[0]: line for line in out.split("best:")[0].splitlines() if line[:8].strip().isdigit()}
+    assert "stopped" in rows["1"] and "300" in rows["1"]
+    assert "stopped" not in rows["0"] and "900" in rows["0"] and "0.016" in rows["0"]
+    assert rows["1"].split()[2] == "-"  # no peak measured: no made-up 0 GiB
+    assert "stopped: the run was clearly slower than the best and was stopped early" in out
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_top_configs_keep_every_figure_whole_in_a_narrow_terminal(tmp_path: Path, width: int) -> None:
+    """At 80 columns (a CI log, a small terminal) no figure is cut or folded: headers wrap, figures stay whole."""
+    work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(64))
+    figures = []
+    with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
+        study = store.get_or_create_study("narrow", store.upsert_workload(work), "tpe", {})
+        for number, (micro, tokens, stopped) in enumerate(((64, 16_912.4, False), (32, 123_456.7, True))):
+            config = shortcut_config(micro, 8, "bf16", 3, "cpu", "cpu")
+            trial_id = store.add_trial(study.id, number, f"k{number}", config, {}, True, estimate(work, config))
+            store.start_trial(trial_id)
+            store.finish_trial(
+                trial_id, "ok", {"status": "ok", "tokens_per_s": tokens, "stopped_early": stopped,
+                                 "peak_bytes_per_rank": [1_234_567_890]}
+            )  # fmt: skip
+            figures.append(f"{tokens:,.0f}")
+        console = Console(record=True, width=width)
+        render_study(store, study.id, "narrow", console)
+    out = console.export_text()
+    table = out.split("stopped: the run")[0]
+    assert "…" not in table
+    for figure in [*figures, "1.150", "78.85", "cpu/cpu", "stopped", "tokens/s"]:
+        assert figure in table, (figure, table)
+    assert max(len(line) for line in table.splitlines()) <= width

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -216,17 +217,16 @@ def run_tune(
     return 0 if store.best_trial(tuning.study_id) is not None else 1
 
 
-STOPPED_EARLY_NOTE = "stopped early"
+STOPPED_EARLY_NOTE = "stopped"
 
 
-def render_study(store: Store, study_id: int, name: str, console: Console, top: int = 5) -> None:
-    """The top measured configs (runs the throughput pruner stopped early marked: their figures are partial), and
-    what was pruned and why."""
-    summary = store.study_summary(study_id)
-    table = Table(title=f"study {name}: top configs")
-    columns = ("trial", "tokens/s", "peak GiB", "headroom GiB", "stage", "micro", "accum", "offload", "ckpt", "note")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("offload", "note") else "right")
+TOP_COLUMNS = ("trial", "tokens/s", "peak GiB", "free GiB", "ZeRO", "micro", "accum", "offload", "ckpt")
+
+
+def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> tuple[Table, bool]:
+    """The top measured configs as a table whose figures never fold or shrink (headers wrap instead, and the note
+    column appears only when a run was stopped early); and whether any row is partial."""
+    rows: list[list[str]] = []
     partial = False
     for trial in store.trials(study_id, status="ok", order_by="-tokens_per_s", limit=top):
         zero = trial.ds_config.get("zero_optimization", {})
@@ -234,31 +234,58 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
         peak = trial.peak_bytes
         stopped = bool((trial.measurement or {}).get("stopped_early"))
         partial = partial or stopped
-        table.add_row(
-            str(trial.number),
-            f"{trial.tokens_per_s:,.0f}",
-            "-" if peak is None else f"{peak / GiB:.3f}",
-            "-" if peak is None else f"{(gpu_memory - peak) / GiB:.2f}",
-            str(zero.get("stage", 0)),
-            str(trial.ds_config.get("train_micro_batch_size_per_gpu")),
-            str(trial.ds_config.get("gradient_accumulation_steps")),
-            (zero.get("offload_optimizer") or {}).get("device", "none"),
-            "yes" if trial.activation_checkpointing else "no",
-            STOPPED_EARLY_NOTE if stopped else "",
+        offload = [
+            (zero.get(section) or {}).get("device", "none") for section in ("offload_optimizer", "offload_param")
+        ]
+        rows.append(
+            [
+                str(trial.number),
+                f"{trial.tokens_per_s:,.0f}",
+                "-" if peak is None else f"{peak / GiB:.3f}",
+                "-" if peak is None else f"{(gpu_memory - peak) / GiB:.2f}",
+                str(zero.get("stage", 0)),
+                str(trial.ds_config.get("train_micro_batch_size_per_gpu")),
+                str(trial.ds_config.get("gradient_accumulation_steps")),
+                "/".join(offload) if offload[1] != "none" else offload[0],
+                "yes" if trial.activation_checkpointing else "no",
+            ]
+            + ([STOPPED_EARLY_NOTE] if stopped else [""])
         )
+    columns = TOP_COLUMNS + (("note",) if partial else ())
+    # no vertical rules: ten columns of figures fit in 80 columns; numbers keep their width, words may wrap
+    table = Table(
+        title=f"study {name}: top configs", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False
+    )
+    for index, column in enumerate(columns):
+        numeric = column not in ("offload", "note")
+        words = [word for text in (column, *(row[index] for row in rows)) for word in text.split()]
+        table.add_column(
+            column, justify="right" if numeric else "left", min_width=max(map(len, words)), overflow="fold"
+        )
+    for row in rows:
+        table.add_row(*row[: len(columns)])
+    return table, partial
+
+
+def render_study(store: Store, study_id: int, name: str, console: Console, top: int = 5) -> None:
+    """The top measured configs (runs the throughput pruner stopped early marked: their figures are partial), and
+    what was pruned and why."""
+    summary = store.study_summary(study_id)
+    table, partial = top_configs_table(store, study_id, name, top)
     console.print(table)
     if partial:
         console.print(
-            f"{STOPPED_EARLY_NOTE}: the run was clearly slower than the best and was stopped after its first timed "
-            "steps, so its figures are partial (tokens/s from those steps only)",
+            f"{STOPPED_EARLY_NOTE}: the run was clearly slower than the best and was stopped early, after its first "
+            "timed steps, so its figures are partial (tokens/s from those steps only)",
             highlight=False,
             soft_wrap=True,
         )
-    console.print("trials by status: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items()) if v)
+    console.print("trials by status: " + (counts or "none yet"), highlight=False)
     render_pruned(store, study_id, console)
     best = store.best_trial(study_id)
     if best is not None:
-        console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:")
+        console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:", highlight=False)
         console.print_json(json.dumps(best.ds_config))
 
 
