@@ -35,7 +35,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tuner.storage import DEFAULT_LEASE_S, DatabaseUnavailable, JobRecord, Store, StoreError, is_disconnect
+from tuner import env
+from tuner.storage import DatabaseUnavailable, JobRecord, Store, StoreError, is_disconnect
 from tuner.study import Event, TuningStudy
 from tuner.study.jobs import JobRequest, study_settings
 
@@ -48,11 +49,8 @@ _log = logging.getLogger(__name__)
 
 
 def default_lease_s() -> float:
-    """The job lease: ``$DSTUNE_JOB_LEASE_S`` seconds, else :data:`tuner.storage.DEFAULT_LEASE_S` (60)."""
-    try:
-        return max(1.0, float(os.environ.get(LEASE_ENV, DEFAULT_LEASE_S)))
-    except ValueError:
-        return DEFAULT_LEASE_S
+    """The job lease: ``$DSTUNE_JOB_LEASE_S`` seconds, else 60 (:mod:`tuner.env`)."""
+    return env.current().job_lease_s
 
 
 class Heartbeat(threading.Thread):

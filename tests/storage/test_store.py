@@ -381,7 +381,8 @@ class TestStoreContract:
             assert len(api_store.list_studies()) == 21
 
 
-def test_default_url_and_migrations_dir() -> None:
+def test_default_url_and_migrations_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DSTUNE_STORAGE", raising=False)  # tests/test_env.py: the variable wins when set
     assert default_url() == "sqlite:///dstune.db"
     assert (migrations_dir() / "env.py").is_file()
     assert (migrations_dir() / "alembic.ini").is_file()

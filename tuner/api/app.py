@@ -131,18 +131,17 @@ def create_app_from_env() -> FastAPI:
     """:func:`create_app` configured by the environment ``dstune serve --workers N`` sets for each worker process:
     ``DSTUNE_STORAGE``, ``DSTUNE_API_TOKEN``, ``DSTUNE_INSECURE_NO_AUTH`` (``1``), ``DSTUNE_MAX_BODY_BYTES``,
     ``DSTUNE_RECOMMEND_CACHE_S`` and ``DSTUNE_REQUEST_BUDGET_S``."""
-    import os
+    from tuner import env
 
-    from tuner.storage import default_url
-
+    settings = env.current()
     return create_app(
-        os.environ.get("DSTUNE_STORAGE") or default_url(),
-        os.environ.get("DSTUNE_API_TOKEN") or None,
-        insecure_no_auth=os.environ.get("DSTUNE_INSECURE_NO_AUTH") == "1",
-        max_body_bytes=int(os.environ.get("DSTUNE_MAX_BODY_BYTES", "1000000")),
-        recommend_cache_s=float(os.environ.get("DSTUNE_RECOMMEND_CACHE_S", "2.0")),
+        settings.storage_url,
+        settings.api_token or None,
+        insecure_no_auth=settings.insecure_no_auth,
+        max_body_bytes=settings.max_body_bytes,
+        recommend_cache_s=settings.recommend_cache_s,
         freeze_gc=True,
-        request_budget_s=float(os.environ.get("DSTUNE_REQUEST_BUDGET_S", "10")),
+        request_budget_s=settings.request_budget_s,
     )
 
 

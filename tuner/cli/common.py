@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
+from tuner.errors import InputError
 from tuner.units import GiB, parse_bytes
 
 USAGE_EXIT = 2
@@ -62,6 +63,9 @@ class OneLineErrorGroup(TyperGroup):
             if message:  # empty for a bare ``dstune``: the help was shown already
                 _print_error(_click_field(error), message)
             sys.exit(USAGE_EXIT if isinstance(error, UsageError) else getattr(error, "exit_code", 1))
+        except InputError as error:  # bad input found below the command's own checks (a DSTUNE_* variable, ...)
+            _print_error(error.field, error.message)
+            sys.exit(USAGE_EXIT)
         except typer.Abort:
             typer.echo("Aborted!", err=True)
             sys.exit(1)

@@ -10,6 +10,7 @@ import typer
 
 from tuner.cli.common import fail
 from tuner.cli.options import StorageOpt
+from tuner.env import current as current_env
 
 TOKEN_ENV = "DSTUNE_API_TOKEN"
 
@@ -24,7 +25,7 @@ def _api_token(token_file: str | None) -> str | None:
         if not token:
             fail("token-file", f"{token_file} is empty")
         return token
-    return os.environ.get(TOKEN_ENV, "").strip() or None
+    return (current_env().api_token or "").strip() or None
 
 
 def serve_command(
@@ -35,48 +36,58 @@ def serve_command(
         str | None, typer.Option(help=f"File holding the API bearer token (default: ${TOKEN_ENV}).")
     ] = None,
     insecure_no_auth: Annotated[
-        bool, typer.Option("--insecure-no-auth", help="Allow POST/DELETE /v1/jobs without any token.")
+        bool,
+        typer.Option(
+            "--insecure-no-auth", help="Allow POST/DELETE /v1/jobs without any token (or $DSTUNE_INSECURE_NO_AUTH=1)."
+        ),
     ] = False,
     max_body_bytes: Annotated[
-        int, typer.Option(min=1024, help="Largest request body accepted (413 above).")
-    ] = 1_000_000,
+        int | None,
+        typer.Option(min=1024, help="Largest request body accepted (413 above; $DSTUNE_MAX_BODY_BYTES, 1000000)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     workers: Annotated[int, typer.Option(min=1, help="Server processes (uvicorn workers).")] = 1,
     recommend_cache: Annotated[
-        float, typer.Option(min=0, help="Seconds a recommendation is reused per workload (0: never).")
-    ] = 2.0,
+        float | None,
+        typer.Option(
+            min=0, help="Seconds a recommendation is reused per workload (0: never; $DSTUNE_RECOMMEND_CACHE_S, 2)."
+        ),
+    ] = None,
 ) -> None:
-    """Serve the HTTP API (estimate, recommend, studies, jobs) on the tuner's database."""
+    """Serve the HTTP API (estimate, recommend, studies, jobs) on the tuner's database.
+
+    Each setting is its flag, else its ``DSTUNE_*`` variable (:mod:`tuner.env`), else the default, with one worker or
+    many (the worker processes read the resolved values from the environment this command sets)."""
     import uvicorn
 
     from tuner.api import create_app
-    from tuner.storage import default_url
 
+    settings = current_env()
     token = _api_token(token_file)
-    if token is None and not insecure_no_auth:
+    no_auth = insecure_no_auth or settings.insecure_no_auth
+    if token is None and not no_auth:
         fail("token", f"no API token: set ${TOKEN_ENV} or --token-file (or pass --insecure-no-auth deliberately)")
-    url = storage or os.environ.get("DSTUNE_STORAGE") or default_url()
-    application = create_app(
-        url,
-        token,
-        insecure_no_auth=insecure_no_auth,
-        max_body_bytes=max_body_bytes,
-        recommend_cache_s=recommend_cache,
-        freeze_gc=True,
-    )
+    resolved = {
+        "DSTUNE_STORAGE": storage or settings.storage_url,
+        "DSTUNE_API_TOKEN": token or "",
+        "DSTUNE_INSECURE_NO_AUTH": "1" if no_auth else "0",
+        "DSTUNE_MAX_BODY_BYTES": str(settings.max_body_bytes if max_body_bytes is None else max_body_bytes),
+        "DSTUNE_RECOMMEND_CACHE_S": str(settings.recommend_cache_s if recommend_cache is None else recommend_cache),
+    }
     if workers == 1:
+        application = create_app(
+            resolved["DSTUNE_STORAGE"],
+            token,
+            insecure_no_auth=no_auth,
+            max_body_bytes=int(resolved["DSTUNE_MAX_BODY_BYTES"]),
+            recommend_cache_s=float(resolved["DSTUNE_RECOMMEND_CACHE_S"]),
+            freeze_gc=True,
+            request_budget_s=settings.request_budget_s,
+        )
         uvicorn.run(application, host=host, port=port, log_level=log_level)
         return
-    application.state.store.close()  # migrated; each worker process opens its own
-    os.environ.update(
-        {
-            "DSTUNE_STORAGE": url,
-            "DSTUNE_API_TOKEN": token or "",
-            "DSTUNE_INSECURE_NO_AUTH": "1" if insecure_no_auth else "0",
-            "DSTUNE_MAX_BODY_BYTES": str(max_body_bytes),
-            "DSTUNE_RECOMMEND_CACHE_S": str(recommend_cache),
-        }
-    )
+    create_app(resolved["DSTUNE_STORAGE"], token).state.store.close()  # migrated once; each worker opens its own
+    os.environ.update(resolved)
     uvicorn.run(
         "tuner.api.app:create_app_from_env", factory=True, host=host, port=port, log_level=log_level, workers=workers
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 from typing import Annotated
 
 import typer
@@ -36,7 +35,7 @@ def worker_command(
     from tuner.storage import Store, StoreError, default_url
     from tuner.worker import run_job, run_study_job, submit_loop, work
 
-    url = storage or os.environ.get("DSTUNE_STORAGE") or default_url()
+    url = storage or default_url()
     store = Store.open(url)
     if submit:
         if not ray_address:

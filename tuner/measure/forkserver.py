@@ -47,6 +47,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner import env
+
 PRELOAD = (
     "torch",
     "deepspeed",
@@ -62,7 +64,7 @@ PRELOAD = (
     "tuner.measure.memory_probe",
     "tuner.measure.lean",
 )
-IDLE_S = float(os.environ.get("DSTUNE_FORKSERVER_IDLE_S", "300"))
+IDLE_S = env.current().forkserver_idle_s
 START_TIMEOUT_S = 300.0  # importing torch and DeepSpeed on a loaded 2-core host
 PR_SET_PDEATHSIG = 1
 TERM_GRACE_S = 3.0  # between SIGTERM and SIGKILL for the ranks of a launcher that went away

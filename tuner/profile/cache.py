@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tuner import env
 from tuner.profile.model_profile import PROFILE_FORMAT, ActivationProfile, ModelProfile
 
 CACHE_ENV = "DSTUNE_PROFILE_CACHE"
@@ -22,8 +23,7 @@ CACHE_ENV = "DSTUNE_PROFILE_CACHE"
 
 def cache_dir() -> Path:
     """The cache folder: ``$DSTUNE_PROFILE_CACHE`` or ``~/.cache/dstune/profiles``."""
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "dstune" / "profiles"
+    return env.current().profile_cache.expanduser()
 
 
 METADATA_KEYS = ("_name_or_path", "transformers_version")  # where a config came from, not what it builds

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
-import os
 import signal
 import threading
 from collections import OrderedDict
@@ -28,6 +27,7 @@ from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExec
 from pathlib import Path
 from typing import Any
 
+from tuner import env
 from tuner.profile.cache import ProfileCache, canonical_config
 from tuner.profile.model_profile import ModelProfile
 from tuner.profile.profiles import cached_profile, refuse_custom_code
@@ -128,9 +128,10 @@ class ProfileService:
         pool: Callable[[], Executor] = _spawn_pool,
     ) -> None:
         self._cache = cache
-        self.wait_s = float(os.environ.get(WAIT_ENV, "20")) if wait_s is None else wait_s
+        settings = env.current()
+        self.wait_s = settings.profile_wait_s if wait_s is None else wait_s
         self.limit_s = limit_s
-        self.max_queued = int(os.environ.get(QUEUE_ENV, MAX_QUEUED)) if max_queued is None else max_queued
+        self.max_queued = settings.profile_queue if max_queued is None else max_queued
         if self.max_queued < 1:
             raise ValueError(f"the profiling queue must hold at least 1 profile ({QUEUE_ENV}), not {self.max_queued}")
         self._worker, self._new_pool = worker, pool

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,10 +32,11 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from tuner import env
+from tuner.env import DEFAULT_DB_FILE
 from tuner.storage.errors import DatabaseUnavailable, StoreError
 from tuner.storage.schema import VERSION_TABLE
 
-DEFAULT_DB_FILE = "dstune.db"
 RETRY_ENV = "DSTUNE_DB_RETRY_S"
 DEFAULT_RETRY_S = 60.0  # a PostgreSQL restart takes seconds; a failover tens of seconds
 CONNECT_TIMEOUT_S = 10  # a host that does not answer at all fails the attempt instead of hanging it
@@ -47,8 +47,9 @@ T = TypeVar("T")
 
 
 def default_url() -> str:
-    """``sqlite:///dstune.db``: a SQLite file in the current directory."""
-    return f"sqlite:///{DEFAULT_DB_FILE}"
+    """The database when no URL is given: ``$DSTUNE_STORAGE``, else ``sqlite:///dstune.db`` (a SQLite file in the
+    current directory); :mod:`tuner.env`."""
+    return env.current().storage_url
 
 
 def migrations_dir() -> Path:
@@ -121,11 +122,8 @@ def is_disconnect(error: BaseException) -> bool:
 
 
 def default_retry_s() -> float:
-    """How long a store keeps retrying an unreachable database: ``$DSTUNE_DB_RETRY_S``, else 60 s."""
-    try:
-        return max(0.0, float(os.environ.get(RETRY_ENV, DEFAULT_RETRY_S)))
-    except ValueError:
-        return DEFAULT_RETRY_S
+    """How long a store keeps retrying an unreachable database: ``$DSTUNE_DB_RETRY_S``, else 60 s (:mod:`tuner.env`)."""
+    return env.current().db_retry_s
 
 
 _retrying_now = threading.local()  # depth of retried calls on this thread: nested store calls do not retry again

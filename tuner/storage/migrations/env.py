@@ -6,13 +6,13 @@ The URL comes from, first to last: a connection handed over by ``Store.upgrade``
 
 from __future__ import annotations
 
-import os
 from logging.config import fileConfig
 from typing import Any
 
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
+from tuner import env as dstune_env
 from tuner.storage.schema import TABLE_PREFIX, VERSION_TABLE, Base
 
 config = context.config
@@ -34,7 +34,7 @@ def include_name(name: str | None, type_: str, parent_names: object) -> bool:
 def _url() -> str:
     url = (
         context.get_x_argument(as_dictionary=True).get("url")
-        or os.environ.get("DSTUNE_STORAGE")
+        or dstune_env.current().storage
         or config.get_main_option("sqlalchemy.url")
     )
     if not url:
