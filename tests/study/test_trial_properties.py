@@ -56,8 +56,10 @@ MODELS = ("tiny-gpt2", "tiny-llama", "gpt2", "llama-2-7b", "qwen2-1.5b", "mistra
 def workloads(draw: st.DrawFn) -> tuple[Workload, int | None]:
     """A workload (a preset or a bare count, a cluster, a memory budget from tight to ample) and a global batch."""
     bare = draw(st.booleans())
-    model = model_from_param_count(draw(st.sampled_from([1e6, 1.2e8, 7e9]))) if bare else load_model(
-        draw(st.sampled_from(MODELS))
+    model = (
+        model_from_param_count(draw(st.sampled_from([1e6, 1.2e8, 7e9])))
+        if bare
+        else load_model(draw(st.sampled_from(MODELS)))
     )
     gpus, nodes = draw(st.sampled_from([1, 2, 4, 8])), draw(st.sampled_from([1, 2]))
     cluster = ClusterSpec(
@@ -66,9 +68,7 @@ def workloads(draw: st.DrawFn) -> tuple[Workload, int | None]:
         gpu_memory=draw(st.sampled_from([64 * 2**20, 2**30, 16 * 2**30, 80 * 2**30])),
         device=draw(st.sampled_from(["cpu", "cuda"])),
     )
-    train = TrainSpec(
-        seq_len=draw(st.sampled_from([64, 128, 2048])), precision=draw(st.sampled_from(["bf16", "fp32"]))
-    )
+    train = TrainSpec(seq_len=draw(st.sampled_from([64, 128, 2048])), precision=draw(st.sampled_from(["bf16", "fp32"])))
     world = gpus * nodes
     global_batch = draw(st.one_of(st.none(), st.sampled_from([world, 4 * world, 16 * world, 64 * world])))
     return Workload(model, cluster, train), global_batch
