@@ -1,4 +1,5 @@
-"""``when`` conditions: one clause ``NAME OP VALUE`` (:class:`Condition`) and the parser for a parameter's ``when``.
+"""``when`` conditions: one clause ``NAME OP VALUE`` (:class:`Condition`) and the patterns a clause is read with
+(:func:`tuner.space.loader.parse_when` reads a parameter's ``when``).
 
 Also the value comparisons every part of the space shares: booleans are kept apart from numbers (``True != 1``).
 """
@@ -9,17 +10,10 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import yaml
-
-from tuner.space.errors import SpaceError
-
-if TYPE_CHECKING:
-    from tuner.space.parameters import Parameter
-
-_COMPARE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|>=|<=|>|<)\s*(\S.*)")
-_MEMBER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s+(not\s+in|in)\s+(\S.*)")
+COMPARE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|>=|<=|>|<)\s*(\S.*)")
+MEMBER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s+(not\s+in|in)\s+(\S.*)")
 
 
 def same(a: Any, b: Any) -> bool:
@@ -78,51 +72,3 @@ class Condition:
 
     def __str__(self) -> str:
         return f"{self.name} {self.op} {json.dumps(self.value)}"
-
-
-def parse_when(raw: Any, where: str, earlier: list[Parameter], source: str) -> tuple[Condition, ...]:
-    """A parameter's ``when`` (a string or a list of them, clauses joined by ``and``) checked against ``earlier``.
-
-    Raises:
-        SpaceError: A clause that cannot be read, names no earlier parameter, or tests a value it cannot take.
-    """
-    if raw is None:
-        return ()
-    items = [raw] if isinstance(raw, str) else raw
-    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise SpaceError(source, where, f"must be a condition string like 'stage == 3' or a list of them, got {raw!r}")
-    known = {parameter.name: parameter for parameter in earlier}
-    clauses = [clause for item in items for clause in re.split(r"\s+and\s+", item.strip())]
-    conditions = []
-    for clause in clauses:
-        match = _COMPARE.fullmatch(clause) or _MEMBER.fullmatch(clause)
-        if not match:
-            raise SpaceError(
-                source, where, f"cannot read {clause!r}: write NAME OP VALUE, OP one of == != >= <= > < in, not in"
-            )
-        name, op, text = match.group(1), " ".join(match.group(2).split()), match.group(3)
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise SpaceError(source, where, f"cannot read the value {text!r} in {clause!r}") from None
-        if name not in known:
-            raise SpaceError(
-                source, where, f"names unknown parameter {name!r}; a condition may only name parameters defined above"
-            )
-        target = known[name]
-        if op in ("in", "not in"):
-            if not isinstance(value, list):
-                raise SpaceError(source, where, f"{op!r} needs a list like [1, 2], got {text!r}")
-            tested = value
-        elif op in ("==", "!="):
-            tested = [value]
-        else:
-            numeric = target.kind != "categorical" or all(is_number(c) for c in target.all_choices())
-            if not is_number(value) or not numeric:
-                raise SpaceError(source, where, f"{op!r} compares numbers; {clause!r} does not")
-            tested = []
-        for item in tested:
-            if not target.contains(item):
-                raise SpaceError(source, where, f"{clause!r} tests {item!r}, which is not a value of {name}")
-        conditions.append(Condition(name, op, value))
-    return tuple(conditions)
