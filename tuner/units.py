@@ -88,3 +88,17 @@ def parse_duration(text: str | float) -> float:
     if seconds <= 0:
         raise ValueError(f"duration must be positive, got {text!r}")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds for people: ``42 s``, ``6.5 min``, ``2.3 h``.
+
+    Example:
+        >>> format_duration(42.4), format_duration(388.3), format_duration(9000)
+        ('42 s', '6.5 min', '2.5 h')
+    """
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

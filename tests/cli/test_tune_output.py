@@ -139,3 +139,27 @@ def test_the_top_configs_keep_every_figure_whole_in_a_narrow_terminal(tmp_path: 
     for figure in [*figures, "1.150", "78.85", "cpu/cpu", "stopped", "tokens/s"]:
         assert figure in table, (figure, table)
     assert max(len(line) for line in table.splitlines()) <= width
+
+
+@pytest.mark.parametrize(("seq_len", "global_batch", "warned"), [(2048, None, True), (64, 4, False)])
+def test_a_cpu_study_whose_runs_will_be_slow_says_so_up_front(
+    tmp_path: Path, seq_len: int, global_batch: int | None, warned: bool
+) -> None:
+    """A newcomer's ``--gpus 1`` tiny-llama study at sequence 2048 measures 64 × 8 × 2048 tokens a step first: the
+    throughput model's seconds for that run are printed before it starts, with what makes runs shorter."""
+    from tuner.cli.tune import warn_slow_runs
+    from tuner.space import default_space_path
+    from tuner.study import StudySettings, TuningStudy
+
+    work = Workload(load_model("tiny-llama"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(seq_len))
+    settings = StudySettings("slow", work, default_space_path(), global_batch=global_batch)
+    with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
+        console = Console(record=True, width=100)
+        warn_slow_runs(TuningStudy(settings, store), 2, 3, console)
+    out = " ".join(console.export_text().split())
+    if warned:
+        assert out.startswith("slow runs ahead: the first measured run takes about ")
+        assert "2 warm-up + 3 timed steps of ~" in out and "1,048,576 tokens a step" in out
+        assert "--global-batch" in out
+    else:
+        assert out == ""

@@ -30,10 +30,11 @@ from tuner.cli.options import (
     workload_options,
 )
 from tuner.schema import Launcher, Sampler
-from tuner.units import GiB, parse_duration
+from tuner.units import GiB, format_duration, parse_duration
 
 if TYPE_CHECKING:
     from tuner.storage import Store
+    from tuner.study import TuningStudy
     from tuner.workload import Workload
 
 ExportFormat = Literal["deepspeed", "hf"]
@@ -172,6 +173,8 @@ def run_tune(
         fail("space", str(error))
     except (ConfigError, StoreError) as error:
         fail(error.field, error.message)
+    if workload.cluster.device == "cpu":
+        warn_slow_runs(tuning, warmup, steps, console)
     best = {"tokens": 0.0}
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -215,6 +218,30 @@ def run_tune(
             highlight=False,
         )
     return 0 if store.best_trial(tuning.study_id) is not None else 1
+
+
+SLOW_RUN_S = 60.0  # a CPU run predicted longer than this is announced before the study starts
+
+
+def warn_slow_runs(tuning: TuningStudy, warmup: int, steps: int, console: Console) -> None:
+    """Say up front when the first measured run will be slow on this CPU: its seconds as the throughput model predicts
+    them (warm-up and timed steps at the predicted step time), and what makes runs shorter."""
+    first = tuning.guide.first_run()
+    if first is None:
+        return
+    step_s = first.prediction.step_time_s
+    run_s = (warmup + steps) * step_s
+    if run_s < SLOW_RUN_S:
+        return
+    config = first.suggestion.ds_config
+    tokens = config["train_batch_size"] * tuning.settings.workload.train.seq_len
+    console.print(
+        f"[yellow]slow runs ahead[/]: the first measured run takes about {format_duration(run_s)} on this CPU "
+        f"({warmup} warm-up + {steps} timed steps of ~{format_duration(step_s)}, {tokens:,} tokens a step, as the "
+        "throughput model predicts); a fixed --global-batch, a shorter --seq-len or fewer --steps make runs shorter",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 STOPPED_EARLY_NOTE = "stopped"

@@ -238,6 +238,10 @@ class ThroughputGuide:
         self.proposed.update(c.suggestion.key for c in chosen)
         return [dict(c.params) for c in chosen[:count]]
 
+    def first_run(self) -> Ranked | None:
+        """The config predicted fastest (what a new study measures first), or None when nothing fits."""
+        return self.ranked[0] if self.ranked else None
+
     def after_run(self, suggestion: Suggestion, step_time_s: float | None, tokens_per_s: float | None) -> None:
         """Refit from one measured run (``step_time_s``: median seconds per optimizer step; nothing to fit from a
         failed run) and remember it as measured."""
