@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
+from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 
@@ -79,7 +80,9 @@ def run_case(case: tuple, device: str, seq_len: int, workload: Workload | None =
     )
     config = ds_config(precision, stage, micro, offload, device)
     est = estimate(workload, config)
-    run = run_measurement(workload, config, warmup=2, steps=1 if device == "cpu" else 3, timeout=900)
+    run = run_measurement(
+        workload, config, MeasureOptions("local", warmup=2, steps=1 if device == "cpu" else 3, timeout=900)
+    )
     flags = (" off" if offload != "none" else "") + (" ckpt" if ckpt else "")
     name = f"{model} N={world} {precision} z{stage} mb{micro}{flags}"
     if run.status != "ok":

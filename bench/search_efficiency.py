@@ -49,6 +49,7 @@ from optuna.trial import FixedTrial, TrialState
 
 from tuner.estimator import estimate
 from tuner.measure.measurement import percentile
+from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, parse_space
 from tuner.storage import RETRYABLE_STATUSES, Store, TrialRecord, TrialRow
@@ -180,9 +181,8 @@ def landscape(args: argparse.Namespace, space: SearchSpace, workload: Workload) 
         measuring = time.monotonic()
         for round_number in range(args.rounds):
             for trial_id, suggestion, trial_workload, _ in pending:
-                run = run_measurement(
-                    trial_workload, suggestion.ds_config, launcher="local", warmup=args.warmup, steps=args.steps
-                )
+                options = MeasureOptions("local", warmup=args.warmup, steps=args.steps)
+                run = run_measurement(trial_workload, suggestion.ds_config, options)
                 kept = best.get(trial_id)
                 if kept is None or (run.tokens_per_s or 0) > (kept.tokens_per_s or 0):
                     best[trial_id] = run

@@ -50,8 +50,8 @@ def test_tune_hands_warmup_max_to_the_measured_runs(
 def test_measure_hands_warmup_max_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     given: dict[str, Any] = {}
 
-    def recording_measure(workload: Any, ds_config: Any, show_progress: bool = False, **options: Any) -> dict:
-        given.update(options)
+    def recording_measure(workload: Any, ds_config: Any, options: Any, show_progress: bool = False) -> dict:
+        given.update(vars(options))
         return {"status": "ok"}
 
     monkeypatch.setattr("tuner.measure.run.measure", recording_measure)

@@ -282,6 +282,7 @@ def test_measured_run_trains_the_transformers_model_the_profile_traced(cache: Pr
     """A study's measured run (``run_measurement``, no model_impl given) trains the transformers model its workload
     names: the activations real DeepSpeed saves are the profile's, to the byte."""
     pytest.importorskip("deepspeed")
+    from tuner.measure.options import MeasureOptions
     from tuner.measure.run import run_measurement
     from tuner.profile import model_from_config
 
@@ -294,7 +295,9 @@ def test_measured_run_trains_the_transformers_model_the_profile_traced(cache: Pr
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"torch_adam": True}},
     }
-    run = run_measurement(workload, ds_config, warmup=2, steps=1, timeout=300)  # probed on the 2nd warm-up step
+    run = run_measurement(
+        workload, ds_config, MeasureOptions("local", warmup=2, steps=1, timeout=300)
+    )  # probed on the 2nd warm-up step
     assert run.status == "ok", run.error
     est = estimate(workload, ds_config)
     assert run.ranks[0].activation_bytes == est.phases["forward"].gpu["activations"]

@@ -18,8 +18,9 @@ from optuna.trial import TrialState
 
 from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
-from tuner.measure.dispatch import Dispatcher, DispatchOptions
+from tuner.measure.dispatch import Dispatcher
 from tuner.measure.measurement import CANCELLED, NODE_LOST, STOPPED_EARLY, Measurement, RankResult, StepHook
+from tuner.measure.options import MeasureOptions
 from tuner.storage import Store
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy, reason_key
 from tuner.study.calibration import DEFAULT_MARGIN
@@ -176,7 +177,7 @@ def stop_when(condition: Callable[[], bool], error: BaseException | None = None)
 
 
 def test_the_dispatcher_and_the_fake_are_measurers() -> None:
-    dispatcher = Dispatcher(DispatchOptions(launcher="local"), "cpu", 1)
+    dispatcher = Dispatcher(MeasureOptions(launcher="local"), "cpu", 1)
     try:
         assert isinstance(dispatcher, Measurer) and dispatcher.slots == 1
     finally:

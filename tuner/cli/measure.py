@@ -10,18 +10,30 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.common import fail, gib, size
-from tuner.cli.options import AUTO_DEVICE, JsonOpt, WarmupMaxOpt, WorkloadFlags, build, warmup_limit, workload_options
+from tuner.cli.options import (
+    AUTO_DEVICE,
+    JsonOpt,
+    StepsOpt,
+    WarmupMaxOpt,
+    WarmupOpt,
+    WorkloadFlags,
+    build,
+    warmup_limit,
+    workload_options,
+)
+from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.schema import Launcher
-from tuner.workload import load_hf_config
 
 
 @workload_options(overrides=AUTO_DEVICE)
 def measure_command(
     flags: WorkloadFlags,
-    warmup: Annotated[int, typer.Option(min=0, help="Warm-up optimizer steps (not timed).")] = 2,
+    warmup: WarmupOpt = MEASURE_DEFAULTS.warmup,
     warmup_max: WarmupMaxOpt = None,
-    steps: Annotated[int, typer.Option(min=1, help="Timed optimizer steps.")] = 5,
-    timeout: Annotated[float, typer.Option(min=1, help="Seconds before every rank is killed.")] = 600.0,
+    steps: StepsOpt = MEASURE_DEFAULTS.steps,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="Seconds before every rank is killed.")
+    ] = MEASURE_DEFAULTS.timeout,
     launcher: Annotated[Launcher, typer.Option(help="Start ranks on this machine or through Ray.")] = "local",
     ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster (with --launcher ray).")] = None,
     memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
@@ -35,28 +47,14 @@ def measure_command(
     cap = size(memory_cap, "memory-cap") if memory_cap else None
     from tuner.measure.run import measure
 
-    transformers = flags.model_impl == "transformers"
-    hf_config = load_hf_config(flags.model)[0] if transformers and flags.model else None
     if not as_json and (launcher == "local" or ray_address is None):  # the ranks build DeepSpeed's ops here
         from tuner.measure.op_builds import build_notice
 
         notice = build_notice(workload.cluster.device, [config])[0]
         if notice:
             Console().print(notice, highlight=False, soft_wrap=True)
-    result = measure(
-        workload,
-        config,
-        warmup=warmup,
-        warmup_max=warmup_max,
-        steps=steps,
-        timeout=timeout,
-        launcher=launcher,
-        ray_address=ray_address,
-        memory_cap=cap,
-        model_impl=flags.model_impl,
-        hf_config=hf_config,
-        show_progress=not as_json,
-    )
+    options = MeasureOptions(launcher, ray_address, warmup, steps, timeout, cap, warmup_max)
+    result = measure(workload, config, options, show_progress=not as_json)
     if as_json:
         typer.echo(json.dumps(result))
     else:

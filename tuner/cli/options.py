@@ -63,6 +63,8 @@ DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wi
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
 StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
 ModelImplOpt = Annotated[ModelImpl, typer.Option(help="The model trained: transformers from_config, or built-in.")]
+WarmupOpt = Annotated[int, typer.Option(min=0, help="Warm-up optimizer steps per measured run (not timed).")]
+StepsOpt = Annotated[int, typer.Option(min=1, help="Timed optimizer steps per measured run.")]
 WarmupMaxOpt = Annotated[
     int | None,
     typer.Option(min=1, help="Past --warmup, warm up until step times settle, up to this many warm-up steps in all."),
@@ -207,8 +209,10 @@ __all__ = [
     "TUNE_FLAGS",
     "JsonOpt",
     "NvmePathOpt",
+    "StepsOpt",
     "StorageOpt",
     "WarmupMaxOpt",
+    "WarmupOpt",
     "WorkloadFlags",
     "build",
     "warmup_limit",

@@ -22,13 +22,16 @@ from tuner.cli.options import (
     AUTO_DEVICE,
     TUNE_FLAGS,
     NvmePathOpt,
+    StepsOpt,
     StorageOpt,
     WarmupMaxOpt,
+    WarmupOpt,
     WorkloadFlags,
     build,
     warmup_limit,
     workload_options,
 )
+from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.schema import Launcher, Sampler
 from tuner.units import GiB, format_duration, parse_duration
 
@@ -67,10 +70,12 @@ def tune_command(
     study: Annotated[str | None, typer.Option(help="Study name; an existing one resumes.")] = None,
     launcher: Annotated[Launcher, typer.Option(help="Dispatch runs through Ray (default) or locally.")] = "ray",
     ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster address.")] = None,
-    warmup: Annotated[int, typer.Option(min=0, help="Warm-up steps per measured run.")] = 2,
+    warmup: WarmupOpt = MEASURE_DEFAULTS.warmup,
     warmup_max: WarmupMaxOpt = None,
-    steps: Annotated[int, typer.Option(min=1, help="Timed steps per measured run.")] = 3,
-    run_timeout: Annotated[float, typer.Option(min=1, help="Seconds before a measured run is killed.")] = 600.0,
+    steps: StepsOpt = MEASURE_DEFAULTS.steps,
+    run_timeout: Annotated[
+        float, typer.Option(min=1, help="Seconds before a measured run is killed.")
+    ] = MEASURE_DEFAULTS.timeout,
     memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
     pareto: Annotated[bool, typer.Option(help="Also minimise peak memory (throughput-vs-headroom front).")] = False,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
@@ -144,7 +149,7 @@ def run_tune(
 ) -> int:
     """Run a study to its budget and print the top configs; 0 when a config was measured, 1 otherwise."""
     from tuner.estimator import ConfigError
-    from tuner.measure.dispatch import Dispatcher, DispatchOptions
+    from tuner.measure.dispatch import Dispatcher
     from tuner.measure.op_builds import AnnounceBuilds
     from tuner.space import SpaceError, resolve_space
     from tuner.storage import Store, StoreError, default_url
@@ -164,7 +169,7 @@ def run_tune(
         pareto=pareto,
         seed=seed,
         nvme_path=nvme_path,
-        dispatch=DispatchOptions(launcher, ray_address, warmup, steps, run_timeout, memory_cap, warmup_max=warmup_max),
+        dispatch=MeasureOptions(launcher, ray_address, warmup, steps, run_timeout, memory_cap, warmup_max),
     )
     try:
         store = Store.open(storage or default_url())

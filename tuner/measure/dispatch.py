@@ -11,31 +11,18 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from tuner.measure.measurement import Measurement, StepHook
+from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
 from tuner.workload import Workload
-
-
-@dataclass(frozen=True)
-class DispatchOptions:
-    """How trials are measured."""
-
-    launcher: str = "ray"
-    ray_address: str | None = None
-    warmup: int = 2
-    steps: int = 3
-    timeout: float = 600.0
-    memory_cap: int | None = None
-    warmup_max: int | None = None  # past ``warmup``, warm up until step times settle, up to this many steps
 
 
 class Dispatcher:
     """Runs measurements concurrently, bounded by the resources of the Ray cluster (or this machine)."""
 
-    def __init__(self, options: DispatchOptions, device: str, world_size: int) -> None:
+    def __init__(self, options: MeasureOptions, device: str, world_size: int) -> None:
         self.options = options
         # A CPU run's ranks use every core of the machine: two at once would measure each other, not the config.
         self.slots = 1 if device == "cpu" else max(1, self._capacity(device) // world_size)
@@ -64,20 +51,8 @@ class Dispatcher:
     ) -> Future[Measurement]:
         """Start measuring ``ds_config`` on ``workload``; the future holds the measurement. ``on_step`` sees rank 0's
         timed step times while the run goes on and may stop it early (True)."""
-        options = self.options
         return self.pool.submit(
-            run_measurement,
-            workload,
-            ds_config,
-            warmup=options.warmup,
-            steps=options.steps,
-            timeout=options.timeout,
-            launcher=options.launcher,
-            ray_address=options.ray_address,
-            memory_cap=options.memory_cap,
-            cancel=self.cancelled,
-            warmup_max=options.warmup_max,
-            on_step=on_step,
+            run_measurement, workload, ds_config, self.options, cancel=self.cancelled, on_step=on_step
         )
 
     def cancel(self) -> None:

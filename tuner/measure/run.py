@@ -9,6 +9,7 @@ from typing import Any
 from tuner.estimator import estimate
 from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import Measurement, StepHook
+from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.measure.runner import RunSpec
 from tuner.workload import Workload, workload_to_dict
 
@@ -16,59 +17,47 @@ from tuner.workload import Workload, workload_to_dict
 def run_measurement(
     workload: Workload,
     ds_config: dict[str, Any],
+    options: MeasureOptions = MEASURE_DEFAULTS,
     *,
-    warmup: int = 2,
-    steps: int = 5,
-    timeout: float = 600.0,
-    launcher: str = "local",
-    ray_address: str | None = None,
-    memory_cap: int | None = None,
-    model_impl: str = "builtin",
-    hf_config: dict[str, Any] | None = None,
     progress: Any = None,
     cancel: threading.Event | None = None,
-    warmup_max: int | None = None,
     on_step: StepHook | None = None,
 ) -> Measurement:
-    """Run ``ds_config`` on ``workload`` (its cluster's device and world size) and return the measurement. Setting
-    ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``). ``warmup_max``
-    lets warm-up go on past ``warmup`` steps until step times settle; ``on_step`` may stop a run early
-    (:func:`tuner.measure.launcher.launch_local`)."""
+    """Run ``ds_config`` on ``workload`` (its cluster's device and world size, its model as its ``ModelSpec`` says:
+    transformers' built from its config, or the built-in one) as ``options`` say, and return the measurement.
+    Setting ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``);
+    ``on_step`` may stop a run early (:func:`tuner.measure.launcher.launch_local`)."""
     spec = RunSpec(
         workload_to_dict(workload),
         ds_config,
         device=workload.cluster.device,
-        warmup=warmup,
-        steps=steps,
-        model_impl=model_impl,
-        hf_config=hf_config,
-        warmup_max=warmup_max,
+        warmup=options.warmup,
+        steps=options.steps,
+        warmup_max=options.warmup_max,
     )
-    if launcher == "ray":
+    launch = dict(timeout=options.timeout, memory_cap=options.memory_cap, progress=progress, cancel=cancel)
+    if options.launcher == "ray":
         from tuner.measure.ray_launcher import launch_ray
 
-        return launch_ray(
-            spec,
-            timeout=timeout,
-            address=ray_address,
-            memory_cap=memory_cap,
-            progress=progress,
-            cancel=cancel,
-            on_step=on_step,
-        )
-    return launch_local(spec, timeout=timeout, memory_cap=memory_cap, progress=progress, cancel=cancel, on_step=on_step)
+        return launch_ray(spec, address=options.ray_address, on_step=on_step, **launch)
+    return launch_local(spec, on_step=on_step, **launch)
 
 
-def measure(workload: Workload, ds_config: dict[str, Any], show_progress: bool = False, **options: Any) -> dict:
+def measure(
+    workload: Workload,
+    ds_config: dict[str, Any],
+    options: MeasureOptions = MEASURE_DEFAULTS,
+    show_progress: bool = False,
+) -> dict:
     """The ``dstune measure --json`` object: the measurement, per-rank details and the estimate."""
     with _progress_bar(show_progress) as bar:
-        task = bar.add_task("measuring", total=options.get("steps", 5)) if bar else None
+        task = bar.add_task("measuring", total=options.steps) if bar else None
 
         def report(done: int, total: int) -> None:
             if bar is not None:
                 bar.update(task, completed=done, total=total)
 
-        measurement = run_measurement(workload, ds_config, progress=report, **options)
+        measurement = run_measurement(workload, ds_config, options, progress=report)
     result = measurement.to_dict()
     result["estimate"] = estimate(workload, ds_config).to_dict()
     return result

@@ -2,7 +2,7 @@
 safety margin learned from measured runs (calibration), why a config was pruned (for people: ``pruning``), and how a
 queued job becomes a study. The loop measures through :class:`Measurer`, which the real dispatcher satisfies.
 
-May import: :mod:`tuner.measure` (its Measurement and DispatchOptions; runs go through :class:`Measurer`),
+May import: :mod:`tuner.measure` (its Measurement and MeasureOptions; runs go through :class:`Measurer`),
 :mod:`tuner.storage`, :mod:`tuner.space`, :mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
 """
 

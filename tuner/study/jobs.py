@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.schema import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
 from tuner.workload import Workload
 
@@ -45,9 +46,9 @@ class JobRequest(BaseModel):
     trials: int = Field(12, ge=1, le=10_000)
     timeout_s: float | None = Field(None, gt=0, le=7 * 24 * 3600, description="Stop asking after this long.")
     launcher: Launcher = "ray"
-    warmup: int = Field(2, ge=0, le=1000)
-    steps: int = Field(3, ge=1, le=10_000)
-    run_timeout: float = Field(600.0, ge=1, le=24 * 3600)
+    warmup: int = Field(MEASURE_DEFAULTS.warmup, ge=0, le=1000)
+    steps: int = Field(MEASURE_DEFAULTS.steps, ge=1, le=10_000)
+    run_timeout: float = Field(MEASURE_DEFAULTS.timeout, ge=1, le=24 * 3600)
     pareto: bool = False
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
 
@@ -81,7 +82,6 @@ def study_settings(
     request: JobRequest, study_name: str, *, launcher: str | None = None, ray_address: str | None = None
 ) -> Any:
     """The :class:`tuner.study.StudySettings` of a job (the worker may override the launcher and Ray address)."""
-    from tuner.measure.dispatch import DispatchOptions
     from tuner.space import resolve_space
     from tuner.study import StudySettings
 
@@ -97,7 +97,7 @@ def study_settings(
         timeout_s=request.timeout_s,
         pareto=request.pareto,
         seed=request.seed,
-        dispatch=DispatchOptions(
+        dispatch=MeasureOptions(
             launcher or request.launcher, ray_address, request.warmup, request.steps, request.run_timeout
         ),
     )

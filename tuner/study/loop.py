@@ -24,8 +24,8 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.estimator import MemoryEstimate, estimate, resolve
-from tuner.measure.dispatch import DispatchOptions
 from tuner.measure.measurement import CANCELLED, NODE_LOST, Measurement
+from tuner.measure.options import MeasureOptions
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
 from tuner.storage import DuplicateConfig, Store, StoreError, TrialRecord, new_holder, owner_alive, release
 from tuner.study.calibration import Calibration
@@ -63,7 +63,7 @@ class StudySettings:
     pareto: bool = False
     seed: int | None = None
     nvme_path: str | None = None
-    dispatch: DispatchOptions = field(default_factory=DispatchOptions)
+    dispatch: MeasureOptions = field(default_factory=MeasureOptions)
     early_stop: SlowRunStopper | None = field(default_factory=SlowRunStopper)  # None measures every run to the end
 
     def to_record(self) -> dict[str, Any]:
