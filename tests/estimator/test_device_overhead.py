@@ -109,7 +109,7 @@ def test_calibrated_values_replace_the_defaults() -> None:
     work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8))
     est = estimate(work, config(), measured)
     assert est.overhead_terms["cuda_context"] == 264 * MiB + 900 * MiB
-    tensors = est.per_gpu["total"] - est.per_gpu["overhead"]
+    tensors = est.gpu_total - int(est.per_gpu["overhead"] or 0)
     assert est.overhead_terms["allocator_reserve"] == int(0.1 * tensors)
 
 

@@ -23,7 +23,7 @@ import functools
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from tuner.estimator.allocator import Event, Simulation, simulate
+from tuner.estimator.allocator import Event, OutOfMemory, Simulation, simulate
 
 if TYPE_CHECKING:
     from tuner.estimator.core import Phase
@@ -87,10 +87,17 @@ CATEGORY_ORDER = ("parameters", "gradients", "optimizer_states", "activations", 
 
 
 def simulated_step(
-    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], expandable: bool = False
-) -> Simulation:
-    """The allocator simulation of one step's plausible sequence (:func:`step_events`), cached per sequence."""
-    return replace(_simulated(_step_key(workload, s, phases, details), expandable))  # a copy: the cached one is shared
+    workload: Workload,
+    s: Settings,
+    phases: dict[str, Phase],
+    details: dict[str, int],
+    expandable: bool = False,
+    capacity: int | None = None,
+) -> Simulation | None:
+    """The allocator simulation of one step's plausible sequence (:func:`step_events`), cached per sequence; None
+    when it runs out of ``capacity`` even after releasing the cache (as the real allocator would before raising)."""
+    found = _simulated(_step_key(workload, s, phases, details), expandable, capacity)
+    return None if found is None else replace(found)  # a copy: the cached one is shared
 
 
 def step_events(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> list[Event]:
@@ -119,8 +126,11 @@ def _step_key(workload: Workload, s: Settings, phases: dict[str, Phase], details
 
 
 @functools.lru_cache(maxsize=4096)
-def _simulated(key: _Step, expandable: bool) -> Simulation:
-    return simulate(_events(key), expandable)
+def _simulated(key: _Step, expandable: bool, capacity: int | None) -> Simulation | None:
+    try:
+        return simulate(_events(key), expandable, capacity)
+    except OutOfMemory:
+        return None
 
 
 def _events(key: _Step) -> list[Event]:

@@ -292,7 +292,9 @@ def _device_terms(
     workload: Workload, s: Settings, kind: DeviceKind, phases: dict[str, Phase], details: dict[str, int], peak: int
 ) -> dict[str, int]:
     """The named CUDA overhead terms (:mod:`.device`), the allocator's reserve simulated on the step's plausible
-    allocation sequence (:mod:`.alloc_sequence`) unless the kind sets a flat share."""
+    allocation sequence (:mod:`.alloc_sequence`) unless the kind sets a flat share. The simulation gets the GPU
+    memory the context and NCCL leave as its capacity, so it releases cached segments where the real allocator
+    would (before an out-of-memory error) rather than reporting a reserve no run could hold."""
     parallelism = Parallelism(
         world=s.world_size,
         gpus_per_node=workload.cluster.gpus_per_node,
@@ -304,9 +306,19 @@ def _device_terms(
     )
     reserve = 0
     if kind.allocator_share is None:
-        simulated = simulated_step(workload, s, phases, details, s.expandable_segments)
+        # The allocator may use what the context and NCCL leave; it releases its cache before running out.
+        outside = kind.overhead(peak, parallelism)
+        room = workload.cluster.gpu_memory - outside["cuda_context"]
+        room -= sum(size for name, size in outside.items() if name.startswith("nccl_"))
+        expandable = s.expandable_segments
+        simulated = simulated_step(workload, s, phases, details, expandable, max(room, 0))
+        if simulated is None:  # out of memory even so: report the unpressured reserve (the total will not fit)
+            details["allocator_out_of_memory"] = 1
+            simulated = simulated_step(workload, s, phases, details, expandable)
+        assert simulated is not None  # no capacity: never out of memory
         details["simulated_peak_allocated"] = simulated.peak_allocated
         details["simulated_peak_reserved"] = simulated.peak_reserved
+        details["allocator_cache_releases"] = simulated.releases
         reserve = simulated.reserve
     return kind.overhead(peak, parallelism, reserve)
 
