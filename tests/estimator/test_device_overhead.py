@@ -115,9 +115,18 @@ def test_calibrated_values_replace_the_defaults() -> None:
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_expandable_segments_reserve_less(stage: int) -> None:
-    plain = run(2, ds_config=config(stage)).overhead_terms["allocator_reserve"]
-    grown = run(2, ds_config=config(stage, dstune={"expandable_segments": True})).overhead_terms["allocator_reserve"]
-    assert 0 <= grown < plain
+    work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=2, gpu_memory=512 * GiB), TrainSpec(2048))
+    h200 = Overhead.for_gpu("NVIDIA H200")
+    plain = estimate(work, config(stage), h200).overhead_terms["allocator_reserve"]
+    grown = estimate(work, config(stage, dstune={"expandable_segments": True}), h200).overhead_terms
+    assert 0 <= grown["allocator_reserve"] < plain
+
+
+def test_a_config_that_cannot_fit_is_not_simulated() -> None:
+    est = run(1, ds_config=config(0))  # 7B at ZeRO-0 on one 80 GiB GPU: 16 B/param alone is 108 GB
+    tensors = est.gpu_total - int(est.per_gpu["overhead"] or 0)
+    assert est.details["allocator_out_of_memory"] == 1 and "simulated_peak_reserved" not in est.details
+    assert est.overhead_terms["allocator_reserve"] == int(0.07 * tensors) and not est.fits
 
 
 def test_attention_kernels_add_their_padded_log_sum_exp_on_cuda_only() -> None:

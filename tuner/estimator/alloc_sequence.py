@@ -5,8 +5,9 @@ What is taken from the estimate: the bytes of each category in each phase (forwa
 sequence's live bytes follow the estimate's phases. What is assumed (not traced, not measured):
 
 * Model states live from the start. Stage 0 allocates one tensor per parameter and two Adam moments per
-  parameter (``model.to(device)`` and torch's per-parameter optimizer state); stages 1-3 flatten them, so each
-  category is one flat tensor (DeepSpeed's flat 16-bit buffer, fp32 master, moments).
+  parameter (``model.to(device)`` and torch's per-parameter optimizer state; parameters under 1 MiB grouped until
+  they reach it); stages 1-3 flatten them, so each category is one flat tensor (DeepSpeed's flat 16-bit buffer,
+  fp32 master, moments).
 * Forward, layer by layer: each layer's saved activations are tensors of the hidden-state size ``b·s·h·e`` (the
   last one the rest), and one transient of the MLP width ``b·s·f·e`` is allocated and freed per layer; ZeRO-3's
   gathered parameters are one tensor per layer; the logits workspace comes last.
@@ -23,14 +24,14 @@ import functools
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from tuner.estimator.allocator import Event, OutOfMemory, Simulation, simulate
+from tuner.estimator.allocator import SMALL_SIZE, Event, OutOfMemory, Simulation, simulate
 
 if TYPE_CHECKING:
     from tuner.estimator.core import Phase
     from tuner.estimator.settings import Settings
     from tuner.workload import Workload
 
-MAX_TENSORS_PER_LAYER = 8  # activations of one layer in at most this many tensors (keeps the simulation fast)
+MAX_TENSORS_PER_LAYER = 4  # activations of one layer in at most this many tensors (keeps the simulation fast)
 
 
 def _chunks(total: int, unit: int) -> list[int]:
@@ -197,16 +198,34 @@ def _events(key: _Step) -> list[Event]:
     return rec.events
 
 
+def _grouped(numels: tuple[int, ...], total: int, nbytes: int) -> list[int]:
+    """Parameters as the allocations the sequence makes: each of at least 1 MiB alone, consecutive smaller ones
+    (norms, biases) together until they reach 1 MiB (they share the small pool's 2 MiB segments either way; fewer
+    events keep the simulation fast)."""
+    groups: list[int] = []
+    small = 0
+    for numel in numels:
+        if nbytes * numel // total >= SMALL_SIZE:
+            groups.append(numel)
+            continue
+        small += numel
+        if nbytes * small // total >= SMALL_SIZE:
+            groups.append(small)
+            small = 0
+    return groups + ([small] if small else [])
+
+
 def _model_states(rec: _Recorder, key: _Step, steady: dict[str, int]) -> None:
     """What stays allocated through the step, allocated first (never freed)."""
     params, states = steady["parameters"], steady["optimizer_states"]
     numels = key.numels
     if numels and params:
         total = sum(numels) or 1
-        for numel in numels:
+        groups = _grouped(numels, total, params)
+        for numel in groups:
             rec.alloc(params * numel // total, "p")
         moments = min(states, 8 * total)
-        for numel in numels:
+        for numel in groups:
             for _ in range(2):
                 rec.alloc(moments * numel // (2 * total), "m")
         states -= moments

@@ -78,7 +78,7 @@ def segment_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Block:
     segment: int
     start: int
@@ -101,11 +101,12 @@ class _Pool:
     blocks: dict[tuple[int, int, int], _Block] = field(default_factory=dict)
 
     def add(self, block: _Block) -> None:
-        bisect.insort(self.free, block.key)
-        self.blocks[block.key] = block
+        key = (block.size, block.segment, block.start)
+        bisect.insort(self.free, key)
+        self.blocks[key] = block
 
     def remove(self, block: _Block) -> None:
-        key = block.key
+        key = (block.size, block.segment, block.start)
         del self.free[bisect.bisect_left(self.free, key)]
         del self.blocks[key]
 
@@ -162,9 +163,11 @@ class CachingAllocator:
         """Allocate ``size`` bytes for tensor ``name`` on ``stream``."""
         if name in self._live:
             raise ValueError(f"{name!r} is already allocated")
-        rounded = round_size(size)
+        rounded = MIN_BLOCK if size < MIN_BLOCK else -(-size // MIN_BLOCK) * MIN_BLOCK  # round_size, inlined
         key = (rounded <= SMALL_SIZE, stream)
-        pool = self._pools.setdefault(key, _Pool(small=key[0]))
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool(small=key[0])
         block = pool.best_fit(rounded)
         if block is None:
             block = self._grow(key, pool, rounded)
@@ -176,8 +179,10 @@ class CachingAllocator:
         self.allocated += block.size
         self.requested += size
         stats = self.stats
-        stats.peak_allocated = max(stats.peak_allocated, self.allocated)
-        stats.peak_requested = max(stats.peak_requested, self.requested)
+        if self.allocated > stats.peak_allocated:
+            stats.peak_allocated = self.allocated
+        if self.requested > stats.peak_requested:
+            stats.peak_requested = self.requested
 
     def free(self, name: str) -> None:
         """Free tensor ``name``: its block returns to its pool, merged with free neighbours of its segment."""

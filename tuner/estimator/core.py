@@ -60,6 +60,7 @@ HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # 
 CPU_VIEWS = frozenset({"total", "pinned"})  # cpu_per_node entries that are not categories of their own
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
 FP32 = 4
+UNSIMULATED_SHARE = 0.07  # the allocator's reserve for a config whose tensors cannot fit anyway (not simulated)
 
 
 @dataclass(frozen=True)
@@ -310,11 +311,13 @@ def _device_terms(
         outside = kind.overhead(peak, parallelism)
         room = workload.cluster.gpu_memory - outside["cuda_context"]
         room -= sum(size for name, size in outside.items() if name.startswith("nccl_"))
-        expandable = s.expandable_segments
-        simulated = simulated_step(workload, s, phases, details, expandable, max(room, 0))
+        if peak + outside["cublas_workspace"] > room:  # cannot fit whatever the allocator does: no simulation
+            details["allocator_out_of_memory"] = 1
+            return kind.overhead(peak, parallelism, int(UNSIMULATED_SHARE * peak))
+        simulated = simulated_step(workload, s, phases, details, s.expandable_segments, room)
         if simulated is None:  # out of memory even so: report the unpressured reserve (the total will not fit)
             details["allocator_out_of_memory"] = 1
-            simulated = simulated_step(workload, s, phases, details, expandable)
+            simulated = simulated_step(workload, s, phases, details, s.expandable_segments)
         assert simulated is not None  # no capacity: never out of memory
         details["simulated_peak_allocated"] = simulated.peak_allocated
         details["simulated_peak_reserved"] = simulated.peak_reserved
