@@ -9,13 +9,17 @@ sequence's live bytes follow the estimate's phases. What is assumed (not traced,
   they reach it); stages 1-3 flatten them, so each category is one flat tensor (DeepSpeed's flat 16-bit buffer,
   fp32 master, moments).
 * Forward, layer by layer: each layer's saved activations are tensors of the hidden-state size ``b·s·h·e`` (the
-  last one the rest), and one transient of the MLP width ``b·s·f·e`` is allocated and freed per layer; ZeRO-3's
+  last one the rest; at most :data:`MAX_TENSORS_PER_LAYER`, larger ones beyond that), and one transient of the MLP width ``b·s·f·e`` is allocated and freed per layer; ZeRO-3's
   gathered parameters are one tensor per layer; the logits workspace comes last.
 * Backward, layers in reverse: the reduce buckets first (one tensor per copy), then per layer a transient
   gradient of the MLP width, the layer's share of the gradients, and the layer's activations freed; with
   checkpointing each layer's block is recomputed (allocated, then freed).
 * Step: what the step phase holds beyond the backward phase (fp32 gradients) as one tensor, freed at the end.
 * One micro-step, one stream (gradient accumulation and DeepSpeed's side streams are not replayed).
+
+The reserve is sensitive to these choices (llama-2-7b ZeRO-1: reserved/allocated 1.046 with activations in at
+most 4 tensors per layer, 1.195 with 8), which is why the GPU check (``bench/gpu_terms_check.py``) compares it with
+``max_memory_reserved``.
 """
 
 from __future__ import annotations
