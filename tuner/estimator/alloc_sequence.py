@@ -9,8 +9,9 @@ sequence's live bytes follow the estimate's phases. What is assumed (not traced,
   they reach it); stages 1-3 flatten them, so each category is one flat tensor (DeepSpeed's flat 16-bit buffer,
   fp32 master, moments).
 * Forward, layer by layer: each layer's saved activations are tensors of the hidden-state size ``b·s·h·e`` (the
-  last one the rest; at most :data:`MAX_TENSORS_PER_LAYER`, larger ones beyond that), and one transient of the MLP width ``b·s·f·e`` is allocated and freed per layer; ZeRO-3's
-  gathered parameters are one tensor per layer; the logits workspace comes last.
+  last one the rest; at most :data:`MAX_TENSORS_PER_LAYER`, larger ones beyond that), and one transient of the
+  MLP width ``b·s·f·e`` is allocated and freed per layer; ZeRO-3's gathered parameters are one tensor per layer;
+  the logits workspace comes last.
 * Backward, layers in reverse: the reduce buckets first (one tensor per copy), then per layer a transient
   gradient of the MLP width, the layer's share of the gradients, and the layer's activations freed; with
   checkpointing each layer's block is recomputed (allocated, then freed).
