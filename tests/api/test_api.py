@@ -85,6 +85,7 @@ def test_estimate_matches_the_estimator(client: TestClient) -> None:
     assert data["ds_config"]["zero_optimization"] == {"stage": 2, "overlap_comm": True}  # ds_config wins over stage
     assert data["per_gpu"] == expected["per_gpu"] and data["fits"] == expected["fits"]
     assert data["n_params"] == 124439808 and data["world_size"] == 2
+    assert data["overhead_terms"] == expected["overhead_terms"] and "nccl_data_parallel" in data["overhead_terms"]
 
 
 @pytest.mark.parametrize(

@@ -302,3 +302,13 @@ def test_bad_value_in_model_file_names_the_model_key(tmp_path: Path) -> None:
     config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 65, "n_layer": 2, "n_head": 4}))
     result = runner.invoke(app, ["estimate", "--model", str(config)])
     assert_usage_error(result, "model.n_head")
+
+
+def test_the_overhead_is_shown_as_named_terms() -> None:
+    data = run_json("--model", "llama-2-7b", "--gpus", "8", "--nodes", "2", "--stage", "3")
+    terms = data["overhead_terms"]
+    assert {"cuda_context", "nccl_world", "nccl_data_parallel", "cublas_workspace", "allocator_reserve"} == set(terms)
+    assert sum(terms.values()) == data["per_gpu"]["overhead"]
+    table = runner.invoke(app, ["estimate", "--model", "llama-2-7b", "--gpus", "8", "--stage", "3"])
+    assert table.exit_code == 0 and "nccl data parallel" in table.stdout and "allocator reserve" in table.stdout
+    assert run_json("--model", "tiny-llama", "--device", "cpu")["overhead_terms"] == {}

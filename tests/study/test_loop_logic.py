@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from tuner.estimator import estimate
 from tuner.measure.dispatch import Dispatcher
 from tuner.measure.measurement import CANCELLED, NODE_LOST, STOPPED_EARLY, Measurement, RankResult, StepHook
 from tuner.measure.options import MeasureOptions
+from tuner.space import default_space_path
 from tuner.storage import Store
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy, reason_key
 from tuner.study.calibration import DEFAULT_MARGIN
@@ -447,3 +449,11 @@ def test_the_best_so_far_survives_a_resume(tmp_path: Path, store: Store) -> None
     again.run(FakeMeasurer(lambda config: [10.0, 10.0, 10.0]))
     slow = next(t for t in store.trials(again.study_id) if shape(t.ds_config) == (0, 2))
     assert slow.measurement["stopped_early"] is True
+
+
+def test_cpu_studies_do_not_search_the_cuda_allocator_setting(tmp_path: Path, store: Store) -> None:
+    cpu = TuningStudy(replace(settings(tmp_path), space_path=default_space_path()), store)
+    assert "expandable_segments" in cpu.space.names and "expandable_segments" not in cpu.space.searched
+    cuda_work = replace(workload(), cluster=ClusterSpec(gpus_per_node=1))
+    cuda_settings = replace(settings(tmp_path), name="logic-cuda", workload=cuda_work, space_path=default_space_path())
+    assert "expandable_segments" in TuningStudy(cuda_settings, store).space.searched

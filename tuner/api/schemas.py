@@ -52,6 +52,11 @@ class EstimateResponse(BaseModel):
     peak_phase: str
     phases: dict[str, PhaseBytes]
     details: dict[str, int]
+    overhead_terms: dict[str, int] = Field(
+        default_factory=dict,
+        description="per_gpu.overhead by named term on CUDA (cuda_context, nccl_<group> per communicator, "
+        "cublas_workspace, allocator_reserve); empty on CPU.",
+    )
     reason: str | None
     ds_config: dict[str, Any] = Field(description="The config that was estimated (shortcut fields + ds_config).")
     throughput: dict[str, Any] | None = Field(

@@ -33,6 +33,9 @@ def render(est: MemoryEstimate, title: str, console: Console | None = None) -> N
     table.add_column("GiB", justify="right")
     for key, label in ROWS:
         table.add_row(label, gib(est.per_gpu.get(key)), style="bold" if key == "total" else None)
+        if key == "overhead":  # its named CUDA terms (context, NCCL per communicator, cuBLAS, allocator reserve)
+            for term, size in est.overhead_terms.items():
+                table.add_row(f"  {term.replace('_', ' ')}", gib(size), style="dim")
     console.print(table)
     console.print(f"CPU per node: {gib(est.cpu_per_node['total'])} GiB of {gib(est.cpu_memory)} GiB")
     console.print(f"peak phase: {est.peak_phase}")

@@ -25,7 +25,8 @@ Peak memory is the maximum over three phases of a step, each a sum of what is al
 forward pass: activations plus the logits workspace), ``backward`` (all gradients and the reduce buckets; one
 recomputed block when checkpointing) and ``step`` (fp32 gradients). ZeRO-3 with
 ``stage3_gather_16bit_weights_on_model_save`` adds a fourth, ``save`` (:func:`_add_save_phase`): saving the model
-gathers the whole 16-bit model on rank 0. Overhead (CUDA context and allocator fragmentation) is added on top of the
+gathers the whole 16-bit model on rank 0. Overhead on CUDA (named terms: CUDA context, NCCL communicators, cuBLAS
+workspaces, the caching allocator's reserve, :mod:`.device`) is added on top of the
 peak; its defaults are calibrated from measured runs later.
 
 Host buffers DeepSpeed pins cost their size rounded up to a power of two on CUDA hosts (:mod:`.pinned`);
@@ -42,7 +43,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.estimator.activations import logits_workspace_bytes, workload_activation_bytes
-from tuner.estimator.device import DeviceKind, device_kind
+from tuner.estimator.alloc_sequence import simulated_step
+from tuner.estimator.attention import extra_bytes_per_layer
+from tuner.estimator.device import KINDS, OTHER, DeviceKind, device_kind
+from tuner.estimator.hardware import device_kind as hardware_kind
+from tuner.estimator.nccl import Parallelism
 from tuner.estimator.partitions import flat_partition, round_robin_order, stage3_partition
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.settings import Settings, resolve
@@ -55,21 +60,20 @@ HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # 
 CPU_VIEWS = frozenset({"total", "pinned"})  # cpu_per_node entries that are not categories of their own
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
 FP32 = 4
+UNSIMULATED_SHARE = 0.07  # the allocator's reserve for a config whose tensors cannot fit anyway (not simulated)
 
 
 @dataclass(frozen=True)
 class Overhead:
-    """Memory outside the model's tensors, per rank. Defaults until calibration learns better values.
+    """Memory outside the model's tensors, per rank.
 
-    ``cuda_context``: the CUDA context and kernels' workspace (about 0.5 GiB with PyTorch on Hopper);
-    ``fragmentation``: the caching allocator's reserved-but-unallocated share of the peak;
-    ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python);
-    ``device``: when set, the device kind's itemised terms (context, NCCL buffers per communicator, cuBLAS
-    workspace, allocator reserve: :mod:`tuner.estimator.device`) replace ``cuda_context`` and ``fragmentation``.
+    ``device``: the CUDA device kind whose named terms (CUDA context, one NCCL term per communicator, cuBLAS
+    workspaces, allocator reserve: :mod:`tuner.estimator.device`) a CUDA estimate adds; None: the kind the
+    workload's GPU memory suggests (:func:`tuner.estimator.hardware.device_kind`: H200, H100 or A100).
+    ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python). CPU runs add no device
+    terms.
     """
 
-    cuda_context: int = 512 * 2**20
-    fragmentation: float = 0.05
     cpu_process_cuda: int = 3 * 2**30
     cpu_process_cpu: int = 450 * 2**20
     device: DeviceKind | None = None
@@ -79,11 +83,11 @@ class Overhead:
         """The overhead of a GPU named like ``torch.cuda.get_device_name()`` (``NVIDIA H200``), by device kind."""
         return cls(device=device_kind(device_name))
 
-    def device_terms(self, peak: int, world_size: int, gpus_per_node: int) -> dict[str, int]:
-        """Bytes a CUDA rank adds beyond its tensors' ``peak``, by term."""
+    def kind_for(self, workload: Workload) -> DeviceKind:
+        """The device kind of a CUDA workload: the one given, else guessed from its GPU memory."""
         if self.device is not None:
-            return self.device.overhead(peak, world_size, gpus_per_node)
-        return {"cuda_context": self.cuda_context, "allocator_reserve": int(self.fragmentation * peak)}
+            return self.device
+        return KINDS.get(hardware_kind(workload), OTHER)
 
 
 DEFAULT_OVERHEAD = Overhead()
@@ -128,6 +132,7 @@ class MemoryEstimate:
     activations_known: bool
     architecture: str = ""
     activations_source: str = "none"
+    overhead_terms: dict[str, int] = field(default_factory=dict)
 
     @property
     def gpu_total(self) -> int:
@@ -180,6 +185,7 @@ class MemoryEstimate:
             "peak_phase": self.peak_phase,
             "phases": {name: {"gpu": phase.gpu_total, "cpu": phase.cpu_total} for name, phase in self.phases.items()},
             "details": dict(self.details),
+            "overhead_terms": dict(self.overhead_terms),
             "reason": self.overflow_reason(),
         }
 
@@ -216,6 +222,14 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     if activations is not None:
         saved, recompute, source = activations
         workspace = logits_workspace_bytes(model, s.micro_batch, train.seq_len, elem)
+        if cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
+            kernel_extra = extra_bytes_per_layer(model, s.micro_batch, train.seq_len, s.precision, train.attention)
+            if train.activation_checkpointing:  # only the recomputed block holds attention outputs
+                recompute += kernel_extra
+            else:
+                kernel_extra *= model.num_layers
+                saved += kernel_extra
+            details["attention_kernel_extra"] = kernel_extra
         details["logits_workspace"] = workspace
         details["recomputed_block"] = recompute
         phases["forward"].gpu["activations"] += saved
@@ -231,9 +245,11 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     if not known:
         per_gpu["activations"] = None
     device_overhead = 0
+    terms: dict[str, int] = {}
     if cluster.device == "cuda":
-        terms = overhead.device_terms(gpu_totals[peak_phase], s.world_size, cluster.gpus_per_node)
+        terms = _device_terms(workload, s, overhead.kind_for(workload), phases, details, gpu_totals[peak_phase])
         details.update(terms)
+        details["nccl_buffers"] = sum(size for name, size in terms.items() if name.startswith("nccl_"))
         device_overhead = sum(terms.values())
     per_gpu["overhead"] = device_overhead
     per_gpu["total"] = gpu_totals[peak_phase] + device_overhead
@@ -269,7 +285,45 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         activations_known=known,
         architecture=model.architecture or model.family,
         activations_source=source,
+        overhead_terms=terms,
     )
+
+
+def _device_terms(
+    workload: Workload, s: Settings, kind: DeviceKind, phases: dict[str, Phase], details: dict[str, int], peak: int
+) -> dict[str, int]:
+    """The named CUDA overhead terms (:mod:`.device`), the allocator's reserve simulated on the step's plausible
+    allocation sequence (:mod:`.alloc_sequence`) unless the kind sets a flat share. The simulation gets the GPU
+    memory the context and NCCL leave as its capacity, so it releases cached segments where the real allocator
+    would (before an out-of-memory error) rather than reporting a reserve no run could hold."""
+    parallelism = Parallelism(
+        world=s.world_size,
+        gpus_per_node=workload.cluster.gpus_per_node,
+        stage=s.stage,
+        hpz=s.hpz_partition_size,
+        sequence_parallel=s.sequence_parallel_size,
+        expert_parallel=s.expert_parallel_size,
+        quantized_gradients=s.quantized_gradients,
+    )
+    reserve = 0
+    if kind.allocator_share is None:
+        # The allocator may use what the context and NCCL leave; it releases its cache before running out.
+        outside = kind.overhead(peak, parallelism)
+        room = workload.cluster.gpu_memory - outside["cuda_context"]
+        room -= sum(size for name, size in outside.items() if name.startswith("nccl_"))
+        if peak + outside["cublas_workspace"] > room:  # cannot fit whatever the allocator does: no simulation
+            details["allocator_out_of_memory"] = 1
+            return kind.overhead(peak, parallelism, int(UNSIMULATED_SHARE * peak))
+        simulated = simulated_step(workload, s, phases, details, s.expandable_segments, room)
+        if simulated is None:  # out of memory even so: report the unpressured reserve (the total will not fit)
+            details["allocator_out_of_memory"] = 1
+            simulated = simulated_step(workload, s, phases, details, s.expandable_segments)
+        assert simulated is not None  # no capacity: never out of memory
+        details["simulated_peak_allocated"] = simulated.peak_allocated
+        details["simulated_peak_reserved"] = simulated.peak_reserved
+        details["allocator_cache_releases"] = simulated.releases
+        reserve = simulated.reserve
+    return kind.overhead(peak, parallelism, reserve)
 
 
 def _add(phases: dict[str, Phase], where: str, category: str, size: int, only: tuple[str, ...] = PHASES) -> None:

@@ -2,35 +2,43 @@
 
 Terms, per rank (sources in brackets; FIELD_NOTES "What a GPU adds beyond tensors"; not yet measured here):
 
-* ``context``: the CUDA context and the kernels loaded into it, outside PyTorch's caching allocator. PyTorch loads
-  modules lazily since 1.13 (``CUDA_MODULE_LOADING=LAZY``: 287 MB for one small tensor against 667 MB eager
-  [pytorch PR #86509]); maintainers quote 300-400 MB [pytorch #107667, #109888], and it grows as cuBLAS, attention
-  and DeepSpeed kernels load: one 80 GB training OOM leaves 0.95 GiB outside PyTorch [vllm-project/compressed-tensors
-  PR #587]. Default 768 MiB, between the two.
-* ``nccl_per_communicator``: NCCL's buffers per communicator, outside the allocator: per connection and channel
-  Simple 4 MiB (``NCCL_BUFFSIZE``) + LL 512 KiB + LL128 ~4.69 MiB [NVIDIA/nccl src/init.cc, device.h]; measured 544 MB
-  for a 2-rank and 688 MB for a larger communicator on 4×A100 NVLink [NVIDIA/nccl #964]. DeepSpeed without an mpu
-  opens at least two communicators, the world group and its data-parallel clone [deepspeed/utils/groups.py
-  ``_clone_world_group``]; none on one rank. NCCL >= 2.22 allocates at the first collective of each algorithm, so
-  the memory is there from step 1.
-* ``nvls_per_communicator``: NVLink SHARP buffers on NVSwitch systems (Hopper, on by default): ~1 GiB on NCCL
-  2.19-2.20, ~256 MiB from 2.21 [NVIDIA/nccl-tests #216; NCCL release notes]; only with several GPUs on a node.
-* ``cublas_workspace``: cuBLAS's workspace per (handle, stream), taken from the caching allocator: 32 MiB on sm90
-  (``:4096:8``), 8,320 KiB elsewhere (``:4096:2:16:8``) [aten/src/ATen/cuda/CublasHandlePool.cpp]; one GEMM stream.
-* ``allocator_reserve``: reserved beyond allocated in the caching allocator (rounding to 2 MiB, 20 MiB segments for
-  1-10 MiB requests, per-stream reuse): reserved/allocated measured 1.02 (steady shapes) to 2.08 [compressed-tensors
-  #587; nvidia-cosmos/cosmos-rl PR #388; torchtune #1185]; 7 % of the peak by default.
+* ``cuda_context``: the CUDA context, outside PyTorch's caching allocator, as two parts.
+  ``local_memory``: CUDA reserves local memory (thread stacks) for every thread that can be resident: SMs × resident
+  threads per SM × ``cudaLimitStackSize`` (1 KiB by default) [CUDA C++ Programming Guide, ``cudaDeviceSetLimit``]:
+  216 MiB on an A100 (108 SMs × 2048), 264 MiB on H100/H200 SXM (132 SMs), 296 MiB on B200 (148 SMs).
+  ``modules``: the kernels loaded into it. PyTorch loads modules lazily since 1.13 (``CUDA_MODULE_LOADING=LAZY``:
+  287 MB for one small tensor against 667 MB eager [pytorch PR #86509]; maintainers quote 300-400 MB [pytorch
+  #107667, #109888]); training loads cuBLAS, attention, NCCL and DeepSpeed kernels: one 80 GB training OOM leaves
+  0.95 GiB outside PyTorch [vllm-project/compressed-tensors PR #587]. 500 MiB by default (assumption, calibrate:
+  ``torch.cuda.mem_get_info`` minus ``memory_reserved`` minus NCCL after the first step).
+* ``nccl_<group>``: one term per NCCL communicator DeepSpeed opens (:mod:`tuner.estimator.nccl`: which groups, and
+  their buffers by size, ranks per node, NVLS, network and all-to-all peers).
+* ``cublas_workspace``: cuBLAS's workspace per (handle, stream) that runs GEMMs, taken from the caching allocator
+  (so it shows in ``memory_allocated``): 32 MiB on sm90 and later (``:4096:8``), 8,320 KiB elsewhere
+  (``:4096:2:16:8``) [aten/src/ATen/cuda/CublasHandlePool.cpp, workspaces keyed by (handle, stream); the sm90 size
+  from pytorch PR #120925]. PyTorch hands each thread its own handle, and autograd runs backward on its own device
+  thread, so training has two: the forward's and the backward's (recomputation included), both on the default
+  stream. DeepSpeed's other streams (ZeRO-1/2 ``overlap_comm`` reduction stream, ZeRO-3 all-gather and
+  reduce-scatter streams) copy, scale and communicate but run no GEMM, so they add no workspace. cuBLASLt shares
+  the cuBLAS workspace of its handle and stream in current PyTorch (assumption: older releases kept a separate
+  ``CUBLASLT_WORKSPACE_SIZE`` one, 1 MiB by default).
+* ``allocator_reserve``: reserved beyond allocated in the caching allocator, simulated on a plausible allocation
+  sequence of the step (:mod:`tuner.estimator.allocator`, :mod:`tuner.estimator.alloc_sequence`); a kind may set a
+  flat share of the peak instead (``allocator_share``: published reserved/allocated 1.02-2.08 [compressed-tensors
+  #587; cosmos-rl PR #388; torchtune #1185], 15 % mean and up to 33 % fragmentation [GMLake, ASPLOS'24]).
 
-A kind's numbers are defaults for calibration: :func:`dataclasses.replace` a field with a measured value (for
-example ``context`` from ``torch.cuda.mem_get_info`` minus ``memory_reserved`` after the first step).
+A kind's numbers are defaults for calibration: :func:`dataclasses.replace` a field with a measured value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tuner.estimator.nccl import NcclCosts, Parallelism, communicator_bytes, communicators
 
 MiB = 2**20
-COMMUNICATORS = 2  # DeepSpeed's world group and the data-parallel group it clones from it
+STACK_BYTES = 1024  # cudaLimitStackSize's default per thread
+GEMM_HANDLES = 2  # the forward thread's cuBLAS handle and autograd's backward thread's, both on the default stream
 
 
 @dataclass(frozen=True)
@@ -38,34 +46,59 @@ class DeviceKind:
     """Per-rank bytes a CUDA device kind adds beyond tensors (see the module docstring for each term's source)."""
 
     name: str
-    context: int = 768 * MiB
-    nccl_pair: int = 544 * 10**6  # a 2-rank communicator
-    nccl_larger: int = 688 * 10**6  # a communicator of more than 2 ranks
-    nvls_per_communicator: int = 0
+    sms: int = 108
+    threads_per_sm: int = 2048
+    modules: int = 500 * MiB
+    nccl: NcclCosts = field(default_factory=NcclCosts)
     cublas_workspace: int = 8320 * 1024
-    gemm_streams: int = 1
-    allocator_reserve: float = 0.07
+    gemm_handles: int = GEMM_HANDLES
+    allocator_share: float | None = None  # None: simulate the allocator; a share of the peak otherwise
 
-    def overhead(self, peak: int, world_size: int, gpus_per_node: int) -> dict[str, int]:
-        """The overhead terms for a rank whose tensors peak at ``peak`` bytes, in a job of ``world_size`` ranks."""
-        communicators = COMMUNICATORS if world_size > 1 else 0
-        per_communicator = self.nccl_pair if world_size == 2 else self.nccl_larger
-        nvls = self.nvls_per_communicator if gpus_per_node > 1 else 0
-        return {
-            "cuda_context": self.context,
-            "nccl_buffers": communicators * (per_communicator + nvls),
-            "cublas_workspace": self.gemm_streams * self.cublas_workspace,
-            "allocator_reserve": int(self.allocator_reserve * peak),
-        }
+    @property
+    def local_memory(self) -> int:
+        """Bytes CUDA reserves for resident threads' stacks (SMs × threads per SM × 1 KiB)."""
+        return self.sms * self.threads_per_sm * STACK_BYTES
+
+    @property
+    def context(self) -> int:
+        """The CUDA context: thread-stack reserve plus loaded modules."""
+        return self.local_memory + self.modules
+
+    def overhead(self, peak: int, parallelism: Parallelism, simulated_reserve: int = 0) -> dict[str, int]:
+        """The named overhead terms of one rank whose tensors peak at ``peak`` bytes.
+
+        ``simulated_reserve``: the simulated allocator's reserved-beyond-allocated bytes, used unless the kind
+        sets a flat ``allocator_share``.
+        """
+        terms = {"cuda_context": self.context}
+        for group in communicators(parallelism):
+            terms[f"nccl_{group.name}"] = communicator_bytes(group, self.nccl)
+        terms["cublas_workspace"] = self.gemm_handles * self.cublas_workspace
+        share = self.allocator_share
+        terms["allocator_reserve"] = int(share * peak) if share is not None else simulated_reserve
+        return terms
 
 
-HOPPER = DeviceKind("hopper", nvls_per_communicator=256 * MiB, cublas_workspace=32 * MiB)
+_HOPPER_NCCL = NcclCosts(nvls=256 * MiB)
+KINDS = {
+    "A100": DeviceKind("A100", sms=108),
+    "H100": DeviceKind("H100", sms=132, nccl=_HOPPER_NCCL, cublas_workspace=32 * MiB),
+    "H200": DeviceKind("H200", sms=132, nccl=_HOPPER_NCCL, cublas_workspace=32 * MiB),
+    "B200": DeviceKind("B200", sms=148, nccl=_HOPPER_NCCL, cublas_workspace=32 * MiB),  # sm100: sizes assumed
+}
 OTHER = DeviceKind("other")
-HOPPER_NAMES = ("H100", "H200", "H800", "H20", "GH200")
+HOPPER = KINDS["H100"]
+NAMES = (("GH200", "H200"), ("H200", "H200"), ("H100", "H100"), ("H800", "H100"), ("B200", "B200"), ("A100", "A100"))
 
 
 def device_kind(device_name: str | None) -> DeviceKind:
-    """The kind of a GPU from its name (``torch.cuda.get_device_name()``): Hopper (sm90) or any other."""
-    if device_name and any(name in device_name for name in HOPPER_NAMES):
-        return HOPPER
+    """The kind of a GPU from its name (``torch.cuda.get_device_name()``), or the A100-like default.
+
+    Example:
+        >>> device_kind("NVIDIA H200").name, device_kind("NVIDIA A100-SXM4-80GB").name, device_kind(None).name
+        ('H200', 'A100', 'other')
+    """
+    for marker, key in NAMES:
+        if device_name and marker in device_name:
+            return KINDS[key]
     return OTHER

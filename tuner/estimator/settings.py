@@ -125,6 +125,11 @@ class Settings:
     sub_group_size: int
     round_robin_gradients: bool = False
     gather_16bit_on_save: bool = False
+    hpz_partition_size: int = 1
+    sequence_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    quantized_gradients: bool = False
+    expandable_segments: bool = False
 
     @property
     def param_bytes(self) -> int:
@@ -264,8 +269,30 @@ def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
         sub_group_size=_int(zero, "sub_group_size", 1_000_000_000, prefix),
         round_robin_gradients=_bool(zero, "round_robin_gradients", False, prefix),
         gather_16bit_on_save=_gather_on_save(zero),
+        hpz_partition_size=max(1, _int(zero, "zero_hpz_partition_size", 1, prefix)),  # DeepSpeed: ge=0
+        sequence_parallel_size=_int(ds_config, "sequence_parallel_size", 1, "", minimum=1),
+        expert_parallel_size=_expert_parallel_size(ds_config),
+        quantized_gradients=_bool(zero, "zero_quantized_gradients", False, prefix),
+        expandable_segments=expandable_segments(ds_config),
     )
     return settings
+
+
+ENV_SECTION = "dstune"  # a top-level ds_config section DeepSpeed ignores: settings dstune applies to the run itself
+
+
+def expandable_segments(ds_config: dict[str, Any]) -> bool:
+    """Whether the run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (``dstune.expandable_segments``, a
+    search-space parameter; the runner applies it to CUDA runs and takes the section out before DeepSpeed)."""
+    return _bool(_section(ds_config, ENV_SECTION), "expandable_segments", False, f"{ENV_SECTION}.")
+
+
+def _expert_parallel_size(ds_config: dict[str, Any]) -> int:
+    """AutoEP's ``expert_parallel.autoep_size`` when ``expert_parallel.enabled`` (DeepSpeed 0.19.8), else 1."""
+    section = _section(ds_config, "expert_parallel")
+    if not _bool(section, "enabled", False, "expert_parallel."):
+        return 1
+    return _int(section, "autoep_size", 1, "expert_parallel.", minimum=1)
 
 
 def _gather_on_save(zero: dict[str, Any]) -> bool:

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.measure.alloc_conf import VARIABLE as ALLOC_CONF
+from tuner.measure.alloc_conf import alloc_conf, deepspeed_config
 from tuner.measure.measurement import EXCERPT_CHARS, RankResult
 
 CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's CPU allocator has no exception type
@@ -194,6 +196,7 @@ class TrainingProcess:
         timings["imports_s"] = time.perf_counter() - started
         cuda = spec.device == "cuda"
         if cuda:
+            self._apply_alloc_conf(torch)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             self.result.device_name = torch.cuda.get_device_name()
         else:
@@ -211,7 +214,7 @@ class TrainingProcess:
         model = self._born_model(workload)
         timings["model_s"] = time.perf_counter() - begin
         begin = time.perf_counter()
-        config = dict(spec.ds_config)
+        config = deepspeed_config(spec.ds_config)
         if spec.wall_clock_breakdown:  # DeepSpeed's forward / backward / step timers (:meth:`_add_breakdown`)
             config["wall_clock_breakdown"] = True
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
@@ -303,6 +306,17 @@ class TrainingProcess:
         for key, name in BREAKDOWN_TIMERS.items():
             if name in cache:
                 self.result.breakdown[key] = self.result.breakdown.get(key, 0.0) + cache[name] / 1000.0 / steps
+
+    def _apply_alloc_conf(self, torch: Any) -> None:
+        """Set the allocator settings the ds_config asks for (``dstune.expandable_segments``) before CUDA allocates:
+        in the environment (children and a lazily read config see it) and in the live allocator."""
+        conf = alloc_conf(self.spec.ds_config, os.environ.get(ALLOC_CONF))
+        if conf is None:
+            return
+        os.environ[ALLOC_CONF] = conf
+        setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+        if setter is not None:
+            setter("expandable_segments:True")
 
     @staticmethod
     def _validate_config(ds_config: dict[str, Any]) -> None:

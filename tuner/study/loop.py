@@ -144,6 +144,8 @@ class TuningStudy:
     def __init__(self, settings: StudySettings, store: Store, on_event: Callable[[Event], None] | None = None) -> None:
         self.settings, self.store, self.on_event = settings, store, on_event or (lambda event: None)
         space = load_space(settings.space_path, pins=settings.pins)
+        if settings.workload.cluster.device == "cpu" and "expandable_segments" in space.searched:
+            space = space.with_pins({"expandable_segments": None})  # a CUDA allocator setting: nothing to try on CPU
         self.space = space.restricted(list(GRID_PARAMETERS)) if settings.sampler == "grid" else space
         workload = settings.workload
         self.hardware = workload.cluster.hardware_key

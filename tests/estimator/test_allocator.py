@@ -1,0 +1,100 @@
+"""The caching-allocator simulation against hand-computed cases (PyTorch's CUDACachingAllocator rules)."""
+
+import pytest
+
+from tuner.estimator.allocator import CachingAllocator, OutOfMemory, round_size, segment_size, simulate
+
+MiB = 2**20
+
+
+def alloc(name: str, size: int, stream: int = 0) -> tuple:
+    return ("alloc", name, size, stream)
+
+
+def free(name: str) -> tuple:
+    return ("free", name, 0)
+
+
+def test_rounding_and_segment_sizes() -> None:
+    assert [round_size(n) for n in (0, 1, 511, 512, 513, 1000)] == [512, 512, 512, 512, 1024, 1024]
+    assert segment_size(MiB) == 2 * MiB  # the small pool's 2 MiB segments
+    assert segment_size(MiB + 512) == 20 * MiB  # 1-10 MiB requests get 20 MiB
+    assert segment_size(10 * MiB - 512) == 20 * MiB
+    assert segment_size(10 * MiB) == 10 * MiB  # from 10 MiB: rounded up to 2 MiB
+    assert segment_size(11 * MiB + 512) == 12 * MiB
+    sim = simulate([alloc("a", 1), alloc("b", 513)])
+    assert (sim.peak_requested, sim.peak_allocated, sim.peak_reserved) == (514, 1536, 2 * MiB)
+
+
+def test_small_requests_share_one_small_segment() -> None:
+    sim = simulate([alloc(f"t{i}", 100) for i in range(4)])
+    assert (sim.peak_allocated, sim.peak_reserved, sim.segments) == (2048, 2 * MiB, 1)
+
+
+def test_a_large_block_is_split_only_when_more_than_1_mib_is_left() -> None:
+    # 11.5 MiB takes a 12 MiB segment; the 0.5 MiB left is not split off, so the block counts 12 MiB allocated
+    sim = simulate([alloc("a", 11 * MiB + MiB // 2)])
+    assert (sim.peak_allocated, sim.peak_reserved) == (12 * MiB, 12 * MiB)
+    # 6 MiB in a 20 MiB segment leaves 14 MiB, split off and reused by the next two 6 MiB requests
+    sim = simulate([alloc("a", 6 * MiB), alloc("b", 6 * MiB), alloc("c", 6 * MiB)])
+    assert (sim.peak_allocated, sim.peak_reserved, sim.segments) == (18 * MiB, 20 * MiB, 1)
+    sim = simulate([alloc("a", 6 * MiB), alloc("b", 6 * MiB), alloc("c", 6 * MiB), alloc("d", 3 * MiB)])
+    assert (sim.peak_reserved, sim.segments) == (40 * MiB, 2)  # 2 MiB left in the first: a second segment
+
+
+def test_freed_blocks_merge_within_a_segment_and_are_reused() -> None:
+    sim = simulate([alloc("a", 6 * MiB), alloc("b", 6 * MiB), free("a"), free("b"), alloc("c", 18 * MiB)])
+    assert (sim.peak_reserved, sim.segments) == (20 * MiB, 1)  # a, b and the rest merged back into 20 MiB
+
+
+def test_no_coalescing_across_segments_and_expandable_segments_fix_it() -> None:
+    events = [alloc("x", 12 * MiB), alloc("y", 12 * MiB), free("x"), free("y"), alloc("z", 20 * MiB)]
+    plain = simulate(events)
+    assert (plain.peak_reserved, plain.peak_allocated, plain.reserve) == (44 * MiB, 24 * MiB, 20 * MiB)
+    # one growing segment: x maps a 20 MiB page, y extends the free 8 MiB tail by one more page; freed, x and y
+    # and the tail merge into 40 MiB, which holds z
+    grown = simulate(events, expandable_segments=True)
+    assert (grown.peak_reserved, grown.peak_allocated, grown.segments) == (40 * MiB, 24 * MiB, 2)
+
+
+def test_best_fit_picks_the_smallest_free_block() -> None:
+    allocator = CachingAllocator()
+    for name, size in (("big", 30 * MiB), ("small", 12 * MiB)):
+        allocator.malloc(name, size)
+    allocator.free("big")
+    allocator.free("small")
+    allocator.malloc("new", 12 * MiB)  # fits the freed 12 MiB segment exactly, not the older 30 MiB one
+    assert allocator.reserved == 42 * MiB
+    allocator.malloc("next", 29 * MiB)  # the 30 MiB block is still whole
+    assert (allocator.reserved, allocator.allocated) == (42 * MiB, 42 * MiB)  # 29 MiB left 1 MiB: not split
+
+
+def test_freed_blocks_are_reused_only_on_their_stream() -> None:
+    same = simulate([alloc("a", 12 * MiB), free("a"), alloc("b", 12 * MiB)])
+    other = simulate([alloc("a", 12 * MiB), free("a"), alloc("b", 12 * MiB, stream=1)])
+    assert (same.peak_reserved, other.peak_reserved) == (12 * MiB, 24 * MiB)
+
+
+def test_a_capacity_releases_free_segments_before_failing() -> None:
+    events = [alloc("x", 12 * MiB), free("x"), alloc("z", 20 * MiB)]
+    sim = simulate(events, capacity=30 * MiB)
+    assert (sim.peak_reserved, sim.releases) == (20 * MiB, 1)  # x's cached segment went back first
+    with pytest.raises(OutOfMemory):
+        simulate([alloc("x", 12 * MiB), alloc("z", 20 * MiB)], capacity=30 * MiB)
+
+
+def test_expandable_segments_unmap_the_free_tail_under_pressure() -> None:
+    # stream 1's segment maps a 20 MiB page for a, which is freed; stream 0's z needs two pages: 60 MiB > 50, so
+    # stream 1's free page is unmapped first and z fits (without the release: out of memory)
+    events = [alloc("a", 12 * MiB, stream=1), free("a"), alloc("z", 30 * MiB)]
+    sim = simulate(events, expandable_segments=True, capacity=50 * MiB)
+    assert (sim.releases, sim.peak_reserved, sim.peak_allocated) == (1, 40 * MiB, 30 * MiB)
+    with pytest.raises(OutOfMemory):
+        simulate([alloc("a", 12 * MiB, stream=1), alloc("z", 30 * MiB)], expandable_segments=True, capacity=50 * MiB)
+
+
+def test_a_tensor_is_allocated_once() -> None:
+    allocator = CachingAllocator()
+    allocator.malloc("a", 1)
+    with pytest.raises(ValueError, match="already allocated"):
+        allocator.malloc("a", 1)

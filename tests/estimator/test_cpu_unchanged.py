@@ -1,0 +1,52 @@
+"""CPU-run estimates are exactly what they were before the CUDA terms (``data/cpu_estimates.json``, recorded from
+the estimator at commit 4c02b70 with these cases): CUDA's context, NCCL, cuBLAS, allocator and attention-kernel terms
+must add nothing on CPU ranks."""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tuner.estimator import estimate
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "cpu_estimates.json").read_text())
+
+
+def configs() -> Iterator[tuple[str, dict]]:
+    for stage in (0, 1, 2, 3):
+        for micro, precision, overlap, offload in ((1, "bf16", True, "none"), (4, "fp32", False, "cpu")):
+            zero: dict = {"stage": stage, "overlap_comm": overlap, "reduce_bucket_size": 50_000_000}
+            if stage:
+                zero["offload_optimizer"] = {"device": offload}
+            config = {"train_micro_batch_size_per_gpu": micro, "zero_optimization": zero}
+            if precision == "bf16":
+                config["bf16"] = {"enabled": True}
+            yield f"s{stage}-m{micro}-{precision}-{overlap}-{offload}", config
+
+
+def cases() -> Iterator[tuple[str, Workload, dict]]:
+    for model in ("tiny-llama", "gpt2", "llama-2-7b"):
+        for gpus, nodes in ((1, 1), (2, 1), (4, 2)):
+            for checkpointing in (False, True):
+                cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, device="cpu")
+                train = TrainSpec(seq_len=256, activation_checkpointing=checkpointing)
+                work = Workload(load_model(model), cluster, train)
+                for name, config in configs():
+                    yield f"{model}/{gpus}x{nodes}/{checkpointing}/{name}", work, config
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_cpu_estimates_are_unchanged(expandable: bool) -> None:
+    seen = 0
+    for key, work, config in cases():
+        if expandable:  # an allocator setting for CUDA runs: nothing on CPU
+            config = {**config, "dstune": {"expandable_segments": True}}
+        est = estimate(work, config)
+        got = {"per_gpu": est.per_gpu, "cpu_per_node": est.cpu_per_node, "peak_phase": est.peak_phase}
+        want = {name: GOLDEN[key][name] for name in got}
+        assert got == want, key
+        assert est.details == GOLDEN[key]["details"] and est.overhead_terms == {}, key
+        seen += 1
+    assert seen == len(GOLDEN) == 144

@@ -1,0 +1,333 @@
+"""A simulation of PyTorch's CUDA caching allocator: what it *reserves* from the device for a sequence of tensor
+allocations and frees, against what the tensors *allocate* (pure Python, no torch).
+
+Simulated, as ``c10/cuda/CUDACachingAllocator.cpp`` does it (PyTorch 2.x, default settings, constants named below):
+
+* Every request is rounded up to a multiple of 512 B (``kMinBlockSize``); ``memory_allocated`` counts the rounded
+  sizes, so :attr:`Simulation.peak_allocated` is what ``torch.cuda.max_memory_allocated`` would report.
+* Requests up to 1 MiB (``kSmallSize``) come from the small pool, whose segments are 2 MiB (``kSmallBuffer``); larger
+  ones from the large pool: a request under 10 MiB (``kMinLargeAlloc``) gets a 20 MiB segment (``kLargeBuffer``),
+  a larger one a segment of its own size rounded up to 2 MiB (``kRoundLarge``).
+* A request takes the smallest cached free block of its pool and stream that fits (best fit, ties by segment and
+  address), and splits it when the rest is worth keeping: at least 512 B in the small pool, more than 1 MiB in the
+  large pool. Only when no cached block fits is a new segment reserved (``cudaMalloc``).
+* A freed block merges with free neighbours *in its own segment*; free blocks of different segments never merge,
+  which is where fragmentation comes from. Segments stay reserved when they become free (until ``empty_cache``).
+* Freed blocks are reused only by requests on the same stream (events carry a stream, default 0).
+* With a ``capacity``, a reservation that would exceed it first releases every wholly free segment (what the
+  allocator does before raising an out-of-memory error), then fails if it still does not fit.
+* ``expandable_segments=True`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``): each (pool, stream) gets one
+  segment that grows at its end, mapping pages of 20 MiB (large pool) or 2 MiB (small pool) on demand. A request
+  no free block fits extends the free block at the segment's end (or starts after the last block), so holes
+  between segments disappear; holes inside the one segment remain. Under ``capacity`` pressure, free pages are
+  unmapped before the allocation fails.
+
+Not simulated: ``max_split_size_mb``, ``roundup_power2_divisions`` and ``garbage_collection_threshold`` (defaults
+assumed), CUDA graphs' private pools, events that delay reuse across streams (a cross-stream free is taken as
+immediately reusable on its own stream), and the exact page-mapping order of expandable segments (assumed: grow
+at the end only). The sequence of requests is an input: :mod:`tuner.estimator.alloc_sequence` builds a plausible one
+from an estimate, which is an assumption of its own.
+
+Example:
+    >>> sim = simulate([("alloc", "a", 600), ("alloc", "b", 3 * 2**20), ("free", "a", 0)])
+    >>> sim.peak_allocated, sim.peak_reserved // 2**20
+    (3146752, 22)
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of this
+SMALL_SIZE = 2**20  # kSmallSize: largest request served by the small pool
+SMALL_BUFFER = 2 * 2**20  # kSmallBuffer: a small-pool segment
+MIN_LARGE_ALLOC = 10 * 2**20  # kMinLargeAlloc: requests below this get a kLargeBuffer segment
+LARGE_BUFFER = 20 * 2**20  # kLargeBuffer: segment for 1-10 MiB requests; expandable segments' large page
+ROUND_LARGE = 2 * 2**20  # kRoundLarge: larger segments are rounded up to this
+
+Event = tuple[str, str, int]  # ("alloc", name, bytes) or ("free", name, ignored); an optional 4th item: stream
+
+
+class OutOfMemory(Exception):
+    """The simulated device had no room for a reservation, even after releasing the cache."""
+
+
+def round_size(size: int) -> int:
+    """A request rounded as the allocator rounds it (multiples of 512 B, at least 512 B).
+
+    Example:
+        >>> round_size(1), round_size(512), round_size(513)
+        (512, 512, 1024)
+    """
+    return MIN_BLOCK if size < MIN_BLOCK else -(-size // MIN_BLOCK) * MIN_BLOCK
+
+
+def segment_size(size: int) -> int:
+    """The segment reserved for a rounded request that no cached block fits (``get_allocation_size``).
+
+    Example:
+        >>> [segment_size(s) // 2**20 for s in (512, 2**20, 2**20 + 512, 10 * 2**20, 11 * 2**20 + 1)]
+        [2, 2, 20, 10, 12]
+    """
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+@dataclass(eq=False, slots=True)
+class _Block:
+    segment: int
+    start: int
+    size: int
+    allocated: bool = False
+    prev: _Block | None = None
+    next: _Block | None = None
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.size, self.segment, self.start)
+
+
+@dataclass
+class _Pool:
+    """Free blocks of one (pool, stream), sorted for best fit."""
+
+    small: bool
+    free: list[tuple[int, int, int]] = field(default_factory=list)
+    blocks: dict[tuple[int, int, int], _Block] = field(default_factory=dict)
+
+    def add(self, block: _Block) -> None:
+        key = (block.size, block.segment, block.start)
+        bisect.insort(self.free, key)
+        self.blocks[key] = block
+
+    def remove(self, block: _Block) -> None:
+        key = (block.size, block.segment, block.start)
+        del self.free[bisect.bisect_left(self.free, key)]
+        del self.blocks[key]
+
+    def best_fit(self, size: int) -> _Block | None:
+        index = bisect.bisect_left(self.free, (size, -1, -1))
+        return self.blocks[self.free[index]] if index < len(self.free) else None
+
+
+@dataclass
+class Simulation:
+    """What one sequence did to the simulated allocator. All sizes are bytes."""
+
+    peak_requested: int = 0  # live bytes as the tensors asked for them
+    peak_allocated: int = 0  # live bytes rounded to blocks (torch.cuda.max_memory_allocated)
+    peak_reserved: int = 0  # bytes held from the device (torch.cuda.max_memory_reserved)
+    segments: int = 0  # reservations made (cudaMalloc calls, or page-map calls with expandable segments)
+    releases: int = 0  # times the cache was released to make room under ``capacity``
+
+    @property
+    def reserve(self) -> int:
+        """Reserved beyond allocated at their peaks: the allocator's own cost (rounding, splitting, holes)."""
+        return self.peak_reserved - self.peak_allocated
+
+    @property
+    def ratio(self) -> float:
+        """Peak reserved over peak allocated (1.0 for an empty sequence)."""
+        return self.peak_reserved / self.peak_allocated if self.peak_allocated else 1.0
+
+
+class CachingAllocator:
+    """The simulated allocator (see the module docstring for what is simulated and what is not).
+
+    Example:
+        >>> allocator = CachingAllocator()
+        >>> allocator.malloc("x", 25 * 2**20); allocator.free("x"); allocator.malloc("y", 5 * 2**20)
+        >>> allocator.reserved // 2**20, allocator.allocated // 2**20
+        (26, 5)
+    """
+
+    def __init__(self, expandable_segments: bool = False, capacity: int | None = None) -> None:
+        self.expandable = expandable_segments
+        self.capacity = capacity
+        self.allocated = 0
+        self.requested = 0
+        self.reserved = 0
+        self.stats = Simulation()
+        self._pools: dict[tuple[bool, int], _Pool] = {}
+        self._live: dict[str, tuple[_Block, int, tuple[bool, int]]] = {}
+        self._segments: dict[int, tuple[tuple[bool, int], int]] = {}  # segment id -> (pool key, bytes mapped)
+        self._tail: dict[tuple[bool, int], int] = {}  # expandable: the (pool, stream)'s one segment id
+        self._ends: dict[int, _Block] = {}  # expandable: the last block of each segment
+
+    def malloc(self, name: str, size: int, stream: int = 0) -> None:
+        """Allocate ``size`` bytes for tensor ``name`` on ``stream``."""
+        if name in self._live:
+            raise ValueError(f"{name!r} is already allocated")
+        rounded = MIN_BLOCK if size < MIN_BLOCK else -(-size // MIN_BLOCK) * MIN_BLOCK  # round_size, inlined
+        key = (rounded <= SMALL_SIZE, stream)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool(small=key[0])
+        block = pool.best_fit(rounded)
+        if block is None:
+            block = self._grow(key, pool, rounded)
+        else:
+            pool.remove(block)
+        self._split(pool, block, rounded)
+        block.allocated = True
+        self._live[name] = (block, size, key)
+        self.allocated += block.size
+        self.requested += size
+        stats = self.stats
+        if self.allocated > stats.peak_allocated:
+            stats.peak_allocated = self.allocated
+        if self.requested > stats.peak_requested:
+            stats.peak_requested = self.requested
+
+    def free(self, name: str) -> None:
+        """Free tensor ``name``: its block returns to its pool, merged with free neighbours of its segment."""
+        block, size, key = self._live.pop(name)
+        pool = self._pools[key]
+        self.allocated -= block.size
+        self.requested -= size
+        block.allocated = False
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated:
+                pool.remove(neighbour)
+                if neighbour is block.prev:
+                    neighbour.size += block.size
+                    neighbour.next = block.next
+                    if block.next is not None:
+                        block.next.prev = neighbour
+                    block = neighbour
+                else:
+                    block.size += neighbour.size
+                    block.next = neighbour.next
+                    if neighbour.next is not None:
+                        neighbour.next.prev = block
+        if block.next is None and block.segment in self._ends:
+            self._ends[block.segment] = block
+        pool.add(block)
+
+    def _split(self, pool: _Pool, block: _Block, size: int) -> None:
+        rest = block.size - size
+        if rest >= MIN_BLOCK if pool.small else rest > SMALL_SIZE:
+            remainder = _Block(block.segment, block.start + size, rest, prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = remainder
+            block.next = remainder
+            block.size = size
+            if remainder.next is None and block.segment in self._ends:
+                self._ends[block.segment] = remainder
+            pool.add(remainder)
+
+    def _reserve(self, nbytes: int) -> None:
+        if self.capacity is not None and self.reserved + nbytes > self.capacity:
+            self._release()
+            if self.reserved + nbytes > self.capacity:
+                raise OutOfMemory(f"{nbytes} more bytes with {self.reserved} reserved of {self.capacity}")
+        self.reserved += nbytes
+        self.stats.segments += 1
+        self.stats.peak_reserved = max(self.stats.peak_reserved, self.reserved)
+
+    def _grow(self, key: tuple[bool, int], pool: _Pool, size: int) -> _Block:
+        """A new segment (or, expandable, more pages at the end of the pool's one segment) holding ``size``."""
+        if self.expandable:
+            return self._extend(key, pool, size)
+        nbytes = segment_size(size)
+        self._reserve(nbytes)
+        segment = len(self._segments)
+        self._segments[segment] = (key, nbytes)
+        return _Block(segment, 0, nbytes)
+
+    def _extend(self, key: tuple[bool, int], pool: _Pool, size: int) -> _Block:
+        page = SMALL_BUFFER if key[0] else LARGE_BUFFER
+        segment = self._tail.get(key)
+        if segment is None:
+            segment = len(self._segments)
+            self._segments[segment] = (key, 0)
+            self._tail[key] = segment
+        for attempt in range(2):  # a release under ``capacity`` may unmap this segment's free tail: look again
+            mapped = self._segments[segment][1]
+            last = self._ends.get(segment)
+            grow = last is not None and not last.allocated
+            need = size - last.size if grow and last is not None else size
+            nbytes = -(-need // page) * page
+            if attempt or self.capacity is None or self.reserved + nbytes <= self.capacity:
+                break
+            self._release()
+        self._reserve(nbytes)
+        self._segments[segment] = (key, mapped + nbytes)
+        if grow and last is not None:
+            pool.remove(last)
+            last.size += nbytes
+            return last
+        block = _Block(segment, mapped, nbytes, prev=last)
+        if last is not None:
+            last.next = block
+        self._ends[segment] = block
+        return block
+
+    def _release(self) -> None:
+        """Give back what the cache holds free (before an out-of-memory error): whole free segments, or, with
+        expandable segments, the whole pages of the free block at each segment's end (approximation: PyTorch
+        also unmaps free pages inside a segment; holes inside are kept mapped here)."""
+        self.stats.releases += 1
+        for pool in self._pools.values():
+            for block in list(pool.blocks.values()):
+                if self.expandable:
+                    if block.next is None:
+                        self._unmap_tail(pool, block)
+                elif block.prev is None and block.next is None:
+                    pool.remove(block)
+                    _, nbytes = self._segments.pop(block.segment)
+                    self.reserved -= nbytes
+
+    def _unmap_tail(self, pool: _Pool, block: _Block) -> None:
+        page = SMALL_BUFFER if pool.small else LARGE_BUFFER
+        first = -(-block.start // page) * page
+        key, mapped = self._segments[block.segment]
+        if mapped <= first:
+            return
+        self.reserved -= mapped - first
+        self._segments[block.segment] = (key, first)
+        pool.remove(block)
+        block.size = first - block.start
+        if block.size:
+            pool.add(block)
+        elif block.prev is not None:
+            block.prev.next = None
+            self._ends[block.segment] = block.prev
+        else:
+            del self._ends[block.segment]
+
+
+def simulate(
+    events: Iterable[Event | tuple[str, str, int, int]],
+    expandable_segments: bool = False,
+    capacity: int | None = None,
+) -> Simulation:
+    """Run a sequence of ``("alloc", name, bytes[, stream])`` and ``("free", name, _)`` events through the
+    simulated allocator and return its peaks.
+
+    Raises:
+        OutOfMemory: With ``capacity``, when a reservation does not fit even after releasing the cache.
+    """
+    allocator = CachingAllocator(expandable_segments, capacity)
+    for event in events:
+        if event[0] == "alloc":
+            allocator.malloc(event[1], event[2], event[3] if len(event) > 3 else 0)
+        else:
+            allocator.free(event[1])
+    return allocator.stats
+
+
+__all__ = [
+    "CachingAllocator",
+    "Event",
+    "OutOfMemory",
+    "Simulation",
+    "round_size",
+    "segment_size",
+    "simulate",
+]

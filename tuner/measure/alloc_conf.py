@@ -1,0 +1,32 @@
+"""The caching-allocator settings a trial's ds_config asks of a CUDA run (``dstune.expandable_segments``, a
+search-space parameter): the ``PYTORCH_CUDA_ALLOC_CONF`` value to run with, and the ds_config DeepSpeed gets (without
+dstune's own section). Pure: the runner applies the result before CUDA is first used."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.estimator.settings import ENV_SECTION, expandable_segments
+
+VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def alloc_conf(ds_config: dict[str, Any], current: str | None) -> str | None:
+    """``current`` (the environment's ``PYTORCH_CUDA_ALLOC_CONF``) with ``expandable_segments:True`` set when the
+    config asks for it; None when the config asks nothing (the environment stays as it is).
+
+    Example:
+        >>> alloc_conf({"dstune": {"expandable_segments": True}}, "max_split_size_mb:128")
+        'max_split_size_mb:128,expandable_segments:True'
+        >>> alloc_conf({}, "expandable_segments:True") is None
+        True
+    """
+    if not expandable_segments(ds_config):
+        return None
+    options = [part for part in (current or "").split(",") if part and not part.startswith("expandable_segments:")]
+    return ",".join([*options, "expandable_segments:True"])
+
+
+def deepspeed_config(ds_config: dict[str, Any]) -> dict[str, Any]:
+    """The ds_config without dstune's own section (DeepSpeed would ignore it; exports and logs should not show it)."""
+    return {key: value for key, value in ds_config.items() if key != ENV_SECTION}
