@@ -340,6 +340,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     """Write the best measured ds_config of ``study``, after DeepSpeed's own validation."""
     from tuner.dsconfig import to_hf_trainer, validate_with_deepspeed
     from tuner.estimator import ConfigError
+    from tuner.measure.alloc_conf import VARIABLE, alloc_conf, deepspeed_config
     from tuner.storage import Store, default_url
 
     store = Store.open(storage or default_url())
@@ -354,11 +355,14 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
         validate_with_deepspeed(best.ds_config, world)
     except ConfigError as error:
         fail(error.field, f"DeepSpeed rejects the stored config: {error}")
-    config: dict[str, Any] = best.ds_config
+    config: dict[str, Any] = deepspeed_config(best.ds_config)  # dstune's own section is a setting of the run
     extra = ""
     if format == "hf":
-        config, args = to_hf_trainer(best.ds_config, best.activation_checkpointing)
+        config, args = to_hf_trainer(config, best.activation_checkpointing)
         extra = "TrainingArguments to use with it: " + json.dumps(args)
+    conf = alloc_conf(best.ds_config, None)
+    if conf is not None:
+        extra = "\n".join(filter(None, [extra, f"run it with {VARIABLE}={conf} (the allocator setting measured)"]))
     text = json.dumps(config, indent=2) + "\n"
     if out:
         Path(out).write_text(text)
