@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tuner.estimator.settings import ConfigError
+from tuner.estimator.settings import ENV_SECTION, ConfigError, expandable_segments
 from tuner.workload import TrainSpec
 
 PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
@@ -224,3 +224,31 @@ def to_hf_trainer(config: dict[str, Any], activation_checkpointing: bool = False
             if name in optimizer["params"]:
                 optimizer["params"][name] = "auto"
     return hf, args
+
+
+def deepspeed_part(ds_config: dict[str, Any]) -> dict[str, Any]:
+    """A trial's ds_config as DeepSpeed gets it: without dstune's own section (settings of the run itself, such as
+    the allocator's ``expandable_segments``, which DeepSpeed would ignore and exports should not show)."""
+    return {key: value for key, value in ds_config.items() if key != ENV_SECTION}
+
+
+def export_config(
+    ds_config: dict[str, Any], activation_checkpointing: bool, format: str = "deepspeed"
+) -> tuple[dict[str, Any], list[str]]:
+    """What ``dstune best`` writes for a trial: the config DeepSpeed gets (``format="hf"``: the Trainer's variant)
+    and the notes that go with it (the TrainingArguments, the allocator setting the run was measured with).
+
+    Example:
+        >>> trial = {"train_micro_batch_size_per_gpu": 2, "dstune": {"expandable_segments": True}}
+        >>> config, notes = export_config(trial, False)
+        >>> config, notes
+        ({'train_micro_batch_size_per_gpu': 2}, ['run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True'])
+    """
+    config = deepspeed_part(ds_config)
+    notes: list[str] = []
+    if format == "hf":
+        config, args = to_hf_trainer(config, activation_checkpointing)
+        notes.append("TrainingArguments to use with it: " + json.dumps(args))
+    if expandable_segments(ds_config):
+        notes.append("run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    return config, notes

@@ -12,6 +12,7 @@ conditional parameter was ``None`` (its YAML default, "DeepSpeed decides"), whic
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +124,60 @@ def test_params_to_ds_config_and_back_is_the_same_config(
     _, again = _asked(space, study, workload, global_batch)
     assert again.key == suggestion.key
     assert again.ds_config == suggestion.ds_config
+
+
+class _AllOk:
+    """A measurer whose every run is ok (pure logic: the study's records, not DeepSpeed, are under test)."""
+
+    slots = 1
+
+    def submit(self, workload: Workload, ds_config: dict[str, Any], on_step: Any = None) -> Any:
+        from concurrent.futures import Future
+
+        from tuner.measure.measurement import Measurement
+
+        future: Future[Measurement] = Future()
+        tokens = 1000.0 * ds_config["train_micro_batch_size_per_gpu"]
+        future.set_result(Measurement(status="ok", tokens_per_s=tokens, peak_bytes_per_rank=[2**20]))
+        return future
+
+    def cancel(self) -> None:
+        pass
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(case=workloads(), sampler=st.sampled_from(["tpe", "random", "grid"]))
+def test_the_exported_config_estimates_as_its_trial_was_recorded(
+    tmp_path_factory: pytest.TempPathFactory, case: tuple[Workload, int | None], sampler: str
+) -> None:
+    """``dstune best``'s export of every measured trial, with the checkpointing its TrainingArguments carry, gives
+    the estimate recorded for that trial; what the export leaves out of the ds_config is said in a note."""
+    from tuner.dsconfig import export_config
+    from tuner.estimator import estimate
+    from tuner.space import Suggestion
+    from tuner.storage import Store
+    from tuner.study import StudySettings, TuningStudy
+
+    workload, global_batch = case
+    url = f"sqlite:///{tmp_path_factory.mktemp('export') / 'dstune.db'}"
+    settings_ = StudySettings("export", workload, default_space_path(), global_batch=global_batch, sampler=sampler)
+    settings_ = StudySettings(**{**vars(settings_), "trials": 4})
+    with Store.open(url) as store:
+        study = TuningStudy(settings_, store)
+        study.run(_AllOk())
+        for trial in store.trials(study.study_id, status="ok"):
+            _, notes = export_config(trial.ds_config, trial.activation_checkpointing, "hf")
+            args = json.loads(notes[0].removeprefix("TrainingArguments to use with it: "))
+            assert args["gradient_checkpointing"] == trial.activation_checkpointing
+            assert args["per_device_train_batch_size"] == trial.ds_config["train_micro_batch_size_per_gpu"]
+            plain, plain_notes = export_config(trial.ds_config, trial.activation_checkpointing)
+            trial_workload = Suggestion(plain, args["gradient_checkpointing"]).apply_to(workload)
+            recorded = {k: v for k, v in trial.estimate.items() if k != "throughput"}
+            again = estimate(trial_workload, trial.ds_config).to_dict()
+            assert again == recorded
+            if plain_notes:  # a run setting outside DeepSpeed's config: the note names it
+                assert "expandable_segments" in plain_notes[0]
+            else:
+                assert estimate(trial_workload, plain).to_dict() == recorded

@@ -338,9 +338,8 @@ def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5)
 
 def export_best(study: str, *, storage: str | None, format: str, out: str | None) -> None:
     """Write the best measured ds_config of ``study``, after DeepSpeed's own validation."""
-    from tuner.dsconfig import to_hf_trainer, validate_with_deepspeed
+    from tuner.dsconfig import export_config, validate_with_deepspeed
     from tuner.estimator import ConfigError
-    from tuner.measure.alloc_conf import VARIABLE, alloc_conf, deepspeed_config
     from tuner.storage import Store, default_url
 
     store = Store.open(storage or default_url())
@@ -355,19 +354,12 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
         validate_with_deepspeed(best.ds_config, world)
     except ConfigError as error:
         fail(error.field, f"DeepSpeed rejects the stored config: {error}")
-    config: dict[str, Any] = deepspeed_config(best.ds_config)  # dstune's own section is a setting of the run
-    extra = ""
-    if format == "hf":
-        config, args = to_hf_trainer(config, best.activation_checkpointing)
-        extra = "TrainingArguments to use with it: " + json.dumps(args)
-    conf = alloc_conf(best.ds_config, None)
-    if conf is not None:
-        extra = "\n".join(filter(None, [extra, f"run it with {VARIABLE}={conf} (the allocator setting measured)"]))
+    config, notes = export_config(best.ds_config, best.activation_checkpointing, format)
     text = json.dumps(config, indent=2) + "\n"
     if out:
         Path(out).write_text(text)
         Console(stderr=True).print(f"wrote {out} (trial {best.number}, {best.tokens_per_s:,.0f} tokens/s)")
     else:
         print(text, end="")
-    if extra:
-        Console(stderr=True).print(extra, highlight=False, soft_wrap=True)
+    for note in notes:
+        Console(stderr=True).print(note, highlight=False, soft_wrap=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.estimator.settings import ENV_SECTION, expandable_segments
+from tuner.dsconfig import deepspeed_part
+from tuner.estimator.settings import expandable_segments
 
 VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 
@@ -27,6 +28,4 @@ def alloc_conf(ds_config: dict[str, Any], current: str | None) -> str | None:
     return ",".join([*options, "expandable_segments:True"])
 
 
-def deepspeed_config(ds_config: dict[str, Any]) -> dict[str, Any]:
-    """The ds_config without dstune's own section (DeepSpeed would ignore it; exports and logs should not show it)."""
-    return {key: value for key, value in ds_config.items() if key != ENV_SECTION}
+deepspeed_config = deepspeed_part  # the ds_config DeepSpeed gets
