@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tuner.measure.launcher import RankProcess, collect_rank
-from tuner.measure.measurement import CANCELLED, RankResult
+from tuner.measure.measurement import CANCELLED, INFRA_LOST, RankResult
 from tuner.measure.runner import result_path
 
 
@@ -50,3 +50,26 @@ def test_a_finished_report_is_kept_whenever_it_was_written(tmp_path: Path) -> No
     rank.kill("cancelled")
     write_report(tmp_path, RankResult(0, "ok"), time.time() + 1)
     assert collect_rank(tmp_path, rank).status == "ok"
+
+
+class LostProcess:
+    """A forked rank whose fork server no longer answers (:class:`tuner.measure.forkserver.ForkedProcess`)."""
+
+    pid, returncode, lost = 0, -9, "the fork server closed the connection"
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+
+def test_a_rank_lost_with_its_fork_server_is_lost_infrastructure_unless_it_reported(tmp_path: Path) -> None:
+    """Killed by its death signal when the server died: the infrastructure's failure, which the study retries; a
+    report the rank wrote before (its own OOM, a finished run) still stands."""
+    rank = RankProcess(0, LostProcess(), tmp_path / "rank0.log")  # type: ignore[arg-type]
+    outcome = collect_rank(tmp_path, rank)
+    assert (outcome.status, outcome.exception_type) == ("error", INFRA_LOST)
+    assert "fork server was lost mid-run" in (outcome.error or "") and "signal 9" in (outcome.error or "")
+    write_report(tmp_path, RankResult(0, "oom", exception_type="torch.OutOfMemoryError"), time.time())
+    assert collect_rank(tmp_path, rank).status == "oom"

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.dispatch import Dispatcher, DispatchOptions
-from tuner.measure.measurement import CANCELLED, NODE_LOST, STOPPED_EARLY, Measurement, RankResult, StepHook
+from tuner.measure.measurement import CANCELLED, INFRA_LOST, STOPPED_EARLY, Measurement, RankResult, StepHook
 from tuner.storage import Store
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy, reason_key
 from tuner.study.calibration import DEFAULT_MARGIN
@@ -302,18 +302,22 @@ def test_a_stale_trial_retried_after_resume_is_measured(tmp_path: Path, store: S
     assert frozen[0].state == TrialState.FAIL and len(store.trials(study.study_id)) == 2
 
 
-def lost_node(config: dict[str, Any]) -> Measurement:
-    return Measurement(status="error", exception_type=NODE_LOST, error="rank 1's Ray node or actor was lost mid-run")
+def lost_node(config: dict[str, Any], why: str = "its Ray node or actor was lost mid-run") -> Measurement:
+    return Measurement(status="error", exception_type=INFRA_LOST, error=f"rank 1: {why}")
 
 
-def test_a_run_that_lost_its_ray_node_is_measured_again_at_once(tmp_path: Path, store: Store) -> None:
-    """The cluster's failure, not the config's: recorded failed, queued again, and measured on the next run."""
+@pytest.mark.parametrize(
+    "why", ["its Ray node or actor was lost mid-run", "its node's fork server was lost mid-run (closed the connection)"]
+)
+def test_a_run_that_lost_its_infrastructure_is_measured_again_at_once(tmp_path: Path, store: Store, why: str) -> None:
+    """The node's, actor's or fork server's failure, not the config's: recorded failed, queued again, and measured on
+    the next run."""
     lost: list[tuple[int, int]] = []
 
     def outcome(config: dict[str, Any]) -> Measurement:
         if not lost:
             lost.append(shape(config))
-            return lost_node(config)
+            return lost_node(config, why)
         return ok(config)
 
     events: list[Event] = []

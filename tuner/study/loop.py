@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 
 from tuner.estimator import MemoryEstimate, estimate, resolve
 from tuner.measure.dispatch import DispatchOptions
-from tuner.measure.measurement import CANCELLED, NODE_LOST, Measurement
+from tuner.measure.measurement import CANCELLED, INFRA_LOST, Measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
 from tuner.storage import DuplicateConfig, Store, StoreError, TrialRecord, new_holder, owner_alive, release
 from tuner.study.calibration import Calibration
@@ -165,7 +165,7 @@ class TuningStudy:
         )
         # each run in flight: its trial, record id, suggestion, estimate and memory constraint (told with the outcome)
         self.in_flight: dict[Future[Measurement], tuple[optuna.Trial, int, Suggestion, MemoryEstimate, float]] = {}
-        self.requeued: set[str] = set()  # config keys of runs that lost their Ray node, queued to run again
+        self.requeued: set[str] = set()  # config keys of runs lost with their infrastructure, queued again
         # the throughput model: a new study measures its best-predicted configs first, then its picks between the
         # sampler's proposals; the baselines (random, grid) stay unguided
         self.guided = settings.sampler in ("tpe", "gp")
@@ -275,7 +275,8 @@ class TuningStudy:
             self.store.renew_trial_leases(ids, self.owner, TRIAL_LEASE_S)
 
     def _retry_waiting(self) -> bool:
-        """A run that lost its Ray node is queued again and still waits (it is measured even at the budget)."""
+        """A run lost with its node, actor or fork server is queued again and still waits (it is measured even at
+        the budget)."""
         if self.requeued and not self.optuna.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             self.requeued.clear()  # nothing is queued any more: whatever took its place ran
         return bool(self.requeued)
@@ -435,7 +436,7 @@ class TuningStudy:
         except Exception as error:  # the dispatcher itself failed (Ray unreachable...): record, never lose it
             measurement = Measurement(status="error", exception_type=type(error).__name__, error=str(error))
         peak = max((b for b in measurement.peak_bytes_per_rank if b is not None), default=None)
-        if measurement.exception_type == NODE_LOST:  # the cluster's failure, not the config's: measured again
+        if measurement.exception_type == INFRA_LOST:  # a node, actor or fork server died: measured again
             self._requeue_lost(trial, trial_id, measurement, constraint)
             return
         self.store.finish_trial(trial_id, measurement.status, measurement.to_dict(), error=measurement.error)
@@ -462,8 +463,9 @@ class TuningStudy:
         self.on_event(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
 
     def _requeue_lost(self, trial: optuna.Trial, trial_id: int, measurement: Measurement, constraint: float) -> None:
-        """A run whose Ray node died: recorded ``failed`` (retryable, like a run a killed tuner left), told FAIL,
-        and its config queued to run again once (:data:`RETRIES`), on whatever nodes the cluster has left."""
+        """A run whose node, Ray actor or fork server died (``InfraLost``): recorded ``failed`` (retryable, like a
+        run a killed tuner left), told FAIL, and its config queued to run again once (:data:`RETRIES`), on whatever
+        the cluster has left."""
         record = self.store.finish_trial(trial_id, "failed", measurement.to_dict(), error=measurement.error)
         trial.set_constraint("memory", constraint)
         self._tell(trial, TrialState.FAIL)
