@@ -4,6 +4,7 @@ formatting."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -89,9 +90,24 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def require_local_cuda(device: str | None, launcher: str, ray_address: str | None) -> None:
+    """Refuse ``--device cuda`` at once (exit 2 naming ``device``) when the ranks would run on this machine and torch
+    sees no GPU here, before Ray or any rank starts. Ranks on a Ray cluster (``--ray-address`` or ``RAY_ADDRESS``)
+    may have GPUs this machine lacks: they are not refused here. No device (None) means the machine's own."""
+    if device != "cuda" or (launcher == "ray" and (ray_address or os.environ.get("RAY_ADDRESS"))):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        fail(
+            "device",
+            "cuda, but torch sees no GPU on this machine: use --device cpu, or --ray-address of a cluster with GPUs",
+        )
+
+
 def gib(size_bytes: int | None) -> str:
     """Bytes as GiB with two decimals (``unknown`` for None)."""
     return "unknown" if size_bytes is None else f"{size_bytes / GiB:.2f}"
 
 
-__all__ = ["USAGE_EXIT", "OneLineErrorGroup", "default_device", "fail", "gib", "size"]
+__all__ = ["USAGE_EXIT", "OneLineErrorGroup", "default_device", "fail", "gib", "require_local_cuda", "size"]
