@@ -20,10 +20,10 @@ from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.dispatch import Dispatcher, DispatchOptions
 from tuner.measure.measurement import CANCELLED, INFRA_LOST, STOPPED_EARLY, Measurement, RankResult, StepHook
-from tuner.storage import Store
+from tuner.storage import Store, new_holder, release
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy, reason_key
 from tuner.study.calibration import DEFAULT_MARGIN
-from tuner.study.loop import REPEAT_LIMIT
+from tuner.study.loop import HOLDER_ATTR, REPEAT_LIMIT
 from tuner.units import format_bytes
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 
@@ -450,3 +450,29 @@ def test_the_best_so_far_survives_a_resume(tmp_path: Path, store: Store) -> None
     again.run(FakeMeasurer(lambda config: [10.0, 10.0, 10.0]))
     slow = next(t for t in store.trials(again.study_id) if shape(t.ds_config) == (0, 2))
     assert slow.measurement["stopped_early"] is True
+
+
+def holders(study: TuningStudy) -> list[str]:
+    """The study's holder attributes, read afresh from Optuna's tables."""
+    attrs = optuna.load_study(study_name=study.settings.name, storage=study.store.url).user_attrs
+    return [key for key in attrs if key.startswith(HOLDER_ATTR)]
+
+
+def test_a_finished_run_leaves_no_holder_on_the_study(tmp_path: Path, store: Store) -> None:
+    """The run's holder attribute exists while it runs (another process resuming the study sees it) and is gone once
+    it ended; one a killed run left behind (its holder no longer alive) goes at the next run's start."""
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
+    dead = new_holder()
+    release(dead)  # as a process killed mid-run left it: not alive
+    study.optuna.set_user_attr(HOLDER_ATTR + dead, True)
+    seen: list[list[str]] = []
+
+    def outcome(config: dict[str, Any]) -> Measurement:
+        seen.append(holders(study))
+        return ok(config)
+
+    study.run(FakeMeasurer(outcome))
+    assert seen and all(during == [HOLDER_ATTR + study.owner] for during in seen)
+    assert holders(study) == []
+    study.run(FakeMeasurer(outcome))  # a second run of the study: the same
+    assert holders(study) == []

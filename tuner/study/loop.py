@@ -13,6 +13,7 @@ fails only trials nobody holds, and a config another process recorded or started
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -45,7 +46,7 @@ REPEAT_LIMIT = 100  # proposals in a row that repeat recorded configs before the
 TRIAL_LEASE_S = 120.0  # a running trial's lease, renewed every quarter of it while its process lives
 OWNER_ATTR = "dstune_owner"  # Optuna user attribute: the process that asked the trial
 OWNERLESS_GRACE_S = 30.0  # an Optuna trial asked this recently may not carry its owner yet
-HOLDER_ATTR = "dstune_holder:"  # Optuna study user attributes: every run of the study, by holder
+HOLDER_ATTR = "dstune_holder:"  # Optuna study user attributes: every run of the study going on, by holder
 
 
 @dataclass(frozen=True)
@@ -156,9 +157,10 @@ class TuningStudy:
         )
         self.owner = ""  # the holder of the trials a run starts: new in each run, released when it ends
         self._renewed_at = 0.0
+        self.storage = RetryingRDBStorage(store.url, retry_s=store.retry_s)
         self.optuna = optuna.create_study(
             study_name=settings.name,
-            storage=RetryingRDBStorage(store.url, retry_s=store.retry_s),
+            storage=self.storage,
             directions=directions,
             sampler=make_sampler(settings.sampler, self.space, settings),
             load_if_exists=True,
@@ -203,6 +205,9 @@ class TuningStudy:
         stale_ids = self.store.mark_stale_running_failed(self.study_id)
         held = {t.number for t in self.store.trials(self.study_id, status="running")}
         holders = [key.removeprefix(HOLDER_ATTR) for key in self.optuna.user_attrs if key.startswith(HOLDER_ATTR)]
+        for holder in holders:
+            if owner_alive(holder) is False:  # a run that was killed before it could remove its own
+                self.storage.delete_study_user_attr(self.optuna._study_id, HOLDER_ATTR + holder)
         others = any(holder != self.owner and owner_alive(holder) is not False for holder in holders)
         for trial in self.optuna.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if not _optuna_trial_stale(trial, held, others):
@@ -259,13 +264,20 @@ class TuningStudy:
         except BaseException:  # the loop itself failed (database gone...): no run may go on behind it
             dispatcher.cancel()  # its trials stay running in the store; resuming fails them and retries (recover)
             release(self.owner)  # so they are stale from now on, to this process too
+            with contextlib.suppress(Exception):  # else the next run's recover removes it
+                self._drop_holder()
             raise
         if stopped or interrupted:
             reason = "interrupted by the user" if interrupted else "cancelled: the study was stopped"
             self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
         release(self.owner)
+        self._drop_holder()
         counts = self.store.study_summary(self.study_id).counts
         return StudyReport(self.study_id, interrupted, counts, stopped=stopped, exhausted=exhausted)
+
+    def _drop_holder(self) -> None:
+        """This run is over: its holder attribute goes, so a finished study keeps none."""
+        self.storage.delete_study_user_attr(self.optuna._study_id, HOLDER_ATTR + self.owner)
 
     def _renew_leases(self) -> None:
         """Keep holding the trials in flight (every quarter lease), so a resuming process elsewhere leaves them be."""
