@@ -476,3 +476,21 @@ def test_a_finished_run_leaves_no_holder_on_the_study(tmp_path: Path, store: Sto
     assert holders(study) == []
     study.run(FakeMeasurer(outcome))  # a second run of the study: the same
     assert holders(study) == []
+
+
+def test_ctrl_c_while_a_run_is_being_started_leaves_no_trial_running(tmp_path: Path, store: Store) -> None:
+    """Ctrl-C lands after the trial is recorded running and before its run is held in flight (inside ``submit``): the
+    loop takes it at its next step, so that run too is killed and recorded failed, not left running."""
+    import os
+    import signal
+
+    def interrupting(config: dict[str, Any]) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # handled in this (the main) thread right after this call
+        return HANG
+
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
+    report = study.run(FakeMeasurer(interrupting))
+    assert report.interrupted
+    [trial] = store.trials(study.study_id)
+    assert (trial.status, trial.error) == ("failed", "interrupted by the user")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's own again

@@ -14,6 +14,8 @@ fails only trials nobody holds, and a config another process recorded or started
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -241,8 +243,11 @@ class TuningStudy:
         deadline = time.monotonic() + self.settings.timeout_s if self.settings.timeout_s else None
         interrupted = stopped = exhausted = False
         repeats = 0
+        restore_ctrl_c = _defer_ctrl_c(ctrl_c := threading.Event())
         try:
             while not (stopped := should_stop is not None and should_stop()):
+                if ctrl_c.is_set():
+                    raise KeyboardInterrupt  # Ctrl-C, taken here: never between a trial started and its run held
                 out_of_time = deadline is not None and time.monotonic() >= deadline
                 if (
                     not out_of_time
@@ -267,6 +272,8 @@ class TuningStudy:
             with contextlib.suppress(Exception):  # else the next run's recover removes it
                 self._drop_holder()
             raise
+        finally:
+            restore_ctrl_c()
         if stopped or interrupted:
             reason = "interrupted by the user" if interrupted else "cancelled: the study was stopped"
             self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
@@ -526,6 +533,27 @@ class TuningStudy:
             trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.FAIL)
         self.in_flight.clear()
+
+
+def _defer_ctrl_c(flag: threading.Event) -> Callable[[], None]:
+    """Until the returned function is called, Ctrl-C sets ``flag`` instead of raising KeyboardInterrupt wherever the
+    main thread is (say, between a trial recorded running and its run held in flight: it would be left running); a
+    second Ctrl-C raises at once. Only in the main thread over Python's own handler; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, handler)
+    return restore
 
 
 def _optuna_trial_stale(trial: optuna.trial.FrozenTrial, held: set[int], others: bool) -> bool:
