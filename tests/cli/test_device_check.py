@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 DSTUNE = str(Path(sys.executable).with_name("dstune"))
 WORKLOAD = ["--model", "tiny-gpt2", "--gpus", "1", "--seq-len", "32", "--device", "cuda"]
-REFUSE_WITHIN_S = 60.0  # torch's import on a loaded 2-core host; refusing took 139 s in `tune` before
+REFUSE_WITHIN_S = 60.0  # the CLI's own start on a loaded 2-core host (16 s at load 13); refusing took 139 s before
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: cuda is not refused")
@@ -46,3 +46,17 @@ def test_ranks_on_a_ray_cluster_are_not_refused_here(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     require_local_cuda("cuda", "ray", None)
     require_local_cuda("cpu", "local", None)  # cpu is never refused
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: cuda is not refused")
+@pytest.mark.parametrize("device_files", [False, True])
+def test_no_gpu_is_refused_by_device_files_or_by_torch(monkeypatch: pytest.MonkeyPatch, device_files: bool) -> None:
+    """Without a GPU's device files the refusal needs no torch; with them (a driver, no usable GPU) torch decides."""
+    import typer
+
+    from tuner.cli import common
+
+    monkeypatch.setattr(common, "gpu_device_files", lambda: device_files)
+    with pytest.raises(typer.Exit) as refused:
+        require_local_cuda("cuda", "local", "10.0.0.1:6379")  # an address does not help ranks started here
+    assert refused.value.exit_code == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -91,18 +92,26 @@ def default_device() -> str:
 
 
 def require_local_cuda(device: str | None, launcher: str, ray_address: str | None) -> None:
-    """Refuse ``--device cuda`` at once (exit 2 naming ``device``) when the ranks would run on this machine and torch
-    sees no GPU here, before Ray or any rank starts. Ranks on a Ray cluster (``--ray-address`` or ``RAY_ADDRESS``)
-    may have GPUs this machine lacks: they are not refused here. No device (None) means the machine's own."""
+    """Refuse ``--device cuda`` at once (exit 2 naming ``device``) when the ranks would run on this machine and it
+    has no GPU, before Ray or any rank starts. Without a GPU's device files the answer needs no torch (importing it
+    takes seconds, a minute on a loaded host); with them, torch decides. Ranks on a Ray cluster (``--ray-address`` or
+    ``RAY_ADDRESS``) may have GPUs this machine lacks: they are not refused here. No device (None) means the
+    machine's own."""
     if device != "cuda" or (launcher == "ray" and (ray_address or os.environ.get("RAY_ADDRESS"))):
         return
-    import torch
+    if gpu_device_files():
+        import torch
 
-    if not torch.cuda.is_available():
-        fail(
-            "device",
-            "cuda, but torch sees no GPU on this machine: use --device cpu, or --ray-address of a cluster with GPUs",
-        )
+        if torch.cuda.is_available():
+            return
+    fail("device", "cuda, but this machine has no GPU torch can use: use --device cpu, or --ray-address of a cluster")
+
+
+def gpu_device_files() -> bool:
+    """Whether this machine has the device files a GPU that torch.cuda drives comes with: NVIDIA's ``/dev/nvidiaN``,
+    AMD's ``/dev/kfd`` (ROCm), WSL's ``/dev/dxg``."""
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists() or (dev / "dxg").exists()
 
 
 def gib(size_bytes: int | None) -> str:
