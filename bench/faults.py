@@ -6,12 +6,15 @@ job run by two workers), orphaned processes (ranks alive ``ORPHAN_GRACE_S`` afte
 the time to recover, then writes ``bench/results/faults.md``.
 
 Faults: a rank SIGKILLed / SIGSTOPped mid-step (local launcher, real DeepSpeed), the tuner SIGKILLed with a run in
-flight (``dstune tune``, local launcher and Ray) then resumed, a Ray worker node removed mid-run, PostgreSQL restarted
-under a running worker, two tuners on one study, two workers on one queue, a worker SIGKILLed / SIGSTOPped mid-job. The
-database faults run on a private PostgreSQL server (never the shared one); the tuner's on SQLite, the CLI default.
+flight (``dstune tune``, local launcher and Ray) then resumed, the node's fork server SIGKILLed / SIGSTOPped while a
+study's 2-rank run is in flight (``tests/faults/test_forkserver_faults.py``), a Ray worker node removed mid-run,
+PostgreSQL restarted under a running worker, two tuners on one study, two workers on one queue, a worker SIGKILLed /
+SIGSTOPped mid-job. The database faults run on a private PostgreSQL server (never the shared one); the tuner's on
+SQLite, the CLI default.
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/faults.py [--n 3] [--n-deepspeed 2] [--only NAME,...]`` (about 12 minutes
-on two shared cores with the defaults).
+on two shared cores with the defaults). With ``--only``, the rows measured replace (or join) theirs in the existing
+results file and the others are kept.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -132,6 +136,33 @@ def tuner_kill(launcher: str) -> Outcome:
     left_running = sum(1 for t in after.values() if t.status in ("running", "pending"))
     ok = done.returncode in (0, 1) and not (lost or duplicated or left_running or orphans)
     return Outcome(ok, lost, duplicated, orphans, gone_s, f"resume {resumed_s:.0f} s, {left_running} left running")
+
+
+# ------------------------------------------------------------------------------------------ the fork server
+def fork_server_fault(fault: signal.Signals) -> Outcome:
+    """The node's fork server SIGKILLed or SIGSTOPped while a one-config study's 2-rank run is in flight: killed, the
+    run must be lost infrastructure and the config measured again to ``ok``; stopped, the study must end (the ranks
+    carry on, the launcher stops asking the silent server) with the config ``ok``. recover: from the fault to the
+    run classified lost (SIGKILL) or measured (SIGSTOP)."""
+    from test_forkserver_faults import fork_server_fault as scenario
+
+    marker = new_marker()
+    result = scenario(Path(tempfile.mkdtemp(prefix="dstune-bench-")), fault, marker)
+    ending = "failed" if fault == signal.SIGKILL else "ok"
+    ended = [at for at, event in result.events if event.status == ending]
+    recover = ended[0] - result.injected_at if ended else None
+    expected_attempts = 2 if fault == signal.SIGKILL else 1
+    ended_s = result.ended_at - result.injected_at
+    ok = result.status == "ok" and result.attempts == expected_attempts and not result.orphans
+    lost = 0 if result.status == "ok" else 1
+    return Outcome(
+        ok,
+        lost=lost,
+        duplicated=max(0, result.attempts - expected_attempts),
+        orphans=result.orphans,
+        recover_s=recover,
+        note=f"final {result.status} after {result.attempts} attempt(s); study ended {ended_s:.0f} s after the fault",
+    )
 
 
 def trials(storage: str, study: str) -> list:
@@ -306,6 +337,18 @@ def matrix(server: PrivatePostgres) -> list[tuple[str, str, bool, Callable[[], O
         ("rank SIGSTOP mid-step", "run `timeout` (90 s), peer gone", True, lambda: rank_fault("sigstop")),
         ("tuner SIGKILL, local", "no rank left, resume: nothing lost/rerun", True, lambda: tuner_kill("local")),
         ("tuner SIGKILL, Ray", "no rank left, resume: nothing lost/rerun", True, lambda: tuner_kill("ray")),
+        (
+            "fork server SIGKILL mid-run",
+            "run `InfraLost`, config measured again: `ok`",
+            True,
+            lambda: fork_server_fault(signal.SIGKILL),
+        ),
+        (
+            "fork server SIGSTOP mid-run",
+            "no hang: ranks finish, config `ok`",
+            True,
+            lambda: fork_server_fault(signal.SIGSTOP),
+        ),
         ("Ray node removed", "run `error` with reason, rest measures", True, ray_node_removed),
         ("PostgreSQL restart (worker)", "job done without take-over", False, lambda: pg_restart(server)),
         ("two tuners, one study", "each config measured once", False, lambda: two_tuners(server)),
@@ -353,6 +396,26 @@ def render(rows: list[Row], n: int, n_ds: int, elapsed: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merged(previous: str, fresh: str, only: str) -> str:
+    """``previous`` results with the rows of ``fresh`` in place of theirs (new ones after the rest), and a line
+    saying which rows were measured again and how."""
+    fresh_rows = {line.split("|")[1].strip(): line for line in fresh.splitlines() if _is_row(line)}
+    lines = []
+    for line in previous.splitlines():
+        name = line.split("|")[1].strip() if _is_row(line) else None
+        lines.append(fresh_rows.pop(name) if name in fresh_rows else line)
+    last_row = max(i for i, line in enumerate(lines) if line.startswith("|"))
+    lines[last_row + 1 : last_row + 1] = list(fresh_rows.values())
+    command = next(line for line in fresh.splitlines() if line.startswith("`"))
+    minutes = re.search(r"([\d.]+ minutes)", command)
+    how = f"`{command.split('`')[1]} --only '{only}'`, {minutes.group(1) if minutes else ''}"
+    return "\n".join(lines) + f"\n\nRows measured again: {how}.\n"
+
+
+def _is_row(line: str) -> bool:
+    return line.startswith("| ") and not line.startswith("| fault ") and "---" not in line
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=3, help="injections per fault without DeepSpeed")
@@ -380,6 +443,8 @@ def main() -> int:
     finally:
         server.destroy()
     text = render(rows, args.n, args.n_deepspeed, time.monotonic() - started)
+    if args.only and Path(args.out).exists():
+        text = merged(Path(args.out).read_text(), text, args.only)
     Path(args.out).write_text(text)
     print(text)
     return 0 if all(o.recovered for row in rows for o in row.outcomes) else 1

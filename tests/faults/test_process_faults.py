@@ -21,7 +21,7 @@ pytest.importorskip("psutil")
 from faultkit import MARKER_ENV, marked_processes, rank_processes, wait_for
 
 from tuner.measure.launcher import launch_local
-from tuner.measure.measurement import NODE_LOST, PEER_KILLED, Measurement
+from tuner.measure.measurement import INFRA_LOST, PEER_KILLED, Measurement
 from tuner.measure.runner import RunSpec
 from tuner.storage import Store
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict
@@ -167,7 +167,7 @@ def test_a_ray_node_removed_mid_run_fails_the_run_cleanly_and_the_rest_of_the_cl
         assert not run.is_alive() and time.monotonic() - started < 600
         result = outcome[0]
         assert isinstance(result, Measurement) and result.status == "error" and result.error, result
-        assert result.exception_type == NODE_LOST and "lost mid-run" in result.error  # retried by the study
+        assert result.exception_type == INFRA_LOST and "lost mid-run" in result.error  # retried by the study
         wait_for(lambda: no_ranks_left(marker), 60, "the ranks to be gone")
         rerun = launch_ray(run_spec(1), timeout=300)
         assert rerun.status == "ok", rerun.error

@@ -140,3 +140,45 @@ def test_a_transformers_run_preloads_its_model_family() -> None:
     assert rank_preloads(spec) == ["transformers.models.llama.modeling_llama"]
     assert rank_preloads(RunSpec({}, {}, model_impl="builtin")) == []
     assert rank_preloads(RunSpec({}, {}, model_impl="transformers", hf_config={"model_type": "../x"})) == []
+
+
+def sleeper_rank(tmp_path: Path, seconds: float, code: int = 0):  # type: ignore[no-untyped-def]
+    """A rank of this process's node server that says it is up, sleeps ``seconds`` and exits with ``code``."""
+    script = f"import sys, time; print('up', flush=True); time.sleep({seconds}); sys.exit({code})"
+    log = tmp_path / "sleeper.log"
+    rank = node_client().start([sys.executable, "-c", script], dict(os.environ), log)
+    wait_until(lambda: log.exists() and "up" in log.read_text())
+    return rank
+
+
+def test_a_server_killed_mid_rank_takes_the_rank_and_the_launcher_sees_it_lost(tmp_path: Path) -> None:
+    """SIGKILL on the server: the rank dies by its death signal, the launcher's poll says lost (not the rank's own
+    exit), and the next rank start gets a new server."""
+    client = node_client()
+    server = client.request({"op": "ping"})["pid"]
+    rank = sleeper_rank(tmp_path, 3600)
+    os.kill(server, signal.SIGKILL)
+    assert rank.wait(timeout=60) == -signal.SIGKILL
+    assert rank.lost is not None and "fork server" in rank.lost
+    assert node_client() is not client and node_client().request({"op": "ping"})["pid"] != server
+
+
+def test_a_stopped_server_is_replaced_and_its_ranks_finish_on_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP on the server: its rank carries on and its exit code is read through /proc after the poll timeout;
+    the stopped server's socket is retired, so the next rank start gets a new server instead of waiting on it."""
+    from tuner.measure import forkserver
+
+    monkeypatch.setattr(forkserver, "ANSWER_TIMEOUT_S", 2.0)
+    client = node_client()
+    server = client.request({"op": "ping"})["pid"]
+    rank = sleeper_rank(tmp_path, 4, code=7)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        assert rank.wait(timeout=120) == 7  # a zombie of the stopped server: its own exit status
+        assert rank.lost is not None and "did not answer" in rank.lost
+        fresh = node_client()
+        assert fresh is not client and fresh.request({"op": "ping"})["pid"] != server
+    finally:
+        os.kill(server, signal.SIGKILL)  # the test stopped it: it goes (SIGKILL reaches a stopped process)

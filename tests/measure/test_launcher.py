@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tuner.measure.launcher import RankProcess, collect_rank
-from tuner.measure.measurement import CANCELLED, RankResult
+from tuner.measure.measurement import CANCELLED, INFRA_LOST, RankResult
 from tuner.measure.runner import result_path
 
 
@@ -50,3 +50,49 @@ def test_a_finished_report_is_kept_whenever_it_was_written(tmp_path: Path) -> No
     rank.kill("cancelled")
     write_report(tmp_path, RankResult(0, "ok"), time.time() + 1)
     assert collect_rank(tmp_path, rank).status == "ok"
+
+
+class LostProcess:
+    """A forked rank whose fork server no longer answers (:class:`tuner.measure.forkserver.ForkedProcess`)."""
+
+    pid, returncode, lost = 0, -9, "the fork server closed the connection"
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+
+def test_a_rank_lost_with_its_fork_server_is_lost_infrastructure_unless_it_reported(tmp_path: Path) -> None:
+    """Killed by its death signal when the server died: the infrastructure's failure, which the study retries; a
+    report the rank wrote before (its own OOM, a finished run) still stands."""
+    rank = RankProcess(0, LostProcess(), tmp_path / "rank0.log")  # type: ignore[arg-type]
+    outcome = collect_rank(tmp_path, rank)
+    assert (outcome.status, outcome.exception_type) == ("error", INFRA_LOST)
+    assert "fork server was lost mid-run" in (outcome.error or "") and "signal 9" in (outcome.error or "")
+    write_report(tmp_path, RankResult(0, "oom", exception_type="torch.OutOfMemoryError"), time.time())
+    assert collect_rank(tmp_path, rank).status == "oom"
+
+
+def test_a_run_with_a_rank_lost_to_its_infrastructure_is_lost_whatever_its_peers_said() -> None:
+    """Either launcher: one rank's node, actor or fork server died, so its peers' broken collectives and the peer the
+    launcher stopped follow from it; the run is InfraLost (which the study retries) and says which rank and why."""
+    from tuner.measure.launcher import summarize
+    from tuner.measure.measurement import PEER_KILLED
+    from tuner.measure.runner import RunSpec
+    from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict
+
+    workload = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=3, device="cpu"), TrainSpec(32))
+    spec = RunSpec(workload_to_dict(workload), {"train_micro_batch_size_per_gpu": 1}, device="cpu")
+    results = [
+        RankResult(0, "error", exception_type="RuntimeError", error="gloo: connection closed by peer", failed_at=1.0),
+        RankResult(
+            1, "error", exception_type=INFRA_LOST, error="its Ray node or actor was lost mid-run: ...", failed_at=2.0
+        ),
+        RankResult(2, "error", exception_type=PEER_KILLED, error="killed after another rank failed"),
+    ]
+    measurement = summarize(results, spec)
+    assert (measurement.status, measurement.exception_type) == ("error", INFRA_LOST)
+    assert measurement.error is not None and measurement.error.startswith("rank 1: its Ray node or actor was lost")
+    assert summarize([RankResult(0, "oom"), RankResult(1, "ok")], spec).exception_type is None  # the config's own

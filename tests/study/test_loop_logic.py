@@ -20,13 +20,13 @@ from optuna.trial import TrialState
 from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.dispatch import Dispatcher
-from tuner.measure.measurement import CANCELLED, NODE_LOST, STOPPED_EARLY, Measurement, RankResult, StepHook
+from tuner.measure.measurement import CANCELLED, INFRA_LOST, STOPPED_EARLY, Measurement, RankResult, StepHook
 from tuner.measure.options import MeasureOptions
 from tuner.space import default_space_path
-from tuner.storage import Store
+from tuner.storage import Store, new_holder, release
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy, reason_key
 from tuner.study.calibration import DEFAULT_MARGIN
-from tuner.study.loop import REPEAT_LIMIT
+from tuner.study.loop import HOLDER_ATTR, REPEAT_LIMIT
 from tuner.units import format_bytes
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 
@@ -305,18 +305,22 @@ def test_a_stale_trial_retried_after_resume_is_measured(tmp_path: Path, store: S
     assert frozen[0].state == TrialState.FAIL and len(store.trials(study.study_id)) == 2
 
 
-def lost_node(config: dict[str, Any]) -> Measurement:
-    return Measurement(status="error", exception_type=NODE_LOST, error="rank 1's Ray node or actor was lost mid-run")
+def lost_node(config: dict[str, Any], why: str = "its Ray node or actor was lost mid-run") -> Measurement:
+    return Measurement(status="error", exception_type=INFRA_LOST, error=f"rank 1: {why}")
 
 
-def test_a_run_that_lost_its_ray_node_is_measured_again_at_once(tmp_path: Path, store: Store) -> None:
-    """The cluster's failure, not the config's: recorded failed, queued again, and measured on the next run."""
+@pytest.mark.parametrize(
+    "why", ["its Ray node or actor was lost mid-run", "its node's fork server was lost mid-run (closed the connection)"]
+)
+def test_a_run_that_lost_its_infrastructure_is_measured_again_at_once(tmp_path: Path, store: Store, why: str) -> None:
+    """The node's, actor's or fork server's failure, not the config's: recorded failed, queued again, and measured on
+    the next run."""
     lost: list[tuple[int, int]] = []
 
     def outcome(config: dict[str, Any]) -> Measurement:
         if not lost:
             lost.append(shape(config))
-            return lost_node(config)
+            return lost_node(config, why)
         return ok(config)
 
     events: list[Event] = []
@@ -457,3 +461,47 @@ def test_cpu_studies_do_not_search_the_cuda_allocator_setting(tmp_path: Path, st
     cuda_work = replace(workload(), cluster=ClusterSpec(gpus_per_node=1))
     cuda_settings = replace(settings(tmp_path), name="logic-cuda", workload=cuda_work, space_path=default_space_path())
     assert "expandable_segments" in TuningStudy(cuda_settings, store).space.searched
+
+
+def holders(study: TuningStudy) -> list[str]:
+    """The study's holder attributes, read afresh from Optuna's tables."""
+    attrs = optuna.load_study(study_name=study.settings.name, storage=study.store.url).user_attrs
+    return [key for key in attrs if key.startswith(HOLDER_ATTR)]
+
+
+def test_a_finished_run_leaves_no_holder_on_the_study(tmp_path: Path, store: Store) -> None:
+    """The run's holder attribute exists while it runs (another process resuming the study sees it) and is gone once
+    it ended; one a killed run left behind (its holder no longer alive) goes at the next run's start."""
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
+    dead = new_holder()
+    release(dead)  # as a process killed mid-run left it: not alive
+    study.optuna.set_user_attr(HOLDER_ATTR + dead, True)
+    seen: list[list[str]] = []
+
+    def outcome(config: dict[str, Any]) -> Measurement:
+        seen.append(holders(study))
+        return ok(config)
+
+    study.run(FakeMeasurer(outcome))
+    assert seen and all(during == [HOLDER_ATTR + study.owner] for during in seen)
+    assert holders(study) == []
+    study.run(FakeMeasurer(outcome))  # a second run of the study: the same
+    assert holders(study) == []
+
+
+def test_ctrl_c_while_a_run_is_being_started_leaves_no_trial_running(tmp_path: Path, store: Store) -> None:
+    """Ctrl-C lands after the trial is recorded running and before its run is held in flight (inside ``submit``): the
+    loop takes it at its next step, so that run too is killed and recorded failed, not left running."""
+    import os
+    import signal
+
+    def interrupting(config: dict[str, Any]) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # handled in this (the main) thread right after this call
+        return HANG
+
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
+    report = study.run(FakeMeasurer(interrupting))
+    assert report.interrupted
+    [trial] = store.trials(study.study_id)
+    assert (trial.status, trial.error) == ("failed", "interrupted by the user")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's own again

@@ -4,7 +4,9 @@ formatting."""
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -93,9 +95,32 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def require_local_cuda(device: str | None, launcher: str, ray_address: str | None) -> None:
+    """Refuse ``--device cuda`` at once (exit 2 naming ``device``) when the ranks would run on this machine and it
+    has no GPU, before Ray or any rank starts. Without a GPU's device files the answer needs no torch (importing it
+    takes seconds, a minute on a loaded host); with them, torch decides. Ranks on a Ray cluster (``--ray-address`` or
+    ``RAY_ADDRESS``) may have GPUs this machine lacks: they are not refused here. No device (None) means the
+    machine's own."""
+    if device != "cuda" or (launcher == "ray" and (ray_address or os.environ.get("RAY_ADDRESS"))):
+        return
+    if gpu_device_files():
+        import torch
+
+        if torch.cuda.is_available():
+            return
+    fail("device", "cuda, but this machine has no GPU torch can use: use --device cpu, or --ray-address of a cluster")
+
+
+def gpu_device_files() -> bool:
+    """Whether this machine has the device files a GPU that torch.cuda drives comes with: NVIDIA's ``/dev/nvidiaN``,
+    AMD's ``/dev/kfd`` (ROCm), WSL's ``/dev/dxg``."""
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists() or (dev / "dxg").exists()
+
+
 def gib(size_bytes: int | None) -> str:
     """Bytes as GiB with two decimals (``unknown`` for None)."""
     return "unknown" if size_bytes is None else f"{size_bytes / GiB:.2f}"
 
 
-__all__ = ["USAGE_EXIT", "OneLineErrorGroup", "default_device", "fail", "gib", "size"]
+__all__ = ["USAGE_EXIT", "OneLineErrorGroup", "default_device", "fail", "gib", "require_local_cuda", "size"]

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuner.cli.common import fail, gib, size
+from tuner.cli.common import fail, gib, require_local_cuda, size
 from tuner.cli.options import (
     AUTO_DEVICE,
     JsonOpt,
@@ -41,6 +41,7 @@ def measure_command(
 ) -> None:
     """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
     warmup_max = warmup_limit(warmup, warmup_max)
+    require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
     workload, config = build(flags)
     if workload.model.is_bare:
         fail("params", "a measured run needs a model architecture: use --model")

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.cli.common import fail, size
+from tuner.cli.common import fail, require_local_cuda, size
 from tuner.cli.options import (
     AUTO_DEVICE,
     TUNE_FLAGS,
@@ -83,6 +83,7 @@ def tune_command(
 ) -> None:
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
     warmup_max = warmup_limit(warmup, warmup_max)
+    require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
     workload, _ = build(flags)  # micro-batch, accumulation, stage and offload are what the search decides
     try:
         seconds = parse_duration(timeout) if timeout else None

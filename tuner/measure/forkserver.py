@@ -20,6 +20,12 @@ installed code (a changed dstune, torch or DeepSpeed gets a new server). A launc
 it, as with ``PR_SET_PDEATHSIG`` on a spawned rank: the server stops every rank started over a connection when it
 closes (SIGTERM, then SIGKILL after :data:`TERM_GRACE_S`). The server exits after :data:`IDLE_S` seconds with no
 connection and no rank (``DSTUNE_FORKSERVER_IDLE_S``).
+
+A server that dies (killed, out of memory) takes its ranks with it (their death signal); one that stops answering
+(stopped, hung) leaves them running. Either way a launcher's request fails (the connection closed, or no answer
+within :data:`ANSWER_TIMEOUT_S`), and its ranks are watched through ``/proc`` from then on (:class:`ForkedProcess`
+``lost``), so that the launcher classifies the run as lost infrastructure instead of blaming the config. A server that
+stopped answering has its socket retired, so the next rank start gets a new server.
 """
 
 from __future__ import annotations
@@ -75,6 +81,9 @@ KEY_PREFIXES = ("PYTHON", "MALLOC_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_
 ARGV_ROOM, ENV_ROOM = 2048, 32768  # bytes the server's command line and environment reserve for its ranks' own
 ROOM_VARIABLE = "DSTUNE_FORKSERVER_ROOM"
 STAT_ARG_START = 48  # /proc/self/stat's fields (proc(5)): where the command line and the environment lie
+STAT_START_TIME, STAT_EXIT_CODE = 22, 52  # /proc/PID/stat's fields (proc(5)): start time, a zombie's wait status
+ANSWER_TIMEOUT_S = 30.0  # a server silent this long on a poll is stopped or hung (it answers in milliseconds)
+START_ANSWER_TIMEOUT_S = 120.0  # a start may first import a model's module (seconds on a loaded host)
 
 
 class ForkServerUnavailable(RuntimeError):
@@ -128,16 +137,28 @@ def exit_code(status: int) -> int:
 
 
 class ForkedProcess:
-    """A rank forked by the server, with the part of ``subprocess.Popen``'s interface the launcher uses."""
+    """A rank forked by the server, with the part of ``subprocess.Popen``'s interface the launcher uses.
+
+    Once the server cannot answer (:class:`ForkServerUnavailable`), ``lost`` says why and the rank is watched through
+    ``/proc`` instead: gone (its death signal killed it when the server died) reads as SIGKILL, a zombie (of a stopped
+    server) as its own exit status."""
 
     def __init__(self, client: ForkClient, pid: int) -> None:
         self.client, self.pid = client, pid
         self.returncode: int | None = None
+        self.lost: str | None = None
+        self.started = _proc_stat(pid, STAT_START_TIME)  # tells this rank from a later process given its pid
 
     def poll(self) -> int | None:
         """The exit code once the rank ended (the server reaped it), else None."""
-        if self.returncode is None:
-            self.returncode = self.client.returncode(self.pid)
+        if self.returncode is None and self.lost is None:
+            try:
+                self.returncode = self.client.returncode(self.pid)
+            except ForkServerUnavailable as error:
+                self.lost = str(error)
+                forget_client(self.client)
+        if self.returncode is None and self.lost is not None:
+            self.returncode = _orphan_returncode(self.pid, self.started)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -150,19 +171,53 @@ class ForkedProcess:
         return code
 
 
-class ForkClient:
-    """One launcher's connection to its node's fork server (thread-safe: one request at a time)."""
+def _proc_stat(pid: int, field: int) -> str | None:
+    """Field ``field`` (1-based, proc(5)) of ``/proc/PID/stat``, or None when there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # from the third field on (the command may hold spaces)
+    return fields[field - 3] if len(fields) > field - 3 else None
 
-    def __init__(self, sock: socket.socket) -> None:
+
+def _orphan_returncode(pid: int, started: str | None) -> int | None:
+    """How a rank whose server no longer answers ended: None while it runs, its exit code as a zombie, SIGKILL (its
+    death signal) once it is gone or its pid belongs to a later process."""
+    state = _proc_stat(pid, 3)
+    if state is None or _proc_stat(pid, STAT_START_TIME) != started:
+        return -signal.SIGKILL
+    if state in ("Z", "X"):
+        status = _proc_stat(pid, STAT_EXIT_CODE)
+        return exit_code(int(status)) if status is not None and status.isdigit() else -signal.SIGKILL
+    return None
+
+
+class ForkClient:
+    """One launcher's connection to its node's fork server (thread-safe: one request at a time). ``path`` and
+    ``inode`` name the socket it connected through, to retire it if the server stops answering."""
+
+    def __init__(self, sock: socket.socket, path: Path | None = None) -> None:
         self.sock, self.lock = sock, threading.Lock()
         self.reader = sock.makefile("rb")
+        self.path, self.inode = path, _inode(path)
+        self.stalled = False
 
-    def request(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and read its answer; :class:`ForkServerUnavailable` if the server is gone."""
+    def request(self, message: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Send one request and read its answer; :class:`ForkServerUnavailable` if the server is gone or gives no
+        answer within ``timeout`` seconds (default :data:`ANSWER_TIMEOUT_S`; ``stalled``: the connection is of no
+        further use)."""
+        timeout = ANSWER_TIMEOUT_S if timeout is None else timeout
         with self.lock:
+            if self.stalled:
+                raise ForkServerUnavailable("the fork server stopped answering")
             try:
+                self.sock.settimeout(timeout)
                 self.sock.sendall(json.dumps(message).encode() + b"\n")
                 line = self.reader.readline()
+            except TimeoutError:
+                self.stalled = True
+                raise ForkServerUnavailable(f"the fork server did not answer within {timeout:.0f} s") from None
             except OSError as error:
                 raise ForkServerUnavailable(f"the fork server's connection broke: {error}") from error
         if not line:
@@ -191,7 +246,8 @@ class ForkClient:
                 "cwd": os.getcwd(),
                 "memory_cap": memory_cap,
                 "preload": list(preload),
-            }
+            },
+            timeout=max(START_ANSWER_TIMEOUT_S, ANSWER_TIMEOUT_S),
         )
         return ForkedProcess(self, int(answer["pid"]))
 
@@ -214,17 +270,36 @@ def node_client(env: Mapping[str, str] | None = None) -> ForkClient:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = ForkClient(_connect_or_start(key, env))
+            client = _clients[key] = ForkClient(_connect_or_start(key, env), socket_path(key))
         return client
 
 
 def forget_client(client: ForkClient) -> None:
-    """Drop a broken connection, so that the next :func:`node_client` connects (or starts a server) again."""
+    """Drop a broken connection, so that the next :func:`node_client` connects (or starts a server) again; the
+    socket of a server that stopped answering is retired, so that it is a new server."""
     with _clients_lock:
         for key, known in list(_clients.items()):
             if known is client:
                 del _clients[key]
     client.close()
+    if client.stalled and client.path is not None:
+        _retire(client.path, client.inode)
+
+
+def _inode(path: Path | None) -> int | None:
+    try:
+        return None if path is None else path.stat().st_ino
+    except OSError:
+        return None
+
+
+def _retire(path: Path, inode: int | None) -> None:
+    """Unlink the socket of a server that stopped answering, unless another launcher did (or a new server took the
+    name) already: under the start lock, so no server is starting meanwhile. The stopped server is left as it is."""
+    with path.with_suffix(".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if inode is not None and _inode(path) == inode:
+            path.unlink()
 
 
 def _connect(path: Path) -> socket.socket | None:
@@ -582,6 +657,7 @@ def _daemon(path: Path, ready: int) -> int:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a dead server's socket (the starting launcher holds the start lock)
     listener.bind(str(path))
+    inode = _inode(path)
     listener.listen(64)
     print(f"fork server {os.getpid()} preloaded in {time.monotonic() - started:.1f} s, listening", flush=True)
     os.write(ready, b"ready")
@@ -589,8 +665,9 @@ def _daemon(path: Path, ready: int) -> int:
     try:
         Server(listener).serve()
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # first: a launcher connecting from now on starts a new server ...
+        if _inode(path) == inode:  # still ours (a launcher retires the socket of a server that stopped answering)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # first: a launcher connecting from now on starts a new server ...
         listener.close()  # ... and one still in the backlog reads EOF and retries
     return 0
 

@@ -6,7 +6,8 @@ torch and DeepSpeed once (:mod:`tuner.measure.forkserver`); otherwise it is a fr
 launcher either way (``PR_SET_PDEATHSIG`` on a spawned rank; the server stops a forked rank whose launcher's
 connection closed), so a killed launcher leaves no orphans. When one rank fails, its peers would wait in a collective:
 they get a short grace period, then they are killed. A rank that exits without writing its result is classified from
-its exit condition.
+its exit condition; one whose fork server died or stopped answering mid-run is lost infrastructure
+(:data:`~tuner.measure.measurement.INFRA_LOST`), which the study measures again, not the config's failure.
 
 Every rank gets the environment torchrun gives (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``) from its :class:`RankPlace`, here and on Ray alike. On this machine
@@ -37,6 +38,7 @@ from tuner.measure.forkserver import ForkedProcess, ForkServerUnavailable, forge
 from tuner.measure.measurement import (
     CANCELLED,
     EXCERPT_CHARS,
+    INFRA_LOST,
     PEER_KILLED,
     STOPPED_EARLY,
     Measurement,
@@ -316,6 +318,10 @@ def _rank_outcome(run_dir: Path, rank: RankProcess) -> RankResult:
     if rank.killed_for == "cancelled":
         return RankResult(rank.rank, "error", exception_type=CANCELLED, error="killed: the study was stopped")
     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+    lost = getattr(rank.process, "lost", None)  # its fork server died (its death signal took the rank) or hung
+    if lost is not None:
+        why = f"its node's fork server was lost mid-run ({lost}); the rank was {how}"
+        return RankResult(rank.rank, "error", exception_type=INFRA_LOST, error=why, failed_at=rank.exited_at)
     return RankResult(
         rank.rank, "error", exception_type="ProcessExit", error=f"{how}\n{_tail(rank.log)}", failed_at=rank.exited_at
     )
@@ -376,7 +382,9 @@ def launch_local(
 
 
 def summarize(results: list[RankResult], spec: RunSpec) -> Measurement:
-    """Aggregate rank results for ``spec``'s workload."""
+    """Aggregate rank results for ``spec``'s workload. A rank lost with its node, actor or fork server makes the
+    whole run lost (``error`` / :data:`INFRA_LOST`, the cause in the error): its peers' broken collectives follow
+    from it."""
     workload = workload_from_dict(spec.workload)
     samples = 0  # throughput is only computed for runs that DeepSpeed accepted and finished
     if all(result.status == "ok" for result in results):
@@ -384,4 +392,8 @@ def summarize(results: list[RankResult], spec: RunSpec) -> Measurement:
         samples = settings.micro_batch * settings.grad_accum * workload.cluster.world_size
     measurement = aggregate(results, workload.model, workload.train.seq_len, samples, workload.cluster.world_size)
     measurement.stopped_early = any(result.exception_type == STOPPED_EARLY for result in results)
+    lost = [result for result in results if result.exception_type == INFRA_LOST]
+    if lost:
+        measurement.status, measurement.exception_type = "error", INFRA_LOST
+        measurement.error = f"rank {lost[0].rank}: {lost[0].error}"
     return measurement

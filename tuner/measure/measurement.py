@@ -19,7 +19,9 @@ EXCERPT_CHARS = 1500
 COST_PHASES = ("start_s", "imports_s", "distributed_s", "model_s", "initialize_s", "warmup_s", "timed_s")
 PEER_KILLED = "KilledAfterPeerFailure"  # a rank the launcher stopped because another rank failed first
 CANCELLED = "Cancelled"  # a rank the launcher killed because the study was stopped (not the config's fault)
-NODE_LOST = "NodeLost"  # a rank's Ray node or host actor died mid-run: the cluster's fault, so the run is retried
+# a rank's node, Ray actor, launcher or fork server died mid-run: the infrastructure's fault, not the config's, so the
+# study records the run failed and measures the config again (the error says which part was lost)
+INFRA_LOST = "InfraLost"
 STOPPED_EARLY = "StoppedEarly"  # a rank stopped on purpose mid-run (clearly slow): status ok, its partial step times
 # Called with rank 0's timed step times so far (seconds), polled while a run goes on; True stops the run early.
 StepHook = Callable[[list[float]], bool]

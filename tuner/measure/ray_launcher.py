@@ -53,7 +53,7 @@ from tuner.measure.launcher import (
     summarize,
     wait_ranks,
 )
-from tuner.measure.measurement import EXCERPT_CHARS, NODE_LOST, Measurement, RankResult, StepHook
+from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
 from tuner.measure.runner import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
@@ -291,11 +291,7 @@ def launch_ray(
         for host in flat:
             ray.kill(host)
         remove_placement_group(group)
-    measurement = summarize(results, spec)
-    lost = [result for result in results if result.exception_type == NODE_LOST]
-    if lost:  # the peers' broken collectives follow from it: the run failed because the cluster lost a node
-        measurement.status, measurement.exception_type = "error", NODE_LOST
-        measurement.error = f"rank {lost[0].rank}'s Ray node or actor was lost mid-run: {lost[0].error}"
+    measurement = summarize(results, spec)  # a lost node, actor or fork server: the run is InfraLost
     measurement.set_wall(time.monotonic() - started)
     return measurement
 
@@ -337,8 +333,8 @@ def _gather(
             try:
                 result = RankResult.from_dict(ray.get(ref))
             except LOST as error:  # the node (or the actor's process) went away with the rank
-                why = f"{type(error).__name__}: {error}"[-EXCERPT_CHARS:]
-                result = RankResult(place.rank, "error", exception_type=NODE_LOST, error=why)
+                why = "its Ray node or actor was lost mid-run: " + f"{type(error).__name__}: {error}"[-EXCERPT_CHARS:]
+                result = RankResult(place.rank, "error", exception_type=INFRA_LOST, error=why)
             except ray.exceptions.RayError as error:
                 why = str(error)[-EXCERPT_CHARS:]
                 result = RankResult(place.rank, "error", exception_type=type(error).__name__, error=why)

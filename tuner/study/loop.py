@@ -13,6 +13,9 @@ fails only trials nobody holds, and a config another process recorded or started
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -24,7 +27,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.estimator import MemoryEstimate, estimate, resolve
-from tuner.measure.measurement import CANCELLED, NODE_LOST, Measurement
+from tuner.measure.measurement import CANCELLED, INFRA_LOST, Measurement
 from tuner.measure.options import MeasureOptions
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
 from tuner.storage import DuplicateConfig, Store, StoreError, TrialRecord, new_holder, owner_alive, release
@@ -45,7 +48,7 @@ REPEAT_LIMIT = 100  # proposals in a row that repeat recorded configs before the
 TRIAL_LEASE_S = 120.0  # a running trial's lease, renewed every quarter of it while its process lives
 OWNER_ATTR = "dstune_owner"  # Optuna user attribute: the process that asked the trial
 OWNERLESS_GRACE_S = 30.0  # an Optuna trial asked this recently may not carry its owner yet
-HOLDER_ATTR = "dstune_holder:"  # Optuna study user attributes: every run of the study, by holder
+HOLDER_ATTR = "dstune_holder:"  # Optuna study user attributes: every run of the study going on, by holder
 
 
 @dataclass(frozen=True)
@@ -158,16 +161,17 @@ class TuningStudy:
         )
         self.owner = ""  # the holder of the trials a run starts: new in each run, released when it ends
         self._renewed_at = 0.0
+        self.storage = RetryingRDBStorage(store.url, retry_s=store.retry_s)
         self.optuna = optuna.create_study(
             study_name=settings.name,
-            storage=RetryingRDBStorage(store.url, retry_s=store.retry_s),
+            storage=self.storage,
             directions=directions,
             sampler=make_sampler(settings.sampler, self.space, settings),
             load_if_exists=True,
         )
         # each run in flight: its trial, record id, suggestion, estimate and memory constraint (told with the outcome)
         self.in_flight: dict[Future[Measurement], tuple[optuna.Trial, int, Suggestion, MemoryEstimate, float]] = {}
-        self.requeued: set[str] = set()  # config keys of runs that lost their Ray node, queued to run again
+        self.requeued: set[str] = set()  # config keys of runs lost with their infrastructure, queued again
         # the throughput model: a new study measures its best-predicted configs first, then its picks between the
         # sampler's proposals; the baselines (random, grid) stay unguided
         self.guided = settings.sampler in ("tpe", "gp")
@@ -205,6 +209,9 @@ class TuningStudy:
         stale_ids = self.store.mark_stale_running_failed(self.study_id)
         held = {t.number for t in self.store.trials(self.study_id, status="running")}
         holders = [key.removeprefix(HOLDER_ATTR) for key in self.optuna.user_attrs if key.startswith(HOLDER_ATTR)]
+        for holder in holders:
+            if owner_alive(holder) is False:  # a run that was killed before it could remove its own
+                self.storage.delete_study_user_attr(self.optuna._study_id, HOLDER_ATTR + holder)
         others = any(holder != self.owner and owner_alive(holder) is not False for holder in holders)
         for trial in self.optuna.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if not _optuna_trial_stale(trial, held, others):
@@ -238,8 +245,11 @@ class TuningStudy:
         deadline = time.monotonic() + self.settings.timeout_s if self.settings.timeout_s else None
         interrupted = stopped = exhausted = False
         repeats = 0
+        restore_ctrl_c = _defer_ctrl_c(ctrl_c := threading.Event())
         try:
             while not (stopped := should_stop is not None and should_stop()):
+                if ctrl_c.is_set():
+                    raise KeyboardInterrupt  # Ctrl-C, taken here: never between a trial started and its run held
                 out_of_time = deadline is not None and time.monotonic() >= deadline
                 if (
                     not out_of_time
@@ -261,13 +271,22 @@ class TuningStudy:
         except BaseException:  # the loop itself failed (database gone...): no run may go on behind it
             dispatcher.cancel()  # its trials stay running in the store; resuming fails them and retries (recover)
             release(self.owner)  # so they are stale from now on, to this process too
+            with contextlib.suppress(Exception):  # else the next run's recover removes it
+                self._drop_holder()
             raise
+        finally:
+            restore_ctrl_c()
         if stopped or interrupted:
             reason = "interrupted by the user" if interrupted else "cancelled: the study was stopped"
             self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
         release(self.owner)
+        self._drop_holder()
         counts = self.store.study_summary(self.study_id).counts
         return StudyReport(self.study_id, interrupted, counts, stopped=stopped, exhausted=exhausted)
+
+    def _drop_holder(self) -> None:
+        """This run is over: its holder attribute goes, so a finished study keeps none."""
+        self.storage.delete_study_user_attr(self.optuna._study_id, HOLDER_ATTR + self.owner)
 
     def _renew_leases(self) -> None:
         """Keep holding the trials in flight (every quarter lease), so a resuming process elsewhere leaves them be."""
@@ -277,7 +296,8 @@ class TuningStudy:
             self.store.renew_trial_leases(ids, self.owner, TRIAL_LEASE_S)
 
     def _retry_waiting(self) -> bool:
-        """A run that lost its Ray node is queued again and still waits (it is measured even at the budget)."""
+        """A run lost with its node, actor or fork server is queued again and still waits (it is measured even at
+        the budget)."""
         if self.requeued and not self.optuna.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             self.requeued.clear()  # nothing is queued any more: whatever took its place ran
         return bool(self.requeued)
@@ -437,7 +457,7 @@ class TuningStudy:
         except Exception as error:  # the dispatcher itself failed (Ray unreachable...): record, never lose it
             measurement = Measurement(status="error", exception_type=type(error).__name__, error=str(error))
         peak = max((b for b in measurement.peak_bytes_per_rank if b is not None), default=None)
-        if measurement.exception_type == NODE_LOST:  # the cluster's failure, not the config's: measured again
+        if measurement.exception_type == INFRA_LOST:  # a node, actor or fork server died: measured again
             self._requeue_lost(trial, trial_id, measurement, constraint)
             return
         self.store.finish_trial(trial_id, measurement.status, measurement.to_dict(), error=measurement.error)
@@ -464,8 +484,9 @@ class TuningStudy:
         self.on_event(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
 
     def _requeue_lost(self, trial: optuna.Trial, trial_id: int, measurement: Measurement, constraint: float) -> None:
-        """A run whose Ray node died: recorded ``failed`` (retryable, like a run a killed tuner left), told FAIL,
-        and its config queued to run again once (:data:`RETRIES`), on whatever nodes the cluster has left."""
+        """A run whose node, Ray actor or fork server died (``InfraLost``): recorded ``failed`` (retryable, like a
+        run a killed tuner left), told FAIL, and its config queued to run again once (:data:`RETRIES`), on whatever
+        the cluster has left."""
         record = self.store.finish_trial(trial_id, "failed", measurement.to_dict(), error=measurement.error)
         trial.set_constraint("memory", constraint)
         self._tell(trial, TrialState.FAIL)
@@ -514,6 +535,27 @@ class TuningStudy:
             trial.set_constraint("memory", constraint)
             self._tell(trial, TrialState.FAIL)
         self.in_flight.clear()
+
+
+def _defer_ctrl_c(flag: threading.Event) -> Callable[[], None]:
+    """Until the returned function is called, Ctrl-C sets ``flag`` instead of raising KeyboardInterrupt wherever the
+    main thread is (say, between a trial recorded running and its run held in flight: it would be left running); a
+    second Ctrl-C raises at once. Only in the main thread over Python's own handler; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, handler)
+    return restore
 
 
 def _optuna_trial_stale(trial: optuna.trial.FrozenTrial, held: set[int], others: bool) -> bool:

@@ -5,7 +5,8 @@ storage call again, with backoff, for up to ``retry_s`` seconds while the databa
 (:func:`tuner.storage.is_disconnect` on the error or its cause), with pooled connections checked before use. Optuna
 cannot say whether a lost commit landed; the one call where running it twice would fail, finishing a trial, is checked
 on the retry: a trial already in the requested state counts as done. Creating Optuna's tables in a fresh database
-from two processes at once (Optuna does not guard that) is tried again too.
+from two processes at once (Optuna does not guard that) is tried again too. Optuna cannot remove a study's user
+attribute: :meth:`RetryingRDBStorage.delete_study_user_attr` deletes its row.
 
 Example:
     >>> import tempfile
@@ -35,6 +36,9 @@ _NOT_RETRIED = {"remove_session", "upgrade", "get_current_version", "get_head_ve
 TABLE_RACE_ATTEMPTS = 10
 # what Optuna's _CachedStorage (the wrapper create_study puts around an RDBStorage) calls besides the public methods
 _PRIVATE_CALLED = ("_create_new_trial", "_get_best_trial_id", "_get_stale_trial_ids", "_get_trials", "_set_trial_param")
+# Optuna's table of study user attributes (optuna/storages/_rdb/models.py, StudyUserAttributeModel), as much as a
+# delete needs
+_STUDY_USER_ATTRIBUTES = sa.table("study_user_attributes", sa.column("study_id"), sa.column("key"))
 
 
 def _retried(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -80,12 +84,21 @@ class RetryingRDBStorage(RDBStorage):
     def _already(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         return self.get_trial(trial_id).state == state
 
+    def delete_study_user_attr(self, study_id: int, key: str) -> None:
+        """Remove the study's user attribute ``key`` (nothing when it has none): Optuna offers no call for it."""
+        table = _STUDY_USER_ATTRIBUTES
+        with self.engine.begin() as connection:
+            connection.execute(sa.delete(table).where(table.c.study_id == study_id, table.c.key == key))
+
 
 for _name in dir(RDBStorage):
     _member = getattr(RDBStorage, _name)
     public = not _name.startswith("_") and _name not in _NOT_RETRIED
     if callable(_member) and (public or _name in _PRIVATE_CALLED):
         setattr(RetryingRDBStorage, _name, _retried(_name, _member))
+RetryingRDBStorage.delete_study_user_attr = _retried(  # type: ignore[method-assign]
+    "delete_study_user_attr", RetryingRDBStorage.delete_study_user_attr
+)
 
 
 __all__ = ["RetryingRDBStorage"]
