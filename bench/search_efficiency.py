@@ -380,7 +380,12 @@ def workload_of(spec: dict[str, Any]) -> Workload:
 
 
 def landscape_name(spec: dict[str, Any]) -> str:
-    return f"{spec['model']}-s{spec['seq_len']}-w{spec['world_size']}"
+    """``<model>-s<seq>-w<world>``; a ``config.json`` model is named by its folder (``path/to/mixtral/config.json``:
+    ``mixtral``), so its landscape lands in ``bench/results/landscapes/`` like a preset's, never beside the file."""
+    model = Path(spec["model"])
+    if model.suffix == ".json" or model.is_dir():
+        model = (model.parent if model.suffix == ".json" else model).resolve()
+    return f"{model.name}-s{spec['seq_len']}-w{spec['world_size']}"
 
 
 def save_landscape(path: Path, spec: dict[str, Any], measured: dict[str, Any], points: list[Point]) -> None:
