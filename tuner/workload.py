@@ -148,19 +148,6 @@ class ModelSpec:
         """Elements of the largest single parameter tensor."""
         return max(numel for numel, _ in self.param_shapes)
 
-    @cached_property
-    def params_per_layer(self) -> int:
-        """Parameters in one transformer block (0 for a bare count)."""
-        if self.is_bare:
-            return 0
-        if self.numels:  # counted by transformers: everything but the embeddings and head, shared per layer
-            return (self.n_params - self.vocab_size * self.hidden_size) // max(1, self.num_layers)
-        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
-        if self.learned_positions:
-            embeddings += self.max_positions * self.hidden_size
-        final_norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
-        return (self.n_params - embeddings - final_norm) // self.num_layers
-
     def to_dict(self) -> dict[str, Any]:
         """Plain fields, for JSON and fingerprints (fields added later are left out at their defaults)."""
         data = asdict(self)

@@ -505,3 +505,20 @@ def test_ctrl_c_while_a_run_is_being_started_leaves_no_trial_running(tmp_path: P
     [trial] = store.trials(study.study_id)
     assert (trial.status, trial.error) == ("failed", "interrupted by the user")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's own again
+
+
+def test_a_study_says_where_it_stands(tmp_path: Path, store: Store) -> None:
+    """created → running while a run goes on → finished (or interrupted when it was stopped)."""
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
+    assert store.get_study(study.study_id).status == "created"
+    seen: list[str] = []
+
+    def outcome(config: dict[str, Any]) -> Measurement:
+        seen.append(store.get_study(study.study_id).status)
+        return ok(config)
+
+    study.run(FakeMeasurer(outcome))
+    assert seen and set(seen) == {"running"}
+    assert store.get_study(study.study_id).status == "finished"
+    study.run(FakeMeasurer(), should_stop=lambda: True)
+    assert store.get_study(study.study_id).status == "interrupted"

@@ -30,7 +30,16 @@ from tuner.estimator import MemoryEstimate, estimate, resolve
 from tuner.measure.measurement import CANCELLED, INFRA_LOST, Measurement
 from tuner.measure.options import MeasureOptions
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
-from tuner.storage import DuplicateConfig, Store, StoreError, TrialRecord, new_holder, owner_alive, release
+from tuner.storage import (
+    DuplicateConfig,
+    Store,
+    StoreError,
+    StudyStatus,
+    TrialRecord,
+    new_holder,
+    owner_alive,
+    release,
+)
 from tuner.study.calibration import Calibration
 from tuner.study.early_stop import SlowRunStopper
 from tuner.study.measurer import Measurer
@@ -238,6 +247,7 @@ class TuningStudy:
         """
         self.owner = new_holder()
         self.optuna.set_user_attr(HOLDER_ATTR + self.owner, True)  # the study's runs, for recover
+        self.store.set_study_status(self.study_id, StudyStatus.RUNNING)
         self.recover()
         if self.guided and not self.optuna.get_trials(deepcopy=False):  # a new study: the model's best first
             for params in self.guide.warm_start():
@@ -273,6 +283,7 @@ class TuningStudy:
             release(self.owner)  # so they are stale from now on, to this process too
             with contextlib.suppress(Exception):  # else the next run's recover removes it
                 self._drop_holder()
+                self.store.set_study_status(self.study_id, StudyStatus.FAILED)
             raise
         finally:
             restore_ctrl_c()
@@ -281,6 +292,8 @@ class TuningStudy:
             self._stop_in_flight(dispatcher, reason, wait_s=0.0 if interrupted else STOP_WAIT_S)
         release(self.owner)
         self._drop_holder()
+        ended = StudyStatus.INTERRUPTED if stopped or interrupted else StudyStatus.FINISHED
+        self.store.set_study_status(self.study_id, ended)
         counts = self.store.study_summary(self.study_id).counts
         return StudyReport(self.study_id, interrupted, counts, stopped=stopped, exhausted=exhausted)
 
