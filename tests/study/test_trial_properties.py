@@ -94,7 +94,7 @@ def test_every_warm_start_config_is_accepted_by_the_study_and_the_space(
     ranked = {r.suggestion.key for r in guide.ranked}
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
     for params in enqueued:
-        assert all(value is not None for value in params.values()), params
+        assert all(space.parameter(name).contains(value) for name, value in params.items()), params
         study.enqueue_trial(params)
         trial, suggestion = _asked(space, study, workload, global_batch)
         assert suggestion.key in ranked  # the config the warm start ranked, not a neighbour

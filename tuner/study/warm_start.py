@@ -154,7 +154,7 @@ def params_of(space: SearchSpace, ds_config: Mapping[str, Any], activation_check
         node: Any = ds_config
         for part in (parameter.key or "").split("."):
             node = node.get(part) if isinstance(node, Mapping) else None
-        if node is not None:
+        if node is not None or parameter.contains(None):  # a null choice ("leave it unset") is a value too
             values[parameter.name] = node
     return values
 
