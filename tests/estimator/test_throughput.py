@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from tuner.estimator.hardware import TABLE, device_kind
+from tuner.estimator.hardware import TABLE, table_key
 from tuner.estimator.throughput import RECOMPUTE, predict
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_from_param_count
 
@@ -109,6 +109,6 @@ def test_fp32_and_bare_models_and_device_kinds() -> None:
     assert predict(work, fp32).terms.compute == pytest.approx(predict(work, config(0)).terms.compute * 989 / 67)
     bare = Workload(model_from_param_count(1e9), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=2048))
     assert predict(bare, config(3)).terms.compute == pytest.approx(6e9 * 2048 / TABLE["H100"].flops)
-    assert device_kind(work, "NVIDIA H200") == "H200"
-    assert device_kind(Workload(work.model, ClusterSpec(gpu_memory=40 * GIB))) == "A100"
-    assert device_kind(Workload(work.model, ClusterSpec(gpu_memory=141 * 10**9))) == "H200"
+    assert table_key(work, "NVIDIA H200") == "H200"
+    assert table_key(Workload(work.model, ClusterSpec(gpu_memory=40 * GIB))) == "A100"
+    assert table_key(Workload(work.model, ClusterSpec(gpu_memory=141 * 10**9))) == "H200"

@@ -46,7 +46,7 @@ from tuner.estimator.activations import logits_workspace_bytes, workload_activat
 from tuner.estimator.alloc_sequence import simulated_step
 from tuner.estimator.attention import extra_bytes_per_layer
 from tuner.estimator.device import KINDS, OTHER, DeviceKind, device_kind
-from tuner.estimator.hardware import device_kind as hardware_kind
+from tuner.estimator.hardware import table_key
 from tuner.estimator.nccl import Parallelism
 from tuner.estimator.partitions import flat_partition, round_robin_order, stage3_partition
 from tuner.estimator.pinned import HostPins
@@ -69,7 +69,7 @@ class Overhead:
 
     ``device``: the CUDA device kind whose named terms (CUDA context, one NCCL term per communicator, cuBLAS
     workspaces, allocator reserve: :mod:`tuner.estimator.device`) a CUDA estimate adds; None: the kind the
-    workload's GPU memory suggests (:func:`tuner.estimator.hardware.device_kind`: H200, H100 or A100).
+    workload's GPU memory suggests (:func:`tuner.estimator.hardware.table_key`: H200, H100 or A100).
     ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python). CPU runs add no device
     terms.
     """
@@ -87,7 +87,7 @@ class Overhead:
         """The device kind of a CUDA workload: the one given, else guessed from its GPU memory."""
         if self.device is not None:
             return self.device
-        return KINDS.get(hardware_kind(workload), OTHER)
+        return KINDS.get(table_key(workload), OTHER)
 
 
 DEFAULT_OVERHEAD = Overhead()

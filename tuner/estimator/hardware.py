@@ -92,7 +92,7 @@ TABLE: dict[str, Hardware] = {
 }
 
 
-def device_kind(workload: Workload, device_name: str | None = None) -> str:
+def table_key(workload: Workload, device_name: str | None = None) -> str:
     """The table key for a workload: the GPU named by ``device_name`` (``torch.cuda.get_device_name()``) when known,
     else guessed from the GPU memory (over 100 GiB: H200; 80 GiB-class: H100; smaller: A100), or ``cpu``."""
     if workload.cluster.device == "cpu":
@@ -106,8 +106,8 @@ def device_kind(workload: Workload, device_name: str | None = None) -> str:
 
 
 def hardware_for(workload: Workload, device_name: str | None = None) -> Hardware:
-    """The table's constants for the workload's device (see :func:`device_kind`)."""
-    return TABLE[device_kind(workload, device_name)]
+    """The table's constants for the workload's device (see :func:`table_key`)."""
+    return TABLE[table_key(workload, device_name)]
 
 
-__all__ = ["TABLE", "Hardware", "device_kind", "hardware_for"]
+__all__ = ["TABLE", "Hardware", "hardware_for", "table_key"]

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.estimator.flops import model_flops_per_token, peak_tflops
-from tuner.estimator.hardware import Hardware, device_kind, hardware_for
+from tuner.estimator.hardware import Hardware, hardware_for, table_key
 from tuner.estimator.settings import Settings, resolve
 from tuner.workload import Workload
 
@@ -198,7 +198,7 @@ def predict_resolved(
     device_name: str | None = None,
 ) -> ThroughputPrediction:
     """:func:`predict` for settings already resolved from a ds_config."""
-    kind = device_kind(workload, device_name)
+    kind = table_key(workload, device_name)
     terms = step_terms(workload, s, hardware_for(workload, device_name))
     f = dict(factors or {})
     step = terms.step_time(f)
