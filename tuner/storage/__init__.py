@@ -1,7 +1,7 @@
 """Storage: the results database (SQLAlchemy 2; SQLite or PostgreSQL), its Alembic migrations (``migrations/``),
 records, the job queue and the queries the recommender needs.
 
-Modules: ``schema`` (tables, column types, status enums), ``records`` (the frozen records handed back), ``engine``
+Modules: ``tables`` (tables, column types, status enums), ``records`` (the frozen records handed back), ``engine``
 (URL, engine, sessions, migrations), ``trials``, ``queue`` (the job queue) and ``queries`` (the recommender's reads),
 all joined in ``store``'s :class:`Store`. Import from here, not from those modules.
 
@@ -23,7 +23,8 @@ from tuner.storage.records import (
     WorkloadRecord,
     reason_kind,
 )
-from tuner.storage.schema import (
+from tuner.storage.store import Store
+from tuner.storage.tables import (
     FINISHED_STATUSES,
     JOB_FINISHED_STATUSES,
     JOB_STATES,
@@ -45,7 +46,6 @@ from tuner.storage.schema import (
     WorkloadRow,
     utcnow,
 )
-from tuner.storage.store import Store
 from tuner.storage.trials import STALE_ERROR, TRIAL_ORDERS
 
 __all__ = [

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tuner import env
 from tuner.env import DEFAULT_DB_FILE
 from tuner.storage.errors import DatabaseUnavailable, StoreError
-from tuner.storage.schema import VERSION_TABLE
+from tuner.storage.tables import VERSION_TABLE
 
 RETRY_ENV = "DSTUNE_DB_RETRY_S"
 DEFAULT_RETRY_S = 60.0  # a PostgreSQL restart takes seconds; a failover tens of seconds

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from tuner.storage.engine import Database
 from tuner.storage.records import MeasuredTrial
-from tuner.storage.schema import StudyRow, TrialRow, TrialStatus, WorkloadRow
+from tuner.storage.tables import StudyRow, TrialRow, TrialStatus, WorkloadRow
 
 _COLUMNS = (  # in the field order of MeasuredTrial
     TrialRow.id,

@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from tuner.storage.engine import Database
 from tuner.storage.errors import StoreError
 from tuner.storage.records import JobRecord, existing, to_record
-from tuner.storage.schema import JOB_FINISHED_STATUSES, JobRow, JobStatus, utcnow
+from tuner.storage.tables import JOB_FINISHED_STATUSES, JobRow, JobStatus, utcnow
 
 DEFAULT_LEASE_S = 60.0
 MAX_ATTEMPTS = 3  # claims of one job: a job whose workers died this often is failed rather than run again

@@ -4,7 +4,7 @@ A record stays readable after its session closed, after the store closed and acr
 plain strings (as stored), whatever the caller passed in.
 
 Example:
-    >>> from tuner.storage.schema import CalibrationRow, utcnow
+    >>> from tuner.storage.tables import CalibrationRow, utcnow
     >>> row = CalibrationRow(id=1, hardware="cpu", model_family="gpt2", margin=0.1, samples=3, updated_at=utcnow())
     >>> to_record(CalibrationRecord, row).margin
     0.1
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from sqlalchemy.orm import Session
 
 from tuner.storage.errors import StoreError
-from tuner.storage.schema import Base
+from tuner.storage.tables import Base
 
 R = TypeVar("R")
 RowT = TypeVar("RowT", bound=Base)

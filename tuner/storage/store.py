@@ -41,7 +41,7 @@ from tuner.storage.errors import StoreError
 from tuner.storage.queries import RecommenderQueries
 from tuner.storage.queue import JobQueue
 from tuner.storage.records import CalibrationRecord, StudyRecord, WorkloadRecord, existing, to_record
-from tuner.storage.schema import STUDY_STATUSES, CalibrationRow, StudyRow, StudyStatus, WorkloadRow, utcnow
+from tuner.storage.tables import STUDY_STATUSES, CalibrationRow, StudyRow, StudyStatus, WorkloadRow, utcnow
 from tuner.storage.trials import TrialStore
 from tuner.workload import Workload, workload_from_dict, workload_to_dict
 

@@ -17,7 +17,7 @@ from tuner.storage.engine import Database
 from tuner.storage.errors import DuplicateConfig, StoreError
 from tuner.storage.owners import owner_alive
 from tuner.storage.records import StudyRecord, StudySummary, TrialRecord, as_dict, existing, reason_kind, to_record
-from tuner.storage.schema import (
+from tuner.storage.tables import (
     FINISHED_STATUSES,
     RETRYABLE_STATUSES,
     TRIAL_STATUSES,

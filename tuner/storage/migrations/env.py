@@ -13,7 +13,7 @@ from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
 from tuner import env as dstune_env
-from tuner.storage.schema import TABLE_PREFIX, VERSION_TABLE, Base
+from tuner.storage.tables import TABLE_PREFIX, VERSION_TABLE, Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:
