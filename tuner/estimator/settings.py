@@ -125,6 +125,9 @@ class Settings:
     sub_group_size: int
     round_robin_gradients: bool = False
     gather_16bit_on_save: bool = False
+    optimizer_impl: str = "fused"  # which Adam DeepSpeed builds (:func:`optimizer_impl`)
+    reduce_scatter: bool = True
+    multi_rank_bucket_allreduce: bool = True
 
     @property
     def param_bytes(self) -> int:
@@ -264,8 +267,33 @@ def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
         sub_group_size=_int(zero, "sub_group_size", 1_000_000_000, prefix),
         round_robin_gradients=_bool(zero, "round_robin_gradients", False, prefix),
         gather_16bit_on_save=_gather_on_save(zero),
+        optimizer_impl=optimizer_impl(ds_config, workload.cluster.device, opt_device != "none"),
+        reduce_scatter=_bool(zero, "reduce_scatter", True, prefix),
+        multi_rank_bucket_allreduce=_bool(zero, "use_multi_rank_bucket_allreduce", True, prefix),
     )
     return settings
+
+
+OPTIMIZER_IMPLS = ("fused", "cpu_adam", "torch_single", "torch_foreach", "torch_fused")
+
+
+def optimizer_impl(config: dict[str, Any], device: str, offload: bool) -> str:
+    """The Adam implementation DeepSpeed 0.19 builds (``engine.get_optimizer_configuration``) on ``device``.
+
+    ``torch_adam: true`` gives ``torch.optim.AdamW``: ``fused`` or ``foreach`` as its params say, else torch's own
+    default (foreach on CUDA, the single-tensor loop on CPU, ``_default_to_fused_or_foreach``); otherwise optimizer
+    offload gives ``DeepSpeedCPUAdam`` and everything else ``FusedAdam``. FusedAdam and CPU-Adam step in place; torch's
+    single-tensor loop builds two temporaries the size of each parameter, foreach one list the size of them all.
+    """
+    params = _section(config, "optimizer").get("params") or {}
+    if not isinstance(params, dict) or not params.get("torch_adam"):
+        return "cpu_adam" if offload else "fused"
+    if params.get("fused"):
+        return "torch_fused"
+    foreach = params.get("foreach")
+    if foreach is None:
+        foreach = device == "cuda"
+    return "torch_foreach" if foreach else "torch_single"
 
 
 def _gather_on_save(zero: dict[str, Any]) -> bool:

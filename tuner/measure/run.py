@@ -29,11 +29,14 @@ def run_measurement(
     cancel: threading.Event | None = None,
     warmup_max: int | None = None,
     on_step: StepHook | None = None,
+    profiler_overhead: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> Measurement:
     """Run ``ds_config`` on ``workload`` (its cluster's device and world size) and return the measurement. Setting
     ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``). ``warmup_max``
     lets warm-up go on past ``warmup`` steps until step times settle; ``on_step`` may stop a run early
-    (:func:`tuner.measure.launcher.launch_local`)."""
+    (:func:`tuner.measure.launcher.launch_local`). ``profiler_overhead`` times one more step under the true-peak
+    instrument; ``extra`` goes to the ranks as ``RunSpec.extra`` (``allocation_detail``: what is alive at the peak)."""
     spec = RunSpec(
         workload_to_dict(workload),
         ds_config,
@@ -43,6 +46,8 @@ def run_measurement(
         model_impl=model_impl,
         hf_config=hf_config,
         warmup_max=warmup_max,
+        profiler_overhead=profiler_overhead,
+        extra=dict(extra or {}),
     )
     if launcher == "ray":
         from tuner.measure.ray_launcher import launch_ray

@@ -1,0 +1,53 @@
+"""The true peak: the allocator's records of a real run, against its phase snapshots and against the estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+from tuner.dsconfig import merge_configs, shortcut_config
+from tuner.estimator import estimate
+from tuner.measure.measurement import RankResult
+from tuner.measure.run import run_measurement
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+
+# Buckets sized for a 1M-parameter model, as a user would size them for a big one: the 2 GB fp32 default bucket
+# would dominate every number and hide the transients.
+BUCKETS = {"reduce_bucket_size": 200_000, "allgather_bucket_size": 200_000, "stage3_prefetch_bucket_size": 100_000}
+TOLERANCE = 0.04
+
+
+def test_peak_bytes_is_the_true_peak_when_measured() -> None:
+    snapshot_only = RankResult(rank=0, status="ok", model_state_bytes=100, activation_bytes=20)
+    measured = RankResult(rank=0, status="ok", model_state_bytes=100, activation_bytes=20, true_peak_bytes=150)
+    assert snapshot_only.peak_bytes == 120
+    assert measured.peak_bytes == 150
+    assert RankResult.from_dict(measured.to_dict()).true_peak_bytes == 150
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_true_peak_covers_the_snapshots_and_the_estimate_matches_it(stage: int) -> None:
+    workload = Workload(
+        load_model("tiny-gpt2"),
+        ClusterSpec(gpus_per_node=2, device="cpu", gpu_memory=2**34),
+        TrainSpec(seq_len=64, micro_batch=2, precision="fp32"),
+    )
+    config = merge_configs(
+        shortcut_config(2, 1, "fp32", stage, "none", "none"),
+        {"zero_optimization": BUCKETS, "optimizer": {"params": {"torch_adam": True}}},
+    )
+    run = run_measurement(workload, config, warmup=2, steps=1, timeout=600)
+    assert run.status == "ok", run.error
+    predicted = estimate(workload, config).per_gpu["total"]
+    for rank in run.ranks:
+        true = rank.true_peak_bytes
+        assert true is not None and rank.peak_bytes == true
+        assert rank.true_peak["source"] == "profiler" and rank.true_peak["profiled_steps"] == 2
+        assert rank.true_peak["vm_hwm_bytes"] > 0 and rank.true_peak["memory_events"] > 0
+        forward = sum(v for k, v in rank.snapshots["forward"].items() if k != "other")
+        assert true >= rank.model_state_bytes
+        assert true >= forward + rank.activation_bytes
+    worst = max(rank.true_peak_bytes for rank in run.ranks)
+    assert abs(predicted / worst - 1) < TOLERANCE, (predicted, worst, [r.true_peak for r in run.ranks])
