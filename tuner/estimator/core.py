@@ -50,6 +50,7 @@ from tuner.estimator.transients import (
     bucket_chunks,
     flat_reduce_copy,
     optimizer_temporaries,
+    routed_experts,
     stage3_reduce_copy,
     zero0_allreduce_copy,
 )
@@ -381,6 +382,7 @@ def _add_transient(phases: dict[str, Phase], details: dict[str, int], name: str,
     """A transient buffer (:mod:`.transients`) of ``size`` bytes at its worst moment in ``phase``, on the device."""
     if size:
         details[name] = size
+        details[f"transients_{phase}"] = details.get(f"transients_{phase}", 0) + size
         _add(phases, "gpu", "buffers", size, (phase,))
 
 
@@ -452,7 +454,9 @@ def _stage3_states(
     else:
         _add(phases, "gpu", "parameters", elem * shard)
     if s.world_size > 1 and not model.is_bare:
-        _add_stage3_gathered(model.n_params, part.largest, persistent, elem, s, phases, details)
+        _add_stage3_gathered(
+            model.n_params, part.largest, persistent, elem, s, phases, details, routed_experts(model.hf_config)
+        )
     bucket = s.reduce_bucket_size * elem if s.contiguous_gradients else 0
     details["reduce_buckets"] = bucket
     _add(phases, "gpu", "buffers", bucket)
@@ -495,6 +499,7 @@ def _add_stage3_gathered(
     s: Settings,
     phases: dict[str, Phase],
     details: dict[str, int],
+    routed: bool = False,
 ) -> None:
     """Whole parameters ZeRO-3 holds beside the shards (on one rank the shard is the whole, so nothing).
 
@@ -506,6 +511,8 @@ def _add_stage3_gathered(
     _add(phases, "gpu", "parameters", elem * persistent, ("forward", "backward"))
     unpartitioned = n_params - persistent
     kept = min(unpartitioned, max(s.max_live_parameters, largest)) if s.max_reuse_distance >= largest else 0
+    if routed:  # tokens pick experts: the module order changes every step, DeepSpeed drops its trace and releases
+        kept = 0  # each module's parameters after use (measured: Mixtral-shaped 140M, +12 % / +24 % with them kept)
     working = max(0, min(unpartitioned, largest + s.prefetch_bucket_size) - kept)
     details["gathered_parameters"] = elem * kept
     details["stage3_working_set"] = elem * working

@@ -27,6 +27,7 @@ real run show them (``tuner.measure.true_peak``, ``live_at_peak``: which op allo
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 ZERO0_ALLREDUCE_ELEMENTS = 500_000_000  # deepspeed.runtime.engine.MEMORY_OPT_ALLREDUCE_SIZE
@@ -104,6 +105,24 @@ def stage3_reduce_copy(numels: tuple[int, ...], s: Any, elem: int, gloo: bool) -
     padded = [-(-numel // world) * world for numel in numels]
     staging = elem * max(bucket_chunks(padded, s.reduce_bucket_size), default=0)
     return (2 * staging if gloo else staging) + elem * max(numels, default=0)
+
+
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def routed_experts(hf_config: str | None) -> bool:
+    """True when a transformers config (a JSON string, as ``ModelSpec.hf_config``) routes tokens to experts.
+
+    >>> routed_experts('{"num_local_experts": 8}'), routed_experts('{"hidden_size": 8}'), routed_experts(None)
+    (True, False, False)
+    """
+    if not hf_config:
+        return False
+    try:
+        config = json.loads(hf_config)
+    except ValueError:
+        return False
+    return isinstance(config, dict) and any((config.get(key) or 0) > 1 for key in EXPERT_KEYS)
 
 
 def optimizer_temporaries(impl: str, largest_master: int, total_master: int) -> int:

@@ -11,6 +11,7 @@ is ``error``. The runner knows nothing of databases or studies."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -380,6 +381,8 @@ class TrainingProcess:
     def _train_step(self, engine: Any, batches: list[Any], probe: bool = False) -> None:
         """One optimizer step: a forward and backward per micro-batch, then DeepSpeed's step at the boundary."""
         recorder = None
+        if self.allocator.running:  # garbage of the last step's reference cycles would add to this one's peak
+            gc.collect()
         if probe:
             from tuner.measure.memory_probe import PhaseRecorder
 
