@@ -516,9 +516,10 @@ def _add_stage3_gathered(
     working = max(0, min(unpartitioned, largest + s.prefetch_bucket_size) - kept)
     details["gathered_parameters"] = elem * kept
     details["stage3_working_set"] = elem * working
-    # kept through backward too: their next use (next step's forward) is within the reuse distance; the step
-    # repartitions them (measured with the allocator's records: the gathered weights are alive at the backward peak)
-    _add(phases, "gpu", "parameters", elem * kept, ("forward", "backward"))
+    _add(phases, "gpu", "parameters", elem * kept, ("forward",))
+    # still gathered at the backward peak (the last reduction, inside backward: measured with the allocator's
+    # records); released by the end of backward, so a transient of that phase, not a state its snapshot sees
+    _add_transient(phases, details, "gathered_in_backward", "backward", elem * kept)
     _add(phases, "gpu", "buffers", elem * working, ("forward",))
 
 
