@@ -33,6 +33,7 @@ from typing import Any
 
 from tuner.estimator import MemoryEstimate, Overhead, estimate
 from tuner.estimator.throughput import predict
+from tuner.measure.options import MeasureOptions
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 
 MiB = 2**20
@@ -193,7 +194,9 @@ def measure_row(row: Row, timeout: float) -> Row:
 
     started = time.monotonic()
     with NvmlSampler() as nvml:
-        run = run_measurement(row.case.workload(), row.case.ds_config(), warmup=2, steps=4, timeout=timeout)
+        run = run_measurement(
+            row.case.workload(), row.case.ds_config(), MeasureOptions("local", warmup=2, steps=4, timeout=timeout)
+        )
     row.seconds = time.monotonic() - started
     row.status, row.nvml_peak, row.error = run.status, nvml.peak, (run.error or "")[-300:]
     if run.ranks:

@@ -126,7 +126,9 @@ def test_estimate_matches_deepspeed(model, world, precision, stage, small, offlo
         measured_states = sum(measured[name] for name in STATES)
         assert est_states == pytest.approx(measured_states, rel=0.02), (phase, estimated, measured)
         transients = est.details.get("logits_workspace", 0) + est.details.get("stage3_working_set", 0)
+        # snapshots at phase ends cannot see transients (tests/measure/test_true_peak.py holds them to the true peak)
         est_buffers = estimated["buffers"] - (transients if phase == "forward" else 0)
+        est_buffers -= est.details.get(f"transients_{phase}", 0)
         assert est_buffers == pytest.approx(measured["buffers"], rel=0.05, abs=1024), (
             phase,
             estimated,

@@ -128,8 +128,14 @@ def test_round_robin_moves_only_the_zero2_worst_rank_gradients() -> None:
     worst = flat_partition(round_robin_order(numels, 2), 2).worst_rank_grads
     assert worst != flat_partition(numels, 2).worst_rank_grads
     assert robin.phases["backward"].gpu["gradients"] == 2 * worst
-    for name in ("parameters", "optimizer_states", "buffers"):
+    for name in ("parameters", "optimizer_states"):
         assert robin.per_gpu[name] == plain.per_gpu[name]
+    # one bucket: its flattened copy is made before the partition exists, so the worst moment does not move
+    held = {
+        name: est.phases["backward"].gpu["gradients"] + est.phases["backward"].gpu["buffers"]
+        for name, est in (("plain", plain), ("robin", robin))
+    }
+    assert held["plain"] == held["robin"]
 
 
 @pytest.mark.parametrize("stage", [1, 2])
@@ -173,7 +179,7 @@ def test_save_phase_gathers_the_16bit_model_on_rank_0s_host() -> None:
     # Only rank 0 holds the model: the node adds it once, not once per rank.
     assert est.cpu_per_node["total"] == plain.cpu_per_node["total"] + 2 * n
     assert est.cpu_per_node["parameters"] == 2 * n
-    assert est.peak_phase == plain.peak_phase == "forward"
+    assert est.peak_phase == plain.peak_phase == "backward"  # gathered weights and reduce-scatter staging
     assert {name: est.phases[name].gpu_total for name in plain.phases} == {
         name: phase.gpu_total for name, phase in plain.phases.items()
     }

@@ -130,6 +130,9 @@ class Settings:
     expert_parallel_size: int = 1
     quantized_gradients: bool = False
     expandable_segments: bool = False
+    optimizer_impl: str = "fused"  # which Adam DeepSpeed builds (:func:`optimizer_impl`)
+    reduce_scatter: bool = True
+    multi_rank_bucket_allreduce: bool = True
 
     @property
     def param_bytes(self) -> int:
@@ -274,6 +277,9 @@ def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
         expert_parallel_size=_expert_parallel_size(ds_config),
         quantized_gradients=_bool(zero, "zero_quantized_gradients", False, prefix),
         expandable_segments=expandable_segments(ds_config),
+        optimizer_impl=optimizer_impl(ds_config, workload.cluster.device, opt_device != "none"),
+        reduce_scatter=_bool(zero, "reduce_scatter", True, prefix),
+        multi_rank_bucket_allreduce=_bool(zero, "use_multi_rank_bucket_allreduce", True, prefix),
     )
     return settings
 
@@ -293,6 +299,28 @@ def _expert_parallel_size(ds_config: dict[str, Any]) -> int:
     if not _bool(section, "enabled", False, "expert_parallel."):
         return 1
     return _int(section, "autoep_size", 1, "expert_parallel.", minimum=1)
+
+
+OPTIMIZER_IMPLS = ("fused", "cpu_adam", "torch_single", "torch_foreach", "torch_fused")
+
+
+def optimizer_impl(config: dict[str, Any], device: str, offload: bool) -> str:
+    """The Adam implementation DeepSpeed 0.19 builds (``engine.get_optimizer_configuration``) on ``device``.
+
+    ``torch_adam: true`` gives ``torch.optim.AdamW``: ``fused`` or ``foreach`` as its params say, else torch's own
+    default (foreach on CUDA, the single-tensor loop on CPU, ``_default_to_fused_or_foreach``); otherwise optimizer
+    offload gives ``DeepSpeedCPUAdam`` and everything else ``FusedAdam``. FusedAdam and CPU-Adam step in place; torch's
+    single-tensor loop builds two temporaries the size of each parameter, foreach one list the size of them all.
+    """
+    params = _section(config, "optimizer").get("params") or {}
+    if not isinstance(params, dict) or not params.get("torch_adam"):
+        return "cpu_adam" if offload else "fused"
+    if params.get("fused"):
+        return "torch_fused"
+    foreach = params.get("foreach")
+    if foreach is None:
+        foreach = device == "cuda"
+    return "torch_foreach" if foreach else "torch_single"
 
 
 def _gather_on_save(zero: dict[str, Any]) -> bool:

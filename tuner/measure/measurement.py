@@ -34,6 +34,12 @@ class RankResult:
     Where it ran: ``node_id`` (Ray's node id; None for the local launcher), ``hostname``, ``node_rank`` and
     ``local_rank`` (its index among the job's ranks on that node), filled in by the launcher. ``rss_bytes`` is the
     rank's resident set at ``before_model``, ``after_model`` and ``after_initialize``; ``peak_rss_bytes`` its peak.
+
+    ``true_peak_bytes`` is the allocator's own peak of live tensor bytes (:mod:`tuner.measure.true_peak`: CPU
+    profiler memory events from before the model is built to the end of warm-up; CUDA ``max_memory_allocated``),
+    transients included; ``true_peak`` says how it was measured and carries the OS high-water mark (``vm_hwm_bytes``,
+    ``ru_maxrss_bytes``), on CUDA the reserved peak, allocator counters and NVML's process bytes. ``snapshots``
+    (live storages by category at the end of forward, backward and step) explain it by category.
     """
 
     rank: int
@@ -57,6 +63,8 @@ class RankResult:
     hostname: str | None = None
     node_rank: int | None = None
     local_rank: int | None = None
+    true_peak_bytes: int | None = None
+    true_peak: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
@@ -70,9 +78,12 @@ class RankResult:
 
     @property
     def peak_bytes(self) -> int | None:
-        """CUDA: the allocator's peak; CPU: the model states and buffers held plus the saved activations."""
+        """The true peak (CUDA: ``max_memory_allocated``; CPU: the allocator's records); a run measured without it
+        falls back to its largest phase snapshot (model states and buffers held plus the saved activations)."""
         if self.peak_allocated is not None:
             return self.peak_allocated
+        if self.true_peak_bytes is not None:
+            return self.true_peak_bytes
         if self.model_state_bytes is None:
             return None
         return self.model_state_bytes + (self.activation_bytes or 0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -209,15 +209,22 @@ class PhaseRecorder:
         if self._armed and "step" not in self.snapshots:
             self.snapshots["step"] = classify_engine_memory(self.engine)
 
-    def train_step(self, *batch: torch.Tensor) -> None:
-        """Run forward, backward and step once, taking every snapshot."""
+    def train_step(self, *batch: torch.Tensor, mark: Callable[[str], None] | None = None, step: int = 0) -> None:
+        """Run forward, backward and step once, taking every snapshot; ``mark`` (the true-peak instrument's) is told
+        when each phase of step ``step`` begins."""
         self._armed = True
+        if mark:
+            mark(f"step {step} probed forward")
         with count_saved_activations(self.engine.module.parameters()) as saved:
             loss = self.engine(*batch)
         self.activation_bytes = saved["bytes"]
         self.snapshots["forward"] = classify_engine_memory(self.engine)
+        if mark:
+            mark(f"step {step} probed backward")
         self.engine.backward(loss)
         if "backward" not in self.snapshots:
             self.snapshots["backward"] = classify_engine_memory(self.engine)
+        if mark:
+            mark(f"step {step} probed step")
         self.engine.step()
         self._armed = False

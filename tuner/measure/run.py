@@ -22,11 +22,15 @@ def run_measurement(
     progress: Any = None,
     cancel: threading.Event | None = None,
     on_step: StepHook | None = None,
+    profiler_overhead: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> Measurement:
     """Run ``ds_config`` on ``workload`` (its cluster's device and world size, its model as its ``ModelSpec`` says:
     transformers' built from its config, or the built-in one) as ``options`` say, and return the measurement.
     Setting ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``);
-    ``on_step`` may stop a run early (:func:`tuner.measure.launcher.launch_local`)."""
+    ``on_step`` may stop a run early (:func:`tuner.measure.launcher.launch_local`). ``profiler_overhead`` times one
+    more step under the true-peak instrument; ``extra`` goes to the ranks as ``RunSpec.extra``
+    (``allocation_detail``: what is alive at the peak)."""
     spec = RunSpec(
         workload_to_dict(workload),
         ds_config,
@@ -34,6 +38,8 @@ def run_measurement(
         warmup=options.warmup,
         steps=options.steps,
         warmup_max=options.warmup_max,
+        profiler_overhead=profiler_overhead,
+        extra=dict(extra or {}),
     )
     launch = dict(timeout=options.timeout, memory_cap=options.memory_cap, progress=progress, cancel=cancel)
     if options.launcher == "ray":

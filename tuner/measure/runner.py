@@ -11,6 +11,7 @@ is ``error``. The runner knows nothing of databases or studies."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -51,6 +52,8 @@ class RunSpec:
     settle_tolerance: float = 0.1  # ... within this fraction of their median
     wall_clock_breakdown: bool = True
     lean: bool = True  # skip start-up and shut-down work that measures nothing (:mod:`tuner.measure.lean`)
+    true_peak: bool = True  # CPU: record every allocation through the warm-up (:mod:`tuner.measure.true_peak`)
+    profiler_overhead: bool = False  # CPU: time one more step under the profiler, after the timed steps
     extra: dict[str, Any] = field(default_factory=dict)
 
     def write(self, run_dir: Path) -> None:
@@ -160,8 +163,12 @@ class TrainingProcess:
     """One rank's DeepSpeed engine on synthetic data, with timing and memory accounting."""
 
     def __init__(self, spec: RunSpec, rank: int, run_dir: Path) -> None:
+        from tuner.measure.true_peak import CpuAllocatorPeak
+
         self.spec, self.rank, self.run_dir = spec, rank, run_dir
         self.result = RankResult(rank=rank, status="ok")
+        self.allocator = CpuAllocatorPeak(detail=spec.extra.get("allocation_detail") or False)
+        self.steps_done = 0  # optimizer steps finished, warm-up included (the allocator's marks name them)
 
     def run(self) -> RankResult:
         """Initialise, warm up, time the steps; never raises (failures land in the result)."""
@@ -210,6 +217,8 @@ class TrainingProcess:
         timings["distributed_s"] = time.perf_counter() - begin
         self._validate_config(spec.ds_config)
         torch.manual_seed(0)
+        if spec.true_peak and not cuda:  # from before the model exists: every tensor the run allocates is seen
+            self.allocator.start()
         begin = time.perf_counter()
         model = self._born_model(workload)
         timings["model_s"] = time.perf_counter() - begin
@@ -237,6 +246,7 @@ class TrainingProcess:
         begin = time.perf_counter()
         self._warm_up(engine, batches, cuda)
         timings["warmup_s"] = time.perf_counter() - begin
+        self._stop_allocator()
         write_json_atomically(timings_path(self.run_dir, self.rank), dict(timings))
         begin = time.perf_counter()
         progress = progress_path(self.run_dir, self.rank)
@@ -253,7 +263,37 @@ class TrainingProcess:
             with progress.open("a") as sink:  # the launcher reads finished lines while the run goes on
                 sink.write(f"{elapsed!r}\n")
         timings["timed_s"] = time.perf_counter() - begin
+        if spec.profiler_overhead and not cuda and self.result.step_times:
+            self._profiler_overhead(engine, batches)
         torch.distributed.barrier()
+
+    def _stop_allocator(self) -> None:
+        """Stop recording allocations (if recording) and report the true peak with the OS high-water mark."""
+        from tuner.measure.true_peak import os_high_water
+
+        if not self.allocator.running:
+            return
+        report = self.allocator.stop()
+        report["profiled_steps"] = self.steps_done
+        self.result.true_peak_bytes = report.pop("peak_bytes")
+        self.result.true_peak.update(report, source="profiler", **os_high_water())
+
+    def _profiler_overhead(self, engine: Any, batches: list[Any]) -> None:
+        """One more step under the allocation profiler: its time against the median timed step is the overhead
+        the true-peak instrument adds to a step while on (its start and analysis included)."""
+        from tuner.measure.measurement import percentile
+        from tuner.measure.true_peak import CpuAllocatorPeak
+
+        tracker = CpuAllocatorPeak()
+        tick = time.perf_counter()
+        tracker.start()
+        self._train_step(engine, batches)
+        tracker.stop()
+        profiled = time.perf_counter() - tick
+        plain = percentile(self.result.step_times, 0.5)
+        self.result.true_peak["profiled_step_s"] = profiled
+        self.result.true_peak["step_overhead_s"] = profiled - plain
+        self.result.true_peak["step_overhead"] = profiled / plain - 1 if plain > 0 else None
 
     def _warm_up(self, engine: Any, batches: list[Any], cuda: bool) -> None:
         """``spec.warmup`` steps, then more until the last ``settle_steps`` agree, up to ``warmup_max`` in all.
@@ -355,17 +395,27 @@ class TrainingProcess:
     def _train_step(self, engine: Any, batches: list[Any], probe: bool = False) -> None:
         """One optimizer step: a forward and backward per micro-batch, then DeepSpeed's step at the boundary."""
         recorder = None
+        if self.allocator.running:  # garbage of the last step's reference cycles would add to this one's peak
+            gc.collect()
         if probe:
             from tuner.measure.memory_probe import PhaseRecorder
 
             recorder = PhaseRecorder(engine)
+        mark = self.allocator.mark if self.allocator.running else None
         for index, (tokens, targets) in enumerate(batches):
             if recorder is not None and index == len(batches) - 1:
-                recorder.train_step(tokens, targets)
+                recorder.train_step(tokens, targets, mark=mark, step=self.steps_done)
                 continue
+            if mark:
+                mark(f"step {self.steps_done} micro {index} forward")
             loss = engine(tokens, targets)
+            if mark:
+                mark(f"step {self.steps_done} micro {index} backward")
             engine.backward(loss)
+            if mark:
+                mark(f"step {self.steps_done} micro {index} step")
             engine.step()
+        self.steps_done += 1
         if recorder is not None:
             self.result.snapshots = recorder.snapshots
             self.result.activation_bytes = recorder.activation_bytes
@@ -374,15 +424,22 @@ class TrainingProcess:
             )
 
     def _memory_peaks(self) -> None:
+        """The run's high-water marks: the allocator's (a run that failed mid-warm-up reports its peak so far), the
+        OS's, and on CUDA the caching allocator's and NVML's."""
         import resource
 
+        self._stop_allocator()
         self.result.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         if self.spec.device == "cuda":
             import torch
 
             if torch.cuda.is_available() and torch.cuda.is_initialized():
-                self.result.peak_allocated = torch.cuda.max_memory_allocated()
-                self.result.peak_reserved = torch.cuda.max_memory_reserved()
+                from tuner.measure.true_peak import cuda_peaks, os_high_water
+
+                peaks = cuda_peaks()
+                self.result.peak_allocated = self.result.true_peak_bytes = peaks.pop("peak_bytes")
+                self.result.peak_reserved = peaks["max_reserved_bytes"]
+                self.result.true_peak.update(peaks, source="cuda", **os_high_water())
 
 
 class Terminated(BaseException):

@@ -1,0 +1,139 @@
+"""Transient buffers: what DeepSpeed 0.19 allocates for a moment inside a phase and frees before its end.
+
+Phase snapshots (live storages when forward, backward and the step end) miss these; the allocator's records of a
+real run show them (``tuner.measure.true_peak``, ``live_at_peak``: which op allocated what, alive with what). Found on
+2 CPU ranks (Pythia-160M shape, fp32 and bf16) and confirmed in DeepSpeed's code:
+
+* ZeRO-0 all-reduces gradients after backward through ``engine.allreduce_no_retain``: it flattens them into chunks
+  (tensors added until a chunk holds more than ``MEMORY_OPT_ALLREDUCE_SIZE`` = 5e8 elements, whatever the config's
+  bucket sizes) with ``torch.cat``, all-reduces each chunk and copies it back: one chunk alive beside every
+  gradient (:func:`zero0_allreduce_copy`).
+* ZeRO-0 in 16-bit (``FP16_Optimizer``, bf16 too) flattens the gradients for its step from a list of
+  ``p.grad.to(fp32)`` copies: every fp32 copy and the flat fp32 gradient are alive together, ``4Ψ`` beyond the
+  step phase's fp32 gradients.
+* ZeRO-1/2 with ``reduce_scatter`` (the default) reduce each filled gradient bucket through ``average_tensor`` →
+  ``allreduce_and_scatter`` → ``allreduce_bucket``, which flattens the bucket's slices into a new tensor: one more
+  copy of the bucket's contents beside the contiguous bucket. The first bucket is reduced before the rank's
+  gradient partition exists (it is allocated at the first copy into it), later ones beside it
+  (:func:`flat_reduce_copy`).
+* ZeRO-3 reduce-scatters each filled bucket through ``reduce_scatter_coalesced``, which concatenates the bucket's
+  gradients (padded) into one flat tensor (:func:`stage3_reduce_copy`). Its gathered parameters stay gathered
+  through backward as well as forward (within ``stage3_max_reuse_distance``; ``core._add_stage3_gathered``).
+* The optimizer's own temporaries in the step (:func:`optimizer_temporaries`): torch's single-tensor Adam builds
+  ``exp_avg_sq.sqrt()`` and its quotient (two fp32 tensors the size of the parameter it steps, and ZeRO-1/2/3
+  step one flat partition per group, not per-layer tensors); the foreach variant one list the size of the whole
+  group; FusedAdam and DeepSpeed's CPU-Adam step in place.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ZERO0_ALLREDUCE_ELEMENTS = 500_000_000  # deepspeed.runtime.engine.MEMORY_OPT_ALLREDUCE_SIZE
+FP32 = 4
+
+
+def allreduce_chunks(numels: tuple[int, ...] | list[int], limit: int) -> list[int]:
+    """Element counts of the chunks DeepSpeed's ``allreduce_no_retain`` flattens: tensors are added until a chunk
+    holds more than ``limit`` elements.
+
+    >>> allreduce_chunks([3, 3, 3, 1], 5)
+    [6, 4]
+    """
+    chunks, filled = [], 0
+    for numel in numels:
+        filled += numel
+        if filled > limit:
+            chunks.append(filled)
+            filled = 0
+    if filled:
+        chunks.append(filled)
+    return chunks
+
+
+def bucket_chunks(numels: tuple[int, ...] | list[int], bucket: int) -> list[int]:
+    """Element counts of ZeRO-1/2's contiguous gradient buckets in backward order (the last parameters first): a
+    bucket is reduced when the next gradient would overflow it (``reduce_independent_p_g_buckets_and_remove_grads``).
+
+    >>> bucket_chunks([4, 4, 4], 9)
+    [8, 4]
+    """
+    chunks, filled = [], 0
+    for numel in reversed(numels):
+        if filled and filled + numel > bucket:
+            chunks.append(filled)
+            filled = 0
+        filled += numel
+    if filled:
+        chunks.append(filled)
+    return chunks
+
+
+def zero0_allreduce_copy(numels: tuple[int, ...], elem: int) -> int:
+    """Bytes of the largest flattened chunk ZeRO-0 all-reduces after backward (every gradient is alive then)."""
+    return elem * max(allreduce_chunks(numels, ZERO0_ALLREDUCE_ELEMENTS), default=0)
+
+
+def flat_reduce_copy(
+    numels: tuple[int, ...], bucket: int, elem: int, partition_grads: int, world: int, multi_rank: bool = True
+) -> int:
+    """Bytes ZeRO-1/2's bucket reduction adds at its worst moment beyond the rank's gradient partition
+    (``partition_grads`` bytes, which the backward phase already counts).
+
+    The first bucket is flattened before the partition is allocated, later ones beside it. Without
+    ``use_multi_rank_bucket_allreduce`` each destination rank's slices are flattened apart (about 1/N each).
+    """
+    chunks = [chunk if multi_rank else -(-chunk // world) for chunk in bucket_chunks(numels, bucket)]
+    if not chunks:
+        return 0
+    first = elem * chunks[0]
+    later = partition_grads + elem * max(chunks[1:], default=0) if len(chunks) > 1 else 0
+    return max(0, max(first, later) - partition_grads)
+
+
+def stage3_reduce_copy(numels: tuple[int, ...], s: Any, elem: int, gloo: bool) -> int:
+    """Bytes of ZeRO-3's reduce-scatter staging: ``reduce_scatter_coalesced`` concatenates the bucket's gradients,
+    each padded to a multiple of the world size, into one flat tensor (beside the permanent gradient partition and
+    the contiguous bucket); the largest bucket sets the transient. Persistent parameters' gradients are bucketed too.
+    gloo's ``reduce_scatter_tensor`` (CPU ranks) clones its input once more (the allocator's records show an
+    ``aten::clone`` under it); NCCL reduces in place. The largest parameter's full gradient (the embedding's, the
+    last one backward produces) is still alive at the last reduction: measured on 2 CPU ranks, Pythia-160M shape,
+    the worst rank's peak holds ``e × largest`` beyond the staging (fp32 and bf16).
+    """
+    world = s.world_size
+    padded = [-(-numel // world) * world for numel in numels]
+    staging = elem * max(bucket_chunks(padded, s.reduce_bucket_size), default=0)
+    return (2 * staging if gloo else staging) + elem * max(numels, default=0)
+
+
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def routed_experts(hf_config: str | None) -> bool:
+    """True when a transformers config (a JSON string, as ``ModelSpec.hf_config``) routes tokens to experts.
+
+    >>> routed_experts('{"num_local_experts": 8}'), routed_experts('{"hidden_size": 8}'), routed_experts(None)
+    (True, False, False)
+    """
+    if not hf_config:
+        return False
+    try:
+        config = json.loads(hf_config)
+    except ValueError:
+        return False
+    return isinstance(config, dict) and any((config.get(key) or 0) > 1 for key in EXPERT_KEYS)
+
+
+def optimizer_temporaries(impl: str, largest_master: int, total_master: int) -> int:
+    """Bytes the Adam implementation ``impl`` allocates inside its step, for fp32 master tensors of at most
+    ``largest_master`` and in all ``total_master`` elements (one rank).
+
+    >>> optimizer_temporaries("torch_single", 10, 30), optimizer_temporaries("fused", 10, 30)
+    (80, 0)
+    """
+    if impl == "torch_single":
+        return 2 * FP32 * largest_master
+    if impl == "torch_foreach":
+        return FP32 * total_master
+    return 0

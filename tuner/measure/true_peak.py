@@ -1,0 +1,238 @@
+"""The true peak of one rank: the allocator's own high-water mark, not a snapshot at phase ends.
+
+CPU: ``torch.profiler`` with ``profile_memory=True`` records every CPU allocation and free of the torch allocator
+(kineto ``[memory]`` events: ``nbytes`` positive on allocation, negative on free). Started before the model is built,
+the running maximum of their sum is the peak of live tensor bytes, transients included (bucket copies, fp32
+conversions, optimizer temporaries). The profiler adds a little time per op while on, so it covers the warm-up only
+(the timed steps run without it); a run asked to (``RunSpec.profiler_overhead``) times one more step under the
+profiler and reports what it costs a step. The OS high-water
+mark (``VmHWM``, ``ru_maxrss``) is reported beside it: it is what the OOM killer reads, but pages never written do not
+count, so it can read below the allocator.
+
+CUDA (written for real clusters; no GPU here): ``torch.cuda.max_memory_allocated`` (the true peak of live tensor
+bytes), ``max_memory_reserved`` (what the caching allocator held), a few ``memory_stats`` counters, and the process's
+device memory as NVML sees it (context, NCCL, everything outside PyTorch) when ``pynvml`` is importable.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+# memory_stats() counters worth keeping (the full dict has hundreds of entries)
+CUDA_STATS = (
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.peak",
+    "active_bytes.all.peak",
+    "inactive_split_bytes.all.peak",
+    "num_alloc_retries",
+    "num_ooms",
+    "num_device_alloc",
+)
+
+
+def os_high_water() -> dict[str, int]:
+    """This process's resident high-water mark: ``VmHWM`` (``/proc/self/status``) and ``ru_maxrss``, in bytes."""
+    found = {"ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                found["vm_hwm_bytes"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return found
+
+
+class CpuAllocatorPeak:
+    """Peak of live CPU tensor bytes from the profiler's memory events, with phase marks to place the peak.
+
+    >>> import torch
+    >>> tracker = CpuAllocatorPeak()
+    >>> tracker.start()
+    >>> a = torch.empty(1000, dtype=torch.uint8); b = torch.empty(500, dtype=torch.uint8); del a, b
+    >>> tracker.mark("after")
+    >>> report = tracker.stop()
+    >>> report["peak_bytes"] >= 1500, report["live_at_end_bytes"] <= 0
+    (True, True)
+    """
+
+    def __init__(self, detail: bool | str = False) -> None:
+        self.profiler: Any = None
+        # also report what is alive at the peak, by op ("ops") or with Python frames (True, "stack": slow)
+        self.detail = detail
+        self.marks: list[tuple[int, str]] = []  # (time.time_ns(), what begins then)
+
+    def start(self) -> None:
+        """Begin recording allocations (call before the model is built)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        self.profiler = profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=self.detail not in (False, "ops")
+        )
+        self.profiler.__enter__()
+        self.mark("start")
+
+    def mark(self, label: str) -> None:
+        """Note that ``label`` (``step 1 backward``) begins now: the report says in which one the peak fell."""
+        self.marks.append((time.time_ns(), label))
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return self.profiler is not None
+
+    def stop(self) -> dict[str, Any]:
+        """Stop recording; the peak, where it fell, the event count and what the analysis cost."""
+        begin = time.perf_counter()
+        profiler, self.profiler = self.profiler, None
+        profiler.__exit__(None, None, None)
+        events = [
+            (event.start_ns(), event.nbytes())
+            for event in profiler.profiler.kineto_results.events()
+            if _is_cpu_memory_event(event)
+        ]
+        events.sort()
+        live = peak = 0
+        peak_ns = 0
+        for start_ns, nbytes in events:
+            live += nbytes
+            if live > peak:
+                peak, peak_ns = live, start_ns
+        during = [label for at, label in self.marks if at <= peak_ns]
+        report: dict[str, Any] = {
+            "peak_bytes": peak,
+            "live_at_end_bytes": live,
+            "peak_during": during[-1] if during else None,
+            "memory_events": len(events),
+            "analysis_s": time.perf_counter() - begin,
+        }
+        if self.detail:
+            tree = profiler.profiler.kineto_results.experimental_event_tree()
+            report["allocator_total_peak_bytes"] = allocator_total_peak(tree)
+            report["live_at_peak"] = live_at_peak(tree)
+        return report
+
+
+def _is_cpu_memory_event(event: Any) -> bool:
+    """True for a kineto ``[memory]`` event of the CPU (some op names are not valid UTF-8: they are not memory)."""
+    try:
+        name = event.name()
+    except UnicodeDecodeError:
+        return False
+    return name == "[memory]" and event.device_type().name == "CPU"
+
+
+def _where(chain: list[str]) -> str:
+    """A readable allocation site: the innermost few Python frames of DeepSpeed, dstune or torch.optim, then the op."""
+    keep = ("deepspeed/", "tuner/", "torch/optim/", "torch/nn/modules/", "torch/autograd/", "torch/utils/checkpoint")
+    frames = [name for name in chain if name.startswith(("aten::", "c10d::"))][-2:]
+    frames = [name.split("site-packages/")[-1] for name in chain if any(k in name for k in keep)][-3:] + frames
+    return " > ".join(frames) or (chain[-1] if chain else "?")
+
+
+def _name(event: Any) -> str:
+    try:
+        return str(event.name)
+    except UnicodeDecodeError:
+        return "?"
+
+
+def allocator_total_peak(tree: list[Any]) -> int:
+    """The largest ``total_allocated`` the CPU allocator's reporter stamped on an allocation event (its own running
+    count since profiling started, kept under its lock)."""
+    peak = 0
+    stack = list(tree)
+    while stack:
+        event = stack.pop()
+        kind, fields = event.typed
+        if kind.name == "Allocation":
+            if fields.device.type == "cpu":
+                peak = max(peak, fields.total_allocated)
+        else:
+            stack.extend(event.children)
+    return peak
+
+
+def live_at_peak(tree: list[Any], top: int = 40) -> list[dict[str, Any]]:
+    """The allocations alive at the peak, grouped by where they were made (largest first): from the profiler's event
+    tree (each allocation with its address and the ops and Python frames enclosing it)."""
+    allocations: list[tuple[int, int, int, str]] = []  # (time, address, bytes, site)
+
+    def walk(events: list[Any], chain: list[str]) -> None:
+        for event in events:
+            kind, fields = event.typed
+            if kind.name == "Allocation":
+                if fields.device.type == "cpu":
+                    allocations.append((event.start_time_ns, fields.ptr, fields.alloc_size, _where(chain)))
+            else:
+                walk(event.children, [*chain, _name(event)])
+
+    walk(tree, [])
+    allocations.sort(key=lambda item: item[0])
+    live = peak = peak_index = 0
+    for index, (_, _, size, _) in enumerate(allocations):
+        live += size
+        if live > peak:
+            peak, peak_index = live, index
+    alive: dict[int, tuple[int, str]] = {}
+    for _, address, size, site in allocations[: peak_index + 1]:
+        if size > 0:
+            alive[address] = (size, site)
+        else:
+            alive.pop(address, None)
+    sites: dict[str, list[int]] = {}
+    for size, site in alive.values():
+        entry = sites.setdefault(site, [0, 0])
+        entry[0] += size
+        entry[1] += 1
+    ranked = sorted(sites.items(), key=lambda item: -item[1][0])[:top]
+    return [{"bytes": size, "count": count, "site": site} for site, (size, count) in ranked]
+
+
+def cuda_peaks(device_index: int | None = None) -> dict[str, Any]:
+    """The CUDA caching allocator's peaks and counters, plus NVML's view of this process's device memory."""
+    import torch
+
+    found: dict[str, Any] = {
+        "peak_bytes": torch.cuda.max_memory_allocated(device_index),
+        "max_reserved_bytes": torch.cuda.max_memory_reserved(device_index),
+    }
+    stats = torch.cuda.memory_stats(device_index)
+    found["memory_stats"] = {key: int(stats[key]) for key in CUDA_STATS if key in stats}
+    nvml = nvml_process_bytes(torch.cuda.current_device() if device_index is None else device_index)
+    if nvml is not None:
+        found["nvml_process_bytes"] = nvml
+    return found
+
+
+def nvml_process_bytes(device_index: int) -> int | None:
+    """Device memory NVML charges to this process on GPU ``device_index`` (None without pynvml or visibility).
+
+    ``device_index`` is torch's; with ``CUDA_VISIBLE_DEVICES`` set it is mapped to the physical index NVML uses.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = device_index
+    if visible:
+        names = [name.strip() for name in visible.split(",") if name.strip()]
+        if device_index < len(names) and names[device_index].isdigit():
+            physical = int(names[device_index])
+    try:
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
+            pid = os.getpid()
+            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if process.pid == pid and process.usedGpuMemory is not None:
+                    return int(process.usedGpuMemory)
+            return None
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None
