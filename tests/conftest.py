@@ -14,6 +14,9 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
 os.environ.setdefault("DSTUNE_PROFILE_CACHE", str(ROOT / ".cache" / "profiles"))
 os.environ.setdefault("DSTUNE_FORKSERVER_IDLE_S", "60")  # the tests' fork servers leave soon after the tests
+# An API request waits for a new model's profile (a spawned process importing torch and transformers: 10 s on a quiet
+# machine, over a minute on a loaded one) instead of answering 503 "retry in 5 s"; the 503 path has its own tests.
+os.environ.setdefault("DSTUNE_PROFILE_WAIT_S", "300")
 
 
 BACKENDS = ["sqlite", "postgresql"]

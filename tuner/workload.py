@@ -257,7 +257,8 @@ MAX_CONFIG_DEPTH = 4  # nested configs (text_config...) deeper than this are ref
 
 def check_config_limits(config: Any, path: str = "model", depth: int = 0) -> None:
     """Refuse an inline config whose dimensions (:data:`CONFIG_LIMITS`), in it or in a nested config object, are
-    out of bounds: a :class:`WorkloadError` naming the field (``model.num_hidden_layers: must be at most 1024``).
+    out of bounds (negative, or above the limit): a :class:`WorkloadError` naming the field
+    (``model.num_hidden_layers: must be at most 1024``).
     Pure and linear in the config's size: run before any model is described or built.
 
     Example:
@@ -278,6 +279,8 @@ def check_config_limits(config: Any, path: str = "model", depth: int = 0) -> Non
             continue
         if not value <= limit:  # NaN fails too
             raise WorkloadError(f"{path}.{key}", f"must be at most {limit}, got {value!r}")
+        if value < 0:  # refused here, in pure Python, rather than by building the model off the request path
+            raise WorkloadError(f"{path}.{key}", f"must not be negative, got {value!r}")
 
 
 def _get(config: dict[str, Any], *names: str, default: Any = None) -> Any:
