@@ -191,6 +191,20 @@ def _config_error(error: Any, prefix: str) -> ConfigError:
 HF_AUTO_TOP_LEVEL = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
+# dstune's attention kind -> the attn_implementation to load the model with in transformers
+HF_ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}
+
+
+def hf_attn_implementation(attention: str) -> str:
+    """The ``attn_implementation`` that trains the model a study tuned (its workload's attention, which is the one
+    transformers resolved for the model unless the user chose another): the estimate holds for that one only.
+
+    >>> hf_attn_implementation("eager")
+    'eager'
+    """
+    return HF_ATTENTION[attention]
+
+
 def to_hf_trainer(config: dict[str, Any], activation_checkpointing: bool = False) -> tuple[dict[str, Any], dict]:
     """The Hugging Face Trainer variant of a tuned ds_config, and the TrainingArguments that must go with it.
 

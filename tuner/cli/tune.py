@@ -279,7 +279,7 @@ def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5)
 
 def export_best(study: str, *, storage: str | None, format: str, out: str | None) -> None:
     """Write the best measured ds_config of ``study``, after DeepSpeed's own validation."""
-    from tuner.dsconfig import to_hf_trainer, validate_with_deepspeed
+    from tuner.dsconfig import hf_attn_implementation, to_hf_trainer, validate_with_deepspeed
     from tuner.estimator import ConfigError
     from tuner.storage import Store, default_url
 
@@ -290,7 +290,8 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     best = store.best_trial(record.id)
     if best is None:
         fail("study", f"study {study!r} has no successfully measured trial yet")
-    world = store.workload_of(record.id).cluster.world_size
+    workload = store.workload_of(record.id)
+    world = workload.cluster.world_size
     try:
         validate_with_deepspeed(best.ds_config, world)
     except ConfigError as error:
@@ -300,6 +301,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     if format == "hf":
         config, args = to_hf_trainer(best.ds_config, best.activation_checkpointing)
         extra = "TrainingArguments to use with it: " + json.dumps(args)
+        extra += f'; load the model with attn_implementation="{hf_attn_implementation(workload.train.attention)}"'
     text = json.dumps(config, indent=2) + "\n"
     if out:
         Path(out).write_text(text)

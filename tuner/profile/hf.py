@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +19,6 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import torch
 import transformers
 from torch import nn
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -28,18 +27,10 @@ from tuner.profile.profiles import refuse_custom_code
 from tuner.workload import WorkloadError
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SDPA_FALLBACK = "dstune_attention"  # no "sdpa" in the name: transformers would check the class refuses it
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def _sdpa_without_softcap(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """PyTorch SDPA for models whose class refuses it (Gemma-2: logit soft-capping is dropped, the saved bytes are
-    those of flash attention, which supports it: output and log-sum-exp)."""
-    kwargs.pop("softcap", None)
-    return sdpa_attention_forward(module, *args, **kwargs)
-
-
-AttentionInterface.register(SDPA_FALLBACK, _sdpa_without_softcap)
+# dstune's attention kind -> transformers' attn_implementation it is traced and run with (``flash``: CPU SDPA's flash
+# path saves output and log-sum-exp, as flash attention does; the maths are the same exact attention)
+IMPLEMENTATIONS = {"sdpa": "sdpa", "flash": "sdpa", "eager": "eager"}
 
 
 def check_config(config: Any) -> str:
@@ -89,31 +80,50 @@ def hf_config(config: dict[str, Any], **overrides: Any) -> Any:
         raise WorkloadError(_rejected_field(config, message), f"transformers rejects the config: {message}") from None
 
 
-def attention_implementation(config_object: Any, attention: str) -> str:
-    """transformers' ``attn_implementation`` for dstune's attention kind.
+def attention_kind(implementation: str) -> str:
+    """dstune's attention kind of a transformers ``attn_implementation`` (``flash_attention_2`` -> ``flash``)."""
+    if implementation in ("sdpa", "eager"):
+        return implementation
+    if implementation.startswith("flash"):
+        return "flash"
+    raise WorkloadError(
+        "attention", f"transformers builds this model with {implementation!r}, which dstune cannot trace"
+    )
 
-    ``flash`` is traced and run as SDPA (on CPU its flash path saves output and log-sum-exp, as flash attention
-    does); a model class that refuses SDPA gets :data:`SDPA_FALLBACK`.
-    """
-    if attention == "eager":
-        return "eager"
-    model_class = transformers.AutoModelForCausalLM._model_mapping[type(config_object)]
-    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else SDPA_FALLBACK
+
+def _model_class_name(config_object: Any) -> str:
+    mapping: Any = transformers.AutoModelForCausalLM._model_mapping
+    try:
+        return str(mapping[type(config_object)].__name__)
+    except KeyError:
+        return type(config_object).__name__
 
 
 def build(
-    config: dict[str, Any], attention: str = "sdpa", dtype: torch.dtype | None = None, **overrides: Any
+    config: dict[str, Any], attention: str | None = None, dtype: torch.dtype | None = None, **overrides: Any
 ) -> nn.Module:
-    """``AutoModelForCausalLM.from_config`` with random weights on the current device (or fake/meta mode)."""
+    """``AutoModelForCausalLM.from_config`` with random weights on the current device (or fake/meta mode).
+
+    ``attention`` None: the implementation transformers resolves for the config (SDPA where the class supports it,
+    else eager); a kind the class cannot run is refused (:class:`WorkloadError` naming ``attention``), never
+    replaced by something that computes other maths.
+    """
     config_object = hf_config(config, **overrides)
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if attention is not None:
+        kwargs["attn_implementation"] = IMPLEMENTATIONS[attention]
     try:
-        return transformers.AutoModelForCausalLM.from_config(
-            config_object, attn_implementation=attention_implementation(config_object, attention), dtype=dtype
-        )
+        return transformers.AutoModelForCausalLM.from_config(config_object, **kwargs)
     except WorkloadError:
         raise
     except Exception as error:
         message = " ".join(str(error).split()) or type(error).__name__
+        if attention is not None and ("attn_implementation" in message or "scaled_dot_product" in message):
+            raise WorkloadError(
+                "attention",
+                f"{_model_class_name(config_object)} cannot run {attention} attention in transformers "
+                f"{transformers.__version__}; leave attention unset (transformers' own choice) or pick another",
+            ) from None
         raise WorkloadError(
             _rejected_field(config, message), f"transformers cannot build the model: {message}"
         ) from None
@@ -129,11 +139,14 @@ def enable_checkpointing(model: Any) -> None:  # a transformers PreTrainedModel
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """transformers' advisory messages about the config (token ids outside a tiny vocabulary...) kept off stderr."""
+    """transformers' advisory messages (token ids outside a tiny vocabulary, use_cache turned off for checkpointing,
+    reference kernels...) and Python warnings from transformers and torch kept off stderr while describing a model."""
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         transformers.logging.set_verbosity(verbosity)
 
@@ -165,7 +178,7 @@ def layer_kinds(model: Any) -> list[str]:  # a transformers PreTrainedModel
 def describe(config: dict[str, Any]) -> ModelProfile:
     """Parameter facts of the model a ``config.json`` describes, counted on the ``meta`` device (no memory)."""
     with quiet(), torch.device("meta"):
-        model: Any = build(config, dtype=torch.bfloat16)
+        model: Any = build(config, dtype=torch.bfloat16)  # attention as transformers resolves it
     named = list(model.named_parameters())  # tied weights once
     by_dtype: dict[str, int] = {}
     for _, param in named:
@@ -185,6 +198,7 @@ def describe(config: dict[str, Any]) -> ModelProfile:
         largest_param_numel=largest.numel(),
         layer_kinds=tuple(layer_kinds(model)),
         dims=config_fields(model.config),
+        attention=attention_kind(str(model.config._attn_implementation)),
     )
 
 

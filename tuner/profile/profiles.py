@@ -71,14 +71,16 @@ def model_profile(
     config: dict[str, Any],
     seq_len: int,
     precision: str,
-    attention: str,
+    attention: str | None,
     checkpointing: Iterable[bool] = (False, True),
     cache: ProfileCache | None = None,
 ) -> ModelProfile:
-    """The model's profile with activations traced for ``seq_len``, ``precision``, ``attention`` and each
-    checkpointing setting; every part read from the cache or traced and cached."""
+    """The model's profile with activations traced for ``seq_len``, ``precision``, ``attention`` (None: the one
+    transformers resolves, ``profile.attention``) and each checkpointing setting; every part read from the cache or
+    traced and cached."""
     cache = cache or ProfileCache()
     profile = params_profile(config, cache)
+    attention = attention or profile.attention
     entries: list[ActivationProfile] = []
     for ckpt in checkpointing:
         key = activation_key(config, transformers_version(), seq_len, precision, attention, experts_key(config), ckpt)
@@ -96,7 +98,7 @@ def cached_profile(
     config: dict[str, Any],
     seq_len: int,
     precisions: Iterable[str],
-    attention: str,
+    attention: str | None,
     checkpointing: Iterable[bool] = (False, True),
     cache: ProfileCache | None = None,
 ) -> ModelProfile | None:
@@ -108,6 +110,7 @@ def cached_profile(
     profile = cache.get_params(params_key(config, version_))
     if profile is None:
         return None
+    attention = attention or profile.attention
     entries = []
     for precision in precisions:
         for ckpt in checkpointing:

@@ -10,8 +10,8 @@ Pitfalls (FIELD_NOTES): no attention mask is passed (an all-ones mask would be m
 implementation is the one training runs (transformers' default); the ``meta`` device is not fake mode. transformers
 looks for packed sequences in the position ids and, unable to read fake values, would build a causal mask and lose
 grouped-query SDPA; the trace tells it there are none, as for the real unpacked batches (:func:`_fake_safe`).
-PyTorch's fake ``grouped_mm`` accepts only bf16 (the CPU kernel also runs fp32): other precisions trace
-transformers' own grouped-mm fallback, which saves the same tensors.
+PyTorch's fake ``grouped_mm`` accepts only bf16 (the CPU kernel also runs fp32): other precisions trace a stand-in
+saving what the kernel saves (:class:`_GroupedMM`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import transformers.integrations.moe
 import transformers.masking_utils
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -73,14 +72,36 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
         setattr(module, name, original)
 
 
+class _GroupedMM(torch.autograd.Function):
+    """``grouped_mm`` under fake tensors in any dtype (PyTorch's fake kernel is bf16-only): the output's shape, and
+    what the real kernel saves for backward (weight, offsets, input)."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight, offs, input)
+        return input.new_empty(input.shape[0], weight.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        weight, _, input = ctx.saved_tensors
+        return torch.empty_like(input), torch.empty_like(weight), None
+
+
+def _fake_grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    return _GroupedMM.apply(input, weight, offs)
+
+
 @contextlib.contextmanager
 def _fake_safe(model: nn.Module) -> Iterator[None]:
     """transformers sees no packed sequences (what it finds for real unpacked batches, unreadable on fake ones) and,
-    outside bf16, uses its grouped-mm fallback (fake ``grouped_mm`` is bf16-only)."""
+    outside bf16, ``grouped_mm`` is :class:`_GroupedMM` (fake ``grouped_mm`` is bf16-only; the CPU kernel runs
+    fp32 too)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(transformers.masking_utils, "find_packed_sequence_indices", lambda ids: None))
         if next(model.parameters()).dtype != torch.bfloat16:
-            stack.enter_context(_patched(transformers.integrations.moe, "_can_use_grouped_mm", lambda *args: False))
+            for module, name in ((torch.nn.functional, "grouped_mm"), (torch, "_grouped_mm")):
+                if hasattr(module, name):
+                    stack.enter_context(_patched(module, name, _fake_grouped_mm))
         yield
 
 
@@ -89,7 +110,9 @@ def saved_bytes_by_layer(
 ) -> dict[int, int]:
     """Bytes autograd saves in one forward pass, by decoder layer index (``OUTSIDE`` for the rest); then backward.
 
-    Each storage counts once, for the first layer that saved it, if still alive after the forward pass.
+    The model is called as a training loop calls it (train mode, ``model(input_ids, labels=...)``): ``use_cache``
+    is the config's, as in training (some models then save other tensors: GPT-NeoX, Qwen3-Next). Each storage
+    counts once, for the first layer that saved it, if still alive after the forward pass.
     """
     layers = decoder_layers(model)
     excluded = {_storage_id(t) for t in (*model.parameters(), *model.buffers())}
@@ -109,7 +132,7 @@ def saved_bytes_by_layer(
             _marked_layers(layers, state),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         ):
-            loss = model(input_ids=tokens, labels=tokens, use_cache=False).loss
+            loss = model(input_ids=tokens, labels=tokens).loss  # as a training loop calls it: the config's use_cache
         owner: dict[int, tuple[int, int]] = {}
         for ref, storage_id, nbytes, layer in records:
             if ref() is not None and storage_id not in excluded and storage_id not in owner:
@@ -151,13 +174,32 @@ def build_copy(
     for name, module in model.base_model.named_children():
         if module is layers:
             setattr(model.base_model, name, kept)
-    for name in list(overrides):
-        if name != "num_hidden_layers":
-            setattr(model.config, name, [overrides[name][i] for i in keep])
+    if len(keep) < built:
+        _renumber(kept, keep)
+        _subset_per_layer(model.config, keep, built)
     model.config.num_hidden_layers = len(keep)
     if checkpointing:
         enable_checkpointing(model)
     return model, keep, fake_mode
+
+
+def _renumber(kept: nn.ModuleList, keep: list[int]) -> None:
+    """Each kept layer's modules take its new position as their layer index (caches are indexed by it)."""
+    for position, index in enumerate(keep):
+        for module in kept[position].modules():
+            for attribute in ("layer_idx", "layer_id"):
+                if getattr(module, attribute, None) == index and not isinstance(getattr(module, attribute), bool):
+                    setattr(module, attribute, position)
+
+
+def _subset_per_layer(config: Any, keep: list[int], built: int) -> None:
+    """Per-layer lists of the config (``layer_types``...) follow the kept layers; lists of layer indices stay."""
+    for name, value in list(vars(config).items()):
+        if not isinstance(value, (list, tuple)) or len(value) != built or name == "architectures":
+            continue
+        if all(isinstance(item, int) for item in value) and list(value) == sorted(set(value)):
+            continue  # indices of layers (mlp_only_layers...), read when the layers were built
+        setattr(config, name, type(value)(value[i] for i in keep))
 
 
 def _parts(
@@ -199,9 +241,10 @@ def trace_activations(
         with quiet():
             model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt)
         try:
-            traces[ckpt] = [
-                _parts(saved_bytes_by_layer(model, batch, seq_len, fake_mode), keep, kinds) for batch in (1, 2, 3)
-            ]
+            with quiet():
+                traces[ckpt] = [
+                    _parts(saved_bytes_by_layer(model, batch, seq_len, fake_mode), keep, kinds) for batch in (1, 2, 3)
+                ]
         except WorkloadError:
             raise
         except Exception as error:
@@ -233,7 +276,7 @@ def trace_activations(
 
 
 def measured_saved_bytes(
-    config: dict[str, Any], micro_batch: int, seq_len: int, precision: str, attention: str, checkpointing: bool
+    config: dict[str, Any], micro_batch: int, seq_len: int, precision: str, attention: str | None, checkpointing: bool
 ) -> int:
     """Bytes the whole model really saves in one forward pass on CPU (real tensors, random weights): the reference
     the traced profile is checked against."""
@@ -242,4 +285,5 @@ def measured_saved_bytes(
         model = build(config, attention=attention, dtype=TORCH_DTYPES[precision])
     if checkpointing:
         enable_checkpointing(model)
-    return sum(saved_bytes_by_layer(model, micro_batch, seq_len).values())
+    with quiet():
+        return sum(saved_bytes_by_layer(model, micro_batch, seq_len).values())
