@@ -8,6 +8,7 @@ the config field (``model.<key>``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import warnings
 from collections.abc import Iterator
@@ -68,16 +69,51 @@ def _rejected_field(config: dict[str, Any], message: str) -> str:
 
 
 def hf_config(config: dict[str, Any], **overrides: Any) -> Any:
-    """The transformers config object of a ``config.json`` dict (``overrides`` replace its fields)."""
+    """The transformers config object of a ``config.json`` dict; ``overrides`` replace fields of its text config
+    (the config itself, or the ``text_config`` of a composite model: Gemma-3, Qwen3.5, Emu3...)."""
     check_config(config)
     values = {key: value for key, value in config.items() if key not in ("architectures", "transformers_version")}
-    values.update(overrides)
     model_type = values.pop("model_type")
+    built = _config_object(config, model_type, values)
+    if not overrides:
+        return built
+    text = text_config(built)
+    key = next((name for name in getattr(built, "sub_configs", {}) if getattr(built, name, None) is text), None)
+    if text is built or key is None:
+        return _config_object(config, model_type, {**values, **overrides})
+    nested = text.to_dict()
+    layers = getattr(text, "num_hidden_layers", None)
+    new_layers = overrides.get("num_hidden_layers", layers)
+    for name, value in nested.items():  # per-layer lists (layer_types...) follow a shorter model
+        if isinstance(value, list) and isinstance(layers, int) and len(value) == layers:
+            nested[name] = value[:new_layers]
+    return _config_object(config, model_type, {**values, key: {**nested, **overrides}})
+
+
+def _config_object(config: dict[str, Any], model_type: str, values: dict[str, Any]) -> Any:
     try:
         return transformers.AutoConfig.for_model(model_type, **values)
     except Exception as error:  # transformers raises ValueError, TypeError, AttributeError... for bad values
         message = " ".join(str(error).split()) or type(error).__name__
         raise WorkloadError(_rejected_field(config, message), f"transformers rejects the config: {message}") from None
+
+
+def text_config(config_object: Any) -> Any:
+    """The config of the language model: the config itself, or a composite model's text config."""
+    try:
+        return config_object.get_text_config()
+    except (AttributeError, ValueError):
+        return config_object
+
+
+def config_value(config_object: Any, name: str) -> Any:
+    """A config attribute, or None; a per-layer attribute of a heterogeneous config (transformers'
+    ``AmbiguousGlobalPerLayerAttributeError``) is read as its global value."""
+    try:
+        return getattr(config_object, name, None)
+    except RuntimeError:
+        reader = getattr(config_object, "_getattr_without_heterogeneous_validation", None)
+        return reader(name, None) if reader is not None else None
 
 
 def attention_kind(implementation: str) -> str:
@@ -129,8 +165,19 @@ def build(
         ) from None
 
 
+def supports_checkpointing(model: Any) -> bool:  # a transformers PreTrainedModel
+    """Whether transformers can checkpoint the model's layers (``supports_gradient_checkpointing``)."""
+    return bool(getattr(model, "supports_gradient_checkpointing", False))
+
+
 def enable_checkpointing(model: Any) -> None:  # a transformers PreTrainedModel
-    """transformers' activation (gradient) checkpointing of every decoder layer, non-reentrant, as training uses it."""
+    """transformers' activation (gradient) checkpointing of every decoder layer, non-reentrant, as training uses it;
+    refused (naming ``activation-checkpointing``) for a class transformers cannot checkpoint."""
+    if not supports_checkpointing(model):
+        raise WorkloadError(
+            "activation-checkpointing",
+            f"{type(model).__name__} has no activation checkpointing in transformers {transformers.__version__}",
+        )
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -143,27 +190,49 @@ def quiet() -> Iterator[None]:
     reference kernels...) and Python warnings from transformers and torch kept off stderr while describing a model."""
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
+    torch_log = logging.getLogger("torch")
+    torch_level = torch_log.level
+    torch_log.setLevel(logging.CRITICAL)  # fake-tensor kernels log the errors a refused trace then reports
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         transformers.logging.set_verbosity(verbosity)
+        torch_log.setLevel(torch_level)
+
+
+OTHER_TOWERS = ("vision", "visual", "audio", "image", "encoder", "speech", "patch")
 
 
 def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedModel
-    """The model's list of decoder layers (the ``ModuleList`` as long as ``num_hidden_layers``)."""
-    count = model.config.num_hidden_layers
-    for module in model.base_model.children():
-        if isinstance(module, nn.ModuleList) and len(module) == count:
-            return module
-    raise WorkloadError("model.model_type", f"no list of {count} decoder layers found in {type(model).__name__}")
+    """The model's list of decoder layers: the ``ModuleList`` as long as ``num_hidden_layers`` (of the text config)
+    nearest the top, outside vision or audio towers."""
+    count = config_value(text_config(model.config), "num_hidden_layers")
+    found = [
+        (name.count("."), name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList)
+        and len(module) == count
+        and not any(tower in name.lower() for tower in OTHER_TOWERS)
+    ]
+    if not found:
+        raise WorkloadError("model.model_type", f"no list of {count} decoder layers found in {type(model).__name__}")
+    return min(found, key=lambda item: item[:2])[2]
+
+
+def replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    """Put ``new`` wherever ``old`` is a child module in ``model``."""
+    for parent in model.modules():
+        for name, child in list(parent.named_children()):
+            if child is old:
+                setattr(parent, name, new)
 
 
 def layer_kinds(model: Any) -> list[str]:  # a transformers PreTrainedModel
     """A kind per decoder layer: layers with equal parameter shapes and attention type share a kind (``L<i>``,
     ``i`` the index of the first layer of that kind)."""
-    layer_types = getattr(model.config, "layer_types", None)
+    layer_types = config_value(text_config(model.config), "layer_types")
     kinds: list[str] = []
     first_of: dict[Any, int] = {}
     for index, layer in enumerate(decoder_layers(model)):
@@ -197,7 +266,8 @@ def describe(config: dict[str, Any]) -> ModelProfile:
         largest_param_name=largest_name,
         largest_param_numel=largest.numel(),
         layer_kinds=tuple(layer_kinds(model)),
-        dims=config_fields(model.config),
+        dims=config_fields(text_config(model.config)),
+        supports_checkpointing=supports_checkpointing(model),
         attention=attention_kind(str(model.config._attn_implementation)),
     )
 
@@ -206,7 +276,7 @@ def config_fields(config_object: Any) -> dict[str, int]:
     """Shapes the estimator's logits workspace and reports use, read through transformers' config classes."""
 
     def number(name: str) -> int:
-        value = getattr(config_object, name, None)
+        value = config_value(config_object, name)
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
     heads = number("num_attention_heads")

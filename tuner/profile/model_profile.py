@@ -80,6 +80,7 @@ class ActivationProfile:
             seq_len=int(data["seq_len"]),
             precision=str(data["precision"]),
             attention=str(data["attention"]),
+            supports_checkpointing=bool(data["supports_checkpointing"]),
             experts=str(data["experts"]),
             checkpointing=bool(data["checkpointing"]),
             outside=Linear(**data["outside"]),
@@ -98,7 +99,8 @@ class ModelProfile:
     fp32 weights); ``layer_kinds``: the kind of each decoder layer (layers whose parameter shapes and attention type
     match are one kind); ``dims``: the config's shapes (vocabulary, hidden size, heads...); ``attention``: the
     attention kind transformers builds the model with when none is asked for (``sdpa`` where the class supports
-    it, else ``eager``), the default of workloads training it.
+    it, else ``eager``), the default of workloads training it; ``supports_checkpointing``: whether transformers can
+    checkpoint its layers (else no checkpointing profile is traced, and one asked for is refused).
     """
 
     model_type: str
@@ -112,6 +114,7 @@ class ModelProfile:
     layer_kinds: tuple[str, ...]
     dims: dict[str, int] = field(default_factory=dict)
     attention: str = "sdpa"
+    supports_checkpointing: bool = True
     activations: tuple[ActivationProfile, ...] = field(default=())
 
     @property
@@ -171,6 +174,7 @@ class ModelProfile:
             "layer_kinds": self.layer_kinds,
             "dims": dict(self.dims),
             "attention": self.attention,
+            "supports_checkpointing": self.supports_checkpointing,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,5 +203,6 @@ class ModelProfile:
             layer_kinds=tuple(str(kind) for kind in data["layer_kinds"]),
             dims={str(k): int(v) for k, v in data.get("dims", {}).items()},
             attention=str(data["attention"]),
+            supports_checkpointing=bool(data["supports_checkpointing"]),
             activations=tuple(ActivationProfile.from_dict(entry) for entry in data.get("activations", ())),
         )

@@ -67,6 +67,12 @@ def experts_key(config: dict[str, Any]) -> str:
     return str(config.get("experts_implementation") or "default")
 
 
+def _traceable(profile: ModelProfile, checkpointing: Iterable[bool]) -> tuple[bool, ...]:
+    """The checkpointing settings to trace: with checkpointing only where transformers can checkpoint the model
+    (a workload that asks for it is refused by :func:`with_profile`)."""
+    return tuple(ckpt for ckpt in checkpointing if profile.supports_checkpointing or not ckpt)
+
+
 def model_profile(
     config: dict[str, Any],
     seq_len: int,
@@ -82,7 +88,7 @@ def model_profile(
     profile = params_profile(config, cache)
     attention = attention or profile.attention
     entries: list[ActivationProfile] = []
-    for ckpt in checkpointing:
+    for ckpt in _traceable(profile, checkpointing):
         key = activation_key(config, transformers_version(), seq_len, precision, attention, experts_key(config), ckpt)
         entry = cache.get_activation(key)
         if entry is None:
@@ -113,7 +119,7 @@ def cached_profile(
     attention = attention or profile.attention
     entries = []
     for precision in precisions:
-        for ckpt in checkpointing:
+        for ckpt in _traceable(profile, checkpointing):
             key = activation_key(config, version_, seq_len, precision, attention, experts_key(config), ckpt)
             entry = cache.get_activation(key)
             if entry is None:
@@ -184,6 +190,10 @@ def with_profile(
         return workload
     config = json.loads(model.hf_config)
     train, checkpointing = workload.train, tuple(checkpointing)
+    if train.activation_checkpointing and not params_profile(config, cache).supports_checkpointing:
+        raise WorkloadError(
+            "activation-checkpointing", f"{model.architecture} has no activation checkpointing in transformers"
+        )
     profile: ModelProfile | None = None
     for precision in precisions or (train.precision,):
         traced = model_profile(config, train.seq_len, precision, train.attention, checkpointing, cache)
