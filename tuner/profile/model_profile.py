@@ -80,7 +80,6 @@ class ActivationProfile:
             seq_len=int(data["seq_len"]),
             precision=str(data["precision"]),
             attention=str(data["attention"]),
-            supports_checkpointing=bool(data["supports_checkpointing"]),
             experts=str(data["experts"]),
             checkpointing=bool(data["checkpointing"]),
             outside=Linear(**data["outside"]),
