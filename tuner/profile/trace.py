@@ -269,24 +269,32 @@ SHORT_LENGTHS = (8, 16, 24)  # recurrent models are traced at these and extrapol
 
 
 def _traced_parts(
-    model: nn.Module, keep: list[int], kinds: tuple[str, ...] | list[str], seq_len: int, fake_mode: FakeTensorMode
+    model: nn.Module,
+    keep: list[int],
+    kinds: tuple[str, ...] | list[str],
+    seq_len: int,
+    fake_mode: FakeTensorMode,
+    recurrent: list[bool],
 ) -> list[Parts]:
     """The parts at micro-batch 1, 2 and 3 for ``seq_len``.
 
     A recurrent model (Mamba, RWKV...: its layers run one step at a time, saving tensors at every step, so a trace
     costs time in proportion to the length) is traced at :data:`SHORT_LENGTHS` and extrapolated linearly, when
     every part is exactly linear through the three; else (quadratic attention beside the recurrence) it is traced
-    at ``seq_len``.
+    at ``seq_len``. ``recurrent``: empty, or what the model without checkpointing showed (a checkpointed model
+    saves only the layers' inputs, the same at every length), and filled on the first call.
     """
 
     def at(length: int) -> list[Parts]:
         return [_parts(saved_bytes_by_layer(model, batch, length, fake_mode), keep, kinds) for batch in (1, 2, 3)]
 
     if seq_len > SHORT_LENGTHS[-1]:
-        counts: list[int] = []
-        for length in PROBE_LENGTHS:
-            saved_bytes_by_layer(model, 1, length, fake_mode, counts)
-        if counts[0] != counts[1]:
+        if not recurrent:
+            counts: list[int] = []
+            for length in PROBE_LENGTHS:
+                saved_bytes_by_layer(model, 1, length, fake_mode, counts)
+            recurrent.append(counts[0] != counts[1])
+        if recurrent[0]:
             short = [at(length) for length in SHORT_LENGTHS]
             extrapolated = _extrapolated(short, seq_len)
             if extrapolated is not None:
@@ -337,12 +345,13 @@ def trace_activations(
     With checkpointing the non-checkpointed layers are traced too: ``recompute`` is the largest of them.
     """
     traces = {}
+    recurrent: list[bool] = []
     for ckpt in (False, True) if checkpointing else (False,):
         with quiet():
             model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt)
         try:
             with quiet():
-                traces[ckpt] = _traced_parts(model, keep, kinds, seq_len, fake_mode)
+                traces[ckpt] = _traced_parts(model, keep, kinds, seq_len, fake_mode, recurrent)
         except WorkloadError:
             raise
         except Exception as error:
