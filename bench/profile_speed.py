@@ -30,7 +30,7 @@ def main() -> None:
     for _ in range(args.passes + 1):
         with tempfile.TemporaryDirectory() as folder:
             start = time.perf_counter()
-            model_profile(config, args.seq_len, args.precision, "sdpa", (False, True), ProfileCache(Path(folder)))
+            model_profile(config, args.seq_len, args.precision, None, (False, True), ProfileCache(Path(folder)))
             times.append(time.perf_counter() - start)
     print(
         f"{args.model} seq {args.seq_len} {args.precision}: first {times[0]:.2f} s (with imports), "

@@ -191,6 +191,20 @@ def _config_error(error: Any, prefix: str) -> ConfigError:
 HF_AUTO_TOP_LEVEL = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
+# dstune's attention kind -> the attn_implementation to load the model with in transformers
+HF_ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}
+
+
+def hf_attn_implementation(attention: str) -> str:
+    """The ``attn_implementation`` that trains the model a study tuned (its workload's attention, which is the one
+    transformers resolved for the model unless the user chose another): the estimate holds for that one only.
+
+    >>> hf_attn_implementation("eager")
+    'eager'
+    """
+    return HF_ATTENTION[attention]
+
+
 def to_hf_trainer(config: dict[str, Any], activation_checkpointing: bool = False) -> tuple[dict[str, Any], dict]:
     """The Hugging Face Trainer variant of a tuned ds_config, and the TrainingArguments that must go with it.
 
@@ -233,10 +247,11 @@ def deepspeed_part(ds_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_config(
-    ds_config: dict[str, Any], activation_checkpointing: bool, format: str = "deepspeed"
+    ds_config: dict[str, Any], activation_checkpointing: bool, format: str = "deepspeed", attention: str | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """What ``dstune best`` writes for a trial: the config DeepSpeed gets (``format="hf"``: the Trainer's variant)
-    and the notes that go with it (the TrainingArguments, the allocator setting the run was measured with).
+    and the notes that go with it (the TrainingArguments and, given the workload's ``attention``, the
+    ``attn_implementation`` to load the model with; the allocator setting the run was measured with).
 
     Example:
         >>> trial = {"train_micro_batch_size_per_gpu": 2, "dstune": {"expandable_segments": True}}
@@ -248,7 +263,10 @@ def export_config(
     notes: list[str] = []
     if format == "hf":
         config, args = to_hf_trainer(config, activation_checkpointing)
-        notes.append("TrainingArguments to use with it: " + json.dumps(args))
+        note = "TrainingArguments to use with it: " + json.dumps(args)
+        if attention is not None:
+            note += f'; load the model with attn_implementation="{hf_attn_implementation(attention)}"'
+        notes.append(note)
     if expandable_segments(ds_config):
         notes.append("run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     return config, notes

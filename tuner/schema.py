@@ -32,12 +32,13 @@ Example:
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import InputError
-from tuner.profile import ModelProfile, model_from_config, with_profile
+from tuner.profile import ModelProfile, model_from_config, params_profile, with_profile
 from tuner.profile.profiles import spec_from_profile
 from tuner.profile.service import default_service
 from tuner.units import parse_bytes
@@ -62,6 +63,9 @@ Device = Literal["cuda", "cpu"]
 Launcher = Literal["local", "ray"]
 Sampler = Literal["tpe", "random", "grid", "gp"]
 ModelImpl = Literal["transformers", "builtin"]
+DEFAULT_ATTENTION = (
+    "sdpa"  # of built-in models and bare parameter counts; transformers models: as transformers resolves
+)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 OFFLOAD_TARGETS: tuple[str, ...] = get_args(Offload)
 ATTENTION_KINDS: tuple[str, ...] = get_args(Attention)
@@ -112,7 +116,11 @@ class WorkloadRequest(BaseModel):
     micro_batch: int = Field(1, ge=1, le=2**16)
     grad_accum: int = Field(1, ge=1, le=2**16)
     precision: Precision = "bf16"
-    attention: Attention = "sdpa"
+    attention: Attention | None = Field(
+        None,
+        description="Attention kernel; default: the one transformers builds the model with (sdpa, else eager); "
+        "sdpa for built-in models.",
+    )
     activation_checkpointing: bool = False
     device: Device = "cuda"
     model_impl: ModelImpl = Field(
@@ -170,11 +178,12 @@ def _preset_model(name: str) -> ModelSpec:
 
 def _hf_model(
     request: WorkloadRequest, train: TrainSpec, inline: bool, config_name: str | None
-) -> tuple[ModelSpec, ModelProfile | None]:
-    """The model of a preset or an inline config, with its profile when it is the transformers model."""
+) -> tuple[ModelSpec, ModelProfile | None, TrainSpec]:
+    """The model of a preset or an inline config, with its profile when it is the transformers model, and ``train``
+    with the attention the model trains with (no ``attention`` asked: the one transformers resolves for it)."""
     if request.model is not None:
         if request.model_impl == "builtin":
-            return _preset_model(request.model), None
+            return _preset_model(request.model), None, train
         if request.model not in preset_names():
             raise WorkloadError("model", f"unknown preset {request.model!r}; presets: {', '.join(preset_names())}")
         config, name = preset_config(request.model), request.model
@@ -182,12 +191,19 @@ def _hf_model(
         config = request.config or {}
         name = config_name or str(config.get("_name_or_path", "custom"))[:64]
         if request.model_impl == "builtin":
-            return model_from_hf_config(config, name=name), None
+            return model_from_hf_config(config, name=name), None, train
     if inline:  # in this process, however long a new profile takes (the CLI, the worker)
-        workload = with_profile(Workload(model_from_config(config, name), train=train))
-        return workload.model, workload.profile
-    profile = default_service().profile(config, train.seq_len, (train.precision,), train.attention)
-    return spec_from_profile(config, profile, name), profile
+        model = model_from_config(config, name)
+        if request.attention is None:
+            train = replace(train, attention=params_profile(config).attention)
+        workload = with_profile(Workload(model, train=train))
+        return workload.model, workload.profile, train
+    profile = default_service().profile(config, train.seq_len, (train.precision,), request.attention)
+    return (
+        spec_from_profile(config, profile, name),
+        profile,
+        replace(train, attention=request.attention or profile.attention),
+    )
 
 
 def _check_counted_params(config: dict[str, Any]) -> None:
@@ -254,13 +270,13 @@ def to_workload(
             grad_accum=request.grad_accum,
             precision=request.precision,
             activation_checkpointing=request.activation_checkpointing,
-            attention=request.attention,
+            attention=request.attention or DEFAULT_ATTENTION,
         )
         profile = None
         if request.params is not None:
             model = model_from_param_count(float(request.params))
         else:
-            model, profile = _hf_model(request, train, inline, config_name)
+            model, profile, train = _hf_model(request, train, inline, config_name)
     except WorkloadError as error:
         raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
     except FieldError:

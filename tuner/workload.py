@@ -236,7 +236,7 @@ class Workload:
 
 # Upper bounds on an inline config's dimensions, checked before anything is built or counted (a clear error naming
 # the field instead of minutes of work or a MemoryError). Each is several times the largest published model's: about
-# 160 layers, hidden 25,600, MLP width 53,248, 256k vocabulary, 384 routed experts, 10M positions.
+# 160 layers, hidden 25,600, MLP width 53,248, 256k vocabulary, 16,384 (tiny) experts, 10M positions.
 MAX_LAYERS = 1024
 CONFIG_LIMITS: dict[str, int] = {
     **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), MAX_LAYERS),
@@ -247,8 +247,9 @@ CONFIG_LIMITS: dict[str, int] = {
     ),
     **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_key_value_heads", "num_kv_heads"), 2**12),
     "vocab_size": 2**22,
+    # experts: Doge's default is 16,384 tiny ones (transformers' DogeConfig)
     **dict.fromkeys(
-        ("num_local_experts", "n_routed_experts", "num_experts", "n_shared_experts", "num_experts_per_tok"), 2**10
+        ("num_local_experts", "n_routed_experts", "num_experts", "n_shared_experts", "num_experts_per_tok"), 2**16
     ),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx"), 2**24),
 }

@@ -56,7 +56,7 @@ OffloadOptimizerOpt = Annotated[Offload, typer.Option(help="Optimizer offload de
 OffloadParamOpt = Annotated[Offload, typer.Option(help="Parameter offload device (ZeRO-3).")]
 NvmePathOpt = Annotated[str | None, typer.Option(help="Folder for NVMe offload.")]
 CheckpointingOpt = Annotated[bool, typer.Option(help="Recompute activations in backward.")]
-AttentionOpt = Annotated[Attention, typer.Option(help="Attention kernel.")]
+AttentionOpt = Annotated[Attention | None, typer.Option(help="Attention kernel (default: transformers' choice).")]
 DeviceOpt = Annotated[Device, typer.Option(help="Training device.")]
 AutoDeviceOpt = Annotated[Device | None, typer.Option(help="Training device (default: cuda if present).")]
 DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
@@ -100,7 +100,7 @@ class WorkloadFlags:
     offload_param: OffloadParamOpt = "none"
     nvme_path: NvmePathOpt = None
     activation_checkpointing: CheckpointingOpt = False
-    attention: AttentionOpt = "sdpa"
+    attention: AttentionOpt = None
     device: DeviceOpt = "cuda"  # None (measure, tune): the machine's own
     ds_config: DsConfigOpt = None
     model_impl: ModelImplOpt = "transformers"

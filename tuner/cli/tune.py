@@ -350,12 +350,13 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     best = store.best_trial(record.id)
     if best is None:
         fail("study", f"study {study!r} has no successfully measured trial yet")
-    world = store.workload_of(record.id).cluster.world_size
+    workload = store.workload_of(record.id)
+    world = workload.cluster.world_size
     try:
         validate_with_deepspeed(best.ds_config, world)
     except ConfigError as error:
         fail(error.field, f"DeepSpeed rejects the stored config: {error}")
-    config, notes = export_config(best.ds_config, best.activation_checkpointing, format)
+    config, notes = export_config(best.ds_config, best.activation_checkpointing, format, workload.train.attention)
     text = json.dumps(config, indent=2) + "\n"
     if out:
         Path(out).write_text(text)

@@ -182,7 +182,8 @@ def synthetic_batch(
 class TransformersCausalLM(nn.Module):
     """A Hugging Face causal LM built ``from_config`` (random weights, no download) behind the built-in interface."""
 
-    def __init__(self, hf_config: dict, attention: str = "sdpa", checkpointing: bool = False) -> None:
+    def __init__(self, hf_config: dict, attention: str | None = None, checkpointing: bool = False) -> None:
+        """``attention``: the workload's (None: as transformers resolves it); one the class cannot run is refused."""
         super().__init__()
         from tuner.profile.hf import build, enable_checkpointing
 
@@ -191,11 +192,12 @@ class TransformersCausalLM(nn.Module):
             enable_checkpointing(self.model)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token loss; transformers shifts the labels itself, so the labels are the tokens."""
+        """Mean next-token loss; transformers shifts the labels itself, so the labels are the tokens. Called as a
+        training loop calls it (the config's ``use_cache``), as the profile traced it."""
         del targets
         return self.model(input_ids=tokens, labels=tokens).loss
 
 
-def build_transformers_model(hf_config: dict, attention: str = "sdpa", checkpointing: bool = False) -> nn.Module:
+def build_transformers_model(hf_config: dict, attention: str | None = None, checkpointing: bool = False) -> nn.Module:
     """Build a transformers model from a ``config.json`` dict with random weights."""
     return TransformersCausalLM(hf_config, attention=attention, checkpointing=checkpointing)

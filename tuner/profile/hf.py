@@ -8,7 +8,9 @@ the config field (``model.<key>``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +20,6 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import torch
 import transformers
 from torch import nn
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -28,18 +28,10 @@ from tuner.profile.profiles import refuse_custom_code
 from tuner.workload import WorkloadError
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SDPA_FALLBACK = "dstune_attention"  # no "sdpa" in the name: transformers would check the class refuses it
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def _sdpa_without_softcap(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """PyTorch SDPA for models whose class refuses it (Gemma-2: logit soft-capping is dropped, the saved bytes are
-    those of flash attention, which supports it: output and log-sum-exp)."""
-    kwargs.pop("softcap", None)
-    return sdpa_attention_forward(module, *args, **kwargs)
-
-
-AttentionInterface.register(SDPA_FALLBACK, _sdpa_without_softcap)
+# dstune's attention kind -> transformers' attn_implementation it is traced and run with (``flash``: CPU SDPA's flash
+# path saves output and log-sum-exp, as flash attention does; the maths are the same exact attention)
+IMPLEMENTATIONS = {"sdpa": "sdpa", "flash": "sdpa", "eager": "eager"}
 
 
 def check_config(config: Any) -> str:
@@ -77,11 +69,28 @@ def _rejected_field(config: dict[str, Any], message: str) -> str:
 
 
 def hf_config(config: dict[str, Any], **overrides: Any) -> Any:
-    """The transformers config object of a ``config.json`` dict (``overrides`` replace its fields)."""
+    """The transformers config object of a ``config.json`` dict; ``overrides`` replace fields of its text config
+    (the config itself, or the ``text_config`` of a composite model: Gemma-3, Qwen3.5, Emu3...)."""
     check_config(config)
     values = {key: value for key, value in config.items() if key not in ("architectures", "transformers_version")}
-    values.update(overrides)
     model_type = values.pop("model_type")
+    built = _config_object(config, model_type, values)
+    if not overrides:
+        return built
+    text = text_config(built)
+    key = next((name for name in getattr(built, "sub_configs", {}) if getattr(built, name, None) is text), None)
+    if text is built or key is None:
+        return _config_object(config, model_type, {**values, **overrides})
+    nested = text.to_dict()
+    layers = getattr(text, "num_hidden_layers", None)
+    new_layers = overrides.get("num_hidden_layers", layers)
+    for name, value in nested.items():  # per-layer lists (layer_types...) follow a shorter model
+        if isinstance(value, list) and isinstance(layers, int) and len(value) == layers:
+            nested[name] = value[:new_layers]
+    return _config_object(config, model_type, {**values, key: {**nested, **overrides}})
+
+
+def _config_object(config: dict[str, Any], model_type: str, values: dict[str, Any]) -> Any:
     try:
         return transformers.AutoConfig.for_model(model_type, **values)
     except Exception as error:  # transformers raises ValueError, TypeError, AttributeError... for bad values
@@ -89,38 +98,86 @@ def hf_config(config: dict[str, Any], **overrides: Any) -> Any:
         raise WorkloadError(_rejected_field(config, message), f"transformers rejects the config: {message}") from None
 
 
-def attention_implementation(config_object: Any, attention: str) -> str:
-    """transformers' ``attn_implementation`` for dstune's attention kind.
+def text_config(config_object: Any) -> Any:
+    """The config of the language model: the config itself, or a composite model's text config."""
+    try:
+        return config_object.get_text_config()
+    except (AttributeError, ValueError):
+        return config_object
 
-    ``flash`` is traced and run as SDPA (on CPU its flash path saves output and log-sum-exp, as flash attention
-    does); a model class that refuses SDPA gets :data:`SDPA_FALLBACK`.
-    """
-    if attention == "eager":
-        return "eager"
-    model_class = transformers.AutoModelForCausalLM._model_mapping[type(config_object)]
-    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else SDPA_FALLBACK
+
+def config_value(config_object: Any, name: str) -> Any:
+    """A config attribute, or None; a per-layer attribute of a heterogeneous config (transformers'
+    ``AmbiguousGlobalPerLayerAttributeError``) is read as its global value."""
+    try:
+        return getattr(config_object, name, None)
+    except RuntimeError:
+        reader = getattr(config_object, "_getattr_without_heterogeneous_validation", None)
+        return reader(name, None) if reader is not None else None
+
+
+def attention_kind(implementation: str) -> str:
+    """dstune's attention kind of a transformers ``attn_implementation`` (``flash_attention_2`` -> ``flash``)."""
+    if implementation in ("sdpa", "eager"):
+        return implementation
+    if implementation.startswith("flash"):
+        return "flash"
+    raise WorkloadError(
+        "attention", f"transformers builds this model with {implementation!r}, which dstune cannot trace"
+    )
+
+
+def _model_class_name(config_object: Any) -> str:
+    mapping: Any = transformers.AutoModelForCausalLM._model_mapping
+    try:
+        return str(mapping[type(config_object)].__name__)
+    except KeyError:
+        return type(config_object).__name__
 
 
 def build(
-    config: dict[str, Any], attention: str = "sdpa", dtype: torch.dtype | None = None, **overrides: Any
+    config: dict[str, Any], attention: str | None = None, dtype: torch.dtype | None = None, **overrides: Any
 ) -> nn.Module:
-    """``AutoModelForCausalLM.from_config`` with random weights on the current device (or fake/meta mode)."""
+    """``AutoModelForCausalLM.from_config`` with random weights on the current device (or fake/meta mode).
+
+    ``attention`` None: the implementation transformers resolves for the config (SDPA where the class supports it,
+    else eager); a kind the class cannot run is refused (:class:`WorkloadError` naming ``attention``), never
+    replaced by something that computes other maths.
+    """
     config_object = hf_config(config, **overrides)
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if attention is not None:
+        kwargs["attn_implementation"] = IMPLEMENTATIONS[attention]
     try:
-        return transformers.AutoModelForCausalLM.from_config(
-            config_object, attn_implementation=attention_implementation(config_object, attention), dtype=dtype
-        )
+        return transformers.AutoModelForCausalLM.from_config(config_object, **kwargs)
     except WorkloadError:
         raise
     except Exception as error:
         message = " ".join(str(error).split()) or type(error).__name__
+        if attention is not None and ("attn_implementation" in message or "scaled_dot_product" in message):
+            raise WorkloadError(
+                "attention",
+                f"{_model_class_name(config_object)} cannot run {attention} attention in transformers "
+                f"{transformers.__version__}; leave attention unset (transformers' own choice) or pick another",
+            ) from None
         raise WorkloadError(
             _rejected_field(config, message), f"transformers cannot build the model: {message}"
         ) from None
 
 
+def supports_checkpointing(model: Any) -> bool:  # a transformers PreTrainedModel
+    """Whether transformers can checkpoint the model's layers (``supports_gradient_checkpointing``)."""
+    return bool(getattr(model, "supports_gradient_checkpointing", False))
+
+
 def enable_checkpointing(model: Any) -> None:  # a transformers PreTrainedModel
-    """transformers' activation (gradient) checkpointing of every decoder layer, non-reentrant, as training uses it."""
+    """transformers' activation (gradient) checkpointing of every decoder layer, non-reentrant, as training uses it;
+    refused (naming ``activation-checkpointing``) for a class transformers cannot checkpoint."""
+    if not supports_checkpointing(model):
+        raise WorkloadError(
+            "activation-checkpointing",
+            f"{type(model).__name__} has no activation checkpointing in transformers {transformers.__version__}",
+        )
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -129,28 +186,53 @@ def enable_checkpointing(model: Any) -> None:  # a transformers PreTrainedModel
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """transformers' advisory messages about the config (token ids outside a tiny vocabulary...) kept off stderr."""
+    """transformers' advisory messages (token ids outside a tiny vocabulary, use_cache turned off for checkpointing,
+    reference kernels...) and Python warnings from transformers and torch kept off stderr while describing a model."""
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
+    torch_log = logging.getLogger("torch")
+    torch_level = torch_log.level
+    torch_log.setLevel(logging.CRITICAL)  # fake-tensor kernels log the errors a refused trace then reports
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         transformers.logging.set_verbosity(verbosity)
+        torch_log.setLevel(torch_level)
+
+
+OTHER_TOWERS = ("vision", "visual", "audio", "image", "encoder", "speech", "patch")
 
 
 def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedModel
-    """The model's list of decoder layers (the ``ModuleList`` as long as ``num_hidden_layers``)."""
-    count = model.config.num_hidden_layers
-    for module in model.base_model.children():
-        if isinstance(module, nn.ModuleList) and len(module) == count:
-            return module
-    raise WorkloadError("model.model_type", f"no list of {count} decoder layers found in {type(model).__name__}")
+    """The model's list of decoder layers: the ``ModuleList`` as long as ``num_hidden_layers`` (of the text config)
+    nearest the top, outside vision or audio towers."""
+    count = config_value(text_config(model.config), "num_hidden_layers")
+    found = [
+        (name.count("."), name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList)
+        and len(module) == count
+        and not any(tower in name.lower() for tower in OTHER_TOWERS)
+    ]
+    if not found:
+        raise WorkloadError("model.model_type", f"no list of {count} decoder layers found in {type(model).__name__}")
+    return min(found, key=lambda item: item[:2])[2]
+
+
+def replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    """Put ``new`` wherever ``old`` is a child module in ``model``."""
+    for parent in model.modules():
+        for name, child in list(parent.named_children()):
+            if child is old:
+                setattr(parent, name, new)
 
 
 def layer_kinds(model: Any) -> list[str]:  # a transformers PreTrainedModel
     """A kind per decoder layer: layers with equal parameter shapes and attention type share a kind (``L<i>``,
     ``i`` the index of the first layer of that kind)."""
-    layer_types = getattr(model.config, "layer_types", None)
+    layer_types = config_value(text_config(model.config), "layer_types")
     kinds: list[str] = []
     first_of: dict[Any, int] = {}
     for index, layer in enumerate(decoder_layers(model)):
@@ -165,7 +247,7 @@ def layer_kinds(model: Any) -> list[str]:  # a transformers PreTrainedModel
 def describe(config: dict[str, Any]) -> ModelProfile:
     """Parameter facts of the model a ``config.json`` describes, counted on the ``meta`` device (no memory)."""
     with quiet(), torch.device("meta"):
-        model: Any = build(config, dtype=torch.bfloat16)
+        model: Any = build(config, dtype=torch.bfloat16)  # attention as transformers resolves it
     named = list(model.named_parameters())  # tied weights once
     by_dtype: dict[str, int] = {}
     for _, param in named:
@@ -184,7 +266,9 @@ def describe(config: dict[str, Any]) -> ModelProfile:
         largest_param_name=largest_name,
         largest_param_numel=largest.numel(),
         layer_kinds=tuple(layer_kinds(model)),
-        dims=config_fields(model.config),
+        dims=config_fields(text_config(model.config)),
+        supports_checkpointing=supports_checkpointing(model),
+        attention=attention_kind(str(model.config._attn_implementation)),
     )
 
 
@@ -192,7 +276,7 @@ def config_fields(config_object: Any) -> dict[str, int]:
     """Shapes the estimator's logits workspace and reports use, read through transformers' config classes."""
 
     def number(name: str) -> int:
-        value = getattr(config_object, name, None)
+        value = config_value(config_object, name)
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
     heads = number("num_attention_heads")

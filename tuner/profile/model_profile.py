@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2  # 2: the attention transformers resolves; traces call the model as training does (use_cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +96,10 @@ class ModelProfile:
     ``param_numels``: elements of every unique parameter in model order (tied weights once), as ZeRO partitions
     them; ``param_elements_by_dtype``: elements per dtype as the model is built in ``dtype=bf16`` (some models keep
     fp32 weights); ``layer_kinds``: the kind of each decoder layer (layers whose parameter shapes and attention type
-    match are one kind); ``dims``: the config's shapes (vocabulary, hidden size, heads...).
+    match are one kind); ``dims``: the config's shapes (vocabulary, hidden size, heads...); ``attention``: the
+    attention kind transformers builds the model with when none is asked for (``sdpa`` where the class supports
+    it, else ``eager``), the default of workloads training it; ``supports_checkpointing``: whether transformers can
+    checkpoint its layers (else no checkpointing profile is traced, and one asked for is refused).
     """
 
     model_type: str
@@ -109,6 +112,8 @@ class ModelProfile:
     largest_param_numel: int
     layer_kinds: tuple[str, ...]
     dims: dict[str, int] = field(default_factory=dict)
+    attention: str = "sdpa"
+    supports_checkpointing: bool = True
     activations: tuple[ActivationProfile, ...] = field(default=())
 
     @property
@@ -167,6 +172,8 @@ class ModelProfile:
             "largest_param_numel": self.largest_param_numel,
             "layer_kinds": self.layer_kinds,
             "dims": dict(self.dims),
+            "attention": self.attention,
+            "supports_checkpointing": self.supports_checkpointing,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,5 +201,7 @@ class ModelProfile:
             largest_param_numel=int(data["largest_param_numel"]),
             layer_kinds=tuple(str(kind) for kind in data["layer_kinds"]),
             dims={str(k): int(v) for k, v in data.get("dims", {}).items()},
+            attention=str(data["attention"]),
+            supports_checkpointing=bool(data["supports_checkpointing"]),
             activations=tuple(ActivationProfile.from_dict(entry) for entry in data.get("activations", ())),
         )

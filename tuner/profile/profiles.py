@@ -67,20 +67,28 @@ def experts_key(config: dict[str, Any]) -> str:
     return str(config.get("experts_implementation") or "default")
 
 
+def _traceable(profile: ModelProfile, checkpointing: Iterable[bool]) -> tuple[bool, ...]:
+    """The checkpointing settings to trace: with checkpointing only where transformers can checkpoint the model
+    (a workload that asks for it is refused by :func:`with_profile`)."""
+    return tuple(ckpt for ckpt in checkpointing if profile.supports_checkpointing or not ckpt)
+
+
 def model_profile(
     config: dict[str, Any],
     seq_len: int,
     precision: str,
-    attention: str,
+    attention: str | None,
     checkpointing: Iterable[bool] = (False, True),
     cache: ProfileCache | None = None,
 ) -> ModelProfile:
-    """The model's profile with activations traced for ``seq_len``, ``precision``, ``attention`` and each
-    checkpointing setting; every part read from the cache or traced and cached."""
+    """The model's profile with activations traced for ``seq_len``, ``precision``, ``attention`` (None: the one
+    transformers resolves, ``profile.attention``) and each checkpointing setting; every part read from the cache or
+    traced and cached."""
     cache = cache or ProfileCache()
     profile = params_profile(config, cache)
+    attention = attention or profile.attention
     entries: list[ActivationProfile] = []
-    for ckpt in checkpointing:
+    for ckpt in _traceable(profile, checkpointing):
         key = activation_key(config, transformers_version(), seq_len, precision, attention, experts_key(config), ckpt)
         entry = cache.get_activation(key)
         if entry is None:
@@ -96,7 +104,7 @@ def cached_profile(
     config: dict[str, Any],
     seq_len: int,
     precisions: Iterable[str],
-    attention: str,
+    attention: str | None,
     checkpointing: Iterable[bool] = (False, True),
     cache: ProfileCache | None = None,
 ) -> ModelProfile | None:
@@ -108,9 +116,10 @@ def cached_profile(
     profile = cache.get_params(params_key(config, version_))
     if profile is None:
         return None
+    attention = attention or profile.attention
     entries = []
     for precision in precisions:
-        for ckpt in checkpointing:
+        for ckpt in _traceable(profile, checkpointing):
             key = activation_key(config, version_, seq_len, precision, attention, experts_key(config), ckpt)
             entry = cache.get_activation(key)
             if entry is None:
@@ -181,6 +190,10 @@ def with_profile(
         return workload
     config = json.loads(model.hf_config)
     train, checkpointing = workload.train, tuple(checkpointing)
+    if train.activation_checkpointing and not params_profile(config, cache).supports_checkpointing:
+        raise WorkloadError(
+            "activation-checkpointing", f"{model.architecture} has no activation checkpointing in transformers"
+        )
     profile: ModelProfile | None = None
     for precision in precisions or (train.precision,):
         traced = model_profile(config, train.seq_len, precision, train.attention, checkpointing, cache)

@@ -40,7 +40,7 @@ REMEMBERED_REFUSALS = 256  # bad configs' refusals kept in memory, the most rece
 QUEUE_FULL_RETRY_S = 10  # a slot frees when the oldest queued profile ends: usually seconds, at most limit_s
 
 Refusal = tuple[str, str]  # (field, message): why a config cannot be profiled
-Worker = Callable[[dict[str, Any], int, tuple[str, ...], str, str, int], Refusal | None]
+Worker = Callable[[dict[str, Any], int, tuple[str, ...], str | None, str, int], Refusal | None]
 
 
 class ProfilePending(Exception):
@@ -62,7 +62,7 @@ class ProfileQueueFull(Exception):
 
 
 def _profile_in_worker(
-    config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str, folder: str, limit_s: int
+    config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str | None, folder: str, limit_s: int
 ) -> Refusal | None:
     """Compute and cache the profile (in the worker process); a refusal comes back as ``(field, message)``."""
 
@@ -92,7 +92,9 @@ def _spawn_pool() -> Executor:
     return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
 
 
-def _job_key(config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str, folder: str) -> str:
+def _job_key(
+    config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str | None, folder: str
+) -> str:
     """A short digest naming one job: what is kept in memory per job, however large the config."""
     parts = [canonical_config(config), seq_len, list(precisions), attention, folder]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
@@ -153,9 +155,10 @@ class ProfileService:
             return len(self._running)
 
     def profile(
-        self, config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str
+        self, config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str | None
     ) -> ModelProfile:
-        """The profile for these settings (both checkpointing settings), from the cache or computed.
+        """The profile for these settings (both checkpointing settings), from the cache or computed; ``attention``
+        None: the one transformers resolves for the model (``profile.attention``).
 
         Raises :class:`ProfilePending` past ``wait_s``, :class:`ProfileQueueFull` for a new profile while the queue
         is full, :class:`WorkloadError` for a config that cannot be profiled."""
@@ -209,7 +212,12 @@ class ProfileService:
         return refusal
 
     def _submit(
-        self, config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str, cache: ProfileCache
+        self,
+        config: dict[str, Any],
+        seq_len: int,
+        precisions: tuple[str, ...],
+        attention: str | None,
+        cache: ProfileCache,
     ) -> Future[Refusal | None]:
         args = (config, seq_len, precisions, attention, str(cache.folder), self.limit_s)
         if self._pool is None:

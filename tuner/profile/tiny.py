@@ -1,7 +1,9 @@
-"""Tiny configs of every architecture the profile tests and the accuracy bench cover (pure data).
+"""Tiny configs of every architecture the profile tests and the accuracy bench cover.
 
-Small dimensions, same code paths as the published models: grouped-query heads, sliding windows, MoE experts,
-dense-first layers, multi-head latent attention. Four layers, so the profile's two-layer extrapolation is exercised.
+:data:`TINY_CONFIGS` (pure data): small dimensions, same code paths as the published models: grouped-query heads,
+sliding windows, MoE experts, dense-first layers, multi-head latent attention. Four layers, so the profile's
+two-layer extrapolation is exercised. :func:`shrunk_config` makes one for any model type from its config class's
+defaults (imports transformers when called).
 """
 
 from __future__ import annotations
@@ -112,3 +114,100 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "topk_group": 1,
     },
 }
+
+
+LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "depth")
+HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "model_dim", "word_embed_proj_dim")
+WIDTH = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "decoder_ffn_dim", "mlp_dim", "d_ff")
+MOE_WIDTH = ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size")
+HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
+EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts", "num_routed_experts")
+PICKED = ("num_experts_per_tok", "moe_topk", "num_selected_experts", "top_k", "moe_k")
+POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
+HEAD_DIM = ("head_dim", "rotary_dim", "rope_dim", "kv_channels", "head_size", "d_head")  # parts of names
+FIXED = {"kv_lora_rank": 32, "q_lora_rank": 32, "vocab_size": 512}
+
+
+def _shrunk(values: dict[str, Any], layers: int) -> dict[str, Any]:
+    """One config dict (a nested text or vision config too) with its dimensions shrunk."""
+    out = dict(values)
+    old_layers = next((values[k] for k in LAYERS if isinstance(values.get(k), int)), None)
+    heads = next((values[k] for k in HEADS if isinstance(values.get(k), int)), None)
+    hidden = next((values[k] for k in HIDDEN if isinstance(values.get(k), int)), None)
+    head_dim = values.get("head_dim") if isinstance(values.get("head_dim"), int) else None
+    head_dim = head_dim or (hidden // heads if hidden and heads else 64)
+    for key, value in values.items():
+        if isinstance(value, dict) and "model_type" in value:
+            out[key] = _shrunk(value, 2)
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if key in LAYERS:
+            out[key] = min(value, layers)
+        elif key in HIDDEN:
+            out[key] = min(value, 64)
+        elif key in WIDTH:
+            out[key] = min(value, 128)
+        elif key in MOE_WIDTH:
+            out[key] = min(value, 32)
+        elif key in HEADS:
+            out[key] = min(value, 4)
+        elif key in KV_HEADS:
+            out[key] = 1 if value == 1 else (2 if heads and value < heads else min(value, 4))
+        elif key in EXPERTS:
+            out[key] = min(value, 4)
+        elif key in PICKED:
+            out[key] = min(value, 2)
+        elif key in POSITIONS:
+            out[key] = min(value, 512)
+        elif key in FIXED:
+            out[key] = min(value, FIXED[key])
+        elif any(part in key for part in HEAD_DIM):  # head dimensions shrink together (rotary parts stay parts)
+            out[key] = max(2, value * 16 // head_dim) if value * 16 % head_dim == 0 else min(value, 16)
+        elif key.endswith("token_id") and value >= 512:
+            out[key] = 511 - len([k for k in out if k.endswith("token_id")]) % 64
+    if isinstance(values.get("n_group"), int) and isinstance(values.get("topk_group"), int):
+        out["n_group"] = out["topk_group"] = 1
+    if old_layers is not None:  # per-layer lists (and per-layer configs by index) follow the shorter model
+        new_layers = next(out[k] for k in LAYERS if isinstance(values.get(k), int))
+        if isinstance(values.get("per_layer_config"), dict):
+            base = {key: value for key, value in values.items() if key != "per_layer_config"}
+            out["per_layer_config"] = {
+                k: {name: _shrunk({**base, **v}, layers)[name] for name in v}  # what the layer changes, shrunk
+                for k, v in values["per_layer_config"].items()
+                if int(k) < new_layers and isinstance(v, dict)
+            }
+        for key, value in values.items():
+            if isinstance(value, list) and len(value) == old_layers and key != "architectures":
+                out[key] = value[:new_layers]
+    return out
+
+
+def shrunk_config(model_type: str, layers: int = 6) -> dict[str, Any]:
+    """A tiny ``config.json`` dict of ``model_type``: its config class's defaults, few layers (``layers``, 2 in
+    nested vision or audio configs), hidden size 64, 4 heads, 4 experts, a 512-token vocabulary."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    values = CONFIG_MAPPING[model_type]().to_dict()
+    for key in ("transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype"):
+        values.pop(key, None)
+    return {**_shrunk(values, layers), "model_type": model_type}
+
+
+def decoder_only(model_type: str) -> bool:
+    """Whether transformers' causal LM of ``model_type`` is a decoder-only model: not the decoder of an
+    encoder-decoder (``is_encoder_decoder``), nor an encoder whose LM head needs ``is_decoder=True`` (BERT...)."""
+    import inspect
+
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type]
+    try:
+        if config_class().is_encoder_decoder:
+            return False
+    except Exception:  # defaults that do not validate: not an encoder-decoder config
+        pass
+    mapping: Any = transformers.AutoModelForCausalLM._model_mapping
+    model_class = mapping[config_class]
+    return "is_decoder" not in inspect.getsource(model_class.__init__)
