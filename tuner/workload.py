@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from tuner.profile.model_profile import ModelProfile
+    from tuner.model_profile import ModelProfile
 
 from tuner.errors import InputError
 

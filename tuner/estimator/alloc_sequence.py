@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from tuner.estimator.allocator import SMALL_SIZE, Event, OutOfMemory, Simulation, simulate
 
 if TYPE_CHECKING:
-    from tuner.estimator.core import Phase
+    from tuner.estimator.phases import Phase
     from tuner.estimator.settings import Settings
     from tuner.workload import Workload
 

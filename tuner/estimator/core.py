@@ -49,6 +49,7 @@ from tuner.estimator.device import KINDS, OTHER, DeviceKind, device_kind
 from tuner.estimator.hardware import table_key
 from tuner.estimator.nccl import Parallelism
 from tuner.estimator.partitions import flat_partition, round_robin_order, stage3_partition
+from tuner.estimator.phases import CATEGORIES, Phase
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.settings import Settings, resolve
 from tuner.estimator.transients import (
@@ -61,7 +62,6 @@ from tuner.estimator.transients import (
 )
 from tuner.workload import Workload
 
-CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
 PHASES = ("forward", "backward", "step", "save")  # "save" only where the estimate has it (ZeRO-3, gather on save)
 STEP_PHASES = PHASES[:3]
 HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # cpu_per_node's (no host activations)
@@ -99,28 +99,6 @@ class Overhead:
 
 
 DEFAULT_OVERHEAD = Overhead()
-
-
-@dataclass
-class Phase:
-    """Bytes alive in one phase of a step on one rank, by category, split into device (GPU) and host (CPU)."""
-
-    gpu: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
-    cpu: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
-
-    @property
-    def gpu_total(self) -> int:
-        """Device bytes in this phase."""
-        return sum(self.gpu.values())
-
-    @property
-    def cpu_total(self) -> int:
-        """Host bytes of one rank in this phase."""
-        return sum(self.cpu.values())
-
-    def by_category(self) -> dict[str, int]:
-        """Device + host bytes per category (what a CPU-only run holds in one process)."""
-        return {name: self.gpu[name] + self.cpu[name] for name in CATEGORIES}
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import env
-from tuner.profile.model_profile import PROFILE_FORMAT, ActivationProfile, ModelProfile
+from tuner.model_profile import PROFILE_FORMAT, ActivationProfile, ModelProfile
 
 CACHE_ENV = "DSTUNE_PROFILE_CACHE"
 

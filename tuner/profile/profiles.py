@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import replace
-from functools import lru_cache
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from tuner.model_profile import ActivationProfile, ModelProfile
 from tuner.profile.cache import ProfileCache, activation_key, canonical_config, params_key
-from tuner.profile.model_profile import ActivationProfile, ModelProfile
+from tuner.profile.config_checks import refuse_custom_code, transformers_version
 from tuner.workload import (
     SUPPORTED_FAMILIES,
     ModelSpec,
@@ -23,29 +22,6 @@ from tuner.workload import (
     load_hf_config,
     model_from_hf_config,
 )
-
-
-@lru_cache(maxsize=1)
-def transformers_version() -> str:
-    """The installed transformers version, read without importing it."""
-    try:
-        return version("transformers")
-    except PackageNotFoundError:
-        raise WorkloadError("model", "transformers is not installed: pip install transformers") from None
-
-
-def refuse_custom_code(config: Any) -> dict[str, Any]:
-    """The config, unless it is not an object or asks for custom model code (checked before any cache lookup)."""
-    if not isinstance(config, dict):
-        raise WorkloadError("model", "config.json must hold a JSON object")
-    for key in ("auto_map", "trust_remote_code"):
-        if config.get(key):
-            raise WorkloadError(
-                f"model.{key}", "custom model code (trust_remote_code) is refused; use a model_type transformers ships"
-            )
-    if not isinstance(config.get("model_type"), str):
-        raise WorkloadError("model.model_type", "missing from the model config")
-    return config
 
 
 def params_profile(config: dict[str, Any], cache: ProfileCache | None = None) -> ModelProfile:

@@ -30,6 +30,7 @@ import transformers.masking_utils
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tuner.model_profile import ActivationProfile, Linear
 from tuner.profile.hf import (
     TORCH_DTYPES,
     build,
@@ -40,7 +41,6 @@ from tuner.profile.hf import (
     replace_module,
     text_config,
 )
-from tuner.profile.model_profile import ActivationProfile, Linear
 from tuner.workload import WorkloadError
 
 OUTSIDE = -1
