@@ -1,6 +1,6 @@
 """CPU-run estimates are exactly what they were before the CUDA terms (``data/cpu_estimates.json``, recorded from
-the estimator at commit 4c02b70 with these cases): CUDA's context, NCCL, cuBLAS, allocator and attention-kernel terms
-must add nothing on CPU ranks."""
+the estimator without them: commit 2c61520, the true-peak transients in, the CUDA terms not yet): CUDA's context,
+NCCL, cuBLAS, allocator and attention-kernel terms must add nothing on CPU ranks."""
 
 import json
 from collections.abc import Iterator
