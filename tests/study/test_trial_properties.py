@@ -11,18 +11,17 @@ conditional parameter was ``None`` (its YAML default, "DeepSpeed decides"), whic
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
-import yaml
+from bench_space import bench_space
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner.space import InfeasibleConfig, SearchSpace, default_space_path, load_space, parse_space
+from tuner.space import InfeasibleConfig, SearchSpace, default_space_path, load_space
 from tuner.study.calibration import Calibration
 from tuner.study.warm_start import ThroughputGuide, params_of
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_from_param_count
@@ -31,20 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _bench_space() -> SearchSpace:
-    tree = ast.parse((ROOT / "bench" / "search_efficiency.py").read_text())
-    text = next(
-        node.value.value
-        for node in tree.body
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SPACE_YAML"
-    )
-    return parse_space(yaml.safe_load(text), "search_efficiency.yaml")
-
-
 def _spaces() -> dict[str, SearchSpace]:
     spaces = {path.name: load_space(path) for path in sorted((ROOT / "tuner" / "space" / "builtin").glob("*.yaml"))}
     spaces |= {f"search_spaces/{p.name}": load_space(p) for p in sorted((ROOT / "search_spaces").glob("*.yaml"))}
-    spaces["bench"] = _bench_space()
+    spaces["bench"] = bench_space()
     spaces["default, restricted to the grid's"] = load_space(default_space_path()).restricted(["stage", "micro_batch"])
     return spaces
 

@@ -1,17 +1,16 @@
 """Warm starts from the throughput model: feasible ranking, earlier configs re-checked, the guide on a real
 landscape (the CPU landscape measured for bench/search_efficiency.py, replayed: no runs)."""
 
-import ast
 import json
 import random
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import yaml
+from bench_space import bench_space
 
 from tuner.estimator import estimate
-from tuner.space import SearchSpace, default_space_path, load_space, parse_space
+from tuner.space import default_space_path, load_space
 from tuner.storage import Store
 from tuner.study.calibration import Calibration
 from tuner.study.throughput_fit import FAMILY_PREFIX, ThroughputFit, spearman
@@ -22,17 +21,6 @@ from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
 ROOT = Path(__file__).resolve().parents[2]
 LANDSCAPE = ROOT / "bench" / "results" / "landscapes" / "tiny-llama-s128-w1.json"
 GPT2 = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8, gpu_memory=16 * 2**30), TrainSpec(seq_len=1024))
-
-
-def bench_space() -> SearchSpace:
-    """The bench's space (ZeRO stage × micro-batch × checkpointing, everything else pinned), read from its source."""
-    tree = ast.parse((ROOT / "bench" / "search_efficiency.py").read_text())
-    text = next(
-        node.value.value
-        for node in tree.body
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SPACE_YAML"
-    )
-    return parse_space(yaml.safe_load(text), "search_efficiency.yaml")
 
 
 def label(params: dict) -> str:
