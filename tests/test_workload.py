@@ -211,3 +211,19 @@ def test_config_limits_pass_every_preset_and_refuse_deep_nesting() -> None:
         deep = {"sub": deep}
     with pytest.raises(WorkloadError, match="nested deeper"):
         check_config_limits(deep)
+
+
+def test_trainable_part_round_trips_and_leaves_full_fine_tuning_fingerprints_alone() -> None:
+    from tuner.workload import TrainableSpec, workload_from_dict, workload_to_dict
+
+    full = Workload(load_model("tiny-gpt2"))
+    lora = replace(full, trainable=TrainableSpec.of({"r": 8, "peft_type": "LORA"}, "wte"))
+    assert "trainable" not in workload_to_dict(full)
+    assert workload_from_dict(workload_to_dict(lora)) == lora
+    assert lora.fingerprint() != full.fingerprint()
+    # key order of the adapter config does not matter
+    assert TrainableSpec.of({"peft_type": "LORA", "r": 8}) == TrainableSpec.of({"r": 8, "peft_type": "LORA"})
+    with pytest.raises(WorkloadError, match="freeze"):
+        TrainableSpec(freeze="[")
+    with pytest.raises(WorkloadError, match="peft"):
+        TrainableSpec(peft="[1]")

@@ -43,9 +43,11 @@ from tuner.profile.profiles import spec_from_profile
 from tuner.profile.service import default_service
 from tuner.units import parse_bytes
 from tuner.workload import (
+    MAX_FREEZE_PATTERN,
     SUPPORTED_FAMILIES,
     ClusterSpec,
     ModelSpec,
+    TrainableSpec,
     TrainSpec,
     Workload,
     WorkloadError,
@@ -125,6 +127,18 @@ class WorkloadRequest(BaseModel):
     device: Device = "cuda"
     model_impl: ModelImpl = Field(
         "transformers", description="The model measured runs train: transformers from_config, or dstune's built-in one."
+    )
+    peft: dict[str, Any] | None = Field(
+        None,
+        description="A peft adapter config (adapter_config.json object, LoRA): only its adapters (and "
+        "modules_to_save) train.",
+    )
+    freeze: str | None = Field(
+        None,
+        max_length=MAX_FREEZE_PATTERN,
+        description="Regular expression over parameter names (model.embed_tokens.weight): matching parameters are "
+        "frozen.",
+        examples=["embed_tokens"],
     )
 
 
@@ -272,6 +286,7 @@ def to_workload(
             activation_checkpointing=request.activation_checkpointing,
             attention=request.attention or DEFAULT_ATTENTION,
         )
+        trainable = TrainableSpec.of(request.peft, request.freeze)
         profile = None
         if request.params is not None:
             model = model_from_param_count(float(request.params))
@@ -285,7 +300,7 @@ def to_workload(
         raise FieldError((*loc, "config"), f"not a usable model config: {error}") from None
     if not 0 < model.n_params <= MAX_PARAMS:
         raise FieldError((*loc, "config" if request.config is not None else "model"), "implausible parameter count")
-    return Workload(model, cluster, train, profile=profile)
+    return Workload(model, cluster, train, profile=profile, trainable=trainable)
 
 
 __all__ = [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -218,14 +219,73 @@ class TrainSpec:
             raise WorkloadError("attention", f"must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
 
 
+MAX_FREEZE_PATTERN = 1024  # characters of a --freeze regular expression
+
+
+@dataclass(frozen=True)
+class TrainableSpec:
+    """Which of the model's parameters train: all of them (the default), or what a peft adapter and a freeze
+    pattern leave trainable.
+
+    ``peft``: a ``peft`` adapter config (the ``adapter_config.json`` object) as canonical JSON; its adapters are
+    added to the model, and only they (with its ``modules_to_save`` copies) train. ``freeze``: a regular expression
+    searched in parameter names as transformers names them (``model.embed_tokens.weight``); the parameters it
+    matches are frozen (plain partial fine-tuning; with ``peft``, applied to the peft model's names too).
+    The adapter's own fields are checked where the real ``peft`` library builds it (:mod:`tuner.profile`).
+
+    >>> TrainableSpec(freeze="embed").is_full, TrainableSpec().is_full
+    (False, True)
+    >>> TrainableSpec(freeze="(")
+    Traceback (most recent call last):
+    tuner.workload.WorkloadError: freeze: not a regular expression: missing ), unterminated subpattern at position 0
+    """
+
+    peft: str = ""
+    freeze: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.freeze) > MAX_FREEZE_PATTERN:
+            raise WorkloadError("freeze", f"at most {MAX_FREEZE_PATTERN} characters")
+        try:
+            re.compile(self.freeze)
+        except re.error as error:
+            raise WorkloadError("freeze", f"not a regular expression: {error}") from None
+        if self.peft:
+            try:
+                adapter = json.loads(self.peft)
+            except json.JSONDecodeError as error:
+                raise WorkloadError("peft", f"not JSON: {error}") from None
+            if not isinstance(adapter, dict):
+                raise WorkloadError("peft", "must be a JSON object (peft's adapter_config.json)")
+
+    @classmethod
+    def of(cls, peft: dict[str, Any] | None = None, freeze: str | None = None) -> TrainableSpec:
+        """From an adapter config object (canonicalised: key order and spacing do not change fingerprints)."""
+        if peft is not None and not isinstance(peft, dict):
+            raise WorkloadError("peft", "must be a JSON object (peft's adapter_config.json)")
+        text = json.dumps(peft, sort_keys=True, separators=(",", ":")) if peft is not None else ""
+        return cls(peft=text, freeze=freeze or "")
+
+    @property
+    def is_full(self) -> bool:
+        """True when every parameter trains (no adapter, nothing frozen)."""
+        return not self.peft and not self.freeze
+
+    @property
+    def peft_config(self) -> dict[str, Any] | None:
+        """The adapter config object, or None without one."""
+        return json.loads(self.peft) if self.peft else None
+
+
 @dataclass(frozen=True)
 class Workload:
-    """Model + cluster + training settings: the unit the tuner searches configs for."""
+    """Model + cluster + training settings (+ which parameters train): the unit the tuner searches configs for."""
 
     model: ModelSpec
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
     profile: ModelProfile | None = field(default=None, compare=False, repr=False)
+    trainable: TrainableSpec = field(default_factory=TrainableSpec)
 
     def fingerprint(self) -> str:
         """A stable hash of everything that decides memory and speed (the model's name is left out)."""
@@ -410,19 +470,29 @@ def preset_config(name: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def read_json_object(source: str | Path, field_name: str, default_file: str = "") -> dict[str, Any]:
+    """The JSON object in a file (or in ``default_file`` inside a folder); bad input names ``field_name``."""
+    path = Path(source)
+    if path.is_dir() and default_file:
+        path = path / default_file
+    if not path.is_file():
+        raise WorkloadError(field_name, f"no such file: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise WorkloadError(field_name, f"cannot read {path} as JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise WorkloadError(field_name, f"{path} must hold a JSON object")
+    return data
+
+
 def load_hf_config(source: str) -> tuple[dict[str, Any], str]:
     """The Hugging Face config dict and a display name for a preset name or a ``config.json`` path (or folder)."""
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
     if path.suffix == ".json" or path.exists() or "/" in source:
-        if not path.is_file():
-            raise WorkloadError("model", f"no such file: {path}")
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise WorkloadError("model", f"cannot read {path} as JSON: {error}") from None
-        return config, path.parent.name or path.stem
+        return read_json_object(path, "model"), path.parent.name or path.stem
     return preset_config(source), source
 
 
@@ -441,10 +511,19 @@ def model_from_param_count(n_params: float) -> ModelSpec:
 
 
 def workload_to_dict(workload: Workload) -> dict[str, Any]:
-    """Plain JSON-ready fields of a workload (the inverse of :func:`workload_from_dict`)."""
-    return {"model": workload.model.to_dict(), "cluster": asdict(workload.cluster), "train": asdict(workload.train)}
+    """Plain JSON-ready fields of a workload (the inverse of :func:`workload_from_dict`); ``trainable`` only when
+    some parameters are frozen, so full fine-tuning workloads keep the fingerprints they were stored under."""
+    data = {"model": workload.model.to_dict(), "cluster": asdict(workload.cluster), "train": asdict(workload.train)}
+    if not workload.trainable.is_full:
+        data["trainable"] = asdict(workload.trainable)
+    return data
 
 
 def workload_from_dict(data: dict[str, Any]) -> Workload:
     """Rebuild a workload from :func:`workload_to_dict`'s output."""
-    return Workload(ModelSpec(**data["model"]), ClusterSpec(**data["cluster"]), TrainSpec(**data["train"]))
+    return Workload(
+        ModelSpec(**data["model"]),
+        ClusterSpec(**data["cluster"]),
+        TrainSpec(**data["train"]),
+        trainable=TrainableSpec(**data.get("trainable", {})),
+    )

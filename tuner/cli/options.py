@@ -39,7 +39,7 @@ from tuner.schema import (
     to_workload,
     validated,
 )
-from tuner.workload import Workload, load_hf_config
+from tuner.workload import Workload, load_hf_config, read_json_object
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
 ParamsOpt = Annotated[float | None, typer.Option(help="A bare parameter count, e.g. 7.5e9.")]
@@ -59,6 +59,10 @@ CheckpointingOpt = Annotated[bool, typer.Option(help="Recompute activations in b
 AttentionOpt = Annotated[Attention | None, typer.Option(help="Attention kernel (default: transformers' choice).")]
 DeviceOpt = Annotated[Device, typer.Option(help="Training device.")]
 AutoDeviceOpt = Annotated[Device | None, typer.Option(help="Training device (default: cuda if present).")]
+PeftOpt = Annotated[
+    str | None, typer.Option(help="peft adapter_config.json (LoRA): only the adapters and modules_to_save train.")
+]
+FreezeOpt = Annotated[str | None, typer.Option(help="Freeze the parameters whose names match this regex.")]
 DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
 StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
@@ -74,6 +78,7 @@ WarmupMaxOpt = Annotated[
 AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
 TUNE_FLAGS = (
     "model", "gpus", "nodes", "gpu_memory", "cpu_memory", "seq_len", "precision", "attention", "device", "model_impl",
+    "peft", "freeze",
 )  # fmt: skip
 
 
@@ -104,6 +109,8 @@ class WorkloadFlags:
     device: DeviceOpt = "cuda"  # None (measure, tune): the machine's own
     ds_config: DsConfigOpt = None
     model_impl: ModelImplOpt = "transformers"
+    peft: PeftOpt = None
+    freeze: FreezeOpt = None
 
 
 def workload_options(
@@ -170,6 +177,7 @@ def build(flags: WorkloadFlags) -> tuple[Workload, dict[str, Any]]:
         if (flags.model is None) == (flags.params is None):
             raise InputError("model", "give exactly one of --model PATH|PRESET or --params COUNT")
         config, name = load_hf_config(flags.model) if flags.model is not None else (None, None)
+        peft = read_json_object(flags.peft, "peft", "adapter_config.json") if flags.peft is not None else None
         request = validated(
             WorkloadRequest,
             {
@@ -187,6 +195,8 @@ def build(flags: WorkloadFlags) -> tuple[Workload, dict[str, Any]]:
                 "activation_checkpointing": flags.activation_checkpointing,
                 "device": flags.device or default_device(),
                 "model_impl": flags.model_impl,
+                "peft": peft,
+                "freeze": flags.freeze,
             },
         )
         workload = to_workload(request, config_name=name)
