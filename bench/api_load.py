@@ -53,8 +53,8 @@ import aiohttp
 import httpx
 
 from tuner.estimator import estimate
+from tuner.inputs import WorkloadRequest, to_workload
 from tuner.recommend import normalised
-from tuner.schema import WorkloadRequest, to_workload
 from tuner.storage import Store, StudyRow, TrialRow, utcnow
 
 GPT2 = {"model": "gpt2", "seq_len": 512}

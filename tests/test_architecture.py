@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         {"tuner.workload"},
         {"tuner.estimator"},
         {"tuner.space", "tuner.profile", "tuner.storage", "tuner.dsconfig"},
-        {"tuner.measure", "tuner.schema"},
+        {"tuner.measure", "tuner.inputs"},
         {"tuner.study"},
         {"tuner.recommend", "tuner.worker", "tuner.dashboard"},
         {"tuner.api"},

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from tuner.schema import WorkloadRequest
+from tuner.inputs import WorkloadRequest
 from tuner.storage import JobRecord, Store, StoreError
 from tuner.study.jobs import JobRequest, check_job
 from tuner.worker import JobHandle, run_job, work

@@ -17,8 +17,8 @@ from postgres import fresh_database
 from conftest import BACKENDS
 from tuner.api import create_app
 from tuner.estimator import estimate
+from tuner.inputs import WorkloadRequest, to_workload
 from tuner.recommend import normalised
-from tuner.schema import WorkloadRequest, to_workload
 from tuner.storage import Store
 from tuner.workload import Workload
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tuner import schema
+from tuner import inputs
 from tuner.api import create_app
 from tuner.api.routes import estimate as estimate_route
 from tuner.api.routes import recommend as recommend_route
@@ -76,7 +76,7 @@ def client(db: Path) -> Iterator[TestClient]:
 def test_hostile_workloads_are_refused_before_work(
     monkeypatch: pytest.MonkeyPatch, client: TestClient, db: Path, path: str, workload: dict, loc: list
 ) -> None:
-    monkeypatch.setattr(schema, "default_service", _NoProfiles)  # no model is described, in any process
+    monkeypatch.setattr(inputs, "default_service", _NoProfiles)  # no model is described, in any process
     before = _rows(db)
     started = time.perf_counter()
     response = client.post(path, json={"workload": workload})
@@ -148,7 +148,7 @@ def test_a_full_profiling_queue_is_503_with_retry_after_and_queues_nothing(
     service = ProfileService(
         ProfileCache(tmp_path / "profiles"), wait_s=0.0, max_queued=1, worker=worker, pool=lambda: ThreadPoolExecutor(1)
     )
-    monkeypatch.setattr(schema, "default_service", lambda: service)
+    monkeypatch.setattr(inputs, "default_service", lambda: service)
 
     def body(layers: int) -> dict[str, Any]:
         return {"workload": {"config": {**LLAMA, "num_hidden_layers": layers}, "gpus": 8, "gpu_memory": "80GiB"}}

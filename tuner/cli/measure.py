@@ -21,8 +21,8 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
+from tuner.inputs import Launcher
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.schema import Launcher
 
 
 @workload_options(overrides=AUTO_DEVICE)

@@ -2,10 +2,10 @@
 (plus the few options several commands share: ``--json``, ``--storage``).
 
 :class:`WorkloadFlags` is the declaration: each field's type carries its Typer option (help, bounds, choices from
-:mod:`tuner.schema`'s vocabularies) and its default is the flag's default. :func:`workload_options` puts those
+:mod:`tuner.inputs`'s vocabularies) and its default is the flag's default. :func:`workload_options` puts those
 options into a command's signature in place of its ``flags: WorkloadFlags`` parameter and hands the command one
-:class:`WorkloadFlags`; :func:`build` turns it into the workload, through the same :class:`tuner.schema.WorkloadRequest`
-and :func:`tuner.schema.to_workload` as the API and the job queue, plus the ds_config of the shortcut flags.
+:class:`WorkloadFlags`; :func:`build` turns it into the workload, through the same :class:`tuner.inputs.WorkloadRequest`
+and :func:`tuner.inputs.to_workload` as the API and the job queue, plus the ds_config of the shortcut flags.
 
 Example:
     >>> workload, config = build(WorkloadFlags(model="tiny-gpt2", gpus=2, stage=2, device="cpu"))
@@ -26,8 +26,7 @@ from tuner.cli.common import default_device, fail
 from tuner.dsconfig import load_ds_config, workload_config
 from tuner.errors import InputError
 from tuner.estimator import estimate, resolve
-from tuner.profile import with_profile
-from tuner.schema import (
+from tuner.inputs import (
     Attention,
     Device,
     FieldError,
@@ -39,6 +38,7 @@ from tuner.schema import (
     to_workload,
     validated,
 )
+from tuner.profile import with_profile
 from tuner.workload import Workload, load_hf_config, read_json_object
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
@@ -86,7 +86,7 @@ TUNE_FLAGS = (
 class WorkloadFlags:
     """The workload flags as given (``--model`` a path or preset, sizes as text), with their Typer options.
 
-    Besides the :class:`tuner.schema.WorkloadRequest` fields it holds the ds_config shortcuts (``--stage``,
+    Besides the :class:`tuner.inputs.WorkloadRequest` fields it holds the ds_config shortcuts (``--stage``,
     ``--offload-*``, ``--nvme-path``, ``--ds-config``).
     """
 

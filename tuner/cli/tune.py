@@ -31,8 +31,8 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
+from tuner.inputs import Launcher, Sampler
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.schema import Launcher, Sampler
 from tuner.units import GiB, format_duration, parse_duration
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ A job is a row of ``dstune_jobs`` (:meth:`tuner.storage.Store.enqueue_job`): the
 twice) and runs each as a study (:mod:`tuner.worker`). Status: ``queued`` → ``running`` → ``done`` | ``failed`` |
 ``cancelled``; cancelling a running job sets ``cancel_requested`` and its worker stops the study between trials.
 
-A job's workload is a :class:`tuner.schema.WorkloadRequest`, the schema the CLI and the API build workloads through:
+A job's workload is a :class:`tuner.inputs.WorkloadRequest`, the schema the CLI and the API build workloads through:
 model specs only (a preset name, an inline ``config.json`` object, or a parameter count), never paths or import
 strings: nothing in a request makes the server read a file or run code.
 
@@ -21,8 +21,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.inputs import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.schema import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
 from tuner.workload import Workload
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -57,7 +57,7 @@ def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = T
     """The workload a study searches for: micro-batch, accumulation and checkpointing are what the search decides,
     so they are reset to the defaults ``dstune tune`` stores (1, 1, off): the same model and cluster always meet the
     same stored workload (and :func:`tuner.recommend.recommend` finds its measurements). ``inline``: as
-    :func:`tuner.schema.to_workload` (the API passes False: a new model's profile is computed off the request path)."""
+    :func:`tuner.inputs.to_workload` (the API passes False: a new model's profile is computed off the request path)."""
     from dataclasses import replace
 
     workload = to_workload(request, loc, inline=inline)

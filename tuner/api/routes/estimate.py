@@ -14,7 +14,7 @@ from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import EstimateRequest, EstimateResponse
 from tuner.dsconfig import workload_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
-from tuner.schema import FieldError, Loc, check_request, to_workload
+from tuner.inputs import FieldError, Loc, check_request, to_workload
 from tuner.study.throughput_fit import load_fit, throughput_summary
 from tuner.workload import Workload
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException
 
 from tuner.api.deps import Auth, JobId, Limit, Offset, StoreDep, invalid
 from tuner.api.schemas import JobOut
-from tuner.schema import FieldError
+from tuner.inputs import FieldError
 from tuner.storage import JOB_STATES
 from tuner.study.jobs import JobRequest, check_job
 

@@ -1,13 +1,13 @@
-"""The one workload schema (``tuner.schema``): vocabularies agree with the rooms that check them, bad input is one
+"""The one workload schema (``tuner.inputs``): vocabularies agree with the rooms that check them, bad input is one
 FieldError with the field's path, and inline configs are named as asked."""
 
 from __future__ import annotations
 
 import pytest
 
-from tuner import schema, workload
+from tuner import inputs, workload
 from tuner.estimator.settings import OFFLOAD_DEVICES
-from tuner.schema import (
+from tuner.inputs import (
     ATTENTION_KINDS,
     MAX_WORLD_SIZE,
     OFFLOAD_TARGETS,
@@ -91,7 +91,7 @@ class _NoProfiles:
 def test_hostile_configs_are_refused_before_any_model_is_described(
     monkeypatch: pytest.MonkeyPatch, impl: str, change: dict, loc: tuple
 ) -> None:
-    monkeypatch.setattr(schema, "default_service", _NoProfiles)
+    monkeypatch.setattr(inputs, "default_service", _NoProfiles)
     request = WorkloadRequest(config={**preset_config("llama-2-7b"), **change}, model_impl=impl)
     with pytest.raises(FieldError) as caught:
         to_workload(request, ("workload",), inline=False)

@@ -149,7 +149,7 @@ def validated(model: type[Request], data: dict[str, Any], loc: Loc = ()) -> Requ
     Example:
         >>> validated(WorkloadRequest, {"model": "tiny-gpt2", "gpus": 0})
         Traceback (most recent call last):
-        tuner.schema.FieldError: gpus: Input should be greater than or equal to 1
+        tuner.inputs.FieldError: gpus: Input should be greater than or equal to 1
     """
     try:
         return model.model_validate(data)
@@ -244,7 +244,7 @@ def check_request(request: WorkloadRequest, loc: Loc = ()) -> None:
     Example:
         >>> check_request(WorkloadRequest(model="gpt2", gpus=4096, nodes=4096), ("workload",))
         Traceback (most recent call last):
-        tuner.schema.FieldError: workload.nodes: gpus × nodes must be at most 131072 ranks
+        tuner.inputs.FieldError: workload.nodes: gpus × nodes must be at most 131072 ranks
     """
     given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
     if len(given) != 1:
