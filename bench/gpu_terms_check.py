@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.estimator import MemoryEstimate, Overhead, estimate
+from tuner.estimator.device import device_kind
 from tuner.estimator.throughput import predict
 from tuner.measure.options import MeasureOptions
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
@@ -183,7 +184,7 @@ class Row:
 def judge(case: Case, device_name: str | None) -> Row:
     """The estimate (for the named GPU; an H200 when unknown) and the throughput prediction of one case."""
     work = case.workload()
-    est = estimate(work, case.ds_config(), Overhead.for_gpu(device_name or "NVIDIA H200"))
+    est = estimate(work, case.ds_config(), Overhead(device=device_kind(device_name or "NVIDIA H200")))
     predicted = predict(work, case.ds_config(), device_name=device_name or "NVIDIA H200").tokens_per_s
     return Row(case, est, predicted, terms=dict(est.overhead_terms))
 

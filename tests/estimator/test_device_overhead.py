@@ -24,7 +24,7 @@ def config(stage: int = 3, **extra) -> dict:
 
 def run(gpus: int, nodes: int = 1, gpu: str | None = "NVIDIA H100 80GB HBM3", ds_config: dict | None = None, **train):
     work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=gpus, nodes=nodes), TrainSpec(**train))
-    return estimate(work, ds_config or config(), Overhead.for_gpu(gpu) if gpu else Overhead())
+    return estimate(work, ds_config or config(), Overhead(device=device_kind(gpu)) if gpu else Overhead())
 
 
 def names(p: Parallelism) -> list[tuple[str, int, int]]:
@@ -116,7 +116,7 @@ def test_calibrated_values_replace_the_defaults() -> None:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_expandable_segments_reserve_less(stage: int) -> None:
     work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=2, gpu_memory=512 * GiB), TrainSpec(2048))
-    h200 = Overhead.for_gpu("NVIDIA H200")
+    h200 = Overhead(device=device_kind("NVIDIA H200"))
     plain = estimate(work, config(stage), h200).overhead_terms["allocator_reserve"]
     grown = estimate(work, config(stage, dstune={"expandable_segments": True}), h200).overhead_terms
     assert 0 <= grown["allocator_reserve"] < plain

@@ -136,10 +136,13 @@ def test_the_server_key_follows_what_the_preloaded_imports_depend_on() -> None:
 
 
 def test_a_transformers_run_preloads_its_model_family() -> None:
-    spec = RunSpec({}, {}, model_impl="transformers", hf_config={"model_type": "llama"})
-    assert rank_preloads(spec) == ["transformers.models.llama.modeling_llama"]
-    assert rank_preloads(RunSpec({}, {}, model_impl="builtin")) == []
-    assert rank_preloads(RunSpec({}, {}, model_impl="transformers", hf_config={"model_type": "../x"})) == []
+    def spec(model: dict) -> RunSpec:
+        return RunSpec({"model": model}, {})
+
+    llama = {"implementation": "transformers", "hf_config": '{"model_type": "llama"}'}
+    assert rank_preloads(spec(llama)) == ["transformers.models.llama.modeling_llama"]
+    assert rank_preloads(spec({"family": "llama"})) == []  # the built-in model
+    assert rank_preloads(spec({**llama, "hf_config": '{"model_type": "../x"}'})) == []
 
 
 def sleeper_rank(tmp_path: Path, seconds: float, code: int = 0):  # type: ignore[no-untyped-def]

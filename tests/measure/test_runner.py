@@ -243,11 +243,15 @@ def test_cancel_kills_every_rank_at_once(request, launcher: str) -> None:
 
 
 def test_transformers_model_from_config_trains() -> None:
-    """``model_impl="transformers"``: the Hugging Face model built ``from_config`` (random weights, no download)."""
+    """A transformers model (``implementation="transformers"``): the Hugging Face model built ``from_config``
+    (random weights, no download)."""
+    import json
+
     from tuner.workload import preset_config
 
     spec = run_spec(1)
-    spec.model_impl, spec.hf_config = "transformers", preset_config("tiny-gpt2")
+    model = dict(spec.workload["model"], implementation="transformers")
+    spec.workload = dict(spec.workload, model=dict(model, hf_config=json.dumps(preset_config("tiny-gpt2"))))
     assert_ok(launch_local(spec, timeout=300), 1)
 
 

@@ -45,7 +45,7 @@ from typing import Any
 from tuner.estimator.activations import logits_workspace_bytes, workload_activation_bytes
 from tuner.estimator.alloc_sequence import simulated_step
 from tuner.estimator.attention import extra_bytes_per_layer
-from tuner.estimator.device import KINDS, OTHER, DeviceKind, device_kind
+from tuner.estimator.device import KINDS, OTHER, DeviceKind
 from tuner.estimator.hardware import table_key
 from tuner.estimator.nccl import Parallelism
 from tuner.estimator.partitions import flat_partition, round_robin_order, stage3_partition
@@ -85,11 +85,6 @@ class Overhead:
     cpu_process_cuda: int = 3 * 2**30
     cpu_process_cpu: int = 450 * 2**20
     device: DeviceKind | None = None
-
-    @classmethod
-    def for_gpu(cls, device_name: str | None) -> Overhead:
-        """The overhead of a GPU named like ``torch.cuda.get_device_name()`` (``NVIDIA H200``), by device kind."""
-        return cls(device=device_kind(device_name))
 
     def kind_for(self, workload: Workload) -> DeviceKind:
         """The device kind of a CUDA workload: the one given, else guessed from its GPU memory."""

@@ -221,7 +221,9 @@ def _fork_rank(
 
 def rank_preloads(spec: RunSpec) -> list[str]:
     """Modules a rank of ``spec`` imports that the fork server does not preload: the transformers model's own."""
-    model_type = str((spec.hf_config or {}).get("model_type", "")) if spec.model_impl == "transformers" else ""
+    model = spec.workload.get("model", {})
+    config = json.loads(model["hf_config"]) if model.get("implementation") == "transformers" else {}
+    model_type = str(config.get("model_type", ""))
     if not model_type.isidentifier():
         return []
     return [f"transformers.models.{model_type}.modeling_{model_type}"]

@@ -43,8 +43,6 @@ class RunSpec:
     device: str = "cpu"
     warmup: int = 1
     steps: int = 3
-    model_impl: str = "builtin"
-    hf_config: dict[str, Any] | None = None
     collective_timeout_s: float = 120.0
     probe_memory: bool = True
     warmup_max: int | None = None  # settle-based warm-up: after ``warmup`` steps, go on until steps settle, up to this
@@ -375,7 +373,7 @@ class TrainingProcess:
 
         rss = self.result.rss_bytes
         rss["before_model"] = rss_bytes()
-        transformers = self.spec.model_impl == "transformers" or workload.model.implementation == "transformers"
+        transformers = workload.model.implementation == "transformers"
         with born_on_device(self.spec.ds_config, self.spec.device, transformers):
             model = self._build_model(workload)
         rss["after_model"] = rss_bytes()
@@ -383,11 +381,12 @@ class TrainingProcess:
 
     def _build_model(self, workload: Any) -> Any:
         train = workload.train
-        if self.spec.model_impl == "transformers" or workload.model.implementation == "transformers":
+        if workload.model.implementation == "transformers":
             from tuner.measure.models import build_transformers_model
 
-            hf_config = self.spec.hf_config or json.loads(workload.model.hf_config)
-            return build_transformers_model(hf_config, train.attention, train.activation_checkpointing)
+            return build_transformers_model(
+                json.loads(workload.model.hf_config), train.attention, train.activation_checkpointing
+            )
         from tuner.measure.models import build_model
 
         return build_model(workload.model, attention=train.attention, checkpointing=train.activation_checkpointing)
