@@ -54,7 +54,6 @@ import httpx
 
 from tuner.estimator import estimate
 from tuner.inputs import WorkloadRequest, to_workload
-from tuner.recommend import normalised
 from tuner.storage import Store, StudyRow, TrialRow, utcnow
 
 GPT2 = {"model": "gpt2", "seq_len": 512}
@@ -119,7 +118,7 @@ def seed(url: str, n_trials: int) -> None:
     configs = list(itertools.product((0, 1, 2, 3), (1, 2, 4, 8, 16), (1, 2, 4, 8)))
     now = utcnow()
     for index, (gpus, memory, seq_len) in enumerate(shapes):
-        workload = normalised(to_workload(WorkloadRequest(model="gpt2", gpus=gpus, gpu_memory=memory, seq_len=seq_len)))
+        workload = to_workload(WorkloadRequest(model="gpt2", gpus=gpus, gpu_memory=memory, seq_len=seq_len))
         study = store.get_or_create_study(f"bench-{index}", store.upsert_workload(workload), "tpe", {})
         rows = []
         for number in range(per_study):

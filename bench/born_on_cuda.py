@@ -9,13 +9,15 @@ import json
 import sys
 
 from tuner.measure.run import measure
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 
 def main() -> None:
     rows = []
     for stage in (2, 3):
-        work = Workload(load_model("qwen2-1.5b"), ClusterSpec(gpus_per_node=1, gpu_memory=140 * 2**30), TrainSpec(512))
+        work = Workload(
+            load_builtin_model("qwen2-1.5b"), ClusterSpec(gpus_per_node=1, gpu_memory=140 * 2**30), TrainSpec(512)
+        )
         config = {
             "train_micro_batch_size_per_gpu": 1,
             "bf16": {"enabled": True},

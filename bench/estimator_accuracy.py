@@ -26,7 +26,8 @@ from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 STATES = ("parameters", "gradients", "optimizer_states")
 
@@ -74,11 +75,11 @@ def relative(estimated: float, measured: float) -> float:
 def run_case(case: tuple, device: str, seq_len: int, workload: Workload | None = None) -> tuple[str, float | None]:
     model, world, precision, stage, micro, offload, ckpt = case
     workload = workload or Workload(
-        load_model(model),
+        load_builtin_model(model),
         ClusterSpec(gpus_per_node=world, device=device, gpu_memory=140 * 2**30),
-        TrainSpec(seq_len=seq_len, micro_batch=micro, precision=precision, activation_checkpointing=ckpt),
+        TrainSpec(seq_len=seq_len, precision=precision),
     )
-    config = ds_config(precision, stage, micro, offload, device)
+    config = TrialConfig(ds_config(precision, stage, micro, offload, device), ckpt)
     est = estimate(workload, config)
     run = run_measurement(
         workload, config, MeasureOptions("local", warmup=2, steps=1 if device == "cpu" else 3, timeout=900)
@@ -113,7 +114,7 @@ def run_case(case: tuple, device: str, seq_len: int, workload: Workload | None =
     )
 
 
-def transformers_workload(architecture: str, precision: str, seq_len: int, micro: int, ckpt: bool) -> Workload:
+def transformers_workload(architecture: str, precision: str, seq_len: int) -> Workload:
     """A tiny transformers model of ``architecture`` as a CPU workload carrying its traced profile."""
     from tuner.profile import model_from_config, with_profile
     from tuner.profile.tiny import TINY_CONFIGS
@@ -121,7 +122,7 @@ def transformers_workload(architecture: str, precision: str, seq_len: int, micro
     workload = Workload(
         model_from_config(TINY_CONFIGS[architecture], name=f"tiny-{architecture}"),
         ClusterSpec(gpus_per_node=1, device="cpu", gpu_memory=140 * 2**30),
-        TrainSpec(seq_len=seq_len, micro_batch=micro, precision=precision, activation_checkpointing=ckpt),
+        TrainSpec(seq_len=seq_len, precision=precision),
     )
     return with_profile(workload)
 
@@ -147,11 +148,14 @@ def transformers_suite(seq_lens: tuple[int, ...], micro: int = 2) -> str:
         for precision in ("bf16", "fp32"):
             for seq_len in seq_lens:
                 for ckpt in (False, True):
-                    workload = transformers_workload(architecture, precision, seq_len, micro, ckpt)
-                    config_ = {
-                        "train_micro_batch_size_per_gpu": micro,
-                        **({"bf16": {"enabled": True}} if precision == "bf16" else {}),
-                    }
+                    workload = transformers_workload(architecture, precision, seq_len)
+                    config_ = TrialConfig(
+                        {
+                            "train_micro_batch_size_per_gpu": micro,
+                            **({"bf16": {"enabled": True}} if precision == "bf16" else {}),
+                        },
+                        ckpt,
+                    )
                     est = estimate(workload, config_)
                     params_exact += est.n_params == real_params
                     predicted = est.phases["forward"].gpu["activations"]
@@ -179,7 +183,7 @@ def transformers_suite(seq_lens: tuple[int, ...], micro: int = 2) -> str:
     for architecture in TINY_CONFIGS:
         for precision, stage, ckpt in (("bf16", 0, False), ("fp32", 2, True)):
             case = (f"tiny-{architecture}", 1, precision, stage, micro, "none", ckpt)
-            workload = transformers_workload(architecture, precision, seq_lens[0], micro, ckpt)
+            workload = transformers_workload(architecture, precision, seq_lens[0])
             row, error = run_case(case, "cpu", seq_lens[0], workload)
             peak_rows.append(row)
             print(row, flush=True)

@@ -26,6 +26,7 @@ from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
+from tuner.trial import TrialConfig
 from tuner.workload import ClusterSpec, TrainSpec, Workload, model_from_hf_config
 
 RESULTS = Path(__file__).parent / "results"
@@ -73,7 +74,7 @@ def workload(name: str, precision: str) -> Workload:
     """The bench's workload for model ``name`` (transformers models carry their traced activation profile)."""
     config, impl = MODELS[name]
     cluster = ClusterSpec(gpus_per_node=WORLD, device="cpu", gpu_memory=140 * 2**30)
-    train = TrainSpec(seq_len=SEQ, micro_batch=MICRO, precision=precision)
+    train = TrainSpec(seq_len=SEQ, precision=precision)
     if impl == "builtin":
         return Workload(model_from_hf_config(config, name), cluster, train)
     from tuner.profile import model_from_config, with_profile
@@ -92,7 +93,7 @@ def measure(name: str, precision: str, stage: int, extra: dict[str, Any], detail
     started = time.monotonic()
     run = run_measurement(  # the workload's ModelSpec says which model trains (transformers or built-in)
         work,
-        ds_config(precision, stage, extra),
+        TrialConfig(ds_config(precision, stage, extra)),
         MeasureOptions("local", warmup=2, steps=1, timeout=1500),
         profiler_overhead=overhead,
         extra={"allocation_detail": detail},

@@ -35,7 +35,8 @@ from tuner.estimator import MemoryEstimate, Overhead, estimate
 from tuner.estimator.device import device_kind
 from tuner.estimator.throughput import predict
 from tuner.measure.options import MeasureOptions
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 MiB = 2**20
 H200_MEMORY = 143_771 * MiB
@@ -60,14 +61,13 @@ class Case:
         return f"{self.model} z{self.stage} mb{self.micro} {self.precision} s{self.seq_len}{flags}"
 
     def workload(self) -> Workload:
-        train = TrainSpec(
-            seq_len=self.seq_len,
-            micro_batch=self.micro,
-            precision=self.precision,
-            activation_checkpointing=self.checkpointing,
-        )
+        train = TrainSpec(seq_len=self.seq_len, precision=self.precision)
         cluster = ClusterSpec(gpus_per_node=1, gpu_memory=H200_MEMORY, device=self.device)  # type: ignore[arg-type]
-        return Workload(load_model(self.model), cluster, train)
+        return Workload(load_builtin_model(self.model), cluster, train)
+
+    def trial(self) -> TrialConfig:
+        """The trial config of this case: its ds_config and checkpointing."""
+        return TrialConfig(self.ds_config(), self.checkpointing)
 
     def ds_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -184,8 +184,8 @@ class Row:
 def judge(case: Case, device_name: str | None) -> Row:
     """The estimate (for the named GPU; an H200 when unknown) and the throughput prediction of one case."""
     work = case.workload()
-    est = estimate(work, case.ds_config(), Overhead(device=device_kind(device_name or "NVIDIA H200")))
-    predicted = predict(work, case.ds_config(), device_name=device_name or "NVIDIA H200").tokens_per_s
+    est = estimate(work, case.trial(), Overhead(device=device_kind(device_name or "NVIDIA H200")))
+    predicted = predict(work, case.trial(), device_name=device_name or "NVIDIA H200").tokens_per_s
     return Row(case, est, predicted, terms=dict(est.overhead_terms))
 
 
@@ -196,7 +196,7 @@ def measure_row(row: Row, timeout: float) -> Row:
     started = time.monotonic()
     with NvmlSampler() as nvml:
         run = run_measurement(
-            row.case.workload(), row.case.ds_config(), MeasureOptions("local", warmup=2, steps=4, timeout=timeout)
+            row.case.workload(), row.case.trial(), MeasureOptions("local", warmup=2, steps=4, timeout=timeout)
         )
     row.seconds = time.monotonic() - started
     row.status, row.nvml_peak, row.error = run.status, nvml.peak, (run.error or "")[-300:]

@@ -58,7 +58,7 @@ from tuner.study.calibration import Calibration
 from tuner.study.throughput_fit import ThroughputFit, spearman
 from tuner.study.warm_start import ThroughputGuide
 from tuner.units import parse_bytes
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 HERE = Path(__file__).resolve().parent
 SPACE_YAML = """
@@ -148,8 +148,7 @@ def landscape(args: argparse.Namespace, space: SearchSpace, workload: Workload) 
             stored = store.find_trial_by_key(study.id, suggestion.key)
             if stored is not None and stored.status not in RETRYABLE_STATUSES:  # ok, pruned, oom, invalid_config
                 continue
-            trial_workload = suggestion.apply_to(workload)
-            est = estimate(trial_workload, suggestion.ds_config)
+            est = estimate(workload, suggestion.trial)
             peak = est.per_gpu["total"] or 0
             constraint = peak * (1 + calibration.margin) / est.gpu_memory - 1
             reason = capacity_reason(est, calibration)
@@ -159,9 +158,9 @@ def landscape(args: argparse.Namespace, space: SearchSpace, workload: Workload) 
                     study.id,
                     number,
                     suggestion.key,
-                    suggestion.ds_config,
+                    suggestion.trial.ds_config,
                     params,
-                    suggestion.activation_checkpointing,
+                    suggestion.trial.activation_checkpointing,
                     est,
                     "pruned" if reason else "pending",
                     prune_reason=reason,
@@ -174,7 +173,7 @@ def landscape(args: argparse.Namespace, space: SearchSpace, workload: Workload) 
             if reason is not None:
                 print(f"  {label:14s} cannot fit (estimated {peak / 2**20:.2f} MiB): not measured", flush=True)
                 continue
-            pending.append((trial_id, suggestion, trial_workload, number))
+            pending.append((trial_id, suggestion, workload, number))
         # Every config is measured --rounds times, round-robin, and keeps its fastest run: a burst of load from
         # other processes then slows one run of each config, not every run of the configs measured during it.
         best: dict[int, Any] = {}
@@ -182,7 +181,7 @@ def landscape(args: argparse.Namespace, space: SearchSpace, workload: Workload) 
         for round_number in range(args.rounds):
             for trial_id, suggestion, trial_workload, _ in pending:
                 options = MeasureOptions("local", warmup=args.warmup, steps=args.steps)
-                run = run_measurement(trial_workload, suggestion.ds_config, options)
+                run = run_measurement(trial_workload, suggestion.trial, options)
                 kept = best.get(trial_id)
                 if kept is None or (run.tokens_per_s or 0) > (kept.tokens_per_s or 0):
                     best[trial_id] = run
@@ -373,7 +372,7 @@ def ratio(numerator: float, denominator: float) -> str:
 def workload_of(spec: dict[str, Any]) -> Workload:
     """The landscape's workload from its JSON ``workload`` spec."""
     return Workload(
-        load_model(spec["model"]),
+        load_builtin_model(spec["model"]),
         ClusterSpec(gpus_per_node=spec["world_size"], device="cpu", gpu_memory=parse_bytes(spec["gpu_memory"])),
         TrainSpec(seq_len=spec["seq_len"], precision=spec["precision"]),
     )
@@ -415,7 +414,7 @@ def load_landscape(path: Path, space: SearchSpace) -> tuple[dict[str, Any], dict
     points = []
     for suggestion in enumerate_configs(space, workload, spec["global_batch"]):
         row = stored[json.dumps(dict(suggestion.params), sort_keys=True)]
-        est = estimate(suggestion.apply_to(workload), suggestion.ds_config)
+        est = estimate(workload, suggestion.trial)
         peak = est.per_gpu["total"] or 0
         points.append(
             Point(

@@ -18,7 +18,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     for layer in (
         {"tuner", "tuner.errors", "tuner.units"},
         {"tuner.env", "tuner.model_profile"},
-        {"tuner.workload"},
+        {"tuner.workload", "tuner.trial"},
         {"tuner.estimator"},
         {"tuner.space", "tuner.profile", "tuner.storage", "tuner.dsconfig"},
         {"tuner.measure", "tuner.inputs"},

@@ -15,14 +15,14 @@ from tuner.cli import app
 from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
 from tuner.storage import Store, default_url
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
 def _study_with_a_best_trial(url: str) -> None:
-    work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(64))
+    work = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(64))
     with Store.open(url) as store:
         study = store.get_or_create_study("from-env", store.upsert_workload(work), "tpe", {})
         config = shortcut_config(2, 1, "bf16", 2, "none", "none") | {"train_batch_size": 4}

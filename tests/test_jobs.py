@@ -266,5 +266,6 @@ def test_job_request_round_trips_to_study_settings() -> None:
     settings = study_settings(request, "s", ray_address="ray://head:10001")
     assert settings.trials == 5 and settings.dispatch.launcher == "local"
     assert settings.dispatch.ray_address == "ray://head:10001"
-    assert settings.workload.train.micro_batch == 1  # the search decides it
+    assert not hasattr(settings.workload.train, "micro_batch")  # the search decides it: the trial config's
+    assert settings.workload == study_settings(JobRequest(workload=WorkloadRequest(model="gpt2", gpus=4)), "t").workload
     assert settings.workload.cluster.world_size == 4

@@ -8,9 +8,11 @@ from tuner.storage import Store
 from tuner.study.calibration import Calibration
 from tuner.study.throughput_fit import FAMILY_PREFIX, ThroughputFit
 from tuner.study.warm_start import rank_feasible
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
-LLAMA = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8, gpu_memory=80 * 2**30), TrainSpec(seq_len=4096))
+LLAMA = Workload(
+    load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8, gpu_memory=80 * 2**30), TrainSpec(seq_len=4096)
+)
 
 
 def test_nothing_measured_answers_the_best_predicted_feasible_config(tmp_path: Path) -> None:
@@ -21,7 +23,7 @@ def test_nothing_measured_answers_the_best_predicted_feasible_config(tmp_path: P
     ranked = rank_feasible(_grid_space(), LLAMA, Calibration())
     best = ranked[0].prediction.tokens_per_s
     assert answer.predicted_tokens_per_s >= (1 - PREDICTION_TIE) * best
-    assert any(r.suggestion.ds_config == answer.ds_config for r in ranked)
+    assert any(r.suggestion.trial.ds_config == answer.trial.ds_config for r in ranked)
 
 
 def test_fitted_constants_of_the_hardware_and_family_move_the_answer(tmp_path: Path) -> None:
@@ -34,7 +36,7 @@ def test_fitted_constants_of_the_hardware_and_family_move_the_answer(tmp_path: P
             fit = fit.after_run(StepTerms(1.0, 0.0, 0.0, latency, 0.0), 1.0 + 10_000 * latency)
         store.put_calibration(f"cuda:{80 * 2**30}", FAMILY_PREFIX + "llama", 0.0, len(fit.runs), fit.to_stats())
         fitted = recommend(store, LLAMA)
-    assert table.ds_config["zero_optimization"]["stage"] == 3  # 7B on 8 × 80 GB: only ZeRO-3 fits a large batch
+    assert table.trial.ds_config["zero_optimization"]["stage"] == 3  # 7B on 8 × 80 GB: only ZeRO-3 fits a large batch
     assert fitted.prediction["fitted"] and fitted.prediction["fit_runs"] == 3
     assert fitted.prediction["factors"]["latency"] > 1000
-    assert fitted.ds_config != table.ds_config
+    assert fitted.trial.ds_config != table.trial.ds_config

@@ -12,11 +12,13 @@ from tuner.workload import (
     Workload,
     WorkloadError,
     check_config_limits,
-    load_model,
+    load_builtin_model,
     model_from_hf_config,
     model_from_param_count,
     preset_config,
     preset_names,
+    workload_from_dict,
+    workload_to_dict,
 )
 
 EXTRA_CONFIGS = {
@@ -102,15 +104,15 @@ def test_parameter_count_equals_transformers(name: str) -> None:
 
 
 def test_known_sizes_of_presets() -> None:
-    assert load_model("llama-2-7b").n_params == 6_738_415_616
-    assert load_model("gpt2").n_params == 124_439_808
-    assert load_model("llama-3-8b").n_params == 8_030_261_248
+    assert load_builtin_model("llama-2-7b").n_params == 6_738_415_616
+    assert load_builtin_model("gpt2").n_params == 124_439_808
+    assert load_builtin_model("llama-3-8b").n_params == 8_030_261_248
 
 
 def test_config_file_and_folder(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(preset_config("tiny-llama")))
-    assert load_model(str(tmp_path)).n_params == load_model("tiny-llama").n_params
-    assert load_model(str(tmp_path / "config.json")).family == "llama"
+    assert load_builtin_model(str(tmp_path)).n_params == load_builtin_model("tiny-llama").n_params
+    assert load_builtin_model(str(tmp_path / "config.json")).family == "llama"
 
 
 @pytest.mark.parametrize(
@@ -119,7 +121,7 @@ def test_config_file_and_folder(tmp_path) -> None:
 )
 def test_bad_model_source_names_field(source: str, field: str) -> None:
     with pytest.raises(WorkloadError) as error:
-        load_model(source)
+        load_builtin_model(source)
     assert error.value.field == field
 
 
@@ -133,7 +135,7 @@ def test_bad_config_values_name_the_key(tmp_path) -> None:
     path = tmp_path / "broken.json"
     path.write_text("{not json")
     with pytest.raises(WorkloadError, match="cannot read"):
-        load_model(str(path))
+        load_builtin_model(str(path))
 
 
 def test_bare_parameter_count() -> None:
@@ -162,6 +164,24 @@ def test_fingerprint_is_stable_and_ignores_name() -> None:
     c = Workload(model_from_hf_config(preset_config("tiny-gpt2"), "a"), train=TrainSpec(seq_len=128))
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
     assert len(a.fingerprint()) == 16
+
+
+def test_fingerprints_are_those_workloads_were_stored_under_before_the_trial_config() -> None:
+    """Micro-batch, accumulation and checkpointing left the workload for the trial config: fingerprints of stored
+    workloads do not change (the values the code before computed), and an old stored dict,
+    whose ``train`` still holds them, loads."""
+    gpt2 = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
+    assert gpt2.fingerprint() == "aa2935f545e97b9d"
+    bare = Workload(
+        model_from_param_count(7e9),
+        ClusterSpec(gpus_per_node=2, device="cpu"),
+        TrainSpec(seq_len=64, precision="fp32", attention="eager"),
+    )
+    assert bare.fingerprint() == "9e7f4a05b86ec881"
+    old = workload_to_dict(gpt2)
+    old["train"] = {**old["train"], "micro_batch": 4, "grad_accum": 2, "activation_checkpointing": True}
+    assert workload_from_dict(old) == gpt2
+    assert "micro_batch" not in workload_to_dict(gpt2)["train"]
 
 
 def test_counts_are_per_layer_kind_without_a_per_layer_list() -> None:
@@ -216,7 +236,7 @@ def test_config_limits_pass_every_preset_and_refuse_deep_nesting() -> None:
 def test_trainable_part_round_trips_and_leaves_full_fine_tuning_fingerprints_alone() -> None:
     from tuner.workload import TrainableSpec, workload_from_dict, workload_to_dict
 
-    full = Workload(load_model("tiny-gpt2"))
+    full = Workload(load_builtin_model("tiny-gpt2"))
     lora = replace(full, trainable=TrainableSpec.of({"r": 8, "peft_type": "LORA"}, "wte"))
     assert "trainable" not in workload_to_dict(full)
     assert workload_from_dict(workload_to_dict(lora)) == lora

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.estimator.settings import ENV_SECTION, ConfigError, expandable_segments
-from tuner.workload import TrainSpec
+from tuner.trial import TrialConfig
 
 PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
 DEFAULT_LR = 1e-4
@@ -62,27 +62,27 @@ def _offload_section(device: str, nvme_path: str | None) -> dict[str, Any]:
     return section
 
 
-def workload_config(
-    train: TrainSpec,
+def trial_config(
+    micro_batch: int,
+    grad_accum: int,
+    precision: str,
+    activation_checkpointing: bool,
     stage: int,
     offload_optimizer: str,
     offload_param: str,
     nvme_path: str | None = None,
     override: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The config of a workload's training settings and the shortcut flags, with ``override`` (a user's ds_config)
-    merged over it: the one way the CLI and the API build the config they estimate or measure.
+) -> TrialConfig:
+    """The trial config of the shortcut flags (or the API's fields of the same names), with ``override`` (a user's
+    ds_config) merged over its ds_config: the one way the CLI and the API build the config they estimate or measure.
 
     Example:
-        >>> from tuner.workload import TrainSpec
-        >>> workload_config(TrainSpec(micro_batch=2), 3, "none", "none", override={"gradient_clipping": 0.5})[
-        ...     "zero_optimization"]["stage"]
-        3
+        >>> trial = trial_config(2, 1, "bf16", True, 3, "none", "none", override={"gradient_clipping": 0.5})
+        >>> trial.ds_config["zero_optimization"]["stage"], trial.batch, trial.activation_checkpointing
+        (3, (2, 1), True)
     """
-    config = shortcut_config(
-        train.micro_batch, train.grad_accum, train.precision, stage, offload_optimizer, offload_param, nvme_path
-    )
-    return config if override is None else merge_configs(config, override)
+    config = shortcut_config(micro_batch, grad_accum, precision, stage, offload_optimizer, offload_param, nvme_path)
+    return TrialConfig(config if override is None else merge_configs(config, override), activation_checkpointing)
 
 
 def load_ds_config(path: str | Path) -> dict[str, Any]:
@@ -247,26 +247,26 @@ def deepspeed_part(ds_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_config(
-    ds_config: dict[str, Any], activation_checkpointing: bool, format: str = "deepspeed", attention: str | None = None
+    trial: TrialConfig, format: str = "deepspeed", attention: str | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """What ``dstune best`` writes for a trial: the config DeepSpeed gets (``format="hf"``: the Trainer's variant)
     and the notes that go with it (the TrainingArguments and, given the workload's ``attention``, the
     ``attn_implementation`` to load the model with; the allocator setting the run was measured with).
 
     Example:
-        >>> trial = {"train_micro_batch_size_per_gpu": 2, "dstune": {"expandable_segments": True}}
-        >>> config, notes = export_config(trial, False)
+        >>> trial = TrialConfig({"train_micro_batch_size_per_gpu": 2, "dstune": {"expandable_segments": True}})
+        >>> config, notes = export_config(trial)
         >>> config, notes
         ({'train_micro_batch_size_per_gpu': 2}, ['run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True'])
     """
-    config = deepspeed_part(ds_config)
+    config = deepspeed_part(trial.ds_config)
     notes: list[str] = []
     if format == "hf":
-        config, args = to_hf_trainer(config, activation_checkpointing)
+        config, args = to_hf_trainer(config, trial.activation_checkpointing)
         note = "TrainingArguments to use with it: " + json.dumps(args)
         if attention is not None:
             note += f'; load the model with attn_implementation="{hf_attn_implementation(attention)}"'
         notes.append(note)
-    if expandable_segments(ds_config):
+    if expandable_segments(trial.ds_config):
         notes.append("run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     return config, notes

@@ -38,7 +38,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import InputError
-from tuner.profile import ModelProfile, model_from_config, params_profile, with_profile
+from tuner.profile import ModelProfile, params_profile, with_profile
 from tuner.profile.profiles import spec_from_profile
 from tuner.profile.service import default_service
 from tuner.units import parse_bytes
@@ -98,7 +98,9 @@ class WorkloadRequest(BaseModel):
     """A workload, with the fields of the CLI's workload flags (``--gpus`` is GPUs per node).
 
     Give exactly one of ``model`` (a built-in preset name), ``config`` (an inline Hugging Face ``config.json``
-    object) and ``params`` (a bare parameter count: model states only).
+    object) and ``params`` (a bare parameter count: model states only). ``micro_batch``, ``grad_accum`` and
+    ``activation_checkpointing`` are not the workload's: they feed the trial config
+    (:func:`tuner.dsconfig.trial_config`) where one is estimated, and a study searches them.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -115,15 +117,15 @@ class WorkloadRequest(BaseModel):
     gpu_memory: MemorySize = Field("80GiB", description="Per GPU: bytes or a size such as 80GiB.")
     cpu_memory: MemorySize = Field("1TiB", description="Per node: bytes or a size such as 1TiB.")
     seq_len: int = Field(2048, ge=1, le=2**20)
-    micro_batch: int = Field(1, ge=1, le=2**16)
-    grad_accum: int = Field(1, ge=1, le=2**16)
+    micro_batch: int = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
+    grad_accum: int = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
     precision: Precision = "bf16"
     attention: Attention | None = Field(
         None,
         description="Attention kernel; default: the one transformers builds the model with (sdpa, else eager); "
         "sdpa for built-in models.",
     )
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = Field(False, description="Of the trial config, not the workload.")
     device: Device = "cuda"
     model_impl: ModelImpl = Field(
         "transformers", description="The model measured runs train: transformers from_config, or dstune's built-in one."
@@ -207,9 +209,10 @@ def _hf_model(
         if request.model_impl == "builtin":
             return model_from_hf_config(config, name=name), None, train
     if inline:  # in this process, however long a new profile takes (the CLI, the worker)
-        model = model_from_config(config, name)
+        described = params_profile(config)  # read (or traced) once: the model's parameters and its attention
+        model = spec_from_profile(config, described, name)
         if request.attention is None:
-            train = replace(train, attention=params_profile(config).attention)
+            train = replace(train, attention=described.attention)
         workload = with_profile(Workload(model, train=train))
         return workload.model, workload.profile, train
     profile = default_service().profile(config, train.seq_len, (train.precision,), request.attention)
@@ -279,12 +282,7 @@ def to_workload(
             device=request.device,
         )
         train = TrainSpec(
-            seq_len=request.seq_len,
-            micro_batch=request.micro_batch,
-            grad_accum=request.grad_accum,
-            precision=request.precision,
-            activation_checkpointing=request.activation_checkpointing,
-            attention=request.attention or DEFAULT_ATTENTION,
+            seq_len=request.seq_len, precision=request.precision, attention=request.attention or DEFAULT_ATTENTION
         )
         trainable = TrainableSpec.of(request.peft, request.freeze)
         profile = None

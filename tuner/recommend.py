@@ -2,8 +2,8 @@
 
 Three sources, tried in order; the answer always says which (``source``):
 
-1. ``measured``: the workload (model, cluster, sequence length, precision, attention; micro-batch, accumulation and
-   checkpointing are what is recommended, so they are ignored) has measured trials: the ok trial with the highest
+1. ``measured``: the workload (model, cluster, sequence length, precision, attention, trainable part) has measured
+   trials: the ok trial with the highest
    tokens/s over all its studies.
 2. ``nearest``: no measurement of this workload, but of the same model (family and parameter count) on another
    cluster or sequence length: the best ok trials of those workloads (:data:`NEAREST_PER_WORKLOAD` per workload, at
@@ -25,7 +25,7 @@ workload and margin.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
@@ -34,6 +34,7 @@ from tuner.storage import Store
 from tuner.study.calibration import Calibration
 from tuner.study.throughput_fit import ThroughputFit, load_fit
 from tuner.study.warm_start import rank_feasible
+from tuner.trial import GLOBAL_KEY, TrialConfig
 from tuner.workload import Workload
 
 Source = Literal["measured", "nearest", "estimate"]
@@ -49,12 +50,11 @@ class NoFeasibleConfig(Exception):
 
 @dataclass(frozen=True)
 class Recommendation:
-    """What to train with and why. ``peak_bytes`` is measured (None for ``estimate``); ``estimated_peak_bytes`` is
-    the estimator's peak per GPU for the requested workload."""
+    """What to train with (``trial``) and why. ``peak_bytes`` is measured (None for ``estimate``);
+    ``estimated_peak_bytes`` is the estimator's peak per GPU for the requested workload."""
 
     source: Source
-    ds_config: dict[str, Any]
-    activation_checkpointing: bool
+    trial: TrialConfig
     tokens_per_s: float | None
     peak_bytes: int | None
     estimated_peak_bytes: int | None
@@ -66,15 +66,16 @@ class Recommendation:
     predicted_tokens_per_s: float | None = None
     prediction: dict[str, Any] | None = None
 
-
-def normalised(workload: Workload) -> Workload:
-    """The workload as studies store it: micro-batch 1, accumulation 1, no checkpointing (the search decides those)."""
-    return replace(workload, train=replace(workload.train, micro_batch=1, grad_accum=1, activation_checkpointing=False))
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as the API shows them: the trial config as ``ds_config`` and ``activation_checkpointing``."""
+        fields = dict(self.__dict__)
+        trial = fields.pop("trial")
+        return {"source": fields.pop("source"), "ds_config": trial.ds_config,
+                "activation_checkpointing": trial.activation_checkpointing, **fields}  # fmt: skip
 
 
 def recommend(store: Store, workload: Workload) -> Recommendation:
     """The best config for ``workload``: measured, else nearest re-checked, else estimated (module docstring)."""
-    workload = normalised(workload)
     fingerprint = workload.fingerprint()
     calibration = store.get_calibration(workload.cluster.hardware_key, workload.model.family)
     margin = calibration.margin if calibration is not None else Calibration().margin
@@ -82,8 +83,7 @@ def recommend(store: Store, workload: Workload) -> Recommendation:
     if best is not None:
         return Recommendation(
             "measured",
-            best.ds_config,
-            best.activation_checkpointing,
+            best.trial,
             best.tokens_per_s,
             best.peak_bytes,
             best.estimated_peak_bytes,
@@ -110,14 +110,13 @@ def _nearest(store: Store, workload: Workload, fingerprint: str, margin: float) 
         per_workload=NEAREST_PER_WORKLOAD,
     )
     for candidate in candidates:
-        checked = _recheck(workload, candidate.ds_config, candidate.activation_checkpointing, calibration)
+        checked = _recheck(workload, candidate.trial, calibration)
         if checked is None:
             continue
-        config, est = checked
+        trial, est = checked
         return Recommendation(
             "nearest",
-            config,
-            candidate.activation_checkpointing,
+            trial,
             candidate.tokens_per_s,
             candidate.peak_bytes,
             est.gpu_total,
@@ -131,27 +130,23 @@ def _nearest(store: Store, workload: Workload, fingerprint: str, margin: float) 
 
 
 def _recheck(
-    workload: Workload, ds_config: dict[str, Any], checkpointing: bool, calibration: Calibration
-) -> tuple[dict[str, Any], MemoryEstimate] | None:
+    workload: Workload, measured: TrialConfig, calibration: Calibration
+) -> tuple[TrialConfig, MemoryEstimate] | None:
     """The measured config adapted to ``workload`` (its global batch follows the world size) and its estimate, when
     it fits with the margin; else None."""
-    config = {key: value for key, value in ds_config.items() if key != "train_batch_size"}
-    micro = config.get("train_micro_batch_size_per_gpu", 1)
-    accum = config.get("gradient_accumulation_steps", 1)
+    config = {key: value for key, value in measured.ds_config.items() if key != GLOBAL_KEY}
+    micro, accum = (1 if value is None else value for value in measured.batch)
     if not (isinstance(micro, int) and isinstance(accum, int)) or micro < 1 or accum < 1:
         return None
-    config["train_batch_size"] = micro * accum * workload.cluster.world_size
-    trial_workload = replace(
-        workload,
-        train=replace(workload.train, micro_batch=micro, grad_accum=accum, activation_checkpointing=checkpointing),
-    )
+    config[GLOBAL_KEY] = micro * accum * workload.cluster.world_size
+    trial = TrialConfig(config, measured.activation_checkpointing)
     try:
-        est = estimate(trial_workload, config)
+        est = estimate(workload, trial)
     except (ConfigError, ValueError, TypeError, ArithmeticError):
         return None
     if not (calibration.fits(est.gpu_total, est.gpu_memory) and est.cpu_headroom >= 0):
         return None
-    return config, est
+    return trial, est
 
 
 @functools.cache
@@ -167,11 +162,10 @@ def _estimated(workload: Workload, fingerprint: str, margin: float, fit: Through
             f"no config of the default search space (stage × micro-batch × checkpointing) fits {workload.model.name} "
             f"on {workload.cluster.world_size} × {workload.cluster.gpu_memory} B with margin {margin:.3f}"
         )
-    config, checkpointing, peak, prediction = found
+    trial, peak, prediction = found
     return Recommendation(
         "estimate",
-        config,
-        checkpointing,
+        trial,
         None,
         None,
         peak,
@@ -188,7 +182,7 @@ def _estimated(workload: Workload, fingerprint: str, margin: float, fit: Through
 @functools.lru_cache(maxsize=1024)
 def _estimated_cached(
     workload: Workload, margin: float, factors: tuple[tuple[str, float], ...], fit_runs: int, error: float | None
-) -> tuple[dict[str, Any], bool, int, dict[str, Any]] | None:
+) -> tuple[TrialConfig, int, dict[str, Any]] | None:
     ranked = rank_feasible(_grid_space(), workload, Calibration(margin=margin), ThroughputFit(dict(factors)))
     if not ranked:
         return None
@@ -198,12 +192,11 @@ def _estimated_cached(
         tied,
         key=lambda r: (
             r.params["stage"],
-            r.suggestion.activation_checkpointing,
-            -r.suggestion.ds_config["train_micro_batch_size_per_gpu"],
+            r.suggestion.trial.activation_checkpointing,
+            -r.suggestion.trial.ds_config["train_micro_batch_size_per_gpu"],
         ),
     )
-    config, checkpointing = best.suggestion.ds_config, best.suggestion.activation_checkpointing
-    return config, checkpointing, best.estimate.gpu_total, best.prediction.to_dict(fit_runs, error)
+    return best.suggestion.trial, best.estimate.gpu_total, best.prediction.to_dict(fit_runs, error)
 
 
-__all__ = ["NoFeasibleConfig", "Recommendation", "normalised", "recommend"]
+__all__ = ["NoFeasibleConfig", "Recommendation", "recommend"]

@@ -1,4 +1,6 @@
-"""What is being trained: the model, the cluster and the training settings.
+"""What is being trained: the model, the cluster, the sequence length, precision, attention and optimizer, and which
+parameters train. How it is trained (micro-batch, accumulation, ZeRO, activation checkpointing: what the search
+decides) is a :class:`tuner.trial.TrialConfig`, not part of a workload.
 
 Pure Python: no torch, no transformers. A :class:`ModelSpec` comes from a Hugging Face ``config.json``, a built-in
 preset (the JSON files in ``tuner/presets``), or a bare parameter count. For gpt2, llama, mistral, qwen2 and gpt_neox
@@ -196,21 +198,17 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """Training settings a ds_config does not carry (or defaults for those it may)."""
+    """What is trained on: the sequence length, precision, optimizer and attention. How it is trained (micro-batch,
+    accumulation, ZeRO, checkpointing: what the search decides) is a :class:`tuner.trial.TrialConfig`."""
 
     seq_len: int = 2048
-    micro_batch: int = 1
-    grad_accum: int = 1
     precision: str = "bf16"
     optimizer: str = "adamw"
-    activation_checkpointing: bool = False
     attention: str = "sdpa"
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch", "grad_accum"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise WorkloadError(name.replace("_", "-"), f"must be a positive integer, got {value!r}")
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len <= 0:
+            raise WorkloadError("seq-len", f"must be a positive integer, got {self.seq_len!r}")
         if self.precision not in PRECISIONS:
             raise WorkloadError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -218,6 +216,11 @@ class TrainSpec:
         if self.attention not in ATTENTION_KINDS:
             raise WorkloadError("attention", f"must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
 
+
+# TrainSpec's fields before the search's settings moved to tuner.trial.TrialConfig, at the values studies stored
+# (the search decides them): still in fingerprints, so those of stored workloads do not change; dropped when an old
+# stored dict is read (workload_from_dict).
+LEGACY_TRAIN: dict[str, Any] = {"micro_batch": 1, "grad_accum": 1, "activation_checkpointing": False}
 
 MAX_FREEZE_PATTERN = 1024  # characters of a --freeze regular expression
 
@@ -288,9 +291,14 @@ class Workload:
     trainable: TrainableSpec = field(default_factory=TrainableSpec)
 
     def fingerprint(self) -> str:
-        """A stable hash of everything that decides memory and speed (the model's name is left out)."""
+        """A stable hash of everything that decides memory and speed (the model's name is left out).
+
+        The training settings that moved to :class:`tuner.trial.TrialConfig` are hashed at the values every study
+        stored its workload with (:data:`LEGACY_TRAIN`), so stored workloads keep their fingerprints.
+        """
         payload = workload_to_dict(self)
         del payload["model"]["name"]
+        payload["train"].update(LEGACY_TRAIN)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -496,8 +504,11 @@ def load_hf_config(source: str) -> tuple[dict[str, Any], str]:
     return preset_config(source), source
 
 
-def load_model(source: str) -> ModelSpec:
-    """A model from a preset name or a path to a Hugging Face ``config.json`` (or a folder holding one)."""
+def load_builtin_model(source: str) -> ModelSpec:
+    """dstune's built-in model (gpt2, llama, mistral, qwen2, gpt_neox only: :data:`SUPPORTED_FAMILIES`) of a preset
+    name or a path to a Hugging Face ``config.json`` (or a folder holding one). Pure Python, shapes and formula
+    activations, no torch. Any other architecture, and the transformers model itself (exact parameters, traced
+    activations): :func:`tuner.profile.load_model`, the one public way to get a model from a preset or a path."""
     config, name = load_hf_config(source)
     return model_from_hf_config(config, name=name)
 
@@ -520,10 +531,12 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
 
 
 def workload_from_dict(data: dict[str, Any]) -> Workload:
-    """Rebuild a workload from :func:`workload_to_dict`'s output."""
+    """Rebuild a workload from :func:`workload_to_dict`'s output (or an older one's, whose ``train`` still holds
+    the :data:`LEGACY_TRAIN` fields: they are dropped)."""
+    train = {key: value for key, value in data["train"].items() if key not in LEGACY_TRAIN}
     return Workload(
         ModelSpec(**data["model"]),
         ClusterSpec(**data["cluster"]),
-        TrainSpec(**data["train"]),
+        TrainSpec(**train),
         trainable=TrainableSpec(**data.get("trainable", {})),
     )

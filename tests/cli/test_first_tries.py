@@ -27,7 +27,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("deepspeed")
 
 from tuner.storage import Store  # noqa: E402
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model  # noqa: E402
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model  # noqa: E402
 
 pytestmark = pytest.mark.deepspeed
 DSTUNE = str(Path(sys.executable).with_name("dstune"))
@@ -163,7 +163,7 @@ def _free_port() -> int:
 def test_serve_takes_the_database_from_the_environment(tmp_path: Path) -> None:
     db = tmp_path / "team.db"
     with Store.open(f"sqlite:///{db}") as store:
-        work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(32))
+        work = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(32))
         store.get_or_create_study("served", store.upsert_workload(work), "tpe", {})
     port = _free_port()
     server = subprocess.Popen(

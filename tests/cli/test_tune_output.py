@@ -19,7 +19,8 @@ from tuner.measure.op_builds import AnnounceBuilds
 from tuner.storage import Store
 from tuner.study import capacity_reason
 from tuner.study.calibration import Calibration
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 OLD_REASON = (  # as the loop wrote it before reasons were for people
     "gpu: estimated peak 2016309042 B × (1 + margin 0.050) exceeds 67108864 B by 2050015630 B at the backward phase; "
@@ -36,8 +37,8 @@ class Inner:
         self.submitted: list[dict[str, Any]] = []
         self.cancelled = False
 
-    def submit(self, workload: Workload, ds_config: dict[str, Any], on_step: Any = None) -> Future[Measurement]:
-        self.submitted.append(ds_config)
+    def submit(self, workload: Workload, trial: TrialConfig, on_step: Any = None) -> Future[Measurement]:
+        self.submitted.append(trial.ds_config)
         future: Future[Measurement] = Future()
         future.set_result(Measurement(status="ok"))
         return future
@@ -48,7 +49,7 @@ class Inner:
 
 def test_a_line_before_the_runs_that_build_deepspeed_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(64))
+    work = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(64))
     plain = shortcut_config(1, 1, "bf16", 2, "none", "none")
     offload = shortcut_config(1, 1, "bf16", 2, "cpu", "none")
     lines: list[str] = []
@@ -56,7 +57,7 @@ def test_a_line_before_the_runs_that_build_deepspeed_ops(tmp_path: Path, monkeyp
     measurer = AnnounceBuilds(inner, lines.append)
     measurer.prebuilt = set()  # whatever this machine's DeepSpeed was installed with
     for config in (plain, plain, offload, offload):
-        measurer.submit(work, config)
+        measurer.submit(work, TrialConfig(config))
     assert inner.submitted == [plain, plain, offload, offload]
     assert lines == [
         f"Building DeepSpeed's CPU ops (deepspeed_shm_comm, fused_adam) once; later runs reuse them from {tmp_path}",
@@ -68,7 +69,7 @@ def test_a_line_before_the_runs_that_build_deepspeed_ops(tmp_path: Path, monkeyp
 
 def test_pruned_trials_are_summarised_by_kind(tmp_path: Path) -> None:
     work = Workload(
-        load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, gpu_memory=2**26, device="cpu"), TrainSpec(64)
+        load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, gpu_memory=2**26, device="cpu"), TrainSpec(64)
     )
     with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
         study = store.get_or_create_study("summary", store.upsert_workload(work), "tpe", {})
@@ -95,7 +96,7 @@ def test_pruned_trials_are_summarised_by_kind(tmp_path: Path) -> None:
 
 def test_runs_stopped_early_are_marked_in_the_top_configs(tmp_path: Path) -> None:
     """A run the throughput pruner stopped is ``ok`` with partial figures (no peak): its row says so, the others not."""
-    work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(64))
+    work = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(64))
     with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
         study = store.get_or_create_study("stopped", store.upsert_workload(work), "tpe", {})
         for number, (micro, tokens, stopped) in enumerate(((1, 900.0, False), (2, 300.0, True))):
@@ -118,7 +119,7 @@ def test_runs_stopped_early_are_marked_in_the_top_configs(tmp_path: Path) -> Non
 @pytest.mark.parametrize("width", [80, 100])
 def test_the_top_configs_keep_every_figure_whole_in_a_narrow_terminal(tmp_path: Path, width: int) -> None:
     """At 80 columns (a CI log, a small terminal) no figure is cut or folded: headers wrap, figures stay whole."""
-    work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(64))
+    work = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(64))
     figures = []
     with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
         study = store.get_or_create_study("narrow", store.upsert_workload(work), "tpe", {})
@@ -151,7 +152,7 @@ def test_a_cpu_study_whose_runs_will_be_slow_says_so_up_front(
     from tuner.space import default_space_path
     from tuner.study import StudySettings, TuningStudy
 
-    work = Workload(load_model("tiny-llama"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(seq_len))
+    work = Workload(load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(seq_len))
     settings = StudySettings("slow", work, default_space_path(), global_batch=global_batch)
     with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
         console = Console(record=True, width=100)

@@ -27,7 +27,7 @@ from tuner.storage import Store
 from tuner.study.jobs import JobRequest
 from tuner.study.throughput_fit import throughput_summary
 from tuner.units import GiB
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 STUDY = "gpt2-search"
 ODD_STUDY = "team/gpt2 v2"  # a slash and a space: links must quote it
@@ -67,7 +67,9 @@ def rank_report(peak: int) -> list[dict]:
 
 
 def _workload() -> Workload:
-    return Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=WORLD_SIZE, gpu_memory=24 * GiB), TrainSpec(1024))
+    return Workload(
+        load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=WORLD_SIZE, gpu_memory=24 * GiB), TrainSpec(1024)
+    )
 
 
 def recorded(workload: Workload, config: dict, predicted_tokens_per_s: float) -> dict:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tuner.estimator import estimate
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "cpu_estimates.json").read_text())
 
@@ -26,24 +27,23 @@ def configs() -> Iterator[tuple[str, dict]]:
             yield f"s{stage}-m{micro}-{precision}-{overlap}-{offload}", config
 
 
-def cases() -> Iterator[tuple[str, Workload, dict]]:
+def cases() -> Iterator[tuple[str, Workload, bool, dict]]:
     for model in ("tiny-llama", "gpt2", "llama-2-7b"):
         for gpus, nodes in ((1, 1), (2, 1), (4, 2)):
             for checkpointing in (False, True):
                 cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, device="cpu")
-                train = TrainSpec(seq_len=256, activation_checkpointing=checkpointing)
-                work = Workload(load_model(model), cluster, train)
+                work = Workload(load_builtin_model(model), cluster, TrainSpec(seq_len=256))
                 for name, config in configs():
-                    yield f"{model}/{gpus}x{nodes}/{checkpointing}/{name}", work, config
+                    yield f"{model}/{gpus}x{nodes}/{checkpointing}/{name}", work, checkpointing, config
 
 
 @pytest.mark.parametrize("expandable", [False, True])
 def test_cpu_estimates_are_unchanged(expandable: bool) -> None:
     seen = 0
-    for key, work, config in cases():
+    for key, work, checkpointing, config in cases():
         if expandable:  # an allocator setting for CUDA runs: nothing on CPU
             config = {**config, "dstune": {"expandable_segments": True}}
-        est = estimate(work, config)
+        est = estimate(work, TrialConfig(config, checkpointing))
         got = {"per_gpu": est.per_gpu, "cpu_per_node": est.cpu_per_node, "peak_phase": est.peak_phase}
         want = {name: GOLDEN[key][name] for name in got}
         assert got == want, key

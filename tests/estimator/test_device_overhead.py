@@ -8,7 +8,8 @@ import pytest
 from tuner.estimator import Overhead, estimate
 from tuner.estimator.device import KINDS, OTHER, device_kind
 from tuner.estimator.nccl import Communicator, NcclCosts, Parallelism, communicator_bytes, communicators
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 MiB, GiB = 2**20, 2**30
 HOPPER = NcclCosts(nvls=256 * MiB)
@@ -22,9 +23,17 @@ def config(stage: int = 3, **extra) -> dict:
     return {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero, **extra}
 
 
-def run(gpus: int, nodes: int = 1, gpu: str | None = "NVIDIA H100 80GB HBM3", ds_config: dict | None = None, **train):
-    work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=gpus, nodes=nodes), TrainSpec(**train))
-    return estimate(work, ds_config or config(), Overhead(device=device_kind(gpu)) if gpu else Overhead())
+def run(
+    gpus: int,
+    nodes: int = 1,
+    gpu: str | None = "NVIDIA H100 80GB HBM3",
+    ds_config: dict | None = None,
+    activation_checkpointing: bool = False,
+    **train,
+):
+    work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=gpus, nodes=nodes), TrainSpec(**train))
+    trial = TrialConfig(ds_config or config(), activation_checkpointing)
+    return estimate(work, trial, Overhead(device=device_kind(gpu)) if gpu else Overhead())
 
 
 def names(p: Parallelism) -> list[tuple[str, int, int]]:
@@ -106,7 +115,7 @@ def test_the_default_overhead_guesses_the_kind_from_gpu_memory() -> None:
 
 def test_calibrated_values_replace_the_defaults() -> None:
     measured = Overhead(device=replace(KINDS["H100"], modules=900 * MiB, allocator_share=0.1))
-    work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8))
+    work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8))
     est = estimate(work, config(), measured)
     assert est.overhead_terms["cuda_context"] == 264 * MiB + 900 * MiB
     tensors = est.gpu_total - int(est.per_gpu["overhead"] or 0)
@@ -115,7 +124,9 @@ def test_calibrated_values_replace_the_defaults() -> None:
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_expandable_segments_reserve_less(stage: int) -> None:
-    work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=2, gpu_memory=512 * GiB), TrainSpec(2048))
+    work = Workload(
+        load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=2, gpu_memory=512 * GiB), TrainSpec(2048)
+    )
     h200 = Overhead(device=device_kind("NVIDIA H200"))
     plain = estimate(work, config(stage), h200).overhead_terms["allocator_reserve"]
     grown = estimate(work, config(stage, dstune={"expandable_segments": True}), h200).overhead_terms
@@ -137,5 +148,7 @@ def test_attention_kernels_add_their_padded_log_sum_exp_on_cuda_only() -> None:
     assert flash.details["attention_kernel_extra"] == 32 * 1024
     checkpointed = run(8, seq_len=1024, activation_checkpointing=True)  # only the recomputed block
     assert checkpointed.details["attention_kernel_extra"] == 1024
-    work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8, device="cpu"), TrainSpec(seq_len=1000))
+    work = Workload(
+        load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8, device="cpu"), TrainSpec(seq_len=1000)
+    )
     assert "attention_kernel_extra" not in estimate(work, fp32).details

@@ -7,7 +7,8 @@ import pytest
 
 from tuner.estimator import ConfigError, estimate
 from tuner.estimator.partitions import flat_partition, stage3_partition
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_from_param_count
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
 
 GB = 1e9
 
@@ -69,7 +70,7 @@ def test_stage3_partition_pads_each_parameter_and_keeps_small_ones_whole() -> No
 
 
 def test_reduce_buckets_follow_overlap_comm() -> None:
-    work = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=4), TrainSpec(seq_len=512))
+    work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=4), TrainSpec(seq_len=512))
     base = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}}
     single = estimate(work, {**base, "zero_optimization": {"stage": 2, "reduce_bucket_size": 10**8}})
     double = estimate(
@@ -82,7 +83,7 @@ def test_reduce_buckets_follow_overlap_comm() -> None:
 
 
 def test_offload_moves_optimizer_states_to_cpu() -> None:
-    work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
+    work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
     base = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}}
     on_gpu = estimate(work, {**base, "zero_optimization": {"stage": 3}})
     offloaded = estimate(
@@ -110,20 +111,21 @@ def test_offload_moves_optimizer_states_to_cpu() -> None:
 
 
 def test_activations_grow_with_batch_and_checkpointing_cuts_them() -> None:
-    spec = load_model("llama-2-7b")
+    spec = load_builtin_model("llama-2-7b")
     cluster = ClusterSpec(gpus_per_node=8)
     config = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}
 
     def activations(micro: int, checkpointing: bool) -> int:
-        work = Workload(spec, cluster, TrainSpec(seq_len=4096, activation_checkpointing=checkpointing))
-        return estimate(work, {**config, "train_micro_batch_size_per_gpu": micro}).phases["forward"].gpu["activations"]
+        work = Workload(spec, cluster, TrainSpec(seq_len=4096))
+        trial = TrialConfig({**config, "train_micro_batch_size_per_gpu": micro}, checkpointing)
+        return estimate(work, trial).phases["forward"].gpu["activations"]
 
     assert activations(2, False) > 1.9 * activations(1, False)
     assert activations(1, True) < activations(1, False) / 10
 
 
 def test_tight_gpu_memory_does_not_fit_and_says_why() -> None:
-    work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8, gpu_memory=24 * 2**30))
+    work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8, gpu_memory=24 * 2**30))
     est = estimate(
         work,
         {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True}, "zero_optimization": {"stage": 0}},
@@ -170,14 +172,14 @@ def test_bare_count_has_no_activations() -> None:
     ],
 )
 def test_bad_configs_name_the_key(config: dict, field: str) -> None:
-    work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2))
+    work = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2))
     with pytest.raises(ConfigError) as error:
         estimate(work, config)
     assert field in str(error.value)
 
 
 def test_batch_sizes_follow_deepspeed_rules() -> None:
-    work = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=4), TrainSpec(seq_len=64))
+    work = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=4), TrainSpec(seq_len=64))
     from tuner.estimator import resolve
 
     settings = resolve(work, {"train_batch_size": 64, "gradient_accumulation_steps": 4})
@@ -197,7 +199,7 @@ def test_core_imports_no_heavy_dependency() -> None:
 
 def test_an_absurd_batch_in_a_ds_config_is_refused_by_name() -> None:
     """A fuzz finding: micro-batch 10**40 in a ds_config file was estimated (5e38 GiB) and even measured."""
-    work = Workload(load_model("tiny-gpt2"))
+    work = Workload(load_builtin_model("tiny-gpt2"))
     with pytest.raises(ConfigError) as caught:
         estimate(work, {"train_micro_batch_size_per_gpu": 10**40})
     assert caught.value.field == "train_micro_batch_size_per_gpu"

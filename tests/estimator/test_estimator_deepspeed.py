@@ -20,7 +20,8 @@ from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.launcher import launch_local
 from tuner.measure.runner import RunSpec
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict
 
 pytestmark = pytest.mark.deepspeed
 
@@ -109,13 +110,14 @@ def ds_config(precision: str, stage: int, small: bool, offload: str, micro: int,
 )
 def test_estimate_matches_deepspeed(model, world, precision, stage, small, offload, checkpointing, micro, zero):
     workload = Workload(
-        load_model(model),
+        load_builtin_model(model),
         ClusterSpec(gpus_per_node=world, device="cpu"),
-        TrainSpec(seq_len=64, micro_batch=micro, precision=precision, activation_checkpointing=checkpointing),
+        TrainSpec(seq_len=64, precision=precision),
     )
     config = ds_config(precision, stage, small, offload, micro, zero)
-    est = estimate(workload, config)
-    run = launch_local(RunSpec(workload_to_dict(workload), config, device="cpu", warmup=2, steps=0), timeout=300)
+    est = estimate(workload, TrialConfig(config, checkpointing))
+    spec = RunSpec(workload_to_dict(workload), config, checkpointing, device="cpu", warmup=2, steps=0)
+    run = launch_local(spec, timeout=300)
     assert run.status == "ok", run.error
     ranks = [{"snapshots": rank.snapshots, "activations": rank.activation_bytes} for rank in run.ranks]
 

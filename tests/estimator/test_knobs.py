@@ -9,14 +9,14 @@ from tuner.estimator.partitions import flat_partition, round_robin_order
 from tuner.estimator.pinned import power_of_two_ceil
 from tuner.study.calibration import Calibration
 from tuner.study.pruning import memory_reason, reason_key
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_from_param_count
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
 
 BASE = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}}
 
 
 def work(model: str = "llama-2-7b", gpus: int = 8, device: str = "cuda", **cluster: int) -> Workload:
     return Workload(
-        load_model(model), ClusterSpec(gpus_per_node=gpus, device=device, **cluster), TrainSpec(seq_len=1024)
+        load_builtin_model(model), ClusterSpec(gpus_per_node=gpus, device=device, **cluster), TrainSpec(seq_len=1024)
     )
 
 

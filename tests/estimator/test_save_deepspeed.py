@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from tuner.estimator import estimate
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 pytestmark = pytest.mark.deepspeed
 
@@ -35,13 +35,13 @@ SCRIPT = textwrap.dedent(
 
     from tuner.measure.birth import born_on_device
     from tuner.measure.models import build_model
-    from tuner.workload import load_model
+    from tuner.workload import load_builtin_model
 
     model_name, config, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=120))
     with born_on_device(config, "cpu"):
-        model = build_model(load_model(model_name))
+        model = build_model(load_builtin_model(model_name))
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     state = engine._zero3_consolidated_16bit_state_dict()
     if engine.global_rank == 0:
@@ -123,7 +123,7 @@ def test_save_phase_matches_the_consolidated_state_dict(tmp_path: Path, model: s
         },
     }
     workload = Workload(
-        load_model(model), ClusterSpec(gpus_per_node=world, device="cpu"), TrainSpec(seq_len=64, micro_batch=2)
+        load_builtin_model(model), ClusterSpec(gpus_per_node=world, device="cpu"), TrainSpec(seq_len=64)
     )
     est = estimate(workload, config)
     measured = run_ranks(tmp_path, model, config, world)

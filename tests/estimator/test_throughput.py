@@ -1,12 +1,11 @@
 """The throughput model: FLOPs against a hand count, ZeRO communication volumes, offload, overlap and factors."""
 
-from dataclasses import replace
-
 import pytest
 
 from tuner.estimator.hardware import TABLE, table_key
 from tuner.estimator.throughput import RECOMPUTE, predict
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_from_param_count
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
 
 GIB = 2**30
 
@@ -22,20 +21,20 @@ def config(stage: int, micro: int = 1, accum: int = 1, **zero: object) -> dict:
 
 def test_compute_term_is_the_hand_counted_flops_of_gpt2_over_the_sustained_rate() -> None:
     """GPT-2 small: Ψ = 124,439,808; per token 6Ψ + 12·L·h·s = 746,638,848 + 12·12·768·1024 = 859,885,056 FLOPs."""
-    work = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=1), TrainSpec(seq_len=1024))
+    work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=1), TrainSpec(seq_len=1024))
     hand = 6 * 124_439_808 + 12 * 12 * 768 * 1024
     assert hand == 859_885_056
     tokens = 4 * 2 * 1024  # micro-batch 4, 2 accumulation steps
     p = predict(work, config(0, micro=4, accum=2))
     assert p.hardware == "H100"
     assert p.terms.compute == pytest.approx(hand * tokens / TABLE["H100"].flops, rel=1e-12)
-    checkpointed = predict(replace(work, train=replace(work.train, activation_checkpointing=True)), config(0, 4, 2))
+    checkpointed = predict(work, TrialConfig(config(0, 4, 2), activation_checkpointing=True))
     assert checkpointed.terms.compute == pytest.approx(p.terms.compute * RECOMPUTE, rel=1e-12)
     assert pytest.approx(4 / 3) == RECOMPUTE
 
 
 def test_tokens_per_s_is_the_global_batch_over_the_step_time() -> None:
-    work = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=512))
+    work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=512))
     p = predict(work, config(2, micro=8, accum=4))
     assert p.tokens_per_s == pytest.approx(8 * 4 * 8 * 512 / p.step_time_s)
     assert p.samples_per_s == pytest.approx(8 * 4 * 8 / p.step_time_s)
@@ -44,7 +43,9 @@ def test_tokens_per_s_is_the_global_batch_over_the_step_time() -> None:
 
 def test_zero3_is_predicted_slower_than_zero0_on_one_cpu_rank() -> None:
     """One CPU rank sends nothing, but ZeRO-3's per-parameter fetch hooks run every pass (measured: 3-5× slower)."""
-    work = Workload(load_model("tiny-llama"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(seq_len=128))
+    work = Workload(
+        load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(seq_len=128)
+    )
     zero0, zero3 = predict(work, config(0, micro=2, accum=8)), predict(work, config(3, micro=2, accum=8))
     assert zero0.terms.bandwidth == zero3.terms.bandwidth == 0
     assert zero3.tokens_per_s < zero0.tokens_per_s / 2
@@ -55,7 +56,7 @@ def test_gradient_all_reduce_volume_on_eight_gpus() -> None:
     """ZeRO-0 all-reduces 2·(N-1)/N of the 16-bit gradients once per step; ZeRO-2 sends the same bytes per step at
     accumulation 1 (reduce-scatter + all-gather) and one more reduce-scatter per extra micro-step; ZeRO-3 adds the
     parameter gathers of forward and backward."""
-    model = load_model("llama-2-7b")
+    model = load_builtin_model("llama-2-7b")
     work = Workload(model, ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=2048))
     link = TABLE["H100"].intra_bw
     ring = 7 / 8
@@ -68,7 +69,7 @@ def test_gradient_all_reduce_volume_on_eight_gpus() -> None:
 
 
 def test_several_nodes_communicate_over_the_slower_network() -> None:
-    model = load_model("llama-2-7b")
+    model = load_builtin_model("llama-2-7b")
     one = Workload(model, ClusterSpec(gpus_per_node=8, nodes=1), TrainSpec(seq_len=2048))
     two = Workload(model, ClusterSpec(gpus_per_node=4, nodes=2), TrainSpec(seq_len=2048))
     slow, fast = predict(two, config(3)), predict(one, config(3))
@@ -77,7 +78,7 @@ def test_several_nodes_communicate_over_the_slower_network() -> None:
 
 
 def test_overlap_comm_hides_gradient_reduction_behind_backward() -> None:
-    work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=4, nodes=2), TrainSpec(seq_len=2048))
+    work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=4, nodes=2), TrainSpec(seq_len=2048))
     plain = predict(work, config(2, micro=2, accum=4, overlap_comm=False))
     overlapped = predict(work, config(2, micro=2, accum=4, overlap_comm=True))
     assert overlapped.terms.bandwidth == plain.terms.bandwidth
@@ -86,7 +87,7 @@ def test_overlap_comm_hides_gradient_reduction_behind_backward() -> None:
 
 
 def test_optimizer_offload_costs_host_time() -> None:
-    work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=2048))
+    work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=2048))
     offload = {"offload_optimizer": {"device": "cpu"}}
     on_gpu, on_host = predict(work, config(2, micro=1, accum=1)), predict(work, config(2, 1, 1, **offload))
     assert on_host.terms.memory > 10 * on_gpu.terms.memory
@@ -94,7 +95,7 @@ def test_optimizer_offload_costs_host_time() -> None:
 
 
 def test_factors_scale_their_term() -> None:
-    work = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(seq_len=256))
+    work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(seq_len=256))
     table = predict(work, config(0, micro=4, accum=2))
     slower = predict(work, config(0, micro=4, accum=2), factors={"compute": 2.0})
     assert slower.step_time_s == pytest.approx(table.step_time_s + table.terms.compute)
@@ -103,7 +104,9 @@ def test_factors_scale_their_term() -> None:
 
 
 def test_fp32_and_bare_models_and_device_kinds() -> None:
-    work = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=1, gpu_memory=80 * GIB), TrainSpec(seq_len=512))
+    work = Workload(
+        load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=1, gpu_memory=80 * GIB), TrainSpec(seq_len=512)
+    )
     fp32 = {**config(0), "bf16": {"enabled": False}}
     # PyTorch leaves TF32 off: fp32 matmuls run on the CUDA cores, 67 against 989 dense bf16 TFLOP/s on H100
     assert predict(work, fp32).terms.compute == pytest.approx(predict(work, config(0)).terms.compute * 989 / 67)

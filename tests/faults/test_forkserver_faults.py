@@ -28,7 +28,7 @@ from tuner.measure.options import MeasureOptions
 from tuner.storage import Store
 from tuner.study import Event, StudySettings, TuningStudy
 from tuner.units import GiB
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 pytestmark = pytest.mark.deepspeed
 ORPHAN_GRACE_S = 10.0
@@ -74,7 +74,7 @@ def fork_server_fault(folder: Path, fault: signal.Signals, marker: str, timeout:
     space = folder / "space.yaml"
     space.write_text(SPACE)
     workload = Workload(
-        load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, device="cpu", gpu_memory=64 * GiB), TrainSpec(32)
+        load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, device="cpu", gpu_memory=64 * GiB), TrainSpec(32)
     )
     settings = StudySettings(
         name="forkserver",

@@ -24,7 +24,7 @@ from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import INFRA_LOST, PEER_KILLED, Measurement
 from tuner.measure.runner import RunSpec
 from tuner.storage import Store
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict
 
 pytestmark = pytest.mark.deepspeed
 ENTRY = Path(__file__).with_name("fault_entry.py")
@@ -40,7 +40,7 @@ def run_spec(gpus_per_node: int, steps: int = 2, nodes: int = 1) -> RunSpec:
     """A tiny-gpt2 run of ``nodes`` × ``gpus_per_node`` CPU ranks (on Ray, one bundle of ``gpus_per_node`` CPUs per
     node)."""
     cluster = ClusterSpec(gpus_per_node=gpus_per_node, nodes=nodes, device="cpu")
-    workload = Workload(load_model("tiny-gpt2"), cluster, TrainSpec(seq_len=32, micro_batch=1))
+    workload = Workload(load_builtin_model("tiny-gpt2"), cluster, TrainSpec(seq_len=32))
     ds_config = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,

@@ -21,7 +21,8 @@ from tuner.measure.measurement import Measurement
 from tuner.space import resolve_space
 from tuner.storage import Store
 from tuner.study import StudySettings, TuningStudy
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 
 class LoggingMeasurer:
@@ -33,8 +34,8 @@ class LoggingMeasurer:
         self.log, self.pool = log, ThreadPoolExecutor(max_workers=self.slots)
         self.cancelled = threading.Event()
 
-    def _measure(self, workload: Workload, ds_config: dict[str, Any]) -> Measurement:
-        key = json.dumps([ds_config, workload.train.activation_checkpointing], sort_keys=True)
+    def _measure(self, workload: Workload, trial: TrialConfig) -> Measurement:
+        key = json.dumps([trial.ds_config, trial.activation_checkpointing], sort_keys=True)
         with open(self.log, "a") as log:
             fcntl.flock(log, fcntl.LOCK_EX)
             log.write(key + "\n")
@@ -42,8 +43,8 @@ class LoggingMeasurer:
         tokens = 1000 + int(hashlib.sha256(key.encode()).hexdigest()[:4], 16) % 1000
         return Measurement(status="ok", tokens_per_s=float(tokens), peak_bytes_per_rank=[1_000_000])
 
-    def submit(self, workload: Workload, ds_config: dict[str, Any], on_step: Any = None) -> Future[Measurement]:
-        return self.pool.submit(self._measure, workload, ds_config)
+    def submit(self, workload: Workload, trial: TrialConfig, on_step: Any = None) -> Future[Measurement]:
+        return self.pool.submit(self._measure, workload, trial)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -53,7 +54,9 @@ class LoggingMeasurer:
 def main() -> int:
     url, study, trials, seed, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     workload = Workload(
-        load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu", gpu_memory=64 * 2**30), TrainSpec(32)
+        load_builtin_model("tiny-gpt2"),
+        ClusterSpec(gpus_per_node=1, device="cpu", gpu_memory=64 * 2**30),
+        TrainSpec(32),
     )
     settings = StudySettings(
         name=study,

@@ -11,13 +11,13 @@ import deepspeed
 from tuner.measure.birth import born_on_device
 from tuner.measure.launcher import free_port
 from tuner.measure.models import build_model
-from tuner.workload import load_model
+from tuner.workload import load_builtin_model
 
 
 def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     deepspeed.init_distributed(dist_backend="gloo")
-    spec = load_model("tiny-llama")
+    spec = load_builtin_model("tiny-llama")
     found = {}
     for stage, precision in ((0, "bf16"), (2, "fp32"), (3, "bf16"), (3, "fp32")):
         config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage}}

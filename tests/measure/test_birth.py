@@ -42,9 +42,7 @@ def test_parameters_are_born_in_the_training_dtype_and_sharded_under_zero3() -> 
 
 def zero3_run(world: int) -> RunSpec:
     model = model_from_hf_config(WIDE)
-    workload = Workload(
-        model, ClusterSpec(gpus_per_node=world, device="cpu"), TrainSpec(seq_len=16, micro_batch=1, precision="fp32")
-    )
+    workload = Workload(model, ClusterSpec(gpus_per_node=world, device="cpu"), TrainSpec(seq_len=16, precision="fp32"))
     small = 100_000
     zero = {
         "stage": 3,

@@ -81,9 +81,9 @@ def test_a_run_with_a_rank_lost_to_its_infrastructure_is_lost_whatever_its_peers
     from tuner.measure.launcher import summarize
     from tuner.measure.measurement import PEER_KILLED
     from tuner.measure.runner import RunSpec
-    from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict
+    from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict
 
-    workload = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=3, device="cpu"), TrainSpec(32))
+    workload = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=3, device="cpu"), TrainSpec(32))
     spec = RunSpec(workload_to_dict(workload), {"train_micro_batch_size_per_gpu": 1}, device="cpu")
     results = [
         RankResult(0, "error", exception_type="RuntimeError", error="gloo: connection closed by peer", failed_at=1.0),

@@ -4,7 +4,7 @@ import pytest
 
 from tuner.estimator.flops import model_flops_per_token, peak_tflops
 from tuner.measure.measurement import PEER_KILLED, RankResult, aggregate, percentile
-from tuner.workload import load_model
+from tuner.workload import load_builtin_model
 
 
 def test_percentiles_interpolate() -> None:
@@ -14,7 +14,7 @@ def test_percentiles_interpolate() -> None:
 
 
 def test_throughput_uses_the_slowest_rank_per_step() -> None:
-    spec = load_model("tiny-gpt2")
+    spec = load_builtin_model("tiny-gpt2")
     ranks = [RankResult(0, "ok", step_times=[1.0, 1.0, 1.0]), RankResult(1, "ok", step_times=[2.0, 2.0, 1.0])]
     result = aggregate(ranks, spec, seq_len=64, samples_per_step=8, world_size=2)
     assert result.status == "ok"
@@ -26,7 +26,7 @@ def test_throughput_uses_the_slowest_rank_per_step() -> None:
 
 
 def test_root_cause_wins_over_peers_killed_after_it() -> None:
-    spec = load_model("tiny-gpt2")
+    spec = load_builtin_model("tiny-gpt2")
     ranks = [
         RankResult(0, "error", exception_type=PEER_KILLED, error="killed after another rank failed"),
         RankResult(1, "oom", exception_type="torch.OutOfMemoryError", error="CUDA out of memory"),
@@ -55,7 +55,7 @@ def test_a_stopped_rank_counts_as_ok_and_the_split_takes_the_slowest_rank() -> N
         RankResult(0, "ok", exception_type=STOPPED_EARLY, step_times=[1.0, 2.0], breakdown={"forward_s": 0.5}),
         RankResult(1, "ok", exception_type=STOPPED_EARLY, step_times=[1.5], breakdown={"forward_s": 0.25}),
     ]
-    measurement = aggregate(ranks, load_model("tiny-gpt2"), 64, 8, 2)
+    measurement = aggregate(ranks, load_builtin_model("tiny-gpt2"), 64, 8, 2)
     assert measurement.status == "ok" and measurement.step_time_s["p50"] == 1.5  # one step both ranks finished
     assert measurement.breakdown == {"forward_s": 0.5}
     measurement.set_wall(10.0)

@@ -5,12 +5,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tuner.measure.models import build_model, synthetic_batch  # noqa: E402
-from tuner.workload import load_model, model_from_hf_config  # noqa: E402
+from tuner.workload import load_builtin_model, model_from_hf_config  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "gpt2", "qwen2-1.5b"])
 def test_parameters_match_spec(name: str) -> None:
-    spec = load_model(name)
+    spec = load_builtin_model(name)
     with torch.device("meta"):
         model = build_model(spec)
     assert [p.numel() for p in model.parameters()] == list(spec.param_numels)
@@ -19,7 +19,7 @@ def test_parameters_match_spec(name: str) -> None:
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_sdpa_and_eager_agree_and_learn(attention: str, checkpointing: bool) -> None:
-    spec = load_model("tiny-llama")
+    spec = load_builtin_model("tiny-llama")
     torch.manual_seed(0)
     model = build_model(spec, attention=attention, checkpointing=checkpointing)
     tokens, targets = synthetic_batch(spec, 2, 16)

@@ -23,7 +23,7 @@ from ray.util.placement_group import placement_group, remove_placement_group  # 
 
 from tuner.measure.ray_launcher import UNAVAILABLE, launch_ray  # noqa: E402
 from tuner.measure.runner import RunSpec  # noqa: E402
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict  # noqa: E402
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict  # noqa: E402
 
 pytestmark = pytest.mark.deepspeed
 HERE = Path(__file__).parent
@@ -46,9 +46,9 @@ def two_nodes():
 
 def spec(gpus: int, nodes: int, device: str = "cpu") -> RunSpec:
     workload = Workload(
-        load_model("tiny-gpt2"),
+        load_builtin_model("tiny-gpt2"),
         ClusterSpec(gpus_per_node=gpus, nodes=nodes, device=device),
-        TrainSpec(seq_len=32, micro_batch=2),
+        TrainSpec(seq_len=32),
     )
     config = {
         "train_micro_batch_size_per_gpu": 2,

@@ -20,7 +20,7 @@ psutil = pytest.importorskip("psutil")
 from tuner.measure.launcher import launch_local  # noqa: E402
 from tuner.measure.measurement import CANCELLED, COST_PHASES, PEER_KILLED, STOPPED_EARLY  # noqa: E402
 from tuner.measure.runner import RunSpec  # noqa: E402
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, workload_to_dict  # noqa: E402
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict  # noqa: E402
 
 pytestmark = pytest.mark.deepspeed
 FAULT_RANK = Path(__file__).with_name("fault_rank.py")
@@ -28,7 +28,7 @@ FAULT_RANK = Path(__file__).with_name("fault_rank.py")
 
 def run_spec(world: int, zero: dict | None = None, **config: object) -> RunSpec:
     workload = Workload(
-        load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=world, device="cpu"), TrainSpec(seq_len=64, micro_batch=2)
+        load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=world, device="cpu"), TrainSpec(seq_len=64)
     )
     ds_config = {
         "train_micro_batch_size_per_gpu": 2,

@@ -11,7 +11,8 @@ from tuner.estimator import estimate
 from tuner.measure.measurement import RankResult
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 # Buckets sized for a 1M-parameter model, as a user would size them for a big one: the 2 GB fp32 default bucket
 # would dominate every number and hide the transients.
@@ -35,15 +36,15 @@ def test_peak_bytes_is_the_true_peak_when_measured() -> None:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_true_peak_covers_the_snapshots_and_the_estimate_matches_it(stage: int) -> None:
     workload = Workload(
-        load_model("tiny-gpt2"),
+        load_builtin_model("tiny-gpt2"),
         ClusterSpec(gpus_per_node=2, device="cpu", gpu_memory=2**34),
-        TrainSpec(seq_len=64, micro_batch=2, precision="fp32"),
+        TrainSpec(seq_len=64, precision="fp32"),
     )
     config = merge_configs(
         shortcut_config(2, 1, "fp32", stage, "none", "none"),
         {"zero_optimization": BUCKETS, "optimizer": {"params": {"torch_adam": True}}},
     )
-    run = run_measurement(workload, config, MeasureOptions("local", warmup=2, steps=1, timeout=600))
+    run = run_measurement(workload, TrialConfig(config), MeasureOptions("local", warmup=2, steps=1, timeout=600))
     assert run.status == "ok", run.error
     predicted = estimate(workload, config).per_gpu["total"]
     for rank in run.ranks:

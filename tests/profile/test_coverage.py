@@ -57,9 +57,10 @@ def test_checkpointing_is_checked_only_when_asked(cache: ProfileCache) -> None:
     from tuner.profile import model_from_config
 
     model = model_from_config(config, "tiny-ctrl", cache=cache)
-    train = TrainSpec(seq_len=16, precision="fp32", activation_checkpointing=True, attention=profile.attention)
+    train = TrainSpec(seq_len=16, precision="fp32", attention=profile.attention)
+    with_profile(Workload(model, ClusterSpec(device="cpu"), train), cache=cache)  # no checkpointing asked: profiled
     with pytest.raises(WorkloadError) as raised:
-        with_profile(Workload(model, ClusterSpec(device="cpu"), train), cache=cache)
+        with_profile(Workload(model, ClusterSpec(device="cpu"), train), cache=cache, activation_checkpointing=True)
     assert raised.value.field == "activation-checkpointing" and "\n" not in str(raised.value)
 
 

@@ -21,6 +21,7 @@ from tuner.profile import ModelProfile, ProfileCache, model_profile, params_prof
 from tuner.profile.cache import activation_key  # noqa: E402
 from tuner.profile.tiny import TINY_CONFIGS  # noqa: E402
 from tuner.profile.trace import measured_saved_bytes  # noqa: E402
+from tuner.trial import TrialConfig  # noqa: E402
 from tuner.workload import ClusterSpec, TrainSpec, Workload, WorkloadError, preset_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +207,7 @@ def test_estimate_uses_the_traced_activations(cache: ProfileCache) -> None:
     model = model_from_config(config, "tiny-gemma2", cache=cache)
     assert model.architecture == "Gemma2ForCausalLM" and model.n_params == params_profile(config, cache).n_params
     workload = with_profile(
-        Workload(model, ClusterSpec(device="cpu"), TrainSpec(seq_len=24, micro_batch=2, attention="eager")), cache=cache
+        Workload(model, ClusterSpec(device="cpu"), TrainSpec(seq_len=24, attention="eager")), cache=cache
     )
     est = estimate(workload, {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}})
     assert est.activations_source == "trace" and est.to_dict()["architecture"] == "Gemma2ForCausalLM"
@@ -289,7 +290,7 @@ def test_measured_run_trains_the_transformers_model_the_profile_traced(cache: Pr
 
     config = TINY_CONFIGS["mixtral"]
     model = model_from_config(config, "tiny-mixtral", cache=cache)
-    train = TrainSpec(seq_len=32, micro_batch=2, precision="bf16")
+    train = TrainSpec(seq_len=32, precision="bf16")
     workload = with_profile(Workload(model, ClusterSpec(device="cpu"), train), cache=cache)
     ds_config = {
         "train_micro_batch_size_per_gpu": 2,
@@ -297,7 +298,7 @@ def test_measured_run_trains_the_transformers_model_the_profile_traced(cache: Pr
         "optimizer": {"type": "AdamW", "params": {"torch_adam": True}},
     }
     run = run_measurement(
-        workload, ds_config, MeasureOptions("local", warmup=2, steps=1, timeout=300)
+        workload, TrialConfig(ds_config), MeasureOptions("local", warmup=2, steps=1, timeout=300)
     )  # probed on the 2nd warm-up step
     assert run.status == "ok", run.error
     est = estimate(workload, ds_config)

@@ -7,24 +7,24 @@ import pytest
 from tuner.estimator import ConfigError, estimate, resolve
 from tuner.measure.alloc_conf import alloc_conf, deepspeed_config
 from tuner.space import default_space_path, load_space
-from tuner.workload import ClusterSpec, Workload, load_model
+from tuner.workload import ClusterSpec, Workload, load_builtin_model
 
 
 def test_the_default_space_searches_it_and_writes_it_only_when_on() -> None:
     space = load_space(default_space_path())
     assert "expandable_segments" in space.searched
-    work = Workload(load_model("tiny-llama"), ClusterSpec(gpus_per_node=2))
+    work = Workload(load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=2))
     space = space.restricted(["stage", "expandable_segments"])
     on = space.suggest(optuna.trial.FixedTrial({"stage": 2, "expandable_segments": True}), work)
     off = space.suggest(optuna.trial.FixedTrial({"stage": 2, "expandable_segments": None}), work)
-    assert on.ds_config["dstune"] == {"expandable_segments": True} and "dstune" not in off.ds_config
-    assert resolve(work, on.ds_config).expandable_segments and not resolve(work, off.ds_config).expandable_segments
-    big = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=2))
-    assert estimate(big, on.ds_config).gpu_total < estimate(big, off.ds_config).gpu_total  # less allocator reserve
+    assert on.trial.ds_config["dstune"] == {"expandable_segments": True} and "dstune" not in off.trial.ds_config
+    assert resolve(work, on.trial).expandable_segments and not resolve(work, off.trial).expandable_segments
+    big = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=2))
+    assert estimate(big, on.trial).gpu_total < estimate(big, off.trial).gpu_total  # less allocator reserve
 
 
 def test_a_bad_value_names_its_key() -> None:
-    work = Workload(load_model("tiny-llama"), ClusterSpec(gpus_per_node=1))
+    work = Workload(load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=1))
     with pytest.raises(ConfigError, match=r"dstune\.expandable_segments"):
         resolve(work, {"dstune": {"expandable_segments": "yes"}})
 

@@ -23,7 +23,8 @@ from tuner.space import (
     load_space,
     space_names,
 )
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 optuna = pytest.importorskip("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -52,7 +53,7 @@ def space() -> SearchSpace:
 
 def workload(world: tuple[int, int] = (4, 2), **train: Any) -> Workload:
     gpus, nodes = world
-    return Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=gpus, nodes=nodes), TrainSpec(**train))
+    return Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=gpus, nodes=nodes), TrainSpec(**train))
 
 
 def write(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:
@@ -79,7 +80,7 @@ def run_study(
             trial.set_user_attr("infeasible", error.reason)
             raise optuna.TrialPruned(error.reason) from None
         seen.append((trial, suggestion))
-        return float(int(config_key(suggestion), 16) % 1000)
+        return float(int(suggestion.key, 16) % 1000)
 
     study = optuna.create_study(sampler=sampler)
     study.optimize(objective, n_trials=n_trials)
@@ -88,7 +89,7 @@ def run_study(
 
 def check_suggestion(trial: Any, suggestion: Suggestion, work: Workload, global_batch: int | None = None) -> None:
     """Every invariant a suggestion must hold, DeepSpeed's validation included."""
-    config = suggestion.ds_config
+    config = suggestion.trial.ds_config
     world = work.cluster.world_size
     resolve(work, config)
     validate_with_deepspeed(config, world)
@@ -107,7 +108,7 @@ def check_suggestion(trial: Any, suggestion: Suggestion, work: Workload, global_
         assert "allgather_bucket_size" not in zero
     assert config["bf16"] == {"enabled": True} and "fp16" not in config
     assert config["optimizer"]["type"] == "AdamW"
-    assert isinstance(suggestion.activation_checkpointing, bool)
+    assert isinstance(suggestion.trial.activation_checkpointing, bool)
 
 
 # --- the default space --------------------------------------------------------------------------------------------
@@ -208,11 +209,11 @@ def test_study_suggestions_pass_estimator_and_deepspeed(
     stages = set()
     for trial, suggestion in seen:
         check_suggestion(trial, suggestion, work, global_batch)
-        stages.add(suggestion.ds_config["zero_optimization"]["stage"])
+        stages.add(suggestion.trial.ds_config["zero_optimization"]["stage"])
         if global_batch is not None:
             assert "grad_accum" not in suggestion.params
-            assert suggestion.fixed["grad_accum"] == suggestion.ds_config["gradient_accumulation_steps"]
-            assert global_batch // 8 % suggestion.ds_config["train_micro_batch_size_per_gpu"] == 0
+            assert suggestion.fixed["grad_accum"] == suggestion.trial.ds_config["gradient_accumulation_steps"]
+            assert global_batch // 8 % suggestion.trial.ds_config["train_micro_batch_size_per_gpu"] == 0
         else:
             assert suggestion.params["grad_accum"] in (1, 2, 4, 8)
     assert stages == {0, 1, 2, 3}
@@ -223,7 +224,7 @@ def test_conditional_parameters_appear_only_where_their_condition_holds(space: S
     _, seen = run_study(space, workload(), optuna.samplers.RandomSampler(seed=3), n_trials=80)
     for trial, suggestion in seen:
         stage = trial.params["stage"]
-        zero = suggestion.ds_config["zero_optimization"]
+        zero = suggestion.trial.ds_config["zero_optimization"]
         stage3_params = {name for name in trial.params if name.startswith("stage3_")} | (
             {"sub_group_size", "offload_param"} & trial.params.keys()
         )
@@ -279,7 +280,7 @@ def test_offload_knobs_are_searched_where_they_apply(space: SearchSpace, pins: d
     values: dict[str, set[Any]] = {name: set() for name in knobs}
     for trial, suggestion in seen:
         check_suggestion(trial, suggestion, work)  # DeepSpeed's own classes accept every config
-        check_offload_knobs({**pins, **trial.params}, suggestion.ds_config["zero_optimization"])
+        check_offload_knobs({**pins, **trial.params}, suggestion.trial.ds_config["zero_optimization"])
         assert knobs == trial.params.keys() & {
             "offload_optimizer_pin_memory",
             "offload_param_pin_memory",
@@ -303,7 +304,7 @@ def test_nvme_is_offered_only_with_a_path(space: SearchSpace) -> None:
     devices = set()
     for trial, suggestion in seen:
         check_suggestion(trial, suggestion, work)
-        zero = suggestion.ds_config["zero_optimization"]
+        zero = suggestion.trial.ds_config["zero_optimization"]
         for section in ("offload_optimizer", "offload_param"):
             devices.add(zero[section]["device"])
             if zero[section]["device"] == "nvme":
@@ -336,7 +337,7 @@ def test_global_batch_rule_and_infeasible_micro_batches(space: SearchSpace, micr
             pinned.suggest(trial, work, global_batch=global_batch)
         assert err.value.params["micro_batch"] == micro
     else:
-        config = pinned.suggest(trial, work, global_batch=global_batch).ds_config
+        config = pinned.suggest(trial, work, global_batch=global_batch).trial.ds_config
         assert config["train_micro_batch_size_per_gpu"] == micro
         assert config["gradient_accumulation_steps"] == 6 // micro
         assert micro * config["gradient_accumulation_steps"] * 8 == config["train_batch_size"] == 48
@@ -367,7 +368,7 @@ def test_int_micro_batch_that_does_not_divide_is_infeasible(tmp_path: Path) -> N
     for seed in range(30):
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
         try:
-            config = space.suggest(study.ask(), work, global_batch=32).ds_config
+            config = space.suggest(study.ask(), work, global_batch=32).trial.ds_config
         except InfeasibleConfig as error:
             assert "does not divide the global batch 32" in error.reason
             pruned += 1
@@ -387,24 +388,28 @@ def test_global_batch_must_be_a_multiple_of_world_size(space: SearchSpace) -> No
 
 def test_pinned_accumulation_must_agree_with_global_batch(space: SearchSpace) -> None:
     pinned = space.with_pins({"micro_batch": 2, "grad_accum": 4})
-    assert pinned.suggest(optuna.create_study().ask(), workload(), global_batch=64).ds_config["train_batch_size"] == 64
+    suggestion = pinned.suggest(optuna.create_study().ask(), workload(), global_batch=64)
+    assert suggestion.trial.ds_config["train_batch_size"] == 64
     with pytest.raises(InfeasibleConfig, match="grad_accum is pinned to 4 but the global batch 32 needs 2"):
         pinned.suggest(optuna.create_study().ask(), workload(), global_batch=32)
 
 
-def test_space_without_batch_parameters_uses_the_workload(tmp_path: Path) -> None:
+def test_space_without_batch_parameters_trains_micro_batch_one(tmp_path: Path) -> None:
+    """The micro-batch and accumulation a space does not search are 1 (the workload has none of its own: they are
+    the trial config's), accumulation derived from a fixed global batch."""
     path = write(
         tmp_path,
         "parameters:\n  stage: {kind: categorical, choices: [1, 2], key: zero_optimization.stage, default: 1}\n",
     )
-    work = workload((2, 1), micro_batch=3, grad_accum=5)
-    config = load_space(path).suggest(optuna.create_study().ask(), work).ds_config
-    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (3, 5)
-    assert config["train_batch_size"] == 30
-    config = load_space(path).suggest(optuna.create_study().ask(), work, global_batch=18).ds_config
-    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (3, 3)
-    with pytest.raises(InfeasibleConfig, match="micro-batch 3"):
-        load_space(path).suggest(optuna.create_study().ask(), work, global_batch=16)
+    work = workload((2, 1))
+    suggestion = load_space(path).suggest(optuna.create_study().ask(), work)
+    config = suggestion.trial.ds_config
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (1, 1)
+    assert config["train_batch_size"] == 2 and suggestion.trial.activation_checkpointing is False
+    config = load_space(path).suggest(optuna.create_study().ask(), work, global_batch=18).trial.ds_config
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (1, 9)
+    config = load_space(path).suggest(optuna.create_study().ask(), work, global_batch=16).trial.ds_config
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (1, 8)
 
 
 # --- pins ------------------------------------------------------------------------------------------------------------
@@ -421,9 +426,9 @@ def test_pins_are_honoured_and_not_suggested() -> None:
     for trial, suggestion in seen:
         check_suggestion(trial, suggestion, work)
         assert not {"stage", "offload_param", "activation_checkpointing"} & trial.params.keys()
-        assert suggestion.ds_config["zero_optimization"]["stage"] == 3
-        assert suggestion.ds_config["zero_optimization"]["offload_param"]["device"] == "cpu"
-        assert suggestion.activation_checkpointing is True
+        assert suggestion.trial.ds_config["zero_optimization"]["stage"] == 3
+        assert suggestion.trial.ds_config["zero_optimization"]["offload_param"]["device"] == "cpu"
+        assert suggestion.trial.activation_checkpointing is True
         assert suggestion.fixed["stage"] == 3
 
 
@@ -432,7 +437,7 @@ def test_pin_on_a_parameter_whose_condition_fails(space: SearchSpace) -> None:
     with pytest.raises(InfeasibleConfig, match="offload_param is pinned to 'cpu' but applies only when stage == 3"):
         pinned.suggest(optuna.create_study().ask(), workload())
     config = space.with_pins({"stage": 1, "offload_param": "none"}).suggest(optuna.create_study().ask(), workload())
-    assert "offload_param" not in config.ds_config["zero_optimization"]
+    assert "offload_param" not in config.trial.ds_config["zero_optimization"]
 
 
 @pytest.mark.parametrize(
@@ -461,7 +466,7 @@ def test_pins_accept_numbers_as_strings_and_null_where_default_is_null(space: Se
     pinned = space.with_pins({"reduce_bucket_size": "20_000_000", "overlap_comm": None, "stage": 2})
     assert pinned.pins == {"reduce_bucket_size": 20_000_000, "overlap_comm": None, "stage": 2}
     assert space.with_pins({"reduce_bucket_size": 2.0e7}).pins == {"reduce_bucket_size": 20_000_000}
-    zero = pinned.suggest(optuna.create_study().ask(), workload()).ds_config["zero_optimization"]
+    zero = pinned.suggest(optuna.create_study().ask(), workload()).trial.ds_config["zero_optimization"]
     assert zero["reduce_bucket_size"] == 20_000_000 and "overlap_comm" not in zero
 
 
@@ -482,15 +487,15 @@ def test_grid_sampler_over_a_restricted_space(space: SearchSpace) -> None:
     for trial, suggestion in seen:
         check_suggestion(trial, suggestion, work, global_batch=64)
         assert set(trial.params) <= set(names)
-        zero = suggestion.ds_config["zero_optimization"]
+        zero = suggestion.trial.ds_config["zero_optimization"]
         if zero["stage"] >= 1:  # every other parameter at its default
             assert zero["reduce_bucket_size"] == 500_000_000 and zero["contiguous_gradients"] is True
             assert "overlap_comm" not in zero  # default null: DeepSpeed decides
         if zero["stage"] == 3:
             assert zero["stage3_max_live_parameters"] == 1_000_000_000
             assert zero["offload_param"] == {"device": "none"}
-        assert suggestion.activation_checkpointing is False
-        keys.add(config_key(suggestion))
+        assert suggestion.trial.activation_checkpointing is False
+        keys.add(suggestion.key)
     assert len(keys) == 4 + 3 * 4 * 2  # at stage 0 offload_optimizer does not apply: its two grid points coincide
 
 
@@ -534,7 +539,7 @@ def test_float_and_linear_int_parameters_are_suggested(tmp_path: Path) -> None:
     space = load_space(path)
     for seed in range(10):
         trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed)).ask()
-        config = space.suggest(trial, workload((1, 1))).ds_config
+        config = space.suggest(trial, workload((1, 1))).trial.ds_config
         assert config["gradient_clipping"] in (0.5, 1.0, 1.5, 2.0)
         assert 1e-5 <= config["optimizer"]["params"]["lr"] <= 1e-3
         assert config["zero_optimization"]["zero_hpz_partition_size"] in (0, 2, 4)
@@ -559,7 +564,7 @@ def test_precision_comes_from_the_workload(tmp_path: Path, precision: str, secti
     )
     work = workload((2, 1), precision=precision, optimizer="adam")
     suggestion = load_space(path).suggest(optuna.create_study().ask(), work)
-    config = suggestion.ds_config
+    config = suggestion.trial.ds_config
     assert {"bf16", "fp16"} & config.keys() == ({section} if section else set())
     if section == "fp16":
         assert config["fp16"] == {"loss_scale_window": 500, "enabled": True}
@@ -568,14 +573,16 @@ def test_precision_comes_from_the_workload(tmp_path: Path, precision: str, secti
     assert resolve(work, config).precision == precision
 
 
-def test_suggestion_applies_to_the_workload(space: SearchSpace) -> None:
+def test_suggestion_is_one_trial_config(space: SearchSpace) -> None:
+    """Micro-batch, accumulation and checkpointing live in the suggestion's trial config, and the estimator's
+    settings read them from there (the workload has none)."""
     pinned = space.with_pins({"micro_batch": 4, "grad_accum": 2, "activation_checkpointing": True})
     work = workload()
     suggestion = pinned.suggest(optuna.create_study().ask(), work)
-    applied = suggestion.apply_to(work)
-    assert (applied.train.micro_batch, applied.train.grad_accum) == (4, 2)
-    assert applied.train.activation_checkpointing is True
-    assert applied.model == work.model and applied.cluster == work.cluster
+    assert suggestion.trial.batch == (4, 2) and suggestion.trial.activation_checkpointing is True
+    settings = resolve(work, suggestion.trial)
+    assert (settings.micro_batch, settings.grad_accum, settings.activation_checkpointing) == (4, 2, True)
+    assert not {"micro_batch", "grad_accum", "activation_checkpointing"} & set(vars(work.train))
 
 
 def test_identical_configs_hash_equal(space: SearchSpace) -> None:
@@ -587,14 +594,14 @@ def test_identical_configs_hash_equal(space: SearchSpace) -> None:
     work = workload()
     pinned = space.restricted(list(params))
     first, second, third = (pinned.suggest(study.ask(), work) for _ in range(3))
-    assert first.ds_config == second.ds_config
-    assert config_key(first) == config_key(second) == first.key
-    assert config_key(first) != config_key(third)
-    flipped = Suggestion(first.ds_config, True, first.params)
-    assert config_key(flipped) != config_key(first)
-    reordered = dict(reversed(list(first.ds_config.items())))
-    assert config_key(reordered) == config_key(first)
-    assert len(config_key(first)) == 16
+    assert first.trial.ds_config == second.trial.ds_config
+    assert config_key(first.trial) == config_key(second.trial) == first.key
+    assert config_key(first.trial) != config_key(third.trial)
+    flipped = TrialConfig(first.trial.ds_config, True)
+    assert config_key(flipped) != first.key
+    reordered = dict(reversed(list(first.trial.ds_config.items())))
+    assert config_key(reordered) == first.key
+    assert len(first.key) == 16
 
 
 # --- malformed spaces ------------------------------------------------------------------------------------------------
@@ -780,7 +787,7 @@ def test_conditions_with_and_lists_and_ordering(tmp_path: Path) -> None:
             suggestion = space.with_pins({"stage": stage, "dev": dev} if stage in (1, 2) else {"stage": stage}).suggest(
                 trial, workload((1, 1))
             )
-            zero = suggestion.ds_config["zero_optimization"]
+            zero = suggestion.trial.ds_config["zero_optimization"]
             assert ("offload_optimizer" in zero) == (stage in (1, 2))
             assert ("reduce_bucket_size" in zero) == (stage in (1, 2) and dev == "cpu")
     assert [str(c) for c in space.parameter("bucket").when] == ["stage > 0", 'dev != "none"']
@@ -791,11 +798,11 @@ def test_bucket_sizes_are_even_as_deepspeed_asserts(tmp_path) -> None:
     import optuna
 
     space = load_space(default_space_path(), pins={"stage": 2})
-    workload = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2))
+    workload = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(40):
         trial = study.ask()
-        config = space.suggest(trial, workload).ds_config
+        config = space.suggest(trial, workload).trial.ds_config
         assert config["zero_optimization"]["allgather_bucket_size"] % 2 == 0
         study.tell(trial, 1.0)
 

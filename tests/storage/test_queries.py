@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from tuner.storage import MeasuredTrial, Store
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_from_param_count
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
 
 DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}}
 ESTIMATE = {"per_gpu": {"total": 1234}}
 
 
 def workload(gpus: int = 2, seq_len: int = 512, model: str = "gpt2") -> Workload:
-    return Workload(load_model(model), ClusterSpec(gpus_per_node=gpus), TrainSpec(seq_len=seq_len))
+    return Workload(load_builtin_model(model), ClusterSpec(gpus_per_node=gpus), TrainSpec(seq_len=seq_len))
 
 
 def study(store: Store, name: str, of: Workload) -> int:

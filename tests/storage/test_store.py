@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 import sys
 import threading
@@ -29,14 +31,25 @@ from tuner.storage import (
     migrations_dir,
     reason_kind,
 )
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_from_param_count
+from tuner.storage.tables import WorkloadRow, utcnow
+from tuner.workload import (
+    LEGACY_TRAIN,
+    ClusterSpec,
+    TrainSpec,
+    Workload,
+    load_builtin_model,
+    model_from_param_count,
+    workload_to_dict,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
 
 
 def small_workload(gpus: int = 2) -> Workload:
-    return Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=gpus, gpu_memory=24 * 2**30), TrainSpec(seq_len=512))
+    return Workload(
+        load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=gpus, gpu_memory=24 * 2**30), TrainSpec(seq_len=512)
+    )
 
 
 def new_study(store: Store, name: str = "s1", gpus: int = 2) -> int:
@@ -114,7 +127,7 @@ class TestStoreContract:
             finish_ok(old, study_id, "a", 5.0)
             finish_ok(old, study_id, "b", 7.0, number=1)
         with Store.open(url) as store:
-            assert store.current_revision() == "0003"
+            assert store.current_revision() == "0004"
             assert store.best_trial(study_id).tokens_per_s == 7.0
             indexes = {index["name"] for index in sa.inspect(store.engine).get_indexes("dstune_trials")}
             assert "ix_dstune_trials_study_id_status_tokens_per_s" in indexes
@@ -123,11 +136,47 @@ class TestStoreContract:
             indexes = {index["name"] for index in sa.inspect(store.engine).get_indexes("dstune_trials")}
             assert "ix_dstune_trials_study_id_status" in indexes and store.best_trial(study_id).tokens_per_s == 7.0
 
+    def test_workloads_stored_with_the_search_settings_are_found_after_upgrade(self, url: str) -> None:
+        """Rows of 0003, whose workload dicts still held ``train.micro_batch``/``grad_accum``/
+        ``activation_checkpointing`` (now the trial config's): a study's workload keeps its fingerprint, one stored
+        with another micro-batch is merged into its twin, and resuming either study finds its workload."""
+        work = small_workload()
+        plain = workload_to_dict(work)
+        old = {**plain, "train": {**plain["train"], **LEGACY_TRAIN}}
+        old_fingerprint = hashlib.sha256(json.dumps(
+            {**old, "model": {k: v for k, v in old["model"].items() if k != "name"}}, sort_keys=True
+        ).encode()).hexdigest()[:16]  # fmt: skip
+        assert old_fingerprint == work.fingerprint()  # as 0003's code computed it: unchanged
+        other = {**old, "train": {**old["train"], "micro_batch": 4, "activation_checkpointing": True}}
+        with Store(url) as before:
+            before.upgrade("0003")
+            with before.engine.begin() as connection:
+                ids = []
+                for data, fingerprint in ((old, old_fingerprint), (other, "f" * 16)):
+                    ids.append(connection.execute(
+                        sa.insert(WorkloadRow).values(
+                            fingerprint=fingerprint, model_family="gpt2", model_name="gpt2", n_params=1, world_size=2,
+                            device="cuda", gpu_memory=24 * 2**30, workload=data, created_at=utcnow(),
+                        )
+                    ).inserted_primary_key[0])  # fmt: skip
+            first = before.get_or_create_study("plain", ids[0], "tpe", {}).id
+            second = before.get_or_create_study("micro4", ids[1], "tpe", {}).id
+        with Store.open(url) as store:
+            assert store.current_revision() == "0004"
+            with store.session() as session:
+                rows = session.scalars(sa.select(WorkloadRow)).all()
+            assert [(row.id, row.fingerprint) for row in rows] == [(ids[0], work.fingerprint())]
+            assert rows[0].workload == plain  # the search's settings are gone from the stored dict
+            for name, study_id in (("plain", first), ("micro4", second)):
+                assert store.workload_of(study_id) == work
+                resumed = store.get_or_create_study(name, store.upsert_workload(store.workload_of(study_id)), "tpe", {})
+                assert resumed.id == study_id
+
     def test_workload_upsert_by_fingerprint(self, store: Store) -> None:
         workload = small_workload()
         first = store.upsert_workload(workload)
         assert store.upsert_workload(workload) == first
-        renamed = Workload(load_model("gpt2").__class__(**{**workload.model.to_dict(), "name": "other"}))
+        renamed = Workload(load_builtin_model("gpt2").__class__(**{**workload.model.to_dict(), "name": "other"}))
         renamed = Workload(renamed.model, workload.cluster, workload.train)
         assert store.upsert_workload(renamed) == first  # the name is not part of the fingerprint
         assert store.upsert_workload(small_workload(gpus=4)) != first

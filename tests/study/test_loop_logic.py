@@ -27,8 +27,9 @@ from tuner.storage import Store, new_holder, release
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy, reason_key
 from tuner.study.calibration import DEFAULT_MARGIN
 from tuner.study.loop import HOLDER_ATTR, REPEAT_LIMIT
+from tuner.trial import TrialConfig
 from tuner.units import format_bytes
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -71,10 +72,9 @@ class FakeMeasurer:
         self.cancelled = False
         self.hooked: list[bool] = []  # whether each run was given an on_step
 
-    def submit(
-        self, workload: Workload, ds_config: dict[str, Any], on_step: StepHook | None = None
-    ) -> Future[Measurement]:
+    def submit(self, workload: Workload, trial: TrialConfig, on_step: StepHook | None = None) -> Future[Measurement]:
         assert not self.cancelled, "a run was submitted after cancel()"
+        ds_config = trial.ds_config
         self.submitted.append(ds_config)
         self.hooked.append(on_step is not None)
         future: Future[Measurement] = Future()
@@ -126,7 +126,9 @@ def _resolve(future: Future[Measurement], result: Any) -> None:
 
 def workload(gpu_memory: int = 64 * 2**30) -> Workload:
     return Workload(
-        load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, gpu_memory=gpu_memory, device="cpu"), TrainSpec(64)
+        load_builtin_model("tiny-gpt2"),
+        ClusterSpec(gpus_per_node=1, gpu_memory=gpu_memory, device="cpu"),
+        TrainSpec(64),
     )
 
 

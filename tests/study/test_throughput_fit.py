@@ -2,7 +2,6 @@
 
 import itertools
 import math
-from dataclasses import replace
 
 import pytest
 
@@ -19,7 +18,8 @@ from tuner.study.throughput_fit import (
     spearman,
     throughput_summary,
 )
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 TRUE = {"compute": 0.4, "launch": 1.6, "bandwidth": 3.0, "latency": 8.0, "memory": 1.2}
 
@@ -31,9 +31,8 @@ def varied_terms() -> list[StepTerms]:
     for model, nodes in (("tiny-llama", 1), ("gpt2", 2)):
         ranks = 1 if nodes == 1 else 4
         cluster = ClusterSpec(gpus_per_node=ranks, nodes=nodes, device="cpu")
-        work = Workload(load_model(model), cluster, TrainSpec(seq_len=128))
+        work = Workload(load_builtin_model(model), cluster, TrainSpec(seq_len=128))
         for stage, micro, checkpointing in itertools.product((0, 1, 2, 3), (1, 2, 4, 8), (False, True)):
-            trained = replace(work, train=replace(work.train, activation_checkpointing=checkpointing))
             zero = {"stage": stage, "reduce_bucket_size": 500_000, "allgather_bucket_size": 500_000}
             if stage and micro == 4:
                 zero["offload_optimizer"] = {"device": "cpu"}
@@ -42,7 +41,7 @@ def varied_terms() -> list[StepTerms]:
                 "train_micro_batch_size_per_gpu": micro,
                 "bf16": {"enabled": True},
             }
-            out.append(predict(trained, {**ds, "zero_optimization": zero}).terms)
+            out.append(predict(work, TrialConfig({**ds, "zero_optimization": zero}, checkpointing)).terms)
     return out
 
 
@@ -127,7 +126,7 @@ def test_fits_are_kept_per_hardware_and_family_beside_the_memory_margin(tmp_path
 
 
 def test_summary_shown_with_an_estimate_carries_the_fit_and_its_error() -> None:
-    work = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
+    work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
     ds = {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
     table = throughput_summary(work, ds)
     assert table["fit_runs"] == 0 and table["error"] is None and not table["fitted"]

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from tuner.space import InfeasibleConfig, SearchSpace, default_space_path, load_space
 from tuner.study.calibration import Calibration
 from tuner.study.warm_start import ThroughputGuide, params_of
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model, model_from_param_count
+from tuner.trial import TrialConfig
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
 
 ROOT = Path(__file__).resolve().parents[2]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -49,7 +50,7 @@ def workloads(draw: st.DrawFn) -> tuple[Workload, int | None]:
     model = (
         model_from_param_count(draw(st.sampled_from([1e6, 1.2e8, 7e9])))
         if bare
-        else load_model(draw(st.sampled_from(MODELS)))
+        else load_builtin_model(draw(st.sampled_from(MODELS)))
     )
     gpus, nodes = draw(st.sampled_from([1, 2, 4, 8])), draw(st.sampled_from([1, 2]))
     cluster = ClusterSpec(
@@ -108,11 +109,11 @@ def test_params_to_ds_config_and_back_is_the_same_config(
         _, suggestion = _asked(space, study, workload, global_batch)
     except InfeasibleConfig:
         return  # pruned without a config: nothing to round-trip
-    values = params_of(space, suggestion.ds_config, suggestion.activation_checkpointing)
+    values = params_of(space, suggestion.trial)
     study.enqueue_trial({k: v for k, v in values.items() if k in space.searched})
     _, again = _asked(space, study, workload, global_batch)
     assert again.key == suggestion.key
-    assert again.ds_config == suggestion.ds_config
+    assert again.trial.ds_config == suggestion.trial.ds_config
 
 
 class _AllOk:
@@ -120,13 +121,13 @@ class _AllOk:
 
     slots = 1
 
-    def submit(self, workload: Workload, ds_config: dict[str, Any], on_step: Any = None) -> Any:
+    def submit(self, workload: Workload, trial: TrialConfig, on_step: Any = None) -> Any:
         from concurrent.futures import Future
 
         from tuner.measure.measurement import Measurement
 
         future: Future[Measurement] = Future()
-        tokens = 1000.0 * ds_config["train_micro_batch_size_per_gpu"]
+        tokens = 1000.0 * trial.ds_config["train_micro_batch_size_per_gpu"]
         future.set_result(Measurement(status="ok", tokens_per_s=tokens, peak_bytes_per_rank=[2**20]))
         return future
 
@@ -145,7 +146,6 @@ def test_the_exported_config_estimates_as_its_trial_was_recorded(
     the estimate recorded for that trial; what the export leaves out of the ds_config is said in a note."""
     from tuner.dsconfig import export_config
     from tuner.estimator import estimate
-    from tuner.space import Suggestion
     from tuner.storage import Store
     from tuner.study import StudySettings, TuningStudy
 
@@ -157,16 +157,16 @@ def test_the_exported_config_estimates_as_its_trial_was_recorded(
         study = TuningStudy(settings_, store)
         study.run(_AllOk())
         for trial in store.trials(study.study_id, status="ok"):
-            _, notes = export_config(trial.ds_config, trial.activation_checkpointing, "hf")
+            _, notes = export_config(trial.trial, "hf")
             args = json.loads(notes[0].removeprefix("TrainingArguments to use with it: "))
             assert args["gradient_checkpointing"] == trial.activation_checkpointing
             assert args["per_device_train_batch_size"] == trial.ds_config["train_micro_batch_size_per_gpu"]
-            plain, plain_notes = export_config(trial.ds_config, trial.activation_checkpointing)
-            trial_workload = Suggestion(plain, args["gradient_checkpointing"]).apply_to(workload)
+            plain, plain_notes = export_config(trial.trial)
+            exported = TrialConfig(plain, args["gradient_checkpointing"])  # what a user trains from the export
             recorded = {k: v for k, v in trial.estimate.items() if k != "throughput"}
-            again = estimate(trial_workload, trial.ds_config).to_dict()
+            again = estimate(workload, trial.trial).to_dict()
             assert again == recorded
             if plain_notes:  # a run setting outside DeepSpeed's config: the note names it
                 assert "expandable_segments" in plain_notes[0]
             else:
-                assert estimate(trial_workload, plain).to_dict() == recorded
+                assert estimate(workload, exported).to_dict() == recorded

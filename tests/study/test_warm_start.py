@@ -15,12 +15,15 @@ from tuner.storage import Store
 from tuner.study.calibration import Calibration
 from tuner.study.throughput_fit import FAMILY_PREFIX, ThroughputFit, spearman
 from tuner.study.warm_start import ThroughputGuide, params_of, rank_feasible, recheck_earlier
+from tuner.trial import TrialConfig
 from tuner.units import parse_bytes
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 ROOT = Path(__file__).resolve().parents[2]
 LANDSCAPE = ROOT / "bench" / "results" / "landscapes" / "tiny-llama-s128-w1.json"
-GPT2 = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8, gpu_memory=16 * 2**30), TrainSpec(seq_len=1024))
+GPT2 = Workload(
+    load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=8, gpu_memory=16 * 2**30), TrainSpec(seq_len=1024)
+)
 
 
 def label(params: dict) -> str:
@@ -34,7 +37,7 @@ def test_rank_feasible_keeps_what_fits_fastest_first() -> None:
     speeds = [r.prediction.tokens_per_s for r in ranked]
     assert speeds == sorted(speeds, reverse=True)
     for r in ranked:
-        est = estimate(r.suggestion.apply_to(GPT2), r.suggestion.ds_config)
+        est = estimate(GPT2, r.suggestion.trial)
         assert est.gpu_total * 1.05 <= est.gpu_memory
     # a tighter GPU drops configs, and never adds one
     small = replace(GPT2, cluster=replace(GPT2.cluster, gpu_memory=8 * 2**30))
@@ -45,8 +48,8 @@ def test_rank_feasible_keeps_what_fits_fastest_first() -> None:
 def test_params_of_reads_a_config_back_into_the_space() -> None:
     space = load_space(default_space_path())
     for r in rank_feasible(space, GPT2, Calibration(), global_batch=256)[:20]:
-        params = params_of(space, r.suggestion.ds_config, r.suggestion.activation_checkpointing)
-        earlier = [(r.suggestion.ds_config, r.suggestion.activation_checkpointing)]
+        params = params_of(space, r.suggestion.trial)
+        earlier = [r.suggestion.trial]
         again = recheck_earlier(space, GPT2, Calibration(), earlier, global_batch=256)
         assert params["stage"] == r.params["stage"] and again[0].suggestion.key == r.suggestion.key
 
@@ -57,7 +60,7 @@ def test_warm_start_puts_earlier_configs_that_still_fit_first_and_spreads_over_b
     big = {"train_micro_batch_size_per_gpu": 32, "zero_optimization": {"stage": 0}, "bf16": {"enabled": True}}
     small = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
     assert not rank_feasible(space.with_pins({"stage": 0, "micro_batch": 32}), GPT2, Calibration(), global_batch=256)
-    chosen = guide.warm_start(3, earlier=[(big, False), (small, True)])
+    chosen = guide.warm_start(3, earlier=[TrialConfig(big), TrialConfig(small, True)])
     assert (chosen[0]["stage"], chosen[0]["micro_batch"], chosen[0]["activation_checkpointing"]) == (3, 1, True)
     shapes = [(p["micro_batch"], p["activation_checkpointing"]) for p in chosen]
     assert len(set(shapes)) == 3
@@ -67,7 +70,7 @@ def _replay_landscape() -> tuple[dict, Workload, dict]:
     data = json.loads(LANDSCAPE.read_text())
     spec = data["workload"]
     work = Workload(
-        load_model(spec["model"]),
+        load_builtin_model(spec["model"]),
         ClusterSpec(gpus_per_node=spec["world_size"], device="cpu", gpu_memory=parse_bytes(spec["gpu_memory"])),
         TrainSpec(seq_len=spec["seq_len"], precision=spec["precision"]),
     )

@@ -68,7 +68,7 @@ class EstimateResponse(BaseModel):
 
 class RecommendRequest(BaseModel):
     """The workload to recommend for; its micro_batch, grad_accum and activation_checkpointing are ignored (they are
-    what is recommended)."""
+    the trial config, what is recommended)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -50,9 +50,9 @@ def render(est: MemoryEstimate, title: str, console: Console | None = None) -> N
 @workload_options()
 def estimate_command(flags: WorkloadFlags, as_json: JsonOpt = False) -> None:
     """Estimate peak memory per GPU and per node's CPU for one training configuration."""
-    workload, config = build(flags)
-    est = estimate(workload, config)
-    throughput = predict(workload, config).to_dict()  # the hardware table's constants: no store here
+    workload, trial = build(flags)
+    est = estimate(workload, trial)
+    throughput = predict(workload, trial).to_dict()  # the hardware table's constants: no store here
     if as_json:
         typer.echo(json.dumps({**est.to_dict(), "throughput": throughput}))
     else:

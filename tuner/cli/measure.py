@@ -42,7 +42,7 @@ def measure_command(
     """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
     warmup_max = warmup_limit(warmup, warmup_max)
     require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
-    workload, config = build(flags)
+    workload, trial = build(flags)
     if workload.model.is_bare:
         fail("params", "a measured run needs a model architecture: use --model")
     cap = size(memory_cap, "memory-cap") if memory_cap else None
@@ -51,11 +51,11 @@ def measure_command(
     if not as_json and (launcher == "local" or ray_address is None):  # the ranks build DeepSpeed's ops here
         from tuner.measure.op_builds import build_notice
 
-        notice = build_notice(workload.cluster.device, [config])[0]
+        notice = build_notice(workload.cluster.device, [trial.ds_config])[0]
         if notice:
             Console().print(notice, highlight=False, soft_wrap=True)
     options = MeasureOptions(launcher, ray_address, warmup, steps, timeout, cap, warmup_max)
-    result = measure(workload, config, options, show_progress=not as_json)
+    result = measure(workload, trial, options, show_progress=not as_json)
     if as_json:
         typer.echo(json.dumps(result))
     else:

@@ -23,7 +23,7 @@ from typing import Annotated, Any, get_type_hints
 import typer
 
 from tuner.cli.common import default_device, fail
-from tuner.dsconfig import load_ds_config, workload_config
+from tuner.dsconfig import load_ds_config, trial_config
 from tuner.errors import InputError
 from tuner.estimator import estimate, resolve
 from tuner.inputs import (
@@ -39,6 +39,7 @@ from tuner.inputs import (
     validated,
 )
 from tuner.profile import with_profile
+from tuner.trial import TrialConfig
 from tuner.workload import Workload, load_hf_config, read_json_object
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
@@ -166,11 +167,12 @@ def _flag(loc: Loc) -> str:
     return ".".join(["model" if head == "config" else head.replace("_", "-"), *rest])
 
 
-def build(flags: WorkloadFlags) -> tuple[Workload, dict[str, Any]]:
-    """The workload and the ds_config the flags describe (bad input: one line naming the flag, exit 2).
+def build(flags: WorkloadFlags) -> tuple[Workload, TrialConfig]:
+    """The workload and the trial config the flags describe (bad input: one line naming the flag, exit 2).
 
     ``--model`` is read here (a preset, or a ``config.json`` path or folder) and sent as the request's ``config``;
-    the ds_config is the shortcut flags' with ``--ds-config`` merged over it (the file wins), checked by the
+    the trial config is the shortcut flags' (``--micro-batch``, ``--grad-accum``, ``--activation-checkpointing``,
+    ``--stage``, ``--offload-*``) with ``--ds-config`` merged over its ds_config (the file wins), checked by the
     estimator. No ``--device`` (measure, tune): cuda when torch sees a GPU, else cpu.
     """
     try:
@@ -201,17 +203,30 @@ def build(flags: WorkloadFlags) -> tuple[Workload, dict[str, Any]]:
         )
         workload = to_workload(request, config_name=name)
         override = load_ds_config(flags.ds_config) if flags.ds_config is not None else None
-        ds_config = workload_config(
-            workload.train, flags.stage, flags.offload_optimizer, flags.offload_param, flags.nvme_path, override
+        trial = trial_config(
+            flags.micro_batch,
+            flags.grad_accum,
+            workload.train.precision,
+            flags.activation_checkpointing,
+            flags.stage,
+            flags.offload_optimizer,
+            flags.offload_param,
+            flags.nvme_path,
+            override,
         )
-        # the precision the ds_config trains in (a --ds-config may change it): its traced activations
-        workload = with_profile(workload, precisions=(resolve(workload, ds_config).precision,))
-        estimate(workload, ds_config)  # validates the config; cheap
+        # the precision the ds_config trains in (a --ds-config may change it): its traced activations (to_workload
+        # attached the workload's own precision's)
+        precision = resolve(workload, trial).precision
+        if precision != workload.train.precision or trial.activation_checkpointing:
+            workload = with_profile(
+                workload, precisions=(precision,), activation_checkpointing=trial.activation_checkpointing
+            )
+        estimate(workload, trial)  # validates the config; cheap
     except FieldError as error:
         fail(_flag(error.loc), error.message)
     except InputError as error:
         fail(error.field, error.message)
-    return workload, ds_config
+    return workload, trial
 
 
 __all__ = [

@@ -239,7 +239,7 @@ def warn_slow_runs(tuning: TuningStudy, warmup: int, steps: int, console: Consol
     run_s = (warmup + steps) * step_s
     if run_s < SLOW_RUN_S:
         return
-    config = first.suggestion.ds_config
+    config = first.suggestion.trial.ds_config
     tokens = config["train_batch_size"] * tuning.settings.workload.train.seq_len
     console.print(
         f"[yellow]slow runs ahead[/]: the first measured run takes about {format_duration(run_s)} on this CPU "
@@ -356,7 +356,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
         validate_with_deepspeed(best.ds_config, world)
     except ConfigError as error:
         fail(error.field, f"DeepSpeed rejects the stored config: {error}")
-    config, notes = export_config(best.ds_config, best.activation_checkpointing, format, workload.train.attention)
+    config, notes = export_config(best.trial, format, workload.train.attention)
     text = json.dumps(config, indent=2) + "\n"
     if out:
         Path(out).write_text(text)

@@ -71,23 +71,20 @@ def logits_workspace_bytes(model: ModelSpec, batch: int, seq: int, elem: int) ->
 
 
 def workload_activation_bytes(
-    workload: Workload, micro_batch: int, precision: str, elem: int
+    workload: Workload, micro_batch: int, precision: str, elem: int, checkpointing: bool
 ) -> tuple[int, int, str] | None:
     """(saved bytes after forward, extra bytes while one block recomputes, source) for ``workload`` at
-    ``micro_batch``; source ``trace`` (the profile) or ``formula``; None when unknown."""
+    ``micro_batch``, with or without activation ``checkpointing``; source ``trace`` (the profile) or ``formula``;
+    None when unknown."""
     model, train = workload.model, workload.train
     if model.is_bare:
         return None
     profile = workload.profile
     if profile is not None and model.implementation == "transformers":
-        found = profile.activation_bytes(
-            train.seq_len, precision, train.attention, train.activation_checkpointing, micro_batch
-        )
+        found = profile.activation_bytes(train.seq_len, precision, train.attention, checkpointing, micro_batch)
         if found is not None:
             return found[0], found[1], "trace"
     if model.implementation == "builtin" or model.family in SUPPORTED_FAMILIES:
-        saved, recompute = activation_bytes(
-            model, micro_batch, train.seq_len, elem, train.attention, train.activation_checkpointing
-        )
+        saved, recompute = activation_bytes(model, micro_batch, train.seq_len, elem, train.attention, checkpointing)
         return saved, recompute, "formula"
     return None

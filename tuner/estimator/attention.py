@@ -42,8 +42,8 @@ def extra_bytes_per_layer(model: ModelSpec, batch: int, seq: int, precision: str
     """Bytes one layer's CUDA attention saves beyond the CPU-traced activations (module docstring).
 
     Example:
-        >>> from tuner.workload import load_model
-        >>> llama = load_model("llama-2-7b")
+        >>> from tuner.workload import load_builtin_model
+        >>> llama = load_builtin_model("llama-2-7b")
         >>> extra_bytes_per_layer(llama, 1, 1000, "fp32", "sdpa")  # 32 heads × 24 padded positions × 4 B + RNG
         4096
         >>> extra_bytes_per_layer(llama, 1, 1024, "bf16", "sdpa")  # flash: the RNG tensors' two blocks

@@ -39,6 +39,7 @@ Activations come from the workload's model profile when it carries one (traced f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ from tuner.estimator.transients import (
     stage3_reduce_copy,
     zero0_allreduce_copy,
 )
+from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
 PHASES = ("forward", "backward", "step", "save")  # "save" only where the estimate has it (ZeRO-3, gather on save)
@@ -171,23 +173,26 @@ class MemoryEstimate:
         }
 
 
-def estimate(workload: Workload, ds_config: dict[str, Any], overhead: Overhead = DEFAULT_OVERHEAD) -> MemoryEstimate:
-    """Estimate the memory of training ``workload`` with ``ds_config`` under DeepSpeed 0.19.
+def estimate(
+    workload: Workload, trial: TrialConfig | Mapping[str, Any], overhead: Overhead = DEFAULT_OVERHEAD
+) -> MemoryEstimate:
+    """Estimate the memory of training ``workload`` with ``trial`` (a :class:`~tuner.trial.TrialConfig`, or a bare
+    ds_config: no activation checkpointing) under DeepSpeed 0.19.
 
     Example:
-        >>> from tuner.workload import ClusterSpec, Workload, load_model
-        >>> work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8))
+        >>> from tuner.workload import ClusterSpec, Workload, load_builtin_model
+        >>> work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8))
         >>> est = estimate(work, {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
         ...                       "zero_optimization": {"stage": 3}})
         >>> est.fits, round(est.per_gpu["optimizer_states"] / 2**30, 1)
         (True, 9.4)
     """
-    settings = resolve(workload, ds_config)
+    settings = resolve(workload, trial)
     return estimate_resolved(workload, settings, overhead)
 
 
 def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFAULT_OVERHEAD) -> MemoryEstimate:
-    """:func:`estimate` for settings already resolved from a ds_config."""
+    """:func:`estimate` for settings already resolved from a trial config."""
     model, cluster, train = workload.model, workload.cluster, workload.train
     elem = s.param_bytes
     details: dict[str, int] = {}
@@ -198,14 +203,14 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     nvme = states(workload, s, phases, details, pins)
     gathered = _add_save_phase(workload, s, phases, details) if saving else 0
 
-    activations = workload_activation_bytes(workload, s.micro_batch, s.precision, elem)
+    activations = workload_activation_bytes(workload, s.micro_batch, s.precision, elem, s.activation_checkpointing)
     known = activations is not None
     if activations is not None:
         saved, recompute, source = activations
         workspace = logits_workspace_bytes(model, s.micro_batch, train.seq_len, elem)
         if cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
             kernel_extra = extra_bytes_per_layer(model, s.micro_batch, train.seq_len, s.precision, train.attention)
-            if train.activation_checkpointing:  # only the recomputed block holds attention outputs
+            if s.activation_checkpointing:  # only the recomputed block holds attention outputs
                 recompute += kernel_extra
             else:
                 kernel_extra *= model.num_layers

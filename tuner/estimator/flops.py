@@ -1,8 +1,8 @@
 """Model FLOPs per token and the dense peaks of known GPUs: one count for predicted and measured MFU (pure).
 
 Example:
-    >>> from tuner.workload import load_model
-    >>> round(model_flops_per_token(load_model("gpt2"), 1024) / 1e9, 3)
+    >>> from tuner.workload import load_builtin_model
+    >>> round(model_flops_per_token(load_builtin_model("gpt2"), 1024) / 1e9, 3)
     0.86
     >>> peak_tflops("NVIDIA H100 80GB HBM3"), peak_tflops("cpu")
     (989.0, None)

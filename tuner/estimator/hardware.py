@@ -26,8 +26,9 @@ Figures that no datasheet gives are assumptions, labelled so, and are the first 
 
 Example:
     >>> from tuner.estimator.hardware import hardware_for
-    >>> from tuner.workload import ClusterSpec, Workload, load_model
-    >>> hw = hardware_for(Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8, gpu_memory=143_771 * 2**20)))
+    >>> from tuner.workload import ClusterSpec, Workload, load_builtin_model
+    >>> h200 = ClusterSpec(gpus_per_node=8, gpu_memory=143_771 * 2**20)
+    >>> hw = hardware_for(Workload(load_builtin_model("gpt2"), h200))
     >>> hw.name, hw.flops / 1e12
     ('H200', 494.5)
 """

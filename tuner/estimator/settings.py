@@ -6,10 +6,12 @@ values are rejected the way DeepSpeed's own pydantic models reject them, with th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import InputError
+from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
 # Field names and aliases of DeepSpeedZeroConfig and its offload configs in DeepSpeed 0.19.
@@ -99,7 +101,8 @@ class ConfigError(InputError):
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Everything the estimator needs from workload + ds_config, resolved and validated."""
+    """Everything the estimator needs from workload + trial config, resolved and validated: the one place a trial's
+    micro-batch, accumulation and activation checkpointing are read."""
 
     world_size: int
     micro_batch: int
@@ -133,6 +136,7 @@ class Settings:
     optimizer_impl: str = "fused"  # which Adam DeepSpeed builds (:func:`optimizer_impl`)
     reduce_scatter: bool = True
     multi_rank_bucket_allreduce: bool = True
+    activation_checkpointing: bool = False
 
     @property
     def param_bytes(self) -> int:
@@ -195,19 +199,24 @@ def _zero_value(zero: dict[str, Any], names: tuple[str, str], default: int) -> i
     return _int(zero, key, default, "zero_optimization.")
 
 
-def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
-    """Resolve the memory-relevant settings of ``ds_config`` for ``workload``.
+def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Settings:
+    """Resolve the memory-relevant settings of a trial config (or a bare ds_config: no checkpointing) for
+    ``workload``.
 
     Batch sizes follow DeepSpeed's rules: ``train_batch_size = micro_batch × grad_accum × world_size``, any two
-    determine the third, and the workload's training settings fill in what the config leaves out.
+    determine the third; a micro-batch or accumulation the config leaves open is 1.
 
     Raises:
         ConfigError: a malformed or unsupported value, naming its key.
     """
+    if not isinstance(trial, (TrialConfig, Mapping)):
+        raise ConfigError("ds_config", "must be a JSON object")
+    trial = TrialConfig.of(trial)
+    ds_config = trial.ds_config
     if not isinstance(ds_config, dict):
         raise ConfigError("ds_config", "must be a JSON object")
     world = workload.cluster.world_size
-    micro, accum, _ = _batch_sizes(ds_config, workload, world)
+    micro, accum, _ = _batch_sizes(ds_config, world)
     fp16, bf16 = _enabled(ds_config, "fp16"), _enabled(ds_config, "bf16")
     if fp16 and bf16:
         raise ConfigError("bf16.enabled", "fp16 and bf16 cannot both be enabled")
@@ -280,6 +289,7 @@ def resolve(workload: Workload, ds_config: dict[str, Any]) -> Settings:
         optimizer_impl=optimizer_impl(ds_config, workload.cluster.device, opt_device != "none"),
         reduce_scatter=_bool(zero, "reduce_scatter", True, prefix),
         multi_rank_bucket_allreduce=_bool(zero, "use_multi_rank_bucket_allreduce", True, prefix),
+        activation_checkpointing=bool(trial.activation_checkpointing),
     )
     return settings
 
@@ -332,7 +342,10 @@ def _gather_on_save(zero: dict[str, Any]) -> bool:
 MAX_BATCH = 2**31  # samples: beyond any real global batch (and what the schema's micro-batch × ranks allows)
 
 
-def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tuple[int, int, int]:
+DEFAULT_MICRO = DEFAULT_ACCUM = 1  # what a config that leaves them open trains with
+
+
+def _batch_sizes(config: dict[str, Any], world: int) -> tuple[int, int, int]:
     """(micro-batch, accumulation steps, global batch) by DeepSpeed's rules."""
     total = config.get("train_batch_size")
     micro = config.get("train_micro_batch_size_per_gpu")
@@ -349,7 +362,7 @@ def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tupl
         if value is not None and value > MAX_BATCH:  # no run trains 10**40 samples at once: a typo, refused early
             raise ConfigError(key, f"must be at most {MAX_BATCH}, got {value}")
     if micro is None and accum is None and total is None:
-        micro, accum = workload.train.micro_batch, workload.train.grad_accum
+        micro, accum = DEFAULT_MICRO, DEFAULT_ACCUM
     elif micro is None and total is not None:
         accum = accum or 1
         if total % (accum * world):
@@ -359,9 +372,9 @@ def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tupl
             )
         micro = total // (accum * world)
     elif accum is None:
-        micro = micro or workload.train.micro_batch
+        micro = micro or DEFAULT_MICRO
         if total is None:
-            accum = workload.train.grad_accum
+            accum = DEFAULT_ACCUM
         elif total % (micro * world):
             raise ConfigError(
                 "train_batch_size", f"{total} is not divisible by micro-batch × world size = {micro * world}"
@@ -369,7 +382,7 @@ def _batch_sizes(config: dict[str, Any], workload: Workload, world: int) -> tupl
         else:
             accum = total // (micro * world)
     if micro is None:
-        micro = workload.train.micro_batch
+        micro = DEFAULT_MICRO
     expected = micro * accum * world
     if total is not None and total != expected:
         raise ConfigError(

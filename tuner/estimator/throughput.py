@@ -26,8 +26,8 @@ scale each term; 1 is the table. FLOPs per token and peak FLOP/s are :mod:`tuner
 module; its package imports nothing), so predicted and measured TFLOP/s and MFU count the same FLOPs.
 
 Example:
-    >>> from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
-    >>> work = Workload(load_model("llama-2-7b"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=4096))
+    >>> from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+    >>> work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=4096))
     >>> p = predict(work, {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
     ...                    "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}})
     >>> p.bound, round(p.tokens_per_s / 8)
@@ -44,6 +44,7 @@ from typing import Any
 from tuner.estimator.flops import model_flops_per_token, peak_tflops
 from tuner.estimator.hardware import Hardware, hardware_for, table_key
 from tuner.estimator.settings import Settings, resolve
+from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
 TERMS = ("compute", "launch", "bandwidth", "latency", "memory")
@@ -132,7 +133,7 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     model, train = workload.model, workload.train
     world, nodes = s.world_size, workload.cluster.nodes
     psi, elem, accum = model.n_params, s.param_bytes, s.grad_accum
-    redo = RECOMPUTE if train.activation_checkpointing and not model.is_bare else 1.0
+    redo = RECOMPUTE if s.activation_checkpointing and not model.is_bare else 1.0
     flops_rate = hw.flops / (hw.fp32_slowdown if s.precision == "fp32" else 1.0)
     micro_flops = model_flops_per_token(model, train.seq_len) * s.micro_batch * train.seq_len * redo
     compute = accum * micro_flops / flops_rate
@@ -157,7 +158,7 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
         step_calls += math.ceil(psi / max(1, s.allgather_bucket_size))
         memory += accum * elem * psi / hw.memory_bw  # gradients copied into the reduce buckets
     else:
-        passes = 2 + (1 if train.activation_checkpointing else 0)
+        passes = 2 + (1 if s.activation_checkpointing else 0)
         persistent = sum(n for n in model.param_numels if n <= s.param_persistence_threshold) if world > 1 else 0
         per_micro_bytes = ring * elem * (passes * (psi - persistent) + psi)
         per_micro_calls = passes * tensors + reduce_calls
@@ -175,20 +176,19 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
 
 def predict(
     workload: Workload,
-    ds_config: dict[str, Any],
+    trial: TrialConfig | Mapping[str, Any],
     factors: Mapping[str, float] | None = None,
     device_name: str | None = None,
 ) -> ThroughputPrediction:
-    """Predict step time and tokens/s of training ``workload`` with ``ds_config``.
-
-    ``workload.train`` carries sequence length, activation checkpointing (as for :func:`tuner.estimator.estimate`);
+    """Predict step time and tokens/s of training ``workload`` with ``trial`` (a :class:`~tuner.trial.TrialConfig`,
+    or a bare ds_config, as for :func:`tuner.estimator.estimate`);
     ``factors`` are fitted constants (:class:`tuner.study.throughput_fit.ThroughputFit`); ``device_name`` picks the
     GPU in the table when known (else it is guessed from the GPU memory).
 
     Raises:
         ConfigError: a malformed ds_config (as :func:`tuner.estimator.resolve`).
     """
-    return predict_resolved(workload, resolve(workload, ds_config), factors, device_name)
+    return predict_resolved(workload, resolve(workload, trial), factors, device_name)
 
 
 def predict_resolved(
@@ -197,7 +197,7 @@ def predict_resolved(
     factors: Mapping[str, float] | None = None,
     device_name: str | None = None,
 ) -> ThroughputPrediction:
-    """:func:`predict` for settings already resolved from a ds_config."""
+    """:func:`predict` for settings already resolved from a trial config."""
     kind = table_key(workload, device_name)
     terms = step_terms(workload, s, hardware_for(workload, device_name))
     f = dict(factors or {})

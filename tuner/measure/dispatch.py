@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
+from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
 
@@ -46,14 +46,10 @@ class Dispatcher:
             return torch.cuda.device_count()
         return os.cpu_count() or 1
 
-    def submit(
-        self, workload: Workload, ds_config: dict[str, Any], on_step: StepHook | None = None
-    ) -> Future[Measurement]:
-        """Start measuring ``ds_config`` on ``workload``; the future holds the measurement. ``on_step`` sees rank 0's
+    def submit(self, workload: Workload, trial: TrialConfig, on_step: StepHook | None = None) -> Future[Measurement]:
+        """Start measuring ``trial`` on ``workload``; the future holds the measurement. ``on_step`` sees rank 0's
         timed step times while the run goes on and may stop it early (True)."""
-        return self.pool.submit(
-            run_measurement, workload, ds_config, self.options, cancel=self.cancelled, on_step=on_step
-        )
+        return self.pool.submit(run_measurement, workload, trial, self.options, cancel=self.cancelled, on_step=on_step)
 
     def cancel(self) -> None:
         """Kill every run in flight at once (their measurements end ``error`` / ``Cancelled``); no new runs."""

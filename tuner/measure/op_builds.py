@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from tuner.measure.measurement import Measurement, StepHook
+    from tuner.trial import TrialConfig
     from tuner.workload import Workload
 
 SHM_COMM = "deepspeed_shm_comm"
@@ -127,7 +128,7 @@ class _Submitter(Protocol):
     slots: int
 
     def submit(
-        self, workload: Workload, ds_config: dict[str, Any], on_step: StepHook | None = None
+        self, workload: Workload, trial: TrialConfig, on_step: StepHook | None = None
     ) -> Future[Measurement]: ...
 
     def cancel(self) -> None: ...
@@ -144,15 +145,14 @@ class AnnounceBuilds:
         self.prebuilt = prebuilt_ops()
         self.announced: set[str] = set()
 
-    def submit(
-        self, workload: Workload, ds_config: dict[str, Any], on_step: StepHook | None = None
-    ) -> Future[Measurement]:
+    def submit(self, workload: Workload, trial: TrialConfig, on_step: StepHook | None = None) -> Future[Measurement]:
         """Announce the ops this run builds, if any, and submit it."""
-        notice, ops = build_notice(workload.cluster.device, [ds_config], prebuilt=self.prebuilt, skip=self.announced)
+        device = workload.cluster.device
+        notice, ops = build_notice(device, [trial.ds_config], prebuilt=self.prebuilt, skip=self.announced)
         if notice:
             self.announced.update(ops)
             self.say(notice)
-        return self.inner.submit(workload, ds_config, on_step)
+        return self.inner.submit(workload, trial, on_step)
 
     def cancel(self) -> None:
         """Cancel the inner dispatcher's runs."""

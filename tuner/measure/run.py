@@ -1,4 +1,4 @@
-"""One measured run for a workload and ds_config, through either launcher, with the estimate beside it."""
+"""One measured run for a workload and trial config, through either launcher, with the estimate beside it."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.measure.runner import RunSpec
+from tuner.trial import TrialConfig
 from tuner.workload import Workload, workload_to_dict
 
 
 def run_measurement(
     workload: Workload,
-    ds_config: dict[str, Any],
+    trial: TrialConfig,
     options: MeasureOptions = MEASURE_DEFAULTS,
     *,
     progress: Any = None,
@@ -25,7 +26,7 @@ def run_measurement(
     profiler_overhead: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> Measurement:
-    """Run ``ds_config`` on ``workload`` (its cluster's device and world size, its model as its ``ModelSpec`` says:
+    """Run ``trial`` on ``workload`` (its cluster's device and world size, its model as its ``ModelSpec`` says:
     transformers' built from its config, or the built-in one) as ``options`` say, and return the measurement.
     Setting ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``);
     ``on_step`` may stop a run early (:func:`tuner.measure.launcher.launch_local`). ``profiler_overhead`` times one
@@ -33,7 +34,8 @@ def run_measurement(
     (``allocation_detail``: what is alive at the peak)."""
     spec = RunSpec(
         workload_to_dict(workload),
-        ds_config,
+        trial.ds_config,
+        activation_checkpointing=trial.activation_checkpointing,
         device=workload.cluster.device,
         warmup=options.warmup,
         steps=options.steps,
@@ -51,7 +53,7 @@ def run_measurement(
 
 def measure(
     workload: Workload,
-    ds_config: dict[str, Any],
+    trial: TrialConfig,
     options: MeasureOptions = MEASURE_DEFAULTS,
     show_progress: bool = False,
 ) -> dict:
@@ -63,9 +65,9 @@ def measure(
             if bar is not None:
                 bar.update(task, completed=done, total=total)
 
-        measurement = run_measurement(workload, ds_config, options, progress=report)
+        measurement = run_measurement(workload, trial, options, progress=report)
     result = measurement.to_dict()
-    result["estimate"] = estimate(workload, ds_config).to_dict()
+    result["estimate"] = estimate(workload, trial).to_dict()
     return result
 
 

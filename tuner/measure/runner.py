@@ -26,6 +26,7 @@ from typing import Any
 from tuner.measure.alloc_conf import VARIABLE as ALLOC_CONF
 from tuner.measure.alloc_conf import alloc_conf, deepspeed_config
 from tuner.measure.measurement import EXCERPT_CHARS, RankResult
+from tuner.trial import TrialConfig
 
 CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's CPU allocator has no exception type
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
@@ -36,10 +37,12 @@ BREAKDOWN_TIMERS = {"forward_s": "fwd", "backward_s": "bwd", "step_s": "step"}
 
 @dataclass
 class RunSpec:
-    """Everything a rank needs to run: the workload, the ds_config and how long to measure."""
+    """Everything a rank needs to run: the workload, the trial config (``ds_config`` and
+    ``activation_checkpointing``: :attr:`trial`) and how long to measure."""
 
     workload: dict[str, Any]
     ds_config: dict[str, Any]
+    activation_checkpointing: bool = False
     device: str = "cpu"
     warmup: int = 1
     steps: int = 3
@@ -53,6 +56,11 @@ class RunSpec:
     true_peak: bool = True  # CPU: record every allocation through the warm-up (:mod:`tuner.measure.true_peak`)
     profiler_overhead: bool = False  # CPU: time one more step under the profiler, after the timed steps
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trial(self) -> TrialConfig:
+        """The trial config this run trains with."""
+        return TrialConfig(self.ds_config, self.activation_checkpointing)
 
     def write(self, run_dir: Path) -> None:
         """Write ``spec.json`` into ``run_dir``."""
@@ -380,16 +388,14 @@ class TrainingProcess:
         return model
 
     def _build_model(self, workload: Any) -> Any:
-        train = workload.train
+        train, checkpointing = workload.train, self.spec.activation_checkpointing
         if workload.model.implementation == "transformers":
             from tuner.measure.models import build_transformers_model
 
-            return build_transformers_model(
-                json.loads(workload.model.hf_config), train.attention, train.activation_checkpointing
-            )
+            return build_transformers_model(json.loads(workload.model.hf_config), train.attention, checkpointing)
         from tuner.measure.models import build_model
 
-        return build_model(workload.model, attention=train.attention, checkpointing=train.activation_checkpointing)
+        return build_model(workload.model, attention=train.attention, checkpointing=checkpointing)
 
     def _train_step(self, engine: Any, batches: list[Any], probe: bool = False) -> None:
         """One optimizer step: a forward and backward per micro-batch, then DeepSpeed's step at the boundary."""

@@ -147,7 +147,10 @@ def spec_from_profile(config: dict[str, Any], profile: ModelProfile, name: str =
 
 
 def load_model(source: str, implementation: str = "transformers", cache: ProfileCache | None = None) -> ModelSpec:
-    """A model from a preset name or a ``config.json`` path (or folder), for any architecture transformers ships."""
+    """A model from a preset name or a ``config.json`` path (or folder), for any architecture transformers ships:
+    the transformers model (``implementation="transformers"``, its parameters counted on the meta device) or
+    dstune's built-in one of the same config (``"builtin"``: :func:`tuner.workload.load_builtin_model`, five
+    families)."""
     config, name = load_hf_config(source)
     return model_from_config(config, name=name, implementation=implementation, cache=cache)
 
@@ -157,16 +160,18 @@ def with_profile(
     precisions: Iterable[str] | None = None,
     checkpointing: Iterable[bool] = (False, True),
     cache: ProfileCache | None = None,
+    activation_checkpointing: bool = False,
 ) -> Workload:
     """The workload carrying its model's profile, traced for its sequence length and attention, each of
     ``precisions`` (default: the workload's) and checkpointing setting. Built-in and bare models are returned as
-    they are (their activations are formulas, or unknown)."""
+    they are (their activations are formulas, or unknown). ``activation_checkpointing``: the trial will checkpoint
+    (refused, naming ``activation-checkpointing``, for a class transformers cannot checkpoint)."""
     model = workload.model
     if model.implementation != "transformers" or not model.hf_config:
         return workload
     config = json.loads(model.hf_config)
     train, checkpointing = workload.train, tuple(checkpointing)
-    if train.activation_checkpointing and not params_profile(config, cache).supports_checkpointing:
+    if activation_checkpointing and not params_profile(config, cache).supports_checkpointing:
         raise WorkloadError(
             "activation-checkpointing", f"{model.architecture} has no activation checkpointing in transformers"
         )

@@ -42,8 +42,8 @@ A space file is a YAML mapping with these top-level fields (no others)::
         train: activation_checkpointing  # instead of `key`: a training setting outside the ds_config
         default: false
 
-* ``key`` or ``train``, exactly one. ``train`` names a :class:`~tuner.workload.TrainSpec` field that a ds_config does
-  not carry; only ``activation_checkpointing`` is supported, returned as :attr:`Suggestion.activation_checkpointing`.
+* ``key`` or ``train``, exactly one. ``train`` names a :class:`~tuner.trial.TrialConfig` field that a ds_config does
+  not carry; only ``activation_checkpointing`` is supported, returned in :attr:`Suggestion.trial`.
 * ``default: null`` leaves the key unset, so DeepSpeed decides (``overlap_comm``'s default depends on the stage); for
   a ``train`` parameter or a batch key it means the workload's own value.
 * ``when``: one clause ``NAME OP VALUE`` with ``OP`` one of ``== != >= <= > < in``, ``not in``, several joined with
@@ -71,12 +71,12 @@ Every mistake raises :class:`SpaceError`, whose message names the file and the k
 Example:
     >>> import optuna
     >>> from tuner.space import default_space_path, load_space
-    >>> from tuner.workload import ClusterSpec, Workload, load_model
+    >>> from tuner.workload import ClusterSpec, Workload, load_builtin_model
     >>> space = load_space(default_space_path(), pins={"stage": 3})
-    >>> workload = Workload(load_model("tiny-gpt2"), ClusterSpec(gpus_per_node=8))
+    >>> workload = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=8))
     >>> trial = optuna.create_study().ask()
     >>> suggestion = space.suggest(trial, workload, global_batch=64)
-    >>> suggestion.ds_config["zero_optimization"]["stage"], suggestion.ds_config["train_batch_size"]
+    >>> suggestion.trial.ds_config["zero_optimization"]["stage"], suggestion.trial.ds_config["train_batch_size"]
     (3, 64)
 """
 

@@ -18,7 +18,7 @@ from tuner.space.conditions import COMPARE, MEMBER, Condition, is_number, is_pos
 from tuner.space.errors import SpaceError
 from tuner.space.parameters import NUMBER_STRING, Parameter, not_a_value
 from tuner.space.space import OFFLOAD_SECTIONS, SearchSpace
-from tuner.space.suggestion import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY
+from tuner.trial import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY
 
 TRAIN_FIELDS = ("activation_checkpointing",)
 KINDS = ("categorical", "int", "float")

@@ -7,11 +7,19 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tuner.estimator.settings import OFFLOAD_OPTIMIZER_KEYS, OFFLOAD_PARAM_KEYS, ConfigError, resolve
+from tuner.estimator.settings import (
+    DEFAULT_ACCUM,
+    DEFAULT_MICRO,
+    OFFLOAD_OPTIMIZER_KEYS,
+    OFFLOAD_PARAM_KEYS,
+    ConfigError,
+    resolve,
+)
 from tuner.space.conditions import is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.parameters import Parameter, TrialLike, check_value
-from tuner.space.suggestion import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, Suggestion
+from tuner.space.suggestion import Suggestion
+from tuner.trial import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, TrialConfig
 from tuner.workload import Workload
 
 OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW"}
@@ -182,13 +190,14 @@ class SearchSpace:
 
         Args:
             trial: An Optuna trial (or anything with its ``suggest_*`` methods).
-            workload: Gives the data-parallel world size, precision, optimizer, and values the space does not set.
+            workload: Gives the data-parallel world size, precision and optimizer (a micro-batch or accumulation the
+                space does not set is 1; activation checkpointing, off).
             global_batch: Fix ``train_batch_size``; the accumulation is then derived (see :mod:`tuner.space`).
                 Keep it the same for every trial of a study (the micro-batch choices depend on it).
             nvme_path: Offer ``nvme_choices`` and write this ``nvme_path`` into NVMe offload sections.
 
         Returns:
-            The :class:`Suggestion`; its ``ds_config`` passes :func:`tuner.estimator.resolve` for ``workload``.
+            The :class:`Suggestion`; its trial config passes :func:`tuner.estimator.resolve` for ``workload``.
 
         Raises:
             InfeasibleConfig: The values cannot form a valid config (the reason says why); prune the trial.
@@ -202,7 +211,7 @@ class SearchSpace:
             >>> workload = Workload(model_from_param_count(1e9), ClusterSpec(gpus_per_node=4))
             >>> space = load_space(default_space_path(), pins={"micro_batch": 2})
             >>> s = space.suggest(optuna.create_study().ask(), workload, global_batch=32)
-            >>> s.ds_config["gradient_accumulation_steps"], s.ds_config["train_batch_size"]
+            >>> s.trial.ds_config["gradient_accumulation_steps"], s.trial.ds_config["train_batch_size"]
             (4, 32)
         """
         world = workload.cluster.world_size
@@ -262,12 +271,12 @@ class SearchSpace:
         return self._build(workload, values, suggested, fixed, global_batch, nvme_path)
 
     def _derive_accum(self, values: Mapping[str, Any], workload: Workload, global_batch: int) -> int:
-        """Accumulation steps for ``global_batch`` at the current micro-batch (the workload's when none is set).
+        """Accumulation steps for ``global_batch`` at the current micro-batch (1 when none is set).
 
         Raises:
             InfeasibleConfig: The micro-batch times the world size does not divide ``global_batch``.
         """
-        micro = self._micro_value(values, workload)
+        micro = self._micro_value(values)
         world = workload.cluster.world_size
         if global_batch % (micro * world):
             raise InfeasibleConfig(
@@ -277,9 +286,9 @@ class SearchSpace:
             )
         return global_batch // (micro * world)
 
-    def _micro_value(self, values: Mapping[str, Any], workload: Workload) -> int:
+    def _micro_value(self, values: Mapping[str, Any]) -> int:
         micro = values.get(self._micro) if self._micro else None
-        return workload.train.micro_batch if micro is None else micro
+        return DEFAULT_MICRO if micro is None else micro
 
     def _build(
         self,
@@ -301,16 +310,16 @@ class SearchSpace:
         optimizer = config.get("optimizer")
         if isinstance(optimizer, dict) and "type" not in optimizer:
             optimizer["type"] = OPTIMIZER_TYPES[train.optimizer]
-        micro = self._micro_value(values, workload)
+        micro = self._micro_value(values)
         if global_batch is not None:
             accum = self._derive_accum(values, workload, global_batch)
         else:
             chosen = values.get(self._accum) if self._accum else None
-            accum = train.grad_accum if chosen is None else int(chosen)
+            accum = DEFAULT_ACCUM if chosen is None else int(chosen)
         config[MICRO_KEY] = micro
         config[ACCUM_KEY] = accum
         config[GLOBAL_KEY] = micro * accum * world
-        checkpointing = train.activation_checkpointing
+        checkpointing = False
         for parameter in self._parameters:
             value = values.get(parameter.name)
             if parameter.name not in values or value is None:
@@ -324,11 +333,12 @@ class SearchSpace:
             for section in OFFLOAD_SECTIONS:
                 if isinstance(zero.get(section), dict) and zero[section].get("device") == "nvme":
                     zero[section]["nvme_path"] = nvme_path
+        trial = TrialConfig(config, checkpointing)
         try:
-            resolve(workload, config)
+            resolve(workload, trial)
         except ConfigError as error:
             raise InfeasibleConfig(f"invalid config: {error}", values) from None
-        return Suggestion(config, checkpointing, suggested, fixed)
+        return Suggestion(trial, suggested, fixed)
 
     # --- validation helpers -------------------------------------------------------------------------------------
 

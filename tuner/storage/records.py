@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from tuner.storage.errors import StoreError
 from tuner.storage.tables import Base
+from tuner.trial import TrialConfig
 
 R = TypeVar("R")
 RowT = TypeVar("RowT", bound=Base)
@@ -86,6 +87,11 @@ class TrialRecord:
     finished_at: datetime | None
     duration_s: float | None
 
+    @property
+    def trial(self) -> TrialConfig:
+        """What the trial trained with (its ``ds_config`` and ``activation_checkpointing`` columns)."""
+        return TrialConfig(self.ds_config, self.activation_checkpointing)
+
 
 @dataclass(frozen=True)
 class CalibrationRecord:
@@ -144,6 +150,11 @@ class MeasuredTrial:
     tokens_per_s: float
     peak_bytes: int | None
     estimated_peak_bytes: int | None
+
+    @property
+    def trial(self) -> TrialConfig:
+        """What the trial trained with (its ``ds_config`` and ``activation_checkpointing`` columns)."""
+        return TrialConfig(self.ds_config, self.activation_checkpointing)
 
 
 def _plain(value: Any) -> Any:

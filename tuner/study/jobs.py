@@ -54,14 +54,11 @@ class JobRequest(BaseModel):
 
 
 def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = True) -> Workload:
-    """The workload a study searches for: micro-batch, accumulation and checkpointing are what the search decides,
-    so they are reset to the defaults ``dstune tune`` stores (1, 1, off): the same model and cluster always meet the
-    same stored workload (and :func:`tuner.recommend.recommend` finds its measurements). ``inline``: as
+    """The workload a study searches for. The request's micro-batch, accumulation and checkpointing are what the
+    search decides (a :class:`tuner.trial.TrialConfig`), not part of the workload: the same model and cluster always
+    meet the same stored workload (and :func:`tuner.recommend.recommend` finds its measurements). ``inline``: as
     :func:`tuner.inputs.to_workload` (the API passes False: a new model's profile is computed off the request path)."""
-    from dataclasses import replace
-
-    workload = to_workload(request, loc, inline=inline)
-    return replace(workload, train=replace(workload.train, micro_batch=1, grad_accum=1, activation_checkpointing=False))
+    return to_workload(request, loc, inline=inline)
 
 
 def check_job(request: JobRequest, *, inline: bool = True) -> str:

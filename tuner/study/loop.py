@@ -339,8 +339,7 @@ class TuningStudy:
         if previous is not None and not (previous.status == "failed" and previous.attempts <= RETRIES):
             self._tell_previous(trial, previous)
             return False
-        trial_workload = suggestion.apply_to(workload)
-        est = estimate(trial_workload, suggestion.ds_config)
+        est = estimate(workload, suggestion.trial)
         reason = capacity_reason(est, self.calibration)
         peak = est.per_gpu["total"] or 0
         constraint = peak * (1 + self.calibration.margin) / est.gpu_memory - 1
@@ -361,9 +360,7 @@ class TuningStudy:
                 raise
             self._tell_previous(trial, recorded)
             return False
-        future = dispatcher.submit(
-            trial_workload, suggestion.ds_config, on_step=self._step_hook(trial_workload, suggestion)
-        )
+        future = dispatcher.submit(workload, suggestion.trial, on_step=self._step_hook(workload, suggestion))
         # Optuna keeps a trial's first constraint value: it is set with the outcome, so that an OOM can say 1.0.
         self.in_flight[future] = (trial, trial_id, suggestion, est, constraint)
         self.on_event(Event(trial.number, "running"))
@@ -376,7 +373,7 @@ class TuningStudy:
         stopper = self.settings.early_stop
         if stopper is None:
             return None
-        settings = resolve(workload, suggestion.ds_config)
+        settings = resolve(workload, suggestion.trial)
         samples = settings.micro_batch * settings.grad_accum * workload.cluster.world_size
         tokens_per_step = float(samples * workload.train.seq_len)
         return lambda times: stopper.should_stop(times, tokens_per_step, self.best_tokens_per_s)
@@ -409,17 +406,16 @@ class TuningStudy:
             constraint = dict(trial.constraints).get("memory")
         recorded = None
         if est is not None:  # the prediction with the constants fitted so far: predicted against measured
-            workload = suggestion.apply_to(self.settings.workload)
-            prediction = throughput_summary(workload, suggestion.ds_config, self.guide.fit)
+            prediction = throughput_summary(self.settings.workload, suggestion.trial, self.guide.fit)
             recorded = {**est.to_dict(), "throughput": prediction}
         try:
             return self.store.add_trial(
                 self.study_id,
                 trial.number,
                 suggestion.key,
-                suggestion.ds_config,
+                suggestion.trial.ds_config,
                 suggestion.params,
-                suggestion.activation_checkpointing,
+                suggestion.trial.activation_checkpointing,
                 recorded,
                 status,
                 prune_reason=reason,

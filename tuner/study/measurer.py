@@ -7,9 +7,10 @@ imports it.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from tuner.measure.measurement import Measurement, StepHook
+from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
 
@@ -23,10 +24,8 @@ class Measurer(Protocol):
 
     slots: int  # how many runs the loop keeps in flight at most
 
-    def submit(
-        self, workload: Workload, ds_config: dict[str, Any], on_step: StepHook | None = None
-    ) -> Future[Measurement]:
-        """Start measuring ``ds_config`` on ``workload``. ``on_step``, when given, is called with the run's timed step
+    def submit(self, workload: Workload, trial: TrialConfig, on_step: StepHook | None = None) -> Future[Measurement]:
+        """Start measuring ``trial`` on ``workload``. ``on_step``, when given, is called with the run's timed step
         times so far while it goes on; when it answers True the run is stopped and its measurement is ``ok`` with
         ``stopped_early`` and its partial figures."""
         ...

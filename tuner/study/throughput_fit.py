@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.estimator.throughput import TERMS, StepTerms, predict
+from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
 MAX_RUNS = 200  # the most recent runs kept per row
@@ -242,20 +243,22 @@ def _ranks(values: Sequence[float]) -> list[float]:
     return ranks
 
 
-def throughput_summary(workload: Workload, ds_config: dict[str, Any], fit: ThroughputFit | None = None) -> dict:
+def throughput_summary(
+    workload: Workload, trial: TrialConfig | Mapping[str, Any], fit: ThroughputFit | None = None
+) -> dict:
     """The ``throughput`` object shown with an estimate (``dstune estimate --json``, ``/v1/estimate``): the prediction
     with the fit's factors, plus ``fit_runs`` (measured runs behind them; 0: the hardware table) and ``error`` (their
     median out-of-sample relative error of step time; null before any run).
 
     Example:
-        >>> from tuner.workload import ClusterSpec, Workload, load_model
-        >>> out = throughput_summary(Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8)),
+        >>> from tuner.workload import ClusterSpec, Workload, load_builtin_model
+        >>> out = throughput_summary(Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=8)),
         ...                          {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True}})
         >>> out["bound"], out["fit_runs"], out["error"]
         ('compute', 0, None)
     """
     fit = fit or ThroughputFit()
-    return predict(workload, ds_config, fit.factors).to_dict(len(fit.runs), fit.median_error())
+    return predict(workload, trial, fit.factors).to_dict(len(fit.runs), fit.median_error())
 
 
 # ------------------------------------------------------------------------------------------------ persistence

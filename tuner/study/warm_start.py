@@ -3,8 +3,8 @@
 * :func:`rank_feasible`: every config of a space's coarse grid (ZeRO stage, micro-batch, accumulation, checkpointing,
   offload; everything else at its default) that fits by the estimator with the calibrated margin, fastest predicted
   first (:func:`tuner.estimator.throughput.predict` with the fitted factors).
-* :func:`params_of`: the space's parameter values that reproduce a stored ds_config, so an earlier study's best config
-  can be enqueued (``optuna.Study.enqueue_trial``) into a new study and re-checked by the estimator there.
+* :func:`params_of`: the space's parameter values that reproduce a stored trial config, so an earlier study's best
+  config can be enqueued (``optuna.Study.enqueue_trial``) into a new study and re-checked by the estimator there.
 * :class:`ThroughputGuide`: the few calls the tuning loop makes. ``warm_start()`` gives the trials to enqueue first
   (earlier similar studies' best configs that still fit, then the model's best), ``after_run()`` refits the constants
   from a measured run, and ``next_pick()``, asked when no enqueued trial is waiting, names the config the refitted
@@ -13,8 +13,8 @@
 Example:
     >>> from tuner.space import default_space_path, load_space
     >>> from tuner.study.calibration import Calibration
-    >>> from tuner.workload import ClusterSpec, TrainSpec, Workload, load_model
-    >>> work = Workload(load_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
+    >>> from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+    >>> work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
     >>> guide = ThroughputGuide(load_space(default_space_path()), work, Calibration(), global_batch=256)
     >>> [(p["stage"], p["micro_batch"], p["activation_checkpointing"]) for p in guide.warm_start(2)]
     [(1, 32, False), (1, 16, False)]
@@ -32,6 +32,7 @@ from tuner.estimator.throughput import StepTerms, ThroughputPrediction, predict
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion
 from tuner.study.calibration import Calibration
 from tuner.study.throughput_fit import ThroughputFit, load_fit, record_run
+from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
 COARSE = ("stage", "micro_batch", "grad_accum", "activation_checkpointing", "offload_optimizer", "offload_param")
@@ -92,14 +93,13 @@ def _judge(
     suggestion: Suggestion, workload: Workload, calibration: Calibration, fit: ThroughputFit
 ) -> tuple[MemoryEstimate, ThroughputPrediction] | None:
     """The estimate and prediction when the config fits with the margin; else None."""
-    trial_workload = suggestion.apply_to(workload)
     try:
-        est = estimate(trial_workload, suggestion.ds_config)
+        est = estimate(workload, suggestion.trial)
     except ConfigError:
         return None
     if not (calibration.fits(est.gpu_total, est.gpu_memory) and est.cpu_headroom >= 0):
         return None
-    return est, predict(trial_workload, suggestion.ds_config, fit.factors)
+    return est, predict(workload, suggestion.trial, fit.factors)
 
 
 def rank_feasible(
@@ -136,22 +136,19 @@ def _enqueue_params(space: SearchSpace, suggestion: Suggestion) -> dict[str, Any
 
 def _shape(ranked: Ranked) -> tuple[Any, ...]:
     """Micro-batch, accumulation and checkpointing: what decides compute efficiency and per-micro-step costs."""
-    config = ranked.suggestion.ds_config
-    return (
-        config.get("train_micro_batch_size_per_gpu"),
-        config.get("gradient_accumulation_steps"),
-        ranked.suggestion.activation_checkpointing,
-    )
+    trial = ranked.suggestion.trial
+    return (*trial.batch, trial.activation_checkpointing)
 
 
-def params_of(space: SearchSpace, ds_config: Mapping[str, Any], activation_checkpointing: bool) -> dict[str, Any]:
-    """The space's parameter values read back from a ds_config (a parameter whose key is absent keeps its default)."""
+def params_of(space: SearchSpace, trial: TrialConfig) -> dict[str, Any]:
+    """The space's parameter values read back from a trial config (a parameter whose key is absent keeps its
+    default)."""
     values: dict[str, Any] = {}
     for parameter in space.parameters:
         if parameter.train == "activation_checkpointing":
-            values[parameter.name] = bool(activation_checkpointing)
+            values[parameter.name] = bool(trial.activation_checkpointing)
             continue
-        node: Any = ds_config
+        node: Any = trial.ds_config
         for part in (parameter.key or "").split("."):
             node = node.get(part) if isinstance(node, Mapping) else None
         if node is not None or parameter.contains(None):  # a null choice ("leave it unset") is a value too
@@ -163,17 +160,17 @@ def recheck_earlier(
     space: SearchSpace,
     workload: Workload,
     calibration: Calibration,
-    earlier: Iterable[tuple[Mapping[str, Any], bool]],
+    earlier: Iterable[TrialConfig],
     fit: ThroughputFit | None = None,
     global_batch: int | None = None,
     nvme_path: str | None = None,
 ) -> list[Ranked]:
-    """Earlier studies' best configs (ds_config, activation checkpointing), adapted to this workload's batch and world
+    """Earlier studies' best configs, adapted to this workload's batch and world
     size through the space and kept when they still fit; fastest predicted first."""
     fit = fit or ThroughputFit()
     kept: dict[str, Ranked] = {}
-    for ds_config, checkpointing in earlier:
-        suggestion = _suggest(space, params_of(space, ds_config, checkpointing), workload, global_batch, nvme_path)
+    for trial in earlier:
+        suggestion = _suggest(space, params_of(space, trial), workload, global_batch, nvme_path)
         if suggestion is None or suggestion.key in kept:
             continue
         judged = _judge(suggestion, workload, calibration, fit)
@@ -214,7 +211,7 @@ class ThroughputGuide:
         self.measured: dict[str, float] = {}  # config key -> measured tokens/s
         self.proposed: set[str] = set()
 
-    def warm_start(self, count: int = WARM_START, earlier: Iterable[tuple[Mapping[str, Any], bool]] = ()) -> list[dict]:
+    def warm_start(self, count: int = WARM_START, earlier: Iterable[TrialConfig] = ()) -> list[dict]:
         """Params to enqueue first: up to :data:`FROM_EARLIER` re-checked earlier best configs (``earlier``; with a
         store and none given, its best measured trials of the same model on other workloads), then the model's best."""
         if self.store is not None and not earlier:
@@ -225,7 +222,7 @@ class ThroughputGuide:
                 workloads=10,
                 per_workload=3,
             )
-            earlier = [(t.ds_config, t.activation_checkpointing) for t in trials]
+            earlier = [t.trial for t in trials]
         rechecked = recheck_earlier(
             self.space, self.workload, self.calibration, earlier, self.fit, self.global_batch, self.nvme_path
         )
@@ -246,8 +243,7 @@ class ThroughputGuide:
         """Refit from one measured run (``step_time_s``: median seconds per optimizer step; nothing to fit from a
         failed run) and remember it as measured."""
         if step_time_s and tokens_per_s:
-            trial_workload = suggestion.apply_to(self.workload)
-            terms = predict(trial_workload, suggestion.ds_config).terms
+            terms = predict(self.workload, suggestion.trial).terms
             family = self.workload.model.family
             if self.store is not None:
                 self.fit = record_run(self.store, self.hardware, family, terms, step_time_s, suggestion.key)

@@ -5,27 +5,27 @@ The estimate runs in a worker thread within the request's time budget (:mod:`tun
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from fastapi import APIRouter, Request
 
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import EstimateRequest, EstimateResponse
-from tuner.dsconfig import workload_config
+from tuner.dsconfig import trial_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.inputs import FieldError, Loc, check_request, to_workload
 from tuner.study.throughput_fit import load_fit, throughput_summary
+from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
 router = APIRouter(tags=["estimate"])
 
 
-def checked_estimate(workload: Workload, ds_config: dict[str, Any], loc: Loc = ("ds_config",)) -> MemoryEstimate:
+def checked_estimate(workload: Workload, trial: TrialConfig, loc: Loc = ("ds_config",)) -> MemoryEstimate:
     """:func:`tuner.estimator.estimate`, with a :class:`ConfigError` (or arithmetic on absurd values) as a
     :class:`FieldError` at the config key's path."""
     try:
-        return estimate(workload, ds_config)
+        return estimate(workload, trial)
     except ConfigError as error:
         raise FieldError((*loc, *error.field.split(".")), error.message) from None
     except (TypeError, ValueError, OverflowError, ArithmeticError, KeyError) as error:
@@ -56,11 +56,20 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
     store = store_of(request)
     try:
         workload = to_workload(body.workload, ("workload",), inline=False)
-        config = workload_config(
-            workload.train, body.stage, body.offload_optimizer, body.offload_param, override=body.ds_config
+        asked = body.workload  # its micro_batch, grad_accum and activation_checkpointing are the trial's
+        trial = trial_config(
+            asked.micro_batch,
+            asked.grad_accum,
+            workload.train.precision,
+            asked.activation_checkpointing,
+            body.stage,
+            body.offload_optimizer,
+            body.offload_param,
+            override=body.ds_config,
         )
-        est = checked_estimate(workload, config)
+        est = checked_estimate(workload, trial)
     except FieldError as error:
         raise invalid(error) from None
     fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
-    return EstimateResponse(**est.to_dict(), ds_config=config, throughput=throughput_summary(workload, config, fit))
+    throughput = throughput_summary(workload, trial, fit)
+    return EstimateResponse(**est.to_dict(), ds_config=trial.ds_config, throughput=throughput)

@@ -9,7 +9,7 @@ from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import RecommendRequest, RecommendResponse
 from tuner.inputs import FieldError, check_request, to_workload
-from tuner.recommend import NoFeasibleConfig, normalised, recommend
+from tuner.recommend import NoFeasibleConfig, recommend
 
 router = APIRouter(tags=["recommend"])
 
@@ -30,8 +30,8 @@ async def recommend_endpoint(body: RecommendRequest, request: Request) -> Respon
     store = store_of(request)  # not a sync dependency: that would cost a worker-thread hop per request
 
     def answer() -> bytes:  # blocking (database, estimator): runs in a worker thread
-        workload = normalised(to_workload(body.workload, ("workload",), inline=False))
-        return RecommendResponse(**recommend(store, workload).__dict__).model_dump_json().encode()
+        workload = to_workload(body.workload, ("workload",), inline=False)
+        return RecommendResponse(**recommend(store, workload).to_dict()).model_dump_json().encode()
 
     try:  # keyed by the request's workload as sent; a bad workload is an answer too (the same 422 each time)
         check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
