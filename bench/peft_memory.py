@@ -108,7 +108,7 @@ def rank_main(rank: int, port: int, spec: dict[str, Any], out: str) -> None:
     work = workload_from_dict(spec["workload"])
     config = spec["ds_config"]
     torch.manual_seed(0)
-    tracker = CpuAllocatorPeak()
+    tracker = CpuAllocatorPeak(detail=spec.get("detail", False))
     tracker.start()
     with born_on_device(config, "cpu", transformers=True):
         wrapper = build_transformers_model(json.loads(work.model.hf_config), work.train.attention)
@@ -139,6 +139,7 @@ def rank_main(rank: int, port: int, spec: dict[str, Any], out: str) -> None:
         "param_elements": dtypes,
         "trainable_numel": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in trainable),
         "loss": float(loss),
+        "live_at_peak": report.get("live_at_peak"),
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
@@ -151,7 +152,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def measure(work: Any, config: dict[str, Any], timeout: float = 600) -> list[dict[str, Any]]:
+def measure(work: Any, config: dict[str, Any], timeout: float = 600, detail: bool | str = False) -> list[dict[str, Any]]:
     """Both ranks' reports for one run (spawned processes; a failed rank raises with its exit code)."""
     import torch.multiprocessing as mp
 
@@ -161,6 +162,7 @@ def measure(work: Any, config: dict[str, Any], timeout: float = 600) -> list[dic
         "workload": workload_to_dict(work),
         "trainable": workload_to_dict(work).get("trainable", {}),
         "ds_config": config,
+        "detail": detail,
     }
     with tempfile.TemporaryDirectory() as out:
         context = mp.start_processes(
