@@ -32,6 +32,13 @@ peak; its defaults are calibrated from measured runs later.
 Host buffers DeepSpeed pins cost their size rounded up to a power of two on CUDA hosts (:mod:`.pinned`);
 ``cpu_per_node["pinned"]`` reports the page-locked bytes, which are part of the node's total, not added to it.
 
+With a peft adapter or frozen parameters (``Workload.trainable``) the model is the model as trained (its profile
+counts the peft model's parameters and which train): gradients, fp32 masters, optimizer states, flat groups and
+reduce traffic cover the trainable parameters only; frozen weights are replicated in the training dtype at ZeRO 0-2
+and partitioned at ZeRO-3, where peft's fp32 adapters stay fp32 (:mod:`.trainable`, measured with
+``bench/peft_memory.py``). Backward's worst moments then come before the weight gradients
+(:func:`_add_frozen_backward`).
+
 Activations come from the workload's model profile when it carries one (traced from the real transformers model,
 :mod:`tuner.profile`; plain data here, no torch), else from the built-in models' formulas
 (:mod:`tuner.estimator.activations`).
