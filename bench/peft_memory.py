@@ -274,6 +274,10 @@ def render(measured: dict[str, Any]) -> str:
     for key in [case_key(*case) for case in cases()]:
         if key not in measured:
             continue
+        if any(rank["loss"] != rank["loss"] for rank in measured[key]["ranks"]):  # NaN: DeepSpeed skipped steps
+            name, stage_text, variant = key.split("/")
+            rows.append(f"| {name} | {variant} | {stage_text[1:]} | loss NaN: steps skipped, not scored | |||||||||||")
+            continue
         r = scored(key, measured[key])
         states_error, peak_error = r["states_est"] / r["states_real"] - 1, r["peak_est"] / r["peak_real"] - 1
         errors.append(abs(peak_error))
