@@ -96,7 +96,7 @@ def rank_main(rank: int, port: int, spec: dict[str, Any], out: str) -> None:
     import deepspeed
     import torch
 
-    from tuner.measure.birth import born_on_device
+    from tuner.measure.birth import born_on_device, initialise_partitioned
     from tuner.measure.memory_probe import classify_engine_memory
     from tuner.measure.models import build_transformers_model, synthetic_batch
     from tuner.measure.true_peak import CpuAllocatorPeak
@@ -112,6 +112,7 @@ def rank_main(rank: int, port: int, spec: dict[str, Any], out: str) -> None:
     tracker.start()
     with born_on_device(config, "cpu", transformers=True):
         wrapper = build_transformers_model(json.loads(work.model.hf_config), work.train.attention)
+    initialise_partitioned(wrapper)  # as measured runs do: ZeRO-3's MoE experts are torch.empty until then
     wrapper.model = apply_trainable(wrapper.model, TrainableSpec(**spec["trainable"]))
     trainable = [p for p in wrapper.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=wrapper, model_parameters=trainable, config=config)
