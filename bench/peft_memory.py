@@ -261,13 +261,13 @@ FINDINGS = """
   (one more logits-sized tensor beside the saved activations and the logits workspace), and at ZeRO 1-3 the
   moment the first adapter gradient allocates the bucket, with the other layers' activations still saved.
 
-Not yet within 5 %: ZeRO-3 with small buckets (estimate under the true peak by 5-8 %; the true peak itself varies
-by about 4 % between identical runs on rank 0, so some of the gap is ZeRO-3's gather timing, and some is what it
-holds in the LM head's backward that the estimate does not: to be found with the allocator's per-site records).
-The Mixtral-shaped model under ZeRO-3 is not scored: its loss is NaN from the first step, so DeepSpeed skips every
-step and never allocates Adam's states. transformers creates its fused experts with ``torch.empty`` and leaves them
-to ``_init_weights``, which sees empty partitions under ``zero.Init`` (``tuner.measure.birth``), so they hold
-whatever memory held: a measured-run bug for every MoE under ZeRO-3, full fine-tuning too, not an estimator one.
+Not yet within 5 %: ZeRO-3 with small buckets, under the true peak on both models (tiny LLaMA by 5-8 %, tiny
+Mixtral by 35 %; the true peak itself varies by about 4 % between identical runs on rank 0). With small buckets and
+no reuse ZeRO-3 gathers and releases module by module, and what the MoE holds gathered in its experts' backward
+(every expert's weights, routed tokens' copies) is not yet in the estimate: to be found with the allocator's
+per-site records. The Mixtral ZeRO-3 rows were NaN (steps skipped) until measured runs re-initialised the experts
+that transformers leaves to ``_init_weights``, which ran on empty partitions under ``zero.Init``
+(:func:`tuner.measure.birth.initialise_partitioned`, a measured-run fix for every MoE under ZeRO-3).
 MoE routing also moves the true peak between steps (ZeRO-0: 8.72 and 8.75 MiB in two identical runs).
 """
 
