@@ -330,6 +330,7 @@ def render(measured: dict[str, Any]) -> str:
         + "\n"
         + "\n".join(pairs)
         + "\n"
+        + FINDINGS
     )
 
 
