@@ -371,13 +371,14 @@ class TrainingProcess:
     def _born_model(self, workload: Any) -> Any:
         """Build the model sharded (ZeRO-3) or on the device in the training dtype (``tuner.measure.birth``),
         recording the resident bytes it added on the host."""
-        from tuner.measure.birth import born_on_device, rss_bytes
+        from tuner.measure.birth import born_on_device, initialise_partitioned, rss_bytes
 
         rss = self.result.rss_bytes
         rss["before_model"] = rss_bytes()
         transformers = self.spec.model_impl == "transformers" or workload.model.implementation == "transformers"
         with born_on_device(self.spec.ds_config, self.spec.device, transformers):
             model = self._build_model(workload)
+        initialise_partitioned(model)
         rss["after_model"] = rss_bytes()
         return model
 
