@@ -142,10 +142,10 @@ alive at the peak):
   held whatever the allocator returned. The gradients came out non-finite, DeepSpeed logged ``OVERFLOW! Skipping
   step`` on both warm-up steps and never allocated Adam's moments (``8Ψ/N``: 559 MB missing from the peak). A
   measured transformers model built under ZeRO-3 now runs ``_init_weights`` on each module's gathered parameters
-  (``tuner.measure.models.initialise_partitioned``). Re-measured, the MoE holds as much gathered at its backward
-  peak as the dense models (fp32 too: its earlier run trained on garbage weights), so the rule that it keeps
-  nothing, fitted on the broken run, went: the estimate now counts them less the largest parameter
-  (``transients.stage3_backward_gathered``).
+  (``tuner.measure.birth.initialise_partitioned``, found by the peft work too). Re-measured, the MoE holds as much
+  gathered at its backward peak as the dense models (fp32 too: its earlier run trained on garbage weights), so the
+  rule that it keeps nothing, fitted on the broken run, went: the estimate now counts them less the largest
+  parameter (``transients.stage3_backward_gathered``).
 * **LLaMA-125M, -3.2 % / -4.2 % under: run-to-run spread, not a missing term.** The worst rank's peak of one config
   moves by up to about two largest parameters between runs (bf16: 2.59, 2.60, 2.63 and 2.69 GiB in four runs;
   fp32: 4.49, 4.62 and 4.71 GiB): the rank still inside the embedding's all-gather holds gloo's own staging

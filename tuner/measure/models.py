@@ -188,7 +188,6 @@ class TransformersCausalLM(nn.Module):
         from tuner.profile.hf import build, enable_checkpointing
 
         self.model = build(hf_config, attention=attention)  # the same model the profile traces
-        initialise_partitioned(self.model)
         if checkpointing:
             enable_checkpointing(self.model)
 
@@ -197,34 +196,6 @@ class TransformersCausalLM(nn.Module):
         training loop calls it (the config's ``use_cache``), as the profile traced it."""
         del targets
         return self.model(input_ids=tokens, labels=tokens).loss
-
-
-def initialise_partitioned(model: nn.Module) -> None:
-    """Run transformers' own ``_init_weights`` on a model built under ZeRO-3's ``zero.Init``, module by module on its
-    gathered parameters (rank 0 writes, DeepSpeed re-partitions); a model built otherwise is left alone.
-
-    Under ``zero.Init`` transformers initialises empty partitions, so parameters a module creates with
-    ``torch.empty`` (Mixtral's experts and router) keep whatever the allocator held. Measured on 2 CPU ranks
-    (Mixtral-shaped 140M, bf16, ZeRO-3): the gradients came out non-finite, DeepSpeed skipped every step as an
-    overflow and Adam's moments were never allocated, so the run's true peak lacked ``8Ψ/N`` bytes of optimizer
-    state that any real training holds.
-    """
-    modules = [m for m in model.modules() if any(hasattr(p, "ds_id") for p in m.parameters(recurse=False))]
-    if not modules:
-        return
-    import deepspeed
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    for module in modules:
-        params = list(module.parameters(recurse=False))
-        for param in params:
-            if hasattr(param, "_is_hf_initialized"):
-                del param._is_hf_initialized
-        module.__dict__.pop("_is_hf_initialized", None)
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
-            if rank == 0:
-                model._init_weights(module)  # type: ignore[operator]
 
 
 def build_transformers_model(hf_config: dict, attention: str | None = None, checkpointing: bool = False) -> nn.Module:
