@@ -1,0 +1,102 @@
+"""The model as trained: the adapter added by the real peft library and the freeze pattern, counted against peft's
+own ``get_nb_trainable_parameters`` (the independent truth), and bad adapter configs refused naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+peft = pytest.importorskip("peft")
+
+from tuner.profile.hf import build  # noqa: E402
+from tuner.profile.trainable import apply_trainable, trainable_counts  # noqa: E402
+from tuner.workload import TrainableSpec, WorkloadError, preset_config  # noqa: E402
+
+LORA = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.05}
+
+
+def built(device: str, preset: str = "tiny-llama") -> Any:
+    with torch.device(device):
+        return build(preset_config(preset), dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+@pytest.mark.parametrize(
+    "adapter",
+    [
+        LORA,
+        {**LORA, "modules_to_save": ["lm_head"], "bias": "lora_only"},
+        {**LORA, "rank_pattern": {"q_proj": 4}, "alpha_pattern": {"v_proj": 32}, "use_dora": True},
+    ],
+    ids=["lora", "modules_to_save", "patterns_dora"],
+)
+def test_trainable_count_is_peft_own(device: str, adapter: dict[str, Any]) -> None:
+    model = apply_trainable(built(device), TrainableSpec.of(adapter))
+    assert isinstance(model, peft.PeftModel)
+    assert not model.peft_config["default"].inference_mode
+    assert trainable_counts(model) == model.get_nb_trainable_parameters()
+    assert all(p.device.type == device for p in model.parameters())
+
+
+def test_tiny_llama_lora_counts_by_hand() -> None:
+    # 4 layers × r·(in + out): q_proj 128→128, v_proj 128→64 (2 KV heads of 32), r = 8
+    base = sum(p.numel() for p in built("meta").parameters())
+    model = apply_trainable(built("meta"), TrainableSpec.of({"r": 8, "target_modules": ["q_proj", "v_proj"]}))
+    lora = 4 * 8 * ((128 + 128) + (128 + 64))
+    assert trainable_counts(model) == (lora, base + lora)
+
+
+def test_real_peft_model_trains_only_adapters() -> None:
+    model = apply_trainable(built("cpu"), TrainableSpec.of(LORA))
+    ids = torch.randint(0, 1024, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    for name, param in model.named_parameters():
+        assert (param.grad is not None) == ("lora_" in name), name
+
+
+def test_freeze_alone_and_with_peft() -> None:
+    plain = built("meta")
+    total = sum(p.numel() for p in plain.parameters())
+    embed = plain.get_input_embeddings().weight.numel()
+    assert apply_trainable(plain, TrainableSpec(freeze=r"embed_tokens")) is plain
+    assert trainable_counts(plain) == (total - embed, total)
+    model = apply_trainable(built("meta"), TrainableSpec.of({**LORA, "modules_to_save": ["lm_head"]}, r"lm_head"))
+    trainable, _ = trainable_counts(model)
+    assert trainable == trainable_counts(apply_trainable(built("meta"), TrainableSpec.of(LORA)))[0]
+
+
+def test_full_fine_tuning_returns_the_model() -> None:
+    model = built("meta")
+    assert apply_trainable(model, TrainableSpec()) is model
+
+
+@pytest.mark.parametrize(
+    ("adapter", "freeze", "field"),
+    [
+        ({**LORA, "r": 0}, "", "peft.r: must be a positive integer"),
+        ({**LORA, "r": True}, "", "peft.r: must be a positive integer"),
+        ({**LORA, "target_modules": ["nope"]}, "", "peft.target_modules: .*not found in the model"),
+        ({**LORA, "target_modules": ["q_proj", "v_prj"]}, "", "peft.target_modules: 'v_prj' not found in the model"),
+        ({**LORA, "target_modules": "nope.*"}, "", "peft.target_modules: .*not found in the model"),
+        ({**LORA, "target_modules": None}, "", "peft.target_modules"),
+        ({**LORA, "peft_type": "IA3"}, "", "peft.peft_type: only LORA"),
+        ({**LORA, "lora_rank": 8}, "", "peft.lora_rank: not a field"),
+        ({**LORA, "lora_dropout": 1.5}, "", "peft.lora_dropout"),
+        ({**LORA, "bias": "some"}, "", "peft.bias"),
+        ({**LORA, "modules_to_save": ["nope"]}, "", "peft.modules_to_save: 'nope' not found"),
+        ({**LORA, "rank_pattern": {"q_proj": -1}}, "", "peft.rank_pattern.q_proj"),
+        ({**LORA, "task_type": "SEQ_CLS"}, "", "peft.task_type"),
+        ({**LORA, "loftq_config": {"loftq_bits": 4}}, "", "peft.loftq_config"),
+        (None, "no_such_parameter", "freeze: .*matches no parameter"),
+        (None, ".", "freeze: .*leaves no parameter trainable"),
+        (LORA, "lora_", "freeze: .*leaves no parameter trainable"),
+    ],
+)
+def test_bad_trainable_specs_name_the_field(adapter: dict[str, Any] | None, freeze: str, field: str) -> None:
+    with pytest.raises(WorkloadError, match=field) as raised:
+        apply_trainable(built("meta"), TrainableSpec.of(adapter, freeze))
+    assert "\n" not in str(raised.value)
+    json.dumps(str(raised.value))
