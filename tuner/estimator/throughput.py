@@ -16,12 +16,13 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
   recomputed forward, and reduce-scatters gradients every micro-step.
 * ``latency``: a fixed cost per collective call, one per reduce/all-gather bucket, per gathered ZeRO-3 parameter
   and pass (its hooks run even on one rank), and the gradient-norm all-reduce.
-* ``memory``: the optimizer step's memory traffic (about 32 B per trainable parameter of the rank's partition) over device
-  memory bandwidth, the gradient copies into ZeRO-1/2 buckets, and offload: CPU-Adam over the host's rate, gradients
-  down and parameters up over PCIe, ZeRO-3 offloaded parameters up once per gather pass.
+* ``memory``: the optimizer step's memory traffic (about 32 B per trainable parameter of the rank's partition) over
+  device memory bandwidth, the gradient copies into ZeRO-1/2 buckets, and offload: CPU-Adam over the host's rate,
+  gradients down and parameters up over PCIe, ZeRO-3 offloaded parameters up once per gather pass.
 
 With ``overlap_comm`` the bytes sent during backward (gradient reduction; ZeRO-3 prefetch) hide behind the backward
-pass (two thirds of the compute when every parameter trains): only what exceeds it counts; per-call latency (hooks, launches) is never hidden.
+pass (two thirds of the compute when every parameter trains): only what exceeds it counts; per-call latency (hooks,
+launches) is never hidden.
 Multiplicative factors per term, fitted from measured runs per hardware kind (:mod:`tuner.study.throughput_fit`),
 scale each term; 1 is the table. FLOPs per token and peak FLOP/s are :mod:`tuner.measure.measurement`'s (a pure
 module; its package imports nothing), so predicted and measured TFLOP/s and MFU count the same FLOPs.
