@@ -49,7 +49,9 @@ class ActivationProfile:
     """Saved-for-backward bytes of one configuration of the model, by part, as functions of the micro-batch.
 
     ``recompute``: with checkpointing, the extra bytes while one layer is recomputed in backward (the largest layer
-    kind's saved bytes without checkpointing); 0 without checkpointing.
+    kind's saved bytes without checkpointing); 0 without checkpointing. ``adapters``: for a peft model, the dtype
+    its adapters ran in when traced (``""``: the training dtype, as DeepSpeed casts them under ZeRO 0-2; ``fp32``:
+    as peft builds them beside a 16-bit base, as they stay under ZeRO-3).
     """
 
     seq_len: int
@@ -61,6 +63,12 @@ class ActivationProfile:
     first_extra: Linear
     layers: dict[str, Linear]
     recompute: Linear = Linear()
+    adapters: str = ""
+
+    @property
+    def key(self) -> tuple[int, str, str, bool, str]:
+        """The settings this entry was traced for."""
+        return (self.seq_len, self.precision, self.attention, self.checkpointing, self.adapters)
 
     def saved_bytes(self, layer_counts: dict[str, int], micro_batch: int) -> int:
         """Saved bytes after the forward pass of the whole model at ``micro_batch``."""
@@ -70,8 +78,11 @@ class ActivationProfile:
         return total
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready fields."""
-        return asdict(self)
+        """Plain JSON-ready fields (``adapters`` only for a peft model's fp32-adapter entry)."""
+        data = asdict(self)
+        if not self.adapters:
+            del data["adapters"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ActivationProfile:
@@ -86,6 +97,7 @@ class ActivationProfile:
             first_extra=Linear(**data["first_extra"]),
             layers={kind: Linear(**value) for kind, value in data["layers"].items()},
             recompute=Linear(**data.get("recompute", {})),
+            adapters=str(data.get("adapters", "")),
         )
 
 
@@ -100,6 +112,12 @@ class ModelProfile:
     attention kind transformers builds the model with when none is asked for (``sdpa`` where the class supports
     it, else ``eager``), the default of workloads training it; ``supports_checkpointing``: whether transformers can
     checkpoint its layers (else no checkpointing profile is traced, and one asked for is refused).
+
+    The model as trained (a workload with an adapter or frozen parameters, :mod:`tuner.profile.trainable`) is the
+    peft model: ``param_numels`` are all its parameters (frozen base, adapters, ``modules_to_save`` copies) and
+    ``trainable`` says which train (empty: all of them); ``param_dtypes`` the dtype of each as built in bf16 (peft
+    keeps its adapters fp32 beside a 16-bit base); ``trainable_elements_by_dtype`` / ``frozen_elements_by_dtype``
+    and the largest trainable and frozen parameters summarise them.
     """
 
     model_type: str
@@ -115,6 +133,26 @@ class ModelProfile:
     attention: str = "sdpa"
     supports_checkpointing: bool = True
     activations: tuple[ActivationProfile, ...] = field(default=())
+    trainable: tuple[bool, ...] = ()
+    param_dtypes: tuple[str, ...] = ()
+    trainable_elements_by_dtype: dict[str, int] = field(default_factory=dict)
+    frozen_elements_by_dtype: dict[str, int] = field(default_factory=dict)
+    largest_trainable_name: str = ""
+    largest_trainable_numel: int = 0
+    largest_frozen_name: str = ""
+    largest_frozen_numel: int = 0
+
+    @property
+    def is_full(self) -> bool:
+        """True when every parameter trains."""
+        return not self.trainable or all(self.trainable)
+
+    @property
+    def trainable_params(self) -> int:
+        """Elements that train."""
+        if not self.trainable:
+            return self.n_params
+        return sum(n for n, train in zip(self.param_numels, self.trainable, strict=True) if train)
 
     @property
     def n_layers(self) -> int:
@@ -129,31 +167,28 @@ class ModelProfile:
             counts[kind] = counts.get(kind, 0) + 1
         return counts
 
-    def activation(self, seq_len: int, precision: str, attention: str, checkpointing: bool) -> ActivationProfile | None:
+    def activation(
+        self, seq_len: int, precision: str, attention: str, checkpointing: bool, adapters: str = ""
+    ) -> ActivationProfile | None:
         """The traced profile for these settings, or None when it was not traced."""
         for entry in self.activations:
-            if (entry.seq_len, entry.precision, entry.attention, entry.checkpointing) == (
-                seq_len,
-                precision,
-                attention,
-                checkpointing,
-            ):
+            if entry.key == (seq_len, precision, attention, checkpointing, adapters):
                 return entry
         return None
 
     def activation_bytes(
-        self, seq_len: int, precision: str, attention: str, checkpointing: bool, micro_batch: int
+        self, seq_len: int, precision: str, attention: str, checkpointing: bool, micro_batch: int, adapters: str = ""
     ) -> tuple[int, int] | None:
         """(saved bytes after forward, extra bytes while one layer is recomputed), or None when not traced."""
-        entry = self.activation(seq_len, precision, attention, checkpointing)
+        entry = self.activation(seq_len, precision, attention, checkpointing, adapters)
         if entry is None:
             return None
         return entry.saved_bytes(self.layer_counts, micro_batch), entry.recompute.at(micro_batch)
 
     def with_activations(self, entries: tuple[ActivationProfile, ...]) -> ModelProfile:
         """A copy holding ``entries`` beside (or instead of, for the same settings) the ones it has."""
-        keys = {(e.seq_len, e.precision, e.attention, e.checkpointing) for e in entries}
-        kept = tuple(e for e in self.activations if (e.seq_len, e.precision, e.attention, e.checkpointing) not in keys)
+        keys = {e.key for e in entries}
+        kept = tuple(e for e in self.activations if e.key not in keys)
         return ModelProfile(**{**self._static_fields(), "activations": kept + tuple(entries)})
 
     def without_activations(self) -> ModelProfile:
@@ -161,19 +196,34 @@ class ModelProfile:
         return ModelProfile(**self._static_fields())
 
     def _static_fields(self) -> dict[str, Any]:
+        trained: dict[str, Any] = {}
+        if self.trainable:  # the model as trained (only then: full models keep their cached files' bytes)
+            trained = {
+                "trainable": self.trainable,
+                "param_dtypes": self.param_dtypes,
+                "trainable_elements_by_dtype": dict(self.trainable_elements_by_dtype),
+                "frozen_elements_by_dtype": dict(self.frozen_elements_by_dtype),
+                "largest_trainable_name": self.largest_trainable_name,
+                "largest_trainable_numel": self.largest_trainable_numel,
+                "largest_frozen_name": self.largest_frozen_name,
+                "largest_frozen_numel": self.largest_frozen_numel,
+            }
         return {
-            "model_type": self.model_type,
-            "architecture": self.architecture,
-            "transformers_version": self.transformers_version,
-            "n_params": self.n_params,
-            "param_numels": self.param_numels,
-            "param_elements_by_dtype": dict(self.param_elements_by_dtype),
-            "largest_param_name": self.largest_param_name,
-            "largest_param_numel": self.largest_param_numel,
-            "layer_kinds": self.layer_kinds,
-            "dims": dict(self.dims),
-            "attention": self.attention,
-            "supports_checkpointing": self.supports_checkpointing,
+            **trained,
+            **{
+                "model_type": self.model_type,
+                "architecture": self.architecture,
+                "transformers_version": self.transformers_version,
+                "n_params": self.n_params,
+                "param_numels": self.param_numels,
+                "param_elements_by_dtype": dict(self.param_elements_by_dtype),
+                "largest_param_name": self.largest_param_name,
+                "largest_param_numel": self.largest_param_numel,
+                "layer_kinds": self.layer_kinds,
+                "dims": dict(self.dims),
+                "attention": self.attention,
+                "supports_checkpointing": self.supports_checkpointing,
+            },
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -182,6 +232,9 @@ class ModelProfile:
         data["format"] = PROFILE_FORMAT
         data["param_numels"] = list(self.param_numels)
         data["layer_kinds"] = list(self.layer_kinds)
+        if self.trainable:
+            data["trainable"] = [int(flag) for flag in self.trainable]
+            data["param_dtypes"] = list(self.param_dtypes)
         data["activations"] = [entry.to_dict() for entry in self.activations]
         return data
 
@@ -204,4 +257,14 @@ class ModelProfile:
             attention=str(data["attention"]),
             supports_checkpointing=bool(data["supports_checkpointing"]),
             activations=tuple(ActivationProfile.from_dict(entry) for entry in data.get("activations", ())),
+            trainable=tuple(bool(flag) for flag in data.get("trainable", ())),
+            param_dtypes=tuple(str(name) for name in data.get("param_dtypes", ())),
+            trainable_elements_by_dtype={
+                str(k): int(v) for k, v in data.get("trainable_elements_by_dtype", {}).items()
+            },
+            frozen_elements_by_dtype={str(k): int(v) for k, v in data.get("frozen_elements_by_dtype", {}).items()},
+            largest_trainable_name=str(data.get("largest_trainable_name", "")),
+            largest_trainable_numel=int(data.get("largest_trainable_numel", 0)),
+            largest_frozen_name=str(data.get("largest_frozen_name", "")),
+            largest_frozen_numel=int(data.get("largest_frozen_numel", 0)),
         )

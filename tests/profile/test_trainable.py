@@ -100,3 +100,27 @@ def test_bad_trainable_specs_name_the_field(adapter: dict[str, Any] | None, free
         apply_trainable(built("meta"), TrainableSpec.of(adapter, freeze))
     assert "\n" not in str(raised.value)
     json.dumps(str(raised.value))
+
+
+@pytest.mark.parametrize("adapters", ["", "fp32"])
+def test_profile_of_the_model_as_trained(tmp_path: Any, adapters: str) -> None:
+    """The peft model's parameter facts match peft's counts, and its traced activations the real peft model's
+    saved bytes (adapters cast to bf16 as ZeRO 0-2 do, or kept fp32 as under ZeRO-3)."""
+    from tuner.profile import ProfileCache, model_profile, params_profile
+    from tuner.profile.trace import measured_saved_bytes
+
+    config, cache = preset_config("tiny-llama"), ProfileCache(tmp_path)
+    spec = TrainableSpec.of({**LORA, "modules_to_save": ["lm_head"]})
+    base = params_profile(config, cache)
+    profile = model_profile(config, 64, "bf16", None, (False,), cache, spec)
+    peft_model = apply_trainable(built("meta"), spec)
+    trainable, total = peft_model.get_nb_trainable_parameters()
+    assert (profile.trainable_params, profile.n_params) == (trainable, total)
+    assert profile.param_numels == tuple(p.numel() for p in peft_model.parameters())
+    assert profile.trainable == tuple(p.requires_grad for p in peft_model.parameters())
+    assert profile.trainable_elements_by_dtype == {"fp32": 14_336, "bf16": 1024 * 128}  # adapters, lm_head copy
+    assert profile.frozen_elements_by_dtype == {"bf16": base.n_params}
+    assert profile.largest_frozen_numel == profile.largest_trainable_numel == 1024 * 128
+    assert base.trainable == () and params_profile(config, cache) == base  # the full model's entry is untouched
+    real = measured_saved_bytes(config, 2, 64, "bf16", profile.attention, False, spec, adapters)
+    assert profile.activation_bytes(64, "bf16", profile.attention, False, 2, adapters) == (real, 0)

@@ -1,7 +1,8 @@
 """Model profiles cached on disk as small JSON files (pure Python: no torch).
 
 The cache lives under ``$DSTUNE_PROFILE_CACHE`` (default ``~/.cache/dstune/profiles``). Parameter facts are keyed by
-the config and the transformers version; each activation profile also by sequence length, precision, attention
+the config and the transformers version (and, for the model as trained, the workload's trainable part: adapter
+and freeze pattern); each activation profile also by sequence length, precision, attention
 implementation, MoE experts implementation and checkpointing. Files are written atomically (a temporary file renamed
 into place), so concurrent writers and readers never see half a profile; a file that cannot be read is a miss.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from tuner import env
 from tuner.model_profile import PROFILE_FORMAT, ActivationProfile, ModelProfile
+from tuner.workload import TrainableSpec
 
 CACHE_ENV = "DSTUNE_PROFILE_CACHE"
 
@@ -37,9 +39,18 @@ def canonical_config(config: Any) -> str:
     return json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def params_key(config: dict[str, Any], transformers_version: str) -> str:
-    """Cache key of a model's parameter facts."""
-    return _digest(["params", PROFILE_FORMAT, canonical_config(config), transformers_version])
+def trainable_key(trainable: TrainableSpec | None) -> list[str]:
+    """The key parts of the model as trained: none for full fine-tuning (its keys are what they always were)."""
+    if trainable is None or trainable.is_full:
+        return []
+    return ["trainable", trainable.peft, trainable.freeze]
+
+
+def params_key(config: dict[str, Any], transformers_version: str, trainable: TrainableSpec | None = None) -> str:
+    """Cache key of a model's parameter facts (of the model as trained, for an adapter or a freeze pattern)."""
+    return _digest(
+        ["params", PROFILE_FORMAT, canonical_config(config), transformers_version, *trainable_key(trainable)]
+    )
 
 
 def activation_key(
@@ -50,8 +61,11 @@ def activation_key(
     attention: str,
     experts: str,
     checkpointing: bool,
+    trainable: TrainableSpec | None = None,
+    adapters: str = "",
 ) -> str:
-    """Cache key of one activation profile."""
+    """Cache key of one activation profile (of the model as trained: its trainable part and adapters' dtype)."""
+    extra = [*trainable_key(trainable), adapters] if trainable_key(trainable) else []
     return _digest(
         [
             "activations",
@@ -63,6 +77,7 @@ def activation_key(
             attention,
             experts,
             checkpointing,
+            *extra,
         ]
     )
 

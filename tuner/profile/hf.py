@@ -25,7 +25,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from tuner.model_profile import ModelProfile
 from tuner.profile.config_checks import refuse_custom_code
-from tuner.workload import WorkloadError
+from tuner.workload import TrainableSpec, WorkloadError
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -269,6 +269,51 @@ def describe(config: dict[str, Any]) -> ModelProfile:
         dims=config_fields(text_config(model.config)),
         supports_checkpointing=supports_checkpointing(model),
         attention=attention_kind(str(model.config._attn_implementation)),
+    )
+
+
+def describe_trained(config: dict[str, Any], trainable: TrainableSpec) -> ModelProfile:
+    """Parameter facts of the model as trained: the config's model with ``trainable``'s adapter and freeze pattern
+    applied by the real peft library (:mod:`tuner.profile.trainable`), on ``meta``. Every parameter of the peft
+    model in model order (frozen base, adapters, ``modules_to_save`` copies: ZeRO-3 partitions them all), which
+    train, their dtypes as built in bf16, the counts by dtype and the largest of each kind."""
+    from tuner.profile.trainable import apply_trainable
+
+    base = describe(config)
+    with quiet(), torch.device("meta"):
+        model: Any = apply_trainable(build(config, dtype=torch.bfloat16), trainable)
+    named = list(model.named_parameters())
+    trainable_by: dict[str, int] = {}
+    frozen_by: dict[str, int] = {}
+    dtypes = []
+    for _, param in named:
+        name = DTYPE_NAMES.get(param.dtype, str(param.dtype).removeprefix("torch."))
+        dtypes.append(name)
+        into = trainable_by if param.requires_grad else frozen_by
+        into[name] = into.get(name, 0) + param.numel()
+    by_dtype = {key: trainable_by.get(key, 0) + frozen_by.get(key, 0) for key in {*trainable_by, *frozen_by}}
+    largest_name, largest = max(named, key=lambda item: item[1].numel())
+    trained = [(name, p) for name, p in named if p.requires_grad]
+    frozen = [(name, p) for name, p in named if not p.requires_grad]
+    top_trained = max(trained, key=lambda item: item[1].numel())
+    top_frozen = max(frozen, key=lambda item: item[1].numel()) if frozen else ("", None)
+    return ModelProfile(
+        **{
+            **base._static_fields(),
+            "n_params": sum(p.numel() for _, p in named),
+            "param_numels": tuple(p.numel() for _, p in named),
+            "param_elements_by_dtype": by_dtype,
+            "largest_param_name": largest_name,
+            "largest_param_numel": largest.numel(),
+            "trainable": tuple(p.requires_grad for _, p in named),
+            "param_dtypes": tuple(dtypes),
+            "trainable_elements_by_dtype": trainable_by,
+            "frozen_elements_by_dtype": frozen_by,
+            "largest_trainable_name": top_trained[0],
+            "largest_trainable_numel": top_trained[1].numel(),
+            "largest_frozen_name": top_frozen[0],
+            "largest_frozen_numel": top_frozen[1].numel() if top_frozen[1] is not None else 0,
+        }
     )
 
 

@@ -17,6 +17,7 @@ from tuner.profile.config_checks import refuse_custom_code, transformers_version
 from tuner.workload import (
     SUPPORTED_FAMILIES,
     ModelSpec,
+    TrainableSpec,
     Workload,
     WorkloadError,
     load_hf_config,
@@ -24,18 +25,36 @@ from tuner.workload import (
 )
 
 
-def params_profile(config: dict[str, Any], cache: ProfileCache | None = None) -> ModelProfile:
-    """The parameter facts of a config's model (no activations), cached."""
+def params_profile(
+    config: dict[str, Any], cache: ProfileCache | None = None, trainable: TrainableSpec | None = None
+) -> ModelProfile:
+    """The parameter facts of a config's model (no activations), cached; with a non-full ``trainable``, of the
+    model as trained (the peft model, :func:`tuner.profile.hf.describe_trained`)."""
     config = refuse_custom_code(config)
     cache = cache or ProfileCache()
-    key = params_key(config, transformers_version())
+    full = trainable is None or trainable.is_full
+    key = params_key(config, transformers_version(), None if full else trainable)
     found = cache.get_params(key)
     if found is None:
-        from tuner.profile.hf import describe
+        if full or trainable is None:
+            from tuner.profile.hf import describe
 
-        found = describe(config)
+            found = describe(config)
+        else:
+            from tuner.profile.hf import describe_trained
+
+            found = describe_trained(config, trainable)
         cache.put_params(key, found)
     return found
+
+
+def adapter_variants(profile: ModelProfile, precision: str) -> tuple[str, ...]:
+    """The adapter dtypes activations are traced with: the training dtype (``""``; ZeRO 0-2 cast the adapters),
+    and ``fp32`` where peft built fp32 adapters beside a 16-bit base (ZeRO-3 keeps them so)."""
+    upcast = precision != "fp32" and any(
+        dtype == "fp32" and train for dtype, train in zip(profile.param_dtypes, profile.trainable, strict=False)
+    )
+    return ("", "fp32") if upcast else ("",)
 
 
 def experts_key(config: dict[str, Any]) -> str:
@@ -56,23 +75,38 @@ def model_profile(
     attention: str | None,
     checkpointing: Iterable[bool] = (False, True),
     cache: ProfileCache | None = None,
+    trainable: TrainableSpec | None = None,
 ) -> ModelProfile:
     """The model's profile with activations traced for ``seq_len``, ``precision``, ``attention`` (None: the one
     transformers resolves, ``profile.attention``) and each checkpointing setting; every part read from the cache or
-    traced and cached."""
+    traced and cached. A non-full ``trainable``: the profile of the model as trained (for 16-bit training with
+    fp32 adapters, traced with the adapters cast and kept fp32: :func:`adapter_variants`)."""
     cache = cache or ProfileCache()
-    profile = params_profile(config, cache)
+    profile = params_profile(config, cache, trainable)
     attention = attention or profile.attention
     entries: list[ActivationProfile] = []
     for ckpt in _traceable(profile, checkpointing):
-        key = activation_key(config, transformers_version(), seq_len, precision, attention, experts_key(config), ckpt)
-        entry = cache.get_activation(key)
-        if entry is None:
-            from tuner.profile.trace import trace_activations
+        for adapters in adapter_variants(profile, precision):
+            key = activation_key(
+                config,
+                transformers_version(),
+                seq_len,
+                precision,
+                attention,
+                experts_key(config),
+                ckpt,
+                trainable,
+                adapters,
+            )
+            entry = cache.get_activation(key)
+            if entry is None:
+                from tuner.profile.trace import trace_activations
 
-            entry = trace_activations(config, profile.layer_kinds, seq_len, precision, attention, ckpt)
-            cache.put_activation(key, entry)
-        entries.append(entry)
+                entry = trace_activations(
+                    config, profile.layer_kinds, seq_len, precision, attention, ckpt, trainable, adapters
+                )
+                cache.put_activation(key, entry)
+            entries.append(entry)
     return profile.with_activations(tuple(entries))
 
 
@@ -83,24 +117,28 @@ def cached_profile(
     attention: str | None,
     checkpointing: Iterable[bool] = (False, True),
     cache: ProfileCache | None = None,
+    trainable: TrainableSpec | None = None,
 ) -> ModelProfile | None:
     """The profile :func:`model_profile` would give for each of ``precisions``, if every part is cached; else None.
     Reads files only: never imports torch."""
     config = refuse_custom_code(config)
     cache = cache or ProfileCache()
     version_ = transformers_version()
-    profile = cache.get_params(params_key(config, version_))
+    profile = cache.get_params(params_key(config, version_, trainable))
     if profile is None:
         return None
     attention = attention or profile.attention
     entries = []
     for precision in precisions:
         for ckpt in _traceable(profile, checkpointing):
-            key = activation_key(config, version_, seq_len, precision, attention, experts_key(config), ckpt)
-            entry = cache.get_activation(key)
-            if entry is None:
-                return None
-            entries.append(entry)
+            for adapters in adapter_variants(profile, precision):
+                key = activation_key(
+                    config, version_, seq_len, precision, attention, experts_key(config), ckpt, trainable, adapters
+                )
+                entry = cache.get_activation(key)
+                if entry is None:
+                    return None
+                entries.append(entry)
     return profile.with_activations(tuple(entries))
 
 
@@ -159,10 +197,15 @@ def with_profile(
     cache: ProfileCache | None = None,
 ) -> Workload:
     """The workload carrying its model's profile, traced for its sequence length and attention, each of
-    ``precisions`` (default: the workload's) and checkpointing setting. Built-in and bare models are returned as
-    they are (their activations are formulas, or unknown)."""
+    ``precisions`` (default: the workload's) and checkpointing setting; for a workload with an adapter or frozen
+    parameters, the profile of the model as trained. Built-in and bare models are returned as they are (their
+    activations are formulas, or unknown; a trainable part needs a transformers model: refused naming ``peft``
+    or ``freeze``)."""
     model = workload.model
     if model.implementation != "transformers" or not model.hf_config:
+        if not workload.trainable.is_full:
+            field = "peft" if workload.trainable.peft else "freeze"
+            raise WorkloadError(field, "needs a transformers model config (--model), not a bare count or built-in")
         return workload
     config = json.loads(model.hf_config)
     train, checkpointing = workload.train, tuple(checkpointing)
@@ -172,6 +215,8 @@ def with_profile(
         )
     profile: ModelProfile | None = None
     for precision in precisions or (train.precision,):
-        traced = model_profile(config, train.seq_len, precision, train.attention, checkpointing, cache)
+        traced = model_profile(
+            config, train.seq_len, precision, train.attention, checkpointing, cache, workload.trainable
+        )
         profile = traced if profile is None else profile.with_activations(traced.activations)
     return replace(workload, profile=profile)

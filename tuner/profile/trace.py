@@ -41,7 +41,7 @@ from tuner.profile.hf import (
     replace_module,
     text_config,
 )
-from tuner.workload import WorkloadError
+from tuner.workload import TrainableSpec, WorkloadError
 
 OUTSIDE = -1
 
@@ -176,9 +176,20 @@ def _representatives(kinds: tuple[str, ...] | list[str]) -> list[int]:
 
 
 def build_copy(
-    config: dict[str, Any], kinds: tuple[str, ...] | list[str], precision: str, attention: str, checkpointing: bool
+    config: dict[str, Any],
+    kinds: tuple[str, ...] | list[str],
+    precision: str,
+    attention: str,
+    checkpointing: bool,
+    trainable: TrainableSpec | None = None,
+    adapters: str = "",
 ) -> tuple[nn.Module, list[int], FakeTensorMode]:
-    """A fake-tensor copy of the model keeping only the representative layers; returns it with their indices."""
+    """A fake-tensor copy of the model keeping only the representative layers; returns it with their indices.
+
+    ``trainable`` (not full): the copy is the model as trained, the adapter added by peft after checkpointing is
+    enabled (as a training script does) and the freeze pattern applied (:mod:`tuner.profile.trainable`; a pattern
+    naming only layers the copy lacks freezes nothing here). ``adapters=""`` casts every parameter to the training
+    dtype, as DeepSpeed's engine does under ZeRO 0-2; ``fp32`` keeps peft's fp32 adapters (ZeRO-3)."""
     keep = _representatives(kinds)
     built = keep[-1] + 1
     full = text_config(hf_config(config))
@@ -187,9 +198,14 @@ def build_copy(
         if isinstance(value, list) and len(value) == full.num_hidden_layers and name != "architectures":
             overrides[name] = value[:built]
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    adapted = trainable is not None and not trainable.is_full
     try:
-        with fake_mode:
-            model: Any = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
+        if adapted:  # peft builds its layers on meta, not in fake mode: given fake storage below
+            with torch.device("meta"):
+                model: Any = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
+        else:
+            with fake_mode:
+                model = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
     except WorkloadError as error:
         if "aten." not in str(error):
             raise
@@ -208,6 +224,14 @@ def build_copy(
     text.num_hidden_layers = len(keep)
     if checkpointing:
         enable_checkpointing(model)
+    if adapted and trainable is not None:
+        from tuner.profile.trainable import apply_trainable
+
+        model = apply_trainable(model, trainable, strict=False)
+        if not adapters:  # DeepSpeed's engine casts every parameter to the training dtype (ZeRO 0-2)
+            model.to(TORCH_DTYPES[precision])
+        with fake_mode:
+            model.to_empty(device="cpu")
     return model, keep, fake_mode
 
 
@@ -339,16 +363,20 @@ def trace_activations(
     precision: str,
     attention: str,
     checkpointing: bool,
+    trainable: TrainableSpec | None = None,
+    adapters: str = "",
 ) -> ActivationProfile:
     """The activation profile of the model for these settings, traced at micro-batch 1, 2 and 3 under fake tensors.
 
     With checkpointing the non-checkpointed layers are traced too: ``recompute`` is the largest of them.
+    ``trainable``, ``adapters``: the model as trained (:func:`build_copy`): frozen weights save no input for their
+    weight gradient; the LoRA A input and the dropout masks are saved.
     """
     traces = {}
     recurrent: list[bool] = []
     for ckpt in (False, True) if checkpointing else (False,):
         with quiet():
-            model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt)
+            model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt, trainable, adapters)
         try:
             with quiet():
                 traces[ckpt] = _traced_parts(model, keep, kinds, seq_len, fake_mode, recurrent)
@@ -378,18 +406,33 @@ def trace_activations(
         first_extra=Linear.through(one[1], two[1], three[1]),
         layers=layers,
         recompute=recompute,
+        adapters=adapters,
     )
 
 
 def measured_saved_bytes(
-    config: dict[str, Any], micro_batch: int, seq_len: int, precision: str, attention: str | None, checkpointing: bool
+    config: dict[str, Any],
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    attention: str | None,
+    checkpointing: bool,
+    trainable: TrainableSpec | None = None,
+    adapters: str = "",
 ) -> int:
     """Bytes the whole model really saves in one forward pass on CPU (real tensors, random weights): the reference
-    the traced profile is checked against."""
+    the traced profile is checked against. ``trainable``, ``adapters``: the real peft model (adapters cast to the
+    training dtype, or kept fp32), as :func:`build_copy` describes it."""
     torch.manual_seed(0)
     with quiet():
         model = build(config, attention=attention, dtype=TORCH_DTYPES[precision])
     if checkpointing:
         enable_checkpointing(model)
+    if trainable is not None and not trainable.is_full:
+        from tuner.profile.trainable import apply_trainable
+
+        model = apply_trainable(model, trainable)
+        if not adapters:
+            model.to(TORCH_DTYPES[precision])
     with quiet():
         return sum(saved_bytes_by_layer(model, micro_batch, seq_len).values())

@@ -158,13 +158,14 @@ def add_adapter(model: torch.nn.Module, adapter: dict[str, Any]) -> torch.nn.Mod
     return peft_model
 
 
-def freeze_matching(model: torch.nn.Module, pattern: str) -> None:
+def freeze_matching(model: torch.nn.Module, pattern: str, strict: bool = True) -> None:
     """Freeze the parameters whose names ``pattern`` matches (``re.search``); refused when it matches none or
-    leaves nothing trainable."""
+    leaves nothing trainable (``strict=False``: a pattern matching nothing is let be, for a profile's copy that
+    keeps only some layers)."""
     regex = re.compile(pattern)
     named = list(model.named_parameters())
     matched = [param for name, param in named if regex.search(name)]
-    if not matched:
+    if not matched and strict:
         example = named[0][0] if named else "model.embed_tokens.weight"
         raise WorkloadError("freeze", f"{pattern!r} matches no parameter name (names look like {example})")
     for param in matched:
@@ -173,14 +174,15 @@ def freeze_matching(model: torch.nn.Module, pattern: str) -> None:
         raise WorkloadError("freeze", f"{pattern!r} leaves no parameter trainable")
 
 
-def apply_trainable(model: torch.nn.Module, trainable: TrainableSpec) -> torch.nn.Module:
+def apply_trainable(model: torch.nn.Module, trainable: TrainableSpec, strict: bool = True) -> torch.nn.Module:
     """The model to train: ``model`` with the adapter of ``trainable.peft`` (if any) added, then the parameters
-    matching ``trainable.freeze`` (if any) frozen. Full fine-tuning returns ``model`` itself."""
+    matching ``trainable.freeze`` (if any) frozen. Full fine-tuning returns ``model`` itself. ``strict=False``:
+    see :func:`freeze_matching`."""
     adapter = trainable.peft_config
     if adapter is not None:
         model = add_adapter(model, adapter)
     if trainable.freeze:
-        freeze_matching(model, trainable.freeze)
+        freeze_matching(model, trainable.freeze, strict)
     return model
 
 

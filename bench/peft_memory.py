@@ -1,0 +1,245 @@
+"""LoRA under DeepSpeed: the estimate against the true peak of live tensor bytes and against the model states
+DeepSpeed holds, per ZeRO stage, on 2 CPU ranks (gloo, bf16).
+
+Truth: the allocator's own records (:class:`tuner.measure.true_peak.CpuAllocatorPeak`, started before the model is
+built, over two steps) for the peak; the engine's and optimizer's live storages after the second step
+(:func:`tuner.measure.memory_probe.classify_engine_memory`: parameters + optimizer states + gradients) for the model
+states. The model is built as a measured run builds it (:func:`tuner.measure.birth.born_on_device`: under
+``zero.Init`` for ZeRO-3), then the adapter is added with the real peft library (:func:`apply_trainable`, outside
+``zero.Init``, as the HF Trainer adds it to a loaded model) and only the trainable parameters go to the optimizer
+(as the HF Trainer's optimizer takes them). A tiny LLaMA-style model and a tiny Mixtral-shaped MoE, LoRA r=8 on
+q_proj and v_proj, seq 64, micro-batch 2, DeepSpeed's default buckets and the Adam it picks on CPU.
+
+This bench has its own small launcher (one process per rank): measured runs (:mod:`tuner.measure.runner`) learn
+peft separately. ``tests/estimator/test_peft_deepspeed.py`` runs the same rank function as the slow-tier check.
+
+Run: ``python bench/peft_memory.py`` (about 2 minutes on 2 cores) writes ``bench/results/peft_memory.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+TINY_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 1024,
+    "hidden_size": 128,
+    "intermediate_size": 344,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+TINY_MIXTRAL = {
+    "model_type": "mixtral",
+    "vocab_size": 1024,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+MODELS = {"tiny-llama": TINY_LLAMA, "tiny-mixtral": TINY_MIXTRAL}
+LORA = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
+SEQ, MICRO, WORLD, STEPS = 64, 2, 2, 2
+SMALL_BUCKET = 20_000  # elements: buckets smaller than the model, so activations and states set the peak
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},  # DeepSpeed's 5e8-element buckets: on a tiny model they are the peak
+    "small_buckets": {
+        "zero_optimization": {
+            "reduce_bucket_size": SMALL_BUCKET,
+            "allgather_bucket_size": SMALL_BUCKET,
+            "stage3_prefetch_bucket_size": SMALL_BUCKET,
+        }
+    },
+}
+
+
+def workload(name: str, adapter: dict[str, Any] | None = None, freeze: str = "") -> Any:
+    """The bench's workload (with its model-as-trained profile)."""
+    from tuner.profile import model_from_config, with_profile
+    from tuner.workload import ClusterSpec, TrainableSpec, TrainSpec, Workload
+
+    cluster = ClusterSpec(gpus_per_node=WORLD, device="cpu", gpu_memory=140 * 2**30)
+    train = TrainSpec(seq_len=SEQ, micro_batch=MICRO, precision="bf16")
+    trainable = TrainableSpec.of(adapter if adapter is not None else LORA, freeze)
+    base = Workload(model_from_config(MODELS[name], name=name), cluster, train, trainable=trainable)
+    return with_profile(base, checkpointing=(False,))
+
+
+def ds_config(stage: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``dstune estimate``'s shortcut config in bf16 at ``stage``."""
+    from tuner.dsconfig import merge_configs, shortcut_config
+
+    return merge_configs(shortcut_config(MICRO, 1, "bf16", stage, "none", "none"), extra or {})
+
+
+def rank_main(rank: int, port: int, spec: dict[str, Any], out: str) -> None:
+    """One rank: build, add the adapter, initialise DeepSpeed over the trainable parameters, run ``STEPS`` steps
+    under the true-peak instrument; write the peak and the engine's held bytes to ``out``/rank<r>.json."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD)
+    )
+    import deepspeed
+    import torch
+
+    from tuner.measure.birth import born_on_device
+    from tuner.measure.memory_probe import classify_engine_memory
+    from tuner.measure.models import build_transformers_model, synthetic_batch
+    from tuner.measure.true_peak import CpuAllocatorPeak
+    from tuner.profile.trainable import apply_trainable
+    from tuner.workload import TrainableSpec, workload_from_dict
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    work = workload_from_dict(spec["workload"])
+    config = spec["ds_config"]
+    torch.manual_seed(0)
+    tracker = CpuAllocatorPeak()
+    tracker.start()
+    with born_on_device(config, "cpu", transformers=True):
+        wrapper = build_transformers_model(json.loads(work.model.hf_config), work.train.attention)
+    wrapper.model = apply_trainable(wrapper.model, TrainableSpec(**spec["trainable"]))
+    trainable = [p for p in wrapper.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(model=wrapper, model_parameters=trainable, config=config)
+    tokens, targets = synthetic_batch(work.model, MICRO, SEQ, "cpu", seed=rank)
+    for step in range(STEPS):
+        tracker.mark(f"step {step} forward")
+        loss = engine(tokens, targets)
+        tracker.mark(f"step {step} backward")
+        engine.backward(loss)
+        tracker.mark(f"step {step} step")
+        engine.step()
+    report = tracker.stop()
+    held = classify_engine_memory(engine)
+    params = list(engine.module.parameters())
+    dtypes: dict[str, int] = {}
+    for p in params:
+        tensor = p.ds_tensor if hasattr(p, "ds_tensor") else p.data
+        key = f"{'trainable' if p.requires_grad else 'frozen'}_{str(tensor.dtype).removeprefix('torch.')}"
+        dtypes[key] = dtypes.get(key, 0) + tensor.numel()
+    result = {
+        "rank": rank,
+        "true_peak_bytes": report["peak_bytes"],
+        "peak_during": report["peak_during"],
+        "held": held,
+        "param_elements": dtypes,
+        "trainable_numel": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in trainable),
+        "loss": float(loss),
+    }
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def measure(work: Any, config: dict[str, Any], timeout: float = 600) -> list[dict[str, Any]]:
+    """Both ranks' reports for one run (spawned processes; a failed rank raises with its exit code)."""
+    import torch.multiprocessing as mp
+
+    from tuner.workload import workload_to_dict
+
+    spec = {
+        "workload": workload_to_dict(work),
+        "trainable": workload_to_dict(work).get("trainable", {}),
+        "ds_config": config,
+    }
+    with tempfile.TemporaryDirectory() as out:
+        context = mp.start_processes(
+            rank_main, args=(_free_port(), spec, out), nprocs=WORLD, join=False, start_method="spawn"
+        )
+        while not context.join(timeout=timeout):
+            pass
+        return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def model_states(held: dict[str, int]) -> int:
+    """What an engine holds for the model between steps: parameters, gradients, optimizer states."""
+    return held["parameters"] + held["gradients"] + held["optimizer_states"]
+
+
+def estimated_states(est: Any) -> int:
+    """The estimate's model states between steps: the step phase without its step-only fp32 gradients."""
+    phase = est.phases["step"].gpu
+    return phase["parameters"] + phase["optimizer_states"] + est.details.get("steady_gradients", 0)
+
+
+def case_key(name: str, stage: int) -> str:
+    return f"{name}/z{stage}"
+
+
+def run_all(measured: dict[str, Any], only: str, remeasure: bool, path: Path) -> None:
+    for name in MODELS:
+        for stage in (0, 1, 2, 3):
+            key = case_key(name, stage)
+            if only not in key or (key in measured and not remeasure):
+                continue
+            ranks = measure(workload(name), ds_config(stage))
+            measured[key] = {"ranks": ranks}
+            path.write_text(json.dumps(measured, indent=1))
+            print(key, [r["true_peak_bytes"] for r in ranks], [model_states(r["held"]) for r in ranks], flush=True)
+
+
+def render(measured: dict[str, Any]) -> str:
+    """The Markdown table: per case the trainable count, model states and peak, estimated against measured."""
+    from tuner.estimator import estimate
+
+    rows = []
+    for key, data in sorted(measured.items()):
+        name, stage_text = key.split("/")
+        stage = int(stage_text[1:])
+        work = workload(name)
+        est = estimate(work, ds_config(stage))
+        ranks = data["ranks"]
+        true = max(r["true_peak_bytes"] for r in ranks)
+        held = max(model_states(r["held"]) for r in ranks)
+        states = estimated_states(est)
+        peak = est.per_gpu["total"] or 0
+        rows.append(
+            f"| {name} | {stage} | {est.trainable_params:,} | {ranks[0]['trainable_numel']:,} | "
+            f"{states / 2**20:.3f} | {held / 2**20:.3f} | {states / held - 1:+.2%} | "
+            f"{peak / 2**20:.2f} | {true / 2**20:.2f} | {peak / true - 1:+.2%} | {est.peak_phase} | "
+            f"{max(ranks, key=lambda r: r['true_peak_bytes'])['peak_during']} |"
+        )
+    header = (
+        "| model | ZeRO | trainable (est.) | trainable (peft, DeepSpeed) | model states est. MiB | held MiB | error | "
+        "peak est. MiB | true peak MiB | error | est. peak phase | true peak during |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    return header + "\n" + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=RESULTS / "peft_memory.json")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--remeasure", action="store_true")
+    parser.add_argument("--render", action="store_true")
+    args = parser.parse_args()
+    measured = json.loads(args.json.read_text()) if args.json.exists() else {}
+    if not args.render:
+        run_all(measured, args.only, args.remeasure, args.json)
+    print(render(measured))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()
