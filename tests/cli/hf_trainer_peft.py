@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -26,11 +27,11 @@ def note(notes: list[str], prefix: str) -> str:
 
 
 def main(ds_path: str, notes_path: str, preset: str, out: str) -> None:
-    ds_config = json.loads(open(ds_path).read())
-    notes = open(notes_path).read().splitlines()
+    ds_config = json.loads(Path(ds_path).read_text())
+    notes = Path(notes_path).read_text().splitlines()
     args_text, _, attention = note(notes, ARGS).partition("; load the model with attn_implementation=")
     lora = json.loads(note(notes, LORA))
-    hf = json.loads(open(preset).read())
+    hf = json.loads(Path(preset).read_text())
     config = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
     training = transformers.TrainingArguments(
         output_dir=os.path.dirname(out),
@@ -68,8 +69,7 @@ def main(ds_path: str, notes_path: str, preset: str, out: str) -> None:
             "changed": sorted(changed),
             "params": len(before),
         }
-        with open(out, "w") as sink:
-            json.dump(result, sink)
+        Path(out).write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -85,3 +85,20 @@ def test_a_parameter_may_not_take_a_fact_name(tmp_path) -> None:
     )
     with pytest.raises(SpaceError, match=r"parameters\.frozen_params: frozen_params is a workload fact"):
         load_space(path)
+
+
+def test_the_default_space_leaves_offload_out_for_a_small_lora_and_keeps_it_for_full_fine_tuning() -> None:
+    pytest.importorskip("peft")
+    from tuner.profile import model_from_config, with_profile
+    from tuner.space import default_space_path
+    from tuner.workload import TrainableSpec, TrainSpec, preset_config
+
+    model = model_from_config(preset_config("tiny-llama"), "tiny-llama")
+    full = Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=64))
+    adapter = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}
+    lora = with_profile(Workload(model, full.cluster, full.train, trainable=TrainableSpec.of(adapter)))
+    facts = workload_facts(lora)
+    assert facts["trainable_params"] == 14_336 and facts["optimizer_state_bytes"] == 12 * 14_336
+    assert facts["frozen_params"] == model.n_params  # the base; the adapter trains
+    assert offloads(default_space_path(), full)
+    assert not offloads(default_space_path(), lora)  # 168 KiB of Adam states

@@ -135,13 +135,19 @@ class ThroughputPrediction:
 
 def trainable_params(workload: Workload) -> int:
     """The parameters that train (gradients, optimizer states, their communication): all ``n_params`` for full
-    fine-tuning, else the profile's count of what the adapter and the freeze pattern leave trainable (all of them
-    while the profile does not know)."""
+    fine-tuning, else the profile's count of what the adapter and the freeze pattern leave trainable (peft's count
+    on the model as trained; all of them without a profile)."""
     model = workload.model
     if workload.trainable.is_full or workload.profile is None:
         return model.n_params
-    count = getattr(workload.profile, "trainable_params", None)
-    return model.n_params if count is None else min(int(count), model.n_params)
+    return min(workload.profile.trainable_params, all_params(workload))
+
+
+def all_params(workload: Workload) -> int:
+    """Every parameter of the model as trained: with an adapter, the base's and the adapter's (the profile's)."""
+    if workload.trainable.is_full or workload.profile is None:
+        return workload.model.n_params
+    return workload.profile.n_params
 
 
 def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
@@ -252,6 +258,7 @@ __all__ = [
     "TERMS",
     "StepTerms",
     "ThroughputPrediction",
+    "all_params",
     "predict",
     "predict_resolved",
     "step_terms",

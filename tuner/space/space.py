@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tuner.estimator.settings import OFFLOAD_OPTIMIZER_KEYS, OFFLOAD_PARAM_KEYS, ConfigError, resolve
-from tuner.estimator.throughput import trainable_params
+from tuner.estimator.throughput import all_params, trainable_params
 from tuner.space.conditions import WORKLOAD_FACTS, is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.parameters import Parameter, TrialLike, check_value
@@ -32,7 +32,7 @@ def workload_facts(workload: Workload) -> dict[str, int]:
     trained = trainable_params(workload)
     facts = {
         "trainable_params": trained,
-        "frozen_params": workload.model.n_params - trained,
+        "frozen_params": all_params(workload) - trained,
         "optimizer_state_bytes": OPTIMIZER_STATE_BYTES * trained,
     }
     assert set(facts) == set(WORKLOAD_FACTS), "every documented fact has a value"
