@@ -27,7 +27,6 @@ import tempfile
 import time
 import traceback
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import torch
 import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from tuner.measure.saved_bytes import saved_bytes
 from tuner.profile import ProfileCache, model_profile, params_profile
 from tuner.profile.hf import quiet
 from tuner.profile.tiny import decoder_only, shrunk_config
@@ -65,23 +65,7 @@ def real_saved_bytes(config: dict[str, Any]) -> int:
     torch.manual_seed(0)
     model = real_model(config, "cpu")
     model.train()
-    excluded = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
-    records: list[tuple[weakref.ref, int, int]] = []
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        records.append((weakref.ref(storage), storage._cdata, storage.nbytes()))
-        return tensor
-
-    tokens = torch.randint(0, model.config.get_text_config().vocab_size, (BATCH, SEQ))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = model(input_ids=tokens, labels=tokens).loss
-    alive: dict[int, int] = {}
-    for ref, key, nbytes in records:
-        if ref() is not None and key not in excluded:
-            alive.setdefault(key, nbytes)
-    loss.backward()
-    return sum(alive.values())
+    return saved_bytes(model, torch.randint(0, model.config.get_text_config().vocab_size, (BATCH, SEQ)))
 
 
 def classify(model_type: str, cache: ProfileCache) -> tuple[str, str, float]:

@@ -178,6 +178,8 @@ def _workload_loc(request: WorkloadRequest, field_name: str, loc: Loc) -> Loc:
         if request.config is not None:
             return (*loc, "config", *(rest.split(".") if rest else []))
         return (*loc, "params" if request.params is not None else "model")
+    if head == "peft":  # an adapter config's field: peft.r, peft.target_modules
+        return (*loc, "peft", *(rest.split(".") if rest else []))
     renamed = {"gpus-per-node": "gpus"}.get(field_name, field_name.replace("-", "_"))
     return (*loc, renamed)
 
@@ -305,7 +307,13 @@ def to_workload(
         raise FieldError((*loc, "config"), f"not a usable model config: {error}") from None
     if not 0 < model.n_params <= MAX_PARAMS:
         raise FieldError((*loc, "config" if request.config is not None else "model"), "implausible parameter count")
-    return Workload(model, cluster, train, profile=profile, trainable=trainable)
+    workload = Workload(model, cluster, train, profile=profile, trainable=trainable)
+    if trainable.is_full:
+        return workload
+    try:  # the model as trained: peft builds it on meta, here (also for the API: not the profiling service's job)
+        return with_profile(workload)
+    except WorkloadError as error:
+        raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
 
 
 __all__ = [

@@ -439,3 +439,39 @@ def test_no_input_makes_a_server_error(fuzz_app: Any) -> None:
             )
 
         answers_below_500()
+
+
+# ------------------------------------------------------------------------------------------------ peft (issue 18)
+
+TINY_LORA = {
+    "model": "tiny-llama",
+    "gpus": 2,
+    "seq_len": 64,
+    "device": "cpu",
+    "peft": {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]},
+}
+
+
+def test_estimate_with_a_peft_adapter_reports_trainable_params(client: TestClient) -> None:
+    pytest.importorskip("peft")
+    response = client.post("/v1/estimate", json={"workload": TINY_LORA, "stage": 3})
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert data["trainable_params"] == 4 * 8 * (256 + 192) < data["n_params"]
+    expected = estimate(to_workload(WorkloadRequest(**TINY_LORA)), data["ds_config"]).to_dict()
+    assert data["per_gpu"] == expected["per_gpu"]
+
+
+@pytest.mark.parametrize(
+    ("change", "loc"),
+    [
+        ({"peft": {**TINY_LORA["peft"], "r": -1}}, ["body", "workload", "peft", "r"]),
+        ({"peft": {**TINY_LORA["peft"], "target_modules": ["nope"]}}, ["body", "workload", "peft", "target_modules"]),
+        ({"freeze": "lora_"}, ["body", "workload", "freeze"]),
+    ],
+)
+def test_bad_adapter_config_is_422_naming_the_field(client: TestClient, change: dict, loc: list[str]) -> None:
+    pytest.importorskip("peft")
+    response = client.post("/v1/estimate", json={"workload": {**TINY_LORA, **change}})
+    assert response.status_code == 422, response.text
+    assert [error["loc"] for error in response.json()["detail"]] == [loc]

@@ -10,7 +10,6 @@ forward pass. The estimate is the profile's activation bytes for the workload ds
 from __future__ import annotations
 
 import json
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from tuner.cli import app  # noqa: E402
 from tuner.dsconfig import hf_attn_implementation  # noqa: E402
+from tuner.measure.saved_bytes import saved_bytes  # noqa: E402
 from tuner.profile import ProfileCache, model_profile, params_profile  # noqa: E402
 from tuner.schema import WorkloadRequest, to_workload  # noqa: E402
 from tuner.workload import WorkloadError  # noqa: E402
@@ -84,23 +84,8 @@ def real_saved_bytes(config: dict[str, Any], precision: str) -> tuple[int, str]:
         transformers.AutoConfig.for_model(config["model_type"], **values), dtype=DTYPES[precision]
     )
     model.train()
-    excluded = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
-    records: list[tuple[weakref.ref, int, int]] = []
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        records.append((weakref.ref(storage), storage._cdata, storage.nbytes()))
-        return tensor
-
     tokens = torch.randint(0, model.config.vocab_size, (BATCH, SEQ))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = model(input_ids=tokens, labels=tokens).loss
-    alive: dict[int, int] = {}
-    for ref, key, nbytes in records:
-        if ref() is not None and key not in excluded:
-            alive.setdefault(key, nbytes)
-    loss.backward()
-    return sum(alive.values()), str(model.config._attn_implementation)
+    return saved_bytes(model, tokens), str(model.config._attn_implementation)
 
 
 @pytest.mark.slow

@@ -38,6 +38,10 @@ class EstimateResponse(BaseModel):
     parameter count), per node's CPU, the fit and the phase of the peak."""
 
     n_params: int
+    trainable_params: int = Field(
+        description="Parameters that train: n_params for full fine-tuning, fewer with a peft adapter or --freeze "
+        "(n_params then counts the model as trained: frozen base, adapters, modules_to_save copies)."
+    )
     architecture: str = Field("", description="transformers' class (MixtralForCausalLM), or the model family.")
     activations_source: str = Field("none", description="trace (the model's traced profile), formula, or none.")
     world_size: int

@@ -58,7 +58,11 @@ def estimate_command(flags: WorkloadFlags, as_json: JsonOpt = False) -> None:
     else:
         spec = workload.model
         architecture = f" ({est.architecture})" if est.architecture and est.architecture != "params" else ""
-        render(est, f"{spec.name}{architecture}: {spec.n_params:,} parameters, {workload.cluster.world_size} GPU(s)")
+        trains = f" ({est.trainable_params:,} trainable)" if est.trainable_params is not None else ""
+        render(
+            est,
+            f"{spec.name}{architecture}: {est.n_params:,} parameters{trains}, {workload.cluster.world_size} GPU(s)",
+        )
         typer.echo(
             f"predicted: {throughput['tokens_per_s']:,.0f} tokens/s, {throughput['step_time_s']:.3g} s per step "
             f"({throughput['bound']}-bound; {throughput['hardware']} table constants, not fitted to runs)"

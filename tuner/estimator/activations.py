@@ -71,18 +71,23 @@ def logits_workspace_bytes(model: ModelSpec, batch: int, seq: int, elem: int) ->
 
 
 def workload_activation_bytes(
-    workload: Workload, micro_batch: int, precision: str, elem: int
+    workload: Workload, micro_batch: int, precision: str, elem: int, adapters: str = ""
 ) -> tuple[int, int, str] | None:
     """(saved bytes after forward, extra bytes while one block recomputes, source) for ``workload`` at
-    ``micro_batch``; source ``trace`` (the profile) or ``formula``; None when unknown."""
+    ``micro_batch``; source ``trace`` (the profile) or ``formula``; None when unknown. ``adapters``: the dtype a
+    peft model's adapters run in (``fp32`` under ZeRO-3; the trace with them cast when it was not traced)."""
     model, train = workload.model, workload.train
     if model.is_bare:
         return None
     profile = workload.profile
     if profile is not None and model.implementation == "transformers":
         found = profile.activation_bytes(
-            train.seq_len, precision, train.attention, train.activation_checkpointing, micro_batch
+            train.seq_len, precision, train.attention, train.activation_checkpointing, micro_batch, adapters
         )
+        if found is None and adapters:
+            found = profile.activation_bytes(
+                train.seq_len, precision, train.attention, train.activation_checkpointing, micro_batch
+            )
         if found is not None:
             return found[0], found[1], "trace"
     if model.implementation == "builtin" or model.family in SUPPORTED_FAMILIES:

@@ -32,6 +32,13 @@ peak; its defaults are calibrated from measured runs later.
 Host buffers DeepSpeed pins cost their size rounded up to a power of two on CUDA hosts (:mod:`.pinned`);
 ``cpu_per_node["pinned"]`` reports the page-locked bytes, which are part of the node's total, not added to it.
 
+With a peft adapter or frozen parameters (``Workload.trainable``) the model is the model as trained (its profile
+counts the peft model's parameters and which train): gradients, fp32 masters, optimizer states, flat groups and
+reduce traffic cover the trainable parameters only; frozen weights are replicated in the training dtype at ZeRO 0-2
+and partitioned at ZeRO-3, where peft's fp32 adapters stay fp32 (:mod:`.trainable`, measured with
+``bench/peft_memory.py``). Backward's worst moments then come before the weight gradients
+(:func:`_add_frozen_backward`).
+
 Activations come from the workload's model profile when it carries one (traced from the real transformers model,
 :mod:`tuner.profile`; plain data here, no torch), else from the built-in models' formulas
 (:mod:`tuner.estimator.activations`).
@@ -52,6 +59,7 @@ from tuner.estimator.partitions import flat_partition, round_robin_order, stage3
 from tuner.estimator.phases import CATEGORIES, Phase
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.settings import Settings, resolve
+from tuner.estimator.trainable import stage3_bytes, trained_params
 from tuner.estimator.transients import (
     bucket_chunks,
     flat_reduce_copy,
@@ -119,6 +127,7 @@ class MemoryEstimate:
     architecture: str = ""
     activations_source: str = "none"
     overhead_terms: dict[str, int] = field(default_factory=dict)
+    trainable_params: int | None = None  # None: every parameter trains (n_params)
 
     @property
     def gpu_total(self) -> int:
@@ -157,6 +166,7 @@ class MemoryEstimate:
         """The ``dstune estimate --json`` object (DESIGN.md contract), plus phases and details."""
         return {
             "n_params": self.n_params,
+            "trainable_params": self.n_params if self.trainable_params is None else self.trainable_params,
             "architecture": self.architecture,
             "activations_source": self.activations_source,
             "world_size": self.world_size,
@@ -203,7 +213,13 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     nvme = states(workload, s, phases, details, pins)
     gathered = _add_save_phase(workload, s, phases, details) if saving else 0
 
-    activations = workload_activation_bytes(workload, s.micro_batch, s.precision, elem)
+    params = trained_params(workload)
+    if not params.is_full:
+        details["trainable_elements"] = params.n_trainable
+        details["frozen_elements"] = params.n_frozen
+    # ZeRO-3 keeps peft's fp32 adapters (the engine casts them at stages 0-2): activations traced so
+    adapters = "fp32" if s.stage == 3 and params.fp32 else ""
+    activations = workload_activation_bytes(workload, s.micro_batch, s.precision, elem, adapters)
     known = activations is not None
     if activations is not None:
         saved, recompute, source = activations
@@ -221,7 +237,10 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         phases["forward"].gpu["activations"] += saved
         phases["forward"].gpu["buffers"] += workspace
         phases["backward"].gpu["activations"] += recompute
-        _add_early_backward(workload, s, phases, details, saved)
+        if params.is_full:
+            _add_early_backward(workload, s, phases, details, saved)
+        else:
+            _add_frozen_backward(workload, s, phases, details, saved)
     else:
         source = "none"
 
@@ -259,7 +278,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         details["pinned_host"] = pins.pinned
         details["pinned_rounding"] = pins.rounding
     return MemoryEstimate(
-        n_params=model.n_params,
+        n_params=params.n_params,
         world_size=s.world_size,
         phases=phases,
         peak_phase=peak_phase,
@@ -273,6 +292,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         architecture=model.architecture or model.family,
         activations_source=source,
         overhead_terms=terms,
+        trainable_params=None if params.is_full else params.n_trainable,
     )
 
 
@@ -350,28 +370,30 @@ def _flat_states(
     """
     model, elem = workload.model, s.param_bytes
     mixed = s.precision != "fp32"
+    params = trained_params(workload)  # frozen parameters: no gradients, masters or optimizer states
+    frozen = elem * params.n_frozen  # whole on every rank, in the training dtype, outside the flat groups
     if s.stage == 0:
-        n = model.n_params
-        _add(phases, "gpu", "parameters", elem * n)
+        n = params.n_trainable
+        _add(phases, "gpu", "parameters", elem * n + frozen)
         _add(phases, "gpu", "optimizer_states", (FP32 * n if mixed else 0) + ADAM_STATE_BYTES * n)
         _add(phases, "gpu", "gradients", elem * n, ("backward", "step"))
         if mixed:  # FP16_Optimizer builds fp32 gradients beside the 16-bit ones for the step
             _add(phases, "gpu", "gradients", FP32 * n, ("step",))
-        _add_transient(phases, details, "allreduce_copy", "backward", zero0_allreduce_copy(model.param_numels, elem))
-        largest = n if mixed else model.largest_param
+        _add_transient(phases, details, "allreduce_copy", "backward", zero0_allreduce_copy(params.trainable, elem))
+        largest = n if mixed else params.largest_trainable
         step = optimizer_temporaries(s.optimizer_impl, largest, n)
         if mixed:  # FP16_Optimizer.step: every p.grad.to(fp32) alive in a list while they are concatenated
             step = max(step, FP32 * n)
         _add_transient(phases, details, "step_temporaries", "step", step)
         return 0
-    numels = model.param_numels
+    numels = params.trainable
     if s.round_robin_gradients and s.world_size > 1:
         numels = round_robin_order(numels, s.world_size)
     flat = flat_partition(numels, s.world_size)
     part = flat.partition
     worst_grads = part if model.is_bare else flat.worst_rank_grads
     details["partition_elements"] = part
-    _add(phases, "gpu", "parameters", elem * flat.padded_total)
+    _add(phases, "gpu", "parameters", elem * flat.padded_total + frozen)
     states = (FP32 + ADAM_STATE_BYTES) * part
     bucket_phases: tuple[str, ...] = ("backward",)
     offload = s.offload_optimizer != "none"
@@ -385,7 +407,7 @@ def _flat_states(
     details["reduce_buckets"] = bucket
     _add(phases, "gpu", "buffers", bucket, bucket_phases)
     if s.stage == 1:  # ZeRO-1 reduces after backward: every 16-bit gradient is alive first, offloaded or not
-        _add(phases, "gpu", "gradients", elem * model.n_params, ("backward",))
+        _add(phases, "gpu", "gradients", elem * params.n_trainable, ("backward",))
     if s.offload_optimizer == "none":
         _add(phases, "gpu", "optimizer_states", states)
         if s.stage == 2:  # ZeRO-2 reduces as gradients arrive, into this rank's partition
@@ -398,7 +420,7 @@ def _flat_states(
             phases, details, "optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, part, part)
         )
         return 0
-    largest = model.largest_param
+    largest = params.largest_trainable
     pin = s.offload_optimizer_pin
     master = pins.size(FP32 * part, pin)  # the fp32 master partition; Adam's moments are pageable
     _add(phases, "cpu", "optimizer_states", master + ADAM_STATE_BYTES * part)
@@ -436,6 +458,30 @@ def _reduce_copy(workload: Workload, s: Settings, numels: tuple[int, ...], parti
     return max(0, partition_grads - elem * chunks[0]) if len(chunks) > 1 else 0
 
 
+def _add_frozen_backward(
+    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], saved: int
+) -> None:
+    """Backward's worst moments when few parameters train (measured, ``bench/peft_memory.py``): their gradients
+    are too small to matter, so the peak comes before them.
+
+    * The loss's backward, before any gradient reaches a weight: beside every saved activation and the logits
+      workspace, one more logits-sized tensor in the training dtype (``e·b·s·V``, the gradient of the logits on
+      its way back through the LM head: ``details["loss_backward"]``), counted in the forward phase.
+    * The first trainable gradient arrives in the last layer's backward, when ZeRO 1-3 allocate their reduce
+      bucket: the saved activations of every other layer are still alive (``(L-1)/L`` of them:
+      ``details["early_backward_activations"]``), counted in the backward phase beside the bucket.
+    """
+    model, train, elem = workload.model, workload.train, s.param_bytes
+    head = elem * s.micro_batch * train.seq_len * model.vocab_size
+    details["loss_backward"] = head
+    phases["forward"].gpu["buffers"] += head
+    layers = max(1, model.num_layers)
+    if s.stage and s.offload_optimizer == "none":
+        alive = saved * (layers - 1) // layers
+        details["early_backward_activations"] = alive
+        phases["backward"].gpu["activations"] += alive
+
+
 def _add_early_backward(
     workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], saved: int
 ) -> None:
@@ -450,10 +496,12 @@ def _add_early_backward(
     model, elem = workload.model, s.param_bytes
     if model.is_bare or s.stage not in (2, 3) or s.offload_optimizer != "none" or not s.reduce_scatter:
         return
-    chunks = bucket_chunks(model.param_numels, s.reduce_bucket_size)
-    if len(chunks) < 2 or not model.n_params:
+    params = trained_params(workload)  # gradients arrive for the trainable parameters only
+    chunks = bucket_chunks(params.trainable, s.reduce_bucket_size)
+    total = params.n_trainable
+    if len(chunks) < 2 or not total:
         return
-    alive = saved * (model.n_params - chunks[0]) // model.n_params
+    alive = saved * (total - chunks[0]) // total
     first = elem * chunks[0]
     if s.stage == 2:  # the partition (already in the phase) is allocated right after the first bucket's reduction
         partition = phases["backward"].gpu["gradients"]
@@ -471,24 +519,30 @@ def _stage3_states(
 ) -> int:
     """Model states and buffers of ZeRO stage 3; returns NVMe bytes per rank."""
     model, elem = workload.model, s.param_bytes
-    part = stage3_partition(
-        model.param_numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold
-    )
+    params = trained_params(workload)
+    part = stage3_partition(params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold)
     shard, persistent = part.shard, part.persistent
     details["partition_elements"] = shard
     details["persistent_elements"] = persistent
+    shard_bytes, upcast = elem * shard, 0  # frozen parameters are partitioned like the rest
+    if not params.is_full:  # peft's fp32 adapters stay fp32; only the trainable shard has gradients and states
+        held = stage3_bytes(params, s.world_size, elem, s.param_persistence_threshold, s.model_persistence_threshold)
+        shard_bytes, upcast = held.shard_bytes, held.persistent_bytes - elem * persistent
+        shard = held.trainable_shard
+        details["trainable_partition_elements"] = shard
     nvme = 0
     if s.offload_param == "nvme":
-        nvme += elem * shard
+        nvme += shard_bytes
         _add(phases, "cpu", "buffers", pins.locked(s.offload_param_buffer_count * s.offload_param_buffer_size * elem))
     elif s.offload_param == "cpu":  # one flat buffer, pinned whatever offload_param.pin_memory says
-        _add(phases, "cpu", "parameters", pins.size(elem * shard, True))
+        _add(phases, "cpu", "parameters", pins.size(shard_bytes, True))
     else:
-        _add(phases, "gpu", "parameters", elem * shard)
+        _add(phases, "gpu", "parameters", shard_bytes)
     if s.world_size > 1 and not model.is_bare:
         _add_stage3_gathered(
-            model.n_params, part.largest, persistent, elem, s, phases, details, routed_experts(model.hf_config)
+            params.n_params, part.largest, persistent, elem, s, phases, details, routed_experts(model.hf_config)
         )
+        _add(phases, "gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
     bucket = s.reduce_bucket_size * elem if s.contiguous_gradients else 0
     details["reduce_buckets"] = bucket
     _add(phases, "gpu", "buffers", bucket)
@@ -498,7 +552,7 @@ def _stage3_states(
             details,
             "reduce_copy",
             "backward",
-            stage3_reduce_copy(model.param_numels, s, elem, workload.cluster.device == "cpu"),
+            stage3_reduce_copy(params.trainable, s, elem, workload.cluster.device == "cpu"),
         )
 
     states = (FP32 + ADAM_STATE_BYTES) * shard

@@ -127,6 +127,17 @@ PICKED = ("num_experts_per_tok", "moe_topk", "num_selected_experts", "top_k", "m
 POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
 HEAD_DIM = ("head_dim", "rotary_dim", "rope_dim", "kv_channels", "head_size", "d_head")  # parts of names
 FIXED = {"kv_lora_rank": 32, "q_lora_rank": 32, "vocab_size": 512}
+# the most each kind of dimension keeps (the name groups above do not overlap); layers: as asked
+CAPS: dict[str, int] = {
+    **dict.fromkeys(HIDDEN, 64),
+    **dict.fromkeys(WIDTH, 128),
+    **dict.fromkeys(MOE_WIDTH, 32),
+    **dict.fromkeys(HEADS, 4),
+    **dict.fromkeys(EXPERTS, 4),
+    **dict.fromkeys(PICKED, 2),
+    **dict.fromkeys(POSITIONS, 512),
+    **FIXED,
+}
 
 
 def _shrunk(values: dict[str, Any], layers: int) -> dict[str, Any]:
@@ -137,31 +148,16 @@ def _shrunk(values: dict[str, Any], layers: int) -> dict[str, Any]:
     hidden = next((values[k] for k in HIDDEN if isinstance(values.get(k), int)), None)
     head_dim = values.get("head_dim") if isinstance(values.get("head_dim"), int) else None
     head_dim = head_dim or (hidden // heads if hidden and heads else 64)
+    caps = {**CAPS, **dict.fromkeys(LAYERS, layers)}
     for key, value in values.items():
         if isinstance(value, dict) and "model_type" in value:
             out[key] = _shrunk(value, 2)
         if not isinstance(value, int) or isinstance(value, bool):
             continue
-        if key in LAYERS:
-            out[key] = min(value, layers)
-        elif key in HIDDEN:
-            out[key] = min(value, 64)
-        elif key in WIDTH:
-            out[key] = min(value, 128)
-        elif key in MOE_WIDTH:
-            out[key] = min(value, 32)
-        elif key in HEADS:
-            out[key] = min(value, 4)
+        if key in caps:
+            out[key] = min(value, caps[key])
         elif key in KV_HEADS:
             out[key] = 1 if value == 1 else (2 if heads and value < heads else min(value, 4))
-        elif key in EXPERTS:
-            out[key] = min(value, 4)
-        elif key in PICKED:
-            out[key] = min(value, 2)
-        elif key in POSITIONS:
-            out[key] = min(value, 512)
-        elif key in FIXED:
-            out[key] = min(value, FIXED[key])
         elif any(part in key for part in HEAD_DIM):  # head dimensions shrink together (rotary parts stay parts)
             out[key] = max(2, value * 16 // head_dim) if value * 16 % head_dim == 0 else min(value, 16)
         elif key.endswith("token_id") and value >= 512:
