@@ -51,6 +51,7 @@ from tuner.estimator.flops import (
 )
 from tuner.estimator.hardware import Hardware, hardware_for, table_key
 from tuner.estimator.settings import Settings, resolve
+from tuner.estimator.trainable import trained_params
 from tuner.workload import Workload
 
 TERMS = ("compute", "launch", "bandwidth", "latency", "memory")
@@ -135,19 +136,18 @@ class ThroughputPrediction:
 
 def trainable_params(workload: Workload) -> int:
     """The parameters that train (gradients, optimizer states, their communication): all ``n_params`` for full
-    fine-tuning, else the profile's count of what the adapter and the freeze pattern leave trainable (peft's count
-    on the model as trained; all of them without a profile)."""
-    model = workload.model
-    if workload.trainable.is_full or workload.profile is None:
-        return model.n_params
-    return min(workload.profile.trainable_params, all_params(workload))
+    fine-tuning, else what the adapter and the freeze pattern leave trainable in the profile of the model as trained
+    (:func:`tuner.estimator.trainable.trained_params`: peft's count)."""
+    if workload.trainable.is_full:
+        return workload.model.n_params
+    return trained_params(workload).n_trainable
 
 
 def all_params(workload: Workload) -> int:
-    """Every parameter of the model as trained: with an adapter, the base's and the adapter's (the profile's)."""
-    if workload.trainable.is_full or workload.profile is None:
+    """Every parameter of the model as trained: with an adapter, the base's and the adapter's."""
+    if workload.trainable.is_full:
         return workload.model.n_params
-    return workload.profile.n_params
+    return trained_params(workload).n_params
 
 
 def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
@@ -159,7 +159,8 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     ZeRO-1/2, so they are neither reduced nor gathered there)."""
     model, train = workload.model, workload.train
     world, nodes = s.world_size, workload.cluster.nodes
-    psi, elem, accum = model.n_params, s.param_bytes, s.grad_accum
+    psi, elem, accum = all_params(workload), s.param_bytes, s.grad_accum
+    numels = model.param_numels if workload.trainable.is_full else trained_params(workload).numels
     trained = trainable_params(workload)
     checkpointed = train.activation_checkpointing and not model.is_bare
     redo = RECOMPUTE if checkpointed else 1.0
@@ -173,7 +174,7 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
 
     link = hw.inter_bw if nodes > 1 else hw.intra_bw
     ring = (world - 1) / world
-    tensors = len(model.param_numels)
+    tensors = len(numels)
     partition = psi if s.stage == 0 else math.ceil(psi / world)
     trained_partition = trained if s.stage == 0 else math.ceil(trained / world)
     reduce_calls = math.ceil(trained / s.reduce_bucket_size)
@@ -191,7 +192,7 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
         memory += accum * elem * trained / hw.memory_bw  # gradients copied into the reduce buckets
     else:
         passes = 2 + (1 if train.activation_checkpointing else 0)
-        persistent = sum(n for n in model.param_numels if n <= s.param_persistence_threshold) if world > 1 else 0
+        persistent = sum(n for n in numels if n <= s.param_persistence_threshold) if world > 1 else 0
         per_micro_bytes = ring * elem * (passes * (psi - persistent) + trained)
         per_micro_calls = passes * tensors + reduce_calls
         if s.offload_param != "none":
