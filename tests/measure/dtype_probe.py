@@ -7,10 +7,12 @@ import json
 import os
 
 import deepspeed
+import torch
 
-from tuner.measure.birth import born_on_device
+from tuner.measure.birth import born_on_device, initialise_partitioned
 from tuner.measure.launcher import free_port
-from tuner.measure.models import build_model
+from tuner.measure.models import build_model, build_transformers_model
+from tuner.profile.tiny import TINY_CONFIGS
 from tuner.workload import load_model
 
 
@@ -31,6 +33,18 @@ def main() -> None:
             "devices": sorted({t.device.type for t in held}),
             "partitioned": all(hasattr(p, "ds_tensor") for p in model.parameters()),
         }
+    # transformers' MoE experts and router are torch.empty until _init_weights, which ZeRO-3's empty partitions skip
+    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}
+    with born_on_device(config, "cpu", transformers=True):
+        moe = build_transformers_model(TINY_CONFIGS["mixtral"])
+    initialise_partitioned(moe)
+    unset = []
+    for name, param in moe.named_parameters():
+        with deepspeed.zero.GatheredParameters([param]):
+            values = param.data.float()
+            if not bool(torch.isfinite(values).all()) or float(values.abs().max()) > 100:
+                unset.append(name)
+    found["3-bf16-moe-uninitialised"] = unset
     print(json.dumps(found))
 
 

@@ -38,6 +38,7 @@ def test_parameters_are_born_in_the_training_dtype_and_sharded_under_zero3() -> 
     assert found["2-fp32"]["dtypes"] == ["torch.float32"]
     assert found["3-bf16"] == {"dtypes": ["torch.bfloat16"], "devices": ["cpu"], "partitioned": True}
     assert found["3-fp32"]["dtypes"] == ["torch.float32"]  # DeepSpeed would make an explicit fp32 dtype bf16 here
+    assert found["3-bf16-moe-uninitialised"] == []  # measured before the fix: NaN experts, 3e38 router weights
 
 
 def zero3_run(world: int) -> RunSpec:

@@ -106,8 +106,8 @@ def test_bad_trainable_specs_name_the_field(adapter: dict[str, Any] | None, free
 def test_profile_of_the_model_as_trained(tmp_path: Any, adapters: str) -> None:
     """The peft model's parameter facts match peft's counts, and its traced activations the real peft model's
     saved bytes (adapters cast to bf16 as ZeRO 0-2 do, or kept fp32 as under ZeRO-3)."""
+    from tuner.measure.saved_bytes import saved_bytes
     from tuner.profile import ProfileCache, model_profile, params_profile
-    from tuner.profile.trace import measured_saved_bytes
 
     config, cache = preset_config("tiny-llama"), ProfileCache(tmp_path)
     spec = TrainableSpec.of({**LORA, "modules_to_save": ["lm_head"]})
@@ -122,5 +122,10 @@ def test_profile_of_the_model_as_trained(tmp_path: Any, adapters: str) -> None:
     assert profile.frozen_elements_by_dtype == {"bf16": base.n_params}
     assert profile.largest_frozen_numel == profile.largest_trainable_numel == 1024 * 128
     assert base.trainable == () and params_profile(config, cache) == base  # the full model's entry is untouched
-    real = measured_saved_bytes(config, 2, 64, "bf16", profile.attention, False, spec, adapters)
+    torch.manual_seed(0)
+    real_model = apply_trainable(build(config, dtype=torch.bfloat16), spec)  # real tensors, as trained
+    if not adapters:  # DeepSpeed's engine casts every parameter at ZeRO 0-2
+        real_model.to(torch.bfloat16)
+    real_model.train()
+    real = saved_bytes(real_model, torch.randint(0, 1024, (2, 64)))  # the independent instrument
     assert profile.activation_bytes(64, "bf16", profile.attention, False, 2, adapters) == (real, 0)

@@ -14,8 +14,11 @@ and DeepSpeed then cast, moved and partitioned it. Now no path holds a full fp32
   re-initialised by hand; the default-device build is what PyTorch documents for constructing on a device.)
 
 A transformers model under ZeRO-3 is built inside the same ``zero.Init`` (transformers' own route,
-``HfDeepSpeedConfig``, needs ``accelerate``, which dstune does not install); its ``_init_weights`` then sees empty
-partitions and leaves the module's own initialisation in place, which is all a measured run needs.
+``HfDeepSpeedConfig``, needs ``accelerate``, which dstune does not install). Its ``_init_weights`` then sees empty
+partitions, so parameters that only ``_init_weights`` initialises keep whatever the allocator left: the fused
+experts and router of Mixtral-style MoE layers are ``torch.empty`` until then, and trained NaN from the first step
+(every step skipped, so the run measured a model that never stepped). :func:`initialise_partitioned` runs the model's
+own ``_init_weights`` again, one module at a time with its parameters gathered.
 """
 
 from __future__ import annotations
@@ -96,3 +99,30 @@ def born_on_device(ds_config: dict[str, Any], device: str, transformers: bool = 
             stack.enter_context(target)
         stack.enter_context(default_dtype(dtype))
         yield
+
+
+def initialise_partitioned(model: Any) -> None:
+    """Run a transformers model's ``_init_weights`` (of ``model`` or its first module that has one) on every module,
+    its own parameters gathered (ZeRO-3), so parameters only ``_init_weights`` initialises (``torch.empty`` experts)
+    hold real values on every rank.
+
+    One module's parameters are whole at a time (rank 0 initialises, DeepSpeed broadcasts on release), as when the
+    model was born; a model without ``_init_weights`` (dstune's built-in one initialises in ``__init__``) is left
+    alone.
+    """
+    import deepspeed
+    import torch
+
+    owner = next((module for module in model.modules() if hasattr(module, "_init_weights")), None)
+    if owner is None or not any(hasattr(param, "ds_id") for param in owner.parameters()):  # not born under ZeRO-3
+        return
+    init = owner._init_weights
+    for module in owner.modules():
+        params = list(module.parameters(recurse=False))
+        if not params:
+            continue
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
+            for param in params:  # transformers skips what it marked initialised while the partitions were empty
+                if hasattr(param, "_is_hf_initialized"):
+                    param._is_hf_initialized = False
+            init(module)

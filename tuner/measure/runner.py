@@ -373,7 +373,7 @@ class TrainingProcess:
     def _born_model(self, workload: Any) -> Any:
         """Build the model sharded (ZeRO-3) or on the device in the training dtype (``tuner.measure.birth``),
         recording the resident bytes it added on the host, then make its trainable part (:meth:`_trained_model`)."""
-        from tuner.measure.birth import born_on_device, rss_bytes
+        from tuner.measure.birth import born_on_device, initialise_partitioned, rss_bytes
 
         rss = self.result.rss_bytes
         rss["before_model"] = rss_bytes()
@@ -383,6 +383,7 @@ class TrainingProcess:
             raise ValueError(f"{field}: needs the transformers model (model_impl transformers), not the built-in one")
         with born_on_device(self.spec.ds_config, self.spec.device, transformers):
             model = self._build_model(workload)
+        initialise_partitioned(model)  # the base model's weights, before the adapter is added (lora_B stays zero)
         model = self._trained_model(model, workload.trainable)
         rss["after_model"] = rss_bytes()
         return model

@@ -411,28 +411,14 @@ def trace_activations(
 
 
 def measured_saved_bytes(
-    config: dict[str, Any],
-    micro_batch: int,
-    seq_len: int,
-    precision: str,
-    attention: str | None,
-    checkpointing: bool,
-    trainable: TrainableSpec | None = None,
-    adapters: str = "",
+    config: dict[str, Any], micro_batch: int, seq_len: int, precision: str, attention: str | None, checkpointing: bool
 ) -> int:
     """Bytes the whole model really saves in one forward pass on CPU (real tensors, random weights): the reference
-    the traced profile is checked against. ``trainable``, ``adapters``: the real peft model (adapters cast to the
-    training dtype, or kept fp32), as :func:`build_copy` describes it."""
+    the traced profile is checked against."""
     torch.manual_seed(0)
     with quiet():
         model = build(config, attention=attention, dtype=TORCH_DTYPES[precision])
     if checkpointing:
         enable_checkpointing(model)
-    if trainable is not None and not trainable.is_full:
-        from tuner.profile.trainable import apply_trainable
-
-        model = apply_trainable(model, trainable)
-        if not adapters:
-            model.to(TORCH_DTYPES[precision])
     with quiet():
         return sum(saved_bytes_by_layer(model, micro_batch, seq_len).values())
