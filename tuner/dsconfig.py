@@ -5,8 +5,10 @@ Pure Python at import time: :func:`validate_with_deepspeed` imports DeepSpeed on
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +141,10 @@ def validate_with_deepspeed(config: dict[str, Any], world_size: int) -> None:
         ImportError: DeepSpeed is not installed.
     """
     import pydantic
-    from deepspeed.runtime.config import DeepSpeedConfig
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's logger writes to the stdout it finds at import
+        from deepspeed.runtime.config import DeepSpeedConfig
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     zero = config.get("zero_optimization", {})
     if not isinstance(zero, dict):
