@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,19 @@ def test_module_does_not_import_deepspeed() -> None:
     code = "import sys, tuner.dsconfig, tuner.cli; print('deepspeed' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert done.stdout.strip() == "False"
+
+
+def test_validating_with_deepspeed_writes_nothing_to_stdout() -> None:
+    """``dstune best > ds_config.json`` must hold JSON alone: DeepSpeed's logger writes to the stdout it finds when
+    first imported (its accelerator warning, without DS_ACCELERATOR set)."""
+    code = (
+        "from tuner.dsconfig import validate_with_deepspeed; "
+        "validate_with_deepspeed({'train_micro_batch_size_per_gpu': 1, 'zero_optimization': {'stage': 2}}, 2); "
+        "from deepspeed.utils.logging import logger; logger.warning('a later warning')"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == ""
+    assert "a later warning" in done.stderr

@@ -5,13 +5,16 @@ Pure Python at import time: :func:`validate_with_deepspeed` imports DeepSpeed on
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from tuner.estimator.settings import ENV_SECTION, ConfigError, expandable_segments
 from tuner.trial import TrialConfig
+from tuner.workload import TrainableSpec
 
 PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
 DEFAULT_LR = 1e-4
@@ -139,8 +142,10 @@ def validate_with_deepspeed(config: dict[str, Any], world_size: int) -> None:
         ImportError: DeepSpeed is not installed.
     """
     import pydantic
-    from deepspeed.runtime.config import DeepSpeedConfig
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's logger writes to the stdout it finds at import
+        from deepspeed.runtime.config import DeepSpeedConfig
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     zero = config.get("zero_optimization", {})
     if not isinstance(zero, dict):
@@ -246,12 +251,47 @@ def deepspeed_part(ds_config: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in ds_config.items() if key != ENV_SECTION}
 
 
+# adapter_config.json fields that describe a saved adapter, not the one to create (LoraConfig's bookkeeping)
+SAVED_ADAPTER_FIELDS = ("base_model_name_or_path", "revision", "peft_version", "auto_mapping", "inference_mode")
+
+
+def lora_config_fields(adapter: dict[str, Any]) -> dict[str, Any]:
+    """The ``peft.LoraConfig(**fields)`` of a workload's adapter config, for training a causal LM: its own fields
+    without a saved adapter's bookkeeping, ``task_type`` CAUSAL_LM.
+
+    Example:
+        >>> lora_config_fields({"r": 8, "target_modules": ["q_proj"], "base_model_name_or_path": "x"})
+        {'r': 8, 'target_modules': ['q_proj'], 'task_type': 'CAUSAL_LM'}
+    """
+    fields = {key: value for key, value in adapter.items() if key not in (*SAVED_ADAPTER_FIELDS, "peft_type")}
+    return {**fields, "task_type": "CAUSAL_LM"}
+
+
+def trainable_notes(trainable: TrainableSpec) -> list[str]:
+    """What must go with an exported config when not every parameter trained: the peft ``LoraConfig`` (one JSON
+    object) to wrap the model with before the Trainer gets it, and the freeze pattern."""
+    notes = []
+    adapter = trainable.peft_config
+    if adapter is not None:
+        notes.append(
+            "peft LoraConfig to wrap the model with (peft.get_peft_model) before the Trainer: "
+            + json.dumps(lora_config_fields(adapter))
+        )
+    if trainable.freeze:
+        notes.append(f"freeze the parameters whose names match {json.dumps(trainable.freeze)} (requires_grad False)")
+    return notes
+
+
 def export_config(
-    trial: TrialConfig, format: str = "deepspeed", attention: str | None = None
+    trial: TrialConfig,
+    format: str = "deepspeed",
+    attention: str | None = None,
+    trainable: TrainableSpec | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """What ``dstune best`` writes for a trial: the config DeepSpeed gets (``format="hf"``: the Trainer's variant)
     and the notes that go with it (the TrainingArguments and, given the workload's ``attention``, the
-    ``attn_implementation`` to load the model with; the allocator setting the run was measured with).
+    ``attn_implementation`` to load the model with; given its ``trainable`` part, the peft ``LoraConfig`` and the
+    freeze pattern; the allocator setting the run was measured with).
 
     Example:
         >>> trial = TrialConfig({"train_micro_batch_size_per_gpu": 2, "dstune": {"expandable_segments": True}})
@@ -267,6 +307,8 @@ def export_config(
         if attention is not None:
             note += f'; load the model with attn_implementation="{hf_attn_implementation(attention)}"'
         notes.append(note)
+    if trainable is not None:
+        notes.extend(trainable_notes(trainable))
     if expandable_segments(trial.ds_config):
         notes.append("run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     return config, notes

@@ -287,6 +287,11 @@ def to_workload(
             seq_len=request.seq_len, precision=request.precision, attention=request.attention or DEFAULT_ATTENTION
         )
         trainable = TrainableSpec.of(request.peft, request.freeze)
+        if not trainable.is_full and request.model_impl == "builtin":
+            raise WorkloadError(
+                "peft" if request.peft is not None else "freeze",
+                "needs the transformers model (model_impl transformers), not the built-in one",
+            )
         profile = None
         if request.params is not None:
             model = model_from_param_count(float(request.params))

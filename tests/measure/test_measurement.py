@@ -60,3 +60,13 @@ def test_a_stopped_rank_counts_as_ok_and_the_split_takes_the_slowest_rank() -> N
     assert measurement.breakdown == {"forward_s": 0.5}
     measurement.set_wall(10.0)
     assert measurement.cost == {"wall_s": 10.0, "overhead_s": 10.0, "other_s": 10.0}
+
+
+def test_model_flops_count_weight_gradients_of_the_parameters_that_trained() -> None:
+    spec = load_builtin_model("tiny-gpt2")
+    ranks = [RankResult(rank=r, status="ok", step_times=[1.0], trainable_params=1000) for r in range(2)]
+    lora = aggregate(ranks, spec, seq_len=64, samples_per_step=8, world_size=2)
+    full = aggregate([RankResult(rank=r, status="ok", step_times=[1.0]) for r in range(2)], spec, 64, 8, 2)
+    assert full.tflops_per_device == pytest.approx(model_flops_per_token(spec, 64) * 8 * 64 / 2 / 1e12)
+    assert lora.tflops_per_device == pytest.approx(model_flops_per_token(spec, 64, 1000) * 8 * 64 / 2 / 1e12)
+    assert lora.tflops_per_device < full.tflops_per_device

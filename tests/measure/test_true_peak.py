@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("deepspeed")
@@ -61,3 +63,47 @@ def test_true_peak_covers_the_snapshots_and_the_estimate_matches_it(stage: int) 
     # to the tolerance and no rank may read far below the estimate.
     assert min(abs(predicted / peak - 1) for peak in peaks) < TOLERANCE[stage], (predicted, peaks)
     assert predicted <= max(peaks) * (1 + TOLERANCE[stage]), (predicted, peaks)
+
+
+# A Mixtral-shaped MoE of 17M parameters with a small vocabulary (its largest parameter, an expert stack, is 2.4M
+# elements: the gloo all-gather timing that moves a rank's peak by about one largest parameter stays near 1.5 %),
+# one reduce bucket for the whole model as with DeepSpeed's default buckets on the bench's 100M+ models. The
+# estimate peaks in backward; on this small model the worst rank's true peak falls in the (probed) forward, which
+# held the whole model gathered twice over (all-gather buffers and their ``aten::cat``), which the estimate's forward
+# phase does not: a known gap, its total still within 3 % (-1.8, -0.4, -0.9 % over three runs). With a bucket of
+# twice the model the peak moved, run to run, to the step too (fp32 gradients ``aten::_to_copy`` beside a flattened
+# 16-bit partition ``flatten_dense_tensors``), up to 10 % over the estimate.
+MOE = {
+    "model_type": "mixtral",
+    "vocab_size": 2000,
+    "hidden_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 768,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.mark.deepspeed
+def test_zero3_estimate_is_within_3_percent_of_the_worst_rank_true_peak(tmp_path: Path) -> None:
+    """ZeRO-3 in bf16 on a routed MoE: fails if the weights are left uninitialised under zero.Init (non-finite
+    gradients, every step skipped, Adam's moments never allocated: about +25 %) or if the estimate drops what the
+    backward peak holds gathered with routed experts (about -10 %)."""
+    from tuner.profile import ProfileCache, model_from_config, with_profile
+
+    cache = ProfileCache(tmp_path / "profiles")
+    cluster = ClusterSpec(gpus_per_node=2, device="cpu", gpu_memory=2**34)
+    train = TrainSpec(seq_len=64, precision="bf16")
+    model = model_from_config(MOE, name="moe-17m", cache=cache)
+    workload = with_profile(Workload(model, cluster, train), precisions=["bf16"], checkpointing=[False], cache=cache)
+    buckets = {"reduce_bucket_size": 4 * model.n_params}
+    config = merge_configs(shortcut_config(1, 1, "bf16", 3, "none", "none"), {"zero_optimization": buckets})
+    run = run_measurement(workload, TrialConfig(config), MeasureOptions("local", warmup=2, steps=1, timeout=600))
+    assert run.status == "ok", run.error
+    worst = max(rank.true_peak_bytes or 0 for rank in run.ranks)
+    predicted = estimate(workload, config).gpu_total
+    assert abs(predicted / worst - 1) < 0.03, (predicted, [rank.true_peak_bytes for rank in run.ranks])

@@ -356,7 +356,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
         validate_with_deepspeed(best.ds_config, world)
     except ConfigError as error:
         fail(error.field, f"DeepSpeed rejects the stored config: {error}")
-    config, notes = export_config(best.trial, format, workload.train.attention)
+    config, notes = export_config(best.trial, format, workload.train.attention, workload.trainable)
     text = json.dumps(config, indent=2) + "\n"
     if out:
         Path(out).write_text(text)

@@ -4,6 +4,9 @@ Example:
     >>> from tuner.workload import load_builtin_model
     >>> round(model_flops_per_token(load_builtin_model("gpt2"), 1024) / 1e9, 3)
     0.86
+    >>> lora = model_flops_per_token(load_builtin_model("gpt2"), 1024, trainable=1_000_000)
+    >>> round(lora / model_flops_per_token(load_builtin_model("gpt2"), 1024), 3)
+    0.713
     >>> peak_tflops("NVIDIA H100 80GB HBM3"), peak_tflops("cpu")
     (989.0, None)
 """
@@ -15,10 +18,29 @@ from tuner.workload import ModelSpec
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}  # dense bf16, datasheets
 
 
-def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """Training FLOPs per token: 6·N for the weights plus 12·L·h·s for attention scores (no recomputation)."""
-    attention = 12 * model.num_layers * model.hidden_size * seq_len if not model.is_bare else 0
-    return 6.0 * model.n_params + attention
+def forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token: 2·N for the weights plus 4·L·h·s for the attention scores (what a recomputed forward
+    costs again under activation checkpointing)."""
+    attention = 4 * model.num_layers * model.hidden_size * seq_len if not model.is_bare else 0
+    return 2.0 * model.n_params + attention
+
+
+def backward_flops_per_token(model: ModelSpec, seq_len: int, trainable: int | None = None) -> float:
+    """Backward FLOPs per token: gradients of the activations through every layer (2·N, twice the forward's
+    attention scores) and of the weights that train (2·T; T = N when ``trainable`` is None).
+
+    With LoRA or frozen layers the backward pass still flows through the frozen weights to reach the adapters, so
+    only the weight-gradient half shrinks: 4·N + 2·T in all instead of 6·N (a small error below the lowest trainable
+    layer, where activation gradients are not needed either)."""
+    attention = 8 * model.num_layers * model.hidden_size * seq_len if not model.is_bare else 0
+    weights = model.n_params if trainable is None else trainable
+    return 2.0 * model.n_params + 2.0 * weights + attention
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int, trainable: int | None = None) -> float:
+    """Training FLOPs per token: 6·N for the weights plus 12·L·h·s for attention scores (no recomputation); with
+    ``trainable`` parameters (LoRA, frozen layers) 4·N + 2·T for the weights (:func:`backward_flops_per_token`)."""
+    return forward_flops_per_token(model, seq_len) + backward_flops_per_token(model, seq_len, trainable)
 
 
 def peak_tflops(device_name: str | None) -> float | None:

@@ -5,7 +5,8 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
 :class:`~tuner.estimator.hardware.Hardware`:
 
 * ``compute``: model FLOPs per token (:func:`tuner.estimator.flops.model_flops_per_token`: 6·Ψ plus attention
-  scores) × tokens, ×4/3 under full activation checkpointing (one more forward pass), over the sustained FLOP/s.
+  scores; 4·Ψ + 2·T when only T parameters train, LoRA or frozen layers) × tokens, plus one more forward pass under
+  full activation checkpointing (×4/3 when all train), over the sustained FLOP/s.
 * ``launch``: a fixed cost per layer per micro-step (×4/3 with recomputation) and per step.
 * ``bandwidth``: ZeRO communication in ring collectives, ``(N-1)/N`` of the buffer per rank for a reduce-scatter or an
   all-gather, twice that for an all-reduce, over the intra-node link (inter-node on several nodes). ZeRO-0
@@ -15,12 +16,13 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
   recomputed forward, and reduce-scatters gradients every micro-step.
 * ``latency``: a fixed cost per collective call, one per reduce/all-gather bucket, per gathered ZeRO-3 parameter
   and pass (its hooks run even on one rank), and the gradient-norm all-reduce.
-* ``memory``: the optimizer step's memory traffic (about 32 B per parameter of the rank's partition) over device
-  memory bandwidth, the gradient copies into ZeRO-1/2 buckets, and offload: CPU-Adam over the host's rate, gradients
-  down and parameters up over PCIe, ZeRO-3 offloaded parameters up once per gather pass.
+* ``memory``: the optimizer step's memory traffic (about 32 B per trainable parameter of the rank's partition) over
+  device memory bandwidth, the gradient copies into ZeRO-1/2 buckets, and offload: CPU-Adam over the host's rate,
+  gradients down and parameters up over PCIe, ZeRO-3 offloaded parameters up once per gather pass.
 
 With ``overlap_comm`` the bytes sent during backward (gradient reduction; ZeRO-3 prefetch) hide behind the backward
-pass (two thirds of the compute): only what exceeds it counts; per-call latency (hooks, launches) is never hidden.
+pass (two thirds of the compute when every parameter trains): only what exceeds it counts; per-call latency (hooks,
+launches) is never hidden.
 Multiplicative factors per term, fitted from measured runs per hardware kind (:mod:`tuner.study.throughput_fit`),
 scale each term; 1 is the table. FLOPs per token and peak FLOP/s are :mod:`tuner.measure.measurement`'s (a pure
 module; its package imports nothing), so predicted and measured TFLOP/s and MFU count the same FLOPs.
@@ -41,15 +43,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.estimator.flops import model_flops_per_token, peak_tflops
+from tuner.estimator.flops import (
+    backward_flops_per_token,
+    forward_flops_per_token,
+    model_flops_per_token,
+    peak_tflops,
+)
 from tuner.estimator.hardware import Hardware, hardware_for, table_key
 from tuner.estimator.settings import Settings, resolve
+from tuner.estimator.trainable import trained_params
 from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
 TERMS = ("compute", "launch", "bandwidth", "latency", "memory")
-RECOMPUTE = 4 / 3  # full checkpointing runs the forward pass twice: (2 + 4 + 2) / (2 + 4) of the FLOPs
-BACKWARD_SHARE = 2 / 3  # backward is two thirds of a micro-step's compute: what overlap_comm can hide behind
+RECOMPUTE = 4 / 3  # full checkpointing runs the forward pass twice: (2 + 4 + 2) / (2 + 4) of the FLOPs, launches
 ADAM_BYTES = 32  # per parameter: read master, gradient, two moments (fp32), write three of them and the 16-bit copy
 
 
@@ -128,49 +135,76 @@ class ThroughputPrediction:
         }
 
 
+def trainable_params(workload: Workload) -> int:
+    """The parameters that train (gradients, optimizer states, their communication): all ``n_params`` for full
+    fine-tuning, else what the adapter and the freeze pattern leave trainable in the profile of the model as trained
+    (:func:`tuner.estimator.trainable.trained_params`: peft's count)."""
+    if workload.trainable.is_full:
+        return workload.model.n_params
+    return trained_params(workload).n_trainable
+
+
+def all_params(workload: Workload) -> int:
+    """Every parameter of the model as trained: with an adapter, the base's and the adapter's."""
+    if workload.trainable.is_full:
+        return workload.model.n_params
+    return trained_params(workload).n_params
+
+
 def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
-    """The five terms (seconds per optimizer step at the table's rates) for resolved settings."""
+    """The five terms (seconds per optimizer step at the table's rates) for resolved settings.
+
+    Gradients, their reduction, the optimizer step and offload traffic scale with the trainable parameters
+    (:func:`trainable_params`); the forward, the activation gradients and ZeRO-3's parameter gathers with all of
+    them (frozen weights are partitioned like the rest under ZeRO-3, replicated outside the flat groups under
+    ZeRO-1/2, so they are neither reduced nor gathered there)."""
     model, train = workload.model, workload.train
     world, nodes = s.world_size, workload.cluster.nodes
-    psi, elem, accum = model.n_params, s.param_bytes, s.grad_accum
-    redo = RECOMPUTE if s.activation_checkpointing and not model.is_bare else 1.0
+    psi, elem, accum = all_params(workload), s.param_bytes, s.grad_accum
+    numels = model.param_numels if workload.trainable.is_full else trained_params(workload).numels
+    trained = trainable_params(workload)
+    checkpointed = s.activation_checkpointing and not model.is_bare
+    redo = RECOMPUTE if checkpointed else 1.0
     flops_rate = hw.flops / (hw.fp32_slowdown if s.precision == "fp32" else 1.0)
-    micro_flops = model_flops_per_token(model, train.seq_len) * s.micro_batch * train.seq_len * redo
-    compute = accum * micro_flops / flops_rate
+    tokens = s.micro_batch * train.seq_len
+    forward = forward_flops_per_token(model, train.seq_len) * tokens
+    backward = backward_flops_per_token(model, train.seq_len, trained) * tokens
+    compute = accum * (forward * (2 if checkpointed else 1) + backward) / flops_rate
     layers = model.num_layers + 1
     launch = hw.launch_s * layers * (accum * redo + 1)
 
     link = hw.inter_bw if nodes > 1 else hw.intra_bw
     ring = (world - 1) / world
-    tensors = len(model.param_numels)
+    tensors = len(numels)
     partition = psi if s.stage == 0 else math.ceil(psi / world)
-    reduce_calls = math.ceil(psi / s.reduce_bucket_size)
+    trained_partition = trained if s.stage == 0 else math.ceil(trained / world)
+    reduce_calls = math.ceil(trained / s.reduce_bucket_size)
     per_micro_bytes = step_bytes = 0.0
     per_micro_calls = step_calls = 1.0  # the gradient-norm all-reduce (clipping, overflow check)
-    memory = ADAM_BYTES * partition / hw.memory_bw
+    memory = ADAM_BYTES * trained_partition / hw.memory_bw
     if s.stage == 0:
-        step_bytes = 2 * ring * elem * psi
+        step_bytes = 2 * ring * elem * trained
         step_calls += reduce_calls
     elif s.stage in (1, 2):
-        per_micro_bytes = ring * elem * psi
+        per_micro_bytes = ring * elem * trained
         per_micro_calls = reduce_calls
-        step_bytes = ring * elem * psi
-        step_calls += math.ceil(psi / max(1, s.allgather_bucket_size))
-        memory += accum * elem * psi / hw.memory_bw  # gradients copied into the reduce buckets
+        step_bytes = ring * elem * trained
+        step_calls += math.ceil(trained / max(1, s.allgather_bucket_size))
+        memory += accum * elem * trained / hw.memory_bw  # gradients copied into the reduce buckets
     else:
         passes = 2 + (1 if s.activation_checkpointing else 0)
-        persistent = sum(n for n in model.param_numels if n <= s.param_persistence_threshold) if world > 1 else 0
-        per_micro_bytes = ring * elem * (passes * (psi - persistent) + psi)
+        persistent = sum(n for n in numels if n <= s.param_persistence_threshold) if world > 1 else 0
+        per_micro_bytes = ring * elem * (passes * (psi - persistent) + trained)
         per_micro_calls = passes * tensors + reduce_calls
         if s.offload_param != "none":
             memory += accum * passes * elem * partition / hw.host_bw
     if s.offload_optimizer != "none":
-        memory += partition / hw.cpu_adam_params_s - ADAM_BYTES * partition / hw.memory_bw
-        memory += 2 * elem * partition / hw.host_bw  # gradients down, updated parameters up
+        memory += trained_partition / hw.cpu_adam_params_s - ADAM_BYTES * trained_partition / hw.memory_bw
+        memory += 2 * elem * trained_partition / hw.host_bw  # gradients down, updated parameters up
     bandwidth = (accum * per_micro_bytes + step_bytes) / link
     latency = (accum * per_micro_calls + step_calls) * hw.collective_s
     hideable = accum * per_micro_bytes / link / bandwidth if s.overlap_comm and bandwidth > 0 else 0.0
-    cover = BACKWARD_SHARE * compute if s.overlap_comm else 0.0
+    cover = backward / (forward + backward) * compute if s.overlap_comm else 0.0  # backward's share: 2/3 when all train
     return StepTerms(compute, launch, bandwidth, latency, memory, hideable, cover)
 
 
@@ -204,7 +238,8 @@ def predict_resolved(
     step = terms.step_time(f)
     samples = s.micro_batch * s.grad_accum * s.world_size
     tokens = samples * workload.train.seq_len
-    flops = model_flops_per_token(workload.model, workload.train.seq_len) * tokens / s.world_size / step
+    flops_per_token = model_flops_per_token(workload.model, workload.train.seq_len, trainable_params(workload))
+    flops = flops_per_token * tokens / s.world_size / step
     peak = peak_tflops(kind) if kind != "cpu" else None
     bound = max(TERMS, key=lambda name: getattr(terms, name) * f.get(name, 1.0))
     return ThroughputPrediction(
@@ -220,4 +255,13 @@ def predict_resolved(
     )
 
 
-__all__ = ["TERMS", "StepTerms", "ThroughputPrediction", "predict", "predict_resolved", "step_terms"]
+__all__ = [
+    "TERMS",
+    "StepTerms",
+    "ThroughputPrediction",
+    "all_params",
+    "predict",
+    "predict_resolved",
+    "step_terms",
+    "trainable_params",
+]

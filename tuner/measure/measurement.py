@@ -65,6 +65,7 @@ class RankResult:
     local_rank: int | None = None
     true_peak_bytes: int | None = None
     true_peak: dict[str, Any] = field(default_factory=dict)
+    trainable_params: int | None = None  # with an adapter or frozen parameters: the elements that train
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
@@ -163,7 +164,8 @@ def aggregate(
 ) -> Measurement:
     """Combine rank results into the job's measurement.
 
-    A step takes as long as its slowest rank; throughput uses the median step time over the timed steps.
+    A step takes as long as its slowest rank; throughput uses the median step time over the timed steps. Model
+    FLOPs count the weight gradients of the parameters that trained (``trainable_params``, as the prediction does).
     """
     ranks = sorted(ranks, key=lambda result: result.rank)
     failed = [r for r in ranks if r.status != "ok"]
@@ -186,7 +188,8 @@ def aggregate(
     step_times = [max(r.step_times[i] for r in ranks) for i in range(steps)]
     p50 = percentile(step_times, 0.5)
     tokens_per_step = samples_per_step * seq_len
-    tflops = model_flops_per_token(model, seq_len) * tokens_per_step / world_size / p50 / 1e12
+    trainable = next((r.trainable_params for r in ranks if r.trainable_params is not None), None)
+    tflops = model_flops_per_token(model, seq_len, trainable) * tokens_per_step / world_size / p50 / 1e12
     peak = peak_tflops(ranks[0].device_name)
     return Measurement(
         status="ok",

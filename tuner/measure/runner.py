@@ -232,7 +232,9 @@ class TrainingProcess:
         config = deepspeed_config(spec.ds_config)
         if spec.wall_clock_breakdown:  # DeepSpeed's forward / backward / step timers (:meth:`_add_breakdown`)
             config["wall_clock_breakdown"] = True
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        # only what trains, as the HF Trainer's optimizer takes it: frozen weights get no gradients, masters or states
+        trained = [param for param in model.parameters() if param.requires_grad]
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config)
         timings["initialize_s"] = time.perf_counter() - begin
         self.result.rss_bytes["after_initialize"] = rss_bytes()
         device = engine.device if cuda else "cpu"
@@ -376,16 +378,36 @@ class TrainingProcess:
 
     def _born_model(self, workload: Any) -> Any:
         """Build the model sharded (ZeRO-3) or on the device in the training dtype (``tuner.measure.birth``),
-        recording the resident bytes it added on the host."""
+        recording the resident bytes it added on the host, then make its trainable part (:meth:`_trained_model`)."""
         from tuner.measure.birth import born_on_device, initialise_partitioned, rss_bytes
 
         rss = self.result.rss_bytes
         rss["before_model"] = rss_bytes()
         transformers = workload.model.implementation == "transformers"
+        if not workload.trainable.is_full and not transformers:
+            field = "peft" if workload.trainable.peft else "freeze"
+            raise ValueError(f"{field}: needs the transformers model (model_impl transformers), not the built-in one")
         with born_on_device(self.spec.ds_config, self.spec.device, transformers):
             model = self._build_model(workload)
-        initialise_partitioned(model)
+        initialise_partitioned(model)  # the base model's weights, before the adapter is added (lora_B stays zero)
+        model = self._trained_model(model, workload.trainable)
         rss["after_model"] = rss_bytes()
+        return model
+
+    def _trained_model(self, model: Any, trainable: Any) -> Any:
+        """The transformers model with its adapter added and its freeze pattern applied (``apply_trainable``), as
+        the HF Trainer gets it: after the base model is built, outside ``zero.Init``. Under ZeRO-3 the adapter's
+        parameters are then ordinary tensors until ``deepspeed.initialize`` partitions them (DeepSpeedZeRoOffload
+        converts every parameter without a ``ds_id``; peft keeps them fp32, which ZeRO-3 leaves as is while ZeRO-0-2
+        cast the whole module to the training dtype). Records how many parameters train (``ds_numel``: ZeRO-3's
+        parameters are empty until gathered)."""
+        if trainable.is_full:
+            return model
+        from tuner.profile.trainable import apply_trainable
+
+        model.model = apply_trainable(model.model, trainable)
+        params = list(model.parameters())
+        self.result.trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad)
         return model
 
     def _build_model(self, workload: Any) -> Any:

@@ -171,20 +171,25 @@ def live_at_peak(tree: list[Any], top: int = 40) -> list[dict[str, Any]]:
                 walk(event.children, [*chain, _name(event)])
 
     walk(tree, [])
-    allocations.sort(key=lambda item: item[0])
+    allocations.sort(key=lambda item: (item[0], item[2]))  # at one instant frees first, as :meth:`stop` counts
     live = peak = peak_index = 0
     for index, (_, _, size, _) in enumerate(allocations):
         live += size
         if live > peak:
             peak, peak_index = live, index
-    alive: dict[int, tuple[int, str]] = {}
+    # a free removes the allocation of its size at its address: an address the allocator reuses at once can carry
+    # a new allocation stamped before the old one's free, which a plain address -> allocation map would lose
+    alive: dict[int, list[tuple[int, str]]] = {}
     for _, address, size, site in allocations[: peak_index + 1]:
+        held = alive.setdefault(address, [])
         if size > 0:
-            alive[address] = (size, site)
+            held.append((size, site))
         else:
-            alive.pop(address, None)
+            match = next((i for i, (bytes_, _) in enumerate(held) if bytes_ == -size), None)
+            if match is not None:
+                del held[match]
     sites: dict[str, list[int]] = {}
-    for size, site in alive.values():
+    for size, site in (entry for held in alive.values() for entry in held):
         entry = sites.setdefault(site, [0, 0])
         entry[0] += size
         entry[1] += 1

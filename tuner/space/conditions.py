@@ -1,5 +1,6 @@
-"""``when`` conditions: one clause ``NAME OP VALUE`` (:class:`Condition`) and the patterns a clause is read with
-(:func:`tuner.space.loader.parse_when` reads a parameter's ``when``).
+"""``when`` conditions: one clause ``NAME OP VALUE`` (:class:`Condition`), alternatives ``A or B`` (:class:`AnyOf`),
+the workload facts a clause may name besides earlier parameters (:data:`WORKLOAD_FACTS`), and the patterns a clause is
+read with (:func:`tuner.space.loader.parse_when` reads a parameter's ``when``).
 
 Also the value comparisons every part of the space shares: booleans are kept apart from numbers (``True != 1``).
 """
@@ -14,6 +15,14 @@ from typing import Any
 
 COMPARE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|>=|<=|>|<)\s*(\S.*)")
 MEMBER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s+(not\s+in|in)\s+(\S.*)")
+# what a condition may test about the workload (numbers; ``*_bytes`` also read sizes like 64MiB); no parameter may
+# take these names. The values come from :func:`tuner.space.space.workload_facts`.
+WORKLOAD_FACTS = {
+    "trainable_params": "parameters that train (all of them without a peft adapter or a freeze pattern)",
+    "frozen_params": "parameters that do not train (0 for full fine-tuning)",
+    "optimizer_state_bytes": "fp32 master and Adam moments of the trainable parameters, 12 B each, before ZeRO "
+    "shards them",
+}
 
 
 def same(a: Any, b: Any) -> bool:
@@ -72,3 +81,23 @@ class Condition:
 
     def __str__(self) -> str:
         return f"{self.name} {self.op} {json.dumps(self.value)}"
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Alternatives, one ``when`` item ``A or B``: holds when any of its clauses holds.
+
+    Example:
+        >>> either = AnyOf((Condition("frozen_params", "==", 0), Condition("optimizer_state_bytes", ">=", 2**26)))
+        >>> either.holds({"frozen_params": 10, "optimizer_state_bytes": 2**27}), str(either)
+        (True, 'frozen_params == 0 or optimizer_state_bytes >= 67108864')
+    """
+
+    options: tuple[Condition, ...]
+
+    def holds(self, values: Mapping[str, Any]) -> bool:
+        """Whether any alternative holds for ``values``."""
+        return any(option.holds(values) for option in self.options)
+
+    def __str__(self) -> str:
+        return " or ".join(str(option) for option in self.options)

@@ -14,11 +14,21 @@ from typing import Any
 import yaml
 
 from tuner.estimator.settings import ZERO_KEYS
-from tuner.space.conditions import COMPARE, MEMBER, Condition, is_number, is_positive_int, member
+from tuner.space.conditions import (
+    COMPARE,
+    MEMBER,
+    WORKLOAD_FACTS,
+    AnyOf,
+    Condition,
+    is_number,
+    is_positive_int,
+    member,
+)
 from tuner.space.errors import SpaceError
 from tuner.space.parameters import NUMBER_STRING, Parameter, not_a_value
 from tuner.space.space import OFFLOAD_SECTIONS, SearchSpace
 from tuner.trial import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY
+from tuner.units import parse_bytes
 
 TRAIN_FIELDS = ("activation_checkpointing",)
 KINDS = ("categorical", "int", "float")
@@ -217,6 +227,8 @@ def _parse_parameter(name: Any, spec: Any, earlier: list[Parameter], source: str
     where = f"parameters.{name}"
     if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         raise SpaceError(source, where, "a parameter name must be an identifier (letters, digits, underscores)")
+    if name in WORKLOAD_FACTS:
+        raise SpaceError(source, where, f"{name} is a workload fact conditions test; name the parameter otherwise")
     if not isinstance(spec, dict):
         raise SpaceError(source, where, f"must be a mapping (kind, key, default, ...), got {type(spec).__name__}")
     for field_name in spec:
@@ -362,11 +374,14 @@ def _parse_bounds(spec: dict[str, Any], kind: str, where: str, source: str, posi
     return bounds
 
 
-def parse_when(raw: Any, where: str, earlier: list[Parameter], source: str) -> tuple[Condition, ...]:
-    """A parameter's ``when`` (a string or a list of them, clauses joined by ``and``) checked against ``earlier``.
+def parse_when(raw: Any, where: str, earlier: list[Parameter], source: str) -> tuple[Condition | AnyOf, ...]:
+    """A parameter's ``when`` (a string or a list of them, clauses joined by ``and``; one item may instead list
+    alternatives joined by ``or``) checked against ``earlier`` parameters and the workload facts
+    (:data:`~tuner.space.conditions.WORKLOAD_FACTS`).
 
     Raises:
-        SpaceError: A clause that cannot be read, names no earlier parameter, or tests a value it cannot take.
+        SpaceError: A clause that cannot be read, names no earlier parameter nor workload fact, or tests a value it
+            cannot take; an item mixing ``and`` with ``or``.
     """
     if raw is None:
         return ()
@@ -374,37 +389,73 @@ def parse_when(raw: Any, where: str, earlier: list[Parameter], source: str) -> t
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
         raise SpaceError(source, where, f"must be a condition string like 'stage == 3' or a list of them, got {raw!r}")
     known = {parameter.name: parameter for parameter in earlier}
-    clauses = [clause for item in items for clause in re.split(r"\s+and\s+", item.strip())]
-    conditions = []
-    for clause in clauses:
-        match = COMPARE.fullmatch(clause) or MEMBER.fullmatch(clause)
-        if not match:
-            raise SpaceError(
-                source, where, f"cannot read {clause!r}: write NAME OP VALUE, OP one of == != >= <= > < in, not in"
-            )
-        name, op, text = match.group(1), " ".join(match.group(2).split()), match.group(3)
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise SpaceError(source, where, f"cannot read the value {text!r} in {clause!r}") from None
-        if name not in known:
-            raise SpaceError(
-                source, where, f"names unknown parameter {name!r}; a condition may only name parameters defined above"
-            )
-        target = known[name]
-        if op in ("in", "not in"):
-            if not isinstance(value, list):
-                raise SpaceError(source, where, f"{op!r} needs a list like [1, 2], got {text!r}")
-            tested = value
-        elif op in ("==", "!="):
-            tested = [value]
+    conditions: list[Condition | AnyOf] = []
+    for item in items:
+        clauses = re.split(r"\s+and\s+", item.strip())
+        options = re.split(r"\s+or\s+", item.strip())
+        if len(clauses) > 1 and len(options) > 1:
+            raise SpaceError(source, where, f"{item!r} mixes and with or: list the alternatives as an item of its own")
+        if len(options) > 1:
+            conditions.append(AnyOf(tuple(_parse_clause(option, where, known, source) for option in options)))
         else:
-            numeric = target.kind != "categorical" or all(is_number(c) for c in target.all_choices())
-            if not is_number(value) or not numeric:
-                raise SpaceError(source, where, f"{op!r} compares numbers; {clause!r} does not")
-            tested = []
-        for item in tested:
-            if not target.contains(item):
-                raise SpaceError(source, where, f"{clause!r} tests {item!r}, which is not a value of {name}")
-        conditions.append(Condition(name, op, value))
+            conditions.extend(_parse_clause(clause, where, known, source) for clause in clauses)
     return tuple(conditions)
+
+
+def _parse_clause(clause: str, where: str, known: Mapping[str, Parameter], source: str) -> Condition:
+    """One ``NAME OP VALUE`` clause about an earlier parameter or a workload fact."""
+    match = COMPARE.fullmatch(clause) or MEMBER.fullmatch(clause)
+    if not match:
+        raise SpaceError(
+            source, where, f"cannot read {clause!r}: write NAME OP VALUE, OP one of == != >= <= > < in, not in"
+        )
+    name, op, text = match.group(1), " ".join(match.group(2).split()), match.group(3)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise SpaceError(source, where, f"cannot read the value {text!r} in {clause!r}") from None
+    if name in WORKLOAD_FACTS:
+        return Condition(name, op, _fact_value(name, op, value, clause, where, source))
+    if name not in known:
+        raise SpaceError(
+            source,
+            where,
+            f"names unknown parameter {name!r}; a condition may only name parameters defined above or workload "
+            f"facts ({', '.join(WORKLOAD_FACTS)})",
+        )
+    target = known[name]
+    if op in ("in", "not in"):
+        if not isinstance(value, list):
+            raise SpaceError(source, where, f"{op!r} needs a list like [1, 2], got {text!r}")
+        tested = value
+    elif op in ("==", "!="):
+        tested = [value]
+    else:
+        numeric = target.kind != "categorical" or all(is_number(c) for c in target.all_choices())
+        if not is_number(value) or not numeric:
+            raise SpaceError(source, where, f"{op!r} compares numbers; {clause!r} does not")
+        tested = []
+    for item in tested:
+        if not target.contains(item):
+            raise SpaceError(source, where, f"{clause!r} tests {item!r}, which is not a value of {name}")
+    return Condition(name, op, value)
+
+
+def _fact_value(name: str, op: str, value: Any, clause: str, where: str, source: str) -> Any:
+    """The number (or list of numbers) a clause compares a workload fact with; ``*_bytes`` facts read sizes."""
+
+    def number(item: Any) -> int | float:
+        if name.endswith("_bytes") and isinstance(item, str):
+            try:
+                return parse_bytes(item)
+            except ValueError as error:
+                raise SpaceError(source, where, f"{clause!r}: {error}") from None
+        if not is_number(item):
+            raise SpaceError(source, where, f"{name} is a number; {clause!r} does not compare it with one")
+        return item
+
+    if op in ("in", "not in"):
+        if not isinstance(value, list):
+            raise SpaceError(source, where, f"{op!r} needs a list like [1, 2], got {value!r}")
+        return [number(item) for item in value]
+    return number(value)

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from tuner.space.conditions import Condition, is_number, member
+from tuner.space.conditions import AnyOf, Condition, is_number, member
 from tuner.space.errors import SpaceError
 
 MAX_GRID = 64  # values a linear int range may expand to for the grid baseline
@@ -46,7 +46,8 @@ class Parameter:
         high: Upper bound (int/float).
         log: Log scale (int/float).
         step: Step (int/float), None for none.
-        when: Conditions that must all hold for the parameter to apply.
+        when: Conditions that must all hold for the parameter to apply (about earlier parameters and workload
+            facts).
         grid_values: Explicit grid values, or None.
         help: A description.
 
@@ -68,7 +69,7 @@ class Parameter:
     log: bool = False
     step: int | float | None = None
     multiple_of: int = 1
-    when: tuple[Condition, ...] = ()
+    when: tuple[Condition | AnyOf, ...] = ()
     grid_values: tuple[Any, ...] | None = None
     help: str = ""
 
@@ -124,13 +125,16 @@ class Parameter:
         return self.rounded(int(self.low)) if self.kind == "int" else self.low  # type: ignore[arg-type]
 
     def active(self, values: Mapping[str, Any]) -> bool:
-        """Whether every ``when`` clause holds for the active ``values``."""
+        """Whether every ``when`` clause holds for the active ``values`` (and the workload facts among them)."""
         return all(condition.holds(values) for condition in self.when)
 
     @property
     def when_text(self) -> str:
         """The condition, readable."""
-        return " and ".join(str(condition) for condition in self.when)
+        several = len(self.when) > 1
+        return " and ".join(
+            f"({condition})" if several and isinstance(condition, AnyOf) else str(condition) for condition in self.when
+        )
 
     def grid(self, nvme: bool = False) -> list[Any]:
         """Values for the grid baseline: explicit ``grid``, categorical choices, or for ints the powers of two within

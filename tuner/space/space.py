@@ -15,7 +15,8 @@ from tuner.estimator.settings import (
     ConfigError,
     resolve,
 )
-from tuner.space.conditions import is_positive_int, member, same
+from tuner.estimator.throughput import all_params, trainable_params
+from tuner.space.conditions import WORKLOAD_FACTS, is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.parameters import Parameter, TrialLike, check_value
 from tuner.space.suggestion import Suggestion
@@ -25,6 +26,25 @@ from tuner.workload import Workload
 OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW"}
 OFFLOAD_SECTIONS = {"offload_optimizer": OFFLOAD_OPTIMIZER_KEYS, "offload_param": OFFLOAD_PARAM_KEYS}
 _UNSET = object()
+OPTIMIZER_STATE_BYTES = 12  # per trainable parameter: fp32 master, momentum and variance (mixed-precision Adam)
+
+
+def workload_facts(workload: Workload) -> dict[str, int]:
+    """The workload facts ``when`` conditions may test (:data:`~tuner.space.conditions.WORKLOAD_FACTS`).
+
+    Example:
+        >>> from tuner.workload import Workload, model_from_param_count
+        >>> workload_facts(Workload(model_from_param_count(1e6)))
+        {'trainable_params': 1000000, 'frozen_params': 0, 'optimizer_state_bytes': 12000000}
+    """
+    trained = trainable_params(workload)
+    facts = {
+        "trainable_params": trained,
+        "frozen_params": all_params(workload) - trained,
+        "optimizer_state_bytes": OPTIMIZER_STATE_BYTES * trained,
+    }
+    assert set(facts) == set(WORKLOAD_FACTS), "every documented fact has a value"
+    return facts
 
 
 class SearchSpace:
@@ -223,12 +243,13 @@ class SearchSpace:
                     "global_batch", f"{global_batch} is not divisible by the data-parallel world size {world}"
                 )
         nvme = bool(nvme_path)
+        facts = workload_facts(workload)
         values: dict[str, Any] = {}  # active parameters only
         suggested: dict[str, Any] = {}
         fixed: dict[str, Any] = {}
         for parameter in self._parameters:
             name = parameter.name
-            if not parameter.active(values):
+            if not parameter.active({**facts, **values}):
                 pinned = self._pins.get(name, _UNSET)
                 if pinned is not _UNSET and not same(pinned, parameter.default):
                     raise InfeasibleConfig(

@@ -129,9 +129,14 @@ def rank_feasible(
 
 
 def _enqueue_params(space: SearchSpace, suggestion: Suggestion) -> dict[str, Any]:
-    """What ``enqueue_trial`` needs to reproduce the suggestion: its values, with defaults for unsearched ones."""
+    """What ``enqueue_trial`` needs to reproduce the suggestion: its values, with defaults for unsearched ones.
+
+    A fixed value outside its parameter's choices (the accumulation derived from a global batch, which ``suggest``
+    never asks Optuna for) is left out: Optuna would refuse it as a value of that distribution.
+    """
     searched = set(space.searched)
-    return {**{k: v for k, v in suggestion.fixed.items() if k in searched}, **suggestion.params}
+    fixed = {k: v for k, v in suggestion.fixed.items() if k in searched and space.parameter(k).contains(v)}
+    return {**fixed, **suggestion.params}
 
 
 def _shape(ranked: Ranked) -> tuple[Any, ...]:

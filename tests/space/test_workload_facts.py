@@ -1,0 +1,104 @@
+"""Spaces that condition on the workload: ``when`` clauses about the trainable parameters (LoRA, frozen layers)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tuner.space import SpaceError, load_space
+from tuner.space.space import workload_facts
+from tuner.workload import ClusterSpec, Workload, model_from_param_count
+
+optuna = pytest.importorskip("optuna")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+STAGE = "stage: {kind: categorical, choices: [0, 1, 2, 3], key: zero_optimization.stage, default: 0}"
+OFFLOAD = (
+    "offload: {kind: categorical, choices: [none, cpu], key: zero_optimization.offload_optimizer.device, "
+    "default: none, when: WHEN}"
+)
+
+
+def space_with(tmp_path: Path, when: str) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(f"version: 1\nparameters:\n  {STAGE}\n  {OFFLOAD.replace('WHEN', when)}\n")
+    return path
+
+
+def offloads(path: Path, workload: Workload) -> bool:
+    """Whether the space writes an optimizer offload section for ``workload`` at ZeRO-2 (searching it)."""
+    space = load_space(path, pins={"stage": 2})
+    config = space.suggest(optuna.create_study().ask(), workload).ds_config
+    return "offload_optimizer" in config["zero_optimization"]
+
+
+def test_optimizer_state_size_decides_whether_offload_is_searched(tmp_path) -> None:
+    path = space_with(tmp_path, '["stage >= 1", "optimizer_state_bytes >= 64MiB"]')
+    small, large = Workload(model_from_param_count(1e6)), Workload(model_from_param_count(1e8))
+    assert workload_facts(small)["optimizer_state_bytes"] == 12_000_000
+    assert not offloads(path, small)  # 12 MB of Adam states: not worth a run
+    assert offloads(path, large)  # 1.2 GB
+    # alternatives: full fine-tuning (nothing frozen) searches offload whatever its size
+    either = space_with(tmp_path, '["stage >= 1", "frozen_params == 0 or optimizer_state_bytes >= 64MiB"]')
+    assert offloads(either, small)
+    assert load_space(either).parameter("offload").when_text == (
+        "stage >= 1 and (frozen_params == 0 or optimizer_state_bytes >= 67108864)"
+    )
+
+
+def test_a_parameter_pinned_where_the_workload_rules_it_out_is_infeasible(tmp_path) -> None:
+    from tuner.space import InfeasibleConfig
+
+    space = load_space(space_with(tmp_path, "optimizer_state_bytes >= 1GiB"), pins={"stage": 2, "offload": "cpu"})
+    with pytest.raises(InfeasibleConfig, match="optimizer_state_bytes >= 1073741824"):
+        space.suggest(optuna.create_study().ask(), Workload(model_from_param_count(1e6), ClusterSpec()))
+
+
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ("optimizer_state_bytes >= lots", "optimizer_state_bytes >= lots"),
+        ("trainable_params >= 1MiB", "trainable_params is a number"),
+        ("stage >= 1 and frozen_params == 0 or stage == 3", "mixes and with or"),
+        ("trainable_params in 3", "needs a list"),
+        ("frozen == 0", "workload facts (trainable_params, frozen_params, optimizer_state_bytes)"),
+    ],
+)
+def test_bad_fact_conditions_are_named(tmp_path, when: str, message: str) -> None:
+    with pytest.raises(SpaceError, match=r"parameters\.offload\.when") as raised:
+        load_space(space_with(tmp_path, f'"{when}"'))
+    assert message in str(raised.value)
+
+
+def test_a_parameter_may_not_take_a_fact_name(tmp_path) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            version: 1
+            parameters:
+              frozen_params: {kind: categorical, choices: [0, 1], key: zero_optimization.stage, default: 0}
+            """
+        )
+    )
+    with pytest.raises(SpaceError, match=r"parameters\.frozen_params: frozen_params is a workload fact"):
+        load_space(path)
+
+
+def test_the_default_space_leaves_offload_out_for_a_small_lora_and_keeps_it_for_full_fine_tuning() -> None:
+    pytest.importorskip("peft")
+    from tuner.profile import model_from_config, with_profile
+    from tuner.space import default_space_path
+    from tuner.workload import TrainableSpec, TrainSpec, preset_config
+
+    model = model_from_config(preset_config("tiny-llama"), "tiny-llama")
+    full = Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=64))
+    adapter = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}
+    lora = with_profile(Workload(model, full.cluster, full.train, trainable=TrainableSpec.of(adapter)))
+    facts = workload_facts(lora)
+    assert facts["trainable_params"] == 14_336 and facts["optimizer_state_bytes"] == 12 * 14_336
+    assert facts["frozen_params"] == model.n_params  # the base; the adapter trains
+    assert offloads(default_space_path(), full)
+    assert not offloads(default_space_path(), lora)  # 168 KiB of Adam states
