@@ -13,6 +13,7 @@ from tuner.estimator.hardware import hardware_for
 from tuner.estimator.settings import resolve
 from tuner.estimator.throughput import predict, step_terms, trainable_params
 from tuner.profile import model_from_config, with_profile
+from tuner.trial import TrialConfig
 from tuner.workload import ClusterSpec, TrainableSpec, TrainSpec, Workload, preset_config
 
 ADAPTER = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
@@ -60,12 +61,9 @@ def test_flops_keep_activation_gradients_and_drop_frozen_weight_gradients(
     ratio = predict(lora, config(2)).terms.compute / predict(full, config(2)).terms.compute
     assert ratio == pytest.approx((4 * n + 2 * t + 3 * scores) / (6 * n + 3 * scores))
     # checkpointing recomputes the forward pass only: ×4/3 for full fine-tuning, more for LoRA (a smaller backward)
-    ckpt = [
-        Workload(w.model, w.cluster, TrainSpec(seq_len=64, activation_checkpointing=True), w.profile, w.trainable)
-        for w in (full, lora)
-    ]
-    assert predict(ckpt[0], config(2)).terms.compute == pytest.approx(predict(full, config(2)).terms.compute * 4 / 3)
-    extra = predict(ckpt[1], config(2)).terms.compute / predict(lora, config(2)).terms.compute
+    ckpt = TrialConfig(config(2), activation_checkpointing=True)
+    assert predict(full, ckpt).terms.compute == pytest.approx(predict(full, config(2)).terms.compute * 4 / 3)
+    extra = predict(lora, ckpt).terms.compute / predict(lora, config(2)).terms.compute
     assert extra == pytest.approx(1 + (2 * n + scores) / (4 * n + 2 * t + 3 * scores))
 
 
