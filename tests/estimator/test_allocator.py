@@ -98,3 +98,23 @@ def test_a_tensor_is_allocated_once() -> None:
     allocator.malloc("a", 1)
     with pytest.raises(ValueError, match="already allocated"):
         allocator.malloc("a", 1)
+
+
+def test_a_released_segments_id_never_names_a_new_segment() -> None:
+    """Under a capacity the cache is released (whole free segments) and new segments follow; a new segment that
+    reused a released one's id collided with a live segment's blocks (found by the warm-start property test)."""
+    mib = 2**20
+    allocator = CachingAllocator(capacity=95 * mib)
+    for name, size in (("a", 30), ("b", 20), ("c", 30)):
+        allocator.malloc(name, size * mib)
+    allocator.free("b")  # its whole segment is cached, free
+    allocator.malloc("d", 30 * mib)  # 110 MiB > 95: b's segment is released, d gets a new one
+    assert allocator.stats.releases == 1 and allocator.reserved == 90 * mib
+    allocator.free("c")
+    allocator.free("d")
+    allocator.malloc("e", 30 * mib)  # both cached 30 MiB segments are reused, nothing new reserved
+    allocator.malloc("f", 30 * mib)
+    assert allocator.reserved == 90 * mib and allocator.allocated == 90 * mib
+    for name in ("a", "e", "f"):
+        allocator.free(name)
+    assert allocator.allocated == 0

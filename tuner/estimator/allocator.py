@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -156,6 +157,7 @@ class CachingAllocator:
         self._pools: dict[tuple[bool, int], _Pool] = {}
         self._live: dict[str, tuple[_Block, int, tuple[bool, int]]] = {}
         self._segments: dict[int, tuple[tuple[bool, int], int]] = {}  # segment id -> (pool key, bytes mapped)
+        self._segment_ids = itertools.count()  # never reused: a released segment's id must not name a new one
         self._tail: dict[tuple[bool, int], int] = {}  # expandable: the (pool, stream)'s one segment id
         self._ends: dict[int, _Block] = {}  # expandable: the last block of each segment
 
@@ -236,7 +238,7 @@ class CachingAllocator:
             return self._extend(key, pool, size)
         nbytes = segment_size(size)
         self._reserve(nbytes)
-        segment = len(self._segments)
+        segment = next(self._segment_ids)
         self._segments[segment] = (key, nbytes)
         return _Block(segment, 0, nbytes)
 
@@ -244,7 +246,7 @@ class CachingAllocator:
         page = SMALL_BUFFER if key[0] else LARGE_BUFFER
         segment = self._tail.get(key)
         if segment is None:
-            segment = len(self._segments)
+            segment = next(self._segment_ids)
             self._segments[segment] = (key, 0)
             self._tail[key] = segment
         for attempt in range(2):  # a release under ``capacity`` may unmap this segment's free tail: look again
