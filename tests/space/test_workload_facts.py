@@ -30,7 +30,7 @@ def space_with(tmp_path: Path, when: str) -> Path:
 def offloads(path: Path, workload: Workload) -> bool:
     """Whether the space writes an optimizer offload section for ``workload`` at ZeRO-2 (searching it)."""
     space = load_space(path, pins={"stage": 2})
-    config = space.suggest(optuna.create_study().ask(), workload).ds_config
+    config = space.suggest(optuna.create_study().ask(), workload).trial.ds_config
     return "offload_optimizer" in config["zero_optimization"]
 
 

@@ -501,12 +501,17 @@ def test_ctrl_c_while_a_run_is_being_started_leaves_no_trial_running(tmp_path: P
         os.kill(os.getpid(), signal.SIGINT)  # handled in this (the main) thread right after this call
         return HANG
 
-    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
-    report = study.run(FakeMeasurer(interrupting))
-    assert report.interrupted
-    [trial] = store.trials(study.study_id)
-    assert (trial.status, trial.error) == ("failed", "interrupted by the user")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's own again
+    # as in a terminal, whatever an earlier test left: Python's own Ctrl-C handler, the one the loop defers
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
+        report = study.run(FakeMeasurer(interrupting))
+        assert report.interrupted
+        [trial] = store.trials(study.study_id)
+        assert (trial.status, trial.error) == ("failed", "interrupted by the user")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's own again
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_study_says_where_it_stands(tmp_path: Path, store: Store) -> None:
