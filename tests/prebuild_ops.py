@@ -5,6 +5,10 @@ Run by tests/run.sh with DS_ACCELERATOR=cpu and TORCH_EXTENSIONS_DIR set; builds
 
 from deepspeed.accelerator import get_accelerator
 
+from tuner.measure.op_builds import use_environment_ninja
+
+use_environment_ninja()  # the ninja the runs use: another one would read this build as stale and redo it
+
 for name in ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder"):
     get_accelerator().create_op_builder(name).load(verbose=False)
     print(f"DeepSpeed op ready: {name}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.measure.op_builds import build_notice, extensions_dir, missing_ops, ops_needed
+from tuner.measure.op_builds import build_notice, environment_ninja_path, extensions_dir, missing_ops, ops_needed
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-4}}
 OFFLOAD = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
@@ -73,3 +73,16 @@ def test_build_notice_names_what_is_missing_and_where(tmp_path: Path) -> None:
     assert build_notice("cuda", configs, env={"TORCH_EXTENSIONS_DIR": str(tmp_path / "new")}, prebuilt=())[
         0
     ].startswith("Building DeepSpeed's ops (fused_adam, cpu_adam) once")
+
+
+def test_the_interpreters_ninja_comes_first_whatever_path_a_process_starts_with(tmp_path: Path) -> None:
+    """Two ninjas hash a build's command differently and redo each other's builds: every process must find one."""
+    scripts = tmp_path / "venv-bin"
+    scripts.mkdir()
+    plain = "/usr/local/bin:/usr/bin:/bin"
+    assert environment_ninja_path(plain, bin_dir=str(scripts)) == plain  # no ninja of its own: PATH as it was
+    (scripts / "ninja").write_text("#!/bin/sh\n")
+    first = environment_ninja_path(plain, bin_dir=str(scripts))
+    activated = environment_ninja_path(f"{scripts}:{plain}", bin_dir=str(scripts))
+    trailing = environment_ninja_path(f"{plain}:{scripts}", bin_dir=str(scripts))
+    assert first == activated == trailing == f"{scripts}:{plain}"

@@ -501,7 +501,8 @@ def test_ctrl_c_while_a_run_is_being_started_leaves_no_trial_running(tmp_path: P
         os.kill(os.getpid(), signal.SIGINT)  # handled in this (the main) thread right after this call
         return HANG
 
-    # as in a terminal, whatever an earlier test left: Python's own Ctrl-C handler, the one the loop defers
+    # as in a terminal: Python's own Ctrl-C handler, the one the loop defers (a test runner started in the background
+    # by a script inherits SIGINT ignored, and Python then installs none)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)

@@ -8,8 +8,8 @@ options into a command's signature in place of its ``flags: WorkloadFlags`` para
 and :func:`tuner.inputs.to_workload` as the API and the job queue, plus the ds_config of the shortcut flags.
 
 Example:
-    >>> workload, config = build(WorkloadFlags(model="tiny-gpt2", gpus=2, stage=2, device="cpu"))
-    >>> workload.cluster.world_size, config["zero_optimization"]["stage"]
+    >>> workload, trial = build(WorkloadFlags(model="tiny-gpt2", gpus=2, stage=2, device="cpu"))
+    >>> workload.cluster.world_size, trial.ds_config["zero_optimization"]["stage"]
     (2, 2)
 """
 

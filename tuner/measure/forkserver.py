@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import env
+from tuner.measure.op_builds import use_environment_ninja
 
 PRELOAD = (
     "torch",
@@ -643,6 +644,7 @@ def _daemon(path: Path, ready: int) -> int:
         from tuner.measure.lean import cache_cpu_info
 
         cache_cpu_info()
+    use_environment_ninja()
     _load_built_ops()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():

@@ -44,6 +44,31 @@ def ops_needed(device: str, ds_config: Mapping[str, Any]) -> list[str]:
     return ops
 
 
+def environment_ninja_path(path: str, bin_dir: str | None = None) -> str:
+    """``PATH`` with the interpreter's own scripts folder first when it holds a ``ninja`` (pip's, which DeepSpeed
+    requires), so every process builds and checks DeepSpeed's ops with the same ninja.
+
+    Two ninjas on one host (a system ``ninja-build`` 1.11 and pip's 1.13) hash a build's command differently: each
+    reads the other's build log as stale, and whichever process's ``PATH`` finds the other one recompiles every op,
+    minutes of a CPU per op. An activated virtualenv, a Ray job or a test that puts the scripts folder first would
+    flip between them.
+
+    Example:
+        >>> environment_ninja_path("/usr/bin:/bin", bin_dir="/nonexistent")
+        '/usr/bin:/bin'
+    """
+    bin_dir = bin_dir or os.path.dirname(sys.executable)
+    if not os.path.isfile(os.path.join(bin_dir, "ninja")):
+        return path
+    rest = [entry for entry in path.split(os.pathsep) if entry and entry != bin_dir]
+    return os.pathsep.join([bin_dir, *rest])
+
+
+def use_environment_ninja() -> None:
+    """Put the interpreter's ninja first on this process's ``PATH`` (:func:`environment_ninja_path`)."""
+    os.environ["PATH"] = environment_ninja_path(os.environ.get("PATH", os.defpath))
+
+
 def extensions_dir(env: Mapping[str, str] | None = None, build_tag: str | None = None) -> Path:
     """Where torch builds extensions: ``TORCH_EXTENSIONS_DIR``, else its cache folder with a Python/torch subfolder.
 

@@ -26,6 +26,7 @@ from typing import Any
 from tuner.measure.alloc_conf import VARIABLE as ALLOC_CONF
 from tuner.measure.alloc_conf import alloc_conf, deepspeed_config
 from tuner.measure.measurement import EXCERPT_CHARS, RankResult
+from tuner.measure.op_builds import use_environment_ninja
 from tuner.trial import TrialConfig
 
 CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's CPU allocator has no exception type
@@ -488,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     args = argv or sys.argv[1:]
     run_dir, rank = Path(args[0]), int(args[1])
     signal.signal(signal.SIGTERM, _raise_terminated)
+    use_environment_ninja()  # DeepSpeed builds or checks its ops with the ninja every other process uses
     try:
         process = TrainingProcess(RunSpec.read(run_dir), rank, run_dir)
         spawned = os.environ.get(SPAWNED_AT)
