@@ -76,7 +76,7 @@ def config_grid() -> list[dict]:
 
 def clear_partition_caches() -> None:
     """Forget every partition size computed so far, as a fresh process would."""
-    for cached in (partitions.flat_partition, partitions.stage3_partition, partitions.round_robin_order):
+    for cached in (partitions.flat_partition, partitions.stage3_layout, partitions.round_robin_order):
         cached.cache_clear()
 
 

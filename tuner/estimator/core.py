@@ -59,7 +59,7 @@ from tuner.estimator.nccl import Parallelism
 from tuner.estimator.partitions import flat_partition, round_robin_order, stage3_partition
 from tuner.estimator.phases import CATEGORIES, Phase
 from tuner.estimator.pinned import HostPins
-from tuner.estimator.settings import Settings, resolve
+from tuner.estimator.settings import FP32, Settings, resolve
 from tuner.estimator.trainable import stage3_bytes, trained_params
 from tuner.estimator.transients import (
     bucket_chunks,
@@ -78,7 +78,6 @@ STEP_PHASES = PHASES[:3]
 HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # cpu_per_node's (no host activations)
 CPU_VIEWS = frozenset({"total", "pinned"})  # cpu_per_node entries that are not categories of their own
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
-FP32 = 4
 UNSIMULATED_SHARE = 0.07  # the allocator's reserve for a config whose tensors cannot fit anyway (not simulated)
 
 

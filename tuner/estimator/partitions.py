@@ -77,16 +77,33 @@ class Stage3Partition:
 
 
 @lru_cache(maxsize=4096)
+def stage3_layout(
+    numels: tuple[int, ...], world_size: int, persistence_threshold: int, model_persistence_threshold: int
+) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """Each parameter's per-rank ZeRO-3 shard (padded to a multiple of ``world_size``) and whether it also stays whole
+    on every rank: at most ``persistence_threshold`` elements, while the persistent ones total at most
+    ``model_persistence_threshold``, in model order.
+
+    Example:
+        >>> stage3_layout((7, 100, 3), 4, 10, 8)
+        ((2, 25, 1), (True, False, False))
+    """
+    parts, persists, persisted = [], [], 0
+    for numel in numels:
+        parts.append(-(-numel // world_size))
+        keep = numel <= persistence_threshold and persisted + numel <= model_persistence_threshold
+        persisted += numel if keep else 0
+        persists.append(keep)
+    return tuple(parts), tuple(persists)
+
+
 def stage3_partition(
     numels: tuple[int, ...], world_size: int, persistence_threshold: int, model_persistence_threshold: int
 ) -> Stage3Partition:
-    """Per-rank ZeRO-3 sizes for parameters ``numels`` over ``world_size`` ranks."""
-    shard = sum(-(-numel // world_size) for numel in numels)
-    persistent = 0
-    for numel in numels:
-        if numel <= persistence_threshold and persistent + numel <= model_persistence_threshold:
-            persistent += numel
-    return Stage3Partition(shard, persistent, max(numels))
+    """Per-rank ZeRO-3 sizes for parameters ``numels`` over ``world_size`` ranks (:func:`stage3_layout`)."""
+    parts, persists = stage3_layout(numels, world_size, persistence_threshold, model_persistence_threshold)
+    persistent = sum(numel for numel, keep in zip(numels, persists, strict=True) if keep)
+    return Stage3Partition(sum(parts), persistent, max(numels))
 
 
 @lru_cache(maxsize=1024)

@@ -14,6 +14,8 @@ from tuner.errors import InputError
 from tuner.trial import TrialConfig
 from tuner.workload import Workload
 
+FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
+
 # Field names and aliases of DeepSpeedZeroConfig and its offload configs in DeepSpeed 0.19.
 ZERO_KEYS = frozenset(
     [
@@ -141,7 +143,7 @@ class Settings:
     @property
     def param_bytes(self) -> int:
         """Bytes per element of the parameters DeepSpeed trains (16-bit or fp32)."""
-        return 4 if self.precision == "fp32" else 2
+        return FP32 if self.precision == "fp32" else 2
 
 
 def _section(config: dict[str, Any], key: str) -> dict[str, Any]:

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.estimator.partitions import stage3_layout
+from tuner.estimator.settings import FP32
 from tuner.workload import Workload, WorkloadError
-
-FP32 = 4
 
 
 @dataclass(frozen=True)
@@ -102,19 +102,14 @@ class Stage3Bytes:
 def stage3_bytes(
     params: TrainedParams, world_size: int, elem: int, persistence_threshold: int, model_persistence_threshold: int
 ) -> Stage3Bytes:
-    """Per-rank ZeRO-3 bytes of ``params`` (each parameter padded to a multiple of the world size; those of at
-    most ``persistence_threshold`` elements also whole, up to ``model_persistence_threshold`` in all, as
-    :func:`tuner.estimator.partitions.stage3_partition` counts them)."""
+    """Per-rank ZeRO-3 bytes of ``params``, laid out as :func:`tuner.estimator.partitions.stage3_layout` says."""
+    parts, persists = stage3_layout(params.numels, world_size, persistence_threshold, model_persistence_threshold)
     fp32 = params.fp32 or (False,) * len(params.numels)
     mask = params.mask or (True,) * len(params.numels)
-    shard = persistent = trainable_shard = persisted = 0
-    for numel, upcast, train in zip(params.numels, fp32, mask, strict=True):
+    shard = persistent = trainable_shard = 0
+    for numel, part, keep, upcast, train in zip(params.numels, parts, persists, fp32, mask, strict=True):
         size = FP32 if upcast else elem
-        part = -(-numel // world_size)
         shard += size * part
-        if train:
-            trainable_shard += part
-        if numel <= persistence_threshold and persisted + numel <= model_persistence_threshold:
-            persisted += numel
-            persistent += size * numel
+        trainable_shard += part if train else 0
+        persistent += size * numel if keep else 0
     return Stage3Bytes(shard, persistent, trainable_shard)

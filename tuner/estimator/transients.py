@@ -31,8 +31,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tuner.estimator.settings import FP32
+
 ZERO0_ALLREDUCE_ELEMENTS = 500_000_000  # deepspeed.runtime.engine.MEMORY_OPT_ALLREDUCE_SIZE
-FP32 = 4
 
 
 def allreduce_chunks(numels: tuple[int, ...] | list[int], limit: int) -> list[int]:
