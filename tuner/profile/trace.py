@@ -1,6 +1,6 @@
 """Saved activations traced from the real transformers model under fake tensors (imports torch and transformers).
 
-A copy of the model holding the first two layers of each layer kind runs forward and backward under PyTorch's
+A copy of the model holding the first two layers of each layer kind runs its forward pass under PyTorch's
 ``FakeTensorMode`` (shapes and dtypes only: no memory, no arithmetic) at micro-batch 1, 2 and 3. A
 ``saved_tensors_hooks`` pack hook records each tensor autograd saves, with the decoder layer running at the time;
 after the forward pass every storage still alive is counted once (parameters and buffers excluded). The same
@@ -125,7 +125,7 @@ def saved_bytes_by_layer(
     fake_mode: FakeTensorMode | None = None,
     counted: list[int] | None = None,
 ) -> dict[int, int]:
-    """Bytes autograd saves in one forward pass, by decoder layer index (``OUTSIDE`` for the rest); then backward.
+    """Bytes autograd saves in one forward pass, by decoder layer index (``OUTSIDE`` for the rest).
 
     The model is called as a training loop calls it (train mode, ``model(input_ids, labels=...)``): ``use_cache``
     is the config's, as in training (some models then save other tensors: GPT-NeoX, Qwen3-Next). Each storage
@@ -158,8 +158,7 @@ def saved_bytes_by_layer(
             if ref() is not None and storage_id not in excluded and storage_id not in owner:
                 owner[storage_id] = (layer, nbytes)
         records.clear()
-        with _fake_safe(model) if fake_mode is not None else contextlib.nullcontext():
-            loss.backward()
+        del loss  # no backward: what is counted is what the forward pass saved (backward was 2/3 of a trace's time)
     totals: dict[int, int] = {}
     for layer, nbytes in owner.values():
         totals[layer] = totals.get(layer, 0) + nbytes
