@@ -114,6 +114,11 @@ def test_zero3_partitions_packed_data_only_in_a_floating_storage() -> None:
     assert bf16.phases["step"].gpu["parameters"] == others + PACKED // 2 + STATE == 520_320
 
 
+def test_saving_gathers_the_packed_data() -> None:
+    est = estimate(workload(BF16_STORAGE), config(3, stage3_gather_16bit_weights_on_model_save=True))
+    assert est.details["save_gathered_model"] == 2 * KEPT_BF16 + PACKED  # the base as saved: bf16 and 4-bit
+
+
 def test_backward_holds_one_dequantized_weight() -> None:
     # the largest (44,032): loaded bf16, copied to the compute dtype (float32 by default; bf16 needs no copy)
     assert estimate(workload(), config(2)).details["dequantized_weight"] == 44032 * (2 + 4)

@@ -671,6 +671,9 @@ def _add_save_phase(workload: Workload, s: Settings, phases: dict[str, Phase], d
     """
     model, elem = workload.model, s.param_bytes
     gathered = elem * model.n_params
+    base = quantized_base(workload, trained_params(workload))
+    if base is not None:  # 4-bit weights are gathered as their packed data
+        gathered += base.packed - elem * base.elements
     working = elem * model.largest_param if workload.cluster.device == "cuda" else 0
     details["save_gathered_model"] = gathered
     details["save_working_set"] = working

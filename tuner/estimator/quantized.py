@@ -78,7 +78,7 @@ def packed_bytes(numel: int, storage: str) -> int:
     """Bytes of one weight's packed 4-bit data stored as ``storage`` (bitsandbytes ``quantize_4bit``).
 
     >>> packed_bytes(16384, "uint8"), packed_bytes(16384, "bfloat16"), packed_bytes(7, "float32")
-    (8192, 8192, 0)
+    (8192, 8192, 4)
     """
     size = DTYPE_BYTES[storage]
     return (numel + 1) // (2 * size) * size
@@ -122,7 +122,7 @@ def quantized_base(workload: Workload, params: TrainedParams) -> QuantizedBase |
     spec = workload.trainable.quant
     if spec is None:
         return None
-    numels = [n for n, q in zip(params.numels, params.quantized, strict=True) if q]
+    numels = [n for n, q in zip(params.numels, params.quantized, strict=True) if q] if params.quantized else []
     if not numels:
         return QuantizedBase(spec, 0, 0, 0, 0)
     state = sum(state_bytes(n, spec.double_quant) for n in numels) + (DYNAMIC_MAP_BYTES if spec.double_quant else 0)
@@ -141,7 +141,8 @@ def stage3_view(params: TrainedParams, base: QuantizedBase, elem: int) -> tuple[
     replicated = base.state
     upcast = params.fp32 or (False,) * len(params.numels)
     trains = params.mask or (True,) * len(params.numels)
-    for numel, quantized, up, train in zip(params.numels, params.quantized, upcast, trains, strict=True):
+    marks = params.quantized or (False,) * len(params.numels)
+    for numel, quantized, up, train in zip(params.numels, marks, upcast, trains, strict=True):
         if quantized:
             held = packed_bytes(numel, base.spec.storage)
             if not base.partitioned:
