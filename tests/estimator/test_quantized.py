@@ -33,7 +33,7 @@ from tuner.estimator import ConfigError, estimate
 from tuner.estimator.quantized import packed_bytes, quantizer_groups, state_bytes
 from tuner.inputs import FieldError, WorkloadRequest, to_workload
 from tuner.quantization import QuantSpec
-from tuner.workload import TrainableSpec, WorkloadError, preset_config
+from tuner.workload import TrainableSpec, WorkloadError, preset_config, workload_from_dict, workload_to_dict
 
 pytest.importorskip("peft")
 
@@ -170,6 +170,22 @@ def test_bad_quantization_names_the_field(quantization: dict, field: str) -> Non
     with pytest.raises(FieldError) as request:
         workload(quantization)
     assert ".".join(map(str, request.value.loc)) == field
+
+
+def test_a_measured_run_refuses_a_4bit_base() -> None:
+    from tuner.measure.run import run_measurement
+    from tuner.trial import TrialConfig
+
+    with pytest.raises(InputError) as refused:  # before any rank starts: it would train the unquantized model
+        run_measurement(workload(), TrialConfig(config(2)))
+    assert refused.value.field == "quantization"
+
+
+def test_fingerprint_and_stored_round_trip() -> None:
+    quantized, plain = workload(), workload(None)
+    assert quantized.fingerprint() != plain.fingerprint()
+    assert "quantization" not in workload_to_dict(plain)["trainable"]  # LoRA workloads keep their fingerprints
+    assert workload_from_dict(workload_to_dict(quantized)).trainable == quantized.trainable
 
 
 def test_quantization_needs_an_adapter() -> None:

@@ -17,12 +17,15 @@ which weights are replaced: :func:`tuner.profile.hf.quantized_params`). A weight
   Per element: 0.5 + 4/64 = 0.5625 B, or 0.5 + 1/64 + 4/16384 ≈ 0.5159 B with double quant.
 
 Everything else (norms, embeddings, the LM head, biases, peft's adapters) keeps the dtype the model as trained
-records. The matmul dequantizes its weight whole: forward ``dequant + F.linear`` into the compute dtype (the fused
-kernel's fallback for training-sized inputs), backward ``dequantize_4bit(B, state)`` in the dtype the weight was
-loaded in (the training dtype) then ``.to(grad_output.dtype)`` (the compute dtype): the backward moment holds both
-when they differ (:func:`dequantized_weight_bytes`). Activations are the traced peft model's (an unquantized base:
-the saved tensors are the same except when the compute dtype differs from the training dtype, which the trace does
-not model).
+records. Not modelled: peft's ``prepare_model_for_kbit_training`` (``utils/other.py``), which casts every 16-bit
+parameter that is not a ``Params4bit`` to fp32 (DeepSpeed casts them back at ZeRO 0-2, not at ZeRO-3).
+
+The matmul dequantizes its weight whole: forward ``dequant + F.linear`` into the compute dtype (the fused
+kernel's fallback for training-sized inputs, ``backends/cuda/ops.py``), backward ``dequantize_4bit(B, state)`` in
+the dtype the weight was loaded in (the training dtype) then ``.to(grad_output.dtype)`` (the compute dtype): the
+backward moment holds both when they differ (:func:`dequantized_weight_bytes`). Activations are the traced peft
+model's (an unquantized base: the saved tensors are the same except when the compute dtype differs from the
+training dtype, which the trace does not model).
 
 ZeRO-3 (DeepSpeed 0.19.8): a quantized model is built without ``zero.Init`` (transformers'
 ``needs_zero3_init = ... and not _is_quantized``, ``modeling_utils.py``); the engine converts its parameters
