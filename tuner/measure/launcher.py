@@ -245,11 +245,16 @@ def wait_ranks(
     once one finished; when it answers True every rank is stopped at once (``stopped_early``)."""
     deadline = time.monotonic() + timeout
     failed_at: float | None = None
+    alive_at = time.time()  # when the last poll found every rank not yet seen exited still running
     while True:
+        polled_at = time.time()
         codes = [rank.process.poll() for rank in ranks]
         for rank, code in zip(ranks, codes, strict=True):
             if code is not None and rank.exited_at is None:
-                rank.exited_at = time.time() - POLL_S  # it ended within the last poll interval
+                # the earliest it can have ended: a loaded host's poll comes late, and a peer whose collective broke
+                # when this rank died must not be stamped first and blamed
+                rank.exited_at = alive_at
+        alive_at = polled_at
         if all(code is not None for code in codes):
             return
         now = time.monotonic()

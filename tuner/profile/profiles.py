@@ -84,10 +84,11 @@ def model_profile(
     cache = cache or ProfileCache()
     profile = params_profile(config, cache, trainable)
     attention = attention or profile.attention
-    entries: list[ActivationProfile] = []
-    for ckpt in _traceable(profile, checkpointing):
-        for adapters in adapter_variants(profile, precision):
-            key = activation_key(
+    settings, variants = _traceable(profile, checkpointing), adapter_variants(profile, precision)
+    entries: dict[tuple[bool, str], ActivationProfile] = {}
+    for adapters in variants:
+        keys = {
+            ckpt: activation_key(
                 config,
                 transformers_version(),
                 seq_len,
@@ -98,16 +99,21 @@ def model_profile(
                 trainable,
                 adapters,
             )
-            entry = cache.get_activation(key)
-            if entry is None:
-                from tuner.profile.trace import trace_activations
+            for ckpt in settings
+        }
+        found = {ckpt: cache.get_activation(key) for ckpt, key in keys.items()}
+        missing = [ckpt for ckpt, entry in found.items() if entry is None]
+        if missing:
+            from tuner.profile.trace import trace_activations
 
-                entry = trace_activations(
-                    config, profile.layer_kinds, seq_len, precision, attention, ckpt, trainable, adapters
-                )
-                cache.put_activation(key, entry)
-            entries.append(entry)
-    return profile.with_activations(tuple(entries))
+            traced = trace_activations(
+                config, profile.layer_kinds, seq_len, precision, attention, missing, trainable, adapters
+            )
+            for ckpt, entry in traced.items():
+                cache.put_activation(keys[ckpt], entry)
+                found[ckpt] = entry
+        entries.update({(ckpt, adapters): entry for ckpt, entry in found.items() if entry is not None})
+    return profile.with_activations(tuple(entries[ckpt, adapters] for ckpt in settings for adapters in variants))
 
 
 def cached_profile(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -362,19 +362,23 @@ def trace_activations(
     seq_len: int,
     precision: str,
     attention: str,
-    checkpointing: bool,
+    checkpointing: Iterable[bool],
     trainable: TrainableSpec | None = None,
     adapters: str = "",
-) -> ActivationProfile:
-    """The activation profile of the model for these settings, traced at micro-batch 1, 2 and 3 under fake tensors.
+) -> dict[bool, ActivationProfile]:
+    """The activation profile of the model for these settings and each ``checkpointing`` setting asked for, traced
+    at micro-batch 1, 2 and 3 under fake tensors.
 
-    With checkpointing the non-checkpointed layers are traced too: ``recompute`` is the largest of them.
+    With checkpointing the non-checkpointed layers are traced too (``recompute`` is the largest of them): that one
+    trace also gives the profile without checkpointing, so asking for both costs two traces, not three.
     ``trainable``, ``adapters``: the model as trained (:func:`build_copy`): frozen weights save no input for their
     weight gradient; the LoRA A input and the dropout masks are saved.
     """
-    traces = {}
+    wanted = sorted(set(checkpointing))
+    traces: dict[bool, list[Parts]] = {}
+    experts: dict[bool, str] = {}
     recurrent: list[bool] = []
-    for ckpt in (False, True) if checkpointing else (False,):
+    for ckpt in (False, True) if True in wanted else (False,):
         with quiet():
             model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt, trainable, adapters)
         try:
@@ -386,7 +390,24 @@ def trace_activations(
             raise WorkloadError(
                 "model.model_type", f"{config['model_type']} cannot be traced under fake tensors: {_reason(error)}"
             ) from None
-        experts = str(getattr(model.config, "_experts_implementation", None) or "none")
+        experts[ckpt] = str(getattr(model.config, "_experts_implementation", None) or "none")
+    return {
+        ckpt: _activation_profile(traces, ckpt, seq_len, precision, attention, experts[ckpt], adapters)
+        for ckpt in wanted
+    }
+
+
+def _activation_profile(
+    traces: dict[bool, list[Parts]],
+    checkpointing: bool,
+    seq_len: int,
+    precision: str,
+    attention: str,
+    experts: str,
+    adapters: str,
+) -> ActivationProfile:
+    """The profile of one checkpointing setting from the traces at micro-batch 1, 2 and 3 (with checkpointing, the
+    largest non-checkpointed layer is what a layer's recomputation holds)."""
     one, two, three = traces[checkpointing]
     layers = {kind: Linear.through(one[2][kind], two[2][kind], three[2][kind]) for kind in one[2]}
     recompute = Linear()

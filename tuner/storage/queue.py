@@ -38,7 +38,7 @@ from tuner.storage.tables import JOB_FINISHED_STATUSES, JobRow, JobStatus, utcno
 DEFAULT_LEASE_S = 60.0
 MAX_ATTEMPTS = 3  # claims of one job: a job whose workers died this often is failed rather than run again
 HELD = (JobStatus.RUNNING, JobStatus.CANCEL_REQUESTED)
-_CANDIDATES = 16  # rows looked at per claim (expired leases that only need finishing are skipped over)
+_CANDIDATES = 16  # rows looked at per claim (expired leases that only need finishing are finished and passed over)
 
 
 def _expiry(now: datetime, lease_s: float | None) -> datetime | None:
@@ -82,8 +82,12 @@ class JobQueue(Database):
             query = sa.select(JobRow).where(sa.or_(JobRow.status == JobStatus.QUEUED, expired))
             if job_id is not None:
                 query = query.where(JobRow.id == job_id)
-            rows = session.scalars(query.order_by(JobRow.id).limit(_CANDIDATES).with_for_update(skip_locked=True))
-            for row in list(rows):
+            # one row locked at a time: locking a batch to claim one of them hid the rest of the batch from every
+            # other claimer (SKIP LOCKED), which then found nothing although jobs were queued
+            for _ in range(_CANDIDATES):
+                row = session.scalars(query.order_by(JobRow.id).limit(1).with_for_update(skip_locked=True)).first()
+                if row is None:
+                    return None
                 outcome = self._claim_row(session, row, worker, now, lease_s)
                 if outcome is not None:
                     return outcome
