@@ -17,7 +17,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer)
     for layer in (
         {"tuner", "tuner.errors", "tuner.units"},
-        {"tuner.env", "tuner.model_profile"},
+        {"tuner.env", "tuner.model_profile", "tuner.quantization"},
         {"tuner.workload", "tuner.trial"},
         {"tuner.estimator"},
         {"tuner.space", "tuner.profile", "tuner.storage", "tuner.dsconfig"},

@@ -41,6 +41,7 @@ from tuner.errors import InputError
 from tuner.profile import ModelProfile, params_profile, with_profile
 from tuner.profile.profiles import spec_from_profile
 from tuner.profile.service import default_service
+from tuner.quantization import QuantSpec
 from tuner.units import parse_bytes
 from tuner.workload import (
     MAX_FREEZE_PATTERN,
@@ -142,6 +143,12 @@ class WorkloadRequest(BaseModel):
         "frozen.",
         examples=["embed_tokens"],
     )
+    quantization: dict[str, Any] | None = Field(
+        None,
+        description="A 4-bit bitsandbytes base (QLoRA): a BitsAndBytesConfig object as transformers writes it in "
+        "config.json's quantization_config (which it overrides); needs peft and device cuda; estimate only.",
+        examples=[{"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_quant_storage": "bfloat16"}],
+    )
 
 
 def validated(model: type[Request], data: dict[str, Any], loc: Loc = ()) -> Request:
@@ -180,8 +187,8 @@ def _workload_loc(request: WorkloadRequest, field_name: str, loc: Loc) -> Loc:
         if request.config is not None:
             return (*loc, "config", *(rest.split(".") if rest else []))
         return (*loc, "params" if request.params is not None else "model")
-    if head == "peft":  # an adapter config's field: peft.r, peft.target_modules
-        return (*loc, "peft", *(rest.split(".") if rest else []))
+    if head in ("peft", "quantization"):  # an adapter or quantization config's field: peft.r
+        return (*loc, head, *(rest.split(".") if rest else []))
     renamed = {"gpus-per-node": "gpus"}.get(field_name, field_name.replace("-", "_"))
     return (*loc, renamed)
 
@@ -239,6 +246,31 @@ def _check_counted_params(config: dict[str, Any]) -> None:
         raise WorkloadError("model", f"implausible parameter count: about {counted:.3g}, at most {MAX_PARAMS:.0e}")
 
 
+QLORA_NEEDS_CUDA = "a 4-bit bitsandbytes base (QLoRA) needs CUDA: estimate it with --device cuda"
+
+
+def _quantization_field(request: WorkloadRequest) -> str:
+    """Where the request's 4-bit base is given: ``quantization``, or the model config's ``quantization_config``."""
+    return "quantization" if request.quantization is not None else "model.quantization_config"
+
+
+def _quantization(request: WorkloadRequest) -> QuantSpec | None:
+    """The 4-bit base of a request: its ``quantization``, else its model config's ``quantization_config``."""
+    config = request.quantization
+    if config is None and request.params is None:
+        model_config = request.config if request.config is not None else preset_config(request.model or "")
+        config = model_config.get("quantization_config")
+    if config is None:
+        return None
+    field = _quantization_field(request)
+    try:
+        return QuantSpec.of(config, field)
+    except WorkloadError:
+        raise
+    except InputError as error:
+        raise WorkloadError(error.field, error.message) from None
+
+
 def check_request(request: WorkloadRequest, loc: Loc = ()) -> None:
     """The checks that bound a request's cost, before any work: one model source, ``gpus × nodes`` at most
     :data:`MAX_WORLD_SIZE`, an inline config's dimensions within :data:`tuner.workload.CONFIG_LIMITS` and, for the
@@ -286,7 +318,12 @@ def to_workload(
         train = TrainSpec(
             seq_len=request.seq_len, precision=request.precision, attention=request.attention or DEFAULT_ATTENTION
         )
-        trainable = TrainableSpec.of(request.peft, request.freeze)
+        trainable = TrainableSpec.of(request.peft, request.freeze, _quantization(request))
+        if trainable.quantization and cluster.device != "cuda":
+            raise WorkloadError(
+                _quantization_field(request),
+                "a 4-bit bitsandbytes base (QLoRA) needs CUDA: estimate it with --device cuda",
+            )
         if not trainable.is_full and request.model_impl == "builtin":
             raise WorkloadError(
                 "peft" if request.peft is not None else "freeze",

@@ -117,7 +117,9 @@ class ModelProfile:
     peft model: ``param_numels`` are all its parameters (frozen base, adapters, ``modules_to_save`` copies) and
     ``trainable`` says which train (empty: all of them); ``param_dtypes`` the dtype of each as built in bf16 (peft
     keeps its adapters fp32 beside a 16-bit base); ``trainable_elements_by_dtype`` / ``frozen_elements_by_dtype``
-    and the largest trainable and frozen parameters summarise them.
+    and the largest trainable and frozen parameters summarise them. With a 4-bit bitsandbytes base
+    (``TrainableSpec.quantization``), ``quantized`` says which parameters transformers would replace by 4-bit
+    ``Params4bit`` (empty: none); their ``param_numels`` stay the unquantized element counts.
     """
 
     model_type: str
@@ -141,6 +143,7 @@ class ModelProfile:
     largest_trainable_numel: int = 0
     largest_frozen_name: str = ""
     largest_frozen_numel: int = 0
+    quantized: tuple[bool, ...] = ()
 
     @property
     def is_full(self) -> bool:
@@ -208,6 +211,8 @@ class ModelProfile:
                 "largest_frozen_name": self.largest_frozen_name,
                 "largest_frozen_numel": self.largest_frozen_numel,
             }
+            if self.quantized:
+                trained["quantized"] = self.quantized
         return {
             **trained,
             **{
@@ -235,6 +240,8 @@ class ModelProfile:
         if self.trainable:
             data["trainable"] = [int(flag) for flag in self.trainable]
             data["param_dtypes"] = list(self.param_dtypes)
+        if self.quantized:
+            data["quantized"] = [int(flag) for flag in self.quantized]
         data["activations"] = [entry.to_dict() for entry in self.activations]
         return data
 
@@ -267,4 +274,5 @@ class ModelProfile:
             largest_trainable_numel=int(data.get("largest_trainable_numel", 0)),
             largest_frozen_name=str(data.get("largest_frozen_name", "")),
             largest_frozen_numel=int(data.get("largest_frozen_numel", 0)),
+            quantized=tuple(bool(flag) for flag in data.get("quantized", ())),
         )

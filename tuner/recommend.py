@@ -25,10 +25,11 @@ workload and margin.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from tuner.estimator import ConfigError, MemoryEstimate, estimate
+from tuner.estimator import ConfigError, MemoryEstimate, estimate, resolve
+from tuner.estimator.quantized import estimate_only_why
 from tuner.space import default_space_path, load_space
 from tuner.storage import Store
 from tuner.study.calibration import Calibration
@@ -65,6 +66,8 @@ class Recommendation:
     margin: float
     predicted_tokens_per_s: float | None = None
     prediction: dict[str, Any] | None = None
+    estimate_only: bool = False  # the estimate cannot be checked by a run here (a 4-bit base...)
+    estimate_only_why: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as the API shows them: the trial config as ``ds_config`` and ``activation_checkpointing``."""
@@ -95,9 +98,15 @@ def recommend(store: Store, workload: Workload) -> Recommendation:
         )
     nearest = _nearest(store, workload, fingerprint, margin)
     if nearest is not None:
-        return nearest
+        return _marked(workload, nearest)
     fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
-    return _estimated(workload, fingerprint, margin, fit)
+    return _marked(workload, _estimated(workload, fingerprint, margin, fit))
+
+
+def _marked(workload: Workload, found: Recommendation) -> Recommendation:
+    """``found`` marked estimate only where no run here can check its estimate (:func:`estimate_only_why`)."""
+    why = estimate_only_why(workload, resolve(workload, found.trial).quantized_nontrainable)
+    return replace(found, estimate_only=True, estimate_only_why=why) if why else found
 
 
 def _nearest(store: Store, workload: Workload, fingerprint: str, margin: float) -> Recommendation | None:

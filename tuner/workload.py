@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tuner.model_profile import ModelProfile
 
 from tuner.errors import InputError
+from tuner.quantization import QuantSpec
 
 PRESET_DIR = Path(__file__).parent / "presets"
 SUPPORTED_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
@@ -235,6 +236,8 @@ class TrainableSpec:
     searched in parameter names as transformers names them (``model.embed_tokens.weight``); the parameters it
     matches are frozen (plain partial fine-tuning; with ``peft``, applied to the peft model's names too).
     The adapter's own fields are checked where the real ``peft`` library builds it (:mod:`tuner.profile`).
+    ``quantization``: a 4-bit bitsandbytes base (QLoRA, :class:`tuner.quantization.QuantSpec`) as canonical JSON;
+    it needs an adapter (4-bit weights do not train) and CUDA (a :class:`Workload` on CPU refuses it).
 
     >>> TrainableSpec(freeze="embed").is_full, TrainableSpec().is_full
     (False, True)
@@ -245,8 +248,20 @@ class TrainableSpec:
 
     peft: str = ""
     freeze: str = ""
+    quantization: str = ""
 
     def __post_init__(self) -> None:
+        if self.quantization:
+            try:
+                QuantSpec.parse(self.quantization)  # checked field by field
+            except InputError as error:
+                raise WorkloadError(error.field, error.message) from None
+            except json.JSONDecodeError as error:
+                raise WorkloadError("quantization", f"not JSON: {error}") from None
+            if not self.peft:
+                raise WorkloadError(
+                    "quantization", "a 4-bit base needs a peft adapter (--peft): its weights do not train"
+                )
         if len(self.freeze) > MAX_FREEZE_PATTERN:
             raise WorkloadError("freeze", f"at most {MAX_FREEZE_PATTERN} characters")
         try:
@@ -262,12 +277,15 @@ class TrainableSpec:
                 raise WorkloadError("peft", "must be a JSON object (peft's adapter_config.json)")
 
     @classmethod
-    def of(cls, peft: dict[str, Any] | None = None, freeze: str | None = None) -> TrainableSpec:
+    def of(
+        cls, peft: dict[str, Any] | None = None, freeze: str | None = None, quantization: QuantSpec | None = None
+    ) -> TrainableSpec:
         """From an adapter config object (canonicalised: key order and spacing do not change fingerprints)."""
         if peft is not None and not isinstance(peft, dict):
             raise WorkloadError("peft", "must be a JSON object (peft's adapter_config.json)")
         text = json.dumps(peft, sort_keys=True, separators=(",", ":")) if peft is not None else ""
-        return cls(peft=text, freeze=freeze or "")
+        quant = quantization.canonical() if quantization is not None else ""
+        return cls(peft=text, freeze=freeze or "", quantization=quant)
 
     @property
     def is_full(self) -> bool:
@@ -279,6 +297,18 @@ class TrainableSpec:
         """The adapter config object, or None without one."""
         return json.loads(self.peft) if self.peft else None
 
+    @property
+    def quant(self) -> QuantSpec | None:
+        """The 4-bit base's spec, or None for a 16/32-bit base."""
+        return QuantSpec.parse(self.quantization)
+
+    def to_dict(self) -> dict[str, str]:
+        """Plain fields (``quantization`` only when set: fingerprints of workloads stored before it stay)."""
+        data = asdict(self)
+        if not self.quantization:
+            del data["quantization"]
+        return data
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -289,6 +319,12 @@ class Workload:
     train: TrainSpec = field(default_factory=TrainSpec)
     profile: ModelProfile | None = field(default=None, compare=False, repr=False)
     trainable: TrainableSpec = field(default_factory=TrainableSpec)
+
+    def __post_init__(self) -> None:
+        if self.trainable.quantization and self.cluster.device != "cuda":
+            raise WorkloadError(
+                "quantization", "a 4-bit bitsandbytes base (QLoRA) needs CUDA: estimate it with --device cuda"
+            )
 
     def fingerprint(self) -> str:
         """A stable hash of everything that decides memory and speed (the model's name is left out).
@@ -526,7 +562,7 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
     some parameters are frozen, so full fine-tuning workloads keep the fingerprints they were stored under."""
     data = {"model": workload.model.to_dict(), "cluster": asdict(workload.cluster), "train": asdict(workload.train)}
     if not workload.trainable.is_full:
-        data["trainable"] = asdict(workload.trainable)
+        data["trainable"] = workload.trainable.to_dict()
     return data
 
 

@@ -42,6 +42,12 @@ class EstimateResponse(BaseModel):
         description="Parameters that train: n_params for full fine-tuning, fewer with a peft adapter or --freeze "
         "(n_params then counts the model as trained: frozen base, adapters, modules_to_save copies)."
     )
+    estimate_only: bool = Field(
+        False,
+        description="True where no run here can check the estimate: a 4-bit bitsandbytes base (QLoRA) or "
+        "zero_quantized_nontrainable_weights (CUDA code): bytes read from the libraries' code, not measured.",
+    )
+    estimate_only_why: str | None = Field(None, description="Why the estimate is estimate only (null: it is not).")
     architecture: str = Field("", description="transformers' class (MixtralForCausalLM), or the model family.")
     activations_source: str = Field("none", description="trace (the model's traced profile), formula, or none.")
     world_size: int
@@ -97,6 +103,12 @@ class RecommendResponse(BaseModel):
     margin: float = Field(description="The calibrated safety margin used for the fit check.")
     predicted_tokens_per_s: float | None = Field(default=None, description="The throughput model's prediction.")
     prediction: dict[str, Any] | None = Field(default=None, description="The prediction's terms (source estimate).")
+    estimate_only: bool = Field(
+        False,
+        description="True where no run here can check the estimate: a 4-bit bitsandbytes base (QLoRA) or "
+        "zero_quantized_nontrainable_weights (CUDA code): bytes read from the libraries' code, not measured.",
+    )
+    estimate_only_why: str | None = Field(None, description="Why the estimate is estimate only (null: it is not).")
 
 
 class StudyOut(BaseModel):

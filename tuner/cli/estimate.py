@@ -39,6 +39,8 @@ def render(est: MemoryEstimate, title: str, console: Console | None = None) -> N
     console.print(table)
     console.print(f"CPU per node: {gib(est.cpu_per_node['total'])} GiB of {gib(est.cpu_memory)} GiB")
     console.print(f"peak phase: {est.peak_phase}")
+    if est.estimate_only:
+        console.print(f"[yellow]ESTIMATE ONLY[/yellow]: {est.estimate_only}", highlight=False, soft_wrap=True)
     if est.fits:
         console.print(
             f"[green]FITS[/green] with {gib(est.headroom)} GiB headroom per GPU (of {gib(est.gpu_memory)} GiB)"

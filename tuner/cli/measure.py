@@ -23,6 +23,7 @@ from tuner.cli.options import (
 )
 from tuner.inputs import Launcher
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
+from tuner.quantization import MEASURED_QUANTIZATION
 
 
 @workload_options(overrides=AUTO_DEVICE)
@@ -43,6 +44,8 @@ def measure_command(
     warmup_max = warmup_limit(warmup, warmup_max)
     require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
     workload, trial = build(flags)
+    if workload.trainable.quantization:
+        fail("quantization", MEASURED_QUANTIZATION)
     if workload.model.is_bare:
         fail("params", "a measured run needs a model architecture: use --model")
     cap = size(memory_cap, "memory-cap") if memory_cap else None

@@ -64,6 +64,13 @@ PeftOpt = Annotated[
     str | None, typer.Option(help="peft adapter_config.json (LoRA): only the adapters and modules_to_save train.")
 ]
 FreezeOpt = Annotated[str | None, typer.Option(help="Freeze the parameters whose names match this regex.")]
+QuantizationOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="A 4-bit bitsandbytes base (QLoRA): BitsAndBytesConfig JSON (config.json's quantization_config); "
+        "needs --peft and --device cuda; estimate only."
+    ),
+]
 DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
 StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
@@ -79,7 +86,7 @@ WarmupMaxOpt = Annotated[
 AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
 TUNE_FLAGS = (
     "model", "gpus", "nodes", "gpu_memory", "cpu_memory", "seq_len", "precision", "attention", "device", "model_impl",
-    "peft", "freeze",
+    "peft", "freeze", "quantization",
 )  # fmt: skip
 
 
@@ -112,6 +119,7 @@ class WorkloadFlags:
     model_impl: ModelImplOpt = "transformers"
     peft: PeftOpt = None
     freeze: FreezeOpt = None
+    quantization: QuantizationOpt = None
 
 
 def workload_options(
@@ -180,6 +188,7 @@ def build(flags: WorkloadFlags) -> tuple[Workload, TrialConfig]:
             raise InputError("model", "give exactly one of --model PATH|PRESET or --params COUNT")
         config, name = load_hf_config(flags.model) if flags.model is not None else (None, None)
         peft = read_json_object(flags.peft, "peft", "adapter_config.json") if flags.peft is not None else None
+        quantization = read_json_object(flags.quantization, "quantization") if flags.quantization is not None else None
         request = validated(
             WorkloadRequest,
             {
@@ -199,6 +208,7 @@ def build(flags: WorkloadFlags) -> tuple[Workload, TrialConfig]:
                 "model_impl": flags.model_impl,
                 "peft": peft,
                 "freeze": flags.freeze,
+                "quantization": quantization,
             },
         )
         workload = to_workload(request, config_name=name)

@@ -33,6 +33,7 @@ from tuner.cli.options import (
 )
 from tuner.inputs import Launcher, Sampler
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
+from tuner.quantization import MEASURED_QUANTIZATION
 from tuner.units import GiB, format_duration, parse_duration
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ def tune_command(
     warmup_max = warmup_limit(warmup, warmup_max)
     require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
     workload, _ = build(flags)  # micro-batch, accumulation, stage and offload are what the search decides
+    if workload.trainable.quantization:
+        fail("quantization", MEASURED_QUANTIZATION)
     try:
         seconds = parse_duration(timeout) if timeout else None
     except ValueError as error:

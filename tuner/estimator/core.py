@@ -56,11 +56,18 @@ from tuner.estimator.attention import extra_bytes_per_layer
 from tuner.estimator.device import KINDS, OTHER, DeviceKind
 from tuner.estimator.hardware import table_key
 from tuner.estimator.nccl import Parallelism
-from tuner.estimator.partitions import flat_partition, round_robin_order, stage3_partition
+from tuner.estimator.partitions import flat_partition, round_robin_order, stage3_layout, stage3_partition
 from tuner.estimator.phases import CATEGORIES, Phase
 from tuner.estimator.pinned import HostPins
+from tuner.estimator.quantized import (
+    dequantized_weight_bytes,
+    estimate_only_why,
+    quantized_base,
+    quantized_shard_bytes,
+    stage3_view,
+)
 from tuner.estimator.settings import FP32, Settings, resolve
-from tuner.estimator.trainable import stage3_bytes, trained_params
+from tuner.estimator.trainable import TrainedParams, stage3_bytes, trained_params
 from tuner.estimator.transients import (
     bucket_chunks,
     flat_reduce_copy,
@@ -125,6 +132,7 @@ class MemoryEstimate:
     activations_source: str = "none"
     overhead_terms: dict[str, int] = field(default_factory=dict)
     trainable_params: int | None = None  # None: every parameter trains (n_params)
+    estimate_only: str = ""  # why no run here can check this estimate ("": one can)
 
     @property
     def gpu_total(self) -> int:
@@ -164,6 +172,8 @@ class MemoryEstimate:
         return {
             "n_params": self.n_params,
             "trainable_params": self.n_params if self.trainable_params is None else self.trainable_params,
+            "estimate_only": bool(self.estimate_only),
+            "estimate_only_why": self.estimate_only or None,
             "architecture": self.architecture,
             "activations_source": self.activations_source,
             "world_size": self.world_size,
@@ -217,6 +227,9 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     if not params.is_full:
         details["trainable_elements"] = params.n_trainable
         details["frozen_elements"] = params.n_frozen
+    base = quantized_base(workload, params)
+    if base is not None:  # backward dequantizes each 4-bit weight whole, one at a time
+        _add_transient(phases, details, "dequantized_weight", "backward", dequantized_weight_bytes(base, elem))
     # ZeRO-3 keeps peft's fp32 adapters (the engine casts them at stages 0-2): activations traced so
     adapters = "fp32" if s.stage == 3 and params.fp32 else ""
     activations = workload_activation_bytes(
@@ -295,6 +308,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         activations_source=source,
         overhead_terms=terms,
         trainable_params=None if params.is_full else params.n_trainable,
+        estimate_only=estimate_only_why(workload, s.quantized_nontrainable),
     )
 
 
@@ -374,6 +388,10 @@ def _flat_states(
     mixed = s.precision != "fp32"
     params = trained_params(workload)  # frozen parameters: no gradients, masters or optimizer states
     frozen = elem * params.n_frozen  # whole on every rank, in the training dtype, outside the flat groups
+    base = quantized_base(workload, params)
+    if base is not None:  # 4-bit weights: packed data and quant state instead, whole on every rank too
+        frozen += base.packed + base.state - elem * base.elements
+        details["quantized_weights"] = base.packed + base.state
     if s.stage == 0:
         n = params.n_trainable
         _add(phases, "gpu", "parameters", elem * n + frozen)
@@ -522,6 +540,11 @@ def _stage3_states(
     """Model states and buffers of ZeRO stage 3; returns NVMe bytes per rank."""
     model, elem = workload.model, s.param_bytes
     params = trained_params(workload)
+    base, whole = quantized_base(workload, params), 0
+    if base is not None:  # 4-bit weights as ZeRO-3 holds them: partitioned packed data, or whole (uint8)
+        params, whole = stage3_view(params, base, elem)
+        details["quantized_weights_whole"] = whole
+        _add(phases, "gpu", "parameters", whole)
     part = stage3_partition(params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold)
     shard, persistent = part.shard, part.persistent
     details["partition_elements"] = shard
@@ -532,6 +555,10 @@ def _stage3_states(
         shard_bytes, upcast = held.shard_bytes, held.persistent_bytes - elem * persistent
         shard = held.trainable_shard
         details["trainable_partition_elements"] = shard
+        if s.quantized_nontrainable:  # frozen shards held int8 with fp32 scales
+            saved = _quantized_nontrainable_saving(params, s, elem)
+            details["quantized_nontrainable_saving"] = saved
+            shard_bytes -= saved
     nvme = 0
     if s.offload_param == "nvme":
         nvme += shard_bytes
@@ -577,6 +604,18 @@ def _stage3_states(
         else:
             _add(phases, "cpu", "optimizer_states", states)
     return nvme
+
+
+def _quantized_nontrainable_saving(params: TrainedParams, s: Settings, elem: int) -> int:
+    """Bytes ``zero_quantized_nontrainable_weights`` saves per rank: each frozen shard int8 with its fp32 scales
+    (:func:`.quantized_shard_bytes`) instead of its dtype."""
+    parts, _ = stage3_layout(params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold)
+    upcast = params.fp32 or (False,) * len(parts)
+    saved = 0
+    for part, train, up in zip(parts, params.mask, upcast, strict=True):
+        if not train:
+            saved += (FP32 if up else elem) * part - quantized_shard_bytes(part)
+    return saved
 
 
 def _add_stage3_gathered(
@@ -632,6 +671,9 @@ def _add_save_phase(workload: Workload, s: Settings, phases: dict[str, Phase], d
     """
     model, elem = workload.model, s.param_bytes
     gathered = elem * model.n_params
+    base = quantized_base(workload, trained_params(workload))
+    if base is not None:  # 4-bit weights are gathered as their packed data
+        gathered += base.packed - elem * base.elements
     working = elem * model.largest_param if workload.cluster.device == "cuda" else 0
     details["save_gathered_model"] = gathered
     details["save_working_set"] = working

@@ -134,6 +134,7 @@ class Settings:
     sequence_parallel_size: int = 1
     expert_parallel_size: int = 1
     quantized_gradients: bool = False
+    quantized_nontrainable: bool = False  # zero_quantized_nontrainable_weights (ZeRO-3 only, CUDA only)
     expandable_segments: bool = False
     optimizer_impl: str = "fused"  # which Adam DeepSpeed builds (:func:`optimizer_impl`)
     reduce_scatter: bool = True
@@ -287,6 +288,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         sequence_parallel_size=_int(ds_config, "sequence_parallel_size", 1, "", minimum=1),
         expert_parallel_size=_expert_parallel_size(ds_config),
         quantized_gradients=_bool(zero, "zero_quantized_gradients", False, prefix),
+        quantized_nontrainable=_quantized_nontrainable(zero, stage, workload),
         expandable_segments=expandable_segments(ds_config),
         optimizer_impl=optimizer_impl(ds_config, workload.cluster.device, opt_device != "none"),
         reduce_scatter=_bool(zero, "reduce_scatter", True, prefix),
@@ -333,6 +335,18 @@ def optimizer_impl(config: dict[str, Any], device: str, offload: bool) -> str:
     if foreach is None:
         foreach = device == "cuda"
     return "torch_foreach" if foreach else "torch_single"
+
+
+def _quantized_nontrainable(zero: dict[str, Any], stage: int, workload: Workload) -> bool:
+    """``zero_quantized_nontrainable_weights`` at ZeRO-3 (DeepSpeed ignores it at other stages); refused on CPU
+    ranks: DeepSpeed's ``CUDAQuantizer`` loads a CUDA kernel (``QuantizerBuilder``)."""
+    key = "zero_quantized_nontrainable_weights"
+    on = _bool(zero, key, False, "zero_optimization.") and stage == 3
+    if on and workload.cluster.device != "cuda":
+        raise ConfigError(f"zero_optimization.{key}", "needs CUDA (DeepSpeed's CUDA quantizer): estimate only there")
+    if on and workload.trainable.quantization:
+        raise ConfigError(f"zero_optimization.{key}", "not with a 4-bit bitsandbytes base (already quantized)")
+    return on
 
 
 def _gather_on_save(zero: dict[str, Any]) -> bool:

@@ -41,7 +41,8 @@ class TrainedParams:
     ``numels``: every parameter in model order (ZeRO-3 partitions them all); ``trainable``: the elements of each
     trainable parameter in order (the optimizer's, ZeRO-1/2's flat groups); ``mask``: which of ``numels`` train
     (empty: all); ``fp32``: which of ``numels`` are fp32 trainable parameters peft added beside a 16-bit base
-    (empty: none).
+    (empty: none); ``quantized``: which of ``numels`` are 4-bit bitsandbytes weights (empty: none;
+    :mod:`.quantized`).
     """
 
     numels: tuple[int, ...]
@@ -49,6 +50,7 @@ class TrainedParams:
     largest_trainable: int
     mask: tuple[bool, ...] = ()
     fp32: tuple[bool, ...] = ()
+    quantized: tuple[bool, ...] = ()
 
     @property
     def is_full(self) -> bool:
@@ -86,7 +88,8 @@ def trained_params(workload: Workload) -> TrainedParams:
     fp32 = tuple(
         train and dtype == "fp32" for train, dtype in zip(mask, profile.param_dtypes or ("",) * len(mask), strict=True)
     )
-    return TrainedParams(numels, trainable, max(trainable), mask, fp32 if any(fp32) else ())
+    quantized = profile.quantized if workload.trainable.quantization else ()
+    return TrainedParams(numels, trainable, max(trainable), mask, fp32 if any(fp32) else (), quantized)
 
 
 @dataclass(frozen=True)

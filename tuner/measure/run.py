@@ -6,11 +6,13 @@ import threading
 from contextlib import nullcontext
 from typing import Any
 
+from tuner.errors import InputError
 from tuner.estimator import estimate
 from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.measure.runner import RunSpec
+from tuner.quantization import MEASURED_QUANTIZATION
 from tuner.trial import TrialConfig
 from tuner.workload import Workload, workload_to_dict
 
@@ -31,7 +33,10 @@ def run_measurement(
     Setting ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``);
     ``on_step`` may stop a run early (:func:`tuner.measure.launcher.launch_local`). ``profiler_overhead`` times one
     more step under the true-peak instrument; ``extra`` goes to the ranks as ``RunSpec.extra``
-    (``allocation_detail``: what is alive at the peak)."""
+    (``allocation_detail``: what is alive at the peak). A 4-bit bitsandbytes base is refused (:class:`InputError`
+    naming ``quantization``): the ranks would train the unquantized model, not the one asked for."""
+    if workload.trainable.quantization:
+        raise InputError("quantization", MEASURED_QUANTIZATION)
     spec = RunSpec(
         workload_to_dict(workload),
         trial.ds_config,

@@ -43,7 +43,8 @@ def trainable_key(trainable: TrainableSpec | None) -> list[str]:
     """The key parts of the model as trained: none for full fine-tuning (its keys are what they always were)."""
     if trainable is None or trainable.is_full:
         return []
-    return ["trainable", trainable.peft, trainable.freeze]
+    quantization = [trainable.quantization] if trainable.quantization else []  # keys made before it stay
+    return ["trainable", trainable.peft, trainable.freeze, *quantization]
 
 
 def params_key(config: dict[str, Any], transformers_version: str, trainable: TrainableSpec | None = None) -> str:

@@ -280,8 +280,11 @@ def describe_trained(config: dict[str, Any], trainable: TrainableSpec) -> ModelP
     from tuner.profile.trainable import apply_trainable
 
     base = describe(config)
+    quant = trainable.quant
     with quiet(), torch.device("meta"):
-        model: Any = apply_trainable(build(config, dtype=torch.bfloat16), trainable)
+        model: Any = build(config, dtype=torch.bfloat16)
+        quantized = quantized_params(model, quant.skip_modules) if quant is not None else set()
+        model = apply_trainable(model, trainable)
     named = list(model.named_parameters())
     trainable_by: dict[str, int] = {}
     frozen_by: dict[str, int] = {}
@@ -313,8 +316,34 @@ def describe_trained(config: dict[str, Any], trainable: TrainableSpec) -> ModelP
             "largest_trainable_numel": top_trained[1].numel(),
             "largest_frozen_name": top_frozen[0],
             "largest_frozen_numel": top_frozen[1].numel() if top_frozen[1] is not None else 0,
+            "quantized": tuple(id(p) in quantized for _, p in named) if quantized else (),
         }
     )
+
+
+def quantized_params(model: Any, skip_modules: tuple[str, ...] | None) -> set[int]:
+    """Ids of the weights transformers' bitsandbytes 4-bit quantizer replaces by ``Params4bit``.
+
+    As ``Bnb4BitHfQuantizer._process_model_before_weight_loading`` and ``replace_with_bnb_linear`` do
+    (transformers 5, ``quantizers/quantizer_bnb_4bit.py``, ``integrations/bitsandbytes.py``): every module whose type
+    is exactly ``nn.Linear`` (or GPT-2's ``Conv1D``) except those ``get_modules_to_not_convert`` names
+    (``llm_int8_skip_modules``, or by default the output embedding, tied weights and the last module; plus the
+    model's ``_keep_in_fp32_modules``), matched by ``should_convert_module``. Only the weight is quantized (a bias
+    stays a plain parameter). Called on the base model, before peft wraps it: the same parameter objects stay in
+    the peft model's ``base_layer``.
+    """
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import HfQuantizer
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    skip = list(skip_modules) if skip_modules is not None else None
+    keep = getattr(model, "_keep_in_fp32_modules", None)
+    not_convert = HfQuantizer.get_modules_to_not_convert(model, skip, list(keep) if keep else None)
+    return {
+        id(module.weight)
+        for name, module in model.named_modules()
+        if (type(module) is nn.Linear or isinstance(module, Conv1D)) and should_convert_module(name, not_convert)
+    }
 
 
 def config_fields(config_object: Any) -> dict[str, int]:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.inputs import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
+from tuner.quantization import MEASURED_QUANTIZATION
 from tuner.workload import Workload
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -57,8 +58,12 @@ def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = T
     """The workload a study searches for. The request's micro-batch, accumulation and checkpointing are what the
     search decides (a :class:`tuner.trial.TrialConfig`), not part of the workload: the same model and cluster always
     meet the same stored workload (and :func:`tuner.recommend.recommend` finds its measurements). ``inline``: as
-    :func:`tuner.inputs.to_workload` (the API passes False: a new model's profile is computed off the request path)."""
-    return to_workload(request, loc, inline=inline)
+    :func:`tuner.inputs.to_workload` (the API passes False: a new model's profile is computed off the request path).
+    A 4-bit bitsandbytes base is refused before any run: estimate only (:data:`MEASURED_QUANTIZATION`)."""
+    workload = to_workload(request, loc, inline=inline)
+    if workload.trainable.quantization:
+        raise FieldError((*loc, "quantization"), MEASURED_QUANTIZATION)
+    return workload
 
 
 def check_job(request: JobRequest, *, inline: bool = True) -> str:
