@@ -10,7 +10,8 @@ fi
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e ".[run,test]"
 export DS_ACCELERATOR=cpu
-export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"  # DeepSpeed's compiled ops survive between runs
+# DeepSpeed's compiled ops survive between runs (.ci/run points this at the ops README command 1 compiled)
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}"
 .venv/bin/ruff check tuner tests bench
 .venv/bin/ruff format --check tuner tests bench
 .venv/bin/mypy  # settings in pyproject.toml: the tuner package
@@ -24,6 +25,6 @@ if [ "$#" -gt 0 ]; then
     exec .venv/bin/pytest -q -p no:cacheprovider "$@"
 fi
 # Two tiers: the fast one (pure logic, doctests, SQLite, the API in-process, the study loop over a fake measurer;
-# under 2 minutes) fails first, then the slow one (real DeepSpeed on CPU ranks, Ray, PostgreSQL, the browser).
+# about 10 minutes on 2 cores) fails first, then the slow one (real DeepSpeed on CPU ranks, Ray, PostgreSQL, the browser).
 .venv/bin/pytest -q -p no:cacheprovider -m "not slow"
 .venv/bin/pytest -q -p no:cacheprovider -m slow
