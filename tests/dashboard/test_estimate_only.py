@@ -3,8 +3,6 @@ CUDA, a 4-bit base): a note on the trial page, a marker beside the estimated pea
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 pytest.importorskip("fastapi")
@@ -34,7 +32,7 @@ def test_trial_and_study_pages_mark_estimate_only(store: Store) -> None:
         ds_config = config(quantized)
         est = estimate(workload, ds_config).to_dict()
         assert est["estimate_only"] is quantized
-        store.add_trial(study.id, number, json.dumps(ds_config), ds_config, None, False, est, "pruned", "short", 1.0)
+        store.add_trial(study.id, number, f"config-{number}", ds_config, None, False, est, "pruned", "short", 1.0)
     app = FastAPI()
     app.state.store = store
     app.include_router(router)
