@@ -89,10 +89,14 @@ MOE = {
 
 
 @pytest.mark.deepspeed
-def test_zero3_estimate_is_within_3_percent_of_the_worst_rank_true_peak(tmp_path: Path) -> None:
+def test_zero3_estimate_tracks_the_worst_rank_true_peak(tmp_path: Path) -> None:
     """ZeRO-3 in bf16 on a routed MoE: fails if the weights are left uninitialised under zero.Init (non-finite
     gradients, every step skipped, Adam's moments never allocated: about +25 %) or if the estimate drops what the
-    backward peak holds gathered with routed experts (about -10 %)."""
+    backward peak holds gathered with routed experts (about -10 %).
+
+    Within 3 % on a quiet machine (here and in ``bench/results/estimator_true_peak.md``); the band is 6 %, because on
+    a loaded one the ranks' peaks spread by up to two largest parameters (gloo's asynchronous all-gathers: a whole
+    CI run measured ranks at 359.8 and 400.7 MB against 384.4 MB estimated, 4.1 % under the worse)."""
     from tuner.profile import ProfileCache, model_from_config, with_profile
 
     cache = ProfileCache(tmp_path / "profiles")
@@ -106,4 +110,4 @@ def test_zero3_estimate_is_within_3_percent_of_the_worst_rank_true_peak(tmp_path
     assert run.status == "ok", run.error
     worst = max(rank.true_peak_bytes or 0 for rank in run.ranks)
     predicted = estimate(workload, config).gpu_total
-    assert abs(predicted / worst - 1) < 0.03, (predicted, [rank.true_peak_bytes for rank in run.ranks])
+    assert abs(predicted / worst - 1) < 0.06, (predicted, [rank.true_peak_bytes for rank in run.ranks])
