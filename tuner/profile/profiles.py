@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from tuner.model_profile import ActivationProfile, ModelProfile
+from tuner.model_profile import ModelProfile
 from tuner.profile.cache import ProfileCache, activation_key, canonical_config, params_key
 from tuner.profile.config_checks import refuse_custom_code, transformers_version
 from tuner.workload import (
@@ -84,25 +84,12 @@ def model_profile(
     cache = cache or ProfileCache()
     profile = params_profile(config, cache, trainable)
     attention = attention or profile.attention
-    settings, variants = _traceable(profile, checkpointing), adapter_variants(profile, precision)
-    entries: dict[tuple[bool, str], ActivationProfile] = {}
-    for adapters in variants:
-        keys = {
-            ckpt: activation_key(
-                config,
-                transformers_version(),
-                seq_len,
-                precision,
-                attention,
-                experts_key(config),
-                ckpt,
-                trainable,
-                adapters,
-            )
-            for ckpt in settings
-        }
-        found = {ckpt: cache.get_activation(key) for ckpt, key in keys.items()}
-        missing = [ckpt for ckpt, entry in found.items() if entry is None]
+    keys = _activation_keys(
+        config, transformers_version(), seq_len, precision, attention, profile, checkpointing, trainable
+    )
+    found = {setting: cache.get_activation(key) for setting, key in keys.items()}
+    for adapters in adapter_variants(profile, precision):
+        missing = [ckpt for (ckpt, variant), entry in found.items() if variant == adapters and entry is None]
         if missing:
             from tuner.profile.trace import trace_activations
 
@@ -110,10 +97,29 @@ def model_profile(
                 config, profile.layer_kinds, seq_len, precision, attention, missing, trainable, adapters
             )
             for ckpt, entry in traced.items():
-                cache.put_activation(keys[ckpt], entry)
-                found[ckpt] = entry
-        entries.update({(ckpt, adapters): entry for ckpt, entry in found.items() if entry is not None})
-    return profile.with_activations(tuple(entries[ckpt, adapters] for ckpt in settings for adapters in variants))
+                cache.put_activation(keys[ckpt, adapters], entry)
+                found[ckpt, adapters] = entry
+    return profile.with_activations(tuple(entry for entry in found.values() if entry is not None))
+
+
+def _activation_keys(
+    config: dict[str, Any],
+    version: str,
+    seq_len: int,
+    precision: str,
+    attention: str,
+    profile: ModelProfile,
+    checkpointing: Iterable[bool],
+    trainable: TrainableSpec | None,
+) -> dict[tuple[bool, str], str]:
+    """The cache key of each activation profile of one precision, by (checkpointing, adapters), in profile order."""
+    return {
+        (ckpt, adapters): activation_key(
+            config, version, seq_len, precision, attention, experts_key(config), ckpt, trainable, adapters
+        )
+        for ckpt in _traceable(profile, checkpointing)
+        for adapters in adapter_variants(profile, precision)
+    }
 
 
 def cached_profile(
@@ -136,15 +142,13 @@ def cached_profile(
     attention = attention or profile.attention
     entries = []
     for precision in precisions:
-        for ckpt in _traceable(profile, checkpointing):
-            for adapters in adapter_variants(profile, precision):
-                key = activation_key(
-                    config, version_, seq_len, precision, attention, experts_key(config), ckpt, trainable, adapters
-                )
-                entry = cache.get_activation(key)
-                if entry is None:
-                    return None
-                entries.append(entry)
+        for key in _activation_keys(
+            config, version_, seq_len, precision, attention, profile, checkpointing, trainable
+        ).values():
+            entry = cache.get_activation(key)
+            if entry is None:
+                return None
+            entries.append(entry)
     return profile.with_activations(tuple(entries))
 
 
