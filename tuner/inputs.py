@@ -41,7 +41,7 @@ from tuner.errors import InputError
 from tuner.profile import ModelProfile, params_profile, with_profile
 from tuner.profile.profiles import spec_from_profile
 from tuner.profile.service import default_service
-from tuner.quantization import QuantSpec
+from tuner.quantization import NEEDS_CUDA, QuantSpec
 from tuner.units import parse_bytes
 from tuner.workload import (
     MAX_FREEZE_PATTERN,
@@ -246,9 +246,6 @@ def _check_counted_params(config: dict[str, Any]) -> None:
         raise WorkloadError("model", f"implausible parameter count: about {counted:.3g}, at most {MAX_PARAMS:.0e}")
 
 
-QLORA_NEEDS_CUDA = "a 4-bit bitsandbytes base (QLoRA) needs CUDA: estimate it with --device cuda"
-
-
 def _quantization_field(request: WorkloadRequest) -> str:
     """Where the request's 4-bit base is given: ``quantization``, or the model config's ``quantization_config``."""
     return "quantization" if request.quantization is not None else "model.quantization_config"
@@ -320,10 +317,7 @@ def to_workload(
         )
         trainable = TrainableSpec.of(request.peft, request.freeze, _quantization(request))
         if trainable.quantization and cluster.device != "cuda":
-            raise WorkloadError(
-                _quantization_field(request),
-                "a 4-bit bitsandbytes base (QLoRA) needs CUDA: estimate it with --device cuda",
-            )
+            raise WorkloadError(_quantization_field(request), NEEDS_CUDA)
         if not trainable.is_full and request.model_impl == "builtin":
             raise WorkloadError(
                 "peft" if request.peft is not None else "freeze",

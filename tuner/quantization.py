@@ -27,6 +27,7 @@ STORAGE_DTYPES = ("uint8", "bfloat16", "float16", "float32")
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 QUANT_TYPES = ("nf4", "fp4")
 MEASURED_QUANTIZATION = "a 4-bit bitsandbytes base is estimate only: measured runs do not load bitsandbytes"
+NEEDS_CUDA = "a 4-bit bitsandbytes base (QLoRA) needs CUDA: estimate it with --device cuda"
 BLOCKSIZE = 64  # bitsandbytes Params4bit's default block: one absmax per 64 elements
 NESTED_BLOCKSIZE = 256  # double quant: quantize_blockwise(absmax - offset, blocksize=256)
 # BitsAndBytesConfig.to_dict()'s keys; the int8 ones are accepted at their defaults (4-bit ignores them)

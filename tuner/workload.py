@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from tuner.model_profile import ModelProfile
 
 from tuner.errors import InputError
-from tuner.quantization import QuantSpec
+from tuner.quantization import NEEDS_CUDA, QuantSpec
 
 PRESET_DIR = Path(__file__).parent / "presets"
 SUPPORTED_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
@@ -322,9 +322,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.trainable.quantization and self.cluster.device != "cuda":
-            raise WorkloadError(
-                "quantization", "a 4-bit bitsandbytes base (QLoRA) needs CUDA: estimate it with --device cuda"
-            )
+            raise WorkloadError("quantization", NEEDS_CUDA)
 
     def fingerprint(self) -> str:
         """A stable hash of everything that decides memory and speed (the model's name is left out).
