@@ -52,8 +52,8 @@ def test_true_peak_covers_the_snapshots_and_the_estimate_matches_it(stage: int) 
     for rank in run.ranks:
         true = rank.true_peak_bytes
         assert true is not None and rank.peak_bytes == true
-        assert rank.true_peak["source"] == "profiler" and rank.true_peak["profiled_steps"] == 2
-        assert rank.true_peak["vm_hwm_bytes"] > 0 and rank.true_peak["memory_events"] > 0
+        assert rank.true_peak["source"] == "allocator" and rank.true_peak["profiled_steps"] == 2
+        assert rank.true_peak["vm_hwm_bytes"] > 0
         forward = sum(v for k, v in rank.snapshots["forward"].items() if k != "other")
         assert true >= rank.model_state_bytes
         assert true >= forward + rank.activation_bytes

@@ -285,11 +285,12 @@ class TrainingProcess:
         report = self.allocator.stop()
         report["profiled_steps"] = self.steps_done
         self.result.true_peak_bytes = report.pop("peak_bytes")
-        self.result.true_peak.update(report, source="profiler", **os_high_water())
+        source = report.pop("peak_source")
+        self.result.true_peak.update(report, source=source, **os_high_water())
 
     def _profiler_overhead(self, engine: Any, batches: list[Any]) -> None:
-        """One more step under the allocation profiler: its time against the median timed step is the overhead
-        the true-peak instrument adds to a step while on (its start and analysis included)."""
+        """One more step under the true-peak tracker: its time against the median timed step is the overhead the
+        instrument adds to a step while on (its start and analysis included)."""
         from tuner.measure.measurement import percentile
         from tuner.measure.true_peak import CpuAllocatorPeak
 

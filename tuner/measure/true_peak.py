@@ -1,13 +1,16 @@
 """The true peak of one rank: the allocator's own high-water mark, not a snapshot at phase ends.
 
-CPU: ``torch.profiler`` with ``profile_memory=True`` records every CPU allocation and free of the torch allocator
-(kineto ``[memory]`` events: ``nbytes`` positive on allocation, negative on free). Started before the model is built,
-the running maximum of their sum is the peak of live tensor bytes, transients included (bucket copies, fp32
-conversions, optimizer temporaries). The profiler adds a little time per op while on, so it covers the warm-up only
-(the timed steps run without it); a run asked to (``RunSpec.profiler_overhead``) times one more step under the
-profiler and reports what it costs a step. The OS high-water
-mark (``VmHWM``, ``ru_maxrss``) is reported beside it: it is what the OOM killer reads, but pages never written do not
-count, so it can read below the allocator.
+CPU: every CPU tensor allocation and free is counted at torch's CPU allocator, on every thread
+(:mod:`tuner.measure.counting_allocator`, a small C++ shim installed when the tracker starts, before the model is
+built): the high-water mark of live tensor bytes, transients included (bucket copies, fp32 conversions, optimizer
+temporaries, gloo's all-gather buffers). The marks split the run into phases (``step 1 backward``), each with its
+own high-water mark, so the report says in which the peak fell. ``torch.profiler`` (``profile_memory=True``) runs
+only when asked for the allocation sites alive at the peak (``detail``), or where the shim cannot be built: it
+records the threads it profiles and no others, so a buffer freed on gloo's worker thread stays alive in its sum
+(ZeRO-3 on 2 CPU ranks: 2.1-2.4 MiB of a 12 MiB peak). A run asked to (``RunSpec.profiler_overhead``) times one
+more step under the tracker and reports what it costs a step. The OS high-water mark (``VmHWM``, ``ru_maxrss``) is
+reported beside it: it is what the OOM killer reads, but pages never written do not count, so it can read below
+the allocator.
 
 CUDA (written for real clusters; no GPU here): ``torch.cuda.max_memory_allocated`` (the true peak of live tensor
 bytes), ``max_memory_reserved`` (what the caching allocator held), a few ``memory_stats`` counters, and the process's
@@ -21,6 +24,8 @@ import resource
 import time
 from pathlib import Path
 from typing import Any
+
+from tuner.measure.counting_allocator import CountingAllocator, counting_allocator
 
 # memory_stats() counters worth keeping (the full dict has hundreds of entries)
 CUDA_STATS = (
@@ -47,73 +52,106 @@ def os_high_water() -> dict[str, int]:
 
 
 class CpuAllocatorPeak:
-    """Peak of live CPU tensor bytes from the profiler's memory events, with phase marks to place the peak.
+    """Peak of live CPU tensor bytes (the counting allocator's, else the profiler's memory events), with phase marks
+    to place the peak.
 
-    >>> import torch
+    >>> import threading, torch
     >>> tracker = CpuAllocatorPeak()
     >>> tracker.start()
-    >>> a = torch.empty(1000, dtype=torch.uint8); b = torch.empty(500, dtype=torch.uint8); del a, b
+    >>> a = torch.empty(1000, dtype=torch.uint8); held = [torch.empty(500, dtype=torch.uint8)]; del a
     >>> tracker.mark("after")
+    >>> freer = threading.Thread(target=held.clear); freer.start(); freer.join()  # freed on another thread
     >>> report = tracker.stop()
-    >>> report["peak_bytes"] >= 1500, report["live_at_end_bytes"] <= 0
-    (True, True)
+    >>> report["peak_bytes"] >= 1500, report["live_at_end_bytes"] <= 0, report["peak_during"]
+    (True, True, 'start')
     """
 
     def __init__(self, detail: bool | str = False) -> None:
         self.profiler: Any = None
+        self.counter: CountingAllocator | None = None
         # also report what is alive at the peak, by op ("ops") or with Python frames (True, "stack": slow)
         self.detail = detail
         self.marks: list[tuple[int, str]] = []  # (time.time_ns(), what begins then)
+        self.baseline = 0  # counted bytes live at start
+        self.phase_peaks: list[tuple[str, int]] = []  # (phase, its high-water mark above the baseline)
+        self._started = False
 
     def start(self) -> None:
-        """Begin recording allocations (call before the model is built)."""
-        from torch.profiler import ProfilerActivity, profile
+        """Begin counting allocations (call before the model is built)."""
+        self.counter = counting_allocator()
+        if self.counter is not None:
+            self.baseline = self.counter.live
+            self.counter.reset_peak()
+        if self.detail or self.counter is None:
+            from torch.profiler import ProfilerActivity, profile
 
-        self.profiler = profile(
-            activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=self.detail not in (False, "ops")
-        )
-        self.profiler.__enter__()
-        self.mark("start")
+            self.profiler = profile(
+                activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=self.detail not in (False, "ops")
+            )
+            self.profiler.__enter__()
+        self._started = True
+        self.marks.append((time.time_ns(), "start"))
 
     def mark(self, label: str) -> None:
         """Note that ``label`` (``step 1 backward``) begins now: the report says in which one the peak fell."""
+        self._close_phase()
         self.marks.append((time.time_ns(), label))
+
+    def _close_phase(self) -> None:
+        if self.counter is not None and self.marks:
+            self.phase_peaks.append((self.marks[-1][1], self.counter.peak - self.baseline))
+            self.counter.reset_peak()
 
     @property
     def running(self) -> bool:
         """True between :meth:`start` and :meth:`stop`."""
-        return self.profiler is not None
+        return self._started
 
     def stop(self) -> dict[str, Any]:
-        """Stop recording; the peak, where it fell, the event count and what the analysis cost."""
+        """Stop recording; the peak, where it fell, and what the analysis cost."""
         begin = time.perf_counter()
+        self._close_phase()
+        self._started = False
+        report: dict[str, Any] = {}
+        if self.counter is not None:
+            phase, peak = max(self.phase_peaks, key=lambda item: item[1], default=(None, 0))
+            report.update(
+                peak_bytes=peak,
+                live_at_end_bytes=self.counter.live - self.baseline,
+                peak_during=phase,
+                peak_source="allocator",
+            )
         profiler, self.profiler = self.profiler, None
-        profiler.__exit__(None, None, None)
-        events = [
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+            if self.counter is None:
+                report.update(self._profiler_peak(profiler), peak_source="profiler")
+            if self.detail:
+                tree = profiler.profiler.kineto_results.experimental_event_tree()
+                report["allocator_total_peak_bytes"] = allocator_total_peak(tree)
+                report["live_at_peak"] = live_at_peak(tree)
+        report["analysis_s"] = time.perf_counter() - begin
+        return report
+
+    def _profiler_peak(self, profiler: Any) -> dict[str, Any]:
+        """The peak of the running sum of the profiler's memory events (the profiled threads' only)."""
+        events = sorted(
             (event.start_ns(), event.nbytes())
             for event in profiler.profiler.kineto_results.events()
             if _is_cpu_memory_event(event)
-        ]
-        events.sort()
-        live = peak = 0
-        peak_ns = 0
+        )
+        live = peak = peak_ns = 0
         for start_ns, nbytes in events:
             live += nbytes
             if live > peak:
                 peak, peak_ns = live, start_ns
         during = [label for at, label in self.marks if at <= peak_ns]
-        report: dict[str, Any] = {
+        return {
             "peak_bytes": peak,
             "live_at_end_bytes": live,
             "peak_during": during[-1] if during else None,
             "memory_events": len(events),
-            "analysis_s": time.perf_counter() - begin,
         }
-        if self.detail:
-            tree = profiler.profiler.kineto_results.experimental_event_tree()
-            report["allocator_total_peak_bytes"] = allocator_total_peak(tree)
-            report["live_at_peak"] = live_at_peak(tree)
-        return report
 
 
 def _is_cpu_memory_event(event: Any) -> bool:
@@ -172,22 +210,8 @@ def live_at_peak(tree: list[Any], top: int = 40) -> list[dict[str, Any]]:
 
     walk(tree, [])
     allocations.sort(key=lambda item: (item[0], item[2]))  # at one instant frees first, as :meth:`stop` counts
-    live = peak = peak_index = 0
-    for index, (_, _, size, _) in enumerate(allocations):
-        live += size
-        if live > peak:
-            peak, peak_index = live, index
-    # a free removes the allocation of its size at its address: an address the allocator reuses at once can carry
-    # a new allocation stamped before the old one's free, which a plain address -> allocation map would lose
-    alive: dict[int, list[tuple[int, str]]] = {}
-    for _, address, size, site in allocations[: peak_index + 1]:
-        held = alive.setdefault(address, [])
-        if size > 0:
-            held.append((size, site))
-        else:
-            match = next((i for i, (bytes_, _) in enumerate(held) if bytes_ == -size), None)
-            if match is not None:
-                del held[match]
+    _, peak_index, _ = _replay(allocations)
+    _, _, alive = _replay(allocations[: peak_index + 1])
     sites: dict[str, list[int]] = {}
     for size, site in (entry for held in alive.values() for entry in held):
         entry = sites.setdefault(site, [0, 0])
@@ -195,6 +219,38 @@ def live_at_peak(tree: list[Any], top: int = 40) -> list[dict[str, Any]]:
         entry[1] += 1
     ranked = sorted(sites.items(), key=lambda item: -item[1][0])[:top]
     return [{"bytes": size, "count": count, "site": site} for site, (size, count) in ranked]
+
+
+def _replay(allocations: list[tuple[int, int, int, str]]) -> tuple[int, int, dict[int, list[tuple[int, str]]]]:
+    """Replay allocation records: (peak of live bytes, index of the record that reached it, what is alive at the
+    end, by address).
+
+    The profiler records the threads it profiles only: a block freed on another thread (gloo's worker) has no free
+    record. The allocator cannot hand out an address that is still in use, so an allocation at an address the books
+    hold alive frees the block there; its own free, if recorded later (an address reused at once can carry the new
+    allocation stamped first), is then matched to it and ignored, not taken from the new block.
+    """
+    alive: dict[int, list[tuple[int, str]]] = {}
+    freed_unseen: dict[tuple[int, int], int] = {}  # (address, bytes) -> blocks dropped before their free record
+    live = peak = peak_index = 0
+    for index, (_, address, size, site) in enumerate(allocations):
+        held = alive.setdefault(address, [])
+        if size > 0:
+            for old, _ in held:
+                live -= old
+                freed_unseen[(address, old)] = freed_unseen.get((address, old), 0) + 1
+            held[:] = [(size, site)]
+            live += size
+        elif freed_unseen.get((address, -size)):
+            freed_unseen[(address, -size)] -= 1
+        else:
+            match = next((i for i, (bytes_, _) in enumerate(held) if bytes_ == -size), None)
+            if match is not None:
+                del held[match]
+                live += size
+        if live > peak:
+            peak, peak_index = live, index
+    return peak, peak_index, alive
 
 
 def cuda_peaks(device_index: int | None = None) -> dict[str, Any]:
