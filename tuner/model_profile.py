@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-PROFILE_FORMAT = 2  # 2: the attention transformers resolves; traces call the model as training does (use_cache)
+# 2: the attention transformers resolves, traces call the model as training does; 3: tied_embeddings, expert_modules
+PROFILE_FORMAT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +50,10 @@ class ActivationProfile:
     """Saved-for-backward bytes of one configuration of the model, by part, as functions of the micro-batch.
 
     ``recompute``: with checkpointing, the extra bytes while one layer is recomputed in backward (the largest layer
-    kind's saved bytes without checkpointing); 0 without checkpointing. ``adapters``: for a peft model, the dtype
-    its adapters ran in when traced (``""``: the training dtype, as DeepSpeed casts them under ZeRO 0-2; ``fp32``:
-    as peft builds them beside a 16-bit base, as they stay under ZeRO-3).
+    kind's saved bytes without checkpointing); 0 without checkpointing. ``adapters``: for the model as trained
+    (peft, frozen parameters), how it was traced: ``""`` as ZeRO 0-2 train it (adapters cast to the training
+    dtype); ``zero3`` as ZeRO-3 does (peft's fp32 adapters kept, and every Linear saving its input under
+    ``zero.Init``'s memory-efficient linear); ``fp32`` the adapters kept, Linear as torch's.
     """
 
     seq_len: int
@@ -111,7 +113,10 @@ class ModelProfile:
     match are one kind); ``dims``: the config's shapes (vocabulary, hidden size, heads...); ``attention``: the
     attention kind transformers builds the model with when none is asked for (``sdpa`` where the class supports
     it, else ``eager``), the default of workloads training it; ``supports_checkpointing``: whether transformers can
-    checkpoint its layers (else no checkpointing profile is traced, and one asked for is refused).
+    checkpoint its layers (else no checkpointing profile is traced, and one asked for is refused);
+    ``tied_embeddings``: the LM head is the input embedding's parameter; ``expert_modules``: an MoE whose experts are
+    modules of their own, each run only for the tokens routed to it
+    (which modules run changes every step), rather than one fused experts module that runs every time.
 
     The model as trained (a workload with an adapter or frozen parameters, :mod:`tuner.profile.trainable`) is the
     peft model: ``param_numels`` are all its parameters (frozen base, adapters, ``modules_to_save`` copies) and
@@ -134,6 +139,8 @@ class ModelProfile:
     dims: dict[str, int] = field(default_factory=dict)
     attention: str = "sdpa"
     supports_checkpointing: bool = True
+    tied_embeddings: bool = False
+    expert_modules: bool = False
     activations: tuple[ActivationProfile, ...] = field(default=())
     trainable: tuple[bool, ...] = ()
     param_dtypes: tuple[str, ...] = ()
@@ -228,6 +235,8 @@ class ModelProfile:
                 "dims": dict(self.dims),
                 "attention": self.attention,
                 "supports_checkpointing": self.supports_checkpointing,
+                "tied_embeddings": self.tied_embeddings,
+                "expert_modules": self.expert_modules,
             },
         }
 
@@ -263,6 +272,8 @@ class ModelProfile:
             dims={str(k): int(v) for k, v in data.get("dims", {}).items()},
             attention=str(data["attention"]),
             supports_checkpointing=bool(data["supports_checkpointing"]),
+            tied_embeddings=bool(data["tied_embeddings"]),
+            expert_modules=bool(data["expert_modules"]),
             activations=tuple(ActivationProfile.from_dict(entry) for entry in data.get("activations", ())),
             trainable=tuple(bool(flag) for flag in data.get("trainable", ())),
             param_dtypes=tuple(str(name) for name in data.get("param_dtypes", ())),

@@ -1,6 +1,8 @@
 """CPU-run estimates are exactly what they were before the CUDA terms (``data/cpu_estimates.json``, recorded from
 the estimator without them: commit 2c61520, the true-peak transients in, the CUDA terms not yet): CUDA's context,
-NCCL, cuBLAS, allocator and attention-kernel terms must add nothing on CPU ranks."""
+NCCL, cuBLAS, allocator and attention-kernel terms must add nothing on CPU ranks. Re-recorded once since, for the
+24 ZeRO-3 multi-rank cases only, when the counting allocator showed that backward releases the parameters forward
+kept gathered (``gathered_in_backward`` went)."""
 
 import json
 from collections.abc import Iterator

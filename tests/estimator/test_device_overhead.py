@@ -128,9 +128,12 @@ def test_expandable_segments_reserve_less(stage: int) -> None:
         load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=2, gpu_memory=512 * GiB), TrainSpec(2048)
     )
     h200 = Overhead(device=device_kind("NVIDIA H200"))
-    plain = estimate(work, config(stage), h200).overhead_terms["allocator_reserve"]
-    grown = estimate(work, config(stage, dstune={"expandable_segments": True}), h200).overhead_terms
-    assert 0 <= grown["allocator_reserve"] < plain
+    plain = estimate(work, config(stage), h200)
+    grown = estimate(work, config(stage, dstune={"expandable_segments": True}), h200)
+    # what the simulated allocator holds from the device at the step's peak (the reserve term is that less the
+    # peak of allocated bytes, which expandable segments also round differently)
+    assert grown.details["simulated_peak_reserved"] < plain.details["simulated_peak_reserved"]
+    assert grown.overhead_terms["allocator_reserve"] >= 0
 
 
 def test_a_config_that_cannot_fit_is_not_simulated() -> None:

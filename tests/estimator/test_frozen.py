@@ -67,3 +67,49 @@ def test_a_trainable_part_needs_its_profile() -> None:
     frozen, _, _ = frozen_embedding()
     with pytest.raises(WorkloadError, match="freeze"):
         estimate(replace(frozen, profile=None), config(2))
+
+
+def test_zero3_keeps_gathered_only_what_backward_revisits() -> None:
+    """After forward ZeRO-3 keeps gathered the parameters backward will reuse: a frozen input embedding is never
+    run by backward (measured: released after forward), unless it is tied to the LM head, which backward runs."""
+    frozen, _, embed = frozen_embedding()
+    kept = {
+        tied: estimate(replace(frozen, model=replace(frozen.model, tie_embeddings=tied)), config(3)).details
+        for tied in (False, True)
+    }
+    assert kept[True]["gathered_parameters"] - kept[False]["gathered_parameters"] == 2 * embed  # bf16
+
+
+def test_experts_as_modules_of_their_own_keep_nothing_gathered() -> None:
+    """Experts that are modules of their own run only for routed tokens: the module order changes every step,
+    DeepSpeed keeps no trace and releases each module after use; fused experts (one module) keep it."""
+    _, full, _ = frozen_embedding()
+    assert full.profile is None or not full.profile.expert_modules
+    from tuner.profile import params_profile
+    from tuner.workload import preset_config
+
+    base = params_profile(preset_config("tiny-llama"))
+    fused = replace(full, profile=base)
+    routed = replace(full, profile=replace(base, expert_modules=True))
+    kept = estimate(fused, config(3)).details
+    dropped = estimate(routed, config(3)).details
+    assert kept["gathered_parameters"] > 0 and dropped["gathered_parameters"] == 0
+    assert dropped["stage3_working_set"] > kept["stage3_working_set"] == 0
+
+
+def test_zero3_refuses_trainable_parameters_of_two_dtypes() -> None:
+    """peft's fp32 adapters beside a 16-bit ``modules_to_save`` copy: DeepSpeed's stage-3 optimizer asserts one
+    dtype, so the config is refused naming the field (ZeRO 0-2 and fp32 training are fine)."""
+    from tuner.estimator.settings import ConfigError
+
+    frozen, _, _ = frozen_embedding()
+    assert frozen.profile is not None
+    dtypes = ("fp32", *frozen.profile.param_dtypes[1:])  # the embedding trains, in fp32
+    mask = (True, *frozen.profile.trainable[1:])
+    mixed = replace(frozen, profile=replace(frozen.profile, param_dtypes=dtypes, trainable=mask))
+    with pytest.raises(ConfigError, match="one dtype") as refused:
+        estimate(mixed, config(3))
+    assert refused.value.field == "zero_optimization.stage"
+    assert estimate(mixed, config(2)).per_gpu["total"]
+    fp32 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+    assert estimate(replace(mixed, train=replace(mixed.train, precision="fp32")), fp32).per_gpu["total"]

@@ -179,7 +179,7 @@ def test_save_phase_gathers_the_16bit_model_on_rank_0s_host() -> None:
     # Only rank 0 holds the model: the node adds it once, not once per rank.
     assert est.cpu_per_node["total"] == plain.cpu_per_node["total"] + 2 * n
     assert est.cpu_per_node["parameters"] == 2 * n
-    assert est.peak_phase == plain.peak_phase == "backward"  # gathered weights and reduce-scatter staging
+    assert est.peak_phase == plain.peak_phase  # saving adds a phase after the step; the step's own peak stays
     assert {name: est.phases[name].gpu_total for name in plain.phases} == {
         name: phase.gpu_total for name, phase in plain.phases.items()
     }

@@ -311,3 +311,43 @@ def test_measured_run_trains_the_transformers_model_the_profile_traced(cache: Pr
     assert run.status == "ok", run.error
     est = estimate(workload, ds_config)
     assert run.ranks[0].activation_bytes == est.phases["forward"].gpu["activations"]
+
+
+def test_which_embeddings_are_tied_and_which_experts_are_modules(tmp_path: Path) -> None:
+    """Read from the built model: GPT-2 ties its LM head to the embedding, this LLaMA does not; transformers 5 fuses
+    Mixtral's experts into one module (stacked parameters), where experts as modules of their own (switch
+    transformers' ``expert_0``...) run only for the tokens routed to them."""
+    from tuner.profile.hf import expert_modules
+
+    cache = ProfileCache(tmp_path)
+    gpt2 = params_profile({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100}, cache)
+    llama = params_profile({**preset_config("tiny-llama"), "tie_word_embeddings": False}, cache)
+    mixtral = params_profile(
+        {
+            "model_type": "mixtral",
+            "vocab_size": 100,
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_local_experts": 4,
+        },
+        cache,
+    )
+    assert (gpt2.tied_embeddings, llama.tied_embeddings, mixtral.tied_embeddings) == (True, False, False)
+    assert not gpt2.expert_modules and not mixtral.expert_modules
+
+    class Experts(torch.nn.Module):
+        def __init__(self, count: int) -> None:
+            super().__init__()
+            for index in range(count):
+                self.add_module(f"expert_{index}", torch.nn.Linear(4, 4))
+
+    class Block(torch.nn.Module):
+        def __init__(self, count: int) -> None:
+            super().__init__()
+            self.experts = Experts(count)
+
+    assert expert_modules(Block(4)) and not expert_modules(Block(1))
+    assert ModelProfile.from_dict(mixtral.to_dict()) == mixtral

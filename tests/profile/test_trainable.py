@@ -102,10 +102,12 @@ def test_bad_trainable_specs_name_the_field(adapter: dict[str, Any] | None, free
     json.dumps(str(raised.value))
 
 
-@pytest.mark.parametrize("adapters", ["", "fp32"])
+@pytest.mark.parametrize("adapters", ["", "zero3"])
 def test_profile_of_the_model_as_trained(tmp_path: Any, adapters: str) -> None:
     """The peft model's parameter facts match peft's counts, and its traced activations the real peft model's
-    saved bytes (adapters cast to bf16 as ZeRO 0-2 do, or kept fp32 as under ZeRO-3)."""
+    saved bytes: adapters cast to bf16 as ZeRO 0-2 do, or as under ZeRO-3, kept fp32 with every Linear run by
+    DeepSpeed's own ``zero3_linear_wrap`` (which ``zero.Init`` installs as ``F.linear``: it saves frozen
+    projections' inputs too)."""
     from tuner.measure.saved_bytes import saved_bytes
     from tuner.profile import ProfileCache, model_profile, params_profile
 
@@ -127,5 +129,17 @@ def test_profile_of_the_model_as_trained(tmp_path: Any, adapters: str) -> None:
     if not adapters:  # DeepSpeed's engine casts every parameter at ZeRO 0-2
         real_model.to(torch.bfloat16)
     real_model.train()
-    real = saved_bytes(real_model, torch.randint(0, 1024, (2, 64)))  # the independent instrument
+    tokens = torch.randint(0, 1024, (2, 64))
+    if adapters == "zero3":
+        linear = pytest.importorskip("deepspeed.runtime.zero.linear")
+        monkeypatch = pytest.MonkeyPatch()
+        monkeypatch.setattr(torch.nn.functional, "linear", linear.zero3_linear_wrap)
+        try:
+            real = saved_bytes(real_model, tokens)  # the independent instrument, over DeepSpeed's own linear
+        finally:
+            monkeypatch.undo()
+        plain = profile.activation_bytes(64, "bf16", profile.attention, False, 2, "")
+        assert plain is not None and real > plain[0]  # the frozen projections' inputs, beside fp32 adapters
+    else:
+        real = saved_bytes(real_model, tokens)  # the independent instrument
     assert profile.activation_bytes(64, "bf16", profile.attention, False, 2, adapters) == (real, 0)

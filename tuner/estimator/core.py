@@ -67,13 +67,11 @@ from tuner.estimator.quantized import (
     stage3_view,
 )
 from tuner.estimator.settings import FP32, Settings, resolve
-from tuner.estimator.trainable import TrainedParams, stage3_bytes, trained_params
+from tuner.estimator.trainable import TrainedParams, frozen_lead, stage3_bytes, trained_params
 from tuner.estimator.transients import (
     bucket_chunks,
     flat_reduce_copy,
     optimizer_temporaries,
-    routed_experts,
-    stage3_backward_gathered,
     stage3_reduce_copy,
     zero0_allreduce_copy,
 )
@@ -230,8 +228,11 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     base = quantized_base(workload, params)
     if base is not None:  # backward dequantizes each 4-bit weight whole, one at a time
         _add_transient(phases, details, "dequantized_weight", "backward", dequantized_weight_bytes(base, elem))
-    # ZeRO-3 keeps peft's fp32 adapters (the engine casts them at stages 0-2): activations traced so
-    adapters = "fp32" if s.stage == 3 and params.fp32 else ""
+    # the model as trained is traced as ZeRO-3 trains it: peft's fp32 adapters kept (the engine casts them at stages
+    # 0-2), and every Linear saving its input (zero.Init's memory-efficient linear: frozen weights' inputs too)
+    adapters = ""
+    if s.stage == 3 and not params.is_full:
+        adapters = "zero3" if s.memory_efficient_linear else "fp32"
     activations = workload_activation_bytes(
         workload, s.micro_batch, s.precision, elem, s.activation_checkpointing, adapters
     )
@@ -568,8 +569,13 @@ def _stage3_states(
     else:
         _add(phases, "gpu", "parameters", shard_bytes)
     if s.world_size > 1 and not model.is_bare:
+        _, persists = stage3_layout(
+            params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold
+        )
+        # a tied embedding is the LM head too, which backward does run
+        unused = 0 if model.tie_embeddings else frozen_lead(params, persists)
         _add_stage3_gathered(
-            params.n_params, part.largest, persistent, elem, s, phases, details, routed_experts(model.hf_config)
+            params.n_params - unused, part.largest, persistent, elem, s, phases, details, _expert_modules(workload)
         )
         _add(phases, "gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
     bucket = s.reduce_bucket_size * elem if s.contiguous_gradients else 0
@@ -618,6 +624,13 @@ def _quantized_nontrainable_saving(params: TrainedParams, s: Settings, elem: int
     return saved
 
 
+def _expert_modules(workload: Workload) -> bool:
+    """True when the workload's model profile says its MoE experts are modules of their own, run only for the
+    tokens routed to them (unknown without a profile: False, as transformers 5 fuses most MoEs' experts)."""
+    profile = workload.profile
+    return profile is not None and profile.expert_modules
+
+
 def _add_stage3_gathered(
     n_params: int,
     largest: int,
@@ -626,32 +639,39 @@ def _add_stage3_gathered(
     s: Settings,
     phases: dict[str, Phase],
     details: dict[str, int],
-    routed: bool = False,
+    expert_modules: bool = False,
 ) -> None:
     """Whole parameters ZeRO-3 holds beside the shards (on one rank the shard is the whole, so nothing).
 
-    Persistent parameters stay whole through forward and backward; the step repartitions everything. After the
-    forward pass DeepSpeed keeps the gathered parameters it will reuse within ``stage3_max_reuse_distance``
-    (backward starts with the last layers), up to ``stage3_max_live_parameters``. While a module runs, it and the
-    prefetch bucket are gathered too: that working set is transient (``stage3_working_set``).
+    ``n_params``: the elements backward revisits (those of modules it never runs, a LoRA model's frozen embedding,
+    are released after use). Persistent parameters stay whole through forward and backward; the step repartitions
+    everything. Once a step
+    has recorded the order modules run in (a complete trace, from the second step on), DeepSpeed keeps after the
+    forward pass the gathered parameters it will reuse within ``stage3_max_reuse_distance`` (backward starts with
+    the last layers), up to ``stage3_max_live_parameters``; backward releases them module by module, so none is
+    left by its last reduction (:func:`.stage3_reduce_copy`). While a module runs, it and the prefetch bucket are
+    gathered too: that working set is transient (``stage3_working_set``).
 
-    With ``routed`` experts the module order changes every step: DeepSpeed drops its trace and releases each
-    module's parameters after use in forward (``release_sub_module`` without a complete trace), so forward keeps
-    nothing. The backward peak holds as much as a dense model's all the same (:func:`.stage3_backward_gathered`).
+    Measured on 2 CPU ranks with the counting allocator (both ranks' peaks agree to the byte): LoRA on a tiny
+    Mixtral-shaped MoE with small buckets peaks in the loss's backward holding every expert stack and the LM head
+    gathered (DeepSpeed's own parameter states at that moment: 1,703,936 elements ``AVAILABLE``); the 100M-parameter
+    models with one bucket hold none of them at their backward peak. transformers 5 fuses an MoE's experts into one
+    module that runs every step, so its module order is as static as a dense model's.
+
+    With ``expert_modules`` (experts that are modules of their own, run only for the tokens routed to them) the
+    module order changes every step: DeepSpeed drops its trace and releases each module's parameters after use
+    (``release_sub_module`` without a complete trace), so forward keeps nothing (read in DeepSpeed's code, not
+    measured here).
     """
     _add(phases, "gpu", "parameters", elem * persistent, ("forward", "backward"))
     unpartitioned = n_params - persistent
     kept = min(unpartitioned, max(s.max_live_parameters, largest)) if s.max_reuse_distance >= largest else 0
-    in_backward = stage3_backward_gathered(kept, largest, routed)
-    if routed:
+    if expert_modules:
         kept = 0
     working = max(0, min(unpartitioned, largest + s.prefetch_bucket_size) - kept)
     details["gathered_parameters"] = elem * kept
     details["stage3_working_set"] = elem * working
     _add(phases, "gpu", "parameters", elem * kept, ("forward",))
-    # still gathered at the backward peak (the last reduction, inside backward: measured with the allocator's
-    # records); released by the end of backward, so a transient of that phase, not a state its snapshot sees
-    _add_transient(phases, details, "gathered_in_backward", "backward", elem * in_backward)
     _add(phases, "gpu", "buffers", elem * working, ("forward",))
 
 

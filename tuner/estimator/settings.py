@@ -129,6 +129,7 @@ class Settings:
     model_persistence_threshold: int
     sub_group_size: int
     round_robin_gradients: bool = False
+    memory_efficient_linear: bool = True
     gather_16bit_on_save: bool = False
     hpz_partition_size: int = 1
     sequence_parallel_size: int = 1
@@ -255,6 +256,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
     allgather = _int(zero, "allgather_bucket_size", 500_000_000, prefix)
     if stage in (1, 2) and allgather % 2:
         raise ConfigError(f"{prefix}allgather_bucket_size", "must be a multiple of 2 (DeepSpeed's NCCL alignment)")
+    _check_trainable_dtypes(stage, precision, workload)
     settings = Settings(
         world_size=world,
         micro_batch=micro,
@@ -283,6 +285,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         ),
         sub_group_size=_int(zero, "sub_group_size", 1_000_000_000, prefix),
         round_robin_gradients=_bool(zero, "round_robin_gradients", False, prefix),
+        memory_efficient_linear=_bool(zero, "memory_efficient_linear", True, prefix),
         gather_16bit_on_save=_gather_on_save(zero),
         hpz_partition_size=max(1, _int(zero, "zero_hpz_partition_size", 1, prefix)),  # DeepSpeed: ge=0
         sequence_parallel_size=_int(ds_config, "sequence_parallel_size", 1, "", minimum=1),
@@ -347,6 +350,24 @@ def _quantized_nontrainable(zero: dict[str, Any], stage: int, workload: Workload
     if on and workload.trainable.quantization:
         raise ConfigError(f"zero_optimization.{key}", "not with a 4-bit bitsandbytes base (already quantized)")
     return on
+
+
+def _check_trainable_dtypes(stage: int, precision: str, workload: Workload) -> None:
+    """Refuse ZeRO-3 over trainable parameters of more than one dtype: DeepSpeed 0.19.8's stage-3 optimizer
+    flattens them into one buffer (``defragment`` asserts a single dtype). peft keeps its LoRA adapters fp32 beside
+    a 16-bit base, and ``modules_to_save`` copies keep the base's dtype: measured, the ranks fail in
+    ``deepspeed.initialize`` (``bench/peft_memory.py``)."""
+    profile = workload.profile
+    if stage != 3 or precision == "fp32" or profile is None or workload.trainable.is_full:
+        return
+    dtypes = {dtype for dtype, train in zip(profile.param_dtypes, profile.trainable, strict=False) if train}
+    if len(dtypes) > 1:
+        raise ConfigError(
+            "zero_optimization.stage",
+            f"ZeRO-3 needs every trainable parameter in one dtype (DeepSpeed's stage-3 optimizer asserts it); "
+            f"this model as trained has {' and '.join(sorted(dtypes))} ones (peft's adapters beside "
+            f"modules_to_save copies): use ZeRO 0-2, or cast the adapters to the training dtype",
+        )
 
 
 def _gather_on_save(zero: dict[str, Any]) -> bool:

@@ -116,3 +116,24 @@ def stage3_bytes(
         trainable_shard += part if train else 0
         persistent += size * numel if keep else 0
     return Stage3Bytes(shard, persistent, trainable_shard)
+
+
+def frozen_lead(params: TrainedParams, persists: tuple[bool, ...]) -> int:
+    """Elements of the gathered (not persistent) parameters before the first trainable one, in model order, when
+    they are frozen: the input embedding and the first layer's first projections of a LoRA model. Their outputs
+    need no gradient (frozen weights over token ids), so backward never runs their modules and ZeRO-3 does not keep
+    them gathered for it (measured: a tiny LLaMA's frozen embedding is released after the forward pass).
+
+    >>> frozen_lead(TrainedParams((8, 2, 8), (2,), 2, (False, True, False)), (False, True, False))
+    8
+    >>> frozen_lead(TrainedParams((8, 2), (8, 2), 8), (False, True))
+    0
+    """
+    if params.is_full:
+        return 0
+    lead = 0
+    for numel, train, persist in zip(params.numels, params.mask, persists, strict=True):
+        if train:
+            break
+        lead += 0 if persist else numel
+    return lead

@@ -17,9 +17,9 @@ real run show them (``tuner.measure.true_peak``, ``live_at_peak``: which op allo
   gradient partition exists (it is allocated at the first copy into it), later ones beside it
   (:func:`flat_reduce_copy`).
 * ZeRO-3 reduce-scatters each filled bucket through ``reduce_scatter_coalesced``, which concatenates the bucket's
-  gradients (padded) into one flat tensor (:func:`stage3_reduce_copy`). Its gathered parameters stay gathered
-  through backward as well as forward (within ``stage3_max_reuse_distance``; ``core._add_stage3_gathered``), with
-  routed experts too (:func:`stage3_backward_gathered`).
+  gradients (padded) into one flat tensor (:func:`stage3_reduce_copy`). By the last reduction backward has
+  released the parameters forward kept gathered (``core._add_stage3_gathered``): only the largest parameter's
+  gradient is alive beside the staging.
 * The optimizer's own temporaries in the step (:func:`optimizer_temporaries`): torch's single-tensor Adam builds
   ``exp_avg_sq.sqrt()`` and its quotient (two fp32 tensors the size of the parameter it steps, and ZeRO-1/2/3
   step one flat partition per group, not per-layer tensors); the foreach variant one list the size of the whole
@@ -28,7 +28,6 @@ real run show them (``tuner.measure.true_peak``, ``live_at_peak``: which op allo
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from tuner.estimator.settings import FP32
@@ -100,54 +99,15 @@ def stage3_reduce_copy(numels: tuple[int, ...], s: Any, elem: int, gloo: bool) -
     the contiguous bucket); the largest bucket sets the transient. Persistent parameters' gradients are bucketed too.
     gloo's ``reduce_scatter_tensor`` (CPU ranks) clones its input once more (the allocator's records show an
     ``aten::clone`` under it); NCCL reduces in place. The largest parameter's full gradient (the embedding's, the
-    last one backward produces) is still alive at the last reduction: measured on 2 CPU ranks, Pythia-160M shape,
-    the worst rank's peak holds ``e × largest`` beyond the staging (fp32 and bf16).
+    last one backward produces) is still alive at the last reduction, and nothing else gathered: measured on 2 CPU
+    ranks with the counting allocator (Pythia-160M, LLaMA-125M and Mixtral-140M shapes, bf16 and fp32, one bucket
+    for the whole model), both ranks' peaks hold ``e × largest`` beyond the staging (LLaMA-125M bf16: 46.9 MiB,
+    its 24.6M-element embedding).
     """
     world = s.world_size
     padded = [-(-numel // world) * world for numel in numels]
     staging = elem * max(bucket_chunks(padded, s.reduce_bucket_size), default=0)
     return (2 * staging if gloo else staging) + elem * max(numels, default=0)
-
-
-def stage3_backward_gathered(kept: int, largest: int, routed: bool) -> int:
-    """Elements of whole parameters ZeRO-3 holds at its backward peak (the last reduce-scatter, in backward's
-    epilogue) beyond :func:`stage3_reduce_copy`: those forward keeps for reuse (``kept``) on a dense model; with
-    routed experts, whose forward keeps none, as many less the largest parameter.
-
-    Measured on 2 CPU ranks with the allocator's records (``live_at_peak``; Pythia-160M, LLaMA-125M, Mixtral-140M
-    shapes, bf16 and fp32, DeepSpeed's default buckets, so one reduction at the end): beside the 16-bit shard and
-    gradient partition, the fp32 master and Adam's moments, the reduce bucket and the staging (``aten::cat`` in
-    ``reduce_scatter_coalesced``, ``aten::clone`` under gloo's ``reduce_scatter_tensor``), the worst rank holds
-    gathered parameters (``aten::empty`` in ``_allgather_params_sequential``, the embedding's ``aten::cat`` in
-    ``partition_parameters.py`` ``wait``) and, on the rank still inside an all-gather, gloo's own staging
-    (``c10d::_allgather_base_``): about ``e·(kept + largest)`` on the dense models, ``e·kept`` on the MoE (fp32
-    +2.0, +2.0, -0.04 %, bf16 +0.5, -0.2 % over five runs with this rule; 7.9-9.8 % under without the gathered
-    parameters, 0.9-3.4 % over with the largest). How much, and on which rank, moves between runs of one config by
-    up to about two largest parameters (gloo's asynchronous all-gathers): LLaMA-125M bf16's worst rank read 2.59,
-    2.60, 2.63 and 2.69 GiB in four runs. The MoE rule is fitted on one MoE, its mechanism not pinned down.
-
-    >>> stage3_backward_gathered(100, 10, False), stage3_backward_gathered(100, 10, True)
-    (100, 90)
-    """
-    return max(0, kept - largest) if routed else kept
-
-
-EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-
-
-def routed_experts(hf_config: str | None) -> bool:
-    """True when a transformers config (a JSON string, as ``ModelSpec.hf_config``) routes tokens to experts.
-
-    >>> routed_experts('{"num_local_experts": 8}'), routed_experts('{"hidden_size": 8}'), routed_experts(None)
-    (True, False, False)
-    """
-    if not hf_config:
-        return False
-    try:
-        config = json.loads(hf_config)
-    except ValueError:
-        return False
-    return isinstance(config, dict) and any((config.get(key) or 0) > 1 for key in EXPERT_KEYS)
 
 
 def optimizer_temporaries(impl: str, largest_master: int, total_master: int) -> int:

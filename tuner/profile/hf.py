@@ -205,6 +205,28 @@ def quiet() -> Iterator[None]:
 OTHER_TOWERS = ("vision", "visual", "audio", "image", "encoder", "speech", "patch")
 
 
+def tied_embeddings(model: Any) -> bool:  # a transformers PreTrainedModel
+    """True when the model's LM head is its input embedding's parameter (one tensor, counted once)."""
+    try:
+        inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return False
+    weight = getattr(inputs, "weight", None)
+    return weight is not None and getattr(outputs, "weight", None) is weight
+
+
+def expert_modules(model: nn.Module) -> bool:
+    """True when an MoE's experts are modules of their own (a module named ``*experts`` with more than one child
+    holding parameters: switch_transformers' ``expert_0``...), which run only for the tokens routed to them; False
+    for dense models and for experts fused into one module's stacked parameters (Mixtral, Qwen-MoE, DeepSeek in
+    transformers 5), which runs every time."""
+    return any(
+        name.rsplit(".", 1)[-1].endswith("experts")
+        and sum(1 for child in module.children() if any(True for _ in child.parameters())) > 1
+        for name, module in model.named_modules()
+    )
+
+
 def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedModel
     """The model's list of decoder layers: the ``ModuleList`` as long as ``num_hidden_layers`` (of the text config)
     nearest the top, outside vision or audio towers."""
@@ -268,6 +290,8 @@ def describe(config: dict[str, Any]) -> ModelProfile:
         layer_kinds=tuple(layer_kinds(model)),
         dims=config_fields(text_config(model.config)),
         supports_checkpointing=supports_checkpointing(model),
+        tied_embeddings=tied_embeddings(model),
+        expert_modules=expert_modules(model),
         attention=attention_kind(str(model.config._attn_implementation)),
     )
 

@@ -48,13 +48,11 @@ def params_profile(
     return found
 
 
-def adapter_variants(profile: ModelProfile, precision: str) -> tuple[str, ...]:
-    """The adapter dtypes activations are traced with: the training dtype (``""``; ZeRO 0-2 cast the adapters),
-    and ``fp32`` where peft built fp32 adapters beside a 16-bit base (ZeRO-3 keeps them so)."""
-    upcast = precision != "fp32" and any(
-        dtype == "fp32" and train for dtype, train in zip(profile.param_dtypes, profile.trainable, strict=False)
-    )
-    return ("", "fp32") if upcast else ("",)
+def adapter_variants(profile: ModelProfile) -> tuple[str, ...]:
+    """The variants of the model as trained that activations are traced in: as ZeRO 0-2 train it (``""``: the
+    adapters cast to the training dtype) and as ZeRO-3 does (``zero3``: peft's fp32 adapters kept, every Linear
+    saving its input: :func:`tuner.profile.trace.trace_activations`). A fully trained model is traced once."""
+    return ("",) if profile.is_full else ("", "zero3")
 
 
 def experts_key(config: dict[str, Any]) -> str:
@@ -79,8 +77,8 @@ def model_profile(
 ) -> ModelProfile:
     """The model's profile with activations traced for ``seq_len``, ``precision``, ``attention`` (None: the one
     transformers resolves, ``profile.attention``) and each checkpointing setting; every part read from the cache or
-    traced and cached. A non-full ``trainable``: the profile of the model as trained (for 16-bit training with
-    fp32 adapters, traced with the adapters cast and kept fp32: :func:`adapter_variants`)."""
+    traced and cached. A non-full ``trainable``: the profile of the model as trained, traced as ZeRO 0-2 and as
+    ZeRO-3 train it (:func:`adapter_variants`)."""
     cache = cache or ProfileCache()
     profile = params_profile(config, cache, trainable)
     attention = attention or profile.attention
@@ -88,7 +86,7 @@ def model_profile(
         config, transformers_version(), seq_len, precision, attention, profile, checkpointing, trainable
     )
     found = {setting: cache.get_activation(key) for setting, key in keys.items()}
-    for adapters in adapter_variants(profile, precision):
+    for adapters in adapter_variants(profile):
         missing = [ckpt for (ckpt, variant), entry in found.items() if variant == adapters and entry is None]
         if missing:
             from tuner.profile.trace import trace_activations
@@ -118,7 +116,7 @@ def _activation_keys(
             config, version, seq_len, precision, attention, experts_key(config), ckpt, trainable, adapters
         )
         for ckpt in _traceable(profile, checkpointing)
-        for adapters in adapter_variants(profile, precision)
+        for adapters in adapter_variants(profile)
     }
 
 
@@ -187,6 +185,7 @@ def spec_from_profile(config: dict[str, Any], profile: ModelProfile, name: str =
         head_dim=dims.get("head_dim", 0),
         intermediate_size=dims.get("intermediate_size", 0),
         max_positions=dims.get("max_positions", 0),
+        tie_embeddings=profile.tied_embeddings,
         architecture=profile.architecture,
         implementation="transformers",
         hf_config=canonical_config(config),

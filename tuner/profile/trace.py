@@ -188,7 +188,7 @@ def build_copy(
     ``trainable`` (not full): the copy is the model as trained, the adapter added by peft after checkpointing is
     enabled (as a training script does) and the freeze pattern applied (:mod:`tuner.profile.trainable`; a pattern
     naming only layers the copy lacks freezes nothing here). ``adapters=""`` casts every parameter to the training
-    dtype, as DeepSpeed's engine does under ZeRO 0-2; ``fp32`` keeps peft's fp32 adapters (ZeRO-3)."""
+    dtype, as DeepSpeed's engine does under ZeRO 0-2; ``fp32`` and ``zero3`` keep peft's fp32 adapters (ZeRO-3)."""
     keep = _representatives(kinds)
     built = keep[-1] + 1
     full = text_config(hf_config(config))
@@ -355,6 +355,39 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {message}{where}" if message else f"{type(error).__name__}{where}"
 
 
+class _LinearSavingInput(torch.autograd.Function):
+    """``F.linear`` as ZeRO-3 runs it (``deepspeed.runtime.zero.linear.LinearFunctionForZeroStage3``): the output
+    ``input @ weight.T (+ bias)``, and ``input``, ``weight`` and ``bias`` saved for backward whatever needs a
+    gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
+        ctx.save_for_backward(input, weight, bias)
+        output = input.matmul(weight.t())
+        return output + bias if bias is not None else output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # the trace runs forward only; kept for completeness
+        input, weight, bias = ctx.saved_tensors
+        grad_weight = grad.reshape(-1, grad.shape[-1]).t().matmul(input.reshape(-1, input.shape[-1]))
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if bias is not None else None
+        return grad.matmul(weight), grad_weight, grad_bias
+
+
+@contextlib.contextmanager
+def zero3_linear() -> Iterator[None]:
+    """``torch.nn.functional.linear`` replaced as ``deepspeed.zero.Init`` replaces it (``memory_efficient_linear``,
+    on by default; DeepSpeed leaves it replaced after the model is built, for the whole run): its autograd function
+    saves every Linear's input, also where the weight is frozen and plain torch saves none (a LoRA base's q, k, v,
+    o, gate, up and down projections and its LM head)."""
+    original = torch.nn.functional.linear
+    torch.nn.functional.linear = _LinearSavingInput.apply
+    try:
+        yield
+    finally:
+        torch.nn.functional.linear = original
+
+
 def trace_activations(
     config: dict[str, Any],
     kinds: tuple[str, ...] | list[str],
@@ -371,7 +404,8 @@ def trace_activations(
     With checkpointing the non-checkpointed layers are traced too (``recompute`` is the largest of them): that one
     trace also gives the profile without checkpointing, so asking for both costs two traces, not three.
     ``trainable``, ``adapters``: the model as trained (:func:`build_copy`): frozen weights save no input for their
-    weight gradient; the LoRA A input and the dropout masks are saved.
+    weight gradient; the LoRA A input and the dropout masks are saved. ``zero3``: as ZeRO-3 trains it, every
+    Linear saving its input whether its weight trains or not (:func:`zero3_linear`).
     """
     wanted = sorted(set(checkpointing))
     traces: dict[bool, list[Parts]] = {}
@@ -381,7 +415,7 @@ def trace_activations(
         with quiet():
             model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt, trainable, adapters)
         try:
-            with quiet():
+            with quiet(), zero3_linear() if adapters == "zero3" else contextlib.nullcontext():
                 traces[ckpt] = _traced_parts(model, keep, kinds, seq_len, fake_mode, recurrent)
         except WorkloadError:
             raise
