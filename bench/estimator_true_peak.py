@@ -1,7 +1,8 @@
 """The estimate against the true peak of live tensor bytes, per rank, on 2 CPU ranks.
 
-Truth is the allocator's own record (:mod:`tuner.measure.true_peak`: torch.profiler memory events from before the
-model is built to the end of warm-up), not the phase snapshots the estimator was first fitted to. Three architectures
+Truth is the allocator's own count (:mod:`tuner.measure.true_peak`: live tensor bytes counted at torch's CPU
+allocator on every thread, :mod:`tuner.measure.counting_allocator`, from before the model is built to the end of
+warm-up), not the phase snapshots the estimator was first fitted to. Three architectures
 of 100M+ parameters (a Pythia-160M-shaped GPT-NeoX and a LLaMA-style model built by dstune, a Mixtral-shaped MoE
 built by transformers), ZeRO stages 0-3, bf16 and fp32, DeepSpeed's default buckets and the Adam it picks on CPU
 (FusedAdam); seq 128, micro-batch 1, 2 warm-up steps (the second probed) and 1 timed step.
@@ -132,32 +133,31 @@ def key(name: str, precision: str, stage: int, variant: str) -> str:
 
 
 NOTES = """
-Rows re-run: the six ZeRO-3 rows on 2026-12-01 at 20:05-20:15 UTC (after the fixes below); stages 0-2 are the runs
-of 16:40 UTC, unchanged.
+All 24 rows re-run on 2026-12-02 (02:25-03:05 UTC) with the counting allocator, after the finding below; both ranks
+of every run now read the same peak to the byte.
 
-What the ZeRO-3 rows showed, in the allocator's records (``--detail``: ``live_at_peak``, which op allocated what is
-alive at the peak):
-
-* **Mixtral-140M, bf16, +12 % over: a broken run, not the estimate.** transformers' Mixtral creates its experts and
-  router with ``torch.empty``; built under ``zero.Init`` its ``_init_weights`` saw empty partitions, so those weights
-  held whatever the allocator returned. The gradients came out non-finite, DeepSpeed logged ``OVERFLOW! Skipping
-  step`` on both warm-up steps and never allocated Adam's moments (``8Ψ/N``: 559 MB missing from the peak). A
-  measured transformers model built under ZeRO-3 now runs ``_init_weights`` on each module's gathered parameters
-  (``tuner.measure.birth.initialise_partitioned``, found by the peft work too). Re-measured, the MoE holds as much
-  gathered at its backward peak as the dense models (fp32 too: its earlier run trained on garbage weights), so the
-  rule that it keeps nothing, fitted on the broken run, went: the estimate now counts them less the largest
-  parameter (``transients.stage3_backward_gathered``).
-* **LLaMA-125M, -3.2 % / -4.2 % under: run-to-run spread, not a missing term.** The worst rank's peak of one config
-  moves by up to about two largest parameters between runs (bf16: 2.59, 2.60, 2.63 and 2.69 GiB in four runs;
-  fp32: 4.49, 4.62 and 4.71 GiB): the rank still inside the embedding's all-gather holds gloo's own staging
-  (``c10d::_allgather_base_``) and the gathered copy (``aten::cat`` in ``partition_parameters.py`` ``wait``) at the
-  last reduce-scatter, the other rank not. The stored runs were the high ones; the estimate sits inside the spread.
-* **The instrument** lost allocations in ``live_at_peak`` (180-490 MB unnamed at the peak): an address the
-  allocator reuses at once carried a new allocation stamped before the old one's free, and the address map dropped
-  it. Frees now remove the allocation of their size at their address; the named bytes add up to the peak.
+* **The instrument over-counted ZeRO-3, by a different amount on each rank and run.** The profiler's memory events
+  (the truth here until then) record the threads the profiler runs on only. gloo completes asynchronous collectives
+  on worker threads of its own, and ZeRO-3's all-gather buffers whose last reference drops there were freed without
+  a record, staying alive in the running sum. The stored ZeRO-3 peaks were 0.2-0.6 GiB high (LLaMA-125M bf16: 2.59
+  to 2.69 GiB in four runs, now 2.370 GiB on both ranks), which the estimate had been fitted to as "gathered
+  parameters still alive in backward" and "gloo's staging on the rank still inside an all-gather". The true peak is
+  now counted at torch's CPU allocator on every thread (:mod:`tuner.measure.counting_allocator`). Stages 0-2 read
+  as before (their collectives free on the calling thread).
+* **What ZeRO-3 holds at its backward peak** (the last reduce-scatter, with ``--detail`` whose replay now also
+  drops a block whose address the allocator hands out again): the reduce bucket, Adam's moments and fp32 partition,
+  the 16-bit shard and gradient partition, the staging (``aten::cat`` in ``reduce_scatter_coalesced`` and gloo's
+  ``aten::clone``), and one largest parameter (the embedding's gradient: 46.9 MiB on LLaMA-125M bf16), nothing
+  else gathered: backward releases module by module what forward kept. ``transients.stage3_backward_gathered``
+  went; every ZeRO-3 row moved from 9-13 % over to within 0.01 %.
+* **Mixtral-140M** (transformers 5 fuses its experts into one module that runs every step) behaves as the dense
+  models do. Its ZeRO-3 rows were once NaN runs: transformers creates experts and router with ``torch.empty`` and
+  under ``zero.Init`` its ``_init_weights`` saw empty partitions; measured runs now initialise each module's
+  gathered parameters (``tuner.measure.birth.initialise_partitioned``).
 
 The profiler overhead could not be resolved from the noise of 2 cores shared with other work (one timed step per
-run; negative medians mean the profiled step happened to be faster).
+run; negative medians mean the profiled step happened to be faster); the counting allocator runs without the
+profiler.
 """
 
 
@@ -198,8 +198,8 @@ def render(measured: dict[str, dict]) -> str:
     text = (
         "# The estimate against the true peak (2 CPU ranks)\n\n"
         f"{__doc__.split(chr(10) + chr(10))[1]}\n\n"
-        "True peak: the worst rank's peak of live CPU tensor bytes from the allocator's records (torch.profiler "
-        "memory events). Largest snapshot: the phase snapshots (live storages at the end of forward, backward, "
+        "True peak: the worst rank's peak of live CPU tensor bytes, counted at torch's CPU allocator on every "
+        "thread. Largest snapshot: the phase snapshots (live storages at the end of forward, backward, "
         "step, plus saved activations) the estimator matched before. VmHWM: the rank's resident high-water mark "
         "(libraries included; pages never written not counted).\n\n"
         f"{header}\n" + "\n".join(rows) + f"\n\n{len(errors)} runs; |error| median {median:.2%}, worst "
