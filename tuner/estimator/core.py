@@ -645,12 +645,11 @@ def _add_stage3_gathered(
 
     ``n_params``: the elements backward revisits (those of modules it never runs, a LoRA model's frozen embedding,
     are released after use). Persistent parameters stay whole through forward and backward; the step repartitions
-    everything. Once a step
-    has recorded the order modules run in (a complete trace, from the second step on), DeepSpeed keeps after the
-    forward pass the gathered parameters it will reuse within ``stage3_max_reuse_distance`` (backward starts with
-    the last layers), up to ``stage3_max_live_parameters``; backward releases them module by module, so none is
-    left by its last reduction (:func:`.stage3_reduce_copy`). While a module runs, it and the prefetch bucket are
-    gathered too: that working set is transient (``stage3_working_set``).
+    everything. Once a step has recorded the order modules run in (a complete trace, from the second step on),
+    DeepSpeed keeps after the forward pass the gathered parameters it will reuse within ``stage3_max_reuse_distance``
+    (backward starts with the last layers), up to ``stage3_max_live_parameters``; backward releases them module by
+    module, so none is left by its last reduction (:func:`.stage3_reduce_copy`). While a module runs, it and the
+    prefetch bucket are gathered too: that working set is transient (``stage3_working_set``).
 
     Measured on 2 CPU ranks with the counting allocator (both ranks' peaks agree to the byte): LoRA on a tiny
     Mixtral-shaped MoE with small buckets peaks in the loss's backward holding every expert stack and the LM head
