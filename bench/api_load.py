@@ -53,7 +53,7 @@ import aiohttp
 import httpx
 
 from tuner.estimator import estimate
-from tuner.inputs import WorkloadRequest, to_workload
+from tuner.requests import WorkloadRequest, to_workload
 from tuner.storage import Store, StudyRow, TrialRow, utcnow
 
 GPT2 = {"model": "gpt2", "seq_len": 512}
@@ -63,7 +63,7 @@ REQUESTS = {
     "estimate": {"workload": {"model": "llama-2-7b", "gpus": 8, "seq_len": 4096}},
 }
 DSTUNE = str(Path(sys.executable).with_name("dstune"))
-LLAMA = json.loads((Path(__file__).parents[1] / "tuner" / "presets" / "llama-2-7b.json").read_text())
+LLAMA = json.loads((Path(__file__).parents[1] / "tuner" / "workload" / "presets" / "llama-2-7b.json").read_text())
 MAX_DIMS = {"hidden_size": 2**17, "intermediate_size": 2**19, "num_attention_heads": 1024, "num_key_value_heads": 1024}
 
 

@@ -22,12 +22,11 @@ import statistics
 import time
 from pathlib import Path
 
-from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.space.dsconfig import merge_configs, shortcut_config
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 STATES = ("parameters", "gradients", "optimizer_states")
 

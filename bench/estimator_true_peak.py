@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, model_from_hf_config
+from tuner.space.dsconfig import merge_configs, shortcut_config
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, model_from_hf_config
 
 RESULTS = Path(__file__).parent / "results"
 PYTHIA_160M = {

@@ -35,8 +35,7 @@ from tuner.estimator import MemoryEstimate, Overhead, estimate
 from tuner.estimator.device import device_kind
 from tuner.estimator.throughput import predict
 from tuner.measure.options import MeasureOptions
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 MiB = 2**20
 H200_MEMORY = 143_771 * MiB

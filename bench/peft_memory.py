@@ -91,7 +91,7 @@ def workload(name: str, adapter: dict[str, Any] | None = None, freeze: str = "")
 
 def ds_config(stage: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """``dstune estimate``'s shortcut config in bf16 at ``stage``."""
-    from tuner.dsconfig import merge_configs, shortcut_config
+    from tuner.space.dsconfig import merge_configs, shortcut_config
 
     return merge_configs(shortcut_config(MICRO, 1, "bf16", stage, "none", "none"), extra or {})
 

@@ -10,7 +10,7 @@
    method, no new runs, through the same ask → suggest → config key → estimate → tell steps as ``tuner.study``:
 
    * ``tpe``: TPE (multivariate, seeded) with estimator pruning: a config that cannot fit costs no run.
-   * ``tpe-model``: TPE with the throughput model (:class:`tuner.study.warm_start.ThroughputGuide`): its best
+   * ``tpe-model``: TPE with the throughput model (:class:`tuner.forecast.ThroughputGuide`): its best
      feasible configs enqueued first (one per batch shape), a refit after every measured run, and the refitted
      model's pick enqueued while it predicts one within its error of the best measured; TPE proposes the rest.
    * ``tpe-model-xfer`` (reference): the same, starting from constants fitted on the other landscapes (same CPU host,
@@ -48,15 +48,13 @@ import yaml
 from optuna.trial import FixedTrial, TrialState
 
 from tuner.estimator import estimate
+from tuner.forecast import Calibration, ThroughputFit, ThroughputGuide, spearman
 from tuner.measure.measurement import percentile
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, parse_space
 from tuner.storage import RETRYABLE_STATUSES, Store, TrialRecord, TrialRow
 from tuner.study import GRID_PARAMETERS, StudySettings, capacity_reason, make_sampler
-from tuner.study.calibration import Calibration
-from tuner.study.throughput_fit import ThroughputFit, spearman
-from tuner.study.warm_start import ThroughputGuide
 from tuner.units import parse_bytes
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
@@ -241,7 +239,7 @@ def replay(
 ) -> Outcome:
     """Measured runs until the best-so-far reaches ``target``.
 
-    ``tpe-model`` and ``tpe-model-xfer`` are TPE with :class:`tuner.study.warm_start.ThroughputGuide`, exactly the
+    ``tpe-model`` and ``tpe-model-xfer`` are TPE with :class:`tuner.forecast.ThroughputGuide`, exactly the
     calls the tuning loop makes: the model's best feasible configs enqueued first, a refit after every measured run
     and the refitted model's pick enqueued while it predicts one within its error of the best measured; ``-xfer``
     starts from ``prior`` (constants fitted on the other landscapes) instead of the table. Guided replays go on

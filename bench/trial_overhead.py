@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.dsconfig import shortcut_config
-from tuner.inputs import WorkloadRequest, to_workload
 from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import COST_PHASES, Measurement
 from tuner.measure.runner import RunSpec
+from tuner.requests import WorkloadRequest, to_workload
+from tuner.space.dsconfig import shortcut_config
 from tuner.workload import Workload, workload_to_dict
 
 README = {"model": "tiny-llama", "gpus": 2, "seq_len": 128, "device": "cpu", "gpu_memory": "64MiB"}

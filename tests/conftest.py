@@ -47,7 +47,7 @@ def store(url: str) -> Iterator[Store]:
 
 SLOW_FIXTURES = {"postgres_url", "driver"}  # a PostgreSQL server, a real browser
 SLOW_FILES = {  # a real Ray head; training the built-in models in torch; a PostgreSQL server stopped and started
-    "test_worker_ray_jobs.py",
+    "test_ray_jobs.py",  # tests/worker/
     "test_models.py",
     "test_database_restart.py",
     "test_forkserver.py",  # a fork server that imports torch and DeepSpeed

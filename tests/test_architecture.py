@@ -17,11 +17,11 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer)
     for layer in (
         {"tuner", "tuner.errors", "tuner.units"},
-        {"tuner.env", "tuner.model_profile", "tuner.quantization"},
-        {"tuner.workload", "tuner.trial"},
+        {"tuner.env", "tuner.workload"},
         {"tuner.estimator"},
-        {"tuner.space", "tuner.profile", "tuner.storage", "tuner.dsconfig"},
-        {"tuner.measure", "tuner.inputs"},
+        {"tuner.space", "tuner.profile", "tuner.storage"},
+        {"tuner.measure"},
+        {"tuner.requests", "tuner.forecast"},
         {"tuner.study"},
         {"tuner.recommend", "tuner.worker", "tuner.dashboard"},
         {"tuner.api"},

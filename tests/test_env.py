@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from tuner import env
 from tuner.api.app import create_app_from_env
 from tuner.cli import app
-from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
+from tuner.space.dsconfig import shortcut_config
 from tuner.storage import Store, default_url
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 

@@ -22,7 +22,7 @@ PACKAGE_DATA = (
     "tuner/storage/migrations/alembic.ini",
     "tuner/storage/migrations/script.py.mako",
     "tuner/storage/migrations/versions/0001_initial.py",
-    "tuner/presets/tiny-gpt2.json",
+    "tuner/workload/presets/tiny-gpt2.json",
     "tuner/dashboard/templates/base.html",
 )
 

@@ -3,11 +3,9 @@
 from pathlib import Path
 
 from tuner.estimator.throughput import StepTerms
+from tuner.forecast import FAMILY_PREFIX, Calibration, ThroughputFit, rank_feasible
 from tuner.recommend import PREDICTION_TIE, _grid_space, recommend
 from tuner.storage import Store
-from tuner.study.calibration import Calibration
-from tuner.study.throughput_fit import FAMILY_PREFIX, ThroughputFit
-from tuner.study.warm_start import rank_feasible
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 LLAMA = Workload(

@@ -30,13 +30,10 @@ from typing import Any, Literal
 
 from tuner.estimator import ConfigError, MemoryEstimate, estimate, resolve
 from tuner.estimator.quantized import estimate_only_why
+from tuner.forecast import Calibration, ThroughputFit, load_fit, rank_feasible
 from tuner.space import default_space_path, load_space
 from tuner.storage import Store
-from tuner.study.calibration import Calibration
-from tuner.study.throughput_fit import ThroughputFit, load_fit
-from tuner.study.warm_start import rank_feasible
-from tuner.trial import GLOBAL_KEY, TrialConfig
-from tuner.workload import Workload
+from tuner.workload import GLOBAL_KEY, TrialConfig, Workload
 
 Source = Literal["measured", "nearest", "estimate"]
 NEAREST_WORKLOADS = 10

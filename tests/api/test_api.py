@@ -17,10 +17,9 @@ from postgres import fresh_database
 from conftest import BACKENDS
 from tuner.api import create_app
 from tuner.estimator import estimate
-from tuner.inputs import WorkloadRequest, to_workload
+from tuner.requests import WorkloadRequest, to_workload
 from tuner.storage import Store
-from tuner.trial import TrialConfig
-from tuner.workload import Workload
+from tuner.workload import TrialConfig, Workload
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

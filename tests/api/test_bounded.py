@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tuner import inputs
 from tuner.api import create_app
 from tuner.api.routes import estimate as estimate_route
 from tuner.api.routes import recommend as recommend_route
 from tuner.profile.cache import ProfileCache
 from tuner.profile.service import ProfileService, default_service
+from tuner.requests import workload as inputs
 from tuner.workload import preset_config
 
 LLAMA = preset_config("llama-2-7b")

@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 from fastapi.testclient import TestClient
 
 from tuner.api import create_app
-from tuner.inputs import WorkloadRequest, to_workload
+from tuner.requests import WorkloadRequest, to_workload
 
 TOKEN = "s3cret-token"
 LORA = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}

@@ -266,9 +266,9 @@ def test_console_script_bad_input() -> None:
 
 def test_cli_builds_the_same_workload_as_the_api() -> None:
     """The CLI sends its flags through the API's WorkloadRequest and to_workload: same inputs, same estimate."""
-    from tuner.dsconfig import shortcut_config
     from tuner.estimator import estimate
-    from tuner.inputs import WorkloadRequest, to_workload
+    from tuner.requests import WorkloadRequest, to_workload
+    from tuner.space.dsconfig import shortcut_config
 
     flags = {"gpus": 2, "nodes": 2, "gpu_memory": "24GiB", "seq_len": 256, "micro_batch": 2, "precision": "fp16"}
     cli = run_json("--model", "tiny-llama", *(f"--{k.replace('_', '-')}={v}" for k, v in flags.items()), "--stage", "2")

@@ -18,7 +18,7 @@ from tuner.storage import Store
 
 pytestmark = pytest.mark.deepspeed
 DSTUNE = str(Path(sys.executable).with_name("dstune"))
-PRESETS = Path(__file__).resolve().parents[2] / "tuner" / "presets"
+PRESETS = Path(__file__).resolve().parents[2] / "tuner" / "workload" / "presets"
 ADAPTER = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 # tiny-llama: hidden 128, 4 query heads and 2 key/value heads of 32, 4 layers. LoRA adds r·(in + out) per adapted
 # projection: q_proj 8·(128 + 128) = 2,048, v_proj 8·(128 + 64) = 1,536, so 3,584 a layer.

@@ -88,7 +88,7 @@ def test_tune_prunes_measures_records_and_exports(tmp_path) -> None:
     config = json.loads(out.read_text())
     best = max((t for t in trials if t.status == "ok"), key=lambda t: t.tokens_per_s)
     assert config == best.ds_config
-    from tuner.dsconfig import validate_with_deepspeed
+    from tuner.space.dsconfig import validate_with_deepspeed
 
     validate_with_deepspeed(config, world_size=1)
     hf = subprocess.run(

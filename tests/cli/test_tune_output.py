@@ -12,15 +12,14 @@ import pytest
 from rich.console import Console
 
 from tuner.cli.tune import render_study
-from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
+from tuner.forecast import Calibration
 from tuner.measure.measurement import Measurement
 from tuner.measure.op_builds import AnnounceBuilds
+from tuner.space.dsconfig import shortcut_config
 from tuner.storage import Store
 from tuner.study import capacity_reason
-from tuner.study.calibration import Calibration
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 OLD_REASON = (  # as the loop wrote it before reasons were for people
     "gpu: estimated peak 2016309042 B × (1 + margin 0.050) exceeds 67108864 B by 2050015630 B at the backward phase; "

@@ -21,11 +21,11 @@ from fastapi.testclient import TestClient
 
 from tuner.dashboard import router
 from tuner.dashboard._views import chart_data, describe_config, estimate_quality, pareto_front, throughput_accuracy
-from tuner.dsconfig import shortcut_config, validate_with_deepspeed
 from tuner.estimator import estimate
+from tuner.forecast import throughput_summary
+from tuner.requests import JobRequest
+from tuner.space.dsconfig import shortcut_config, validate_with_deepspeed
 from tuner.storage import Store
-from tuner.study.jobs import JobRequest
-from tuner.study.throughput_fit import throughput_summary
 from tuner.units import GiB
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 

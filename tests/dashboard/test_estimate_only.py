@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from tuner.dashboard import router
 from tuner.estimator import estimate
-from tuner.inputs import WorkloadRequest, to_workload
+from tuner.requests import WorkloadRequest, to_workload
 from tuner.storage import Store
 
 LORA = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from tuner.estimator import estimate
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "cpu_estimates.json").read_text())
 

@@ -8,8 +8,7 @@ import pytest
 from tuner.estimator import Overhead, estimate
 from tuner.estimator.device import KINDS, OTHER, device_kind
 from tuner.estimator.nccl import Communicator, NcclCosts, Parallelism, communicator_bytes, communicators
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 MiB, GiB = 2**20, 2**30
 HOPPER = NcclCosts(nvls=256 * MiB)

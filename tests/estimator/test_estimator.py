@@ -7,8 +7,7 @@ import pytest
 
 from tuner.estimator import ConfigError, estimate
 from tuner.estimator.partitions import flat_partition, stage3_partition
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model, model_from_param_count
 
 GB = 1e9
 

@@ -16,12 +16,11 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.launcher import launch_local
 from tuner.measure.runner import RunSpec
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict
+from tuner.space.dsconfig import merge_configs, shortcut_config
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model, workload_to_dict
 
 pytestmark = pytest.mark.deepspeed
 

@@ -10,8 +10,15 @@ import pytest
 
 from tuner.estimator import estimate
 from tuner.estimator.partitions import flat_partition
-from tuner.model_profile import ModelProfile
-from tuner.workload import ClusterSpec, TrainableSpec, TrainSpec, Workload, WorkloadError, load_builtin_model
+from tuner.workload import (
+    ClusterSpec,
+    ModelProfile,
+    TrainableSpec,
+    TrainSpec,
+    Workload,
+    WorkloadError,
+    load_builtin_model,
+)
 
 pytest.importorskip("torch")
 

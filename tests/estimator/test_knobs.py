@@ -7,8 +7,7 @@ import pytest
 from tuner.estimator import PHASES, estimate
 from tuner.estimator.partitions import flat_partition, round_robin_order
 from tuner.estimator.pinned import power_of_two_ceil
-from tuner.study.calibration import Calibration
-from tuner.study.pruning import memory_reason, reason_key
+from tuner.forecast import Calibration, memory_reason, reason_key
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
 
 BASE = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}}

@@ -31,9 +31,8 @@ import pytest
 from tuner.errors import InputError
 from tuner.estimator import ConfigError, estimate
 from tuner.estimator.quantized import packed_bytes, quantizer_groups, state_bytes
-from tuner.inputs import FieldError, WorkloadRequest, to_workload
-from tuner.quantization import QuantSpec
-from tuner.workload import TrainableSpec, WorkloadError, preset_config, workload_from_dict, workload_to_dict
+from tuner.requests import FieldError, WorkloadRequest, to_workload
+from tuner.workload import QuantSpec, TrainableSpec, WorkloadError, preset_config, workload_from_dict, workload_to_dict
 
 pytest.importorskip("peft")
 
@@ -174,7 +173,7 @@ def test_bad_quantization_names_the_field(quantization: dict, field: str) -> Non
 
 def test_a_measured_run_refuses_a_4bit_base() -> None:
     from tuner.measure.run import run_measurement
-    from tuner.trial import TrialConfig
+    from tuner.workload import TrialConfig
 
     with pytest.raises(InputError) as refused:  # before any rank starts: it would train the unquantized model
         run_measurement(workload(), TrialConfig(config(2)))

@@ -4,8 +4,7 @@ import pytest
 
 from tuner.estimator.hardware import TABLE, table_key
 from tuner.estimator.throughput import RECOMPUTE, predict
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model, model_from_param_count
 
 GIB = 2**30
 

@@ -13,8 +13,7 @@ from tuner.estimator.hardware import hardware_for
 from tuner.estimator.settings import resolve
 from tuner.estimator.throughput import predict, step_terms, trainable_params
 from tuner.profile import model_from_config, with_profile
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainableSpec, TrainSpec, Workload, preset_config
+from tuner.workload import ClusterSpec, TrainableSpec, TrainSpec, TrialConfig, Workload, preset_config
 
 ADAPTER = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 LORA_PARAMS = 4 * (8 * (128 + 128) + 8 * (128 + 64))  # tiny-llama: 4 layers of q_proj 128→128, v_proj 128→64

@@ -135,7 +135,7 @@ def _connects(engine: sa.Engine) -> bool:
 
 def pruned_job_request(study: str, trials: int) -> dict[str, Any]:
     """A real tuning job whose every config the estimator prunes (1 MiB of GPU memory): a real study, no runs."""
-    from tuner.study.jobs import JobRequest
+    from tuner.requests import JobRequest
 
     body = {
         "workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": "1MiB", "seq_len": 32},

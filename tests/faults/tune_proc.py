@@ -21,8 +21,7 @@ from tuner.measure.measurement import Measurement
 from tuner.space import resolve_space
 from tuner.storage import Store
 from tuner.study import StudySettings, TuningStudy
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 
 class LoggingMeasurer:

@@ -8,13 +8,12 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from tuner.dsconfig import merge_configs, shortcut_config
 from tuner.estimator import estimate
 from tuner.measure.measurement import RankResult
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.space.dsconfig import merge_configs, shortcut_config
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 # Buckets sized for a 1M-parameter model, as a user would size them for a big one: the 2 GB fp32 default bucket
 # would dominate every number and hide the transients.

@@ -20,10 +20,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tuner.cli import app  # noqa: E402
-from tuner.dsconfig import hf_attn_implementation  # noqa: E402
-from tuner.inputs import WorkloadRequest, to_workload  # noqa: E402
 from tuner.measure.saved_bytes import saved_bytes  # noqa: E402
 from tuner.profile import ProfileCache, model_profile, params_profile  # noqa: E402
+from tuner.requests import WorkloadRequest, to_workload  # noqa: E402
+from tuner.space.dsconfig import hf_attn_implementation  # noqa: E402
 from tuner.workload import WorkloadError  # noqa: E402
 
 SMALL = {  # shrunk dimensions; every other field is the config class's default

@@ -21,8 +21,14 @@ from tuner.profile import ModelProfile, ProfileCache, model_profile, params_prof
 from tuner.profile.cache import activation_key  # noqa: E402
 from tuner.profile.tiny import TINY_CONFIGS  # noqa: E402
 from tuner.profile.trace import measured_saved_bytes  # noqa: E402
-from tuner.trial import TrialConfig  # noqa: E402
-from tuner.workload import ClusterSpec, TrainSpec, Workload, WorkloadError, preset_config  # noqa: E402
+from tuner.workload import (  # noqa: E402
+    ClusterSpec,
+    TrainSpec,
+    TrialConfig,
+    Workload,
+    WorkloadError,
+    preset_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = {  # parameter counts of the published models

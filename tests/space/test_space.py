@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from tuner.dsconfig import validate_with_deepspeed
 from tuner.estimator import ConfigError, resolve
 from tuner.space import (
     InfeasibleConfig,
@@ -23,8 +22,8 @@ from tuner.space import (
     load_space,
     space_names,
 )
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.space.dsconfig import validate_with_deepspeed
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 optuna = pytest.importorskip("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)

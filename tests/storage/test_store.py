@@ -33,7 +33,6 @@ from tuner.storage import (
 )
 from tuner.storage.tables import WorkloadRow, utcnow
 from tuner.workload import (
-    LEGACY_TRAIN,
     ClusterSpec,
     TrainSpec,
     Workload,
@@ -41,6 +40,7 @@ from tuner.workload import (
     model_from_param_count,
     workload_to_dict,
 )
+from tuner.workload.spec import LEGACY_TRAIN
 
 ROOT = Path(__file__).resolve().parents[2]
 DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}

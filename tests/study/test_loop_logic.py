@@ -17,19 +17,18 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.dsconfig import shortcut_config
 from tuner.estimator import estimate
+from tuner.forecast import DEFAULT_MARGIN, reason_key
 from tuner.measure.dispatch import Dispatcher
 from tuner.measure.measurement import CANCELLED, INFRA_LOST, STOPPED_EARLY, Measurement, RankResult, StepHook
 from tuner.measure.options import MeasureOptions
 from tuner.space import default_space_path
+from tuner.space.dsconfig import shortcut_config
 from tuner.storage import Store, new_holder, release
-from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy, reason_key
-from tuner.study.calibration import DEFAULT_MARGIN
+from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy
 from tuner.study.loop import HOLDER_ATTR, REPEAT_LIMIT
-from tuner.trial import TrialConfig
 from tuner.units import format_bytes
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

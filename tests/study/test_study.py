@@ -17,9 +17,10 @@ from faultkit import MARKER_ENV, marked_processes
 from faultkit import rank_processes as ranks_among
 
 from tuner.measure.dispatch import Dispatcher
+from tuner.requests import JobRequest, check_job
 from tuner.storage import Store
 from tuner.study import TuningStudy
-from tuner.study.jobs import JobRequest, check_job, study_settings
+from tuner.worker import study_settings
 
 pytestmark = pytest.mark.deepspeed
 

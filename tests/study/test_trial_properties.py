@@ -21,11 +21,9 @@ from bench_space import bench_space
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tuner.forecast import Calibration, ThroughputGuide, params_of
 from tuner.space import InfeasibleConfig, SearchSpace, default_space_path, load_space
-from tuner.study.calibration import Calibration
-from tuner.study.warm_start import ThroughputGuide, params_of
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model, model_from_param_count
 
 ROOT = Path(__file__).resolve().parents[2]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -144,8 +142,8 @@ def test_the_exported_config_estimates_as_its_trial_was_recorded(
 ) -> None:
     """``dstune best``'s export of every measured trial, with the checkpointing its TrainingArguments carry, gives
     the estimate recorded for that trial; what the export leaves out of the ds_config is said in a note."""
-    from tuner.dsconfig import export_config
     from tuner.estimator import estimate
+    from tuner.space.dsconfig import export_config
     from tuner.storage import Store
     from tuner.study import StudySettings, TuningStudy
 

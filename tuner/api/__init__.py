@@ -1,5 +1,5 @@
 """The HTTP API (FastAPI), served by ``dstune serve``: estimate, recommend, studies and jobs. A face: thin over
-:mod:`tuner.inputs`, :mod:`tuner.recommend`, :mod:`tuner.study.jobs`, :mod:`tuner.estimator` and
+:mod:`tuner.requests`, :mod:`tuner.recommend`, :mod:`tuner.requests`, :mod:`tuner.estimator` and
 :mod:`tuner.storage` (and it includes :mod:`tuner.dashboard`'s router). Nothing below imports it.
 
 ``app`` builds the app and its state (:func:`create_app`), ``schemas`` holds the request/response models (the OpenAPI

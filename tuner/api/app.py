@@ -35,9 +35,9 @@ from tuner.api.budget import OverBudget
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
 from tuner.api.unavailable import register as register_unavailable
-from tuner.inputs import FieldError
 from tuner.profile.service import ProfilePending, ProfileQueueFull, default_service
 from tuner.recommend import NoFeasibleConfig
+from tuner.requests import FieldError
 from tuner.storage import Store
 
 WORKER_THREADS = 64  # the blocking parts of /v1/estimate and /v1/recommend (asyncio.to_thread)

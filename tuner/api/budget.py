@@ -1,6 +1,6 @@
 """A time budget per request: the most seconds a client waits for an answer that is computed in a worker thread.
 
-Validation bounds what any one request may cost (:mod:`tuner.inputs`: dimensions, world size, parameter count), so
+Validation bounds what any one request may cost (:mod:`tuner.requests`: dimensions, world size, parameter count), so
 every computation ends; the budget bounds how long a client waits for it on a busy server. Past the budget the
 client gets **503 with Retry-After** (not 422: the request is valid, the server is short of time now). The
 computation is not abandoned: a worker thread cannot be stopped from outside, and :mod:`tuner.api.answer_cache`

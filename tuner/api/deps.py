@@ -14,7 +14,7 @@ from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from tuner.inputs import FieldError
+from tuner.requests import FieldError
 from tuner.storage import Store
 
 bearer = HTTPBearer(auto_error=False, description="The server's API token (dstune serve --token-file/env).")

@@ -1,6 +1,6 @@
 """The API's request and response models: the documentation, and through FastAPI the OpenAPI schema (the contract).
 
-Workloads are :class:`tuner.inputs.WorkloadRequest` and tuning jobs :class:`tuner.study.jobs.JobRequest`, the same
+Workloads are :class:`tuner.requests.WorkloadRequest` and tuning jobs :class:`tuner.requests.JobRequest`, the same
 schema the CLI and the job queue build workloads through.
 """
 
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.inputs import Offload, WorkloadRequest
+from tuner.requests import Offload, WorkloadRequest
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 
 

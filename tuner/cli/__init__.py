@@ -1,5 +1,5 @@
-"""The ``dstune`` command line (Typer + rich). A face: thin over :mod:`tuner.inputs` (workloads are built through
-its :class:`~tuner.inputs.WorkloadRequest`), the estimator, the study, measured runs, storage, the API and the worker;
+"""The ``dstune`` command line (Typer + rich). A face: thin over :mod:`tuner.requests` (workloads are built through
+its :class:`~tuner.requests.WorkloadRequest`), the estimator, the study, measured runs, storage, the API and the worker;
 nothing below imports it. The study, storage, measurement, API and worker rooms are imported only when a command
 that needs them runs.
 

@@ -21,9 +21,9 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
-from tuner.inputs import Launcher
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.quantization import MEASURED_QUANTIZATION
+from tuner.requests import Launcher
+from tuner.workload import MEASURED_QUANTIZATION
 
 
 @workload_options(overrides=AUTO_DEVICE)

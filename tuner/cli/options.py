@@ -2,10 +2,11 @@
 (plus the few options several commands share: ``--json``, ``--storage``).
 
 :class:`WorkloadFlags` is the declaration: each field's type carries its Typer option (help, bounds, choices from
-:mod:`tuner.inputs`'s vocabularies) and its default is the flag's default. :func:`workload_options` puts those
+:mod:`tuner.requests`'s vocabularies) and its default is the flag's default. :func:`workload_options` puts those
 options into a command's signature in place of its ``flags: WorkloadFlags`` parameter and hands the command one
-:class:`WorkloadFlags`; :func:`build` turns it into the workload, through the same :class:`tuner.inputs.WorkloadRequest`
-and :func:`tuner.inputs.to_workload` as the API and the job queue, plus the ds_config of the shortcut flags.
+:class:`WorkloadFlags`; :func:`build` turns it into the workload, through the same
+:class:`tuner.requests.WorkloadRequest` and :func:`tuner.requests.to_workload` as the API and the job queue, plus
+the ds_config of the shortcut flags.
 
 Example:
     >>> workload, trial = build(WorkloadFlags(model="tiny-gpt2", gpus=2, stage=2, device="cpu"))
@@ -23,10 +24,10 @@ from typing import Annotated, Any, get_type_hints
 import typer
 
 from tuner.cli.common import default_device, fail
-from tuner.dsconfig import load_ds_config, trial_config
 from tuner.errors import InputError
 from tuner.estimator import estimate, resolve
-from tuner.inputs import (
+from tuner.profile import with_profile
+from tuner.requests import (
     Attention,
     Device,
     FieldError,
@@ -38,9 +39,8 @@ from tuner.inputs import (
     to_workload,
     validated,
 )
-from tuner.profile import with_profile
-from tuner.trial import TrialConfig
-from tuner.workload import Workload, load_hf_config, read_json_object
+from tuner.space.dsconfig import load_ds_config, trial_config
+from tuner.workload import TrialConfig, Workload, load_hf_config, read_json_object
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
 ParamsOpt = Annotated[float | None, typer.Option(help="A bare parameter count, e.g. 7.5e9.")]
@@ -94,7 +94,7 @@ TUNE_FLAGS = (
 class WorkloadFlags:
     """The workload flags as given (``--model`` a path or preset, sizes as text), with their Typer options.
 
-    Besides the :class:`tuner.inputs.WorkloadRequest` fields it holds the ds_config shortcuts (``--stage``,
+    Besides the :class:`tuner.requests.WorkloadRequest` fields it holds the ds_config shortcuts (``--stage``,
     ``--offload-*``, ``--nvme-path``, ``--ds-config``).
     """
 

@@ -31,10 +31,10 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
-from tuner.inputs import Launcher, Sampler
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.quantization import MEASURED_QUANTIZATION
+from tuner.requests import Launcher, Sampler
 from tuner.units import GiB, format_duration, parse_duration
+from tuner.workload import MEASURED_QUANTIZATION
 
 if TYPE_CHECKING:
     from tuner.storage import Store
@@ -327,7 +327,7 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
 
 def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5) -> None:
     """The pruned trials grouped by kind (memory · phase · largest category), each kind with one of its reasons."""
-    from tuner.study.pruning import group_reasons
+    from tuner.forecast import group_reasons
 
     pruned = store.trials(study_id, status="pruned")
     groups = group_reasons(trial.prune_reason for trial in pruned)
@@ -342,8 +342,8 @@ def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5)
 
 def export_best(study: str, *, storage: str | None, format: str, out: str | None) -> None:
     """Write the best measured ds_config of ``study``, after DeepSpeed's own validation."""
-    from tuner.dsconfig import export_config, validate_with_deepspeed
     from tuner.estimator import ConfigError
+    from tuner.space.dsconfig import export_config, validate_with_deepspeed
     from tuner.storage import Store, default_url
 
     store = Store.open(storage or default_url())

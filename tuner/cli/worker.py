@@ -9,7 +9,7 @@ import typer
 
 from tuner.cli.common import fail
 from tuner.cli.options import StorageOpt
-from tuner.inputs import Launcher
+from tuner.requests import Launcher
 
 
 def worker_command(

@@ -12,9 +12,9 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from tuner.dashboard import _views as views
-from tuner.dsconfig import deepspeed_part
+from tuner.forecast import describe_reason
+from tuner.space.dsconfig import deepspeed_part
 from tuner.storage import Store, StudyRecord, TrialRecord
-from tuner.study.pruning import describe_reason
 from tuner.units import format_bytes
 
 HERE = Path(__file__).resolve().parent

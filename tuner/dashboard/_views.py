@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from tuner.forecast import PredictionAccuracy, group_counts, prediction_accuracy
 from tuner.storage import FINISHED_STATUSES, JobRecord, StudyRecord, TrialRecord, WorkloadRecord
-from tuner.study.pruning import group_counts
-from tuner.study.throughput_fit import PredictionAccuracy, prediction_accuracy
 from tuner.units import GiB, format_bytes
 
 MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "pruned")

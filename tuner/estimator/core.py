@@ -75,8 +75,7 @@ from tuner.estimator.transients import (
     stage3_reduce_copy,
     zero0_allreduce_copy,
 )
-from tuner.trial import TrialConfig
-from tuner.workload import Workload
+from tuner.workload import TrialConfig, Workload
 
 PHASES = ("forward", "backward", "step", "save")  # "save" only where the estimate has it (ZeRO-3, gather on save)
 STEP_PHASES = PHASES[:3]
@@ -194,7 +193,7 @@ class MemoryEstimate:
 def estimate(
     workload: Workload, trial: TrialConfig | Mapping[str, Any], overhead: Overhead = DEFAULT_OVERHEAD
 ) -> MemoryEstimate:
-    """Estimate the memory of training ``workload`` with ``trial`` (a :class:`~tuner.trial.TrialConfig`, or a bare
+    """Estimate the memory of training ``workload`` with ``trial`` (a :class:`~tuner.workload.TrialConfig`, or a bare
     ds_config: no activation checkpointing) under DeepSpeed 0.19.
 
     Example:

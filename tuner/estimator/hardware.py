@@ -1,5 +1,5 @@
 """Hardware constants for the throughput model: a table of known devices (and a CPU host), the starting point that
-:mod:`tuner.study.throughput_fit` corrects from measured runs (as multiplicative factors on the time terms of
+:mod:`tuner.forecast` corrects from measured runs (as multiplicative factors on the time terms of
 :mod:`tuner.estimator.throughput`, never by editing this table).
 
 Peak dense bf16 FLOP/s come from :data:`tuner.estimator.flops.PEAK_TFLOPS` (the figures MFU is reported

@@ -52,8 +52,7 @@ from functools import lru_cache
 
 from tuner.estimator.settings import ConfigError
 from tuner.estimator.trainable import TrainedParams
-from tuner.quantization import BLOCKSIZE, DTYPE_BYTES, NESTED_BLOCKSIZE, QuantSpec
-from tuner.workload import Workload
+from tuner.workload import BLOCKSIZE, DTYPE_BYTES, NESTED_BLOCKSIZE, QuantSpec, Workload
 
 CODE_TABLE_BYTES = 16 * 4  # get_4bit_type: a 16-entry fp32 table per quantized weight
 DYNAMIC_MAP_BYTES = 256 * 4  # double quant's dynamic map (create_dynamic_map), cached once per device

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.trial import TrialConfig
-from tuner.workload import Workload
+from tuner.workload import TrialConfig, Workload
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
 

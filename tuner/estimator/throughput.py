@@ -23,7 +23,7 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
 With ``overlap_comm`` the bytes sent during backward (gradient reduction; ZeRO-3 prefetch) hide behind the backward
 pass (two thirds of the compute when every parameter trains): only what exceeds it counts; per-call latency (hooks,
 launches) is never hidden.
-Multiplicative factors per term, fitted from measured runs per hardware kind (:mod:`tuner.study.throughput_fit`),
+Multiplicative factors per term, fitted from measured runs per hardware kind (:mod:`tuner.forecast`),
 scale each term; 1 is the table. FLOPs per token and peak FLOP/s are :mod:`tuner.measure.measurement`'s (a pure
 module; its package imports nothing), so predicted and measured TFLOP/s and MFU count the same FLOPs.
 
@@ -52,8 +52,7 @@ from tuner.estimator.flops import (
 from tuner.estimator.hardware import Hardware, hardware_for, table_key
 from tuner.estimator.settings import Settings, resolve
 from tuner.estimator.trainable import trained_params
-from tuner.trial import TrialConfig
-from tuner.workload import Workload
+from tuner.workload import TrialConfig, Workload
 
 TERMS = ("compute", "launch", "bandwidth", "latency", "memory")
 RECOMPUTE = 4 / 3  # full checkpointing runs the forward pass twice: (2 + 4 + 2) / (2 + 4) of the FLOPs, launches
@@ -214,9 +213,9 @@ def predict(
     factors: Mapping[str, float] | None = None,
     device_name: str | None = None,
 ) -> ThroughputPrediction:
-    """Predict step time and tokens/s of training ``workload`` with ``trial`` (a :class:`~tuner.trial.TrialConfig`,
+    """Predict step time and tokens/s of training ``workload`` with ``trial`` (a :class:`~tuner.workload.TrialConfig`,
     or a bare ds_config, as for :func:`tuner.estimator.estimate`);
-    ``factors`` are fitted constants (:class:`tuner.study.throughput_fit.ThroughputFit`); ``device_name`` picks the
+    ``factors`` are fitted constants (:class:`tuner.forecast.ThroughputFit`); ``device_name`` picks the
     GPU in the table when known (else it is guessed from the GPU memory).
 
     Raises:

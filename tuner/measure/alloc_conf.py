@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.dsconfig import deepspeed_part
 from tuner.estimator.settings import expandable_segments
+from tuner.space.dsconfig import deepspeed_part
 
 VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 

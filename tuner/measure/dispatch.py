@@ -15,8 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
-from tuner.trial import TrialConfig
-from tuner.workload import Workload
+from tuner.workload import TrialConfig, Workload
 
 
 class Dispatcher:

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from tuner.measure.measurement import Measurement, StepHook
-    from tuner.trial import TrialConfig
-    from tuner.workload import Workload
+    from tuner.workload import TrialConfig, Workload
 
 SHM_COMM = "deepspeed_shm_comm"
 CPU_ADAM = "cpu_adam"

@@ -12,9 +12,7 @@ from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.measure.runner import RunSpec
-from tuner.quantization import MEASURED_QUANTIZATION
-from tuner.trial import TrialConfig
-from tuner.workload import Workload, workload_to_dict
+from tuner.workload import MEASURED_QUANTIZATION, TrialConfig, Workload, workload_to_dict
 
 
 def run_measurement(

@@ -27,7 +27,7 @@ from tuner.measure.alloc_conf import VARIABLE as ALLOC_CONF
 from tuner.measure.alloc_conf import alloc_conf, deepspeed_config
 from tuner.measure.measurement import EXCERPT_CHARS, RankResult
 from tuner.measure.op_builds import use_environment_ninja
-from tuner.trial import TrialConfig
+from tuner.workload import TrialConfig
 
 CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's CPU allocator has no exception type
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build

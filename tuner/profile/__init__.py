@@ -14,9 +14,9 @@ Example:
     798720
 """
 
-from tuner.model_profile import ActivationProfile, Linear, ModelProfile
 from tuner.profile.cache import CACHE_ENV, ProfileCache, cache_dir
 from tuner.profile.profiles import load_model, model_from_config, model_profile, params_profile, with_profile
+from tuner.workload import ActivationProfile, Linear, ModelProfile
 
 __all__ = [
     "CACHE_ENV",

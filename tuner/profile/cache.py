@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import env
-from tuner.model_profile import PROFILE_FORMAT, ActivationProfile, ModelProfile
-from tuner.workload import TrainableSpec
+from tuner.workload import PROFILE_FORMAT, ActivationProfile, ModelProfile, TrainableSpec
 
 CACHE_ENV = "DSTUNE_PROFILE_CACHE"
 

@@ -23,9 +23,8 @@ from torch import nn
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from tuner.model_profile import ModelProfile
 from tuner.profile.config_checks import refuse_custom_code
-from tuner.workload import TrainableSpec, WorkloadError
+from tuner.workload import ModelProfile, TrainableSpec, WorkloadError
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

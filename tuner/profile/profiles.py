@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from tuner.model_profile import ModelProfile
 from tuner.profile.cache import ProfileCache, activation_key, canonical_config, params_key
 from tuner.profile.config_checks import refuse_custom_code, transformers_version
 from tuner.workload import (
     SUPPORTED_FAMILIES,
+    ModelProfile,
     ModelSpec,
     TrainableSpec,
     Workload,

@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner import env
-from tuner.model_profile import ModelProfile
 from tuner.profile.cache import ProfileCache, canonical_config
 from tuner.profile.config_checks import refuse_custom_code
 from tuner.profile.profiles import cached_profile
-from tuner.workload import WorkloadError
+from tuner.workload import ModelProfile, WorkloadError
 
 WAIT_ENV = "DSTUNE_PROFILE_WAIT_S"
 QUEUE_ENV = "DSTUNE_PROFILE_QUEUE"

@@ -30,7 +30,6 @@ import transformers.masking_utils
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tuner.model_profile import ActivationProfile, Linear
 from tuner.profile.hf import (
     TORCH_DTYPES,
     build,
@@ -41,7 +40,7 @@ from tuner.profile.hf import (
     replace_module,
     text_config,
 )
-from tuner.workload import TrainableSpec, WorkloadError
+from tuner.workload import ActivationProfile, Linear, TrainableSpec, WorkloadError
 
 OUTSIDE = -1
 

@@ -42,7 +42,7 @@ A space file is a YAML mapping with these top-level fields (no others)::
         train: activation_checkpointing  # instead of `key`: a training setting outside the ds_config
         default: false
 
-* ``key`` or ``train``, exactly one. ``train`` names a :class:`~tuner.trial.TrialConfig` field that a ds_config does
+* ``key`` or ``train``, exactly one. ``train`` names a :class:`~tuner.workload.TrialConfig` field that a ds_config does
   not carry; only ``activation_checkpointing`` is supported, returned in :attr:`Suggestion.trial`.
 * ``default: null`` leaves the key unset, so DeepSpeed decides (``overlap_comm``'s default depends on the stage); for
   a ``train`` parameter or a batch key it means the workload's own value.

@@ -27,8 +27,8 @@ from tuner.space.conditions import (
 from tuner.space.errors import SpaceError
 from tuner.space.parameters import NUMBER_STRING, Parameter, not_a_value
 from tuner.space.space import OFFLOAD_SECTIONS, SearchSpace
-from tuner.trial import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY
 from tuner.units import parse_bytes
+from tuner.workload import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY
 
 TRAIN_FIELDS = ("activation_checkpointing",)
 KINDS = ("categorical", "int", "float")

@@ -38,7 +38,7 @@ class Parameter:
         name: The Optuna parameter name.
         kind: ``categorical``, ``int`` or ``float``.
         key: The dotted ds_config key it sets (None for a ``train`` parameter).
-        train: The :class:`~tuner.trial.TrialConfig` field it sets instead of a ds_config key.
+        train: The :class:`~tuner.workload.TrialConfig` field it sets instead of a ds_config key.
         default: Its value when not searched (None: leave it to DeepSpeed / the workload).
         choices: Categorical choices.
         nvme_choices: Categorical choices offered only with an NVMe path.

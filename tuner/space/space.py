@@ -20,8 +20,7 @@ from tuner.space.conditions import WORKLOAD_FACTS, is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.parameters import Parameter, TrialLike, check_value
 from tuner.space.suggestion import Suggestion
-from tuner.trial import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, TrialConfig
-from tuner.workload import Workload
+from tuner.workload import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, TrialConfig, Workload
 
 OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW"}
 OFFLOAD_SECTIONS = {"offload_optimizer": OFFLOAD_OPTIMIZER_KEYS, "offload_param": OFFLOAD_PARAM_KEYS}

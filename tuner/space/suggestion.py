@@ -1,4 +1,4 @@
-"""One trial's configuration as the space suggested it (:class:`Suggestion`): a :class:`~tuner.trial.TrialConfig`
+"""One trial's configuration as the space suggested it (:class:`Suggestion`): a :class:`~tuner.workload.TrialConfig`
 with the parameter values that produced it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.trial import TrialConfig, config_key
+from tuner.workload import TrialConfig, config_key
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from tuner.storage.errors import StoreError
 from tuner.storage.tables import Base
-from tuner.trial import TrialConfig
+from tuner.workload import TrialConfig
 
 R = TypeVar("R")
 RowT = TypeVar("RowT", bound=Base)

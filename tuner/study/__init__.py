@@ -1,9 +1,9 @@
-"""The study: the tuning loop (ask, estimate, prune or dispatch, record, tell; resumable), samplers, the memory
-safety margin learned from measured runs (calibration), why a config was pruned (for people: ``pruning``), and how a
-queued job becomes a study. The loop measures through :class:`Measurer`, which the real dispatcher satisfies.
+"""The study: the tuning loop (ask, estimate, prune or dispatch, record, tell; resumable) and its samplers. The
+loop measures through :class:`Measurer`, which the real dispatcher satisfies; what it predicts and learns (the
+memory margin, the throughput fit, the warm start, prune reasons) comes from :mod:`tuner.forecast`.
 
-May import: :mod:`tuner.measure` (its Measurement and MeasureOptions; runs go through :class:`Measurer`),
-:mod:`tuner.storage`, :mod:`tuner.space`, :mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
+May import: :mod:`tuner.forecast`, :mod:`tuner.measure` (its Measurement and MeasureOptions; runs go through
+:class:`Measurer`), :mod:`tuner.storage`, :mod:`tuner.space`, :mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
 """
 
 from tuner.study.early_stop import SlowRunStopper
@@ -17,20 +17,15 @@ from tuner.study.loop import (
     make_sampler,
 )
 from tuner.study.measurer import Measurer
-from tuner.study.pruning import PruneReason, group_reasons, memory_reason, reason_key
 
 __all__ = [
     "GRID_PARAMETERS",
     "AskTellGridSampler",
     "Event",
     "Measurer",
-    "PruneReason",
     "SlowRunStopper",
     "StudySettings",
     "TuningStudy",
     "capacity_reason",
-    "group_reasons",
     "make_sampler",
-    "memory_reason",
-    "reason_key",
 ]

@@ -27,6 +27,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.estimator import MemoryEstimate, estimate, resolve
+from tuner.forecast import Calibration, ThroughputGuide, memory_reason, throughput_summary
 from tuner.measure.measurement import CANCELLED, INFRA_LOST, Measurement
 from tuner.measure.options import MeasureOptions
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, config_key, load_space
@@ -40,13 +41,9 @@ from tuner.storage import (
     owner_alive,
     release,
 )
-from tuner.study.calibration import Calibration
 from tuner.study.early_stop import SlowRunStopper
 from tuner.study.measurer import Measurer
 from tuner.study.optuna_storage import RetryingRDBStorage
-from tuner.study.pruning import memory_reason
-from tuner.study.throughput_fit import throughput_summary
-from tuner.study.warm_start import ThroughputGuide
 from tuner.workload import Workload
 
 SAMPLERS = ("tpe", "random", "grid", "gp")
@@ -144,7 +141,7 @@ def make_sampler(name: str, space: SearchSpace, settings: StudySettings) -> optu
 
 
 def capacity_reason(est: MemoryEstimate, calibration: Calibration) -> str | None:
-    """Why the estimate (with the margin) does not fit, as a sentence for people (:mod:`tuner.study.pruning`), or
+    """Why the estimate (with the margin) does not fit, as a sentence for people (:mod:`tuner.forecast`), or
     None when it fits."""
     reason = memory_reason(est, calibration)
     return None if reason is None else reason.sentence()

@@ -10,8 +10,7 @@ from concurrent.futures import Future
 from typing import Protocol, runtime_checkable
 
 from tuner.measure.measurement import Measurement, StepHook
-from tuner.trial import TrialConfig
-from tuner.workload import Workload
+from tuner.workload import TrialConfig, Workload
 
 
 @runtime_checkable

@@ -11,12 +11,11 @@ from fastapi import APIRouter, Request
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import EstimateRequest, EstimateResponse
-from tuner.dsconfig import trial_config
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
-from tuner.inputs import FieldError, Loc, check_request, to_workload
-from tuner.study.throughput_fit import load_fit, throughput_summary
-from tuner.trial import TrialConfig
-from tuner.workload import Workload
+from tuner.forecast import load_fit, throughput_summary
+from tuner.requests import FieldError, Loc, check_request, to_workload
+from tuner.space.dsconfig import trial_config
+from tuner.workload import TrialConfig, Workload
 
 router = APIRouter(tags=["estimate"])
 

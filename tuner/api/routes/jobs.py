@@ -9,9 +9,8 @@ from fastapi import APIRouter, HTTPException
 
 from tuner.api.deps import Auth, JobId, Limit, Offset, StoreDep, invalid
 from tuner.api.schemas import JobOut
-from tuner.inputs import FieldError
+from tuner.requests import FieldError, JobRequest, check_job
 from tuner.storage import JOB_STATES
-from tuner.study.jobs import JobRequest, check_job
 
 JobStatus = Literal[JOB_STATES]  # type: ignore[valid-type]
 

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request, Response
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import RecommendRequest, RecommendResponse
-from tuner.inputs import FieldError, check_request, to_workload
 from tuner.recommend import NoFeasibleConfig, recommend
+from tuner.requests import FieldError, check_request, to_workload
 
 router = APIRouter(tags=["recommend"])
 

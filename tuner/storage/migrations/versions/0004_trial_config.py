@@ -1,5 +1,5 @@
 """Workloads without the search's settings: micro-batch, accumulation and activation checkpointing are a trial's
-(``tuner.trial.TrialConfig``), not the workload's.
+(``tuner.workload.TrialConfig``), not the workload's.
 
 Stored workload dicts lose ``train.micro_batch``, ``train.grad_accum`` and ``train.activation_checkpointing``, and
 each fingerprint is recomputed as ``Workload.fingerprint`` now computes it (those fields hashed at the values every

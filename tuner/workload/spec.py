@@ -1,6 +1,6 @@
 """What is being trained: the model, the cluster, the sequence length, precision, attention and optimizer, and which
 parameters train. How it is trained (micro-batch, accumulation, ZeRO, activation checkpointing: what the search
-decides) is a :class:`tuner.trial.TrialConfig`, not part of a workload.
+decides) is a :class:`tuner.workload.TrialConfig`, not part of a workload.
 
 Pure Python: no torch, no transformers. A :class:`ModelSpec` comes from a Hugging Face ``config.json``, a built-in
 preset (the JSON files in ``tuner/presets``), or a bare parameter count. For gpt2, llama, mistral, qwen2 and gpt_neox
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from tuner.model_profile import ModelProfile
+    from tuner.workload.model_profile import ModelProfile
 
 from tuner.errors import InputError
-from tuner.quantization import NEEDS_CUDA, QuantSpec
+from tuner.workload.quantization import NEEDS_CUDA, QuantSpec
 
 PRESET_DIR = Path(__file__).parent / "presets"
 SUPPORTED_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
@@ -200,7 +200,7 @@ class ClusterSpec:
 @dataclass(frozen=True)
 class TrainSpec:
     """What is trained on: the sequence length, precision, optimizer and attention. How it is trained (micro-batch,
-    accumulation, ZeRO, checkpointing: what the search decides) is a :class:`tuner.trial.TrialConfig`."""
+    accumulation, ZeRO, checkpointing: what the search decides) is a :class:`tuner.workload.TrialConfig`."""
 
     seq_len: int = 2048
     precision: str = "bf16"
@@ -218,7 +218,7 @@ class TrainSpec:
             raise WorkloadError("attention", f"must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
 
 
-# TrainSpec's fields before the search's settings moved to tuner.trial.TrialConfig, at the values studies stored
+# TrainSpec's fields before the search's settings moved to tuner.workload.TrialConfig, at the values studies stored
 # (the search decides them): still in fingerprints, so those of stored workloads do not change; dropped when an old
 # stored dict is read (workload_from_dict).
 LEGACY_TRAIN: dict[str, Any] = {"micro_batch": 1, "grad_accum": 1, "activation_checkpointing": False}
@@ -236,14 +236,14 @@ class TrainableSpec:
     searched in parameter names as transformers names them (``model.embed_tokens.weight``); the parameters it
     matches are frozen (plain partial fine-tuning; with ``peft``, applied to the peft model's names too).
     The adapter's own fields are checked where the real ``peft`` library builds it (:mod:`tuner.profile`).
-    ``quantization``: a 4-bit bitsandbytes base (QLoRA, :class:`tuner.quantization.QuantSpec`) as canonical JSON;
+    ``quantization``: a 4-bit bitsandbytes base (QLoRA, :class:`tuner.workload.QuantSpec`) as canonical JSON;
     it needs an adapter (4-bit weights do not train) and CUDA (a :class:`Workload` on CPU refuses it).
 
     >>> TrainableSpec(freeze="embed").is_full, TrainableSpec().is_full
     (False, True)
-    >>> TrainableSpec(freeze="(")
+    >>> TrainableSpec(freeze="(")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    tuner.workload.WorkloadError: freeze: not a regular expression: missing ), unterminated subpattern at position 0
+    tuner.workload.spec.WorkloadError: freeze: not a regular expression: missing ), unterminated subpattern ...
     """
 
     peft: str = ""
@@ -327,7 +327,7 @@ class Workload:
     def fingerprint(self) -> str:
         """A stable hash of everything that decides memory and speed (the model's name is left out).
 
-        The training settings that moved to :class:`tuner.trial.TrialConfig` are hashed at the values every study
+        The training settings that moved to :class:`tuner.workload.TrialConfig` are hashed at the values every study
         stored its workload with (:data:`LEGACY_TRAIN`), so stored workloads keep their fingerprints.
         """
         payload = workload_to_dict(self)
@@ -367,7 +367,7 @@ def check_config_limits(config: Any, path: str = "model", depth: int = 0) -> Non
     Example:
         >>> check_config_limits({"model_type": "llama", "num_hidden_layers": 10**9})
         Traceback (most recent call last):
-        tuner.workload.WorkloadError: model.num_hidden_layers: must be at most 1024, got 1000000000
+        tuner.workload.spec.WorkloadError: model.num_hidden_layers: must be at most 1024, got 1000000000
     """
     if not isinstance(config, dict):
         return

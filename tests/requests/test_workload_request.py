@@ -1,13 +1,12 @@
-"""The one workload schema (``tuner.inputs``): vocabularies agree with the rooms that check them, bad input is one
+"""The one workload schema (``tuner.requests``): vocabularies agree with the rooms that check them, bad input is one
 FieldError with the field's path, and inline configs are named as asked."""
 
 from __future__ import annotations
 
 import pytest
 
-from tuner import inputs, workload
 from tuner.estimator.settings import OFFLOAD_DEVICES
-from tuner.inputs import (
+from tuner.requests import (
     ATTENTION_KINDS,
     MAX_WORLD_SIZE,
     OFFLOAD_TARGETS,
@@ -18,8 +17,10 @@ from tuner.inputs import (
     to_workload,
     validated,
 )
+from tuner.requests import workload as inputs
 from tuner.study.loop import SAMPLERS as LOOP_SAMPLERS
 from tuner.workload import preset_config
+from tuner.workload import spec as workload
 
 
 def test_vocabularies_match_the_rooms_that_check_them() -> None:

@@ -6,8 +6,7 @@ import math
 import pytest
 
 from tuner.estimator.throughput import StepTerms, predict
-from tuner.storage import Store
-from tuner.study.throughput_fit import (
+from tuner.forecast.throughput_fit import (
     FAMILY_PREFIX,
     PredictionAccuracy,
     ThroughputFit,
@@ -18,8 +17,8 @@ from tuner.study.throughput_fit import (
     spearman,
     throughput_summary,
 )
-from tuner.trial import TrialConfig
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.storage import Store
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 TRUE = {"compute": 0.4, "launch": 1.6, "bandwidth": 3.0, "latency": 8.0, "memory": 1.2}
 

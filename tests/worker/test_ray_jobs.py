@@ -24,8 +24,8 @@ pytest.importorskip("ray", reason="ray is not installed: the Ray Jobs API path c
 
 from ray.job_submission import JobStatus, JobSubmissionClient
 
+from tuner.requests import JobRequest, check_job
 from tuner.storage import JobRecord, Store
-from tuner.study.jobs import JobRequest, check_job
 from tuner.worker import STORAGE_ENV, follow_submission, running_submissions, submit_loop, submit_to_ray
 
 BIN = Path(sys.executable).parent  # the venv's bin: ray, and dstune for the jobs' entrypoints

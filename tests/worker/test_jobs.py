@@ -9,9 +9,8 @@ from collections import Counter
 
 import pytest
 
-from tuner.inputs import WorkloadRequest
+from tuner.requests import JobRequest, WorkloadRequest, check_job
 from tuner.storage import JobRecord, Store, StoreError
-from tuner.study.jobs import JobRequest, check_job
 from tuner.worker import JobHandle, run_job, work
 
 
@@ -260,7 +259,7 @@ def test_run_job_by_id_claims_that_job(store: Store) -> None:
 
 
 def test_job_request_round_trips_to_study_settings() -> None:
-    from tuner.study.jobs import study_settings
+    from tuner.worker import study_settings
 
     request = JobRequest(workload=WorkloadRequest(model="gpt2", gpus=4, micro_batch=8), trials=5, launcher="local")
     settings = study_settings(request, "s", ray_address="ray://head:10001")

@@ -10,14 +10,20 @@ import pytest
 from bench_space import bench_space
 
 from tuner.estimator import estimate
+from tuner.forecast import (
+    FAMILY_PREFIX,
+    Calibration,
+    ThroughputFit,
+    ThroughputGuide,
+    params_of,
+    rank_feasible,
+    recheck_earlier,
+    spearman,
+)
 from tuner.space import default_space_path, load_space
 from tuner.storage import Store
-from tuner.study.calibration import Calibration
-from tuner.study.throughput_fit import FAMILY_PREFIX, ThroughputFit, spearman
-from tuner.study.warm_start import ThroughputGuide, params_of, rank_feasible, recheck_earlier
-from tuner.trial import TrialConfig
 from tuner.units import parse_bytes
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 ROOT = Path(__file__).resolve().parents[2]
 LANDSCAPE = ROOT / "bench" / "results" / "landscapes" / "tiny-llama-s128-w1.json"

@@ -5,7 +5,7 @@ A job is a row of ``dstune_jobs`` (:meth:`tuner.storage.Store.enqueue_job`): the
 twice) and runs each as a study (:mod:`tuner.worker`). Status: ``queued`` → ``running`` → ``done`` | ``failed`` |
 ``cancelled``; cancelling a running job sets ``cancel_requested`` and its worker stops the study between trials.
 
-A job's workload is a :class:`tuner.inputs.WorkloadRequest`, the schema the CLI and the API build workloads through:
+A job's workload is a :class:`tuner.requests.WorkloadRequest`, the schema the CLI and the API build workloads through:
 model specs only (a preset name, an inline ``config.json`` object, or a parameter count), never paths or import
 strings: nothing in a request makes the server read a file or run code.
 
@@ -21,10 +21,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.inputs import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
-from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.quantization import MEASURED_QUANTIZATION
-from tuner.workload import Workload
+from tuner.measure.options import MEASURE_DEFAULTS
+from tuner.requests.workload import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
+from tuner.workload import MEASURED_QUANTIZATION, Workload
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
@@ -56,9 +55,9 @@ class JobRequest(BaseModel):
 
 def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = True) -> Workload:
     """The workload a study searches for. The request's micro-batch, accumulation and checkpointing are what the
-    search decides (a :class:`tuner.trial.TrialConfig`), not part of the workload: the same model and cluster always
+    search decides (a :class:`tuner.workload.TrialConfig`), not part of the workload: the same model and cluster always
     meet the same stored workload (and :func:`tuner.recommend.recommend` finds its measurements). ``inline``: as
-    :func:`tuner.inputs.to_workload` (the API passes False: a new model's profile is computed off the request path).
+    :func:`tuner.requests.to_workload` (the API passes False: a new model's profile is computed off the request path).
     A 4-bit bitsandbytes base is refused before any run: estimate only (:data:`MEASURED_QUANTIZATION`)."""
     workload = to_workload(request, loc, inline=inline)
     if workload.trainable.quantization:
@@ -80,29 +79,4 @@ def check_job(request: JobRequest, *, inline: bool = True) -> str:
     return request.study or f"{workload.model.name}-{workload.fingerprint()[:8]}"
 
 
-def study_settings(
-    request: JobRequest, study_name: str, *, launcher: str | None = None, ray_address: str | None = None
-) -> Any:
-    """The :class:`tuner.study.StudySettings` of a job (the worker may override the launcher and Ray address)."""
-    from tuner.space import resolve_space
-    from tuner.study import StudySettings
-
-    workload = tuning_workload(request.workload)
-    return StudySettings(
-        name=study_name,
-        workload=workload,
-        space_path=resolve_space(request.space),
-        pins=dict(request.pins),
-        global_batch=request.global_batch,
-        sampler=request.sampler,
-        trials=request.trials,
-        timeout_s=request.timeout_s,
-        pareto=request.pareto,
-        seed=request.seed,
-        dispatch=MeasureOptions(
-            launcher or request.launcher, ray_address, request.warmup, request.steps, request.run_timeout
-        ),
-    )
-
-
-__all__ = ["JobRequest", "check_job", "study_settings", "tuning_workload"]
+__all__ = ["JobRequest", "check_job", "tuning_workload"]

@@ -36,9 +36,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tuner import env
+from tuner.measure.options import MeasureOptions
+from tuner.requests import JobRequest, tuning_workload
 from tuner.storage import DatabaseUnavailable, JobRecord, Store, StoreError, is_disconnect
-from tuner.study import Event, TuningStudy
-from tuner.study.jobs import JobRequest, study_settings
+from tuner.study import Event, StudySettings, TuningStudy
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -46,6 +47,30 @@ if TYPE_CHECKING:
 STORAGE_ENV = "DSTUNE_STORAGE"
 LEASE_ENV = "DSTUNE_JOB_LEASE_S"
 _log = logging.getLogger(__name__)
+
+
+def study_settings(
+    request: JobRequest, study_name: str, *, launcher: str | None = None, ray_address: str | None = None
+) -> StudySettings:
+    """The :class:`tuner.study.StudySettings` of a job (the worker may override the launcher and Ray address)."""
+    from tuner.space import resolve_space
+
+    workload = tuning_workload(request.workload)
+    return StudySettings(
+        name=study_name,
+        workload=workload,
+        space_path=resolve_space(request.space),
+        pins=dict(request.pins),
+        global_batch=request.global_batch,
+        sampler=request.sampler,
+        trials=request.trials,
+        timeout_s=request.timeout_s,
+        pareto=request.pareto,
+        seed=request.seed,
+        dispatch=MeasureOptions(
+            launcher or request.launcher, ray_address, request.warmup, request.steps, request.run_timeout
+        ),
+    )
 
 
 def default_lease_s() -> float:
@@ -411,6 +436,7 @@ def default_worker_name() -> str:
 
 __all__ = [
     "LEASE_ENV",
+    "STORAGE_ENV",
     "Executor",
     "Heartbeat",
     "JobHandle",
@@ -420,6 +446,7 @@ __all__ = [
     "run_job",
     "run_study_job",
     "running_submissions",
+    "study_settings",
     "submit_loop",
     "submit_to_ray",
     "work",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from tuner.estimator import MemoryEstimate
 from tuner.estimator.core import CATEGORIES, CPU_VIEWS, PHASES
-from tuner.study.calibration import Calibration
+from tuner.forecast.calibration import Calibration
 from tuner.units import format_bytes
 
 MEMORY_LABELS = {"gpu": "GPU memory", "cpu": "node CPU memory"}

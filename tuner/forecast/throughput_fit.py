@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.estimator.throughput import TERMS, StepTerms, predict
-from tuner.trial import TrialConfig
-from tuner.workload import Workload
+from tuner.workload import TrialConfig, Workload
 
 MAX_RUNS = 200  # the most recent runs kept per row
 RIDGE = 0.003  # pull of each log factor towards its prior: noise (~0.15² in log) over a prior spread (~e^±3)

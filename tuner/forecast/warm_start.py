@@ -12,7 +12,7 @@
 
 Example:
     >>> from tuner.space import default_space_path, load_space
-    >>> from tuner.study.calibration import Calibration
+    >>> from tuner.forecast.calibration import Calibration
     >>> from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
     >>> work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=1024))
     >>> guide = ThroughputGuide(load_space(default_space_path()), work, Calibration(), global_batch=256)
@@ -29,11 +29,10 @@ from typing import Any
 
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.estimator.throughput import StepTerms, ThroughputPrediction, predict
+from tuner.forecast.calibration import Calibration
+from tuner.forecast.throughput_fit import ThroughputFit, load_fit, record_run
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion
-from tuner.study.calibration import Calibration
-from tuner.study.throughput_fit import ThroughputFit, load_fit, record_run
-from tuner.trial import TrialConfig
-from tuner.workload import Workload
+from tuner.workload import TrialConfig, Workload
 
 COARSE = ("stage", "micro_batch", "grad_accum", "activation_checkpointing", "offload_optimizer", "offload_param")
 WARM_START = 3  # configs measured first

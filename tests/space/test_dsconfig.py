@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.dsconfig import load_ds_config, merge_configs, shortcut_config, validate_with_deepspeed
 from tuner.estimator import ConfigError
+from tuner.space.dsconfig import load_ds_config, merge_configs, shortcut_config, validate_with_deepspeed
 
 
 def test_shortcut_bf16_stage0_has_no_offload() -> None:
@@ -164,7 +164,7 @@ def test_module_does_not_import_deepspeed() -> None:
     import subprocess
     import sys
 
-    code = "import sys, tuner.dsconfig, tuner.cli; print('deepspeed' in sys.modules)"
+    code = "import sys, tuner.space.dsconfig, tuner.cli; print('deepspeed' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert done.stdout.strip() == "False"
 
@@ -173,7 +173,7 @@ def test_validating_with_deepspeed_writes_nothing_to_stdout() -> None:
     """``dstune best > ds_config.json`` must hold JSON alone: DeepSpeed's logger writes to the stdout it finds when
     first imported (its accelerator warning, without DS_ACCELERATOR set)."""
     code = (
-        "from tuner.dsconfig import validate_with_deepspeed; "
+        "from tuner.space.dsconfig import validate_with_deepspeed; "
         "validate_with_deepspeed({'train_micro_batch_size_per_gpu': 1, 'zero_optimization': {'stage': 2}}, 2); "
         "from deepspeed.utils.logging import logger; logger.warning('a later warning')"
     )

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.estimator.settings import ENV_SECTION, ConfigError, expandable_segments
-from tuner.trial import TrialConfig
-from tuner.workload import TrainableSpec
+from tuner.workload import TrainableSpec, TrialConfig
 
 PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
 DEFAULT_LR = 1e-4

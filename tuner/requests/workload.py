@@ -10,7 +10,7 @@ The vocabularies (precision, offload target, attention kind, device, launcher, s
 ``Literal`` types: Typer turns them into choices, pydantic into the OpenAPI schema's inline ``enum`` lists.
 
 Pure: pydantic, :mod:`tuner.workload` and :mod:`tuner.profile`'s plain-data side (no torch at import, no SQL).
-Imported by the faces and :mod:`tuner.study.jobs`.
+Imported by the faces and :mod:`tuner.requests.job`.
 
 A Hugging Face model is, by default (``model_impl="transformers"``), the transformers model itself: its exact
 parameters and traced activations come from :mod:`tuner.profile` (the disk cache, or a trace: in this process with
@@ -41,13 +41,14 @@ from tuner.errors import InputError
 from tuner.profile import ModelProfile, params_profile, with_profile
 from tuner.profile.profiles import spec_from_profile
 from tuner.profile.service import default_service
-from tuner.quantization import NEEDS_CUDA, QuantSpec
 from tuner.units import parse_bytes
 from tuner.workload import (
     MAX_FREEZE_PATTERN,
+    NEEDS_CUDA,
     SUPPORTED_FAMILIES,
     ClusterSpec,
     ModelSpec,
+    QuantSpec,
     TrainableSpec,
     TrainSpec,
     Workload,
@@ -101,7 +102,7 @@ class WorkloadRequest(BaseModel):
     Give exactly one of ``model`` (a built-in preset name), ``config`` (an inline Hugging Face ``config.json``
     object) and ``params`` (a bare parameter count: model states only). ``micro_batch``, ``grad_accum`` and
     ``activation_checkpointing`` are not the workload's: they feed the trial config
-    (:func:`tuner.dsconfig.trial_config`) where one is estimated, and a study searches them.
+    (:func:`tuner.space.dsconfig.trial_config`) where one is estimated, and a study searches them.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -158,7 +159,7 @@ def validated(model: type[Request], data: dict[str, Any], loc: Loc = ()) -> Requ
     Example:
         >>> validated(WorkloadRequest, {"model": "tiny-gpt2", "gpus": 0})
         Traceback (most recent call last):
-        tuner.inputs.FieldError: gpus: Input should be greater than or equal to 1
+        tuner.requests.workload.FieldError: gpus: Input should be greater than or equal to 1
     """
     try:
         return model.model_validate(data)
@@ -278,7 +279,7 @@ def check_request(request: WorkloadRequest, loc: Loc = ()) -> None:
     Example:
         >>> check_request(WorkloadRequest(model="gpt2", gpus=4096, nodes=4096), ("workload",))
         Traceback (most recent call last):
-        tuner.inputs.FieldError: workload.nodes: gpus × nodes must be at most 131072 ranks
+        tuner.requests.workload.FieldError: workload.nodes: gpus × nodes must be at most 131072 ranks
     """
     given = [name for name in ("model", "config", "params") if getattr(request, name) is not None]
     if len(given) != 1:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuner.study.calibration import DEFAULT_MARGIN, MIN_MARGIN, Calibration
+from tuner.forecast import DEFAULT_MARGIN, MIN_MARGIN, Calibration
 
 GIB = 2**30
 

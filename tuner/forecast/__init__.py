@@ -1,0 +1,58 @@
+"""What dstune predicts before it measures, and learns from what it measured: the memory safety margin
+(``calibration``), the throughput model's fitted factors (``throughput_fit``), feasible configs ranked by predicted
+throughput for warm starts and recommendations (``warm_start``), and why a config cannot fit, in words for people
+(``reasons``).
+
+The study, the recommender, the API and the dashboard all read these; import from here, not from the modules.
+
+May import: :mod:`tuner.workload`, :mod:`tuner.estimator`, :mod:`tuner.space`. Stores are passed in (duck-typed), so
+no SQL here; no Optuna, Ray or torch.
+"""
+
+from tuner.forecast.calibration import DEFAULT_MARGIN, MIN_MARGIN, Calibration
+from tuner.forecast.reasons import (
+    PruneReason,
+    ReasonGroup,
+    describe_reason,
+    group_counts,
+    group_reasons,
+    memory_reason,
+    reason_key,
+)
+from tuner.forecast.throughput_fit import (
+    FAMILY_PREFIX,
+    PredictionAccuracy,
+    ThroughputFit,
+    load_fit,
+    prediction_accuracy,
+    record_run,
+    spearman,
+    throughput_summary,
+)
+from tuner.forecast.warm_start import Ranked, ThroughputGuide, params_of, rank_feasible, recheck_earlier
+
+__all__ = [
+    "DEFAULT_MARGIN",
+    "FAMILY_PREFIX",
+    "MIN_MARGIN",
+    "Calibration",
+    "PredictionAccuracy",
+    "PruneReason",
+    "Ranked",
+    "ReasonGroup",
+    "ThroughputFit",
+    "ThroughputGuide",
+    "describe_reason",
+    "group_counts",
+    "group_reasons",
+    "load_fit",
+    "memory_reason",
+    "params_of",
+    "prediction_accuracy",
+    "rank_feasible",
+    "reason_key",
+    "recheck_earlier",
+    "record_run",
+    "spearman",
+    "throughput_summary",
+]

@@ -1,0 +1,63 @@
+"""The request schemas every face builds its input through (pydantic): a workload (:class:`WorkloadRequest`,
+:func:`to_workload`) and a tuning job (:class:`JobRequest`). The CLI, the HTTP API and the job queue share them, so
+a field is checked, named and documented once.
+
+May import: :mod:`tuner.workload`, :mod:`tuner.profile` (its plain-data side), :mod:`tuner.space` (names and
+validation), :mod:`tuner.measure.options` (the measuring defaults), pydantic.
+"""
+
+from tuner.requests.job import JobRequest, check_job, tuning_workload
+from tuner.requests.workload import (
+    ATTENTION_KINDS,
+    DEVICES,
+    LAUNCHERS,
+    MAX_BYTES,
+    MAX_PARAMS,
+    MAX_WORLD_SIZE,
+    MODEL_IMPLS,
+    OFFLOAD_TARGETS,
+    PRECISIONS,
+    SAMPLERS,
+    Attention,
+    Device,
+    FieldError,
+    Launcher,
+    Loc,
+    ModelImpl,
+    Offload,
+    Precision,
+    Sampler,
+    WorkloadRequest,
+    check_request,
+    to_workload,
+    validated,
+)
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "DEVICES",
+    "LAUNCHERS",
+    "MAX_BYTES",
+    "MAX_PARAMS",
+    "MAX_WORLD_SIZE",
+    "MODEL_IMPLS",
+    "OFFLOAD_TARGETS",
+    "PRECISIONS",
+    "SAMPLERS",
+    "Attention",
+    "Device",
+    "FieldError",
+    "JobRequest",
+    "Launcher",
+    "Loc",
+    "ModelImpl",
+    "Offload",
+    "Precision",
+    "Sampler",
+    "WorkloadRequest",
+    "check_job",
+    "check_request",
+    "to_workload",
+    "tuning_workload",
+    "validated",
+]
