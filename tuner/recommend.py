@@ -33,7 +33,7 @@ from tuner.estimator.quantized import estimate_only_why
 from tuner.forecast import Calibration, ThroughputFit, load_fit, rank_feasible
 from tuner.space import default_space_path, load_space
 from tuner.storage import Store
-from tuner.workload import GLOBAL_KEY, TrialConfig, Workload
+from tuner.workload import TrialConfig, Workload
 
 Source = Literal["measured", "nearest", "estimate"]
 NEAREST_WORKLOADS = 10
@@ -140,13 +140,11 @@ def _recheck(
 ) -> tuple[TrialConfig, MemoryEstimate] | None:
     """The measured config adapted to ``workload`` (its global batch follows the world size) and its estimate, when
     it fits with the margin; else None."""
-    config = {key: value for key, value in measured.ds_config.items() if key != GLOBAL_KEY}
     micro, accum = (1 if value is None else value for value in measured.batch)
     if not (isinstance(micro, int) and isinstance(accum, int)) or micro < 1 or accum < 1:
         return None
-    config[GLOBAL_KEY] = micro * accum * workload.cluster.world_size
-    trial = TrialConfig(config, measured.activation_checkpointing)
     try:
+        trial = measured.with_batch(micro, accum, workload.cluster.world_size)
         est = estimate(workload, trial)
     except (ConfigError, ValueError, TypeError, ArithmeticError):
         return None
@@ -199,7 +197,7 @@ def _estimated_cached(
         key=lambda r: (
             r.params["stage"],
             r.suggestion.trial.activation_checkpointing,
-            -r.suggestion.trial.ds_config["train_micro_batch_size_per_gpu"],
+            -(r.suggestion.trial.batch[0] or 1),
         ),
     )
     return best.suggestion.trial, best.estimate.gpu_total, best.prediction.to_dict(fit_runs, error)

@@ -265,14 +265,14 @@ def test_console_script_bad_input() -> None:
 
 
 def test_cli_builds_the_same_workload_as_the_api() -> None:
-    """The CLI sends its flags through the API's WorkloadRequest and to_workload: same inputs, same estimate."""
+    """The CLI sends its flags through the API's workload schema and to_workload: same inputs, same estimate."""
     from tuner.estimator import estimate
-    from tuner.requests import WorkloadRequest, to_workload
+    from tuner.requests import WorkloadInput, to_workload
     from tuner.space.dsconfig import shortcut_config
 
     flags = {"gpus": 2, "nodes": 2, "gpu_memory": "24GiB", "seq_len": 256, "micro_batch": 2, "precision": "fp16"}
     cli = run_json("--model", "tiny-llama", *(f"--{k.replace('_', '-')}={v}" for k, v in flags.items()), "--stage", "2")
-    workload = to_workload(WorkloadRequest(model="tiny-llama", **flags))
+    workload = to_workload(WorkloadInput(model="tiny-llama", **flags))  # the API's workload object
     api = estimate(workload, shortcut_config(2, 1, "fp16", 2, "none", "none", None)).to_dict()
     assert cli.pop("throughput")["tokens_per_s"] > 0  # the throughput prediction rides along (table constants)
     assert cli == api

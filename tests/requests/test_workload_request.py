@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.estimator.settings import OFFLOAD_DEVICES
 from tuner.requests import (
     ATTENTION_KINDS,
     MAX_WORLD_SIZE,
@@ -19,7 +18,7 @@ from tuner.requests import (
 )
 from tuner.requests import workload as inputs
 from tuner.study.loop import SAMPLERS as LOOP_SAMPLERS
-from tuner.workload import preset_config
+from tuner.workload import OFFLOAD_DEVICES, preset_config
 from tuner.workload import spec as workload
 
 

@@ -5,9 +5,9 @@ import optuna
 import pytest
 
 from tuner.estimator import ConfigError, estimate, resolve
-from tuner.measure.alloc_conf import alloc_conf, deepspeed_config
+from tuner.measure.alloc_conf import alloc_conf
 from tuner.space import default_space_path, load_space
-from tuner.workload import ClusterSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrialConfig, Workload, load_builtin_model
 
 
 def test_the_default_space_searches_it_and_writes_it_only_when_on() -> None:
@@ -36,4 +36,4 @@ def test_the_run_gets_the_environment_and_deepspeed_the_rest() -> None:
         "max_split_size_mb:64,expandable_segments:True"
     )
     assert alloc_conf({"train_micro_batch_size_per_gpu": 1}, "x:1") is None
-    assert deepspeed_config(config) == {"train_micro_batch_size_per_gpu": 1}
+    assert TrialConfig(config).deepspeed_config() == {"train_micro_batch_size_per_gpu": 1}

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from tuner.requests import JobRequest, WorkloadRequest, check_job
+from tuner.requests import JobRequest, WorkloadInput, WorkloadRequest, check_job
 from tuner.storage import JobRecord, Store, StoreError
 from tuner.worker import JobHandle, run_job, work
 
@@ -261,7 +261,7 @@ def test_run_job_by_id_claims_that_job(store: Store) -> None:
 def test_job_request_round_trips_to_study_settings() -> None:
     from tuner.worker import study_settings
 
-    request = JobRequest(workload=WorkloadRequest(model="gpt2", gpus=4, micro_batch=8), trials=5, launcher="local")
+    request = JobRequest(workload=WorkloadInput(model="gpt2", gpus=4, micro_batch=8), trials=5, launcher="local")
     settings = study_settings(request, "s", ray_address="ray://head:10001")
     assert settings.trials == 5 and settings.dispatch.launcher == "local"
     assert settings.dispatch.ray_address == "ray://head:10001"

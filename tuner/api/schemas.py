@@ -1,7 +1,8 @@
 """The API's request and response models: the documentation, and through FastAPI the OpenAPI schema (the contract).
 
-Workloads are :class:`tuner.requests.WorkloadRequest` and tuning jobs :class:`tuner.requests.JobRequest`, the same
-schema the CLI and the job queue build workloads through.
+Workloads are :class:`tuner.requests.WorkloadInput` (a :class:`tuner.requests.WorkloadRequest` with the trial's
+shortcut fields clients send in it) and tuning jobs :class:`tuner.requests.JobRequest`, the same schemas the CLI and
+the job queue build workloads and trial configs through.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.requests import Offload, WorkloadRequest
+from tuner.requests import Offload, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 
 
@@ -21,7 +22,7 @@ class EstimateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workload: WorkloadRequest
+    workload: WorkloadInput
     stage: int = Field(0, ge=0, le=3)
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
@@ -82,7 +83,7 @@ class RecommendRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workload: WorkloadRequest
+    workload: WorkloadInput
 
 
 class RecommendResponse(BaseModel):

@@ -35,11 +35,12 @@ from tuner.requests import (
     ModelImpl,
     Offload,
     Precision,
+    TrialRequest,
     WorkloadRequest,
     to_workload,
     validated,
 )
-from tuner.space.dsconfig import load_ds_config, trial_config
+from tuner.space.dsconfig import load_ds_config
 from tuner.workload import TrialConfig, Workload, load_hf_config, read_json_object
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
@@ -199,11 +200,8 @@ def build(flags: WorkloadFlags) -> tuple[Workload, TrialConfig]:
                 "gpu_memory": flags.gpu_memory,
                 "cpu_memory": flags.cpu_memory,
                 "seq_len": flags.seq_len,
-                "micro_batch": flags.micro_batch,
-                "grad_accum": flags.grad_accum,
                 "precision": flags.precision,
                 "attention": flags.attention,
-                "activation_checkpointing": flags.activation_checkpointing,
                 "device": flags.device or default_device(),
                 "model_impl": flags.model_impl,
                 "peft": peft,
@@ -212,18 +210,19 @@ def build(flags: WorkloadFlags) -> tuple[Workload, TrialConfig]:
             },
         )
         workload = to_workload(request, config_name=name)
-        override = load_ds_config(flags.ds_config) if flags.ds_config is not None else None
-        trial = trial_config(
-            flags.micro_batch,
-            flags.grad_accum,
-            workload.train.precision,
-            flags.activation_checkpointing,
-            flags.stage,
-            flags.offload_optimizer,
-            flags.offload_param,
-            flags.nvme_path,
-            override,
-        )
+        trial = validated(
+            TrialRequest,
+            {
+                "micro_batch": flags.micro_batch,
+                "grad_accum": flags.grad_accum,
+                "activation_checkpointing": flags.activation_checkpointing,
+                "stage": flags.stage,
+                "offload_optimizer": flags.offload_optimizer,
+                "offload_param": flags.offload_param,
+                "nvme_path": flags.nvme_path,
+                "ds_config": load_ds_config(flags.ds_config) if flags.ds_config is not None else None,
+            },
+        ).to_trial(workload.train.precision)
         # the precision the ds_config trains in (a --ds-config may change it): its traced activations (to_workload
         # attached the workload's own precision's)
         precision = resolve(workload, trial).precision

@@ -265,23 +265,22 @@ def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> t
     rows: list[list[str]] = []
     partial = False
     for trial in store.trials(study_id, status="ok", order_by="-tokens_per_s", limit=top):
-        zero = trial.ds_config.get("zero_optimization", {})
+        config = trial.trial
         gpu_memory = (trial.estimate or {}).get("gpu_memory", 0)
         peak = trial.peak_bytes
         stopped = bool((trial.measurement or {}).get("stopped_early"))
         partial = partial or stopped
-        offload = [
-            (zero.get(section) or {}).get("device", "none") for section in ("offload_optimizer", "offload_param")
-        ]
+        offload = [config.zero.offload_optimizer.device, config.zero.offload_param.device]
+        micro, accum = config.batch
         rows.append(
             [
                 str(trial.number),
                 f"{trial.tokens_per_s:,.0f}",
                 "-" if peak is None else f"{peak / GiB:.3f}",
                 "-" if peak is None else f"{(gpu_memory - peak) / GiB:.2f}",
-                str(zero.get("stage", 0)),
-                str(trial.ds_config.get("train_micro_batch_size_per_gpu")),
-                str(trial.ds_config.get("gradient_accumulation_steps")),
+                str(config.stage),
+                str(micro),
+                str(accum),
                 "/".join(offload) if offload[1] != "none" else offload[0],
                 "yes" if trial.activation_checkpointing else "no",
             ]

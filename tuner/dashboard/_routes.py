@@ -13,7 +13,6 @@ from fastapi.templating import Jinja2Templates
 
 from tuner.dashboard import _views as views
 from tuner.forecast import describe_reason
-from tuner.space.dsconfig import deepspeed_part
 from tuner.storage import Store, StudyRecord, TrialRecord
 from tuner.units import format_bytes
 
@@ -105,7 +104,7 @@ def download_ds_config(request: Request, name: str, number: int) -> Response:
         return _not_found(request, f"Trial {number} has no ds_config: the search space rejected its parameters.")
     filename = f"ds_config_{quote(study.name, safe='')}_trial{number}.json"
     return Response(
-        json.dumps(deepspeed_part(trial.ds_config), indent=2, sort_keys=True) + "\n",
+        json.dumps(trial.trial.deepspeed_config(), indent=2, sort_keys=True) + "\n",
         media_type="application/json",
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )

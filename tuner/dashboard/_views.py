@@ -10,6 +10,7 @@ from typing import Any
 from tuner.forecast import PredictionAccuracy, group_counts, prediction_accuracy
 from tuner.storage import FINISHED_STATUSES, JobRecord, StudyRecord, TrialRecord, WorkloadRecord
 from tuner.units import GiB, format_bytes
+from tuner.workload import TrialConfig
 
 MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "pruned")
 
@@ -42,22 +43,7 @@ def format_params(n_params: int) -> str:
 
 def describe_config(config: dict[str, Any]) -> str:
     """A one-line summary of a ds_config: ``ZeRO-2 · micro 4 × accum 2 · bf16 · optimizer → cpu``."""
-    if not config:
-        return "(no ds_config)"
-    zero = config.get("zero_optimization") or {}
-    parts = [f"ZeRO-{zero.get('stage', 0)}"]
-    micro = config.get("train_micro_batch_size_per_gpu")
-    accum = config.get("gradient_accumulation_steps")
-    if micro is not None:
-        parts.append(f"micro {micro}" + (f" × accum {accum}" if accum is not None else ""))
-    for section in ("bf16", "fp16"):
-        if (config.get(section) or {}).get("enabled"):
-            parts.append(section)
-    for key, label in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
-        device = (zero.get(key) or {}).get("device", "none")
-        if device != "none":
-            parts.append(f"{label} → {device}")
-    return " · ".join(parts)
+    return TrialConfig(config).summary()
 
 
 def describe_workload(workload: WorkloadRecord) -> str:

@@ -45,7 +45,6 @@ NCCL >= 2.22 connects each algorithm at its first collective, so all of this app
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 MiB = 2**20
 
@@ -83,25 +82,6 @@ class Parallelism:
     sequence_parallel: int = 1
     expert_parallel: int = 1
     quantized_gradients: bool = False
-
-    @classmethod
-    def from_config(cls, world: int, gpus_per_node: int, stage: int, ds_config: dict[str, Any]) -> Parallelism:
-        """The group sizes a ds_config sets (values DeepSpeed would reject are taken as 1: resolve rejects them)."""
-        zero = ds_config.get("zero_optimization") or {}
-        expert = ds_config.get("expert_parallel") or {}
-        return cls(
-            world=world,
-            gpus_per_node=gpus_per_node,
-            stage=stage,
-            hpz=_size(zero.get("zero_hpz_partition_size")),
-            sequence_parallel=_size(ds_config.get("sequence_parallel_size")),
-            expert_parallel=_size(expert.get("autoep_size")) if expert.get("enabled") is True else 1,
-            quantized_gradients=zero.get("zero_quantized_gradients") is True,
-        )
-
-
-def _size(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
 
 
 def _consecutive(size: int, gpus_per_node: int) -> int:

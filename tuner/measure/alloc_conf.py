@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.estimator.settings import expandable_segments
-from tuner.space.dsconfig import deepspeed_part
+from tuner.workload import TrialConfig
 
 VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 
@@ -22,10 +21,7 @@ def alloc_conf(ds_config: dict[str, Any], current: str | None) -> str | None:
         >>> alloc_conf({}, "expandable_segments:True") is None
         True
     """
-    if not expandable_segments(ds_config):
+    if not TrialConfig(ds_config).expandable_segments:
         return None
     options = [part for part in (current or "").split(",") if part and not part.startswith("expandable_segments:")]
     return ",".join([*options, "expandable_segments:True"])
-
-
-deepspeed_config = deepspeed_part  # the ds_config DeepSpeed gets

@@ -29,6 +29,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from tuner.workload import TrialConfig
+
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -58,17 +60,6 @@ def default_dtype(dtype: Any) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def stage_and_precision(ds_config: dict[str, Any]) -> tuple[int, str]:
-    """The ZeRO stage and the training precision (``bf16``, ``fp16`` or ``fp32``) a ds_config asks for."""
-    stage = int((ds_config.get("zero_optimization") or {}).get("stage", 0))
-
-    def enabled(*keys: str) -> bool:
-        return any(bool((ds_config.get(key) or {}).get("enabled")) for key in keys)
-
-    precision = "fp16" if enabled("fp16") else "bf16" if enabled("bf16", "bfloat16") else "fp32"  # DeepSpeed's alias
-    return stage, precision
-
-
 @contextmanager
 def born_on_device(ds_config: dict[str, Any], device: str, transformers: bool = False) -> Iterator[None]:
     """Build the model inside this block: sharded under ZeRO-3, else on ``device`` in the training dtype.
@@ -81,8 +72,8 @@ def born_on_device(ds_config: dict[str, Any], device: str, transformers: bool = 
     """
     import torch
 
-    stage, precision = stage_and_precision(ds_config)
-    dtype = training_dtype(precision)
+    trial = TrialConfig(ds_config)
+    stage, dtype = trial.stage, training_dtype(trial.precision)
     with ExitStack() as stack:
         if stage == 3:
             import deepspeed

@@ -23,6 +23,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tuner.workload import TrialConfig
+from tuner.workload.zero import offload_device
+
 if TYPE_CHECKING:
     from tuner.measure.measurement import Measurement, StepHook
     from tuner.workload import TrialConfig, Workload
@@ -36,10 +39,12 @@ ADAM_TYPES = ("adam", "adamw")
 def ops_needed(device: str, ds_config: Mapping[str, Any]) -> list[str]:
     """The compiled ops a run of ``ds_config`` on ``device`` (``cpu`` or ``cuda``) loads, in load order."""
     ops = [SHM_COMM] if device == "cpu" else []
-    optimizer = ds_config.get("optimizer") or {}
-    if str(optimizer.get("type", "")).lower() in ADAM_TYPES and not (optimizer.get("params") or {}).get("torch_adam"):
-        offload = ((ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device")
-        ops.append(CPU_ADAM if offload in ("cpu", "nvme") else FUSED_ADAM)
+    trial = TrialConfig.of(ds_config)
+    if "optimizer" not in trial.ds_config:  # DeepSpeed builds no optimizer of its own
+        return ops
+    if str(trial.optimizer_type).lower() in ADAM_TYPES and not trial.optimizer_params.get("torch_adam"):
+        offloaded = offload_device(trial.ds_config, "offload_optimizer") != "none"
+        ops.append(CPU_ADAM if offloaded else FUSED_ADAM)
     return ops
 
 

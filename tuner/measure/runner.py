@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.measure.alloc_conf import VARIABLE as ALLOC_CONF
-from tuner.measure.alloc_conf import alloc_conf, deepspeed_config
+from tuner.measure.alloc_conf import alloc_conf
 from tuner.measure.measurement import EXCERPT_CHARS, RankResult
 from tuner.measure.op_builds import use_environment_ninja
 from tuner.workload import TrialConfig
@@ -230,7 +230,7 @@ class TrainingProcess:
         model = self._born_model(workload)
         timings["model_s"] = time.perf_counter() - begin
         begin = time.perf_counter()
-        config = deepspeed_config(spec.ds_config)
+        config = TrialConfig(spec.ds_config).deepspeed_config()
         if spec.wall_clock_breakdown:  # DeepSpeed's forward / backward / step timers (:meth:`_add_breakdown`)
             config["wall_clock_breakdown"] = True
         # only what trains, as the HF Trainer's optimizer takes it: frozen weights get no gradients, masters or states

@@ -1,12 +1,14 @@
 """The request schemas every face builds its input through (pydantic): a workload (:class:`WorkloadRequest`,
-:func:`to_workload`) and a tuning job (:class:`JobRequest`). The CLI, the HTTP API and the job queue share them, so
-a field is checked, named and documented once.
+:func:`to_workload`), a trial config (:class:`TrialRequest`; :class:`WorkloadInput` is the API's and the job
+queue's workload object, which carries the trial's shortcut fields too) and a tuning job (:class:`JobRequest`).
+The CLI, the HTTP API and the job queue share them, so a field is checked, named and documented once.
 
-May import: :mod:`tuner.workload`, :mod:`tuner.profile` (its plain-data side), :mod:`tuner.space` (names and
-validation), :mod:`tuner.measure.options` (the measuring defaults), pydantic.
+May import: :mod:`tuner.workload`, :mod:`tuner.profile` (its plain-data side), :mod:`tuner.space` (names,
+validation and the shortcut ds_config), :mod:`tuner.measure.options` (the measuring defaults), pydantic.
 """
 
 from tuner.requests.job import JobRequest, check_job, tuning_workload
+from tuner.requests.trial import TrialRequest, WorkloadInput
 from tuner.requests.workload import (
     ATTENTION_KINDS,
     DEVICES,
@@ -54,6 +56,8 @@ __all__ = [
     "Offload",
     "Precision",
     "Sampler",
+    "TrialRequest",
+    "WorkloadInput",
     "WorkloadRequest",
     "check_job",
     "check_request",

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.measure.options import MEASURE_DEFAULTS
+from tuner.requests.trial import WorkloadInput
 from tuner.requests.workload import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
 from tuner.workload import MEASURED_QUANTIZATION, Workload
 
@@ -33,7 +34,7 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workload: WorkloadRequest
+    workload: WorkloadInput
     study: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
         None, description="Study name; an existing study of the same workload resumes. Default: model-fingerprint."
     )

@@ -100,9 +100,8 @@ class WorkloadRequest(BaseModel):
     """A workload, with the fields of the CLI's workload flags (``--gpus`` is GPUs per node).
 
     Give exactly one of ``model`` (a built-in preset name), ``config`` (an inline Hugging Face ``config.json``
-    object) and ``params`` (a bare parameter count: model states only). ``micro_batch``, ``grad_accum`` and
-    ``activation_checkpointing`` are not the workload's: they feed the trial config
-    (:func:`tuner.space.dsconfig.trial_config`) where one is estimated, and a study searches them.
+    object) and ``params`` (a bare parameter count: model states only). How it is trained (micro-batch,
+    accumulation, checkpointing, ZeRO...) is a :class:`tuner.requests.TrialRequest`, not part of the workload.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -119,15 +118,12 @@ class WorkloadRequest(BaseModel):
     gpu_memory: MemorySize = Field("80GiB", description="Per GPU: bytes or a size such as 80GiB.")
     cpu_memory: MemorySize = Field("1TiB", description="Per node: bytes or a size such as 1TiB.")
     seq_len: int = Field(2048, ge=1, le=2**20)
-    micro_batch: int = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
-    grad_accum: int = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
     precision: Precision = "bf16"
     attention: Attention | None = Field(
         None,
         description="Attention kernel; default: the one transformers builds the model with (sdpa, else eager); "
         "sdpa for built-in models.",
     )
-    activation_checkpointing: bool = Field(False, description="Of the trial config, not the workload.")
     device: Device = "cuda"
     model_impl: ModelImpl = Field(
         "transformers", description="The model measured runs train: transformers from_config, or dstune's built-in one."

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tuner.estimator.settings import ENV_SECTION, ConfigError, expandable_segments
-from tuner.workload import TrainableSpec, TrialConfig
+from tuner.workload import ConfigError, TrainableSpec, TrialConfig
+from tuner.workload.trial import PRECISION_SECTIONS
 
-PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
 DEFAULT_LR = 1e-4
 
 
@@ -62,29 +61,6 @@ def _offload_section(device: str, nvme_path: str | None) -> dict[str, Any]:
     if device == "nvme" and nvme_path:
         section["nvme_path"] = nvme_path
     return section
-
-
-def trial_config(
-    micro_batch: int,
-    grad_accum: int,
-    precision: str,
-    activation_checkpointing: bool,
-    stage: int,
-    offload_optimizer: str,
-    offload_param: str,
-    nvme_path: str | None = None,
-    override: dict[str, Any] | None = None,
-) -> TrialConfig:
-    """The trial config of the shortcut flags (or the API's fields of the same names), with ``override`` (a user's
-    ds_config) merged over its ds_config: the one way the CLI and the API build the config they estimate or measure.
-
-    Example:
-        >>> trial = trial_config(2, 1, "bf16", True, 3, "none", "none", override={"gradient_clipping": 0.5})
-        >>> trial.ds_config["zero_optimization"]["stage"], trial.batch, trial.activation_checkpointing
-        (3, (2, 1), True)
-    """
-    config = shortcut_config(micro_batch, grad_accum, precision, stage, offload_optimizer, offload_param, nvme_path)
-    return TrialConfig(config if override is None else merge_configs(config, override), activation_checkpointing)
 
 
 def load_ds_config(path: str | Path) -> dict[str, Any]:
@@ -244,12 +220,6 @@ def to_hf_trainer(config: dict[str, Any], activation_checkpointing: bool = False
     return hf, args
 
 
-def deepspeed_part(ds_config: dict[str, Any]) -> dict[str, Any]:
-    """A trial's ds_config as DeepSpeed gets it: without dstune's own section (settings of the run itself, such as
-    the allocator's ``expandable_segments``, which DeepSpeed would ignore and exports should not show)."""
-    return {key: value for key, value in ds_config.items() if key != ENV_SECTION}
-
-
 # adapter_config.json fields that describe a saved adapter, not the one to create (LoraConfig's bookkeeping)
 SAVED_ADAPTER_FIELDS = ("base_model_name_or_path", "revision", "peft_version", "auto_mapping", "inference_mode")
 
@@ -298,7 +268,7 @@ def export_config(
         >>> config, notes
         ({'train_micro_batch_size_per_gpu': 2}, ['run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True'])
     """
-    config = deepspeed_part(trial.ds_config)
+    config = trial.deepspeed_config()
     notes: list[str] = []
     if format == "hf":
         config, args = to_hf_trainer(config, trial.activation_checkpointing)
@@ -308,6 +278,6 @@ def export_config(
         notes.append(note)
     if trainable is not None:
         notes.extend(trainable_notes(trainable))
-    if expandable_segments(trial.ds_config):
+    if trial.expandable_segments:
         notes.append("run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     return config, notes

@@ -13,7 +13,6 @@ from typing import Any
 
 import yaml
 
-from tuner.estimator.settings import ZERO_KEYS
 from tuner.space.conditions import (
     COMPARE,
     MEMBER,
@@ -28,7 +27,7 @@ from tuner.space.errors import SpaceError
 from tuner.space.parameters import NUMBER_STRING, Parameter, not_a_value
 from tuner.space.space import OFFLOAD_SECTIONS, SearchSpace
 from tuner.units import parse_bytes
-from tuner.workload import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY
+from tuner.workload import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, ZERO_KEYS
 
 TRAIN_FIELDS = ("activation_checkpointing",)
 KINDS = ("categorical", "int", "float")

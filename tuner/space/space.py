@@ -5,22 +5,28 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.estimator.settings import (
-    DEFAULT_ACCUM,
-    DEFAULT_MICRO,
-    OFFLOAD_OPTIMIZER_KEYS,
-    OFFLOAD_PARAM_KEYS,
-    ConfigError,
-    resolve,
-)
+from tuner.estimator import resolve
 from tuner.estimator.throughput import all_params, trainable_params
 from tuner.space.conditions import WORKLOAD_FACTS, is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.parameters import Parameter, TrialLike, check_value
 from tuner.space.suggestion import Suggestion
-from tuner.workload import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, TrialConfig, Workload
+from tuner.workload import (
+    ACCUM_KEY,
+    BATCH_KEYS,
+    DEFAULT_ACCUM,
+    DEFAULT_MICRO,
+    MICRO_KEY,
+    OFFLOAD_OPTIMIZER_KEYS,
+    OFFLOAD_PARAM_KEYS,
+    ConfigError,
+    TrialConfig,
+    Workload,
+    accumulation_for,
+)
 
 OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW"}
 OFFLOAD_SECTIONS = {"offload_optimizer": OFFLOAD_OPTIMIZER_KEYS, "offload_param": OFFLOAD_PARAM_KEYS}
@@ -233,62 +239,66 @@ class SearchSpace:
             >>> s.trial.ds_config["gradient_accumulation_steps"], s.trial.ds_config["train_batch_size"]
             (4, 32)
         """
-        world = workload.cluster.world_size
         if global_batch is not None:
-            if not is_positive_int(global_batch):
-                raise ConfigError("global_batch", f"must be a positive integer, got {global_batch!r}")
-            if global_batch % world:
-                raise ConfigError(
-                    "global_batch", f"{global_batch} is not divisible by the data-parallel world size {world}"
-                )
-        nvme = bool(nvme_path)
+            _check_global_batch(global_batch, workload.cluster.world_size)
+        asking = _Asking(trial, workload, global_batch, bool(nvme_path))
         facts = workload_facts(workload)
-        values: dict[str, Any] = {}  # active parameters only
-        suggested: dict[str, Any] = {}
-        fixed: dict[str, Any] = {}
         for parameter in self._parameters:
-            name = parameter.name
-            if not parameter.active({**facts, **values}):
-                pinned = self._pins.get(name, _UNSET)
-                if pinned is not _UNSET and not same(pinned, parameter.default):
-                    raise InfeasibleConfig(
-                        f"{name} is pinned to {pinned!r} but applies only when {parameter.when_text}", values
-                    )
+            if not parameter.active({**facts, **asking.values}):
+                self._check_inactive_pin(parameter, asking.values)
                 continue
-            if name == self._accum and global_batch is not None:
-                value = self._derive_accum(values, workload, global_batch)
-                pinned = self._pins.get(name, _UNSET)
-                if pinned is not _UNSET and pinned is not None and pinned != value:
-                    raise InfeasibleConfig(
-                        f"{name} is pinned to {pinned} but the global batch {global_batch} needs {value}", values
-                    )
-                fixed[name] = value
-            elif name in self._pins:
-                value = self._pins[name]
-                if not nvme and member(value, parameter.nvme_choices):
-                    raise SpaceError(self.source, f"pins.{name}", f"{value!r} needs an NVMe path (nvme_path)")
-                fixed[name] = value
-            elif name in self._frozen:
-                value = parameter.default
-                fixed[name] = value
-            else:
-                choices = None
-                if parameter.kind == "categorical":
-                    choices = list(parameter.all_choices(nvme))
-                    if name == self._micro and global_batch is not None:
-                        per_rank = global_batch // world
-                        choices = [c for c in choices if per_rank % c == 0]
-                        if not choices:
-                            raise InfeasibleConfig(
-                                f"no micro-batch choice divides global batch {global_batch} / world size {world}",
-                                values,
-                            )
-                suggested[name] = parameter.suggest(trial, choices)  # what Optuna recorded
-                value = parameter.rounded(suggested[name]) if parameter.kind == "int" else suggested[name]
-            values[name] = value
-            if name == self._micro and global_batch is not None:
-                self._derive_accum(values, workload, global_batch)  # prune now, before asking for more values
-        return self._build(workload, values, suggested, fixed, global_batch, nvme_path)
+            asking.values[parameter.name] = self._value(parameter, asking)
+            if parameter.name == self._micro and global_batch is not None:
+                self._derive_accum(asking.values, workload, global_batch)  # prune now, before asking for more values
+        return self._build(workload, asking.values, asking.suggested, asking.fixed, global_batch, nvme_path)
+
+    def _check_inactive_pin(self, parameter: Parameter, values: Mapping[str, Any]) -> None:
+        """A pin of a parameter that does not apply to this trial's values must be its default."""
+        pinned = self._pins.get(parameter.name, _UNSET)
+        if pinned is not _UNSET and not same(pinned, parameter.default):
+            raise InfeasibleConfig(
+                f"{parameter.name} is pinned to {pinned!r} but applies only when {parameter.when_text}", values
+            )
+
+    def _value(self, parameter: Parameter, asking: _Asking) -> Any:
+        """The value of an active parameter: derived (accumulation for a fixed global batch), pinned, frozen at its
+        default, or asked of the trial (recorded in ``asking.suggested``)."""
+        name, values, global_batch = parameter.name, asking.values, asking.global_batch
+        if name == self._accum and global_batch is not None:
+            value = self._derive_accum(values, asking.workload, global_batch)
+            pinned = self._pins.get(name, _UNSET)
+            if pinned is not _UNSET and pinned is not None and pinned != value:
+                raise InfeasibleConfig(
+                    f"{name} is pinned to {pinned} but the global batch {global_batch} needs {value}", values
+                )
+            asking.fixed[name] = value
+            return value
+        if name in self._pins:
+            value = self._pins[name]
+            if not asking.nvme and member(value, parameter.nvme_choices):
+                raise SpaceError(self.source, f"pins.{name}", f"{value!r} needs an NVMe path (nvme_path)")
+            asking.fixed[name] = value
+            return value
+        if name in self._frozen:
+            asking.fixed[name] = parameter.default
+            return parameter.default
+        asking.suggested[name] = parameter.suggest(asking.trial, self._choices(parameter, asking))
+        return parameter.rounded(asking.suggested[name]) if parameter.kind == "int" else asking.suggested[name]
+
+    def _choices(self, parameter: Parameter, asking: _Asking) -> list[Any] | None:
+        """A categorical parameter's choices for this trial (micro-batches that divide a fixed global batch's share
+        per rank); None for numeric parameters."""
+        if parameter.kind != "categorical":
+            return None
+        choices = list(parameter.all_choices(asking.nvme))
+        global_batch, world = asking.global_batch, asking.workload.cluster.world_size
+        if parameter.name == self._micro and global_batch is not None:
+            choices = [c for c in choices if (global_batch // world) % c == 0]
+            if not choices:
+                raise InfeasibleConfig(
+                    f"no micro-batch choice divides global batch {global_batch} / world size {world}", asking.values
+                )
+        return choices
 
     def _derive_accum(self, values: Mapping[str, Any], workload: Workload, global_batch: int) -> int:
         """Accumulation steps for ``global_batch`` at the current micro-batch (1 when none is set).
@@ -296,15 +306,10 @@ class SearchSpace:
         Raises:
             InfeasibleConfig: The micro-batch times the world size does not divide ``global_batch``.
         """
-        micro = self._micro_value(values)
-        world = workload.cluster.world_size
-        if global_batch % (micro * world):
-            raise InfeasibleConfig(
-                f"micro-batch {micro} × world size {world} = {micro * world} does not divide "
-                f"the global batch {global_batch}",
-                values,
-            )
-        return global_batch // (micro * world)
+        try:
+            return accumulation_for(global_batch, self._micro_value(values), workload.cluster.world_size)
+        except ConfigError as error:
+            raise InfeasibleConfig(error.message, values) from None
 
     def _micro_value(self, values: Mapping[str, Any]) -> int:
         micro = values.get(self._micro) if self._micro else None
@@ -336,9 +341,6 @@ class SearchSpace:
         else:
             chosen = values.get(self._accum) if self._accum else None
             accum = DEFAULT_ACCUM if chosen is None else int(chosen)
-        config[MICRO_KEY] = micro
-        config[ACCUM_KEY] = accum
-        config[GLOBAL_KEY] = micro * accum * world
         checkpointing = False
         for parameter in self._parameters:
             value = values.get(parameter.name)
@@ -353,8 +355,8 @@ class SearchSpace:
             for section in OFFLOAD_SECTIONS:
                 if isinstance(zero.get(section), dict) and zero[section].get("device") == "nvme":
                     zero[section]["nvme_path"] = nvme_path
-        trial = TrialConfig(config, checkpointing)
         try:
+            trial = TrialConfig(config, checkpointing).with_batch(micro, accum, world)
             resolve(workload, trial)
         except ConfigError as error:
             raise InfeasibleConfig(f"invalid config: {error}", values) from None
@@ -383,6 +385,26 @@ class SearchSpace:
             return self.parameter(name)
         except KeyError:
             raise SpaceError(self.source, where, f"{problem}; parameters: {', '.join(self._by_name)}") from None
+
+
+@dataclass
+class _Asking:
+    """One suggestion in progress: what it asks with and what it has so far (active parameters only)."""
+
+    trial: TrialLike
+    workload: Workload
+    global_batch: int | None
+    nvme: bool
+    values: dict[str, Any] = field(default_factory=dict)
+    suggested: dict[str, Any] = field(default_factory=dict)  # what Optuna recorded
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_global_batch(global_batch: int, world: int) -> None:
+    if not is_positive_int(global_batch):
+        raise ConfigError("global_batch", f"must be a positive integer, got {global_batch!r}")
+    if global_batch % world:
+        raise ConfigError("global_batch", f"{global_batch} is not divisible by the data-parallel world size {world}")
 
 
 def _set_path(config: dict[str, Any], path: str, value: Any) -> None:

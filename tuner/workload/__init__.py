@@ -4,11 +4,15 @@
   :class:`Workload`), built-in presets (``presets/``), a Hugging Face ``config.json`` read into a spec;
 - ``trial``: what the search decides for one trial (:class:`TrialConfig`);
 - ``model_profile``: what the profile room found out about a transformers model, as plain data (:class:`ModelProfile`);
-- ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`).
+- ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`);
+- ``zero``, ``layout`` and ``config_values``: the typed views :class:`TrialConfig` reads a ds_config's sections
+  through (:class:`ZeroConfig`, :class:`ParallelLayout`), the only code that parses a ds_config.
 
 May import: :mod:`tuner.errors` and the standard library. Everything above imports from here.
 """
 
+from tuner.workload.config_values import ConfigError
+from tuner.workload.layout import ParallelLayout
 from tuner.workload.model_profile import PROFILE_FORMAT, ActivationProfile, Linear, ModelProfile
 from tuner.workload.quantization import (
     BLOCKSIZE,
@@ -38,32 +42,66 @@ from tuner.workload.spec import (
     workload_from_dict,
     workload_to_dict,
 )
-from tuner.workload.trial import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, TrialConfig, config_key
+from tuner.workload.trial import (
+    ACCUM_KEY,
+    BATCH_KEYS,
+    DEFAULT_ACCUM,
+    DEFAULT_MICRO,
+    ENV_SECTION,
+    GLOBAL_KEY,
+    MICRO_KEY,
+    BatchSizes,
+    TrialConfig,
+    accumulation_for,
+    config_key,
+    resolve_batch,
+)
+from tuner.workload.zero import (
+    OFFLOAD_DEVICES,
+    OFFLOAD_OPTIMIZER_KEYS,
+    OFFLOAD_PARAM_KEYS,
+    ZERO_KEYS,
+    Offload,
+    ZeroConfig,
+)
 
 __all__ = [
     "ACCUM_KEY",
     "BATCH_KEYS",
     "BLOCKSIZE",
+    "DEFAULT_ACCUM",
+    "DEFAULT_MICRO",
     "DTYPE_BYTES",
+    "ENV_SECTION",
     "GLOBAL_KEY",
     "MAX_FREEZE_PATTERN",
     "MEASURED_QUANTIZATION",
     "MICRO_KEY",
     "NEEDS_CUDA",
     "NESTED_BLOCKSIZE",
+    "OFFLOAD_DEVICES",
+    "OFFLOAD_OPTIMIZER_KEYS",
+    "OFFLOAD_PARAM_KEYS",
     "PROFILE_FORMAT",
     "SUPPORTED_FAMILIES",
+    "ZERO_KEYS",
     "ActivationProfile",
+    "BatchSizes",
     "ClusterSpec",
+    "ConfigError",
     "Linear",
     "ModelProfile",
     "ModelSpec",
+    "Offload",
+    "ParallelLayout",
     "QuantSpec",
     "TrainSpec",
     "TrainableSpec",
     "TrialConfig",
     "Workload",
     "WorkloadError",
+    "ZeroConfig",
+    "accumulation_for",
     "check_config_limits",
     "config_key",
     "load_builtin_model",
@@ -73,6 +111,7 @@ __all__ = [
     "preset_config",
     "preset_names",
     "read_json_object",
+    "resolve_batch",
     "workload_from_dict",
     "workload_to_dict",
 ]

@@ -1,11 +1,12 @@
 """What the search decides for one trial: :class:`TrialConfig`, the ds_config plus activation checkpointing.
 
 What is trained (model, cluster, sequence length, precision, attention, optimizer, trainable part) is the
-:class:`tuner.workload.Workload`; how it is trained is a :class:`TrialConfig`. Micro-batch and gradient accumulation
-live in the ds_config (``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``) and nowhere else; the
-estimator resolves them once, with the rest of the config, into its settings (:func:`tuner.estimator.resolve`).
-The estimator, the warm start, the study, the runner, the recommender, the exports, the API and the dashboard all
-read this one object. Pure Python.
+:class:`tuner.workload.Workload`; how it is trained is a :class:`TrialConfig`, and it is the one place that reads a
+ds_config's sections: the batch sizes (by DeepSpeed's rules, over the data-parallel ranks of the layout), the
+precision, ``zero_optimization`` (:class:`~tuner.workload.zero.ZeroConfig`), the parallel layout
+(:class:`~tuner.workload.layout.ParallelLayout`), the optimizer and dstune's own ``dstune`` section. The estimator,
+the space, the study, the runner, the recommender, the exports, the API and the dashboard all read these typed,
+read-only views; nothing else parses a ds_config. Pure Python.
 """
 
 from __future__ import annotations
@@ -14,12 +15,100 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
+
+from tuner.workload.config_values import ConfigError, enabled, read_bool, section
+from tuner.workload.layout import ParallelLayout
+from tuner.workload.zero import ZeroConfig
 
 MICRO_KEY = "train_micro_batch_size_per_gpu"
 ACCUM_KEY = "gradient_accumulation_steps"
 GLOBAL_KEY = "train_batch_size"
 BATCH_KEYS = (MICRO_KEY, ACCUM_KEY)
+DEFAULT_MICRO = DEFAULT_ACCUM = 1  # what a config that leaves them open trains with
+MAX_BATCH = 2**31  # samples: beyond any real global batch (and what the schema's micro-batch × ranks allows)
+ENV_SECTION = "dstune"  # a top-level section DeepSpeed ignores: settings dstune applies to the run itself
+PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
+
+
+class BatchSizes(NamedTuple):
+    """Micro-batch per rank, accumulation steps and the global batch (samples per optimizer step)."""
+
+    micro: int
+    accum: int
+    total: int
+
+
+def accumulation_for(global_batch: int, micro: int, data_parallel: int) -> int:
+    """Accumulation steps that make ``micro × steps × data_parallel == global_batch``.
+
+    Raises:
+        ConfigError: (``train_batch_size``) ``micro × data_parallel`` does not divide the global batch.
+
+    Example:
+        >>> accumulation_for(16, 4, 2)
+        2
+    """
+    if global_batch % (micro * data_parallel):
+        raise ConfigError(
+            GLOBAL_KEY,
+            f"micro-batch {micro} × world size {data_parallel} = {micro * data_parallel} does not divide "
+            f"the global batch {global_batch}",
+        )
+    return global_batch // (micro * data_parallel)
+
+
+def _batch_value(config: Mapping[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if value == "auto":
+            raise ConfigError(key, '"auto" is a Hugging Face Trainer placeholder; give a number')
+        raise ConfigError(key, f"must be a positive integer, got {value!r}")
+    if value > MAX_BATCH:  # no run trains 10**40 samples at once: a typo, refused early
+        raise ConfigError(key, f"must be at most {MAX_BATCH}, got {value}")
+    return value
+
+
+def resolve_batch(config: Mapping[str, Any], data_parallel: int) -> BatchSizes:
+    """DeepSpeed's batch rules: ``train_batch_size = micro × accumulation × data-parallel ranks``, any two determine
+    the third; a micro-batch or accumulation the config leaves open is 1.
+
+    Raises:
+        ConfigError: a bad or inconsistent batch value, naming its key.
+    """
+    total, micro, accum = (_batch_value(config, key) for key in (GLOBAL_KEY, MICRO_KEY, ACCUM_KEY))
+    dp = data_parallel
+    if micro is None and accum is None and total is None:
+        micro, accum = DEFAULT_MICRO, DEFAULT_ACCUM
+    elif micro is None and total is not None:
+        accum = accum or 1
+        if total % (accum * dp):
+            raise ConfigError(
+                GLOBAL_KEY, f"{total} is not divisible by gradient_accumulation_steps × world size = {accum * dp}"
+            )
+        micro = total // (accum * dp)
+    elif accum is None:
+        micro = micro or DEFAULT_MICRO
+        if total is None:
+            accum = DEFAULT_ACCUM
+        elif total % (micro * dp):
+            raise ConfigError(GLOBAL_KEY, f"{total} is not divisible by micro-batch × world size = {micro * dp}")
+        else:
+            accum = total // (micro * dp)
+    if micro is None:
+        micro = DEFAULT_MICRO
+    expected = micro * accum * dp
+    if total is not None and total != expected:
+        raise ConfigError(
+            GLOBAL_KEY,
+            f"{total} != micro-batch {micro} × gradient_accumulation_steps {accum} × world size {dp} = {expected}",
+        )
+    if micro <= 0 or accum <= 0:
+        raise ConfigError(GLOBAL_KEY, "resolves to a batch of zero")
+    return BatchSizes(micro, accum, expected)
 
 
 @dataclass(frozen=True)
@@ -31,14 +120,27 @@ class TrialConfig:
         activation_checkpointing: Whether the model's layers are checkpointed (a setting of the model, not a
             ds_config key: transformers' ``gradient_checkpointing``).
 
+    The section views (:attr:`zero`, :attr:`layout`, :attr:`precision`...) are read on first use and kept; a bad
+    value raises :class:`~tuner.workload.config_values.ConfigError` naming its key.
+
     Example:
-        >>> trial = TrialConfig({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, True)
+        >>> trial = TrialConfig({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+        ...                      "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}, True)
         >>> trial.batch, trial.key == TrialConfig(dict(trial.ds_config), True).key
         ((2, 4), True)
+        >>> trial.stage, trial.precision, trial.batch_sizes(world_size=4).total
+        (2, 'bf16', 32)
+        >>> trial.summary()
+        'ZeRO-2 · micro 2 × accum 4 · bf16 · checkpointing'
     """
 
     ds_config: dict[str, Any] = field(default_factory=dict)
     activation_checkpointing: bool = False
+
+    @classmethod
+    def of(cls, trial: TrialConfig | Mapping[str, Any]) -> TrialConfig:
+        """``trial`` itself, or a bare ds_config as a trial without activation checkpointing."""
+        return trial if isinstance(trial, TrialConfig) else cls(dict(trial))
 
     @property
     def key(self) -> str:
@@ -48,13 +150,106 @@ class TrialConfig:
     @property
     def batch(self) -> tuple[int | None, int | None]:
         """(micro-batch, accumulation steps) as the ds_config gives them (None where it leaves one to DeepSpeed's
-        rules: the estimator's settings hold the resolved values)."""
+        rules: :meth:`batch_sizes` resolves them)."""
         return self.ds_config.get(MICRO_KEY), self.ds_config.get(ACCUM_KEY)
 
-    @classmethod
-    def of(cls, trial: TrialConfig | Mapping[str, Any]) -> TrialConfig:
-        """``trial`` itself, or a bare ds_config as a trial without activation checkpointing."""
-        return trial if isinstance(trial, TrialConfig) else cls(dict(trial))
+    def batch_sizes(self, world_size: int) -> BatchSizes:
+        """Micro-batch, accumulation and global batch on ``world_size`` ranks, by DeepSpeed's rules over the
+        layout's data-parallel ranks."""
+        return resolve_batch(self.ds_config, self.layout.data_parallel(world_size))
+
+    def global_batch(self, world_size: int) -> int:
+        """Samples per optimizer step on ``world_size`` ranks."""
+        return self.batch_sizes(world_size).total
+
+    def with_batch(self, micro: int, accum: int, world_size: int) -> TrialConfig:
+        """This trial with the micro-batch, accumulation and the global batch they make on ``world_size`` ranks."""
+        batch = {MICRO_KEY: micro, ACCUM_KEY: accum, GLOBAL_KEY: micro * accum * self.layout.data_parallel(world_size)}
+        rest = {key: value for key, value in self.ds_config.items() if key not in batch}
+        return TrialConfig({**batch, **rest}, self.activation_checkpointing)
+
+    @cached_property
+    def precision(self) -> str:
+        """``bf16``, ``fp16`` or ``fp32`` (no 16-bit section enabled; DeepSpeed still reads ``bfloat16`` as ``bf16``).
+
+        Raises:
+            ConfigError: both 16-bit sections enabled.
+        """
+        fp16 = enabled(self.ds_config, "fp16")
+        bf16 = enabled(self.ds_config, "bf16") if "bf16" in self.ds_config else enabled(self.ds_config, "bfloat16")
+        if fp16 and bf16:
+            raise ConfigError("bf16.enabled", "fp16 and bf16 cannot both be enabled")
+        return "fp16" if fp16 else "bf16" if bf16 else "fp32"
+
+    @cached_property
+    def zero(self) -> ZeroConfig:
+        """The ``zero_optimization`` section, resolved."""
+        return ZeroConfig.of(self.ds_config)
+
+    @property
+    def stage(self) -> int:
+        """The ZeRO stage (0 when the config has none)."""
+        return self.zero.stage
+
+    @cached_property
+    def layout(self) -> ParallelLayout:
+        """Sequence, tensor and expert parallel degrees."""
+        return ParallelLayout.of(self.ds_config)
+
+    @cached_property
+    def optimizer_type(self) -> str:
+        """``optimizer.type`` as given (DeepSpeed's default ``AdamW`` when absent)."""
+        return section(self.ds_config, "optimizer").get("type", "AdamW")
+
+    @cached_property
+    def optimizer_params(self) -> dict[str, Any]:
+        """``optimizer.params`` (empty when absent or not an object)."""
+        params = section(self.ds_config, "optimizer").get("params") or {}
+        return params if isinstance(params, dict) else {}
+
+    @property
+    def grad_accum_dtype(self) -> str | None:
+        """``data_types.grad_accum_dtype`` as given."""
+        return section(self.ds_config, "data_types").get("grad_accum_dtype")
+
+    @cached_property
+    def expandable_segments(self) -> bool:
+        """Whether the run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (``dstune.expandable_segments``,
+        a search-space parameter; the runner applies it to CUDA runs and takes the section out before DeepSpeed)."""
+        return read_bool(section(self.ds_config, ENV_SECTION), "expandable_segments", False, f"{ENV_SECTION}.")
+
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The ds_config DeepSpeed is handed: without dstune's own ``dstune`` section."""
+        return {key: value for key, value in self.ds_config.items() if key != ENV_SECTION}
+
+    def summary(self) -> str:
+        """One line for tables and reasons: ``ZeRO-2 · micro 4 × accum 2 · bf16 · optimizer → cpu``.
+
+        Reads the config leniently (a malformed section is left out, never raised): it describes stored and
+        refused configs too.
+        """
+        if not self.ds_config:
+            return "(no ds_config)"
+        zero = self.ds_config.get("zero_optimization")
+        zero = zero if isinstance(zero, dict) else {}
+        parts = [f"ZeRO-{zero.get('stage', 0)}"]
+        micro, accum = self.batch
+        if micro is not None:
+            parts.append(f"micro {micro}" + (f" × accum {accum}" if accum is not None else ""))
+        parts += [name for name in PRECISION_SECTIONS if (self.ds_config.get(name) or {}).get("enabled")]
+        for key, label in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
+            device = (zero.get(key) or {}).get("device", "none")
+            if device != "none":
+                parts.append(f"{label} → {device}")
+        try:
+            layout = self.layout.summary()
+        except ConfigError:
+            layout = ""
+        if layout:
+            parts.append(layout)
+        if self.activation_checkpointing:
+            parts.append("checkpointing")
+        return " · ".join(parts)
 
 
 def config_key(trial: TrialConfig | Mapping[str, Any], activation_checkpointing: bool = False) -> str:
@@ -83,4 +278,18 @@ def config_key(trial: TrialConfig | Mapping[str, Any], activation_checkpointing:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-__all__ = ["ACCUM_KEY", "BATCH_KEYS", "GLOBAL_KEY", "MICRO_KEY", "TrialConfig", "config_key"]
+__all__ = [
+    "ACCUM_KEY",
+    "BATCH_KEYS",
+    "DEFAULT_ACCUM",
+    "DEFAULT_MICRO",
+    "ENV_SECTION",
+    "GLOBAL_KEY",
+    "MICRO_KEY",
+    "BatchSizes",
+    "ConfigError",
+    "TrialConfig",
+    "accumulation_for",
+    "config_key",
+    "resolve_batch",
+]

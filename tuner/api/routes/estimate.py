@@ -13,8 +13,7 @@ from tuner.api.deps import invalid, store_of
 from tuner.api.schemas import EstimateRequest, EstimateResponse
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.forecast import load_fit, throughput_summary
-from tuner.requests import FieldError, Loc, check_request, to_workload
-from tuner.space.dsconfig import trial_config
+from tuner.requests import FieldError, Loc, TrialRequest, check_request, to_workload
 from tuner.workload import TrialConfig, Workload
 
 router = APIRouter(tags=["estimate"])
@@ -55,17 +54,14 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
     store = store_of(request)
     try:
         workload = to_workload(body.workload, ("workload",), inline=False)
-        asked = body.workload  # its micro_batch, grad_accum and activation_checkpointing are the trial's
-        trial = trial_config(
-            asked.micro_batch,
-            asked.grad_accum,
-            workload.train.precision,
-            asked.activation_checkpointing,
-            body.stage,
-            body.offload_optimizer,
-            body.offload_param,
-            override=body.ds_config,
+        asked = TrialRequest(
+            **body.workload.trial_fields(),  # the workload object's micro_batch, grad_accum, checkpointing
+            stage=body.stage,
+            offload_optimizer=body.offload_optimizer,
+            offload_param=body.offload_param,
+            ds_config=body.ds_config,
         )
+        trial = asked.to_trial(workload.train.precision)
         est = checked_estimate(workload, trial)
     except FieldError as error:
         raise invalid(error) from None

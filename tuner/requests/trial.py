@@ -1,0 +1,86 @@
+"""The trial side of a request: :class:`TrialRequest`, the shortcut fields of a trial config plus a user's
+ds_config, as ``dstune estimate|measure`` flags and the API's estimate body give them.
+
+A study searches these; where one config is estimated or measured, the request names it, and
+:meth:`TrialRequest.to_trial` makes the one :class:`tuner.workload.TrialConfig` that the estimator, the runner and
+the exports read. The API's and the job queue's ``workload`` object also carries the first three fields
+(:class:`WorkloadInput`): their JSON stays as clients send it, and the two parts are separated here.
+
+Example:
+    >>> TrialRequest(micro_batch=2, stage=3, activation_checkpointing=True,
+    ...              ds_config={"gradient_clipping": 0.5}).to_trial("bf16").summary()
+    'ZeRO-3 · micro 2 × accum 1 · bf16 · checkpointing'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tuner.requests.workload import Offload, WorkloadRequest
+from tuner.space.dsconfig import merge_configs, shortcut_config
+from tuner.workload import TrialConfig
+
+MICRO_BATCH = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
+GRAD_ACCUM = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
+CHECKPOINTING = Field(False, description="Of the trial config (the model's gradient checkpointing), not the workload.")
+
+
+class TrialRequest(BaseModel):
+    """One trial config by its shortcut fields, with ``ds_config`` merged over them (it wins)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    micro_batch: int = MICRO_BATCH
+    grad_accum: int = GRAD_ACCUM
+    activation_checkpointing: bool = CHECKPOINTING
+    stage: int = Field(0, ge=0, le=3, description="ZeRO stage.")
+    offload_optimizer: Offload = "none"
+    offload_param: Offload = "none"
+    nvme_path: str | None = Field(None, description="Folder for NVMe offload (set on each NVMe offload section).")
+    ds_config: dict[str, Any] | None = Field(None, description="A ds_config merged over the shortcut fields.")
+
+    def to_trial(self, precision: str) -> TrialConfig:
+        """The trial config: the shortcut fields' ds_config in ``precision`` (the workload's), ``ds_config`` over it."""
+        config = shortcut_config(
+            self.micro_batch,
+            self.grad_accum,
+            precision,
+            self.stage,
+            self.offload_optimizer,
+            self.offload_param,
+            self.nvme_path,
+        )
+        if self.ds_config is not None:
+            config = merge_configs(config, self.ds_config)
+        return TrialConfig(config, self.activation_checkpointing)
+
+
+class WorkloadInput(WorkloadRequest):
+    """The ``workload`` object of an API body or a tuning job: the workload's fields, plus the trial's shortcut
+    fields clients have always sent there (an estimate reads them; a recommendation and a study ignore them: they
+    are what is searched)."""
+
+    micro_batch: int = MICRO_BATCH
+    grad_accum: int = GRAD_ACCUM
+    activation_checkpointing: bool = CHECKPOINTING
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_workload_request(cls, data: Any) -> Any:
+        """A plain :class:`WorkloadRequest` is taken as its fields (the trial's at their defaults)."""
+        if isinstance(data, WorkloadRequest) and not isinstance(data, WorkloadInput):
+            return data.model_dump(exclude_unset=True)
+        return data
+
+    def trial_fields(self) -> dict[str, Any]:
+        """The trial's fields this object carries, as :class:`TrialRequest` takes them."""
+        return {
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "activation_checkpointing": self.activation_checkpointing,
+        }
+
+
+__all__ = ["TrialRequest", "WorkloadInput"]

@@ -1,0 +1,81 @@
+"""The parallel layout of a trial: how the ranks split the work beside data parallelism.
+
+DeepSpeed 0.19 reads each degree from its own place in the ds_config: Ulysses sequence parallelism from the top-level
+``sequence_parallel_size``, AutoTP from ``tensor_parallel.autotp_size``, AutoEP from ``expert_parallel.autoep_size``
+(when ``expert_parallel.enabled``). Its batch arithmetic counts data-parallel ranks only: ``train_batch_size =
+micro-batch × accumulation × world / (sp × tp)`` (``DeepSpeedConfig.world_size`` divides by the sequence-parallel
+size; AutoTP's mpu answers the data-parallel world). Expert parallelism splits the experts, not the batch.
+
+Example:
+    >>> layout = ParallelLayout.of({"sequence_parallel_size": 2})
+    >>> layout.sequence_parallel, layout.data_parallel(8)
+    (2, 4)
+    >>> layout.data_parallel(3)
+    Traceback (most recent call last):
+    tuner.workload.config_values.ConfigError: sequence_parallel_size: sp × tp = 2 must divide the 3 ranks
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.workload.config_values import ConfigError, read_bool, read_int, section
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelLayout:
+    """Degrees of sequence (Ulysses), tensor (AutoTP) and expert (AutoEP) parallelism; 1 is off."""
+
+    sequence_parallel: int = 1
+    tensor_parallel: int = 1
+    expert_parallel: int = 1
+
+    @classmethod
+    def of(cls, ds_config: Mapping[str, Any]) -> ParallelLayout:
+        """Read the degrees out of a ds_config.
+
+        Raises:
+            ConfigError: a degree that is not a positive integer, naming its key.
+        """
+        tensor = section(ds_config, "tensor_parallel")
+        expert = section(ds_config, "expert_parallel")
+        expert_on = read_bool(expert, "enabled", False, "expert_parallel.")
+        return cls(
+            sequence_parallel=read_int(ds_config, "sequence_parallel_size", 1, "", minimum=1),
+            tensor_parallel=read_int(tensor, "autotp_size", 1, "tensor_parallel.", minimum=0) or 1,
+            expert_parallel=read_int(expert, "autoep_size", 1, "expert_parallel.", minimum=1) if expert_on else 1,
+        )
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks one sample is spread over (sp × tp): the data-parallel world is the ranks over this."""
+        return self.sequence_parallel * self.tensor_parallel
+
+    def data_parallel(self, world_size: int) -> int:
+        """Data-parallel ranks of a world of ``world_size``: what DeepSpeed's batch arithmetic counts.
+
+        Raises:
+            ConfigError: the layout does not divide the ranks.
+        """
+        if world_size % self.model_parallel:
+            field = "sequence_parallel_size" if self.sequence_parallel > 1 else "tensor_parallel.autotp_size"
+            raise ConfigError(field, f"sp × tp = {self.model_parallel} must divide the {world_size} ranks")
+        return world_size // self.model_parallel
+
+    def summary(self) -> str:
+        """``SP 2 · TP 2`` for the degrees above 1 (empty for plain data parallelism)."""
+        parts = [
+            f"{label} {degree}"
+            for label, degree in (
+                ("SP", self.sequence_parallel),
+                ("TP", self.tensor_parallel),
+                ("EP", self.expert_parallel),
+            )
+            if degree > 1
+        ]
+        return " · ".join(parts)
+
+
+__all__ = ["ParallelLayout"]
