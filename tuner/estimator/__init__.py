@@ -10,15 +10,10 @@ Example:
     0.234
 """
 
-from tuner.estimator.core import (
-    CATEGORIES,
-    DEFAULT_OVERHEAD,
-    PHASES,
-    MemoryEstimate,
-    Overhead,
-    Phase,
-    estimate,
-)
+from tuner.estimator.core import estimate
+from tuner.estimator.memory_estimate import MemoryEstimate
+from tuner.estimator.overhead import DEFAULT_OVERHEAD, Overhead
+from tuner.estimator.phases import CATEGORIES, PHASES, Phase
 from tuner.estimator.settings import ConfigError, Settings, resolve
 
 __all__ = [

@@ -139,20 +139,24 @@ def _simulated(key: _Step, expandable: bool, capacity: int | None) -> Simulation
         return None
 
 
-def _events(key: _Step) -> list[Event]:
-    steady, fwd, bwd, step = (
-        dict(zip(CATEGORY_ORDER, values, strict=True)) for values in (key.steady, key.forward, key.backward, key.step)
-    )
-    layers, hidden, wide = key.layers, key.hidden, key.wide
-    rec = _Recorder()
-    _model_states(rec, key, steady)
+class _Forward(NamedTuple):
+    """What the forward pass leaves allocated: each layer's saved activations, the gathered parameters kept per
+    layer (ZeRO-3), and the logits workspace."""
 
-    saved = fwd["activations"] - steady["activations"]
+    activations: list[list[str]]
+    kept: list[str]
+    logits: str | None
+
+
+def _forward(rec: _Recorder, key: _Step, steady: dict[str, int], fwd: dict[str, int]) -> _Forward:
+    """Forward, layer by layer: the working set gathered and the MLP transient freed around each layer's saved
+    activations and kept parameters, the logits workspace last."""
+    layers, hidden, wide = key.layers, key.hidden, key.wide
     gathered = _split(fwd["parameters"] - steady["parameters"], layers)
-    workspace, working_set = key.logits, key.working_set
+    working_set = key.working_set
     activations: list[list[str]] = [[] for _ in range(layers)]
     kept: list[str] = []
-    per_layer = _split(saved, layers)
+    per_layer = _split(fwd["activations"] - steady["activations"], layers)
     for layer in range(layers):
         gather = rec.alloc(working_set, "gather") if working_set else None
         if layer < len(gathered):
@@ -163,7 +167,19 @@ def _events(key: _Step) -> list[Event]:
         rec.free(temp)
         if gather:
             rec.free(gather)
-    logits = rec.alloc(workspace, "logits") if workspace else None
+    logits = rec.alloc(key.logits, "logits") if key.logits else None
+    return _Forward(activations, kept, logits)
+
+
+def _events(key: _Step) -> list[Event]:
+    """One step's allocations and frees: model states, forward, backward in reverse layer order, the step."""
+    steady, fwd, bwd, step = (
+        dict(zip(CATEGORY_ORDER, values, strict=True)) for values in (key.steady, key.forward, key.backward, key.step)
+    )
+    layers, wide = key.layers, key.wide
+    rec = _Recorder()
+    _model_states(rec, key, steady)
+    activations, kept, logits = _forward(rec, key, steady, fwd)
 
     bucket_bytes = bwd["buffers"] - steady["buffers"]
     buckets = [rec.alloc(size, "bucket") for size in _split(bucket_bytes, 2 if key.overlap_comm else 1)]

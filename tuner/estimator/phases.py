@@ -1,6 +1,12 @@
 """What one rank holds in one phase of a step (:class:`Phase`), by the practitioners' categories (:data:`CATEGORIES`).
 
-Plain data below the estimator's arithmetic: the core fills phases, the allocator's step sequence reads them.
+Peak memory is the maximum over the phases of a step (:data:`PHASES`), each a sum of what is alive then: ``forward``
+(after the forward pass), ``backward`` (all gradients and the reduce buckets), ``step`` (fp32 gradients) and, where
+the estimate has it, ``save`` (ZeRO-3 gathering the 16-bit model to save it). Bytes allocated for a moment inside a
+phase (:mod:`.transients`) count at their worst moment in it (:func:`add_transient`).
+
+Plain data below the estimator's arithmetic: the model-state and activation modules fill phases, the allocator's
+step sequence reads them.
 """
 
 from __future__ import annotations
@@ -8,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
+PHASES = ("forward", "backward", "step", "save")  # "save" only where the estimate has it (ZeRO-3, gather on save)
+STEP_PHASES = PHASES[:3]
 
 
 @dataclass
@@ -32,4 +40,20 @@ class Phase:
         return {name: self.gpu[name] + self.cpu[name] for name in CATEGORIES}
 
 
-__all__ = ["CATEGORIES", "Phase"]
+def add_bytes(phases: dict[str, Phase], where: str, category: str, size: int, only: tuple[str, ...] = PHASES) -> None:
+    """Add ``size`` bytes to ``category`` on the device (``where="gpu"``) or the host (``"cpu"``) in the phases
+    ``only`` that the estimate has (default: all of them, for what stays allocated throughout)."""
+    for name in only:
+        if name in phases:
+            getattr(phases[name], where)[category] += size
+
+
+def add_transient(phases: dict[str, Phase], details: dict[str, int], name: str, phase: str, size: int) -> None:
+    """A transient buffer (:mod:`.transients`) of ``size`` bytes at its worst moment in ``phase``, on the device."""
+    if size:
+        details[name] = size
+        details[f"transients_{phase}"] = details.get(f"transients_{phase}", 0) + size
+        add_bytes(phases, "gpu", "buffers", size, (phase,))
+
+
+__all__ = ["CATEGORIES", "PHASES", "STEP_PHASES", "Phase", "add_bytes", "add_transient"]

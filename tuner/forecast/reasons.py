@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tuner.estimator import MemoryEstimate
-from tuner.estimator.core import CATEGORIES, CPU_VIEWS, PHASES
+from tuner.estimator.memory_estimate import CPU_VIEWS
+from tuner.estimator.phases import CATEGORIES, PHASES
 from tuner.forecast.calibration import Calibration
 from tuner.units import format_bytes
 

@@ -1,0 +1,114 @@
+"""Activations and their workspaces in a step's phases: what forward saves, the logits workspace, the block
+backward recomputes under checkpointing, and backward's worst moments, which can come before its end.
+
+Activations come from the workload's model profile when it carries one (traced from the real transformers model,
+:mod:`tuner.profile`; plain data here, no torch), else from the built-in models' formulas
+(:mod:`tuner.estimator.activations`). ``forward`` holds them with the logits workspace; ``backward`` the recomputed
+block when checkpointing. With a peft adapter or frozen parameters backward's worst moments come before the weight
+gradients (:func:`_add_frozen_backward`); otherwise, with more than one reduce bucket, at the first bucket's
+reduction (:func:`_add_early_backward`).
+"""
+
+from __future__ import annotations
+
+from tuner.estimator.activations import logits_workspace_bytes, workload_activation_bytes
+from tuner.estimator.attention import extra_bytes_per_layer
+from tuner.estimator.phases import Phase
+from tuner.estimator.settings import Settings
+from tuner.estimator.trainable import TrainedParams, trained_params
+from tuner.estimator.transients import bucket_chunks
+from tuner.workload import Workload
+
+
+def add_activations(
+    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], params: TrainedParams
+) -> str | None:
+    """Add the activations and the logits workspace of the model as trained (``params``) to the phases; returns
+    where their sizes come from (``trace`` or ``formula``), None when unknown (a bare parameter count)."""
+    model, train, elem = workload.model, workload.train, s.param_bytes
+    # the model as trained is traced as ZeRO-3 trains it: peft's fp32 adapters kept (the engine casts them at stages
+    # 0-2), and every Linear saving its input (zero.Init's memory-efficient linear: frozen weights' inputs too)
+    adapters = ""
+    if s.stage == 3 and not params.is_full:
+        adapters = "zero3" if s.memory_efficient_linear else "fp32"
+    activations = workload_activation_bytes(
+        workload, s.micro_batch, s.precision, elem, s.activation_checkpointing, adapters
+    )
+    if activations is None:
+        return None
+    saved, recompute, source = activations
+    workspace = logits_workspace_bytes(model, s.micro_batch, train.seq_len, elem)
+    if workload.cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
+        kernel_extra = extra_bytes_per_layer(model, s.micro_batch, train.seq_len, s.precision, train.attention)
+        if s.activation_checkpointing:  # only the recomputed block holds attention outputs
+            recompute += kernel_extra
+        else:
+            kernel_extra *= model.num_layers
+            saved += kernel_extra
+        details["attention_kernel_extra"] = kernel_extra
+    details["logits_workspace"] = workspace
+    details["recomputed_block"] = recompute
+    phases["forward"].gpu["activations"] += saved
+    phases["forward"].gpu["buffers"] += workspace
+    phases["backward"].gpu["activations"] += recompute
+    if params.is_full:
+        _add_early_backward(workload, s, phases, details, saved)
+    else:
+        _add_frozen_backward(workload, s, phases, details, saved)
+    return source
+
+
+def _add_frozen_backward(
+    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], saved: int
+) -> None:
+    """Backward's worst moments when few parameters train (measured, ``bench/peft_memory.py``): their gradients
+    are too small to matter, so the peak comes before them.
+
+    * The loss's backward, before any gradient reaches a weight: beside every saved activation and the logits
+      workspace, one more logits-sized tensor in the training dtype (``e·b·s·V``, the gradient of the logits on
+      its way back through the LM head: ``details["loss_backward"]``), counted in the forward phase.
+    * The first trainable gradient arrives in the last layer's backward, when ZeRO 1-3 allocate their reduce
+      bucket: the saved activations of every other layer are still alive (``(L-1)/L`` of them:
+      ``details["early_backward_activations"]``), counted in the backward phase beside the bucket.
+    """
+    model, train, elem = workload.model, workload.train, s.param_bytes
+    head = elem * s.micro_batch * train.seq_len * model.vocab_size
+    details["loss_backward"] = head
+    phases["forward"].gpu["buffers"] += head
+    layers = max(1, model.num_layers)
+    if s.stage and s.offload_optimizer == "none":
+        alive = saved * (layers - 1) // layers
+        details["early_backward_activations"] = alive
+        phases["backward"].gpu["activations"] += alive
+
+
+def _add_early_backward(
+    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], saved: int
+) -> None:
+    """The backward phase's worst moment can come early: when the first gradient bucket is reduced, most saved
+    activations are still alive beside the buckets (and, from then on, ZeRO-2's gradient partition).
+
+    Used when backward reduces more than one bucket (with one bucket the reduction happens at the end, after the
+    activations are gone). The activations still alive are taken in proportion to the parameters whose gradients
+    have not arrived yet (``1 - first bucket / Ψ``); what that moment holds beyond the backward phase's end is
+    added to its activations (``details["early_backward_activations"]``).
+    """
+    model, elem = workload.model, s.param_bytes
+    if model.is_bare or s.stage not in (2, 3) or s.offload_optimizer != "none" or not s.reduce_scatter:
+        return
+    params = trained_params(workload)  # gradients arrive for the trainable parameters only
+    chunks = bucket_chunks(params.trainable, s.reduce_bucket_size)
+    total = params.n_trainable
+    if len(chunks) < 2 or not total:
+        return
+    alive = saved * (total - chunks[0]) // total
+    first = elem * chunks[0]
+    if s.stage == 2:  # the partition (already in the phase) is allocated right after the first bucket's reduction
+        partition = phases["backward"].gpu["gradients"]
+        early = alive + max(first, partition) - partition
+    else:  # ZeRO-3: the first bucket's reduce-scatter staging beside the permanent partition (gloo: twice)
+        early = alive + first * (2 if workload.cluster.device == "cpu" else 1)
+    extra = max(0, early - details.get("reduce_copy", 0))
+    if extra:
+        details["early_backward_activations"] = extra
+        phases["backward"].gpu["activations"] += extra

@@ -1,0 +1,151 @@
+"""Model states of ZeRO stages 0, 1 and 2: parameters, gradients, optimizer states and reduce buckets per rank,
+as DeepSpeed 0.19 holds them, measured (``tests/estimator/test_estimator_deepspeed.py``), not only the ZeRO paper:
+
+* Mixed precision keeps 16-bit parameters and gradients, and an fp32 master with Adam's two moments (12 B/param)
+  in the optimizer. fp32 training without ZeRO keeps no separate master (8 B/param of optimizer state); with ZeRO
+  1-3 it does (12 B/param), so fp32 ZeRO training holds 20 B/param on one rank, not 16.
+* ZeRO-2 reduces gradients into partitions as backward produces them: ``2Ψ/N``, where a rank's gradient buffer
+  holds whole the parameters that straddle its partition boundary. ZeRO-1 in DeepSpeed 0.19 holds all ``2Ψ`` 16-bit
+  gradients at the end of backward (as the paper says), then reduces them into the same partitions as ZeRO-2, so
+  after backward and in the step it measures like ZeRO-2.
+* The fp32 copy of the gradients (``4Ψ/N``) exists only during the optimizer step, when the 16-bit gradient partition
+  has been released (ZeRO-1/2) or is kept beside it (ZeRO-0, like ZeRO-3's permanent flat gradient buffer).
+  With optimizer offload it lives on the CPU for the whole run.
+* ZeRO-1/2 allocate their reduce bucket only during backward, twice with ``overlap_comm`` (double buffering), and
+  only with ``contiguous_gradients`` or optimizer offload (with offload, ZeRO-1 keeps one copy; with offload,
+  ``overlap_comm``, no ``contiguous_gradients`` and gradient accumulation, both copies stay between micro-steps).
+  DeepSpeed's docs quote ``4.5×`` the bucket sizes for ``overlap_comm``; the 0.19 code allocates two reduce buckets.
+
+Frozen parameters (:mod:`.trainable`) have no gradients, masters or optimizer states: they stay whole on every rank
+in the training dtype, outside the flat groups (4-bit weights as their packed data and quant state, :mod:`.quantized`).
+"""
+
+from __future__ import annotations
+
+from tuner.estimator.partitions import flat_partition, round_robin_order
+from tuner.estimator.phases import PHASES, Phase, add_bytes, add_transient
+from tuner.estimator.pinned import HostPins
+from tuner.estimator.quantized import quantized_base
+from tuner.estimator.settings import FP32, Settings
+from tuner.estimator.trainable import TrainedParams, trained_params
+from tuner.estimator.transients import (
+    bucket_chunks,
+    flat_reduce_copy,
+    optimizer_temporaries,
+    zero0_allreduce_copy,
+)
+from tuner.workload import Workload
+
+ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
+
+
+def flat_states(
+    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
+) -> int:
+    """Model states and buckets of ZeRO stages 0, 1 and 2 (no NVMe use: returns 0 NVMe bytes).
+
+    ``round_robin_gradients`` reorders the flat buffer (:func:`.round_robin_order`): the sizes are unchanged, only
+    which parameters straddle a partition boundary, so it moves ZeRO-2's worst-rank gradient buffer a little. With
+    optimizer offload (where it is meant to be used) nothing estimated depends on the order.
+    """
+    model, elem = workload.model, s.param_bytes
+    params = trained_params(workload)  # frozen parameters: no gradients, masters or optimizer states
+    frozen = elem * params.n_frozen  # whole on every rank, in the training dtype, outside the flat groups
+    base = quantized_base(workload, params)
+    if base is not None:  # 4-bit weights: packed data and quant state instead, whole on every rank too
+        frozen += base.packed + base.state - elem * base.elements
+        details["quantized_weights"] = base.packed + base.state
+    if s.stage == 0:
+        _stage0_states(params, frozen, s, phases, details)
+        return 0
+    numels = params.trainable
+    if s.round_robin_gradients and s.world_size > 1:
+        numels = round_robin_order(numels, s.world_size)
+    flat = flat_partition(numels, s.world_size)
+    part = flat.partition
+    worst_grads = part if model.is_bare else flat.worst_rank_grads
+    details["partition_elements"] = part
+    add_bytes(phases, "gpu", "parameters", elem * flat.padded_total + frozen)
+    _add_reduce_buckets(s, phases, details)
+    if s.stage == 1:  # ZeRO-1 reduces after backward: every 16-bit gradient is alive first, offloaded or not
+        add_bytes(phases, "gpu", "gradients", elem * params.n_trainable, ("backward",))
+    if s.offload_optimizer == "none":
+        add_bytes(phases, "gpu", "optimizer_states", (FP32 + ADAM_STATE_BYTES) * part)
+        if s.stage == 2:  # ZeRO-2 reduces as gradients arrive, into this rank's partition
+            add_bytes(phases, "gpu", "gradients", elem * worst_grads, ("backward",))
+        add_bytes(phases, "gpu", "gradients", FP32 * part, ("step",))
+        add_transient(phases, details, "reduce_copy", "backward", _reduce_copy(workload, s, numels, elem * worst_grads))
+        add_transient(
+            phases, details, "optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, part, part)
+        )
+    else:
+        _offloaded_states(params, part, s, phases, details, pins)
+    return 0
+
+
+def _stage0_states(
+    params: TrainedParams, frozen: int, s: Settings, phases: dict[str, Phase], details: dict[str, int]
+) -> None:
+    """ZeRO-0: every state whole on every rank; ``frozen``: the frozen parameters' bytes."""
+    elem, mixed = s.param_bytes, s.precision != "fp32"
+    n = params.n_trainable
+    add_bytes(phases, "gpu", "parameters", elem * n + frozen)
+    add_bytes(phases, "gpu", "optimizer_states", (FP32 * n if mixed else 0) + ADAM_STATE_BYTES * n)
+    add_bytes(phases, "gpu", "gradients", elem * n, ("backward", "step"))
+    if mixed:  # FP16_Optimizer builds fp32 gradients beside the 16-bit ones for the step
+        add_bytes(phases, "gpu", "gradients", FP32 * n, ("step",))
+    add_transient(phases, details, "allreduce_copy", "backward", zero0_allreduce_copy(params.trainable, elem))
+    largest = n if mixed else params.largest_trainable
+    step = optimizer_temporaries(s.optimizer_impl, largest, n)
+    if mixed:  # FP16_Optimizer.step: every p.grad.to(fp32) alive in a list while they are concatenated
+        step = max(step, FP32 * n)
+    add_transient(phases, details, "step_temporaries", "step", step)
+
+
+def _add_reduce_buckets(s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> None:
+    """ZeRO-1/2's reduce buckets: in backward only, as many copies as ``overlap_comm`` and offload allocate."""
+    bucket_phases: tuple[str, ...] = ("backward",)
+    offload = s.offload_optimizer != "none"
+    if s.contiguous_gradients or offload:
+        copies = 2 if s.overlap_comm and (s.stage == 2 or not offload) else 1
+        if offload and s.overlap_comm and not s.contiguous_gradients and s.grad_accum > 1:
+            copies, bucket_phases = 2, PHASES  # measured: with accumulation this path keeps both between micro-steps
+    else:
+        copies = 0
+    bucket = s.reduce_bucket_size * s.param_bytes * copies
+    details["reduce_buckets"] = bucket
+    add_bytes(phases, "gpu", "buffers", bucket, bucket_phases)
+
+
+def _offloaded_states(
+    params: TrainedParams, part: int, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
+) -> None:
+    """ZeRO-1/2 with optimizer offload: the fp32 master, moments and gradient partition on the host, with the
+    staging buffers that carry gradients out and 16-bit parameters back (``part``: the partition's elements)."""
+    elem, largest = s.param_bytes, params.largest_trainable
+    pin = s.offload_optimizer_pin
+    master = pins.size(FP32 * part, pin)  # the fp32 master partition; Adam's moments are pageable
+    add_bytes(phases, "cpu", "optimizer_states", master + ADAM_STATE_BYTES * part)
+    add_bytes(phases, "cpu", "gradients", pins.size(FP32 * part, pin))  # fp32 gradient partition, always allocated
+    staging = pins.size(elem * part, pin) + pins.size(elem * largest, pin)  # 16-bit param copy-back, grad staging
+    add_bytes(phases, "cpu", "buffers", staging)
+    add_bytes(phases, "gpu", "buffers", elem * largest)  # device-side gradient staging buffer
+    details["offload_staging"] = elem * part + 2 * elem * largest
+
+
+def _reduce_copy(workload: Workload, s: Settings, numels: tuple[int, ...], partition_grads: int) -> int:
+    """ZeRO-1/2's flattened bucket copy beyond what the backward phase holds (:func:`.flat_reduce_copy`).
+
+    ZeRO-2's backward phase holds the gradient partition; ZeRO-1's holds every 16-bit gradient, which its
+    after-backward reduction frees as it copies them into buckets, so only the partition allocated after the first
+    bucket can add to it.
+    """
+    model, elem = workload.model, s.param_bytes
+    if model.is_bare or not s.reduce_scatter:
+        return 0
+    if s.stage == 2:
+        return flat_reduce_copy(
+            numels, s.reduce_bucket_size, elem, partition_grads, s.world_size, s.multi_rank_bucket_allreduce
+        )
+    chunks = bucket_chunks(numels, s.reduce_bucket_size)
+    return max(0, partition_grads - elem * chunks[0]) if len(chunks) > 1 else 0

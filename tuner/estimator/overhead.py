@@ -1,0 +1,97 @@
+"""Memory outside the model's tensors: the CUDA overhead an estimate adds on top of its peak phase, and the host
+bytes of each rank's process.
+
+On CUDA the overhead is a sum of named terms (:mod:`.device`): the CUDA context, the NCCL communicators, the cuBLAS
+workspaces and the caching allocator's reserve. The reserve is simulated on the step's plausible allocation sequence
+(:mod:`.alloc_sequence`) unless the device kind sets a flat share; the defaults are calibrated from measured runs
+(``bench/gpu_terms_check.py``). CPU runs add no device terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.estimator.alloc_sequence import simulated_step
+from tuner.estimator.device import KINDS, OTHER, DeviceKind
+from tuner.estimator.hardware import table_key
+from tuner.estimator.nccl import Parallelism
+from tuner.estimator.phases import Phase
+from tuner.estimator.settings import Settings
+from tuner.workload import Workload
+
+UNSIMULATED_SHARE = 0.07  # the allocator's reserve for a config whose tensors cannot fit anyway (not simulated)
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Memory outside the model's tensors, per rank.
+
+    ``device``: the CUDA device kind whose named terms (CUDA context, one NCCL term per communicator, cuBLAS
+    workspaces, allocator reserve: :mod:`tuner.estimator.device`) a CUDA estimate adds; None: the kind the
+    workload's GPU memory suggests (:func:`tuner.estimator.hardware.table_key`: H200, H100 or A100).
+    ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python). CPU runs add no device
+    terms.
+    """
+
+    cpu_process_cuda: int = 3 * 2**30
+    cpu_process_cpu: int = 450 * 2**20
+    device: DeviceKind | None = None
+
+    def kind_for(self, workload: Workload) -> DeviceKind:
+        """The device kind of a CUDA workload: the one given, else guessed from its GPU memory."""
+        if self.device is not None:
+            return self.device
+        return KINDS.get(table_key(workload), OTHER)
+
+
+DEFAULT_OVERHEAD = Overhead()
+
+
+def overhead_terms(
+    workload: Workload, s: Settings, overhead: Overhead, phases: dict[str, Phase], details: dict[str, int], peak: int
+) -> dict[str, int]:
+    """The named device overhead terms of a CUDA workload at the ``peak`` phase's bytes (none on CPU), also recorded
+    in ``details`` with their NCCL terms' sum (``nccl_buffers``)."""
+    if workload.cluster.device != "cuda":
+        return {}
+    terms = _device_terms(workload, s, overhead.kind_for(workload), phases, details, peak)
+    details.update(terms)
+    details["nccl_buffers"] = sum(size for name, size in terms.items() if name.startswith("nccl_"))
+    return terms
+
+
+def _device_terms(
+    workload: Workload, s: Settings, kind: DeviceKind, phases: dict[str, Phase], details: dict[str, int], peak: int
+) -> dict[str, int]:
+    """The named CUDA overhead terms (:mod:`.device`), the allocator's reserve simulated on the step's plausible
+    allocation sequence (:mod:`.alloc_sequence`) unless the kind sets a flat share. The simulation gets the GPU
+    memory the context and NCCL leave as its capacity, so it releases cached segments where the real allocator
+    would (before an out-of-memory error) rather than reporting a reserve no run could hold."""
+    parallelism = Parallelism(
+        world=s.world_size,
+        gpus_per_node=workload.cluster.gpus_per_node,
+        stage=s.stage,
+        hpz=s.hpz_partition_size,
+        sequence_parallel=s.sequence_parallel_size,
+        expert_parallel=s.expert_parallel_size,
+        quantized_gradients=s.quantized_gradients,
+    )
+    reserve = 0
+    if kind.allocator_share is None:
+        # The allocator may use what the context and NCCL leave; it releases its cache before running out.
+        outside = kind.overhead(peak, parallelism)
+        room = workload.cluster.gpu_memory - outside["cuda_context"]
+        room -= sum(size for name, size in outside.items() if name.startswith("nccl_"))
+        if peak + outside["cublas_workspace"] > room:  # cannot fit whatever the allocator does: no simulation
+            details["allocator_out_of_memory"] = 1
+            return kind.overhead(peak, parallelism, int(UNSIMULATED_SHARE * peak))
+        simulated = simulated_step(workload, s, phases, details, s.expandable_segments, room)
+        if simulated is None:  # out of memory even so: report the unpressured reserve (the total will not fit)
+            details["allocator_out_of_memory"] = 1
+            simulated = simulated_step(workload, s, phases, details, s.expandable_segments)
+        assert simulated is not None  # no capacity: never out of memory
+        details["simulated_peak_allocated"] = simulated.peak_allocated
+        details["simulated_peak_reserved"] = simulated.peak_reserved
+        details["allocator_cache_releases"] = simulated.releases
+        reserve = simulated.reserve
+    return kind.overhead(peak, parallelism, reserve)

@@ -1,0 +1,100 @@
+"""The whole parameters ZeRO-3 holds beside its shards: persistent ones, those kept gathered after the forward pass,
+the module being gathered (and the prefetch bucket), and the whole 16-bit model a ``save`` gathers.
+
+ZeRO-3 keeps parameters of at most ``stage3_param_persistence_threshold`` elements whole on every rank and gathers
+the rest on the fly. After the forward pass it still holds the gathered parameters it will reuse within
+``stage3_max_reuse_distance``, up to ``stage3_max_live_parameters`` (with the defaults, 1e9, that is the whole model
+below 1B parameters). With ``stage3_gather_16bit_weights_on_model_save`` the estimate has a fourth phase, ``save``
+(:func:`add_save_phase`): saving the model gathers the whole 16-bit model on rank 0.
+"""
+
+from __future__ import annotations
+
+from tuner.estimator.partitions import Stage3Partition, stage3_layout
+from tuner.estimator.phases import Phase, add_bytes
+from tuner.estimator.quantized import quantized_base
+from tuner.estimator.settings import Settings
+from tuner.estimator.trainable import TrainedParams, frozen_lead, trained_params
+from tuner.workload import Workload
+
+
+def add_stage3_gathered(
+    workload: Workload,
+    params: TrainedParams,
+    part: Stage3Partition,
+    s: Settings,
+    phases: dict[str, Phase],
+    details: dict[str, int],
+) -> None:
+    """Whole parameters ZeRO-3 holds beside the shards ``part`` of ``params`` (on one rank the shard is the whole,
+    so nothing: the caller adds them on more ranks only).
+
+    Backward revisits every parameter but those of modules it never runs (a LoRA model's frozen embedding, released
+    after use; a tied embedding is the LM head too, which backward does run). Persistent parameters stay whole
+    through forward and backward; the step repartitions everything. Once a step has recorded the order modules run
+    in (a complete trace, from the second step on), DeepSpeed keeps after the forward pass the gathered parameters it
+    will reuse within ``stage3_max_reuse_distance`` (backward starts with the last layers), up to
+    ``stage3_max_live_parameters``; backward releases them module by module, so none is left by its last reduction
+    (:func:`.stage3_reduce_copy`). While a module runs, it and the prefetch bucket are gathered too: that working
+    set is transient (``stage3_working_set``).
+
+    Measured on 2 CPU ranks with the counting allocator (both ranks' peaks agree to the byte): LoRA on a tiny
+    Mixtral-shaped MoE with small buckets peaks in the loss's backward holding every expert stack and the LM head
+    gathered (DeepSpeed's own parameter states at that moment: 1,703,936 elements ``AVAILABLE``); the 100M-parameter
+    models with one bucket hold none of them at their backward peak. transformers 5 fuses an MoE's experts into one
+    module that runs every step, so its module order is as static as a dense model's.
+
+    With experts that are modules of their own (:func:`_expert_modules`, run only for the tokens routed to them) the
+    module order changes every step: DeepSpeed drops its trace and releases each module's parameters after use
+    (``release_sub_module`` without a complete trace), so forward keeps nothing (read in DeepSpeed's code, not
+    measured here).
+    """
+    elem, largest, persistent = s.param_bytes, part.largest, part.persistent
+    _, persists = stage3_layout(
+        params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold
+    )
+    unused = 0 if workload.model.tie_embeddings else frozen_lead(params, persists)
+    add_bytes(phases, "gpu", "parameters", elem * persistent, ("forward", "backward"))
+    unpartitioned = params.n_params - unused - persistent
+    kept = min(unpartitioned, max(s.max_live_parameters, largest)) if s.max_reuse_distance >= largest else 0
+    if _expert_modules(workload):
+        kept = 0
+    working = max(0, min(unpartitioned, largest + s.prefetch_bucket_size) - kept)
+    details["gathered_parameters"] = elem * kept
+    details["stage3_working_set"] = elem * working
+    add_bytes(phases, "gpu", "parameters", elem * kept, ("forward",))
+    add_bytes(phases, "gpu", "buffers", elem * working, ("forward",))
+
+
+def _expert_modules(workload: Workload) -> bool:
+    """True when the workload's model profile says its MoE experts are modules of their own, run only for the
+    tokens routed to them (unknown without a profile: False, as transformers 5 fuses most MoEs' experts)."""
+    profile = workload.profile
+    return profile is not None and profile.expert_modules
+
+
+def add_save_phase(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> int:
+    """The ``save`` phase of ZeRO-3 with ``stage3_gather_16bit_weights_on_model_save``; returns the bytes gathered.
+
+    ``save_16bit_model`` calls ``_zero3_consolidated_16bit_state_dict`` (``deepspeed/runtime/engine.py:5631``) on
+    every rank between steps: it gathers one module's parameters at a time (``GatheredParameters`` on every rank's
+    device) and rank 0 copies each into a host ``state_dict`` (``param.detach().cpu()``), so rank 0's host ends up
+    holding the whole model in the training dtype, ``e·Ψ`` (tied weights once), beside the steady state: shards,
+    optimizer states, the permanent gradient partition and reduce bucket (no activations, no fp32 step gradients).
+    The device adds the module being gathered (its largest parameter); on CPU ranks the gathered storages are the
+    state_dict's own (``.cpu()`` copies nothing), so nothing is added beyond ``e·Ψ``. Measured on 2 CPU ranks
+    (``tests/estimator/test_save_deepspeed.py``): rank 0's state_dict holds exactly ``e·Ψ`` in storages no live
+    parameter shares, persistent parameters included. The phase's host bytes are rank 0's (the worst rank); on the
+    node only rank 0 holds the model.
+    """
+    model, elem = workload.model, s.param_bytes
+    gathered = elem * model.n_params
+    base = quantized_base(workload, trained_params(workload))
+    if base is not None:  # 4-bit weights are gathered as their packed data
+        gathered += base.packed - elem * base.elements
+    working = elem * model.largest_param if workload.cluster.device == "cuda" else 0
+    details["save_gathered_model"] = gathered
+    details["save_working_set"] = working
+    add_bytes(phases, "cpu", "parameters", gathered, ("save",))
+    add_bytes(phases, "gpu", "buffers", working, ("save",))
+    return gathered

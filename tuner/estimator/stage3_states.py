@@ -1,0 +1,129 @@
+"""Model states of ZeRO stage 3: each rank's shard of the parameters (on the device, or offloaded to the host or
+NVMe), its gradient partition, optimizer states and reduce bucket, as DeepSpeed 0.19 holds them (measured,
+``tests/estimator/test_estimator_deepspeed.py``):
+
+* Every parameter is partitioned, each padded to a multiple of the world size (:func:`.stage3_partition`); the
+  whole ones ZeRO-3 holds beside the shards (persistent, gathered, saved) are :mod:`.stage3_gathered`'s.
+* The reduce bucket (``reduce_bucket_size`` elements, with ``contiguous_gradients``) stays allocated from start to
+  end, and so does the flat 16-bit gradient partition; the fp32 copy of the gradients exists during the optimizer
+  step only, beside it, one ``sub_group_size`` sub-group at a time. With optimizer offload both gradient partitions
+  live on the host for the whole run, the fp32 one in a buffer per sub-group.
+* With a peft adapter (:mod:`.trainable`) frozen shards are partitioned like the rest, peft's fp32 adapters stay
+  fp32 (shards and persistent copies), and only the trainable shard has gradients and optimizer states;
+  ``zero_quantized_nontrainable_weights`` holds the frozen shards int8 (:mod:`.quantized`).
+"""
+
+from __future__ import annotations
+
+from tuner.estimator.flat_states import ADAM_STATE_BYTES
+from tuner.estimator.partitions import stage3_layout, stage3_partition
+from tuner.estimator.phases import Phase, add_bytes, add_transient
+from tuner.estimator.pinned import HostPins
+from tuner.estimator.quantized import quantized_base, quantized_shard_bytes, stage3_view
+from tuner.estimator.settings import FP32, Settings
+from tuner.estimator.stage3_gathered import add_stage3_gathered
+from tuner.estimator.trainable import TrainedParams, stage3_bytes, trained_params
+from tuner.estimator.transients import optimizer_temporaries, stage3_reduce_copy
+from tuner.workload import Workload
+
+
+def stage3_states(
+    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
+) -> int:
+    """Model states and buffers of ZeRO stage 3; returns NVMe bytes per rank."""
+    model, elem = workload.model, s.param_bytes
+    params = trained_params(workload)
+    base = quantized_base(workload, params)
+    if base is not None:  # 4-bit weights as ZeRO-3 holds them: partitioned packed data, or whole (uint8)
+        params, whole = stage3_view(params, base, elem)
+        details["quantized_weights_whole"] = whole
+        add_bytes(phases, "gpu", "parameters", whole)
+    part = stage3_partition(params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold)
+    shard, persistent = part.shard, part.persistent
+    details["partition_elements"] = shard
+    details["persistent_elements"] = persistent
+    shard_bytes, upcast = elem * shard, 0  # frozen parameters are partitioned like the rest
+    if not params.is_full:  # peft's fp32 adapters stay fp32; only the trainable shard has gradients and states
+        held = stage3_bytes(params, s.world_size, elem, s.param_persistence_threshold, s.model_persistence_threshold)
+        shard_bytes, upcast = held.shard_bytes, held.persistent_bytes - elem * persistent
+        shard = held.trainable_shard
+        details["trainable_partition_elements"] = shard
+        if s.quantized_nontrainable:  # frozen shards held int8 with fp32 scales
+            saved = _quantized_nontrainable_saving(params, s, elem)
+            details["quantized_nontrainable_saving"] = saved
+            shard_bytes -= saved
+    nvme = _place_shard(shard_bytes, s, phases, pins)
+    if s.world_size > 1 and not model.is_bare:
+        add_stage3_gathered(workload, params, part, s, phases, details)
+        add_bytes(phases, "gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
+    bucket = s.reduce_bucket_size * elem if s.contiguous_gradients else 0
+    details["reduce_buckets"] = bucket
+    add_bytes(phases, "gpu", "buffers", bucket)
+    if not model.is_bare:
+        gloo = workload.cluster.device == "cpu"
+        add_transient(phases, details, "reduce_copy", "backward", stage3_reduce_copy(params.trainable, s, elem, gloo))
+    return nvme + _optimizer_states(shard, s, phases, details, pins)
+
+
+def _place_shard(shard_bytes: int, s: Settings, phases: dict[str, Phase], pins: HostPins) -> int:
+    """The parameter shard on the device, or with ``offload_param`` on the host or NVMe; returns its NVMe bytes."""
+    if s.offload_param == "nvme":
+        swap = s.offload_param_buffer_count * s.offload_param_buffer_size * s.param_bytes
+        add_bytes(phases, "cpu", "buffers", pins.locked(swap))
+        return shard_bytes
+    if s.offload_param == "cpu":  # one flat buffer, pinned whatever offload_param.pin_memory says
+        add_bytes(phases, "cpu", "parameters", pins.size(shard_bytes, True))
+    else:
+        add_bytes(phases, "gpu", "parameters", shard_bytes)
+    return 0
+
+
+def _optimizer_states(
+    shard: int, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
+) -> int:
+    """The trainable ``shard``'s gradient partitions and optimizer states (on the device, or offloaded to the host
+    or NVMe); returns their NVMe bytes."""
+    elem = s.param_bytes
+    states = (FP32 + ADAM_STATE_BYTES) * shard
+    group = min(shard, s.sub_group_size) if s.sub_group_size else shard
+    if s.offload_optimizer == "none":
+        add_bytes(phases, "gpu", "optimizer_states", states)
+        add_bytes(phases, "gpu", "gradients", elem * shard)  # the flat gradient partition buffer is permanent
+        add_bytes(phases, "gpu", "gradients", FP32 * group, ("step",))
+        add_transient(
+            phases, details, "optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, group, shard)
+        )
+        return 0
+    # with offload the 16-bit gradient partition and its fp32 copy both live on the host for good
+    add_bytes(
+        phases, "cpu", "gradients", pins.size(elem * shard, s.offload_optimizer_pin) + _sub_group_grads(shard, s, pins)
+    )
+    if s.offload_optimizer == "nvme":
+        swap = s.offload_optimizer_buffer_count * min(shard, s.sub_group_size or shard) * FP32
+        add_bytes(phases, "cpu", "buffers", pins.locked(swap))
+        return states
+    add_bytes(phases, "cpu", "optimizer_states", states)
+    return 0
+
+
+def _quantized_nontrainable_saving(params: TrainedParams, s: Settings, elem: int) -> int:
+    """Bytes ``zero_quantized_nontrainable_weights`` saves per rank: each frozen shard int8 with its fp32 scales
+    (:func:`.quantized_shard_bytes`) instead of its dtype."""
+    parts, _ = stage3_layout(params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold)
+    upcast = params.fp32 or (False,) * len(parts)
+    saved = 0
+    for part, train, up in zip(parts, params.mask, upcast, strict=True):
+        if not train:
+            saved += (FP32 if up else elem) * part - quantized_shard_bytes(part)
+    return saved
+
+
+def _sub_group_grads(shard: int, s: Settings, pins: HostPins) -> int:
+    """Host bytes of ZeRO-3's fp32 gradient buffers with optimizer offload: one per sub-group of ``sub_group_size``
+    elements (the shard cut into equal sub-groups, as the step's fp32 gradients are sized), each pinned alone."""
+    group = min(shard, s.sub_group_size) if s.sub_group_size else shard
+    if group == 0:
+        return 0
+    full, rest = divmod(shard, group)
+    pin = s.offload_optimizer_pin and s.offload_optimizer == "cpu"  # NVMe steps swapped sub-groups in one buffer
+    return pins.size(FP32 * group, pin, count=full) + pins.size(FP32 * rest, pin)
