@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.space import SpaceError, load_space
-from tuner.space.space import workload_facts
+from tuner.space.facts import workload_facts
 from tuner.workload import ClusterSpec, Workload, model_from_param_count
 
 optuna = pytest.importorskip("optuna")

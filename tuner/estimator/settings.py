@@ -82,18 +82,8 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         raise ConfigError("ds_config", "must be a JSON object")
     batch = trial.batch_sizes(workload.cluster.world_size)
     precision = trial.precision
-    _check_optimizer(trial)
-    if trial.grad_accum_dtype not in (None, precision):
-        raise ConfigError(
-            "data_types.grad_accum_dtype",
-            "a gradient accumulation dtype other than the model's is not modelled by the estimator yet",
-        )
-    zero = trial.zero
-    layout = trial.layout
-    if layout.tensor_parallel > 1:
-        raise ConfigError(
-            "tensor_parallel.autotp_size", "AutoTP tensor parallelism is not modelled by the estimator yet"
-        )
+    _refuse_unmodelled(trial, precision)
+    zero, layout = trial.zero, trial.layout
     _check_trainable_dtypes(zero.stage, precision, workload)
     return Settings(
         world_size=workload.cluster.world_size,
@@ -186,10 +176,18 @@ def _check_trainable_dtypes(stage: int, precision: str, workload: Workload) -> N
         )
 
 
-def _check_optimizer(trial: TrialConfig) -> None:
+def _refuse_unmodelled(trial: TrialConfig, precision: str) -> None:
+    """Refuse what DeepSpeed trains but the estimator does not model (yet), naming the key."""
     kind = trial.optimizer_type
     if not isinstance(kind, str) or kind.lower() not in ADAM_FAMILY:
         raise ConfigError("optimizer.type", f"the estimator models Adam-family optimizers, got {kind!r}")
+    if trial.grad_accum_dtype not in (None, precision):
+        raise ConfigError(
+            "data_types.grad_accum_dtype",
+            "a gradient accumulation dtype other than the model's is not modelled by the estimator yet",
+        )
+    if trial.layout.tensor_parallel > 1:
+        raise ConfigError("tensor_parallel.autotp_size", "AutoTP is not modelled by the estimator yet")
 
 
 __all__ = ["ADAM_FAMILY", "FP32", "OPTIMIZER_IMPLS", "ConfigError", "Settings", "optimizer_impl", "resolve"]

@@ -16,7 +16,7 @@ from typing import Any
 COMPARE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|>=|<=|>|<)\s*(\S.*)")
 MEMBER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s+(not\s+in|in)\s+(\S.*)")
 # what a condition may test about the workload (numbers; ``*_bytes`` also read sizes like 64MiB); no parameter may
-# take these names. The values come from :func:`tuner.space.space.workload_facts`.
+# take these names. The values come from :func:`tuner.space.facts.workload_facts`.
 WORKLOAD_FACTS = {
     "trainable_params": "parameters that train (all of them without a peft adapter or a freeze pattern)",
     "frozen_params": "parameters that do not train (0 for full fine-tuning)",

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from tuner.space.assemble import OFFLOAD_SECTIONS
 from tuner.space.conditions import (
     COMPARE,
     MEMBER,
@@ -25,7 +26,7 @@ from tuner.space.conditions import (
 )
 from tuner.space.errors import SpaceError
 from tuner.space.parameters import NUMBER_STRING, Parameter, not_a_value
-from tuner.space.space import OFFLOAD_SECTIONS, SearchSpace
+from tuner.space.space import SearchSpace
 from tuner.units import parse_bytes
 from tuner.workload import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, ZERO_KEYS
 

@@ -9,47 +9,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.estimator import resolve
-from tuner.estimator.throughput import all_params, trainable_params
-from tuner.space.conditions import WORKLOAD_FACTS, is_positive_int, member, same
+from tuner.space.assemble import assemble
+from tuner.space.conditions import is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
+from tuner.space.facts import workload_facts
 from tuner.space.parameters import Parameter, TrialLike, check_value
 from tuner.space.suggestion import Suggestion
 from tuner.workload import (
     ACCUM_KEY,
-    BATCH_KEYS,
     DEFAULT_ACCUM,
     DEFAULT_MICRO,
     MICRO_KEY,
-    OFFLOAD_OPTIMIZER_KEYS,
-    OFFLOAD_PARAM_KEYS,
     ConfigError,
     TrialConfig,
     Workload,
     accumulation_for,
 )
 
-OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW"}
-OFFLOAD_SECTIONS = {"offload_optimizer": OFFLOAD_OPTIMIZER_KEYS, "offload_param": OFFLOAD_PARAM_KEYS}
 _UNSET = object()
-OPTIMIZER_STATE_BYTES = 12  # per trainable parameter: fp32 master, momentum and variance (mixed-precision Adam)
-
-
-def workload_facts(workload: Workload) -> dict[str, int]:
-    """The workload facts ``when`` conditions may test (:data:`~tuner.space.conditions.WORKLOAD_FACTS`).
-
-    Example:
-        >>> from tuner.workload import Workload, model_from_param_count
-        >>> workload_facts(Workload(model_from_param_count(1e6)))
-        {'trainable_params': 1000000, 'frozen_params': 0, 'optimizer_state_bytes': 12000000}
-    """
-    trained = trainable_params(workload)
-    facts = {
-        "trainable_params": trained,
-        "frozen_params": all_params(workload) - trained,
-        "optimizer_state_bytes": OPTIMIZER_STATE_BYTES * trained,
-    }
-    assert set(facts) == set(WORKLOAD_FACTS), "every documented fact has a value"
-    return facts
 
 
 class SearchSpace:
@@ -324,37 +301,14 @@ class SearchSpace:
         global_batch: int | None,
         nvme_path: str | None,
     ) -> Suggestion:
-        world = workload.cluster.world_size
-        train = workload.train
-        config = copy.deepcopy(self._base)
-        precision_extra = config.pop(train.precision, None) if train.precision in ("bf16", "fp16") else None
-        config.pop("bf16", None)
-        config.pop("fp16", None)
-        if train.precision in ("bf16", "fp16"):
-            config[train.precision] = {**(precision_extra or {}), "enabled": True}
-        optimizer = config.get("optimizer")
-        if isinstance(optimizer, dict) and "type" not in optimizer:
-            optimizer["type"] = OPTIMIZER_TYPES[train.optimizer]
         micro = self._micro_value(values)
         if global_batch is not None:
             accum = self._derive_accum(values, workload, global_batch)
         else:
             chosen = values.get(self._accum) if self._accum else None
             accum = DEFAULT_ACCUM if chosen is None else int(chosen)
-        checkpointing = False
-        for parameter in self._parameters:
-            value = values.get(parameter.name)
-            if parameter.name not in values or value is None:
-                continue
-            if parameter.train == "activation_checkpointing":
-                checkpointing = bool(value)
-            elif parameter.key and parameter.key not in BATCH_KEYS:
-                _set_path(config, parameter.key, value)
-        zero = config.get("zero_optimization")
-        if isinstance(zero, dict) and nvme_path:
-            for section in OFFLOAD_SECTIONS:
-                if isinstance(zero.get(section), dict) and zero[section].get("device") == "nvme":
-                    zero[section]["nvme_path"] = nvme_path
+        config, checkpointing = assemble(self._base, self._parameters, values, workload.train, nvme_path)
+        world = workload.cluster.world_size
         try:
             trial = TrialConfig(config, checkpointing).with_batch(micro, accum, world)
             resolve(workload, trial)
@@ -405,11 +359,3 @@ def _check_global_batch(global_batch: int, world: int) -> None:
         raise ConfigError("global_batch", f"must be a positive integer, got {global_batch!r}")
     if global_batch % world:
         raise ConfigError("global_batch", f"{global_batch} is not divisible by the data-parallel world size {world}")
-
-
-def _set_path(config: dict[str, Any], path: str, value: Any) -> None:
-    *parents, last = path.split(".")
-    node = config
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value

@@ -1,0 +1,31 @@
+"""The workload facts a search space's ``when`` conditions may test (:data:`~tuner.space.conditions.WORKLOAD_FACTS`):
+how much of the model trains, and what its optimizer states weigh."""
+
+from __future__ import annotations
+
+from tuner.estimator.throughput import all_params, trainable_params
+from tuner.space.conditions import WORKLOAD_FACTS
+from tuner.workload import Workload
+
+OPTIMIZER_STATE_BYTES = 12  # per trainable parameter: fp32 master, momentum and variance (mixed-precision Adam)
+
+
+def workload_facts(workload: Workload) -> dict[str, int]:
+    """The workload facts ``when`` conditions may test (:data:`~tuner.space.conditions.WORKLOAD_FACTS`).
+
+    Example:
+        >>> from tuner.workload import Workload, model_from_param_count
+        >>> workload_facts(Workload(model_from_param_count(1e6)))
+        {'trainable_params': 1000000, 'frozen_params': 0, 'optimizer_state_bytes': 12000000}
+    """
+    trained = trainable_params(workload)
+    facts = {
+        "trainable_params": trained,
+        "frozen_params": all_params(workload) - trained,
+        "optimizer_state_bytes": OPTIMIZER_STATE_BYTES * trained,
+    }
+    assert set(facts) == set(WORKLOAD_FACTS), "every documented fact has a value"
+    return facts
+
+
+__all__ = ["OPTIMIZER_STATE_BYTES", "workload_facts"]
