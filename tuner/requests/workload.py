@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import InputError
 from tuner.profile import ModelProfile, params_profile, with_profile
-from tuner.profile.profiles import spec_from_profile
+from tuner.profile.describe import spec_from_profile
 from tuner.profile.service import default_service
 from tuner.units import parse_bytes
 from tuner.workload import (
