@@ -1,7 +1,7 @@
 """Coverage of every causal-LM type transformers ships: exact, refused (with the reason), or not decoder-only.
 
 For each ``model_type`` of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, a tiny config is made from the config class's
-defaults, shrunk (:func:`tuner.profile.tiny.shrunk_config`: few layers, small hidden size, few experts). dstune
+defaults, shrunk (``tests/tiny_configs.py``'s :func:`shrunk_config`: few layers, small hidden size, few experts). dstune
 describes it (parameters on meta, activations traced under fake tensors, default attention: transformers' own) and
 the result is compared with independent truth:
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -39,8 +40,10 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from tuner.measure.saved_bytes import saved_bytes
 from tuner.profile import ProfileCache, model_profile, params_profile
 from tuner.profile.hf import quiet
-from tuner.profile.tiny import decoder_only, shrunk_config
 from tuner.workload import WorkloadError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny configs: test helpers
+from tiny_configs import decoder_only, shrunk_config
 
 SEQ, BATCH, PRECISION = 32, 2, "fp32"
 LIMIT_S = 120  # per type

@@ -5,7 +5,7 @@ at each phase of a step (``tuner.measure.memory_probe``) and compared with the e
 CUDA (a GPU machine): the peak estimate (overhead excluded) is compared with ``torch.cuda.max_memory_allocated``.
 
 ``--suite transformers`` measures real transformers models (random weights, every preset architecture at small
-dimensions, :mod:`tuner.profile.tiny`): parameter counts against the built model; activations (the estimate's
+dimensions, ``tests/tiny_configs.py``): parameter counts against the built model; activations (the estimate's
 forward phase, from the traced profile) against the bytes the real model saves on CPU tensors, bf16 and fp32, two
 sequence lengths, checkpointing on and off; and the peak against real DeepSpeed runs (1 CPU rank: bf16 ZeRO-0, and
 fp32 ZeRO-2 with checkpointing).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,9 @@ from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
 from tuner.space.dsconfig import merge_configs, shortcut_config
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
+
+# the tiny configs and what a model really saves are test helpers (tests/tiny_configs.py, tests/real_saved_bytes.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 STATES = ("parameters", "gradients", "optimizer_states")
 
@@ -115,8 +119,9 @@ def run_case(case: tuple, device: str, seq_len: int, workload: Workload | None =
 
 def transformers_workload(architecture: str, precision: str, seq_len: int) -> Workload:
     """A tiny transformers model of ``architecture`` as a CPU workload carrying its traced profile."""
+    from tiny_configs import TINY_CONFIGS
+
     from tuner.profile import model_from_config, with_profile
-    from tuner.profile.tiny import TINY_CONFIGS
 
     workload = Workload(
         model_from_config(TINY_CONFIGS[architecture], name=f"tiny-{architecture}"),
@@ -136,9 +141,10 @@ CKPT_NOTE = (
 
 def transformers_suite(seq_lens: tuple[int, ...], micro: int = 2) -> str:
     """The real-transformers tables: parameters and activations (no DeepSpeed), then peaks (real DeepSpeed)."""
+    from real_saved_bytes import measured_saved_bytes
+    from tiny_configs import TINY_CONFIGS
+
     from tuner.profile.hf import build
-    from tuner.profile.tiny import TINY_CONFIGS
-    from tuner.profile.trace import measured_saved_bytes
 
     started = time.monotonic()
     rows, act_errors, params_exact = [], [], 0

@@ -298,8 +298,8 @@ ZeRO-3 with small buckets, and how it was closed (it was 4-8 % under on tiny LLa
   ``LinearFunctionForZeroStage3`` (``memory_efficient_linear``, on by default, left in place for the whole run),
   whose ``save_for_backward(input, weight, bias)`` keeps the input of frozen projections that plain torch does not
   save (a LoRA base's q, k, v, o, gate, up, down and LM head): the model as trained is traced that way for ZeRO-3
-  (``adapters="zero3"``, :func:`tuner.profile.trace.zero3_linear`). One of the reasons LoRA under ZeRO-3 saves less
-  than the ZeRO paper suggests (#5109).
+  (``adapters="zero3"``, :func:`tuner.profile.autograd_saved.zero3_linear`). One of the reasons LoRA under ZeRO-3
+  saves less than the ZeRO paper suggests (#5109).
 
 MoE routing still moves the peak a little between steps (ZeRO-0: 8.72 and 8.75 MiB in two identical runs).
 """

@@ -14,7 +14,7 @@ from tuner.api.app import create_app_from_env
 from tuner.cli import app
 from tuner.estimator import estimate
 from tuner.space.dsconfig import shortcut_config
-from tuner.storage import Store, default_url
+from tuner.storage import Store
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def test_storage_comes_from_the_environment(tmp_path: Path, monkeypatch: pytest.
     url = f"sqlite:///{tmp_path / 'team.db'}"
     monkeypatch.setenv("DSTUNE_STORAGE", url)
     monkeypatch.chdir(tmp_path)
-    assert default_url() == url
+    assert env.storage_url() == url
     _study_with_a_best_trial(url)
     result = runner.invoke(app, ["best", "--study", "from-env"])
     assert result.exit_code == 0, result.output

@@ -5,6 +5,8 @@ Usage: ``python tests/measure/dtype_probe.py`` (a fresh process: ``deepspeed.zer
 
 import json
 import os
+import sys
+from pathlib import Path
 
 import deepspeed
 import torch
@@ -12,8 +14,10 @@ import torch
 from tuner.measure.birth import born_on_device, initialise_partitioned
 from tuner.measure.launcher import free_port
 from tuner.measure.models import build_model, build_transformers_model
-from tuner.profile.tiny import TINY_CONFIGS
 from tuner.workload import load_builtin_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder, for its shared helpers
+from tiny_configs import TINY_CONFIGS
 
 
 def main() -> None:

@@ -14,9 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from real_saved_bytes import measured_saved_bytes  # noqa: E402
+from tiny_configs import decoder_only, shrunk_config  # noqa: E402
+
 from tuner.profile import ProfileCache, model_profile, params_profile, with_profile  # noqa: E402
-from tuner.profile.tiny import decoder_only, shrunk_config  # noqa: E402
-from tuner.profile.trace import SHORT_LENGTHS, measured_saved_bytes  # noqa: E402
+from tuner.profile.trace import SHORT_LENGTHS  # noqa: E402
 from tuner.workload import ClusterSpec, TrainSpec, Workload, WorkloadError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,12 +15,13 @@ from typer.testing import CliRunner
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from real_saved_bytes import measured_saved_bytes  # noqa: E402
+from tiny_configs import TINY_CONFIGS  # noqa: E402
+
 from tuner.cli import app  # noqa: E402
 from tuner.estimator import estimate  # noqa: E402
 from tuner.profile import ModelProfile, ProfileCache, model_profile, params_profile, with_profile  # noqa: E402
 from tuner.profile.cache import activation_key  # noqa: E402
-from tuner.profile.tiny import TINY_CONFIGS  # noqa: E402
-from tuner.profile.trace import measured_saved_bytes  # noqa: E402
 from tuner.workload import (  # noqa: E402
     ClusterSpec,
     TrainSpec,

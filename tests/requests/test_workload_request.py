@@ -19,7 +19,7 @@ from tuner.requests import (
 from tuner.requests import workload as inputs
 from tuner.study.loop import SAMPLERS as LOOP_SAMPLERS
 from tuner.workload import OFFLOAD_DEVICES, preset_config
-from tuner.workload import spec as workload
+from tuner.workload import vocabulary as workload
 
 
 def test_vocabularies_match_the_rooms_that_check_them() -> None:

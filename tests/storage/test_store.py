@@ -16,6 +16,7 @@ from alembic import command as alembic_command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+from tuner.env import storage_url
 from tuner.estimator import estimate
 from tuner.measure.measurement import Measurement
 from tuner.storage import (
@@ -27,7 +28,6 @@ from tuner.storage import (
     Store,
     StoreError,
     TrialRow,
-    default_url,
     migrations_dir,
     reason_kind,
 )
@@ -432,7 +432,7 @@ class TestStoreContract:
 
 def test_default_url_and_migrations_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DSTUNE_STORAGE", raising=False)  # tests/test_env.py: the variable wins when set
-    assert default_url() == "sqlite:///dstune.db"
+    assert storage_url() == "sqlite:///dstune.db"
     assert (migrations_dir() / "env.py").is_file()
     assert (migrations_dir() / "alembic.ini").is_file()
 

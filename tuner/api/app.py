@@ -135,7 +135,7 @@ def create_app_from_env() -> FastAPI:
 
     settings = env.current()
     return create_app(
-        settings.storage_url,
+        env.storage_url(),
         settings.api_token or None,
         insecure_no_auth=settings.insecure_no_auth,
         max_body_bytes=settings.max_body_bytes,

@@ -185,56 +185,69 @@ def build(flags: WorkloadFlags) -> tuple[Workload, TrialConfig]:
     estimator. No ``--device`` (measure, tune): cuda when torch sees a GPU, else cpu.
     """
     try:
-        if (flags.model is None) == (flags.params is None):
-            raise InputError("model", "give exactly one of --model PATH|PRESET or --params COUNT")
-        config, name = load_hf_config(flags.model) if flags.model is not None else (None, None)
-        peft = read_json_object(flags.peft, "peft", "adapter_config.json") if flags.peft is not None else None
-        quantization = read_json_object(flags.quantization, "quantization") if flags.quantization is not None else None
-        request = validated(
-            WorkloadRequest,
-            {
-                "config": config,
-                "params": flags.params,
-                "gpus": flags.gpus,
-                "nodes": flags.nodes,
-                "gpu_memory": flags.gpu_memory,
-                "cpu_memory": flags.cpu_memory,
-                "seq_len": flags.seq_len,
-                "precision": flags.precision,
-                "attention": flags.attention,
-                "device": flags.device or default_device(),
-                "model_impl": flags.model_impl,
-                "peft": peft,
-                "freeze": flags.freeze,
-                "quantization": quantization,
-            },
-        )
+        request, name = _request(flags)
         workload = to_workload(request, config_name=name)
-        trial = validated(
-            TrialRequest,
-            {
-                "micro_batch": flags.micro_batch,
-                "grad_accum": flags.grad_accum,
-                "activation_checkpointing": flags.activation_checkpointing,
-                "stage": flags.stage,
-                "offload_optimizer": flags.offload_optimizer,
-                "offload_param": flags.offload_param,
-                "nvme_path": flags.nvme_path,
-                "ds_config": load_ds_config(flags.ds_config) if flags.ds_config is not None else None,
-            },
-        ).to_trial(workload.train.precision)
-        # the precision the ds_config trains in (a --ds-config may change it): its traced activations (to_workload
-        # attached the workload's own precision's)
-        precision = resolve(workload, trial).precision
-        if precision != workload.train.precision or trial.activation_checkpointing:
-            workload = with_profile(
-                workload, precisions=(precision,), activation_checkpointing=trial.activation_checkpointing
-            )
+        workload, trial = _with_trial(flags, workload)
         estimate(workload, trial)  # validates the config; cheap
     except FieldError as error:
         fail(_flag(error.loc), error.message)
     except InputError as error:
         fail(error.field, error.message)
+    return workload, trial
+
+
+def _request(flags: WorkloadFlags) -> tuple[WorkloadRequest, str | None]:
+    """The workload request of the flags (the files they name read here), and the model's display name."""
+    if (flags.model is None) == (flags.params is None):
+        raise InputError("model", "give exactly one of --model PATH|PRESET or --params COUNT")
+    config, name = load_hf_config(flags.model) if flags.model is not None else (None, None)
+    peft = read_json_object(flags.peft, "peft", "adapter_config.json") if flags.peft is not None else None
+    quantization = read_json_object(flags.quantization, "quantization") if flags.quantization is not None else None
+    request = validated(
+        WorkloadRequest,
+        {
+            "config": config,
+            "params": flags.params,
+            "gpus": flags.gpus,
+            "nodes": flags.nodes,
+            "gpu_memory": flags.gpu_memory,
+            "cpu_memory": flags.cpu_memory,
+            "seq_len": flags.seq_len,
+            "precision": flags.precision,
+            "attention": flags.attention,
+            "device": flags.device or default_device(),
+            "model_impl": flags.model_impl,
+            "peft": peft,
+            "freeze": flags.freeze,
+            "quantization": quantization,
+        },
+    )
+    return request, name
+
+
+def _with_trial(flags: WorkloadFlags, workload: Workload) -> tuple[Workload, TrialConfig]:
+    """The trial config of the shortcut flags and ``--ds-config``, and the workload carrying the traced activations
+    of the precision and checkpointing that config trains with."""
+    trial = validated(
+        TrialRequest,
+        {
+            "micro_batch": flags.micro_batch,
+            "grad_accum": flags.grad_accum,
+            "activation_checkpointing": flags.activation_checkpointing,
+            "stage": flags.stage,
+            "offload_optimizer": flags.offload_optimizer,
+            "offload_param": flags.offload_param,
+            "nvme_path": flags.nvme_path,
+            "ds_config": load_ds_config(flags.ds_config) if flags.ds_config is not None else None,
+        },
+    ).to_trial(workload.train.precision)
+    # the precision the ds_config trains in (a --ds-config may change it): its traced activations (to_workload
+    # attached the workload's own precision's)
+    precision = resolve(workload, trial).precision
+    if precision != workload.train.precision or trial.activation_checkpointing:
+        workload = with_profile(
+            workload, precisions=(precision,), activation_checkpointing=trial.activation_checkpointing
+        )
     return workload, trial
 
 

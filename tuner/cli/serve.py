@@ -11,6 +11,7 @@ import typer
 from tuner.cli.common import fail
 from tuner.cli.options import StorageOpt
 from tuner.env import current as current_env
+from tuner.env import storage_url
 
 TOKEN_ENV = "DSTUNE_API_TOKEN"
 
@@ -68,7 +69,7 @@ def serve_command(
     if token is None and not no_auth:
         fail("token", f"no API token: set ${TOKEN_ENV} or --token-file (or pass --insecure-no-auth deliberately)")
     resolved = {
-        "DSTUNE_STORAGE": storage or settings.storage_url,
+        "DSTUNE_STORAGE": storage_url(storage),
         "DSTUNE_API_TOKEN": token or "",
         "DSTUNE_INSECURE_NO_AUTH": "1" if no_auth else "0",
         "DSTUNE_MAX_BODY_BYTES": str(settings.max_body_bytes if max_body_bytes is None else max_body_bytes),

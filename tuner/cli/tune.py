@@ -152,11 +152,12 @@ def run_tune(
     nvme_path: str | None,
 ) -> int:
     """Run a study to its budget and print the top configs; 0 when a config was measured, 1 otherwise."""
+    from tuner.env import storage_url
     from tuner.estimator import ConfigError
     from tuner.measure.dispatch import Dispatcher
     from tuner.measure.op_builds import AnnounceBuilds
     from tuner.space import SpaceError, resolve_space
-    from tuner.storage import Store, StoreError, default_url
+    from tuner.storage import Store, StoreError
     from tuner.study import Event, Measurer, StudySettings, TuningStudy
 
     console = Console()
@@ -176,7 +177,7 @@ def run_tune(
         dispatch=MeasureOptions(launcher, ray_address, warmup, steps, run_timeout, memory_cap, warmup_max),
     )
     try:
-        store = Store.open(storage or default_url())
+        store = Store.open(storage_url(storage))
         tuning = TuningStudy(settings, store)
     except SpaceError as error:
         fail("space", str(error))
@@ -341,11 +342,12 @@ def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5)
 
 def export_best(study: str, *, storage: str | None, format: str, out: str | None) -> None:
     """Write the best measured ds_config of ``study``, after DeepSpeed's own validation."""
+    from tuner.env import storage_url
     from tuner.estimator import ConfigError
     from tuner.space.dsconfig import export_config, validate_with_deepspeed
-    from tuner.storage import Store, default_url
+    from tuner.storage import Store
 
-    store = Store.open(storage or default_url())
+    store = Store.open(storage_url(storage))
     record = store.get_study(study)
     if record is None:
         fail("study", f"no study named {study!r} in {store.url}")

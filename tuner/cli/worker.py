@@ -32,10 +32,11 @@ def worker_command(
     ] = False,
 ) -> None:
     """Take queued tuning jobs from the database and run them as studies (or submit them to a Ray cluster)."""
-    from tuner.storage import Store, StoreError, default_url
+    from tuner.env import storage_url
+    from tuner.storage import Store, StoreError
     from tuner.worker import run_job, run_study_job, submit_loop, work
 
-    url = storage or default_url()
+    url = storage_url(storage)
     store = Store.open(url)
     if submit:
         if not ray_address:

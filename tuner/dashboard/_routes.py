@@ -59,11 +59,11 @@ def _not_found(request: Request, message: str) -> HTMLResponse:
 def home(request: Request) -> HTMLResponse:
     """Every workload with its best measured config over all its studies."""
     store = _store(request)
-    rows: dict[int, views.WorkloadRow] = {}
+    rows: dict[int, views.WorkloadSummary] = {}
     for study in store.list_studies():
         row = rows.get(study.workload_id)
         if row is None:
-            row = rows[study.workload_id] = views.WorkloadRow(store.get_workload(study.workload_id))
+            row = rows[study.workload_id] = views.WorkloadSummary(store.get_workload(study.workload_id))
         summary = store.study_summary(study.id)
         row.studies.append(study)
         row.total += summary.total

@@ -68,7 +68,7 @@ def headroom(trial: TrialRecord | None, gpu_memory: int) -> int | None:
 
 
 @dataclass
-class WorkloadRow:
+class WorkloadSummary:
     """One line of the home page: a workload, its studies, and its best measured trial over all of them."""
 
     workload: WorkloadRecord

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers", "other")
+PROBED_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers", "other")
 
 # Attributes of DeepSpeed's optimizer wrappers (0.19) that hold gradient partitions or accumulators.
 GRADIENT_ATTRIBUTES = (
@@ -91,7 +91,7 @@ class StorageLedger:
 
     def __init__(self) -> None:
         self.owner: dict[int, str] = {}
-        self.bytes = dict.fromkeys(CATEGORIES, 0)
+        self.bytes = dict.fromkeys(PROBED_CATEGORIES, 0)
 
     def claim(self, category: str, tensors: Iterable[torch.Tensor]) -> None:
         """Count the storages of ``tensors`` under ``category`` unless already counted."""
@@ -167,7 +167,7 @@ def count_saved_activations(params: Iterable[torch.Tensor] = ()) -> Iterator[dic
 
 
 def _held_bytes(snapshot: dict[str, int]) -> int:
-    return sum(snapshot[name] for name in CATEGORIES if name != "other")
+    return sum(snapshot[name] for name in PROBED_CATEGORIES if name != "other")
 
 
 class PhaseRecorder:

@@ -5,7 +5,9 @@ the largest single parameter), trace the bytes autograd saves for backward under
 the real model, and keep both as a small :class:`ModelProfile` (plain data) cached on disk.
 
 What it may import: :mod:`tuner.workload` and the standard library everywhere; torch and transformers only in
-:mod:`tuner.profile.hf` and :mod:`tuner.profile.trace`, imported on a cache miss. The estimator consumes profiles
+:mod:`tuner.profile.hf`, :mod:`tuner.profile.trace` (with :mod:`tuner.profile.small_copy`, the copy it traces, and
+:mod:`tuner.profile.autograd_saved`, what autograd saves), imported on a cache miss. :mod:`tuner.profile.describe`
+builds a model's spec and profile from its config (the cache first). The estimator consumes profiles
 (``Workload.profile``) and never imports this room's heavy modules.
 
 Example:
@@ -15,7 +17,7 @@ Example:
 """
 
 from tuner.profile.cache import CACHE_ENV, ProfileCache, cache_dir
-from tuner.profile.profiles import load_model, model_from_config, model_profile, params_profile, with_profile
+from tuner.profile.describe import load_model, model_from_config, model_profile, params_profile, with_profile
 from tuner.workload import ActivationProfile, Linear, ModelProfile
 
 __all__ = [

@@ -30,7 +30,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # dstune's attention kind -> transformers' attn_implementation it is traced and run with (``flash``: CPU SDPA's flash
 # path saves output and log-sum-exp, as flash attention does; the maths are the same exact attention)
-IMPLEMENTATIONS = {"sdpa": "sdpa", "flash": "sdpa", "eager": "eager"}
+ATTN_IMPLEMENTATIONS = {"sdpa": "sdpa", "flash": "sdpa", "eager": "eager"}
 
 
 def check_config(config: Any) -> str:
@@ -146,7 +146,7 @@ def build(
     config_object = hf_config(config, **overrides)
     kwargs: dict[str, Any] = {"dtype": dtype}
     if attention is not None:
-        kwargs["attn_implementation"] = IMPLEMENTATIONS[attention]
+        kwargs["attn_implementation"] = ATTN_IMPLEMENTATIONS[attention]
     try:
         return transformers.AutoModelForCausalLM.from_config(config_object, **kwargs)
     except WorkloadError:

@@ -30,7 +30,7 @@ from typing import Any
 from tuner import env
 from tuner.profile.cache import ProfileCache, canonical_config
 from tuner.profile.config_checks import refuse_custom_code
-from tuner.profile.profiles import cached_profile
+from tuner.profile.describe import cached_profile
 from tuner.workload import ModelProfile, WorkloadError
 
 WAIT_ENV = "DSTUNE_PROFILE_WAIT_S"
@@ -72,7 +72,7 @@ def _profile_in_worker(
     signal.signal(signal.SIGALRM, expired)
     signal.alarm(limit_s)
     try:
-        from tuner.profile.profiles import model_profile
+        from tuner.profile.describe import model_profile
 
         for precision in precisions:
             model_profile(config, seq_len, precision, attention, (False, True), ProfileCache(Path(folder)))

@@ -6,8 +6,10 @@ The CLI (``dstune estimate|measure|tune``), the HTTP API and the job queue all d
 :class:`FieldError` carrying the field's path, which each face reports its own way (the CLI: ``flag: message``,
 exit 2; the API: 422 with the body path).
 
-The vocabularies (precision, offload target, attention kind, device, launcher, sampler) are declared here once, as
-``Literal`` types: Typer turns them into choices, pydantic into the OpenAPI schema's inline ``enum`` lists.
+The vocabularies are ``Literal`` types: Typer turns them into choices, pydantic into the OpenAPI schema's inline
+``enum`` lists. The workload's (precision, attention kind, device, model implementation) are declared once in
+:mod:`tuner.workload.vocabulary` and re-exported here for the faces; the offload target, launcher and sampler are
+declared here.
 
 Pure: pydantic, :mod:`tuner.workload` and :mod:`tuner.profile`'s plain-data side (no torch at import, no SQL).
 Imported by the faces and :mod:`tuner.requests.job`.
@@ -39,15 +41,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import InputError
 from tuner.profile import ModelProfile, params_profile, with_profile
-from tuner.profile.profiles import spec_from_profile
+from tuner.profile.describe import spec_from_profile
 from tuner.profile.service import default_service
 from tuner.units import parse_bytes
 from tuner.workload import (
+    ATTENTION_KINDS,
+    DEVICES,
     MAX_FREEZE_PATTERN,
+    MODEL_IMPLS,
     NEEDS_CUDA,
+    PRECISIONS,
     SUPPORTED_FAMILIES,
+    Attention,
     ClusterSpec,
+    Device,
+    ModelImpl,
     ModelSpec,
+    Precision,
     QuantSpec,
     TrainableSpec,
     TrainSpec,
@@ -59,24 +69,17 @@ from tuner.workload import (
     preset_config,
     preset_names,
 )
+from tuner.workload.zero import OFFLOAD_DEVICES, OffloadDevice
 
-Precision = Literal["bf16", "fp16", "fp32"]
-Offload = Literal["none", "cpu", "nvme"]
-Attention = Literal["sdpa", "flash", "eager"]
-Device = Literal["cuda", "cpu"]
+Offload = OffloadDevice
 Launcher = Literal["local", "ray"]
 Sampler = Literal["tpe", "random", "grid", "gp"]
-ModelImpl = Literal["transformers", "builtin"]
 DEFAULT_ATTENTION = (
     "sdpa"  # of built-in models and bare parameter counts; transformers models: as transformers resolves
 )
-PRECISIONS: tuple[str, ...] = get_args(Precision)
-OFFLOAD_TARGETS: tuple[str, ...] = get_args(Offload)
-ATTENTION_KINDS: tuple[str, ...] = get_args(Attention)
-DEVICES: tuple[str, ...] = get_args(Device)
+OFFLOAD_TARGETS = OFFLOAD_DEVICES
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
-MODEL_IMPLS: tuple[str, ...] = get_args(ModelImpl)
 
 MAX_BYTES = 2**60  # memory sizes beyond an exbibyte are typos (and overflow BIGINT columns)
 MAX_PARAMS = 10**15

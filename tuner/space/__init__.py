@@ -7,7 +7,8 @@ SQL, Ray or torch: a space only asks an Optuna-like trial for values. Optuna is 
 
 Modules: ``errors`` (:class:`SpaceError`, :class:`InfeasibleConfig`), ``conditions`` (``when`` clauses),
 ``parameters`` (:class:`Parameter`), ``suggestion`` (:class:`Suggestion`, :func:`config_key`), ``space``
-(:class:`SearchSpace`), ``loader`` (reading and validating files, the built-in spaces).
+(:class:`SearchSpace`), ``loader`` (reading and validating files, the built-in spaces), ``parameter_entry`` (one
+parameter's entry, its ``when`` included, read into a :class:`Parameter`).
 
 File format
 -----------

@@ -1,6 +1,6 @@
 """``when`` conditions: one clause ``NAME OP VALUE`` (:class:`Condition`), alternatives ``A or B`` (:class:`AnyOf`),
 the workload facts a clause may name besides earlier parameters (:data:`WORKLOAD_FACTS`), and the patterns a clause is
-read with (:func:`tuner.space.loader.parse_when` reads a parameter's ``when``).
+read with (:func:`tuner.space.parameter_entry.parse_when` reads a parameter's ``when``).
 
 Also the value comparisons every part of the space shares: booleans are kept apart from numbers (``True != 1``).
 """

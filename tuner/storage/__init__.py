@@ -9,7 +9,7 @@ May import: :mod:`tuner.workload`, :mod:`tuner.errors`, SQLAlchemy, Alembic. Kno
 or torch.
 """
 
-from tuner.storage.engine import DEFAULT_DB_FILE, default_url, is_disconnect, migrations_dir
+from tuner.storage.engine import DEFAULT_DB_FILE, is_disconnect, migrations_dir
 from tuner.storage.errors import DatabaseUnavailable, DuplicateConfig, StoreError
 from tuner.storage.owners import new_holder, owner_alive, process_owner, release
 from tuner.storage.queue import DEFAULT_LEASE_S, MAX_ATTEMPTS
@@ -84,7 +84,6 @@ __all__ = [
     "TrialStatus",
     "WorkloadRecord",
     "WorkloadRow",
-    "default_url",
     "is_disconnect",
     "migrations_dir",
     "new_holder",

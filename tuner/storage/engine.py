@@ -46,12 +46,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def default_url() -> str:
-    """The database when no URL is given: ``$DSTUNE_STORAGE``, else ``sqlite:///dstune.db`` (a SQLite file in the
-    current directory); :mod:`tuner.env`."""
-    return env.current().storage_url
-
-
 def migrations_dir() -> Path:
     """The Alembic environment, shipped inside the package (the repository's ``db/`` links here)."""
     return Path(__file__).resolve().parent / "migrations"
@@ -179,7 +173,7 @@ class Database:
                 setattr(cls, name, retry_unavailable(member))
 
     def __init__(self, url: str | None = None, *, echo: bool = False, retry_s: float | None = None) -> None:
-        self.url = url or default_url()
+        self.url = env.storage_url(url)
         self.retry_s = default_retry_s() if retry_s is None else retry_s
         self.engine = create_engine(self.url, echo=echo)
         self._writer = self.engine.execution_options(dstune_write=True)
@@ -189,7 +183,8 @@ class Database:
 
     @classmethod
     def open(cls, url: str | None = None, *, echo: bool = False, retry_s: float | None = None) -> Self:
-        """Connect to ``url`` (default :func:`default_url`) and apply pending migrations (``alembic upgrade head``)."""
+        """Connect to ``url`` (default: :func:`tuner.env.storage_url`) and apply pending migrations
+        (``alembic upgrade head``)."""
         database = cls(url, echo=echo, retry_s=retry_s)
         try:
             database.upgrade()
@@ -290,7 +285,6 @@ __all__ = [
     "configure_sqlite",
     "create_engine",
     "default_retry_s",
-    "default_url",
     "is_disconnect",
     "migrations_dir",
     "retry_unavailable",

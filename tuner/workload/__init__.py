@@ -1,7 +1,12 @@
 """What is trained and how: the first stage of the pipeline, pure Python (no torch, no transformers, no SQL).
 
-- ``spec``: the workload (:class:`ModelSpec`, :class:`ClusterSpec`, :class:`TrainSpec`, :class:`TrainableSpec`,
-  :class:`Workload`), built-in presets (``presets/``), a Hugging Face ``config.json`` read into a spec;
+- ``spec``: the workload (:class:`ClusterSpec`, :class:`TrainSpec`, :class:`TrainableSpec`, :class:`Workload`), its
+  fingerprint and stored dict;
+- ``model``: the model's shapes (:class:`ModelSpec`), or a bare parameter count;
+- ``hf_config``: a Hugging Face ``config.json`` or a built-in preset (``presets/``) read into a :class:`ModelSpec`;
+- ``vocabulary``: the workload's vocabularies (precision, attention, optimizer, device, model implementation), each
+  declared once as a ``Literal`` type with its tuple of values;
+- ``errors``: :class:`WorkloadError`;
 - ``trial``: what the search decides for one trial (:class:`TrialConfig`);
 - ``model_profile``: what the profile room found out about a transformers model, as plain data (:class:`ModelProfile`);
 - ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`);
@@ -12,7 +17,19 @@ May import: :mod:`tuner.errors` and the standard library. Everything above impor
 """
 
 from tuner.workload.config_values import ConfigError
+from tuner.workload.errors import WorkloadError
+from tuner.workload.hf_config import (
+    SUPPORTED_FAMILIES,
+    check_config_limits,
+    load_builtin_model,
+    load_hf_config,
+    model_from_hf_config,
+    preset_config,
+    preset_names,
+    read_json_object,
+)
 from tuner.workload.layout import ParallelLayout
+from tuner.workload.model import ModelSpec, model_from_param_count
 from tuner.workload.model_profile import PROFILE_FORMAT, ActivationProfile, Linear, ModelProfile
 from tuner.workload.quantization import (
     BLOCKSIZE,
@@ -24,21 +41,10 @@ from tuner.workload.quantization import (
 )
 from tuner.workload.spec import (
     MAX_FREEZE_PATTERN,
-    SUPPORTED_FAMILIES,
     ClusterSpec,
-    ModelSpec,
     TrainableSpec,
     TrainSpec,
     Workload,
-    WorkloadError,
-    check_config_limits,
-    load_builtin_model,
-    load_hf_config,
-    model_from_hf_config,
-    model_from_param_count,
-    preset_config,
-    preset_names,
-    read_json_object,
     workload_from_dict,
     workload_to_dict,
 )
@@ -56,6 +62,18 @@ from tuner.workload.trial import (
     config_key,
     resolve_batch,
 )
+from tuner.workload.vocabulary import (
+    ATTENTION_KINDS,
+    DEVICES,
+    MODEL_IMPLS,
+    OPTIMIZERS,
+    PRECISIONS,
+    Attention,
+    Device,
+    ModelImpl,
+    Optimizer,
+    Precision,
+)
 from tuner.workload.zero import (
     OFFLOAD_DEVICES,
     OFFLOAD_OPTIMIZER_KEYS,
@@ -67,33 +85,43 @@ from tuner.workload.zero import (
 
 __all__ = [
     "ACCUM_KEY",
+    "ATTENTION_KINDS",
     "BATCH_KEYS",
     "BLOCKSIZE",
     "DEFAULT_ACCUM",
     "DEFAULT_MICRO",
+    "DEVICES",
     "DTYPE_BYTES",
     "ENV_SECTION",
     "GLOBAL_KEY",
     "MAX_FREEZE_PATTERN",
     "MEASURED_QUANTIZATION",
     "MICRO_KEY",
+    "MODEL_IMPLS",
     "NEEDS_CUDA",
     "NESTED_BLOCKSIZE",
     "OFFLOAD_DEVICES",
     "OFFLOAD_OPTIMIZER_KEYS",
     "OFFLOAD_PARAM_KEYS",
+    "OPTIMIZERS",
+    "PRECISIONS",
     "PROFILE_FORMAT",
     "SUPPORTED_FAMILIES",
     "ZERO_KEYS",
     "ActivationProfile",
+    "Attention",
     "BatchSizes",
     "ClusterSpec",
     "ConfigError",
+    "Device",
     "Linear",
+    "ModelImpl",
     "ModelProfile",
     "ModelSpec",
     "Offload",
+    "Optimizer",
     "ParallelLayout",
+    "Precision",
     "QuantSpec",
     "TrainSpec",
     "TrainableSpec",

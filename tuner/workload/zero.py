@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from tuner.workload.config_values import ConfigError, read_bool, read_int, section
 
@@ -96,7 +96,8 @@ OFFLOAD_OPTIMIZER_KEYS = frozenset(
         "super_offload",
     }
 )
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+OffloadDevice = Literal["none", "cpu", "nvme"]
+OFFLOAD_DEVICES: tuple[str, ...] = get_args(OffloadDevice)
 GATHER_ON_SAVE_KEYS = (
     "stage3_gather_16bit_weights_on_model_save",
     "gather_16bit_weights_on_model_save",
@@ -253,6 +254,7 @@ __all__ = [
     "OFFLOAD_PARAM_KEYS",
     "ZERO_KEYS",
     "Offload",
+    "OffloadDevice",
     "ZeroConfig",
     "offload_device",
 ]

@@ -1,7 +1,9 @@
 """Alembic environment for dstune's tables (``dstune_*``), kept apart from Optuna's tables in the same database.
 
 The URL comes from, first to last: a connection handed over by ``Store.upgrade`` (``config.attributes["connection"]``),
-``-x url=...``, the ``DSTUNE_STORAGE`` environment variable, ``sqlalchemy.url`` in alembic.ini.
+``-x url=...``, the URL of ``Store.alembic_config`` (``sqlalchemy.url``; alembic.ini names none), then as every
+command resolves it (:func:`tuner.env.storage_url`): the ``DSTUNE_STORAGE`` environment variable, else
+``sqlite:///dstune.db``.
 """
 
 from __future__ import annotations
@@ -32,14 +34,9 @@ def include_name(name: str | None, type_: str, parent_names: object) -> bool:
 
 
 def _url() -> str:
-    url = (
-        context.get_x_argument(as_dictionary=True).get("url")
-        or dstune_env.current().storage
-        or config.get_main_option("sqlalchemy.url")
-    )
-    if not url:
-        raise SystemExit("no database URL: pass -x url=..., set DSTUNE_STORAGE or sqlalchemy.url in alembic.ini")
-    return url
+    """``-x url=...`` or the URL a ``Store``'s Alembic config names, as a flag: :func:`tuner.env.storage_url`."""
+    given = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
+    return dstune_env.storage_url(given)
 
 
 def _configure(**kwargs: Any) -> None:

@@ -1,4 +1,5 @@
-"""Profiles for workloads: read from the disk cache, or computed (importing torch and transformers) on a miss.
+"""A model described from its config: its :class:`~tuner.workload.ModelSpec` and :class:`~tuner.workload.ModelProfile`
+(parameters, traced activations), read from the disk cache, or computed (importing torch and transformers) on a miss.
 
 On a cache hit nothing heavy is imported: ``dstune estimate`` on a cached model stays fast. Bad configs raise
 :class:`~tuner.workload.WorkloadError` naming the field, and nothing is cached for them.

@@ -1,4 +1,5 @@
-"""Tiny configs of every architecture the profile tests and the accuracy bench cover.
+"""Tiny configs of every architecture the profile tests and the accuracy and coverage benches cover (test helpers,
+not part of the package).
 
 :data:`TINY_CONFIGS` (pure data): small dimensions, same code paths as the published models: grouped-query heads,
 sliding windows, MoE experts, dense-first layers, multi-head latent attention. Four layers, so the profile's

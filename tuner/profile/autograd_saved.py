@@ -1,0 +1,179 @@
+"""What autograd saves in one forward pass of a transformers model, counted by decoder layer
+(:func:`saved_bytes_by_layer`), under fake tensors or on real CPU tensors (fake and real are byte-equal), and
+``F.linear`` as ZeRO-3 runs it (:func:`zero3_linear`). Imports torch and transformers.
+
+A ``saved_tensors_hooks`` pack hook records each tensor autograd saves, with the decoder layer running at the time;
+after the forward pass every storage still alive is counted once (parameters and buffers excluded). No attention mask
+is passed (an all-ones mask would be materialised); transformers looks for packed sequences in the position ids and,
+unable to read fake values, would build a causal mask and lose grouped-query SDPA: the count tells it there are none,
+as for the real unpacked batches (:func:`_fake_safe`). PyTorch's fake ``grouped_mm`` accepts only bf16 (the CPU
+kernel also runs fp32): other precisions run a stand-in saving what the kernel saves (:class:`_GroupedMM`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import transformers.masking_utils
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from tuner.profile.hf import decoder_layers, text_config
+
+OUTSIDE = -1
+
+
+def _storage_id(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+@contextlib.contextmanager
+def _marked_layers(layers: nn.ModuleList, state: dict[str, int]) -> Iterator[None]:
+    """While inside, ``state["layer"]`` is the index of the decoder layer running (``OUTSIDE`` between layers).
+
+    Module hooks run outside transformers' gradient checkpointing (it checkpoints ``forward``), so the inputs it
+    saves count as that layer's.
+    """
+    handles = []
+    for index, layer in enumerate(layers):
+
+        def enter(module: nn.Module, args: Any, _index: int = index) -> None:
+            state["layer"] = _index
+
+        def leave(module: nn.Module, args: Any, output: Any) -> None:
+            state["layer"] = OUTSIDE
+
+        handles.append(layer.register_forward_pre_hook(enter))
+        handles.append(layer.register_forward_hook(leave, always_call=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+class _GroupedMM(torch.autograd.Function):
+    """``grouped_mm`` under fake tensors in any dtype (PyTorch's fake kernel is bf16-only): the output's shape, and
+    what the real kernel saves for backward (weight, offsets, input)."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight, offs, input)
+        return input.new_empty(input.shape[0], weight.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        weight, _, input = ctx.saved_tensors
+        return torch.empty_like(input), torch.empty_like(weight), None
+
+
+def _fake_grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    return _GroupedMM.apply(input, weight, offs)
+
+
+@contextlib.contextmanager
+def _fake_safe(model: nn.Module) -> Iterator[None]:
+    """transformers sees no packed sequences (what it finds for real unpacked batches, unreadable on fake ones) and,
+    outside bf16, ``grouped_mm`` is :class:`_GroupedMM` (fake ``grouped_mm`` is bf16-only; the CPU kernel runs
+    fp32 too)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(transformers.masking_utils, "find_packed_sequence_indices", lambda ids: None))
+        if next(model.parameters()).dtype != torch.bfloat16:
+            for module, name in ((torch.nn.functional, "grouped_mm"), (torch, "_grouped_mm")):
+                if hasattr(module, name):
+                    stack.enter_context(_patched(module, name, _fake_grouped_mm))
+        yield
+
+
+def saved_bytes_by_layer(
+    model: Any,
+    micro_batch: int,
+    seq_len: int,
+    fake_mode: FakeTensorMode | None = None,
+    counted: list[int] | None = None,
+) -> dict[int, int]:
+    """Bytes autograd saves in one forward pass, by decoder layer index (``OUTSIDE`` for the rest).
+
+    The model is called as a training loop calls it (train mode, ``model(input_ids, labels=...)``): ``use_cache``
+    is the config's, as in training (some models then save other tensors: GPT-NeoX, Qwen3-Next). Each storage
+    counts once, for the first layer that saved it, if still alive after the forward pass. ``counted`` (if given)
+    gets the number of tensors saved.
+    """
+    layers = decoder_layers(model)
+    excluded = {_storage_id(t) for t in (*model.parameters(), *model.buffers())}
+    state = {"layer": OUTSIDE}
+    records: list[tuple[weakref.ref, int, int, int]] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        records.append((weakref.ref(storage), storage._cdata, storage.nbytes(), state["layer"]))
+        return tensor
+
+    model.train()
+    with fake_mode or contextlib.nullcontext():
+        tokens = torch.randint(0, text_config(model.config).vocab_size, (micro_batch, seq_len))
+        with (
+            _fake_safe(model) if fake_mode is not None else contextlib.nullcontext(),
+            _marked_layers(layers, state),
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        ):
+            loss = model(input_ids=tokens, labels=tokens).loss  # as a training loop calls it: the config's use_cache
+        if counted is not None:
+            counted.append(len(records))
+        owner: dict[int, tuple[int, int]] = {}
+        for ref, storage_id, nbytes, layer in records:
+            if ref() is not None and storage_id not in excluded and storage_id not in owner:
+                owner[storage_id] = (layer, nbytes)
+        records.clear()
+        del loss  # no backward: what is counted is what the forward pass saved (backward was 2/3 of a trace's time)
+    totals: dict[int, int] = {}
+    for layer, nbytes in owner.values():
+        totals[layer] = totals.get(layer, 0) + nbytes
+    return totals
+
+
+class _LinearSavingInput(torch.autograd.Function):
+    """``F.linear`` as ZeRO-3 runs it (``deepspeed.runtime.zero.linear.LinearFunctionForZeroStage3``): the output
+    ``input @ weight.T (+ bias)``, and ``input``, ``weight`` and ``bias`` saved for backward whatever needs a
+    gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
+        ctx.save_for_backward(input, weight, bias)
+        output = input.matmul(weight.t())
+        return output + bias if bias is not None else output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # the trace runs forward only; kept for completeness
+        input, weight, bias = ctx.saved_tensors
+        grad_weight = grad.reshape(-1, grad.shape[-1]).t().matmul(input.reshape(-1, input.shape[-1]))
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if bias is not None else None
+        return grad.matmul(weight), grad_weight, grad_bias
+
+
+@contextlib.contextmanager
+def zero3_linear() -> Iterator[None]:
+    """``torch.nn.functional.linear`` replaced as ``deepspeed.zero.Init`` replaces it (``memory_efficient_linear``,
+    on by default; DeepSpeed leaves it replaced after the model is built, for the whole run): its autograd function
+    saves every Linear's input, also where the weight is frozen and plain torch saves none (a LoRA base's q, k, v,
+    o, gate, up and down projections and its LM head)."""
+    original = torch.nn.functional.linear
+    torch.nn.functional.linear = _LinearSavingInput.apply
+    try:
+        yield
+    finally:
+        torch.nn.functional.linear = original

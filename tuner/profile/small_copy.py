@@ -1,0 +1,120 @@
+"""A fake-tensor copy of a transformers model holding only the first two layers of each layer kind
+(:func:`build_copy`): what :mod:`tuner.profile.trace` runs its forward passes on. Imports torch and transformers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from tuner.profile.hf import (
+    TORCH_DTYPES,
+    build,
+    decoder_layers,
+    enable_checkpointing,
+    hf_config,
+    replace_module,
+    text_config,
+)
+from tuner.workload import TrainableSpec, WorkloadError
+
+
+def _representatives(kinds: tuple[str, ...] | list[str]) -> list[int]:
+    """Indices of the first two layers of each kind (one where the model has only one), in model order."""
+    seen: dict[str, list[int]] = {}
+    for index, kind in enumerate(kinds):
+        if len(seen.setdefault(kind, [])) < 2:
+            seen[kind].append(index)
+    return sorted(index for indices in seen.values() for index in indices)
+
+
+def build_copy(
+    config: dict[str, Any],
+    kinds: tuple[str, ...] | list[str],
+    precision: str,
+    attention: str,
+    checkpointing: bool,
+    trainable: TrainableSpec | None = None,
+    adapters: str = "",
+) -> tuple[nn.Module, list[int], FakeTensorMode]:
+    """A fake-tensor copy of the model keeping only the representative layers; returns it with their indices.
+
+    ``trainable`` (not full): the copy is the model as trained, the adapter added by peft after checkpointing is
+    enabled (as a training script does) and the freeze pattern applied (:mod:`tuner.profile.trainable`; a pattern
+    naming only layers the copy lacks freezes nothing here). ``adapters=""`` casts every parameter to the training
+    dtype, as DeepSpeed's engine does under ZeRO 0-2; ``fp32`` and ``zero3`` keep peft's fp32 adapters (ZeRO-3)."""
+    keep = _representatives(kinds)
+    built = keep[-1] + 1
+    full = text_config(hf_config(config))
+    overrides: dict[str, Any] = {"num_hidden_layers": built}
+    for name, value in config.items():  # per-layer lists (layer_types...) follow the shorter model
+        if isinstance(value, list) and len(value) == full.num_hidden_layers and name != "architectures":
+            overrides[name] = value[:built]
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    adapted = trainable is not None and not trainable.is_full
+    try:
+        if adapted:  # peft builds its layers on meta, not in fake mode: given fake storage below
+            with torch.device("meta"):
+                model: Any = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
+        else:
+            with fake_mode:
+                model = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
+    except WorkloadError as error:
+        if "aten." not in str(error):
+            raise
+        # initialisation reads a tensor's value (a vision tower's): built on meta, then given fake CPU storage
+        with torch.device("meta"):
+            model = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
+        with fake_mode:
+            model.to_empty(device="cpu")
+    layers = decoder_layers(model)
+    kept = nn.ModuleList([layers[i] for i in keep])
+    replace_module(model, layers, kept)
+    text = text_config(model.config)
+    if len(keep) < built:
+        _renumber(kept, keep)
+        _subset_per_layer(text, keep, built)
+    text.num_hidden_layers = len(keep)
+    if checkpointing:
+        enable_checkpointing(model)
+    if adapted and trainable is not None:
+        from tuner.profile.trainable import apply_trainable
+
+        model = apply_trainable(model, trainable, strict=False)
+        if not adapters:  # DeepSpeed's engine casts every parameter to the training dtype (ZeRO 0-2)
+            model.to(TORCH_DTYPES[precision])
+        with fake_mode:
+            model.to_empty(device="cpu")
+    return model, keep, fake_mode
+
+
+def _renumber(kept: nn.ModuleList, keep: list[int]) -> None:
+    """Each kept layer's modules take its new position as their layer index (caches are indexed by it)."""
+    for position, index in enumerate(keep):
+        for module in kept[position].modules():
+            for attribute in ("layer_idx", "layer_id"):
+                if getattr(module, attribute, None) == index and not isinstance(getattr(module, attribute), bool):
+                    setattr(module, attribute, position)
+
+
+def _subset_per_layer(config: Any, keep: list[int], built: int) -> None:
+    """Per-layer lists of the config (``layer_types``...) follow the kept layers; lists of layer indices stay."""
+    for name, value in list(vars(config).items()):
+        if not isinstance(value, (list, tuple)) or len(value) != built or name == "architectures":
+            continue
+        if all(isinstance(item, int) for item in value) and list(value) == sorted(set(value)):
+            continue  # indices of layers (mlp_only_layers...), read when the layers were built
+        setattr(config, name, type(value)(value[i] for i in keep))
+    derived = {}  # per-layer lists a property computes (Jamba's layers_block_type from periods and offsets)
+    for name in dir(type(config)):
+        if isinstance(getattr(type(config), name, None), property):
+            try:
+                value = getattr(config, name)
+            except Exception:  # a property this config cannot answer
+                continue
+            if isinstance(value, (list, tuple)) and len(value) == built:
+                derived[name] = type(value)(value[i] for i in keep)
+    if derived:
+        config.__class__ = type(type(config).__name__, (type(config),), derived)

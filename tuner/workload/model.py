@@ -1,0 +1,150 @@
+"""The model being trained (:class:`ModelSpec`): a decoder-only transformer described by the shapes that decide its
+memory, or a bare parameter count (:func:`model_from_param_count`).
+
+Pure Python. For gpt2, llama, mistral, qwen2 and gpt_neox the parameter count is computed here from the shapes and
+equals what transformers instantiates, to the parameter (``tests/workload/test_spec.py``); any other causal LM
+transformers ships is described by :mod:`tuner.profile`, which counts the parameters on the meta device and fills
+:attr:`ModelSpec.numels`. Shapes come from a Hugging Face ``config.json`` or a preset: :mod:`tuner.workload.hf_config`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import Any, Literal
+
+from tuner.workload.errors import WorkloadError
+from tuner.workload.vocabulary import MODEL_IMPLS
+
+# Fields added after workloads were first stored: left out of dicts (and fingerprints) while at their defaults.
+OPTIONAL_MODEL_FIELDS = {"architecture": "", "implementation": "builtin", "hf_config": "", "numels": ()}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, described by the shapes that decide its memory.
+
+    ``family == "params"`` is a bare parameter count: model states can be estimated, activations cannot.
+    ``implementation``: the model measured runs train, dstune's built-in one or the transformers one built from
+    ``hf_config`` (its canonical JSON); ``numels``: the parameters' element counts when counted by transformers
+    (any ``model_type``), else derived from the shapes; ``architecture``: transformers' class name.
+    """
+
+    name: str
+    family: str
+    vocab_size: int = 0
+    hidden_size: int = 0
+    num_layers: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    max_positions: int = 0
+    tie_embeddings: bool = True
+    learned_positions: bool = False
+    norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
+    gated_mlp: bool = True
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    bare_params: int | None = None
+    architecture: str = ""
+    implementation: str = "builtin"
+    hf_config: str = ""
+    numels: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.numels, tuple):  # JSON gives a list
+            object.__setattr__(self, "numels", tuple(self.numels))
+        if self.implementation not in MODEL_IMPLS:
+            raise WorkloadError("model-impl", f"must be builtin or transformers, got {self.implementation!r}")
+
+    @property
+    def is_bare(self) -> bool:
+        """True when only the parameter count is known (no shapes, no activations)."""
+        return self.bare_params is not None
+
+    def _layer_numels(self) -> tuple[list[int], list[int], list[int]]:
+        """One block's parameter sizes, and those before and after the blocks, in the built-in model's order."""
+        h = self.hidden_size
+        q_out, kv_out, ffn = (
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.intermediate_size,
+        )
+        norm = [h, h] if self.norm == "layernorm" else [h]  # weight (+ bias)
+        layer: list[int] = list(norm)
+        if self.family in ("gpt2", "gpt_neox") and q_out == kv_out:
+            layer += [h * 3 * q_out] + ([3 * q_out] if self.qkv_bias else [])  # fused qkv
+        else:
+            for out in (q_out, kv_out, kv_out):
+                layer += [h * out] + ([out] if self.qkv_bias else [])
+        layer += [q_out * h] + ([h] if self.out_bias else [])
+        layer += norm
+        for _ in range(2 if self.gated_mlp else 1):  # up (and gate) projections
+            layer += [h * ffn] + ([ffn] if self.mlp_bias else [])
+        layer += [ffn * h] + ([h] if self.mlp_bias else [])
+        head = [self.vocab_size * h] + ([self.max_positions * h] if self.learned_positions else [])
+        tail = norm + ([] if self.tie_embeddings else [self.vocab_size * h])
+        return head, layer, tail
+
+    @cached_property
+    def param_numels(self) -> tuple[int, ...]:
+        """Element count of every parameter tensor, in the built-in model's order (tied embeddings once).
+
+        A bare parameter count is one tensor of that size (shapes unknown). Materialised per layer, so only the
+        estimator's ZeRO partitions ask for it (model order decides which parameters straddle a partition); the
+        counts below (:attr:`param_shapes`, :attr:`n_params`, :attr:`largest_param`) are arithmetic per layer kind.
+        """
+        if self.bare_params is not None:
+            return (self.bare_params,)
+        if self.numels:
+            return self.numels
+        head, layer, tail = self._layer_numels()
+        return tuple(head + layer * self.num_layers + tail)
+
+    @cached_property
+    def param_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Parameter tensors grouped as ``(numel, how many tensors of that size)``, in order of first appearance.
+
+        Counted per layer kind (one block's sizes times ``num_layers``): no per-layer list is built.
+        """
+        counts: dict[int, int] = {}
+        if self.bare_params is not None or self.numels:
+            for numel in self.param_numels:
+                counts[numel] = counts.get(numel, 0) + 1
+            return tuple(counts.items())
+        head, layer, tail = self._layer_numels()
+        for numels, times in ((head, 1), (layer, self.num_layers), (tail, 1)):
+            for numel in numels:
+                counts[numel] = counts.get(numel, 0) + times
+        return tuple(counts.items())
+
+    @cached_property
+    def n_params(self) -> int:
+        """Total trainable parameters (tied embeddings counted once)."""
+        return sum(numel * count for numel, count in self.param_shapes)
+
+    @cached_property
+    def largest_param(self) -> int:
+        """Elements of the largest single parameter tensor."""
+        return max(numel for numel, _ in self.param_shapes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields, for JSON and fingerprints (fields added later are left out at their defaults)."""
+        data = asdict(self)
+        for name, default in OPTIONAL_MODEL_FIELDS.items():
+            if data[name] == default:
+                del data[name]
+        if "numels" in data:
+            data["numels"] = list(data["numels"])
+        return data
+
+
+def model_from_param_count(n_params: float) -> ModelSpec:
+    """A bare parameter count (``--params 7.5e9``): model states only, activations unknown."""
+    if isinstance(n_params, bool) or not math.isfinite(n_params) or n_params < 1:
+        raise WorkloadError("params", f"must be a positive number of parameters, got {n_params!r}")
+    count = int(n_params)
+    return ModelSpec(name=f"{count:.3g} params", family="params", bare_params=count)
