@@ -30,7 +30,7 @@ from typing import Any
 
 from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import COST_PHASES, Measurement
-from tuner.measure.runner import RunSpec
+from tuner.measure.run_protocol import RunSpec
 from tuner.requests import WorkloadRequest, to_workload
 from tuner.space.dsconfig import shortcut_config
 from tuner.workload import Workload, workload_to_dict

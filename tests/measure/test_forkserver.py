@@ -15,7 +15,7 @@ import pytest
 
 from tuner.measure.forkserver import ForkServerUnavailable, node_client, server_key
 from tuner.measure.launcher import rank_preloads
-from tuner.measure.runner import RunSpec
+from tuner.measure.run_protocol import RunSpec
 
 
 def alive(pid: int) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tuner.measure.launcher import RankProcess, collect_rank
 from tuner.measure.measurement import CANCELLED, INFRA_LOST, RankResult
-from tuner.measure.runner import result_path
+from tuner.measure.run_protocol import result_path
 
 
 def sleeping_rank(tmp_path: Path) -> RankProcess:
@@ -80,7 +80,7 @@ def test_a_run_with_a_rank_lost_to_its_infrastructure_is_lost_whatever_its_peers
     launcher stopped follow from it; the run is InfraLost (which the study retries) and says which rank and why."""
     from tuner.measure.launcher import summarize
     from tuner.measure.measurement import PEER_KILLED
-    from tuner.measure.runner import RunSpec
+    from tuner.measure.run_protocol import RunSpec
     from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict
 
     workload = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=3, device="cpu"), TrainSpec(32))

@@ -46,7 +46,7 @@ from tuner.measure.measurement import (
     StepHook,
     aggregate,
 )
-from tuner.measure.runner import SPAWNED_AT, RunSpec, read_progress, result_path, timings_path
+from tuner.measure.run_protocol import SPAWNED_AT, RunSpec, read_progress, result_path, timings_path
 from tuner.workload import workload_from_dict
 
 logger = logging.getLogger(__name__)

@@ -54,7 +54,7 @@ from tuner.measure.launcher import (
     wait_ranks,
 )
 from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
-from tuner.measure.runner import RunSpec, read_progress
+from tuner.measure.run_protocol import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
 PLACEMENT_TIMEOUT_S = 60.0

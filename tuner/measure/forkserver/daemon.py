@@ -31,6 +31,7 @@ PRELOAD = (
     "deepspeed.ops.adam",
     "transformers",
     "tuner.measure.runner",
+    "tuner.measure.training",
     "tuner.measure.birth",
     "tuner.measure.models",
     "tuner.measure.memory_probe",
