@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tuner.measure.forkserver import ForkServerUnavailable, node_client, server_key
-from tuner.measure.launcher import rank_preloads
+from tuner.measure.rank_process import rank_preloads
 from tuner.measure.run_protocol import RunSpec
 
 
