@@ -79,6 +79,8 @@ def _forked_child_uses_cuda() -> bool:
 
 
 def _daemon(path: Path, ready: int) -> int:
+    """Preload, check that forked ranks can use the GPUs, freeze the imports, listen on ``path`` (``ready`` told),
+    serve until idle; the exit code (3: CUDA would be unusable in a forked rank)."""
     started = time.monotonic()
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # torch.cuda.is_available() without initialising the driver
     preload(PRELOAD)
