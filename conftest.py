@@ -11,4 +11,5 @@ collect_ignore = [
     "tuner/measure/memory_probe.py",
     "tuner/measure/ray_launcher.py",
     "tests/prebuild_ops.py",
+    "tests/saved_bytes.py",
 ]

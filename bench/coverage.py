@@ -32,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the independent instrument: saved_bytes
 
 import torch
 import transformers
+from saved_bytes import saved_bytes
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from tuner.measure.saved_bytes import saved_bytes
 from tuner.profile import ProfileCache, model_profile, params_profile
 from tuner.profile.hf import quiet
 from tuner.workload import WorkloadError

@@ -30,7 +30,7 @@ from typing import Any
 
 from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import COST_PHASES, Measurement
-from tuner.measure.runner import RunSpec
+from tuner.measure.run_protocol import RunSpec
 from tuner.requests import WorkloadRequest, to_workload
 from tuner.space.dsconfig import shortcut_config
 from tuner.workload import Workload, workload_to_dict
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         f"The README's workload (tiny-llama, transformers, 2 CPU ranks, seq 128, global batch 16), "
         f"{args.trials} runs per variant over stage 0-2 × micro-batch 1/2/4, variants interleaved. "
         f"`before`: `RunSpec(lean=False)`, fresh rank processes; `after`: lean ranks forked from the node's fork "
-        "server (`tuner/measure/forkserver.py`, `tuner/measure/lean.py`). "
+        "server (`tuner/measure/forkserver/`, `tuner/measure/lean.py`). "
         f"Slowest rank per phase; overhead = wall − timed.\n\n{body}\n"
     )
     args.out = args.out or Path(f"bench/results/trial_overhead_{args.launcher}.md")

@@ -18,7 +18,7 @@ pytest.importorskip("deepspeed")
 
 from tuner.estimator import estimate
 from tuner.measure.launcher import launch_local
-from tuner.measure.runner import RunSpec
+from tuner.measure.run_protocol import RunSpec
 from tuner.space.dsconfig import merge_configs, shortcut_config
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model, workload_to_dict
 

@@ -174,7 +174,7 @@ def test_a_fork_server_stopped_mid_run_does_not_hang_the_study(
 ) -> None:
     """SIGSTOP: the ranks it forked carry on; the launcher stops asking the silent server after its answer timeout,
     reads the ranks' ends through /proc and the run is measured ``ok`` the first time."""
-    from tuner.measure import forkserver
+    from tuner.measure.forkserver import client as forkserver
 
     monkeypatch.setattr(forkserver, "ANSWER_TIMEOUT_S", 5.0)
     result = fork_server_fault(tmp_path, signal.SIGSTOP, marker)

@@ -22,7 +22,7 @@ from faultkit import MARKER_ENV, marked_processes, rank_processes, wait_for
 
 from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import INFRA_LOST, PEER_KILLED, Measurement
-from tuner.measure.runner import RunSpec
+from tuner.measure.run_protocol import RunSpec
 from tuner.storage import Store
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict
 

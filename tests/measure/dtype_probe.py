@@ -12,8 +12,8 @@ import deepspeed
 import torch
 
 from tuner.measure.birth import born_on_device, initialise_partitioned
-from tuner.measure.launcher import free_port
 from tuner.measure.models import build_model, build_transformers_model
+from tuner.measure.rank_place import free_port
 from tuner.workload import load_builtin_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder, for its shared helpers

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tuner.measure.measurement import RankResult
-from tuner.measure.runner import result_path, write_json_atomically
+from tuner.measure.run_protocol import result_path, write_json_atomically
 
 NAMES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
 

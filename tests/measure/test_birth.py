@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from tuner.measure.launcher import launch_local
-from tuner.measure.runner import RunSpec
+from tuner.measure.run_protocol import RunSpec
 from tuner.workload import ClusterSpec, TrainSpec, Workload, model_from_hf_config, workload_to_dict
 
 pytestmark = pytest.mark.deepspeed

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tuner.measure.forkserver import ForkServerUnavailable, node_client, server_key
-from tuner.measure.launcher import rank_preloads
-from tuner.measure.runner import RunSpec
+from tuner.measure.rank_process import rank_preloads
+from tuner.measure.run_protocol import RunSpec
 
 
 def alive(pid: int) -> bool:
@@ -171,7 +171,7 @@ def test_a_stopped_server_is_replaced_and_its_ranks_finish_on_their_own(
 ) -> None:
     """SIGSTOP on the server: its rank carries on and its exit code is read through /proc after the poll timeout;
     the stopped server's socket is retired, so the next rank start gets a new server instead of waiting on it."""
-    from tuner.measure import forkserver
+    from tuner.measure.forkserver import client as forkserver
 
     monkeypatch.setattr(forkserver, "ANSWER_TIMEOUT_S", 2.0)
     client = node_client()

@@ -10,9 +10,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tuner.measure.launcher import RankProcess, collect_rank
 from tuner.measure.measurement import CANCELLED, INFRA_LOST, RankResult
-from tuner.measure.runner import result_path
+from tuner.measure.rank_outcome import collect_rank
+from tuner.measure.rank_process import RankProcess
+from tuner.measure.run_protocol import result_path
 
 
 def sleeping_rank(tmp_path: Path) -> RankProcess:
@@ -78,9 +79,9 @@ def test_a_rank_lost_with_its_fork_server_is_lost_infrastructure_unless_it_repor
 def test_a_run_with_a_rank_lost_to_its_infrastructure_is_lost_whatever_its_peers_said() -> None:
     """Either launcher: one rank's node, actor or fork server died, so its peers' broken collectives and the peer the
     launcher stopped follow from it; the run is InfraLost (which the study retries) and says which rank and why."""
-    from tuner.measure.launcher import summarize
     from tuner.measure.measurement import PEER_KILLED
-    from tuner.measure.runner import RunSpec
+    from tuner.measure.rank_outcome import summarize
+    from tuner.measure.run_protocol import RunSpec
     from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict
 
     workload = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=3, device="cpu"), TrainSpec(32))

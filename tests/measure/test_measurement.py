@@ -41,7 +41,7 @@ def test_mfu_for_known_gpus() -> None:
 
 
 def test_progress_lines_are_read_complete_only(tmp_path) -> None:
-    from tuner.measure.runner import progress_path, read_progress
+    from tuner.measure.run_protocol import progress_path, read_progress
 
     assert read_progress(tmp_path, 0) == []
     progress_path(tmp_path, 0).write_text("0.5\n0.25\n0.1")  # the third step's line is still being written

@@ -19,7 +19,7 @@ psutil = pytest.importorskip("psutil")
 
 from tuner.measure.launcher import launch_local  # noqa: E402
 from tuner.measure.measurement import CANCELLED, COST_PHASES, PEER_KILLED, STOPPED_EARLY  # noqa: E402
-from tuner.measure.runner import RunSpec  # noqa: E402
+from tuner.measure.run_protocol import RunSpec  # noqa: E402
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict  # noqa: E402
 
 pytestmark = pytest.mark.deepspeed
@@ -258,7 +258,7 @@ def test_transformers_model_from_config_trains() -> None:
 def test_stale_build_locks_are_cleared(tmp_path, monkeypatch) -> None:
     import os
 
-    from tuner.measure.runner import clear_stale_build_locks
+    from tuner.measure.training import clear_stale_build_locks
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     stale, fresh = tmp_path / "py311_cpu" / "fused_adam" / "lock", tmp_path / "py311_cpu" / "cpu_adam" / "lock"

@@ -108,7 +108,8 @@ def test_profile_of_the_model_as_trained(tmp_path: Any, adapters: str) -> None:
     saved bytes: adapters cast to bf16 as ZeRO 0-2 do, or as under ZeRO-3, kept fp32 with every Linear run by
     DeepSpeed's own ``zero3_linear_wrap`` (which ``zero.Init`` installs as ``F.linear``: it saves frozen
     projections' inputs too)."""
-    from tuner.measure.saved_bytes import saved_bytes
+    from saved_bytes import saved_bytes
+
     from tuner.profile import ProfileCache, model_profile, params_profile
 
     config, cache = preset_config("tiny-llama"), ProfileCache(tmp_path)

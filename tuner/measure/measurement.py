@@ -9,10 +9,8 @@ from typing import Any
 from tuner.estimator.flops import model_flops_per_token, peak_tflops
 from tuner.workload import ModelSpec
 
-STATUSES = ("ok", "oom", "error", "timeout", "invalid_config")
 # Tie-breaker between failures at the same moment (the earliest failure explains a job best).
 STATUS_PRIORITY = {"invalid_config": 0, "oom": 1, "timeout": 2, "error": 3, "ok": 4}
-# Dense bf16 peak of common training GPUs, TFLOP/s, for MFU; matched against torch.cuda.get_device_name().
 EXCERPT_CHARS = 1500
 # A trial's phases in order, as ranks time them (seconds; the slowest rank's): process start up to the rank's main,
 # importing torch and DeepSpeed, the process group, building the model, deepspeed.initialize, warm-up, timed steps.

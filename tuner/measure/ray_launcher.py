@@ -3,7 +3,7 @@
 Placement: one placement-group bundle per node (G CPUs, plus G GPUs on CUDA), ``STRICT_SPREAD`` so that the M
 bundles land on M distinct nodes, and G rank actors in each bundle. Node rank = bundle index; within a node, local
 ranks follow the GPU ids Ray assigned (as Ray Train orders them); rank = node rank × G + local rank. Every rank gets
-torchrun's environment (:class:`tuner.measure.launcher.RankPlace`): ``MASTER_ADDR`` is rank 0's node address,
+torchrun's environment (:class:`tuner.measure.rank_place.RankPlace`): ``MASTER_ADDR`` is rank 0's node address,
 ``LOCAL_RANK`` 0..G-1 within its node, and on CUDA every rank of a node sees all the GPUs the job holds there
 (``CUDA_VISIBLE_DEVICES`` shared, as Ray Train does), so NCCL can use NVLink/P2P and the rank picks its device by
 ``LOCAL_RANK``. A cluster that cannot hold the layout answers ``error`` / ``ResourcesUnavailable`` at the placement
@@ -41,20 +41,12 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from tuner.measure.launcher import (
-    Progress,
-    RankPlace,
-    collect_rank,
-    free_port,
-    placed,
-    rank_preloads,
-    start_rank,
-    stop_ranks,
-    summarize,
-    wait_ranks,
-)
+from tuner.measure.launcher import Progress, wait_ranks
 from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
-from tuner.measure.runner import RunSpec, read_progress
+from tuner.measure.rank_outcome import collect_rank, placed, summarize
+from tuner.measure.rank_place import RankPlace, free_port
+from tuner.measure.rank_process import rank_preloads, start_rank, stop_ranks
+from tuner.measure.run_protocol import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
 PLACEMENT_TIMEOUT_S = 60.0

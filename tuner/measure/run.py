@@ -11,7 +11,7 @@ from tuner.estimator import estimate
 from tuner.measure.launcher import launch_local
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.measure.runner import RunSpec
+from tuner.measure.run_protocol import RunSpec
 from tuner.workload import MEASURED_QUANTIZATION, TrialConfig, Workload, workload_to_dict
 
 

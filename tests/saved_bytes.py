@@ -3,7 +3,8 @@
 Runs the real model on real CPU tensors under ``saved_tensors_hooks``, and counts each saved storage once (parameters
 and buffers excluded, only storages still alive when the forward pass ends). It shares no code with
 :mod:`tuner.profile.trace`, so the traced profiles, the coverage bench and the accuracy tests are checked against it
-rather than against themselves.
+rather than against themselves. A test instrument, not product code: tests import it by name (``from saved_bytes
+import saved_bytes``, pytest's ``pythonpath``), benches after adding ``tests/`` to ``sys.path``.
 """
 
 from __future__ import annotations
