@@ -104,3 +104,43 @@ def test_no_modules_import_each_other_in_a_loop() -> None:
         if module not in state:
             visit(module)
     assert not loops, "import loops:\n" + "\n".join(" -> ".join(loop) for loop in loops)
+
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """No module of the package over 400 lines and no function over 60 (migrations aside): what grows is split by
+    concept before the next feature lands in it."""
+    big, long = [], []
+    for module, path in sorted(MODULES.items()):
+        if "migrations" in path.parts:
+            continue
+        text = path.read_text()
+        if (lines := text.count("\n")) > MAX_MODULE_LINES:
+            big.append(f"{module}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{module}.{node.name} (line {node.lineno}): {length} lines")
+    assert not big and not long, "split by concept:\n" + "\n".join(big + long)
+
+
+def test_few_loose_modules_at_the_root() -> None:
+    """At most five ``.py`` files directly in ``tuner/``: everything else lives in a room."""
+    loose = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(loose) <= 5, loose
+
+
+def test_other_rooms_use_the_study_through_its_package() -> None:
+    """The faces and the worker import :mod:`tuner.study` itself, never one of its modules: what several rooms share
+    (calibration, the throughput fit, warm starts, reasons) lives in :mod:`tuner.forecast`."""
+    reaching = [
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if _room(module) != "tuner.study" and target.startswith("tuner.study.")
+    ]
+    assert not reaching, "\n".join(reaching)
