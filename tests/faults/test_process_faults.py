@@ -65,8 +65,9 @@ def no_ranks_left(marker: str) -> bool:
 
 # A SIGKILLed rank ends its run at once; a stopped one only at the run's timeout, which must outlast the start-up. So
 # the stopped rank's run is given 30 s first (start-up takes seconds on a quiet host), and again with twice as long
-# while its rank never reached the faulty step (a loaded host), up to the 120 s every try had before.
-TIMEOUTS = {"sigkill": (120.0,), "sigstop": (30.0, 60.0, 120.0)}
+# while its rank never reached the faulty step (a loaded host, a fork server still importing), past the 120 s every
+# try had before (which passed even when the rank was stopped by the timeout before its step).
+TIMEOUTS = {"sigkill": (120.0,), "sigstop": (30.0, 60.0, 120.0, 240.0)}
 
 
 @pytest.mark.parametrize(("fault", "status"), [("sigkill", "error"), ("sigstop", "timeout")])
