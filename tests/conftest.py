@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from no_fsync import skip_sqlite_fsync
 from postgres import fresh_database
 
 from tuner.storage import Store
@@ -18,6 +19,8 @@ os.environ.setdefault("DSTUNE_FORKSERVER_IDLE_S", "60")  # the tests' fork serve
 # machine, over a minute on a loaded one) instead of answering 503 "retry in 5 s"; the 503 path has its own tests.
 os.environ.setdefault("DSTUNE_PROFILE_WAIT_S", "300")
 
+
+skip_sqlite_fsync()  # as the test PostgreSQL server: fsync = off (tests/faults/no_fsync.py)
 
 BACKENDS = ["sqlite", "postgresql"]
 

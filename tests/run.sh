@@ -26,5 +26,6 @@ if [ "$#" -gt 0 ]; then
 fi
 # Two tiers: the fast one (pure logic, doctests, SQLite, the API in-process, the study loop over a fake measurer;
 # about 10 minutes on 2 cores) fails first, then the slow one (real DeepSpeed on CPU ranks, Ray, PostgreSQL, the browser).
-.venv/bin/pytest -q -p no:cacheprovider -m "not slow"
-.venv/bin/pytest -q -p no:cacheprovider -m slow
+# Each ends with its ten slowest tests, so that growth shows where it happens.
+.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "not slow"
+.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m slow

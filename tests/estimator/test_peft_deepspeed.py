@@ -12,7 +12,9 @@ and activations, not a 1 GB bucket, set the peak.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +28,31 @@ import peft_memory
 from tuner.estimator import estimate
 
 pytestmark = pytest.mark.deepspeed
+# What every rank imports before it builds anything: loaded once, by the fork server the ranks are forked from.
+PRELOAD = ["torch", "deepspeed", "transformers", "peft", "peft_memory"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ranks_forked_from_one_server() -> Iterator[None]:
+    """``peft_memory.measure``'s ranks (its rank function, its spec), forked from one multiprocessing fork server
+    that imported torch, DeepSpeed, transformers and peft once for the module, instead of each of the 10 ranks of
+    these 5 runs spawning a fresh interpreter that imports them all again (about 10 s a rank on 2 cores). Nothing is
+    built or initialised before the fork: each rank builds its model, starts the allocator count and initialises
+    DeepSpeed itself, as the product's own fork server does (``tests/measure/test_runner.py`` checks that a forked
+    rank measures the same bytes as a fresh one)."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    start_processes = mp.start_processes
+
+    def forked(*args: Any, **kwargs: Any) -> Any:
+        return start_processes(*args, **{**kwargs, "start_method": "forkserver"})
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mp, "start_processes", forked)
+        yield
 
 
 @pytest.mark.parametrize(

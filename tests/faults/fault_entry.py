@@ -2,7 +2,7 @@
 
 Usage (as a launcher entry): ``python fault_entry.py FAULT RANK_WITH_FAULT RUN_DIR RANK``. FAULT is ``sigkill`` (the
 rank is SIGKILLed mid-step: no report, no cleanup) or ``sigstop`` (the rank is stopped mid-step: a hang that no
-timeout inside the process can end).
+timeout inside the process can end). Just before, the rank writes ``RUN_DIR/faulted-rank-N``.
 """
 
 import os
@@ -11,12 +11,15 @@ import sys
 
 from tuner.measure import runner
 
+FAULTED = "faulted-rank-"  # a file RUN_DIR/faulted-rank-N marks that rank N reached its faulty step
+
 
 def main() -> int:
     fault, target, run_dir, rank = sys.argv[1:5]
     if int(rank) == int(target):
 
         def faulty_step(self, engine, batches, probe=False):  # type: ignore[no-untyped-def]
+            open(os.path.join(run_dir, f"{FAULTED}{rank}"), "w").close()  # the test sees that the fault came
             os.kill(os.getpid(), signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
 
         runner.TrainingProcess._train_step = faulty_step

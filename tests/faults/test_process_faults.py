@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("psutil")
 
+from fault_entry import FAULTED
 from faultkit import MARKER_ENV, marked_processes, rank_processes, wait_for
 
 from tuner.measure.launcher import launch_local
@@ -62,13 +63,25 @@ def no_ranks_left(marker: str) -> bool:
     return not rank_processes(marked_processes(marker))
 
 
+# A SIGKILLed rank ends its run at once; a stopped one only at the run's timeout, which must outlast the start-up. So
+# the stopped rank's run is given 30 s first (start-up takes seconds on a quiet host), and again with twice as long
+# while its rank never reached the faulty step (a loaded host, a fork server still importing), past the 120 s every
+# try had before (which passed even when the rank was stopped by the timeout before its step).
+TIMEOUTS = {"sigkill": (120.0,), "sigstop": (30.0, 60.0, 120.0, 240.0)}
+
+
 @pytest.mark.parametrize(("fault", "status"), [("sigkill", "error"), ("sigstop", "timeout")])
 def test_a_rank_killed_or_stopped_mid_step_is_classified_and_its_peer_is_gone(
-    marker: str, fault: str, status: str
+    marker: str, fault: str, status: str, tmp_path: Path
 ) -> None:
-    timeout = 120.0
-    started = time.monotonic()
-    result = launch_local(run_spec(2), timeout=timeout, entry=[sys.executable, str(ENTRY), fault, "1"])
+    for timeout in TIMEOUTS[fault]:
+        run_dir = tmp_path / f"timeout-{timeout:.0f}"
+        started = time.monotonic()
+        entry = [sys.executable, str(ENTRY), fault, "1"]
+        result = launch_local(run_spec(2), timeout=timeout, entry=entry, keep_dir=run_dir)
+        if (run_dir / f"{FAULTED}1").exists():
+            break
+    assert (run_dir / f"{FAULTED}1").exists(), f"rank 1 never reached its faulty step: {result.error}"
     assert result.status == status, result.error
     assert time.monotonic() - started < timeout + 30  # every peer gone within the timeout (+ the stop grace)
     if fault == "sigkill":

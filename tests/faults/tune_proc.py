@@ -17,6 +17,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from no_fsync import skip_sqlite_fsync
+
 from tuner.measure.measurement import Measurement
 from tuner.space import resolve_space
 from tuner.storage import Store
@@ -73,4 +75,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    skip_sqlite_fsync()  # as the test process itself (tests/conftest.py)
     sys.exit(main())

@@ -2,7 +2,8 @@
 
 Usage (as a launcher entry): ``python tests/fault_rank.py FAULT RANK_WITH_FAULT MARKER RUN_DIR RANK`` where FAULT is
 ``crash`` (an exception in the first training step), ``exit`` (the process dies without a report) or ``hang`` (the rank
-starts a child process, then both sleep; the child carries MARKER in its command line so tests can look for orphans).
+starts a child process, then both sleep; the child carries MARKER in its command line so tests can look for orphans;
+the rank first writes ``RUN_DIR/hung-rank-N``).
 """
 
 import os
@@ -10,6 +11,8 @@ import subprocess
 import sys
 
 from tuner.measure import runner
+
+HUNG = "hung-rank-"  # a file RUN_DIR/hung-rank-N marks that rank N reached its hanging step
 
 
 def main() -> int:
@@ -21,6 +24,7 @@ def main() -> int:
                 raise ZeroDivisionError("injected crash")
             if fault == "exit":
                 os._exit(3)
+            open(os.path.join(run_dir, f"{HUNG}{rank}"), "w").close()  # the test sees that the hang came
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", marker])
             import time
 

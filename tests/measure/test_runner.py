@@ -24,6 +24,7 @@ from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model,
 
 pytestmark = pytest.mark.deepspeed
 FAULT_RANK = Path(__file__).with_name("fault_rank.py")
+HUNG = "hung-rank-"  # fault_rank.py's RUN_DIR/hung-rank-N: rank N reached its hanging step
 
 
 def run_spec(world: int, zero: dict | None = None, **config: object) -> RunSpec:
@@ -198,13 +199,20 @@ def test_rank_dying_without_report_is_an_error() -> None:
     assert result.ranks[0].exception_type == PEER_KILLED or result.ranks[0].status == "error"
 
 
-def test_hanging_rank_is_killed_at_the_timeout_with_no_orphans() -> None:
+def test_hanging_rank_is_killed_at_the_timeout_with_no_orphans(tmp_path: Path) -> None:
+    """The run is given 10 s first (its forked ranks start in seconds on a quiet host), then the 25 s it always had,
+    and longer while the rank had not reached its hanging step (a loaded host, a fork server still importing)."""
     marker = f"dstune-orphan-{uuid.uuid4().hex}"
     entry = [sys.executable, str(FAULT_RANK), "hang", "1", marker]
-    started = time.monotonic()
-    result = launch_local(run_spec(2), timeout=25, entry=entry)
+    for timeout in (10, 25, 60, 120):
+        run_dir = tmp_path / f"timeout-{timeout}"
+        started = time.monotonic()
+        result = launch_local(run_spec(2), timeout=timeout, entry=entry, keep_dir=run_dir)
+        if (run_dir / f"{HUNG}1").exists():
+            break
+    assert (run_dir / f"{HUNG}1").exists(), f"rank 1 never reached its hanging step: {result.error}"
     assert result.status == "timeout"
-    assert time.monotonic() - started < 40
+    assert time.monotonic() - started < timeout + 15
     time.sleep(0.5)
     assert leftover_processes(marker) == []
 
