@@ -26,7 +26,8 @@ from tuner.space import default_space_path
 from tuner.space.dsconfig import shortcut_config
 from tuner.storage import Store, new_holder, release
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy
-from tuner.study.loop import HOLDER_ATTR, REPEAT_LIMIT
+from tuner.study.resume import HOLDER_ATTR
+from tuner.study.stopper import REPEAT_LIMIT
 from tuner.units import format_bytes
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 

@@ -7,16 +7,11 @@ May import: :mod:`tuner.forecast`, :mod:`tuner.measure` (its Measurement and Mea
 """
 
 from tuner.study.early_stop import SlowRunStopper
-from tuner.study.loop import (
-    GRID_PARAMETERS,
-    AskTellGridSampler,
-    Event,
-    StudySettings,
-    TuningStudy,
-    capacity_reason,
-    make_sampler,
-)
+from tuner.study.gate import capacity_reason
+from tuner.study.loop import TuningStudy
 from tuner.study.measurer import Measurer
+from tuner.study.samplers import GRID_PARAMETERS, AskTellGridSampler, make_sampler
+from tuner.study.settings import Event, StudyReport, StudySettings
 
 __all__ = [
     "GRID_PARAMETERS",
@@ -24,6 +19,7 @@ __all__ = [
     "Event",
     "Measurer",
     "SlowRunStopper",
+    "StudyReport",
     "StudySettings",
     "TuningStudy",
     "capacity_reason",
