@@ -530,3 +530,30 @@ def test_a_study_says_where_it_stands(tmp_path: Path, store: Store) -> None:
     assert store.get_study(study.study_id).status == "finished"
     study.run(FakeMeasurer(), should_stop=lambda: True)
     assert store.get_study(study.study_id).status == "interrupted"
+
+
+def queued(store: Store) -> list[optuna.trial.FrozenTrial]:
+    """Optuna's trials of the study still waiting to be asked, or asked and never told."""
+    return [t for t in optuna_trials(store) if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+
+
+def test_a_config_a_kill_interrupted_is_retried_before_the_warm_start_and_within_the_budget(
+    tmp_path: Path, store: Store
+) -> None:
+    """Kill ``dstune tune --trials 2`` during trial 0 and run it again: the interrupted config is measured first, ahead
+    of the rest of the warm start, and its retry uses no second share of the budget (it was ``failed 1, ok 1``, the
+    retry left waiting in Optuna for ever behind the warm start that filled the budget)."""
+    guided = replace(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=2), sampler="tpe")
+    first = FakeMeasurer(lambda config: HANG)
+    with pytest.raises(ConnectionError):
+        TuningStudy(guided, store).run(first, should_stop=stop_when(lambda: bool(first.hanging), ConnectionError()))
+    assert [t.state for t in queued(store)].count(TrialState.WAITING) >= 1  # the rest of the warm start waits
+
+    again = FakeMeasurer()
+    study = TuningStudy(guided, store)
+    report = study.run(again)
+    assert shape(again.submitted[0]) == shape(first.submitted[0])  # the interrupted config first
+    assert {status: n for status, n in report.counts.items() if n} == {"ok": 2}
+    [retried] = [t for t in store.trials(study.study_id) if shape(t.ds_config) == shape(first.submitted[0])]
+    assert (retried.status, retried.attempts) == ("ok", 2)
+    assert not [t for t in queued(store) if "dstune_retry" in t.user_attrs]  # no retry left waiting

@@ -25,9 +25,7 @@ class Verdict:
 
     estimate: MemoryEstimate
     reason: str | None  # why it cannot fit (it is pruned), or None: it is measured
-    constraint: (
-        float  # Optuna's memory constraint: peak with the margin over the memory, minus 1 (≤ 0 fits)
-    )
+    constraint: float  # Optuna's memory constraint: peak with the margin over the memory, minus 1 (≤ 0 fits)
 
 
 def judge(workload: Workload, trial: TrialConfig, calibration: Calibration) -> Verdict:

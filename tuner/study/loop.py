@@ -181,7 +181,6 @@ class TuningStudy:
         except InfeasibleConfig as infeasible:
             trial.set_constraint("memory", 1.0)
             return self.recorder.tell_infeasible(trial, infeasible.reason)
-        self.proposer.proposed(suggestion.key)
         previous = self.store.find_trial_by_key(self.study_id, suggestion.key)
         if answered_by_record(previous):
             self.recorder.tell_previous(trial, previous)

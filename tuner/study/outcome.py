@@ -200,7 +200,7 @@ class Recorder:
         record = self.store.finish_trial(run.trial_id, "failed", measurement.to_dict(), error=measurement.error)
         run.trial.set_constraint("memory", run.constraint)
         self.tell(run.trial, TrialState.FAIL)
-        note = "queued to run again" if self.proposer.requeue_lost(record) else "not retried again"
+        note = "queued to run again" if self.proposer.queue_retry(record) else "not retried again"
         self.emit(Event(run.trial.number, "failed", None, f"{measurement.error} ({note})"))
 
     def _tell_stopped_early(self, run: Run, measurement: Measurement) -> None:
