@@ -26,7 +26,8 @@ from tuner.space import default_space_path
 from tuner.space.dsconfig import shortcut_config
 from tuner.storage import Store, new_holder, release
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy
-from tuner.study.resume import HOLDER_ATTR
+from tuner.study.outcome import DUPLICATE_ATTR, REASON_ATTR
+from tuner.study.resume import HOLDER_ATTR, OWNER_ATTR
 from tuner.study.stopper import REPEAT_LIMIT
 from tuner.units import format_bytes
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
@@ -557,3 +558,31 @@ def test_a_config_a_kill_interrupted_is_retried_before_the_warm_start_and_within
     [retried] = [t for t in store.trials(study.study_id) if shape(t.ds_config) == shape(first.submitted[0])]
     assert (retried.status, retried.attempts) == ("ok", 2)
     assert not [t for t in queued(store) if "dstune_retry" in t.user_attrs]  # no retry left waiting
+
+
+def test_a_config_another_live_process_is_measuring_is_not_told_failed(tmp_path: Path, store: Store) -> None:
+    """Another process (alive, holding its trial) measures micro-batch 1 when this one proposes it: Optuna is told
+    PRUNED with the trial it repeats and why, not FAIL (Optuna's CLI and dashboard showed a failure for a config
+    measured ok), and the config is not run here."""
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
+    other_process = new_holder()
+    study.optuna.enqueue_trial({"stage": 0, "micro_batch": 1})
+    theirs = study.optuna.ask()
+    theirs.set_user_attr(OWNER_ATTR, other_process)
+    suggestion = study.space.suggest(theirs, workload(), 64, None)
+    params, config = suggestion.params, suggestion.trial.ds_config
+    trial_id = store.add_trial(study.study_id, theirs.number, suggestion.key, config, params, False, None)
+    store.start_trial(trial_id, owner=other_process, lease_s=120.0)
+    study.optuna.enqueue_trial({"stage": 0, "micro_batch": 1})  # this process proposes the same config
+    fake = FakeMeasurer()
+    try:
+        study.run(fake)
+    finally:
+        release(other_process)
+
+    assert [shape(config) for config in fake.submitted] == [(0, 2)]
+    repeats = [t for t in optuna_trials(store) if t.params == params and t.number != theirs.number]
+    assert repeats and all(t.state == TrialState.PRUNED for t in repeats)
+    assert all(t.user_attrs[DUPLICATE_ATTR] == theirs.number for t in repeats)
+    assert all("another process" in t.user_attrs[REASON_ATTR] for t in repeats)
+    assert store.get_trial(trial_id).status == "running"  # still theirs

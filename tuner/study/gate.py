@@ -36,8 +36,7 @@ def judge(workload: Workload, trial: TrialConfig, calibration: Calibration) -> V
     return Verdict(est, capacity_reason(est, calibration), constraint)
 
 
-def answered_by_record(previous: TrialRecord | None) -> bool:
-    """True when a proposal repeats ``previous``, a config the study recorded, and is answered with its outcome
-    instead of a run; False when the config is to run: new to the study, or failed with a retry left
-    (:data:`~tuner.study.proposer.RETRIES`)."""
-    return previous is not None and not (previous.status == "failed" and previous.attempts <= RETRIES)
+def answered_by_record(previous: TrialRecord) -> bool:
+    """True when a proposal of ``previous``'s config (one the study recorded) is answered with its outcome instead
+    of a run; False when it is to run again: failed with a retry left (:data:`~tuner.study.proposer.RETRIES`)."""
+    return not (previous.status == "failed" and previous.attempts <= RETRIES)

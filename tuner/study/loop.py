@@ -182,7 +182,7 @@ class TuningStudy:
             trial.set_constraint("memory", 1.0)
             return self.recorder.tell_infeasible(trial, infeasible.reason)
         previous = self.store.find_trial_by_key(self.study_id, suggestion.key)
-        if answered_by_record(previous):
+        if previous is not None and answered_by_record(previous):
             self.recorder.tell_previous(trial, previous)
             return False
         verdict = judge(workload, suggestion.trial, self.recorder.calibration)

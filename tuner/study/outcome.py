@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -19,9 +18,13 @@ from tuner.estimator import MemoryEstimate
 from tuner.forecast import Calibration, ThroughputGuide, throughput_summary
 from tuner.measure.measurement import INFRA_LOST, Measurement
 from tuner.space import Suggestion, config_key
-from tuner.storage import DuplicateConfig, Store
+from tuner.storage import DuplicateConfig, Store, TrialRecord
 from tuner.study.proposer import Proposer
 from tuner.study.settings import Event, StudySettings
+
+DUPLICATE_ATTR = "dstune_duplicate_of"  # Optuna user attribute of a proposal answered from a record: its trial number
+REASON_ATTR = "dstune_reason"  # Optuna user attribute: why a trial was told PRUNED without a run of its own
+IN_FLIGHT = ("pending", "running")  # a recorded config another process is measuring
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,11 @@ class Recorder:
         self.tell(trial, TrialState.PRUNED)
         self.emit(Event(trial.number, "pruned", reason=reason))
 
-    def tell_previous(self, trial: optuna.Trial, previous: Any) -> None:
-        """Tell Optuna the recorded outcome of an identical config without running it again."""
+    def tell_previous(self, trial: optuna.Trial, previous: TrialRecord) -> None:
+        """Tell Optuna the recorded outcome of an identical config without running it again. A config another
+        process is measuring has no outcome yet: it is told PRUNED (not run here), with the trial it repeats and why,
+        never FAIL (Optuna's own views would show a failure for a config measured ok)."""
+        trial.set_user_attr(DUPLICATE_ATTR, previous.number)
         if previous.status == "oom":
             trial.set_constraint("memory", 1.0)  # as its first run was told
         elif previous.constraint is not None:
@@ -137,6 +143,9 @@ class Recorder:
         if previous.status == "ok":
             self.tell(trial, TrialState.COMPLETE, self.values(previous.tokens_per_s, previous.peak_bytes))
         elif previous.status == "pruned":
+            self.tell(trial, TrialState.PRUNED)
+        elif previous.status in IN_FLIGHT:
+            trial.set_user_attr(REASON_ATTR, f"measured by another process (trial {previous.number})")
             self.tell(trial, TrialState.PRUNED)
         else:
             self.tell(trial, TrialState.FAIL)
