@@ -586,3 +586,23 @@ def test_a_config_another_live_process_is_measuring_is_not_told_failed(tmp_path:
     assert all(t.user_attrs[DUPLICATE_ATTR] == theirs.number for t in repeats)
     assert all("another process" in t.user_attrs[REASON_ATTR] for t in repeats)
     assert store.get_trial(trial_id).status == "running"  # still theirs
+
+
+def test_a_study_of_another_workload_is_refused_before_anything_is_written(tmp_path: Path, store: Store) -> None:
+    """``tune --study NAME`` on another workload's study: refused naming the workload, and no stray workload row."""
+    import sqlalchemy as sa
+
+    from tuner.storage import StoreError
+    from tuner.storage.tables import WorkloadRow
+
+    def workloads() -> list[str]:
+        with store.session(write=False) as session:
+            return list(session.scalars(sa.select(WorkloadRow.fingerprint)))
+
+    TuningStudy(settings(tmp_path), store)
+    before = workloads()
+    other = replace(settings(tmp_path), workload=workload(gpu_memory=32 * 2**30))
+    with pytest.raises(StoreError) as refused:
+        TuningStudy(other, store)
+    assert refused.value.field == "workload" and "choose another study name" in refused.value.message
+    assert workloads() == before

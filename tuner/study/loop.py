@@ -50,6 +50,7 @@ class TuningStudy:
         workload = settings.workload
         hardware = workload.cluster.hardware_key
         calibration = load_calibration(store, hardware, workload.model.family)
+        _refuse_another_workload(store, settings)  # before anything is written
         workload_id = store.upsert_workload(workload)
         self.study_id = store.get_or_create_study(settings.name, workload_id, settings.sampler, settings.to_record()).id
         directions: list[Literal["maximize", "minimize"]] = (
@@ -255,6 +256,22 @@ def _study_space(settings: StudySettings) -> SearchSpace:
     if settings.workload.cluster.device == "cpu" and "expandable_segments" in space.searched:
         space = space.with_pins({"expandable_segments": None})  # a CUDA allocator setting: nothing to try on CPU
     return space.restricted(list(GRID_PARAMETERS)) if settings.sampler == "grid" else space
+
+
+def _refuse_another_workload(store: Store, settings: StudySettings) -> None:
+    """A study of that name searches another workload: :class:`StoreError` (field ``workload``), raised before the
+    study writes anything (its workload row included)."""
+    existing = store.get_study(settings.name)
+    if existing is None:
+        return
+    stored = store.get_workload(existing.workload_id).fingerprint
+    given = settings.workload.fingerprint()
+    if stored != given:
+        raise StoreError(
+            "workload",
+            f"study {settings.name!r} was created for workload {existing.workload_id} ({stored}), not this one "
+            f"({given}); choose another study name",
+        )
 
 
 def _measured_before_stop(future: Future[Measurement]) -> bool:
