@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tuner.cli.tune import render_study
+from tuner.cli.study_view import render_study
 from tuner.estimator import estimate
 from tuner.forecast import Calibration
 from tuner.measure.measurement import Measurement
@@ -147,7 +147,7 @@ def test_a_cpu_study_whose_runs_will_be_slow_says_so_up_front(
 ) -> None:
     """A newcomer's ``--gpus 1`` tiny-llama study at sequence 2048 measures 64 × 8 × 2048 tokens a step first: the
     throughput model's seconds for that run are printed before it starts, with what makes runs shorter."""
-    from tuner.cli.tune import warn_slow_runs
+    from tuner.cli.study_view import warn_slow_runs
     from tuner.space import default_space_path
     from tuner.study import StudySettings, TuningStudy
 

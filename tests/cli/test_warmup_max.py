@@ -58,3 +58,24 @@ def test_measure_hands_warmup_max_to_the_run(monkeypatch: pytest.MonkeyPatch) ->
     result = runner.invoke(app, ["measure", *TINY, "--warmup", "1", "--warmup-max", "8", "--json"])
     assert result.exit_code == 0, result.output
     assert given["warmup"] == 1 and given["warmup_max"] == 8
+
+
+def test_tune_on_a_study_of_another_workload_is_refused_and_writes_no_workload(tmp_path: Path) -> None:
+    """``tune --study NAME`` where NAME searches another workload: one line naming the workload, exit 2, and no stray
+    workload row left behind (it was written before the refusal)."""
+    import sqlalchemy as sa
+
+    from tuner.storage import Store
+    from tuner.storage.tables import WorkloadRow
+    from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+
+    storage = f"sqlite:///{tmp_path / 'dstune.db'}"
+    with Store.open(storage) as store:
+        theirs = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(128))
+        store.get_or_create_study("theirs", store.upsert_workload(theirs), "tpe", {})
+    result = runner.invoke(app, ["tune", *TINY, "--launcher", "local", "--storage", storage, "--study", "theirs"])
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: workload: study 'theirs' was created for workload 1")
+    with Store.open(storage) as store, store.session(write=False) as session:
+        assert session.scalars(sa.select(WorkloadRow.fingerprint)).all() == [theirs.fingerprint()]

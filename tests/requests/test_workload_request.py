@@ -17,7 +17,7 @@ from tuner.requests import (
     validated,
 )
 from tuner.requests import workload as inputs
-from tuner.study.loop import SAMPLERS as LOOP_SAMPLERS
+from tuner.study.samplers import SAMPLERS as LOOP_SAMPLERS
 from tuner.workload import OFFLOAD_DEVICES, preset_config
 from tuner.workload import vocabulary as workload
 

@@ -26,7 +26,9 @@ from tuner.space import default_space_path
 from tuner.space.dsconfig import shortcut_config
 from tuner.storage import Store, new_holder, release
 from tuner.study import Event, Measurer, SlowRunStopper, StudySettings, TuningStudy
-from tuner.study.loop import HOLDER_ATTR, REPEAT_LIMIT
+from tuner.study.outcome import DUPLICATE_ATTR, REASON_ATTR
+from tuner.study.resume import HOLDER_ATTR, OWNER_ATTR
+from tuner.study.stopper import REPEAT_LIMIT
 from tuner.units import format_bytes
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
@@ -529,3 +531,78 @@ def test_a_study_says_where_it_stands(tmp_path: Path, store: Store) -> None:
     assert store.get_study(study.study_id).status == "finished"
     study.run(FakeMeasurer(), should_stop=lambda: True)
     assert store.get_study(study.study_id).status == "interrupted"
+
+
+def queued(store: Store) -> list[optuna.trial.FrozenTrial]:
+    """Optuna's trials of the study still waiting to be asked, or asked and never told."""
+    return [t for t in optuna_trials(store) if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+
+
+def test_a_config_a_kill_interrupted_is_retried_before_the_warm_start_and_within_the_budget(
+    tmp_path: Path, store: Store
+) -> None:
+    """Kill ``dstune tune --trials 2`` during trial 0 and run it again: the interrupted config is measured first, ahead
+    of the rest of the warm start, and its retry uses no second share of the budget (it was ``failed 1, ok 1``, the
+    retry left waiting in Optuna for ever behind the warm start that filled the budget)."""
+    guided = replace(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=2), sampler="tpe")
+    first = FakeMeasurer(lambda config: HANG)
+    with pytest.raises(ConnectionError):
+        TuningStudy(guided, store).run(first, should_stop=stop_when(lambda: bool(first.hanging), ConnectionError()))
+    assert [t.state for t in queued(store)].count(TrialState.WAITING) >= 1  # the rest of the warm start waits
+
+    again = FakeMeasurer()
+    study = TuningStudy(guided, store)
+    report = study.run(again)
+    assert shape(again.submitted[0]) == shape(first.submitted[0])  # the interrupted config first
+    assert {status: n for status, n in report.counts.items() if n} == {"ok": 2}
+    [retried] = [t for t in store.trials(study.study_id) if shape(t.ds_config) == shape(first.submitted[0])]
+    assert (retried.status, retried.attempts) == ("ok", 2)
+    assert not [t for t in queued(store) if "dstune_retry" in t.user_attrs]  # no retry left waiting
+
+
+def test_a_config_another_live_process_is_measuring_is_not_told_failed(tmp_path: Path, store: Store) -> None:
+    """Another process (alive, holding its trial) measures micro-batch 1 when this one proposes it: Optuna is told
+    PRUNED with the trial it repeats and why, not FAIL (Optuna's CLI and dashboard showed a failure for a config
+    measured ok), and the config is not run here."""
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=2), store)
+    other_process = new_holder()
+    study.optuna.enqueue_trial({"stage": 0, "micro_batch": 1})
+    theirs = study.optuna.ask()
+    theirs.set_user_attr(OWNER_ATTR, other_process)
+    suggestion = study.space.suggest(theirs, workload(), 64, None)
+    params, config = suggestion.params, suggestion.trial.ds_config
+    trial_id = store.add_trial(study.study_id, theirs.number, suggestion.key, config, params, False, None)
+    store.start_trial(trial_id, owner=other_process, lease_s=120.0)
+    study.optuna.enqueue_trial({"stage": 0, "micro_batch": 1})  # this process proposes the same config
+    fake = FakeMeasurer()
+    try:
+        study.run(fake)
+    finally:
+        release(other_process)
+
+    assert [shape(config) for config in fake.submitted] == [(0, 2)]
+    repeats = [t for t in optuna_trials(store) if t.params == params and t.number != theirs.number]
+    assert repeats and all(t.state == TrialState.PRUNED for t in repeats)
+    assert all(t.user_attrs[DUPLICATE_ATTR] == theirs.number for t in repeats)
+    assert all("another process" in t.user_attrs[REASON_ATTR] for t in repeats)
+    assert store.get_trial(trial_id).status == "running"  # still theirs
+
+
+def test_a_study_of_another_workload_is_refused_before_anything_is_written(tmp_path: Path, store: Store) -> None:
+    """``tune --study NAME`` on another workload's study: refused naming the workload, and no stray workload row."""
+    import sqlalchemy as sa
+
+    from tuner.storage import StoreError
+    from tuner.storage.tables import WorkloadRow
+
+    def workloads() -> list[str]:
+        with store.session(write=False) as session:
+            return list(session.scalars(sa.select(WorkloadRow.fingerprint)))
+
+    TuningStudy(settings(tmp_path), store)
+    before = workloads()
+    other = replace(settings(tmp_path), workload=workload(gpu_memory=32 * 2**30))
+    with pytest.raises(StoreError) as refused:
+        TuningStudy(other, store)
+    assert refused.value.field == "workload" and "choose another study name" in refused.value.message
+    assert workloads() == before

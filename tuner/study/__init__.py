@@ -1,22 +1,20 @@
 """The study: the tuning loop (ask, estimate, prune or dispatch, record, tell; resumable) and its samplers. The
-loop measures through :class:`Measurer`, which the real dispatcher satisfies; what it predicts and learns (the
-memory margin, the throughput fit, the warm start, prune reasons) comes from :mod:`tuner.forecast`.
+loop (``loop``) ties the proposer (``proposer``: retries, warm start, the sampler), the gate (``gate``: recorded
+before? fits?), the stopper (``stopper``: budget, timeout, early stop), the recorder (``outcome``: record and tell)
+and the holding of trials across processes (``resume``). It measures through :class:`Measurer`, which the real
+dispatcher satisfies; what it predicts and learns (the memory margin, the throughput fit, the warm start, prune
+reasons) comes from :mod:`tuner.forecast`.
 
 May import: :mod:`tuner.forecast`, :mod:`tuner.measure` (its Measurement and MeasureOptions; runs go through
 :class:`Measurer`), :mod:`tuner.storage`, :mod:`tuner.space`, :mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
 """
 
 from tuner.study.early_stop import SlowRunStopper
-from tuner.study.loop import (
-    GRID_PARAMETERS,
-    AskTellGridSampler,
-    Event,
-    StudySettings,
-    TuningStudy,
-    capacity_reason,
-    make_sampler,
-)
+from tuner.study.gate import capacity_reason
+from tuner.study.loop import TuningStudy
 from tuner.study.measurer import Measurer
+from tuner.study.samplers import GRID_PARAMETERS, AskTellGridSampler, make_sampler
+from tuner.study.settings import Event, StudyReport, StudySettings
 
 __all__ = [
     "GRID_PARAMETERS",
@@ -24,6 +22,7 @@ __all__ = [
     "Event",
     "Measurer",
     "SlowRunStopper",
+    "StudyReport",
     "StudySettings",
     "TuningStudy",
     "capacity_reason",

@@ -1,0 +1,126 @@
+"""What ``dstune tune`` shows of a study: a warning before slow CPU runs, the top measured configs (runs stopped early
+marked partial), the pruned ones grouped by kind, and the best config."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from tuner.units import GiB, format_duration
+
+if TYPE_CHECKING:
+    from tuner.storage import Store
+    from tuner.study import TuningStudy
+
+SLOW_RUN_S = 60.0  # a CPU run predicted longer than this is announced before the study starts
+
+
+def warn_slow_runs(tuning: TuningStudy, warmup: int, steps: int, console: Console) -> None:
+    """Say up front when the first measured run will be slow on this CPU: its seconds as the throughput model predicts
+    them (warm-up and timed steps at the predicted step time), and what makes runs shorter."""
+    first = tuning.guide.first_run()
+    if first is None:
+        return
+    step_s = first.prediction.step_time_s
+    run_s = (warmup + steps) * step_s
+    if run_s < SLOW_RUN_S:
+        return
+    config = first.suggestion.trial.ds_config
+    tokens = config["train_batch_size"] * tuning.settings.workload.train.seq_len
+    console.print(
+        f"[yellow]slow runs ahead[/]: the first measured run takes about {format_duration(run_s)} on this CPU "
+        f"({warmup} warm-up + {steps} timed steps of ~{format_duration(step_s)}, {tokens:,} tokens a step, as the "
+        "throughput model predicts); a fixed --global-batch, a shorter --seq-len or fewer --steps make runs shorter",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+STOPPED_EARLY_NOTE = "stopped"
+
+
+TOP_COLUMNS = ("trial", "tokens/s", "peak GiB", "free GiB", "ZeRO", "micro", "accum", "offload", "ckpt")
+
+
+def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> tuple[Table, bool]:
+    """The top measured configs as a table whose figures never fold or shrink (headers wrap instead, and the note
+    column appears only when a run was stopped early); and whether any row is partial."""
+    rows: list[list[str]] = []
+    partial = False
+    for trial in store.trials(study_id, status="ok", order_by="-tokens_per_s", limit=top):
+        config = trial.trial
+        gpu_memory = (trial.estimate or {}).get("gpu_memory", 0)
+        peak = trial.peak_bytes
+        stopped = bool((trial.measurement or {}).get("stopped_early"))
+        partial = partial or stopped
+        offload = [config.zero.offload_optimizer.device, config.zero.offload_param.device]
+        micro, accum = config.batch
+        rows.append(
+            [
+                str(trial.number),
+                f"{trial.tokens_per_s:,.0f}",
+                "-" if peak is None else f"{peak / GiB:.3f}",
+                "-" if peak is None else f"{(gpu_memory - peak) / GiB:.2f}",
+                str(config.stage),
+                str(micro),
+                str(accum),
+                "/".join(offload) if offload[1] != "none" else offload[0],
+                "yes" if trial.activation_checkpointing else "no",
+            ]
+            + ([STOPPED_EARLY_NOTE] if stopped else [""])
+        )
+    columns = TOP_COLUMNS + (("note",) if partial else ())
+    # no vertical rules: ten columns of figures fit in 80 columns; numbers keep their width, words may wrap
+    table = Table(
+        title=f"study {name}: top configs", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False
+    )
+    for index, column in enumerate(columns):
+        numeric = column not in ("offload", "note")
+        words = [word for text in (column, *(row[index] for row in rows)) for word in text.split()]
+        table.add_column(
+            column, justify="right" if numeric else "left", min_width=max(map(len, words)), overflow="fold"
+        )
+    for row in rows:
+        table.add_row(*row[: len(columns)])
+    return table, partial
+
+
+def render_study(store: Store, study_id: int, name: str, console: Console, top: int = 5) -> None:
+    """The top measured configs (runs the throughput pruner stopped early marked: their figures are partial), and
+    what was pruned and why."""
+    summary = store.study_summary(study_id)
+    table, partial = top_configs_table(store, study_id, name, top)
+    console.print(table)
+    if partial:
+        console.print(
+            f"{STOPPED_EARLY_NOTE}: the run was clearly slower than the best and was stopped early, after its first "
+            "timed steps, so its figures are partial (tokens/s from those steps only)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items()) if v)
+    console.print("trials by status: " + (counts or "none yet"), highlight=False)
+    render_pruned(store, study_id, console)
+    best = store.best_trial(study_id)
+    if best is not None:
+        console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:", highlight=False)
+        console.print_json(json.dumps(best.ds_config))
+
+
+def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5) -> None:
+    """The pruned trials grouped by kind (memory · phase · largest category), each kind with one of its reasons."""
+    from tuner.forecast import group_reasons
+
+    pruned = store.trials(study_id, status="pruned")
+    groups = group_reasons(trial.prune_reason for trial in pruned)
+    if not groups:
+        return
+    console.print(f"pruned without a run: {len(pruned)}, by kind")
+    for group in groups[:kinds]:
+        console.print(f"  ×{group.count}  {group.key} — e.g. {group.example}", highlight=False, soft_wrap=True)
+    if len(groups) > kinds:
+        console.print(f"  … and {len(groups) - kinds} more kinds (the dashboard lists them all)", highlight=False)

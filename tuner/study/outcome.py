@@ -1,0 +1,236 @@
+"""Recording and telling: every trial's outcome lands in the store and is told to Optuna, and the study learns from
+it (the calibrated memory margin, the throughput fit, the best tokens/s so far).
+
+Pruned configs are told PRUNED with a positive memory constraint (the sampler learns the infeasible region); an
+out-of-memory failure says 1.0 whatever the estimate said; a proposal that repeats a recorded config is told that
+config's outcome; a run stopped early for being clearly slow reports each step's throughput and is told PRUNED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.estimator import MemoryEstimate
+from tuner.forecast import Calibration, ThroughputGuide, throughput_summary
+from tuner.measure.measurement import INFRA_LOST, Measurement
+from tuner.space import Suggestion, config_key
+from tuner.storage import DuplicateConfig, Store, TrialRecord
+from tuner.study.proposer import Proposer
+from tuner.study.settings import Event, StudySettings
+
+DUPLICATE_ATTR = "dstune_duplicate_of"  # Optuna user attribute of a proposal answered from a record: its trial number
+REASON_ATTR = "dstune_reason"  # Optuna user attribute: why a trial was told PRUNED without a run of its own
+IN_FLIGHT = ("pending", "running")  # a recorded config another process is measuring
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run in flight: its Optuna trial, its record's id, its config, estimate and memory constraint (told with the
+    outcome: Optuna keeps a trial's first constraint value, so that an OOM can say 1.0)."""
+
+    trial: optuna.Trial
+    trial_id: int
+    suggestion: Suggestion
+    estimate: MemoryEstimate
+    constraint: float
+
+
+def load_calibration(store: Store, hardware: str, family: str) -> Calibration:
+    """The calibration stored for (hardware, model family), or a fresh one."""
+    found = store.get_calibration(hardware, family)
+    if found is None:
+        return Calibration()
+    stats = found.stats or {}
+    return Calibration(margin=found.margin, ratios=tuple(stats.get("ratios", ())), ooms=int(stats.get("ooms", 0)))
+
+
+class Recorder:
+    """Records outcomes in the store, tells them to Optuna, and keeps what the study learns from them."""
+
+    def __init__(
+        self,
+        settings: StudySettings,
+        store: Store,
+        study_id: int,
+        study: optuna.Study,
+        guide: ThroughputGuide,
+        calibration: Calibration,
+        proposer: Proposer,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self.settings, self.store, self.study_id, self.study = settings, store, study_id, study
+        self.guide, self.proposer, self.emit = guide, proposer, emit
+        self.hardware = settings.workload.cluster.hardware_key
+        self.family = settings.workload.model.family
+        self.calibration = calibration
+        best = store.best_trial(study_id)  # what a run must not be clearly slower than (early stop)
+        self.best_tokens_per_s: float | None = best.tokens_per_s if best is not None else None
+
+    # ----------------------------------------------------------------- before a run
+    def record(
+        self,
+        trial: optuna.Trial,
+        suggestion: Suggestion,
+        est: MemoryEstimate | None,
+        status: str,
+        reason: str | None = None,
+        constraint: float | None = None,
+    ) -> int:
+        """Record a config (with its estimate and the throughput predicted for it); the id of its record. A config
+        another process recorded a moment ago gives that record's id, unless this one was to run it (``pending``:
+        :class:`DuplicateConfig`)."""
+        if constraint is None:
+            constraint = dict(trial.constraints).get("memory")
+        recorded = None
+        if est is not None:  # the prediction with the constants fitted so far: predicted against measured
+            prediction = throughput_summary(self.settings.workload, suggestion.trial, self.guide.fit)
+            recorded = {**est.to_dict(), "throughput": prediction}
+        try:
+            return self.store.add_trial(
+                self.study_id,
+                trial.number,
+                suggestion.key,
+                suggestion.trial.ds_config,
+                suggestion.params,
+                suggestion.trial.activation_checkpointing,
+                recorded,
+                status,
+                prune_reason=reason,
+                constraint=constraint,
+                hardware=self.hardware,
+            )
+        except DuplicateConfig:  # another process recorded the same config a moment ago
+            if status == "pending":
+                raise  # it is that process's to run
+            found = self.store.find_trial_by_key(self.study_id, suggestion.key)
+            assert found is not None, "the trial this config repeats is recorded"
+            return found.id
+
+    def tell_infeasible(self, trial: optuna.Trial, reason: str) -> bool:
+        """Record parameters the space cannot build a config from (once per distinct set) and tell Optuna pruned;
+        False when the same parameters were recorded before."""
+        params = dict(trial.params)
+        key = f"infeasible:{config_key(params)}"
+        new = self.store.find_trial_by_key(self.study_id, key) is None
+        if new:
+            try:
+                self.store.add_infeasible(self.study_id, trial.number, params, reason, self.hardware, config_key=key)
+            except DuplicateConfig:  # another process recorded the same parameters a moment ago
+                new = False
+        self.tell(trial, TrialState.PRUNED)
+        self.emit(Event(trial.number, "pruned" if new else "duplicate", reason=reason))
+        return new
+
+    def tell_pruned(self, trial: optuna.Trial, suggestion: Suggestion, reason: str, est: MemoryEstimate) -> None:
+        """A config the estimator says cannot fit: recorded pruned with its reason, told PRUNED, never run."""
+        self.record(trial, suggestion, est, "pruned", reason)
+        self.tell(trial, TrialState.PRUNED)
+        self.emit(Event(trial.number, "pruned", reason=reason))
+
+    def tell_previous(self, trial: optuna.Trial, previous: TrialRecord) -> None:
+        """Tell Optuna the recorded outcome of an identical config without running it again. A config another
+        process is measuring has no outcome yet: it is told PRUNED (not run here), with the trial it repeats and why,
+        never FAIL (Optuna's own views would show a failure for a config measured ok)."""
+        trial.set_user_attr(DUPLICATE_ATTR, previous.number)
+        if previous.status == "oom":
+            trial.set_constraint("memory", 1.0)  # as its first run was told
+        elif previous.constraint is not None:
+            trial.set_constraint("memory", previous.constraint)
+        if previous.status == "ok":
+            self.tell(trial, TrialState.COMPLETE, self.values(previous.tokens_per_s, previous.peak_bytes))
+        elif previous.status == "pruned":
+            self.tell(trial, TrialState.PRUNED)
+        elif previous.status in IN_FLIGHT:
+            trial.set_user_attr(REASON_ATTR, f"measured by another process (trial {previous.number})")
+            self.tell(trial, TrialState.PRUNED)
+        else:
+            self.tell(trial, TrialState.FAIL)
+        self.emit(Event(trial.number, "duplicate", previous.tokens_per_s))
+
+    def values(self, tokens_per_s: float | None, peak_bytes: int | None) -> list[float]:
+        """The objective values: tokens/s, and the peak bytes for a Pareto study."""
+        values = [float(tokens_per_s or 0.0)]
+        if self.settings.pareto:
+            values.append(float(peak_bytes or 0))
+        return values
+
+    def tell(self, trial: optuna.Trial, state: TrialState, values: list[float] | None = None) -> None:
+        """Finish the Optuna trial."""
+        if state == TrialState.PRUNED and self.settings.pareto:
+            state = TrialState.FAIL  # Optuna prunes single-objective trials only; the constraint carries the reason
+        self.study.tell(trial, values=values, state=state)
+
+    # ----------------------------------------------------------------- after a run
+    def finish(self, run: Run, measurement: Measurement) -> None:
+        """Record a run's measurement, tell it, and learn from it."""
+        trial, constraint = run.trial, run.constraint
+        peak = max((b for b in measurement.peak_bytes_per_rank if b is not None), default=None)
+        if measurement.exception_type == INFRA_LOST:  # a node, actor or fork server died: measured again
+            self._requeue_lost(run, measurement)
+            return
+        self.store.finish_trial(run.trial_id, measurement.status, measurement.to_dict(), error=measurement.error)
+        estimated_peak = run.estimate.per_gpu["total"] or 0
+        if measurement.status == "ok" and measurement.stopped_early:
+            self._tell_stopped_early(run, measurement)
+            return
+        if measurement.status == "ok":
+            if peak:
+                self.calibration = self.calibration.after_measurement(estimated_peak, peak)
+                self._save_calibration()
+            trial.set_constraint("memory", constraint)
+            self.tell(trial, TrialState.COMPLETE, self.values(measurement.tokens_per_s, peak))
+            p50 = (measurement.step_time_s or {}).get("p50")
+            self.guide.after_run(run.suggestion, p50, measurement.tokens_per_s)
+            if measurement.tokens_per_s and measurement.tokens_per_s > (self.best_tokens_per_s or 0.0):
+                self.best_tokens_per_s = measurement.tokens_per_s
+        else:
+            if measurement.status == "oom":
+                self.calibration = self.calibration.after_oom(estimated_peak, run.estimate.gpu_memory)
+                self._save_calibration()
+                constraint = 1.0  # infeasible, whatever the estimate said
+            trial.set_constraint("memory", constraint)
+            self.tell(trial, TrialState.FAIL)
+        self.emit(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
+
+    def fail(self, run: Run, reason: str) -> None:
+        """A run killed before it ended: recorded failed with ``reason`` and told FAIL."""
+        self.store.finish_trial(run.trial_id, "failed", None, error=reason)
+        run.trial.set_constraint("memory", run.constraint)
+        self.tell(run.trial, TrialState.FAIL)
+
+    def _requeue_lost(self, run: Run, measurement: Measurement) -> None:
+        """A run whose node, Ray actor or fork server died (``InfraLost``): recorded ``failed`` (retryable, like a
+        run a killed tuner left), told FAIL, and its config queued to run again once
+        (:data:`~tuner.study.proposer.RETRIES`), on whatever the cluster has left."""
+        record = self.store.finish_trial(run.trial_id, "failed", measurement.to_dict(), error=measurement.error)
+        run.trial.set_constraint("memory", run.constraint)
+        self.tell(run.trial, TrialState.FAIL)
+        note = "queued to run again" if self.proposer.queue_retry(record) else "not retried again"
+        self.emit(Event(run.trial.number, "failed", None, f"{measurement.error} ({note})"))
+
+    def _tell_stopped_early(self, run: Run, measurement: Measurement) -> None:
+        """A run stopped for being clearly slow: each timed step's throughput reported to Optuna, then PRUNED.
+
+        Its partial step times are real measurements, so the throughput model learns from them; its peak is not
+        known (the ranks were stopped before reporting), so calibration does not."""
+        trial = run.trial
+        tokens = measurement.tokens_per_s
+        p50 = (measurement.step_time_s or {}).get("p50")
+        if not self.settings.pareto and tokens and p50:  # Optuna reports intermediate values for one objective only
+            tokens_per_step = tokens * p50
+            for step, seconds in enumerate(measurement.ranks[0].step_times if measurement.ranks else []):
+                trial.report(tokens_per_step / seconds, step)
+        trial.set_constraint("memory", run.constraint)
+        self.tell(trial, TrialState.PRUNED)
+        self.guide.after_run(run.suggestion, p50, tokens)
+        self.emit(Event(trial.number, "stopped_early", tokens, "stopped early: clearly slower than the best"))
+
+    def _save_calibration(self) -> None:
+        cal = self.calibration
+        self.store.put_calibration(
+            self.hardware, self.family, cal.margin, len(cal.ratios), {"ratios": list(cal.ratios), "ooms": cal.ooms}
+        )

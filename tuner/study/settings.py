@@ -1,0 +1,65 @@
+"""What a study is given (:class:`StudySettings`) and what it says back: an :class:`Event` per trial, for progress
+displays, and a :class:`StudyReport` when a run of the loop ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.measure.options import MeasureOptions
+from tuner.study.early_stop import SlowRunStopper
+from tuner.workload import Workload
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """What one study searches and how long."""
+
+    name: str
+    workload: Workload
+    space_path: Path
+    pins: dict[str, Any] = field(default_factory=dict)
+    global_batch: int | None = None
+    sampler: str = "tpe"
+    trials: int = 12
+    timeout_s: float | None = None
+    pareto: bool = False
+    seed: int | None = None
+    nvme_path: str | None = None
+    dispatch: MeasureOptions = field(default_factory=MeasureOptions)
+    early_stop: SlowRunStopper | None = field(default_factory=SlowRunStopper)  # None measures every run to the end
+
+    def to_record(self) -> dict[str, Any]:
+        """The settings stored with the study (JSON-ready)."""
+        return {
+            "space": str(self.space_path),
+            "pins": self.pins,
+            "global_batch": self.global_batch,
+            "sampler": self.sampler,
+            "pareto": self.pareto,
+            "seed": self.seed,
+            "nvme_path": self.nvme_path,
+            "early_stop": None if self.early_stop is None else vars(self.early_stop),
+        }
+
+
+@dataclass
+class Event:
+    """What just happened to a trial, for progress displays."""
+
+    number: int
+    status: str
+    tokens_per_s: float | None = None
+    reason: str | None = None
+
+
+@dataclass
+class StudyReport:
+    """The outcome of a run of the loop."""
+
+    study_id: int
+    interrupted: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    stopped: bool = False
+    exhausted: bool = False  # the sampler kept proposing recorded configs: the space has no new ones to offer

@@ -1,0 +1,88 @@
+"""A job run as a study: the job's request turned into :class:`tuner.study.StudySettings`, and the default executor
+that runs it as a :class:`tuner.study.TuningStudy`. Its progress (trials so far, best tokens/s, the last event) is
+written to the job row after every trial event, where ``GET /v1/jobs/{id}`` shows it. Cancelling a running job
+(``DELETE /v1/jobs/{id}``) stops the study within about a second (``TuningStudy.run``'s ``should_stop``): no new
+trial is asked, the runs in flight are killed (their ranks, locally or on Ray) and recorded failed, what finished
+stays recorded, and the job ends ``cancelled``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.measure.options import MeasureOptions
+from tuner.requests import JobRequest, tuning_workload
+from tuner.storage import JobRecord, Store
+from tuner.study import Event, StudySettings, TuningStudy
+from tuner.worker.lease import JobHandle
+
+
+def study_settings(
+    request: JobRequest, study_name: str, *, launcher: str | None = None, ray_address: str | None = None
+) -> StudySettings:
+    """The :class:`tuner.study.StudySettings` of a job (the worker may override the launcher and Ray address)."""
+    from tuner.space import resolve_space
+
+    workload = tuning_workload(request.workload)
+    return StudySettings(
+        name=study_name,
+        workload=workload,
+        space_path=resolve_space(request.space),
+        pins=dict(request.pins),
+        global_batch=request.global_batch,
+        sampler=request.sampler,
+        trials=request.trials,
+        timeout_s=request.timeout_s,
+        pareto=request.pareto,
+        seed=request.seed,
+        dispatch=MeasureOptions(
+            launcher or request.launcher, ray_address, request.warmup, request.steps, request.run_timeout
+        ),
+    )
+
+
+def run_study_job(
+    store: Store, job: JobRecord, handle: JobHandle, *, launcher: str | None = None, ray_address: str | None = None
+) -> str:
+    """The default executor: run the job as a study until its budget, or until it is cancelled."""
+    from tuner.measure.dispatch import Dispatcher
+
+    request = JobRequest.model_validate(job.request)
+    settings = study_settings(request, job.study_name, launcher=launcher, ray_address=ray_address)
+    tuning = TuningStudy(settings, store)
+    state: dict[str, Any] = {"best_tokens_per_s": None}
+
+    def on_event(event: Event) -> None:
+        if event.status == "ok" and (event.tokens_per_s or 0) > (state["best_tokens_per_s"] or 0):
+            state["best_tokens_per_s"] = event.tokens_per_s
+        handle.report(
+            {
+                "study_id": tuning.study_id,
+                "trials": tuning.configs_recorded(),
+                "budget": settings.trials,
+                "best_tokens_per_s": state["best_tokens_per_s"],
+                "last": {"number": event.number, "status": event.status, "reason": event.reason},
+            }
+        )
+
+    tuning.on_event = on_event
+    handle.report({"study_id": tuning.study_id, "trials": tuning.configs_recorded(), "budget": settings.trials})
+    dispatcher = Dispatcher(settings.dispatch, settings.workload.cluster.device, settings.workload.cluster.world_size)
+    try:
+        report = tuning.run(dispatcher, should_stop=handle.cancel_requested)
+    finally:
+        dispatcher.close(wait=False)
+    best = store.best_trial(tuning.study_id)
+    handle.report(
+        {
+            "study_id": tuning.study_id,
+            "trials": sum(report.counts.values()),
+            "budget": settings.trials,
+            "counts": report.counts,
+            "best_tokens_per_s": None if best is None else best.tokens_per_s,
+            "best_trial_id": None if best is None else best.id,
+        }
+    )
+    if report.stopped:
+        return "cancelled"
+    return "interrupted" if report.interrupted else "done"
