@@ -6,7 +6,8 @@
 - ``model_profile``: what the profile room found out about a transformers model, as plain data (:class:`ModelProfile`);
 - ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`).
 
-May import: :mod:`tuner.errors` and the standard library. Everything above imports from here.
+May import: :mod:`tuner.errors`, the standard library and RE2 (user patterns, :mod:`~tuner.workload.patterns`).
+Everything above imports from here.
 """
 
 from tuner.workload.model_profile import PROFILE_FORMAT, ActivationProfile, Linear, ModelProfile

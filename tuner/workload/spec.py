@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from tuner.workload.model_profile import ModelProfile
 
 from tuner.errors import InputError
+from tuner.workload.patterns import compile_pattern
 from tuner.workload.quantization import NEEDS_CUDA, QuantSpec
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -243,7 +243,7 @@ class TrainableSpec:
     (False, True)
     >>> TrainableSpec(freeze="(")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    tuner.workload.spec.WorkloadError: freeze: not a regular expression: missing ), unterminated subpattern ...
+    tuner.workload.spec.WorkloadError: freeze: not a regular expression RE2 can run (linear time): missing ): (
     """
 
     peft: str = ""
@@ -265,9 +265,9 @@ class TrainableSpec:
         if len(self.freeze) > MAX_FREEZE_PATTERN:
             raise WorkloadError("freeze", f"at most {MAX_FREEZE_PATTERN} characters")
         try:
-            re.compile(self.freeze)
-        except re.error as error:
-            raise WorkloadError("freeze", f"not a regular expression: {error}") from None
+            compile_pattern(self.freeze, "freeze")  # RE2: linear time, whatever the pattern
+        except InputError as error:
+            raise WorkloadError(error.field, error.message) from None
         if self.peft:
             try:
                 adapter = json.loads(self.peft)
