@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse
 
 from tuner.api.answer_cache import AnswerCache
 from tuner.api.budget import OverBudget
+from tuner.api.invalid import register as register_invalid
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
 from tuner.api.unavailable import register as register_unavailable
@@ -116,6 +117,7 @@ def create_app(
     for retry_later in (ProfilePending, ProfileQueueFull, OverBudget):
         app.add_exception_handler(retry_later, _retry_later)
     register_unavailable(app)  # the database down: 503 with Retry-After, not 500
+    register_invalid(app)  # 422 even for input holding NaN or Infinity
     for router in ROUTERS:
         app.include_router(router)
     try:  # the dashboard's pages, when that package is installed alongside

@@ -9,17 +9,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from tuner.requests import Offload, WorkloadRequest
+from tuner.requests import Offload, RequestModel, WorkloadRequest
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 
 
-class EstimateRequest(BaseModel):
+class EstimateRequest(RequestModel):
     """A workload and the ds_config to estimate: the shortcut fields, with ``ds_config`` merged over them (it wins),
     as ``dstune estimate`` does with ``--ds-config``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     workload: WorkloadRequest
     stage: int = Field(0, ge=0, le=3)
@@ -76,11 +74,9 @@ class EstimateResponse(BaseModel):
     )
 
 
-class RecommendRequest(BaseModel):
+class RecommendRequest(RequestModel):
     """The workload to recommend for; its micro_batch, grad_accum and activation_checkpointing are ignored (they are
     the trial config, what is recommended)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     workload: WorkloadRequest
 

@@ -41,6 +41,7 @@ from tuner.requests import (
 )
 from tuner.space.dsconfig import load_ds_config, trial_config
 from tuner.workload import TrialConfig, Workload, load_hf_config, read_json_object
+from tuner.workload.plain_data import check_plain_data
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
 ParamsOpt = Annotated[float | None, typer.Option(help="A bare parameter count, e.g. 7.5e9.")]
@@ -213,6 +214,7 @@ def build(flags: WorkloadFlags) -> tuple[Workload, TrialConfig]:
         )
         workload = to_workload(request, config_name=name)
         override = load_ds_config(flags.ds_config) if flags.ds_config is not None else None
+        check_plain_data(override or {}, "ds-config")  # NaN, Infinity, 1e400, control characters: exit 2
         trial = trial_config(
             flags.micro_batch,
             flags.grad_accum,

@@ -32,7 +32,7 @@ from tuner.cli.options import (
     workload_options,
 )
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.requests import Launcher, Sampler
+from tuner.requests import Launcher, Sampler, check_study_name, default_study_name, readable_name
 from tuner.units import GiB, format_duration, parse_duration
 from tuner.workload import MEASURED_QUANTIZATION
 
@@ -160,7 +160,7 @@ def run_tune(
     from tuner.study import Event, Measurer, StudySettings, TuningStudy
 
     console = Console()
-    name = study or f"{workload.model.name}-{workload.fingerprint()[:8]}"
+    name = default_study_name(workload) if study is None else check_study_name(study, "study")
     settings = StudySettings(
         name=name,
         workload=workload,
@@ -347,7 +347,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     from tuner.storage import Store, default_url
 
     store = Store.open(storage or default_url())
-    record = store.get_study(study)
+    record = store.get_study(readable_name(study, "study"))
     if record is None:
         fail("study", f"no study named {study!r} in {store.url}")
     best = store.best_trial(record.id)

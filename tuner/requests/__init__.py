@@ -7,6 +7,8 @@ validation), :mod:`tuner.measure.options` (the measuring defaults), pydantic.
 """
 
 from tuner.requests.job import JobRequest, check_job, tuning_workload
+from tuner.requests.names import NAME_PATTERN, check_study_name, default_study_name, is_study_name, readable_name
+from tuner.requests.strict import RequestModel
 from tuner.requests.workload import (
     ATTENTION_KINDS,
     DEVICES,
@@ -41,6 +43,7 @@ __all__ = [
     "MAX_PARAMS",
     "MAX_WORLD_SIZE",
     "MODEL_IMPLS",
+    "NAME_PATTERN",
     "OFFLOAD_TARGETS",
     "PRECISIONS",
     "SAMPLERS",
@@ -53,10 +56,15 @@ __all__ = [
     "ModelImpl",
     "Offload",
     "Precision",
+    "RequestModel",
     "Sampler",
     "WorkloadRequest",
     "check_job",
     "check_request",
+    "check_study_name",
+    "default_study_name",
+    "is_study_name",
+    "readable_name",
     "to_workload",
     "tuning_workload",
     "validated",

@@ -35,12 +35,13 @@ import functools
 from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from tuner.errors import InputError
 from tuner.profile import ModelProfile, params_profile, with_profile
 from tuner.profile.profiles import spec_from_profile
 from tuner.profile.service import default_service
+from tuner.requests.strict import RequestModel
 from tuner.units import parse_bytes
 from tuner.workload import (
     MAX_FREEZE_PATTERN,
@@ -96,7 +97,7 @@ class FieldError(InputError):
         self.loc = loc
 
 
-class WorkloadRequest(BaseModel):
+class WorkloadRequest(RequestModel):
     """A workload, with the fields of the CLI's workload flags (``--gpus`` is GPUs per node).
 
     Give exactly one of ``model`` (a built-in preset name), ``config`` (an inline Hugging Face ``config.json``
@@ -104,8 +105,6 @@ class WorkloadRequest(BaseModel):
     ``activation_checkpointing`` are not the workload's: they feed the trial config
     (:func:`tuner.space.dsconfig.trial_config`) where one is estimated, and a study searches them.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] | None = Field(
         None, description="Built-in preset name (see dstune's presets), e.g. llama-2-7b.", examples=["tiny-gpt2"]

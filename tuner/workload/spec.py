@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 from tuner.errors import InputError
 from tuner.workload.patterns import compile_pattern
+from tuner.workload.plain_data import check_plain_data
 from tuner.workload.quantization import NEEDS_CUDA, QuantSpec
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -525,6 +526,10 @@ def read_json_object(source: str | Path, field_name: str, default_file: str = ""
         raise WorkloadError(field_name, f"cannot read {path} as JSON: {error}") from None
     if not isinstance(data, dict):
         raise WorkloadError(field_name, f"{path} must hold a JSON object")
+    try:
+        check_plain_data(data, field_name)  # NaN, Infinity, 1e400, control characters
+    except InputError as error:
+        raise WorkloadError(error.field, error.message) from None
     return data
 
 
