@@ -72,6 +72,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         service.wait_s = saved_wait
+        service.close()  # its worker process ends with the server
         threads.shutdown(wait=False, cancel_futures=True)
         app.state.store.close()
 

@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -232,6 +233,19 @@ def _hf_model(
     )
 
 
+def _trained_off_process(workload: Workload) -> Workload:
+    """The workload with the profile of its model as trained, computed by the profiling service's worker process
+    (a server never imports torch, transformers or peft); models without a transformers config are left to
+    :func:`with_profile`, which refuses them without importing anything."""
+    model, train = workload.model, workload.train
+    if model.implementation != "transformers" or not model.hf_config:
+        return with_profile(workload)
+    config = json.loads(model.hf_config)
+    service = default_service()
+    profile = service.profile(config, train.seq_len, (train.precision,), train.attention, trainable=workload.trainable)
+    return replace(workload, profile=profile)
+
+
 def _check_counted_params(config: dict[str, Any]) -> None:
     """For the families dstune's built-in models count (arithmetic, no torch), refuse an implausible parameter count
     before the transformers model is described in the profiling service. Other families rely on the dimension
@@ -339,8 +353,8 @@ def to_workload(
     workload = Workload(model, cluster, train, profile=profile, trainable=trainable)
     if trainable.is_full:
         return workload
-    try:  # the model as trained: peft builds it on meta, here (also for the API: not the profiling service's job)
-        return with_profile(workload)
+    try:  # the model as trained: peft builds it on meta, in this process (inline) or the profiling service's
+        return with_profile(workload) if inline else _trained_off_process(workload)
     except WorkloadError as error:
         raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
 
