@@ -101,5 +101,5 @@ def test_nothing_outlives_the_server(server: tuple[subprocess.Popen[str], str], 
     assert not _torch_mapped(parent), "torch was imported into the server process"
     process.send_signal(stop)
     process.wait(timeout=30)
-    gone, alive = psutil.wait_procs(children, timeout=10)
+    _gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left behind after {signal.Signals(stop).name}: {[p.pid for p in alive]}"

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse
 
 from tuner.api.answer_cache import AnswerCache
 from tuner.api.budget import OverBudget
+from tuner.api.degraded import register as register_degraded
 from tuner.api.invalid import register as register_invalid
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
@@ -119,6 +120,7 @@ def create_app(
         app.add_exception_handler(retry_later, _retry_later)
     register_unavailable(app)  # the database down: 503 with Retry-After, not 500
     register_invalid(app)  # 422 even for input holding NaN or Infinity
+    register_degraded(app)  # a full disk: 503 with Retry-After, and /healthz says degraded
     for router in ROUTERS:
         app.include_router(router)
     try:  # the dashboard's pages, when that package is installed alongside

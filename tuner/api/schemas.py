@@ -185,8 +185,9 @@ class JobOut(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"] = Field(description="degraded: a recent write failed for want of disk.")
     database: str
+    detail: str | None = Field(None, description="Why the server is degraded.")
 
 
 __all__ = [

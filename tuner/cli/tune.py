@@ -8,7 +8,6 @@ them.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
@@ -17,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.cli.common import fail, require_local_cuda, size
+from tuner.cli.common import fail, require_local_cuda, size, write_text_file
 from tuner.cli.options import (
     AUTO_DEVICE,
     TUNE_FLAGS,
@@ -362,7 +361,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     config, notes = export_config(best.trial, format, workload.train.attention, workload.trainable)
     text = json.dumps(config, indent=2) + "\n"
     if out:
-        Path(out).write_text(text)
+        write_text_file(out, text)
         Console(stderr=True).print(f"wrote {out} (trial {best.number}, {best.tokens_per_s:,.0f} tokens/s)")
     else:
         print(text, end="")
