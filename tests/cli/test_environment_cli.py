@@ -56,7 +56,7 @@ def _help(command: str) -> str:
 
 
 def test_a_refused_connection_past_the_retry_window_ends_in_one_error_line() -> None:
-    code, stderr, seconds = _run(
+    code, stderr, _ = _run(
         ["best", "--study", "x", "--storage", "postgresql+psycopg://u:secret@127.0.0.1:1/db"], DSTUNE_DB_RETRY_S="1"
     )
     assert code == 1, stderr
