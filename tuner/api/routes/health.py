@@ -22,4 +22,4 @@ def healthz(request: Request, store: StoreDep) -> Health | JSONResponse:
     if reason is not None:
         body = Health(status="degraded", database=database, detail=reason).model_dump()
         return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
-    return Health(status="ok", database=database)
+    return Health(status="ok", database=database, detail=None)
