@@ -27,6 +27,7 @@ from tuner.space.conditions import (
 from tuner.space.errors import SpaceError
 from tuner.space.parameters import NUMBER_STRING, Parameter, not_a_value
 from tuner.space.space import OFFLOAD_SECTIONS, SearchSpace
+from tuner.space.yaml_bounded import load_bounded
 from tuner.units import parse_bytes
 from tuner.workload import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY
 
@@ -131,7 +132,7 @@ def load_space(path: str | Path, pins: Mapping[str, Any] | None = None) -> Searc
     if not file.is_file():
         raise SpaceError(source, "", f"no such file: {file}")
     try:
-        data = yaml.load(file.read_text(), Loader=_Loader)  # _Loader is a SafeLoader
+        data = load_bounded(file.read_text(), _Loader)  # _Loader is a SafeLoader; aliases' expansion bounded
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"line {mark.line + 1}" if mark else ""
