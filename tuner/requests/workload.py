@@ -36,7 +36,7 @@ import json
 from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import InputError
 from tuner.profile import ModelProfile, params_profile, with_profile
@@ -106,6 +106,14 @@ class WorkloadRequest(RequestModel):
     ``activation_checkpointing`` are not the workload's: they feed the trial config
     (:func:`tuner.space.dsconfig.trial_config`) where one is estimated, and a study searches them.
     """
+
+    # the rule a 4-bit base follows, in the schema too: an object under quantization needs an object under peft
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"quantization": {"type": "object"}}, "required": ["quantization"]},
+            "then": {"properties": {"peft": {"type": "object"}}, "required": ["peft"]},
+        }
+    )
 
     model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] | None = Field(
         None, description="Built-in preset name (see dstune's presets), e.g. llama-2-7b.", examples=["tiny-gpt2"]

@@ -13,7 +13,12 @@ from tuner.api.schemas import Health
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Health, response_model_exclude_none=True, responses={503: {"model": Health}})
+@router.get(
+    "/healthz",
+    response_model=Health,
+    response_model_exclude_none=True,
+    responses={503: {"model": Health, "description": "Degraded: a recent write failed for want of disk."}},
+)
 def healthz(request: Request, store: StoreDep) -> Health | JSONResponse:
     """Liveness and database reachability; 503 ``degraded`` while a recent write failed for want of disk."""
     store.list_jobs(limit=1)
