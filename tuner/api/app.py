@@ -34,6 +34,7 @@ from tuner.api.answer_cache import AnswerCache
 from tuner.api.budget import OverBudget
 from tuner.api.degraded import register as register_degraded
 from tuner.api.invalid import register as register_invalid
+from tuner.api.methods import register as register_methods
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
 from tuner.api.unavailable import register as register_unavailable
@@ -121,6 +122,7 @@ def create_app(
     register_unavailable(app)  # the database down: 503 with Retry-After, not 500
     register_invalid(app)  # 422 even for input holding NaN or Infinity
     register_degraded(app)  # a full disk: 503 with Retry-After, and /healthz says degraded
+    register_methods(app)  # 405 with every method of the path in Allow
     for router in ROUTERS:
         app.include_router(router)
     try:  # the dashboard's pages, when that package is installed alongside

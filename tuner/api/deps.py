@@ -61,7 +61,12 @@ StoreDep = Annotated[Store, Depends(store_of)]
 Auth = Depends(require_token)
 Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=2**31)]
-StudyName = Annotated[str, Path(min_length=1, max_length=255), AfterValidator(_study_name)]
+# the pattern says in the schema what readable_name checks: no control characters (tab, newline, return aside)
+StudyName = Annotated[
+    str,
+    Path(min_length=1, max_length=255, pattern=r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]+$"),
+    AfterValidator(_study_name),
+]
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 __all__ = [
