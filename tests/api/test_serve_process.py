@@ -37,13 +37,14 @@ def _free_port() -> int:
 
 
 def start_server(
-    tmp: Path, storage: str | None = None, profiles: Path | None = None
+    tmp: Path, storage: str | None = None, profiles: Path | None = None, **settings: str
 ) -> tuple[subprocess.Popen[str], str]:
     """A real ``dstune serve`` on a free port with a fresh profile cache (new profiles go to its worker process), or
-    the cache ``profiles``."""
+    the cache ``profiles``; ``settings``: more ``DSTUNE_*`` variables."""
     port = _free_port()
     dstune = str(Path(sys.executable).with_name("dstune"))
     env = {**os.environ, "DSTUNE_API_TOKEN": "t0ken", "DSTUNE_PROFILE_CACHE": str(profiles or tmp / "profiles")}
+    env.update(settings)
     command = [dstune, "serve", "--storage", storage or f"sqlite:///{tmp / 'dstune.db'}", "--port", str(port)]
     server = subprocess.Popen([*command, "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
