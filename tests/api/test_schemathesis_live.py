@@ -63,7 +63,7 @@ def test_schemathesis_finds_nothing(servers: dict[str, str], tmp_path: Path) -> 
         report = tmp_path / f"{backend}.json"
         command = [st, "run", f"{base}/openapi.json", "--checks", "all", "--exclude-checks", EXCLUDED]
         command += ["-n", str(EXAMPLES), "-w", "4", "-H", f"Authorization: Bearer {TOKEN}", "--seed", "24"]
-        command += ["--report-json-path", str(report), "--no-color"]
+        command += ["--report-json-path", str(report), "--no-color", "--request-timeout", "300"]
         runs[backend] = (subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), report)
     for backend, (run, report) in runs.items():
         output, _ = run.communicate(timeout=900)
