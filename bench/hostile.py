@@ -155,13 +155,19 @@ def disk_full() -> Any:
 
 def out_unwritable() -> Any:
     """``best --out`` to /dev/full and to a read-only path: one line naming the path, exit 1."""
-    from tests.api.test_api import GPT2, ds_config, seed_study
+    from tuner.estimator import estimate
     from tuner.requests import WorkloadRequest, to_workload
     from tuner.storage import Store
 
     url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'dstune.db'}"
+    workload = to_workload(WorkloadRequest(model="gpt2", gpus=2, gpu_memory="24GiB", seq_len=512))
+    config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
+    config |= {"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}
     with Store.open(url) as store:
-        seed_study(store, "s", to_workload(WorkloadRequest(**GPT2)), [(ds_config(1, 2), "ok", 100.0, 2**30)])
+        study = store.get_or_create_study("s", store.upsert_workload(workload), "tpe", {})
+        trial = store.add_trial(study.id, 0, "k0", config, {}, False, estimate(workload, config))
+        store.start_trial(trial)
+        store.finish_trial(trial, "ok", {"tokens_per_s": 100.0, "peak_bytes_per_rank": [2**30, 2**30]})
     results = [_cli(["best", "--study", "s", "--storage", url, "--out", out]) for out in ("/dev/full", "/proc/x")]
     good = sum(_one_line(code, err, 1) for code, err, _ in results)
     return _outcome(recovered=good == 2, note=f"{good}/2 one line, exit 1")

@@ -50,9 +50,10 @@ NOT_FOUND = {404: _answer("No such study or job.")}
 
 def answers(*groups: dict[int, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
     """The groups' answers merged, with the unavailable (503) answer every operation can give."""
-    merged: dict[int | str, dict[str, Any]] = dict(UNAVAILABLE)
-    for group in groups:
-        merged.update(group)
+    merged: dict[int | str, dict[str, Any]] = {}
+    for group in (UNAVAILABLE, *groups):
+        for status, answer in group.items():
+            merged[status] = answer
     return merged
 
 
