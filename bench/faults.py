@@ -9,8 +9,10 @@ Faults: a rank SIGKILLed / SIGSTOPped mid-step (local launcher, real DeepSpeed),
 flight (``dstune tune``, local launcher and Ray) then resumed, the node's fork server SIGKILLed / SIGSTOPped while a
 study's 2-rank run is in flight (``tests/faults/test_forkserver_faults.py``), a Ray worker node removed mid-run,
 PostgreSQL restarted under a running worker, two tuners on one study, two workers on one queue, a worker SIGKILLed /
-SIGSTOPped mid-job. The database faults run on a private PostgreSQL server (never the shared one); the tuner's on
-SQLite, the CLI default.
+SIGSTOPped mid-job; and issue 24's hostile input and broken environments (``bench/hostile.py``: ``dstune serve``
+stopped with its profiling worker busy, backtracking patterns, non-finite numbers, bad storage, an unreachable
+database, a full disk, an unwritable ``--out``, a YAML alias bomb, hostile study names). The database faults run on
+a private PostgreSQL server (never the shared one); the tuner's on SQLite, the CLI default.
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/faults.py [--n 3] [--n-deepspeed 2] [--only NAME,...]`` (about 12 minutes
 on two shared cores with the defaults). With ``--only``, the rows measured replace (or join) theirs in the existing
@@ -43,6 +45,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+import hostile  # noqa: E402  (bench/hostile.py)
 import sqlalchemy as sa  # noqa: E402
 from faultkit import MARKER_ENV, PrivatePostgres, marked_processes, pruned_job_request, rank_processes, wait_for  # noqa: E402
 
@@ -365,6 +368,7 @@ def matrix(server: PrivatePostgres) -> list[tuple[str, str, bool, Callable[[], O
             False,
             lambda: worker_fault(server, signal.SIGSTOP),
         ),
+        *hostile.rows(),  # issue 24: hostile input and broken environments
     ]
 
 

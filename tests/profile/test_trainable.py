@@ -144,3 +144,33 @@ def test_profile_of_the_model_as_trained(tmp_path: Any, adapters: str) -> None:
     else:
         real = saved_bytes(real_model, tokens)  # the independent instrument
     assert profile.activation_bytes(64, "bf16", profile.attention, False, 2, adapters) == (real, 0)
+
+
+@pytest.mark.parametrize(
+    ("adapter", "freeze"),
+    [
+        ({**LORA, "target_modules": "(.|.)*z"}, ""),
+        ({**LORA, "exclude_modules": "(.|.)*z"}, ""),
+        ({**LORA, "rank_pattern": {"(.|.)*z": 4}, "alpha_pattern": {"(a|aa)*b": 4}}, ""),
+        (None, "(.|.)*z"),
+    ],
+)
+def test_hostile_patterns_end_at_once(adapter: dict | None, freeze: str) -> None:
+    """Patterns peft would run with Python's backtracking re are resolved with RE2 first: the model is built (or the
+    pattern refused, naming its field) in well under a second beyond building it."""
+    import time
+
+    model = built("meta")
+    started = time.perf_counter()
+    try:
+        apply_trainable(model, TrainableSpec.of(adapter, freeze or None))
+    except WorkloadError as error:
+        assert error.field.split(".")[0] in ("peft", "freeze")
+    assert time.perf_counter() - started < 5
+
+
+def test_a_target_modules_regex_builds_the_model_peft_would() -> None:
+    """A string target_modules, matched by RE2 and handed to peft as names, trains what the name list does."""
+    by_regex = apply_trainable(built("meta"), TrainableSpec.of({**LORA, "target_modules": r".*\.(q_proj|v_proj)"}))
+    by_names = apply_trainable(built("meta"), TrainableSpec.of(LORA))
+    assert trainable_counts(by_regex) == trainable_counts(by_names)

@@ -32,6 +32,9 @@ from fastapi.responses import JSONResponse
 
 from tuner.api.answer_cache import AnswerCache
 from tuner.api.budget import OverBudget
+from tuner.api.degraded import register as register_degraded
+from tuner.api.invalid import register as register_invalid
+from tuner.api.methods import register as register_methods
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
 from tuner.api.unavailable import register as register_unavailable
@@ -71,6 +74,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         service.wait_s = saved_wait
+        service.close()  # its worker process ends with the server
         threads.shutdown(wait=False, cancel_futures=True)
         app.state.store.close()
 
@@ -116,6 +120,9 @@ def create_app(
     for retry_later in (ProfilePending, ProfileQueueFull, OverBudget):
         app.add_exception_handler(retry_later, _retry_later)
     register_unavailable(app)  # the database down: 503 with Retry-After, not 500
+    register_invalid(app)  # 422 even for input holding NaN or Infinity
+    register_degraded(app)  # a full disk: 503 with Retry-After, and /healthz says degraded
+    register_methods(app)  # 405 with every method of the path in Allow
     for router in ROUTERS:
         app.include_router(router)
     try:  # the dashboard's pages, when that package is installed alongside

@@ -13,8 +13,11 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator
+from pydantic_core import PydanticCustomError
 
-from tuner.requests import FieldError
+from tuner.errors import InputError
+from tuner.requests import FieldError, readable_name
 from tuner.storage import Store
 
 bearer = HTTPBearer(auto_error=False, description="The server's API token (dstune serve --token-file/env).")
@@ -41,6 +44,14 @@ def require_token(
         raise HTTPException(403, "invalid token")
 
 
+def _study_name(name: str) -> str:
+    """A study name in a path, held to :func:`tuner.requests.readable_name` (422 naming ``name``)."""
+    try:
+        return readable_name(name, "name")
+    except InputError as error:
+        raise PydanticCustomError("study_name", "{message}", {"message": error.message}) from None
+
+
 def invalid(error: FieldError) -> RequestValidationError:
     """A :class:`FieldError` in the request body as FastAPI's 422 (``loc`` starts with ``body``)."""
     return RequestValidationError([{"loc": ("body", *error.loc), "msg": error.message, "type": "value_error"}])
@@ -50,7 +61,12 @@ StoreDep = Annotated[Store, Depends(store_of)]
 Auth = Depends(require_token)
 Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=2**31)]
-StudyName = Annotated[str, Path(min_length=1, max_length=255)]
+# the pattern says in the schema what readable_name checks: no control characters (tab, newline, return aside)
+StudyName = Annotated[
+    str,
+    Path(min_length=1, max_length=255, pattern=r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]+$"),
+    AfterValidator(_study_name),
+]
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 __all__ = [

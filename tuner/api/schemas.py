@@ -10,17 +10,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from tuner.requests import Offload, WorkloadInput
+from tuner.requests import Offload, RequestModel, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 
 
-class EstimateRequest(BaseModel):
+class EstimateRequest(RequestModel):
     """A workload and the ds_config to estimate: the shortcut fields, with ``ds_config`` merged over them (it wins),
     as ``dstune estimate`` does with ``--ds-config``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     workload: WorkloadInput
     stage: int = Field(0, ge=0, le=3)
@@ -77,11 +75,9 @@ class EstimateResponse(BaseModel):
     )
 
 
-class RecommendRequest(BaseModel):
+class RecommendRequest(RequestModel):
     """The workload to recommend for; its micro_batch, grad_accum and activation_checkpointing are ignored (they are
     the trial config, what is recommended)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     workload: WorkloadInput
 
@@ -190,8 +186,9 @@ class JobOut(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"] = Field(description="degraded: a recent write failed for want of disk.")
     database: str
+    detail: str | None = Field(None, description="Why the server is degraded.")
 
 
 __all__ = [

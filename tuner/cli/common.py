@@ -1,6 +1,7 @@
 """The plumbing every command shares: bad input as one line ``error: <field>: <message>`` with exit code 2
-(:class:`OneLineErrorGroup` for click's own errors, :func:`fail` for ours), memory sizes, the default device and GiB
-formatting."""
+(:class:`OneLineErrorGroup` for click's own errors, :func:`fail` for ours), the environment failing (database out of
+reach, unknown storage dialect, unwritable path, full disk) as one line with exit code 1 (the one top-level handler,
+:mod:`tuner.storage.environment` recognises them), memory sizes, the default device and GiB formatting."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tuner.errors import InputError
 from tuner.units import GiB, parse_bytes
 
 USAGE_EXIT = 2
+ENVIRONMENT_EXIT = 1  # the database, a path or the disk failed: the input may be fine
 
 # Typer >= 0.25 vendors click; take its exception classes from the public BadParameter to work with either.
 UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -71,13 +73,37 @@ class OneLineErrorGroup(TyperGroup):
         except typer.Abort:
             typer.echo("Aborted!", err=True)
             sys.exit(1)
+        except Exception as error:  # the environment (database, disk, a path), or a bug: the traceback stays
+            _exit_for_environment(error)
+            raise
         sys.exit(result if isinstance(result, int) else 0)
+
+
+def _exit_for_environment(error: BaseException) -> None:
+    """Exit 1 with one line ``error: <what>: <where>: <detail>`` when ``error`` is the environment failing (the
+    database out of reach, a storage URL no driver speaks, an unwritable path, a full disk); return otherwise."""
+    from tuner.storage.environment import environment_failure  # sqlalchemy: only once something failed
+
+    failure = environment_failure(error)
+    if failure is not None:
+        typer.echo(f"error: {_one_line(str(failure))}", err=True)
+        sys.exit(ENVIRONMENT_EXIT)
 
 
 def fail(field_name: str, message: str) -> NoReturn:
     """Report bad input on one line and exit with code 2."""
     _print_error(field_name, message)
     raise typer.Exit(USAGE_EXIT)
+
+
+def write_text_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path``; a failure (a full disk reported at close, a read-only folder) names the path."""
+    try:
+        Path(path).write_text(text)
+    except OSError as error:
+        if error.filename is None:
+            raise OSError(error.errno, error.strerror, path) from error
+        raise
 
 
 def size(text: str, flag: str) -> int:
@@ -123,4 +149,14 @@ def gib(size_bytes: int | None) -> str:
     return "unknown" if size_bytes is None else f"{size_bytes / GiB:.2f}"
 
 
-__all__ = ["USAGE_EXIT", "OneLineErrorGroup", "default_device", "fail", "gib", "require_local_cuda", "size"]
+__all__ = [
+    "ENVIRONMENT_EXIT",
+    "USAGE_EXIT",
+    "OneLineErrorGroup",
+    "default_device",
+    "fail",
+    "gib",
+    "require_local_cuda",
+    "size",
+    "write_text_file",
+]

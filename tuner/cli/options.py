@@ -42,6 +42,7 @@ from tuner.requests import (
 )
 from tuner.space.dsconfig import load_ds_config
 from tuner.workload import TrialConfig, Workload, load_hf_config, read_json_object
+from tuner.workload.plain_data import check_plain_data
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
 ParamsOpt = Annotated[float | None, typer.Option(help="A bare parameter count, e.g. 7.5e9.")]
@@ -225,6 +226,15 @@ def _request(flags: WorkloadFlags) -> tuple[WorkloadRequest, str | None]:
     return request, name
 
 
+def _ds_config_file(path: str | None) -> dict[str, Any] | None:
+    """The ``--ds-config`` file's object, refused (exit 2) with a non-finite number or a control character."""
+    if path is None:
+        return None
+    override = load_ds_config(path)
+    check_plain_data(override, "ds-config")  # NaN, Infinity, 1e400, control characters: exit 2
+    return override
+
+
 def _with_trial(flags: WorkloadFlags, workload: Workload) -> tuple[Workload, TrialConfig]:
     """The trial config of the shortcut flags and ``--ds-config``, and the workload carrying the traced activations
     of the precision and checkpointing that config trains with."""
@@ -238,7 +248,7 @@ def _with_trial(flags: WorkloadFlags, workload: Workload) -> tuple[Workload, Tri
             "offload_optimizer": flags.offload_optimizer,
             "offload_param": flags.offload_param,
             "nvme_path": flags.nvme_path,
-            "ds_config": load_ds_config(flags.ds_config) if flags.ds_config is not None else None,
+            "ds_config": _ds_config_file(flags.ds_config),
         },
     ).to_trial(workload.train.precision)
     # the precision the ds_config trains in (a --ds-config may change it): its traced activations (to_workload

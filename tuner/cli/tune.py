@@ -8,13 +8,12 @@ them.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
 
-from tuner.cli.common import fail, require_local_cuda, size
+from tuner.cli.common import fail, require_local_cuda, size, write_text_file
 from tuner.cli.options import (
     AUTO_DEVICE,
     TUNE_FLAGS,
@@ -30,7 +29,7 @@ from tuner.cli.options import (
 )
 from tuner.cli.tuning import run_tune
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.requests import Launcher, Sampler
+from tuner.requests import Launcher, Sampler, check_study_name, default_study_name, readable_name
 from tuner.units import parse_duration
 from tuner.workload import MEASURED_QUANTIZATION
 
@@ -132,7 +131,7 @@ def tune_settings(
     from tuner.space import resolve_space
     from tuner.study import StudySettings
 
-    name = study or f"{workload.model.name}-{workload.fingerprint()[:8]}"
+    name = default_study_name(workload) if study is None else check_study_name(study, "study")
     return StudySettings(name=name, workload=workload, space_path=resolve_space(space), dispatch=dispatch, **search)
 
 
@@ -144,7 +143,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     from tuner.storage import Store
 
     store = Store.open(storage_url(storage))
-    record = store.get_study(study)
+    record = store.get_study(readable_name(study, "study"))
     if record is None:
         fail("study", f"no study named {study!r} in {store.url}")
     best = store.best_trial(record.id)
@@ -159,7 +158,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     config, notes = export_config(best.trial, format, workload.train.attention, workload.trainable)
     text = json.dumps(config, indent=2) + "\n"
     if out:
-        Path(out).write_text(text)
+        write_text_file(out, text)
         Console(stderr=True).print(f"wrote {out} (trial {best.number}, {best.tokens_per_s:,.0f} tokens/s)")
     else:
         print(text, end="")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import os
 import signal
 import threading
 from collections import OrderedDict
@@ -31,7 +32,8 @@ from tuner import env
 from tuner.profile.cache import ProfileCache, canonical_config
 from tuner.profile.config_checks import refuse_custom_code
 from tuner.profile.describe import cached_profile
-from tuner.workload import ModelProfile, WorkloadError
+from tuner.profile.lifetime import watch_parent
+from tuner.workload import ModelProfile, TrainableSpec, WorkloadError
 
 WAIT_ENV = "DSTUNE_PROFILE_WAIT_S"
 QUEUE_ENV = "DSTUNE_PROFILE_QUEUE"
@@ -62,9 +64,17 @@ class ProfileQueueFull(Exception):
 
 
 def _profile_in_worker(
-    config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str | None, folder: str, limit_s: int
+    config: dict[str, Any],
+    seq_len: int,
+    precisions: tuple[str, ...],
+    attention: str | None,
+    folder: str,
+    limit_s: int,
+    trainable: TrainableSpec | None = None,
 ) -> Refusal | None:
-    """Compute and cache the profile (in the worker process); a refusal comes back as ``(field, message)``."""
+    """Compute and cache the profile (in the worker process), of the model as trained with a non-full
+    ``trainable`` (its adapter and freeze pattern applied there: torch and peft never load in the server); a
+    refusal comes back as ``(field, message)``."""
 
     def expired(signum: int, frame: Any) -> None:
         raise TimeoutError
@@ -75,7 +85,7 @@ def _profile_in_worker(
         from tuner.profile.describe import model_profile
 
         for precision in precisions:
-            model_profile(config, seq_len, precision, attention, (False, True), ProfileCache(Path(folder)))
+            model_profile(config, seq_len, precision, attention, (False, True), ProfileCache(Path(folder)), trainable)
         return None
     except WorkloadError as error:
         return error.field, str(error).removeprefix(f"{error.field}: ")
@@ -88,15 +98,28 @@ def _profile_in_worker(
 
 
 def _spawn_pool() -> Executor:
-    """One worker process, spawned (not forked from a server with threads), started on the first job."""
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    """One worker process, spawned (not forked from a server with threads), started on the first job; it ends when
+    the server process does, however that ends (:func:`tuner.profile.lifetime.watch_parent`)."""
+    return ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=watch_parent,
+        initargs=(os.getpid(),),
+    )
 
 
 def _job_key(
-    config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str | None, folder: str
+    config: dict[str, Any],
+    seq_len: int,
+    precisions: tuple[str, ...],
+    attention: str | None,
+    folder: str,
+    trainable: TrainableSpec | None = None,
 ) -> str:
     """A short digest naming one job: what is kept in memory per job, however large the config."""
     parts = [canonical_config(config), seq_len, list(precisions), attention, folder]
+    if trainable is not None and not trainable.is_full:
+        parts.append(trainable.to_dict())
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -155,19 +178,26 @@ class ProfileService:
             return len(self._running)
 
     def profile(
-        self, config: dict[str, Any], seq_len: int, precisions: tuple[str, ...], attention: str | None
+        self,
+        config: dict[str, Any],
+        seq_len: int,
+        precisions: tuple[str, ...],
+        attention: str | None,
+        trainable: TrainableSpec | None = None,
     ) -> ModelProfile:
         """The profile for these settings (both checkpointing settings), from the cache or computed; ``attention``
-        None: the one transformers resolves for the model (``profile.attention``).
+        None: the one transformers resolves for the model (``profile.attention``); a non-full ``trainable``: of the
+        model as trained (peft's adapter and the freeze pattern applied in the worker process).
 
         Raises :class:`ProfilePending` past ``wait_s``, :class:`ProfileQueueFull` for a new profile while the queue
         is full, :class:`WorkloadError` for a config that cannot be profiled."""
         refuse_custom_code(config)
+        trainable = None if trainable is None or trainable.is_full else trainable
         cache = self.cache
-        found = cached_profile(config, seq_len, precisions, attention, cache=cache)
+        found = cached_profile(config, seq_len, precisions, attention, cache=cache, trainable=trainable)
         if found is not None:
             return found
-        key = _job_key(config, seq_len, precisions, attention, str(cache.folder))
+        key = _job_key(config, seq_len, precisions, attention, str(cache.folder), trainable)
         with self._lock:
             self._collect()
             refusal = self._refused.get(key)
@@ -178,7 +208,7 @@ class ProfileService:
             if future is None:
                 if len(self._running) >= self.max_queued:
                     raise ProfileQueueFull(len(self._running))
-                future = self._running[key] = self._submit(config, seq_len, precisions, attention, cache)
+                future = self._running[key] = self._submit(config, seq_len, precisions, attention, cache, trainable)
         if not wait([future], timeout=self.wait_s).done:
             raise ProfilePending()
         with self._lock:
@@ -187,7 +217,7 @@ class ProfileService:
             raise ProfilePending()
         if refusal is not None:
             raise WorkloadError(*refusal)
-        found = cached_profile(config, seq_len, precisions, attention, cache=cache)
+        found = cached_profile(config, seq_len, precisions, attention, cache=cache, trainable=trainable)
         if found is None:
             raise WorkloadError("model", "the profile could not be read back from the cache")
         return found
@@ -218,8 +248,11 @@ class ProfileService:
         precisions: tuple[str, ...],
         attention: str | None,
         cache: ProfileCache,
+        trainable: TrainableSpec | None = None,
     ) -> Future[Refusal | None]:
-        args = (config, seq_len, precisions, attention, str(cache.folder), self.limit_s)
+        args: tuple[Any, ...] = (config, seq_len, precisions, attention, str(cache.folder), self.limit_s)
+        if trainable is not None:  # only then: a worker function for full models takes the six arguments
+            args = (*args, trainable)
         if self._pool is None:
             self._pool = self._new_pool()
         try:

@@ -1,7 +1,8 @@
 """The model as trained: a workload's :class:`~tuner.workload.TrainableSpec` applied to a transformers model.
 
 The adapter is added with the real ``peft`` library (LoRA only; ``inference_mode`` forced False, as training
-builds it), then the parameters whose names the ``freeze`` pattern matches (``re.search``) are frozen. Works on the
+builds it; its regular expressions resolved to module names with RE2 first, :mod:`tuner.profile.adapter_patterns`),
+then the parameters whose names the ``freeze`` pattern matches (``re.search``, by RE2) are frozen. Works on the
 ``meta`` device (profiles) and on real tensors (measured runs). Every refusal is a
 :class:`~tuner.workload.WorkloadError` naming the adapter field (``peft.r``, ``peft.target_modules``...) or
 ``freeze``, never a traceback.
@@ -10,13 +11,15 @@ builds it), then the parameters whose names the ``freeze`` pattern matches (``re
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from tuner.errors import InputError
+from tuner.profile.adapter_patterns import resolved_adapter
 from tuner.workload import TrainableSpec, WorkloadError
+from tuner.workload.patterns import compile_pattern
 
 # peft's bookkeeping fields: any value is accepted (they do not change the model that trains)
 METADATA_FIELDS = frozenset(
@@ -143,9 +146,10 @@ def add_adapter(model: torch.nn.Module, adapter: dict[str, Any]) -> torch.nn.Mod
     from peft import get_peft_model
     from peft.utils.error import NoMatchingPeftModuleError
 
-    config = lora_config(adapter)
+    _check_fields(adapter)  # each field named as given, before its patterns become module names
+    config = lora_config(resolved_adapter(adapter, [name for name, _ in model.named_modules()]))
     _check_named(model, config.modules_to_save or (), "modules_to_save")
-    if not isinstance(config.target_modules, str):  # a string is a regular expression peft matches itself
+    if not isinstance(config.target_modules, str):  # "all-linear" (other strings were resolved to names)
         _check_named(model, (name for name in config.target_modules or () if name != "all-linear"), "target_modules")
     try:
         peft_model = get_peft_model(model, config)
@@ -159,10 +163,13 @@ def add_adapter(model: torch.nn.Module, adapter: dict[str, Any]) -> torch.nn.Mod
 
 
 def freeze_matching(model: torch.nn.Module, pattern: str, strict: bool = True) -> None:
-    """Freeze the parameters whose names ``pattern`` matches (``re.search``); refused when it matches none or
-    leaves nothing trainable (``strict=False``: a pattern matching nothing is let be, for a profile's copy that
-    keeps only some layers)."""
-    regex = re.compile(pattern)
+    """Freeze the parameters whose names ``pattern`` matches (``re.search``, run by RE2: linear time); refused when
+    it matches none or leaves nothing trainable (``strict=False``: a pattern matching nothing is let be, for a
+    profile's copy that keeps only some layers)."""
+    try:
+        regex = compile_pattern(pattern, "freeze")
+    except InputError as error:
+        raise WorkloadError(error.field, error.message) from None
     named = list(model.named_parameters())
     matched = [param for name, param in named if regex.search(name)]
     if not matched and strict:

@@ -8,6 +8,8 @@ validation and the shortcut ds_config), :mod:`tuner.measure.options` (the measur
 """
 
 from tuner.requests.job import JobRequest, check_job, tuning_workload
+from tuner.requests.names import NAME_PATTERN, check_study_name, default_study_name, is_study_name, readable_name
+from tuner.requests.strict import RequestModel
 from tuner.requests.trial import TrialRequest, WorkloadInput
 from tuner.requests.workload import (
     ATTENTION_KINDS,
@@ -43,6 +45,7 @@ __all__ = [
     "MAX_PARAMS",
     "MAX_WORLD_SIZE",
     "MODEL_IMPLS",
+    "NAME_PATTERN",
     "OFFLOAD_TARGETS",
     "PRECISIONS",
     "SAMPLERS",
@@ -55,12 +58,17 @@ __all__ = [
     "ModelImpl",
     "Offload",
     "Precision",
+    "RequestModel",
     "Sampler",
     "TrialRequest",
     "WorkloadInput",
     "WorkloadRequest",
     "check_job",
     "check_request",
+    "check_study_name",
+    "default_study_name",
+    "is_study_name",
+    "readable_name",
     "to_workload",
     "tuning_workload",
     "validated",

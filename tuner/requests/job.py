@@ -19,20 +19,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from tuner.measure.options import MEASURE_DEFAULTS
+from tuner.requests.names import NAME_PATTERN, default_study_name
+from tuner.requests.strict import RequestModel
 from tuner.requests.trial import WorkloadInput
 from tuner.requests.workload import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
 from tuner.workload import MEASURED_QUANTIZATION, Workload
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
-
-class JobRequest(BaseModel):
+class JobRequest(RequestModel):
     """A tuning job: what ``dstune tune`` would be asked, as data. The worker runs it as a study."""
-
-    model_config = ConfigDict(extra="forbid")
 
     workload: WorkloadInput
     study: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
@@ -77,7 +75,7 @@ def check_job(request: JobRequest, *, inline: bool = True) -> str:
         load_space(resolve_space(request.space), pins=request.pins)
     except (SpaceError, TypeError, ValueError) as error:
         raise FieldError(("pins",), str(error)) from None
-    return request.study or f"{workload.model.name}-{workload.fingerprint()[:8]}"
+    return request.study or default_study_name(workload)
 
 
 __all__ = ["JobRequest", "check_job", "tuning_workload"]

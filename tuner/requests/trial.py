@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from tuner.requests.strict import RequestModel
 from tuner.requests.workload import Offload, WorkloadRequest
 from tuner.space.dsconfig import merge_configs, shortcut_config
 from tuner.workload import TrialConfig
@@ -27,10 +28,8 @@ GRAD_ACCUM = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_c
 CHECKPOINTING = Field(False, description="Of the trial config (the model's gradient checkpointing), not the workload.")
 
 
-class TrialRequest(BaseModel):
+class TrialRequest(RequestModel):
     """One trial config by its shortcut fields, with ``ds_config`` merged over them (it wins)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     micro_batch: int = MICRO_BATCH
     grad_accum: int = GRAD_ACCUM

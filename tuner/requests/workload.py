@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -43,6 +44,7 @@ from tuner.errors import InputError
 from tuner.profile import ModelProfile, params_profile, with_profile
 from tuner.profile.describe import spec_from_profile
 from tuner.profile.service import default_service
+from tuner.requests.strict import RequestModel
 from tuner.units import parse_bytes
 from tuner.workload import (
     ATTENTION_KINDS,
@@ -99,7 +101,7 @@ class FieldError(InputError):
         self.loc = loc
 
 
-class WorkloadRequest(BaseModel):
+class WorkloadRequest(RequestModel):
     """A workload, with the fields of the CLI's workload flags (``--gpus`` is GPUs per node).
 
     Give exactly one of ``model`` (a built-in preset name), ``config`` (an inline Hugging Face ``config.json``
@@ -107,7 +109,13 @@ class WorkloadRequest(BaseModel):
     accumulation, checkpointing, ZeRO...) is a :class:`tuner.requests.TrialRequest`, not part of the workload.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # the rule a 4-bit base follows, in the schema too: an object under quantization needs an object under peft
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"quantization": {"type": "object"}}, "required": ["quantization"]},
+            "then": {"properties": {"peft": {"type": "object"}}, "required": ["peft"]},
+        }
+    )
 
     model: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] | None = Field(
         None, description="Built-in preset name (see dstune's presets), e.g. llama-2-7b.", examples=["tiny-gpt2"]
@@ -232,6 +240,19 @@ def _hf_model(
     )
 
 
+def _trained_off_process(workload: Workload) -> Workload:
+    """The workload with the profile of its model as trained, computed by the profiling service's worker process
+    (a server never imports torch, transformers or peft); models without a transformers config are left to
+    :func:`with_profile`, which refuses them without importing anything."""
+    model, train = workload.model, workload.train
+    if model.implementation != "transformers" or not model.hf_config:
+        return with_profile(workload)
+    config = json.loads(model.hf_config)
+    service = default_service()
+    profile = service.profile(config, train.seq_len, (train.precision,), train.attention, trainable=workload.trainable)
+    return replace(workload, profile=profile)
+
+
 def _check_counted_params(config: dict[str, Any]) -> None:
     """For the families dstune's built-in models count (arithmetic, no torch), refuse an implausible parameter count
     before the transformers model is described in the profiling service. Other families rely on the dimension
@@ -339,8 +360,8 @@ def to_workload(
     workload = Workload(model, cluster, train, profile=profile, trainable=trainable)
     if trainable.is_full:
         return workload
-    try:  # the model as trained: peft builds it on meta, here (also for the API: not the profiling service's job)
-        return with_profile(workload)
+    try:  # the model as trained: peft builds it on meta, in this process (inline) or the profiling service's
+        return with_profile(workload) if inline else _trained_off_process(workload)
     except WorkloadError as error:
         raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
 

@@ -16,6 +16,7 @@ from tuner.space.errors import SpaceError
 from tuner.space.parameter_entry import IDENTIFIER, parse_parameter
 from tuner.space.parameters import Parameter
 from tuner.space.space import SearchSpace
+from tuner.space.yaml_bounded import load_bounded
 from tuner.workload import ACCUM_KEY, BATCH_KEYS, GLOBAL_KEY, MICRO_KEY, ZERO_KEYS
 
 TOP_FIELDS = ("version", "description", "base", "parameters")
@@ -107,7 +108,7 @@ def load_space(path: str | Path, pins: Mapping[str, Any] | None = None) -> Searc
     if not file.is_file():
         raise SpaceError(source, "", f"no such file: {file}")
     try:
-        data = yaml.load(file.read_text(), Loader=_Loader)  # _Loader is a SafeLoader
+        data = load_bounded(file.read_text(), _Loader)  # _Loader is a SafeLoader; aliases' expansion bounded
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"line {mark.line + 1}" if mark else ""

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tuner import env
 from tuner.env import DEFAULT_DB_FILE
+from tuner.storage.environment import StorageUnusable, is_permanent
 from tuner.storage.errors import DatabaseUnavailable, StoreError
 from tuner.storage.tables import VERSION_TABLE
 
@@ -115,6 +116,14 @@ def is_disconnect(error: BaseException) -> bool:
     return False
 
 
+def _shown(url: str) -> str:
+    """``url`` with its password hidden (an unparsable one not shown at all: it may hold a password)."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "(an unparsable URL)"
+
+
 def default_retry_s() -> float:
     """How long a store keeps retrying an unreachable database: ``$DSTUNE_DB_RETRY_S``, else 60 s (:mod:`tuner.env`)."""
     return env.current().db_retry_s
@@ -185,13 +194,28 @@ class Database:
     def open(cls, url: str | None = None, *, echo: bool = False, retry_s: float | None = None) -> Self:
         """Connect to ``url`` (default: :func:`tuner.env.storage_url`) and apply pending migrations
         (``alembic upgrade head``)."""
-        database = cls(url, echo=echo, retry_s=retry_s)
         try:
+            database = cls(url, echo=echo, retry_s=retry_s)
+        except (sa.exc.ArgumentError, ImportError) as error:  # no such dialect or driver
+            raise StorageUnusable(_shown(url or env.storage_url()), " ".join(str(error).split())) from error
+        try:
+            database.probe()
             database.upgrade()
         except BaseException:
             database.close()
             raise
         return database
+
+    def probe(self) -> None:
+        """Connect once, not retried: a failure that waiting will not cure (an unknown host, a refused password, a
+        file that cannot be opened) raises :class:`StorageUnusable` at once; others are left to the retried calls."""
+        try:
+            with self.engine.connect():
+                pass
+        except sa.exc.DBAPIError as error:
+            if is_permanent(error):
+                detail = " ".join(str(error.orig or error).split())[:300]
+                raise StorageUnusable(self.engine.url.render_as_string(hide_password=True), detail) from error
 
     def __enter__(self) -> Self:
         return self
@@ -274,7 +298,7 @@ class Database:
             return context.get_current_revision()
 
 
-for _name in ("upgrade", "current_revision"):
+for _name in ("upgrade", "current_revision"):  # probe is not retried: its point is the first attempt
     setattr(Database, _name, retry_unavailable(getattr(Database, _name)))
 
 __all__ = [

@@ -13,7 +13,8 @@
 - ``zero``, ``layout`` and ``config_values``: the typed views :class:`TrialConfig` reads a ds_config's sections
   through (:class:`ZeroConfig`, :class:`ParallelLayout`), the only code that parses a ds_config.
 
-May import: :mod:`tuner.errors` and the standard library. Everything above imports from here.
+May import: :mod:`tuner.errors`, the standard library and RE2 (user patterns, :mod:`~tuner.workload.patterns`).
+Everything above imports from here.
 """
 
 from tuner.workload.config_values import ConfigError

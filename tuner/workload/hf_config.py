@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tuner.errors import InputError
 from tuner.workload.errors import WorkloadError
 from tuner.workload.model import ModelSpec
+from tuner.workload.plain_data import check_plain_data
 
 PRESET_DIR = Path(__file__).parent / "presets"
 SUPPORTED_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
@@ -219,6 +221,10 @@ def read_json_object(source: str | Path, field_name: str, default_file: str = ""
         raise WorkloadError(field_name, f"cannot read {path} as JSON: {error}") from None
     if not isinstance(data, dict):
         raise WorkloadError(field_name, f"{path} must hold a JSON object")
+    try:
+        check_plain_data(data, field_name)  # NaN, Infinity, 1e400, control characters
+    except InputError as error:
+        raise WorkloadError(error.field, error.message) from None
     return data
 
 

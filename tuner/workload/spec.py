@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
 from tuner.errors import InputError
 from tuner.workload.errors import WorkloadError
 from tuner.workload.model import ModelSpec
+from tuner.workload.patterns import compile_pattern
 from tuner.workload.quantization import NEEDS_CUDA, QuantSpec
 from tuner.workload.vocabulary import ATTENTION_KINDS, DEVICES, OPTIMIZERS, PRECISIONS, Device
 
@@ -106,7 +106,7 @@ class TrainableSpec:
     (False, True)
     >>> TrainableSpec(freeze="(")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    tuner.workload.errors.WorkloadError: freeze: not a regular expression: missing ), unterminated subpattern ...
+    tuner.workload.errors.WorkloadError: freeze: not a regular expression RE2 can run (linear time): missing ): (
     """
 
     peft: str = ""
@@ -128,9 +128,9 @@ class TrainableSpec:
         if len(self.freeze) > MAX_FREEZE_PATTERN:
             raise WorkloadError("freeze", f"at most {MAX_FREEZE_PATTERN} characters")
         try:
-            re.compile(self.freeze)
-        except re.error as error:
-            raise WorkloadError("freeze", f"not a regular expression: {error}") from None
+            compile_pattern(self.freeze, "freeze")  # RE2: linear time, whatever the pattern
+        except InputError as error:
+            raise WorkloadError(error.field, error.message) from None
         if self.peft:
             try:
                 adapter = json.loads(self.peft)

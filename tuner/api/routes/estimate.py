@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
+from tuner.api.responses import BODY, answers
 from tuner.api.schemas import EstimateRequest, EstimateResponse
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.forecast import load_fit, throughput_summary
@@ -33,12 +34,7 @@ def checked_estimate(workload: Workload, trial: TrialConfig, loc: Loc = ("ds_con
 @router.post(
     "/v1/estimate",
     response_model=EstimateResponse,
-    responses={
-        503: {
-            "description": "Still being computed (a new model's profile, or past the time budget), or the profiling"
-            " queue is full."
-        }
-    },
+    responses=answers(BODY),
 )
 async def estimate_endpoint(body: EstimateRequest, request: Request) -> EstimateResponse:
     """Estimate peak memory per GPU and per node's CPU, by category, for one workload and ds_config."""

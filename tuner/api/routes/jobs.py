@@ -8,6 +8,7 @@ from typing import Literal
 from fastapi import APIRouter, HTTPException
 
 from tuner.api.deps import Auth, JobId, Limit, Offset, StoreDep, invalid
+from tuner.api.responses import AUTH, BODY, NOT_FOUND, answers
 from tuner.api.schemas import JobOut
 from tuner.requests import FieldError, JobRequest, check_job
 from tuner.storage import JOB_STATES
@@ -17,7 +18,7 @@ JobStatus = Literal[JOB_STATES]  # type: ignore[valid-type]
 router = APIRouter(tags=["jobs"])
 
 
-@router.post("/v1/jobs", response_model=JobOut, status_code=201, dependencies=[Auth])
+@router.post("/v1/jobs", response_model=JobOut, status_code=201, dependencies=[Auth], responses=answers(BODY, AUTH))
 def create_job(body: JobRequest, store: StoreDep) -> JobOut:
     """Queue a tuning job; a ``dstune worker`` runs it as a study."""
     try:
@@ -27,13 +28,13 @@ def create_job(body: JobRequest, store: StoreDep) -> JobOut:
     return JobOut.of(store.enqueue_job(study_name, body.model_dump(mode="json")))
 
 
-@router.get("/v1/jobs", response_model=list[JobOut])
+@router.get("/v1/jobs", response_model=list[JobOut], responses=answers())
 def list_jobs(store: StoreDep, status: JobStatus | None = None, limit: Limit = 100, offset: Offset = 0) -> list[JobOut]:
     """Jobs, newest first."""
     return [JobOut.of(job) for job in store.list_jobs(status=status, limit=limit, offset=offset)]
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobOut, responses={404: {}})
+@router.get("/v1/jobs/{job_id}", response_model=JobOut, responses=answers(NOT_FOUND))
 def get_job(job_id: JobId, store: StoreDep) -> JobOut:
     """A job's status and progress (trials done, best so far)."""
     job = store.get_job(job_id)
@@ -42,7 +43,7 @@ def get_job(job_id: JobId, store: StoreDep) -> JobOut:
     return JobOut.of(job)
 
 
-@router.delete("/v1/jobs/{job_id}", response_model=JobOut, dependencies=[Auth], responses={404: {}})
+@router.delete("/v1/jobs/{job_id}", response_model=JobOut, dependencies=[Auth], responses=answers(AUTH, NOT_FOUND))
 def cancel_job(job_id: JobId, store: StoreDep) -> JobOut:
     """Cancel a job: a queued one at once; a running one is stopped by its worker between trials
     (``cancel_requested`` until then). A finished job is returned unchanged."""

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request, Response
 
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
+from tuner.api.responses import BODY, answers
 from tuner.api.schemas import RecommendRequest, RecommendResponse
 from tuner.recommend import NoFeasibleConfig, recommend
 from tuner.requests import FieldError, check_request, to_workload
@@ -17,13 +18,7 @@ router = APIRouter(tags=["recommend"])
 @router.post(
     "/v1/recommend",
     response_model=RecommendResponse,
-    responses={
-        422: {"description": "Bad workload, or no config of the default space fits it."},
-        503: {
-            "description": "Still being computed (a new model's profile, or past the request's time budget), or"
-            " the profiling queue is full."
-        },
-    },
+    responses=answers(BODY, {422: {"description": "Bad workload, or no config of the default space fits it."}}),
 )
 async def recommend_endpoint(body: RecommendRequest, request: Request) -> Response:
     """The best config for a workload: measured, else the nearest measured one re-checked, else estimated."""

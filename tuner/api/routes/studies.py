@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from fastapi import APIRouter, HTTPException
 
 from tuner.api.deps import Limit, Offset, StoreDep, StudyName
+from tuner.api.responses import NOT_FOUND, answers
 from tuner.api.schemas import StudyDetail, StudyOut, TrialOut, TrialPage
 from tuner.storage import TRIAL_ORDERS, TRIAL_STATUSES, Store, StudyRecord
 from tuner.workload import workload_to_dict
@@ -27,13 +28,13 @@ def _study(store: Store, name: str) -> StudyRecord:
     return record
 
 
-@router.get("/v1/studies", response_model=list[StudyOut])
+@router.get("/v1/studies", response_model=list[StudyOut], responses=answers())
 def list_studies(store: StoreDep) -> list[StudyOut]:
     """Every study, newest first."""
     return [StudyOut.of(record) for record in store.list_studies()]
 
 
-@router.get("/v1/studies/{name}", response_model=StudyDetail, responses={404: {}})
+@router.get("/v1/studies/{name}", response_model=StudyDetail, responses=answers(NOT_FOUND))
 def get_study(name: StudyName, store: StoreDep) -> StudyDetail:
     """A study: its workload, trial counts by status, pruned reasons and best trial."""
     record = _study(store, name)
@@ -48,7 +49,7 @@ def get_study(name: StudyName, store: StoreDep) -> StudyDetail:
     )
 
 
-@router.get("/v1/studies/{name}/trials", response_model=TrialPage, responses={404: {}})
+@router.get("/v1/studies/{name}/trials", response_model=TrialPage, responses=answers(NOT_FOUND))
 def study_trials(
     name: StudyName,
     store: StoreDep,

@@ -1,0 +1,89 @@
+"""The environment failing under the CLI (issue 24): an unknown storage dialect, an unparsable URL, a SQLite file in
+a missing or unwritable folder, a database host that does not resolve, a refused connection past the retry window,
+an unwritable or full ``--out``: one line ``error: ...`` naming what and where, exit 1 (2 stays for bad input), no
+traceback, and a failure that waiting will not cure is reported at once, not after the retry window."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.api.test_api import GPT2, ds_config, seed_study
+from tuner.cli import app
+from tuner.requests import WorkloadRequest, to_workload
+from tuner.storage import Store
+
+BAD_STORAGE = [
+    ("mongodb://db.example/dstune", "mongodb"),
+    ("not a url", "unparsable"),
+    ("sqlite:////no/such/folder/dstune.db", "/no/such/folder"),
+    ("sqlite:////proc/dstune.db", "/proc/dstune.db"),
+    ("postgresql+psycopg://u:secret@no-such-host.invalid/dstune", "no-such-host.invalid"),
+]
+COMMANDS = [["best", "--study", "x"], ["worker", "--once"], ["tune", "--model", "tiny-gpt2", "--device", "cpu"]]
+
+
+def _run(args: list[str], **env: str) -> tuple[int, str, float]:
+    started = time.perf_counter()
+    result = CliRunner().invoke(app, args, env={"DSTUNE_DB_RETRY_S": "30", **env})
+    return result.exit_code, result.stderr, time.perf_counter() - started
+
+
+def _one_line_exit_1(code: int, stderr: str, where: str) -> None:
+    assert code == 1, stderr
+    assert len(stderr.strip().splitlines()) == 1 and stderr.startswith("error: "), stderr
+    assert where in stderr and "Traceback" not in stderr and "secret" not in stderr
+
+
+@pytest.mark.parametrize(("url", "where"), BAD_STORAGE)
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_storage_that_cannot_be_used_is_one_line_at_once(url: str, where: str, command: list[str]) -> None:
+    if command[0] == "worker" and "--once" not in _help("worker"):
+        command = ["worker"]
+    code, stderr, seconds = _run([*command, "--storage", url])
+    _one_line_exit_1(code, stderr, where)
+    assert seconds < 25  # not the 30 s retry window
+
+
+def _help(command: str) -> str:
+    return CliRunner().invoke(app, [command, "--help"]).stdout
+
+
+def test_a_refused_connection_past_the_retry_window_ends_in_one_error_line() -> None:
+    code, stderr, _ = _run(
+        ["best", "--study", "x", "--storage", "postgresql+psycopg://u:secret@127.0.0.1:1/db"], DSTUNE_DB_RETRY_S="1"
+    )
+    assert code == 1, stderr
+    assert stderr.strip().splitlines()[-1].startswith("error: database unavailable: "), stderr
+    assert "Traceback" not in stderr and "secret" not in stderr
+
+
+def test_serve_with_bad_storage_is_one_line_exit_1(tmp_path: Path) -> None:
+    dstune = str(Path(sys.executable).with_name("dstune"))
+    env = {**os.environ, "DSTUNE_API_TOKEN": "x"}
+    done = subprocess.run(
+        [dstune, "serve", "--storage", "mongodb://db/x"], capture_output=True, text=True, env=env, timeout=120
+    )
+    _one_line_exit_1(done.returncode, done.stderr, "mongodb")
+
+
+@pytest.fixture
+def measured(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'dstune.db'}"
+    with Store.open(url) as store:
+        seed_study(store, "s", to_workload(WorkloadRequest(**GPT2)), [(ds_config(1, 2), "ok", 100.0, 2**30)])
+    return url
+
+
+@pytest.mark.parametrize(("out", "where"), [("/dev/full", "/dev/full"), ("/proc/x.json", "/proc/x.json")])
+def test_best_out_that_cannot_be_written_is_one_line(measured: str, tmp_path: Path, out: str, where: str) -> None:
+    if not Path("/dev/full").exists() and out == "/dev/full":
+        pytest.skip("no /dev/full here")
+    code, stderr, _ = _run(["best", "--study", "s", "--storage", measured, "--out", out])
+    _one_line_exit_1(code, stderr, where)

@@ -1,0 +1,70 @@
+"""YAML loaded with alias expansion bounded: a document whose aliases would expand past :data:`MAX_NODES` nodes
+(the "billion laughs": nine anchors of nine aliases each is 9**9 strings) is refused before a Python object is
+built, as a :class:`yaml.YAMLError` with the document's position, so every caller's YAML error handling reports it.
+
+PyYAML builds one shared object per anchor, so the bomb is small in memory until something walks it (a JSON dump,
+a copy, a merge of ``base``): the expanded size is what is bounded, counted over the node graph (each node once,
+memoized), in time linear in the document.
+
+Example:
+    >>> load_bounded("a: [1, 2]\\nb: {c: x}")
+    {'a': [1, 2], 'b': {'c': 'x'}}
+    >>> bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\\n" + "".join(
+    ...     f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\\n" for p, c in zip("abcdefg", "bcdefgh")
+    ... )
+    >>> load_bounded(bomb)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    tuner.space.yaml_bounded.AliasBomb: the YAML's aliases expand past 100000 nodes ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+MAX_NODES = 100_000  # nodes of the document with every alias expanded: far beyond any search space
+
+
+class AliasBomb(yaml.MarkedYAMLError):
+    """The document's aliases expand past the bound."""
+
+
+def expanded_size(root: yaml.Node, limit: int = MAX_NODES) -> int:
+    """How many nodes ``root`` holds with every alias expanded, counted up to just past ``limit``."""
+    sizes: dict[int, int] = {}
+    pending: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while pending:
+        node, children_done = pending.pop()
+        if id(node) in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [item for pair in node.value for item in pair]
+        if children_done or not children:
+            sizes[id(node)] = min(limit + 1, 1 + sum(sizes[id(child)] for child in children))
+            continue
+        pending.append((node, True))
+        pending.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+def load_bounded(text: str, loader: type[Any] = yaml.SafeLoader, max_nodes: int = MAX_NODES) -> Any:
+    """``yaml.load(text, Loader=loader)`` (a safe loader), refusing a document that expands past ``max_nodes``."""
+    instance = loader(text)
+    try:
+        node = instance.get_single_node()
+        if node is None:
+            return None
+        if expanded_size(node, max_nodes) > max_nodes:
+            raise AliasBomb(
+                None, None, f"the YAML's aliases expand past {max_nodes} nodes (an alias bomb?)", node.start_mark
+            )
+        return instance.construct_document(node)
+    finally:
+        instance.dispose()
+
+
+__all__ = ["MAX_NODES", "AliasBomb", "expanded_size", "load_bounded"]
