@@ -25,7 +25,8 @@ if [ "$#" -gt 0 ]; then
     exec .venv/bin/pytest -q -p no:cacheprovider "$@"
 fi
 # Two tiers: the fast one (pure logic, doctests, SQLite, the API in-process, the study loop over a fake measurer;
-# about 10 minutes on 2 cores) fails first, then the slow one (real DeepSpeed on CPU ranks, Ray, PostgreSQL, the browser).
-# Each ends with its ten slowest tests, so that growth shows where it happens.
-.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "not slow"
+# about 2-3 minutes, one test file per core: pytest-xdist) fails first, then the slow one (real DeepSpeed on CPU
+# ranks, Ray, PostgreSQL, the browser; one test at a time: its runs use both cores). Each ends with its ten slowest
+# tests, so that growth shows where it happens.
+.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "not slow" -n 2 --dist loadfile
 .venv/bin/pytest -q -p no:cacheprovider --durations=10 -m slow

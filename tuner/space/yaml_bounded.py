@@ -15,6 +15,9 @@ Example:
     >>> load_bounded(bomb)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     tuner.space.yaml_bounded.AliasBomb: the YAML's aliases expand past 100000 nodes ...
+    >>> load_bounded("a: &a [x, *a]")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    tuner.space.yaml_bounded.AliasBomb: the YAML's aliases expand past 100000 nodes ...
 """
 
 from __future__ import annotations
@@ -31,13 +34,19 @@ class AliasBomb(yaml.MarkedYAMLError):
 
 
 def expanded_size(root: yaml.Node, limit: int = MAX_NODES) -> int:
-    """How many nodes ``root`` holds with every alias expanded, counted up to just past ``limit``."""
+    """How many nodes ``root`` holds with every alias expanded, counted up to just past ``limit``; a recursive
+    document (an alias inside its own anchor) expands without end, so it counts as past ``limit``."""
     sizes: dict[int, int] = {}
+    entered: set[int] = set()  # nodes whose children are being counted
     pending: list[tuple[yaml.Node, bool]] = [(root, False)]
     while pending:
         node, children_done = pending.pop()
         if id(node) in sizes:
             continue
+        if not children_done:
+            if id(node) in entered:  # reached again from inside itself: a cycle
+                return limit + 1
+            entered.add(id(node))
         children: list[yaml.Node] = []
         if isinstance(node, yaml.SequenceNode):
             children = list(node.value)
