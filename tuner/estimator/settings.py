@@ -26,6 +26,7 @@ class Settings:
     world_size: int
     micro_batch: int
     grad_accum: int
+    global_batch: int  # samples per optimizer step: micro × accumulation × the data-parallel ranks
     precision: str
     stage: int
     overlap_comm: bool
@@ -89,6 +90,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         world_size=workload.cluster.world_size,
         micro_batch=batch.micro,
         grad_accum=batch.accum,
+        global_batch=batch.total,
         precision=precision,
         stage=zero.stage,
         overlap_comm=zero.overlap_comm,

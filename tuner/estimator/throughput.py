@@ -235,7 +235,7 @@ def predict_resolved(
     terms = step_terms(workload, s, hardware_for(workload, device_name))
     f = dict(factors or {})
     step = terms.step_time(f)
-    samples = s.micro_batch * s.grad_accum * s.world_size
+    samples = s.global_batch
     tokens = samples * workload.train.seq_len
     flops_per_token = model_flops_per_token(workload.model, workload.train.seq_len, trainable_params(workload))
     flops = flops_per_token * tokens / s.world_size / step

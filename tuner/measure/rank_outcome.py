@@ -95,7 +95,7 @@ def summarize(results: list[RankResult], spec: RunSpec) -> Measurement:
     samples = 0  # throughput is only computed for runs that DeepSpeed accepted and finished
     if all(result.status == "ok" for result in results):
         settings = resolve(workload, spec.trial)
-        samples = settings.micro_batch * settings.grad_accum * workload.cluster.world_size
+        samples = settings.global_batch
     measurement = aggregate(results, workload.model, workload.train.seq_len, samples, workload.cluster.world_size)
     measurement.stopped_early = any(result.exception_type == STOPPED_EARLY for result in results)
     lost = [result for result in results if result.exception_type == INFRA_LOST]

@@ -49,7 +49,7 @@ def step_hook(
     if stopper is None:
         return None
     settings = resolve(workload, trial)
-    samples = settings.micro_batch * settings.grad_accum * workload.cluster.world_size
+    samples = settings.global_batch
     tokens_per_step = float(samples * workload.train.seq_len)
     return lambda times: stopper.should_stop(times, tokens_per_step, best())
 
