@@ -62,7 +62,9 @@ def test_schemathesis_finds_nothing(servers: dict[str, str], tmp_path: Path) -> 
     for backend, base in servers.items():
         report = tmp_path / f"{backend}.json"
         command = [st, "run", f"{base}/openapi.json", "--checks", "all", "--exclude-checks", EXCLUDED]
-        command += ["-n", str(EXAMPLES), "-w", "4", "-H", f"Authorization: Bearer {TOKEN}", "--seed", "24"]
+        # one worker thread: with four, this CPython (3.11.7) failed inside schemathesis while compiling on several
+        # threads at once ("SystemError: AST constructor recursion depth mismatch"), a crash of the tool, not a finding
+        command += ["-n", str(EXAMPLES), "-w", "1", "-H", f"Authorization: Bearer {TOKEN}", "--seed", "24"]
         command += ["--report-json-path", str(report), "--no-color", "--request-timeout", "300"]
         runs[backend] = (subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), report)
     for backend, (run, report) in runs.items():
