@@ -12,15 +12,11 @@ from tuner.requests.names import NAME_PATTERN, check_study_name, default_study_n
 from tuner.requests.strict import RequestModel
 from tuner.requests.trial import TrialRequest, WorkloadInput
 from tuner.requests.workload import (
-    ATTENTION_KINDS,
-    DEVICES,
     LAUNCHERS,
     MAX_BYTES,
     MAX_PARAMS,
     MAX_WORLD_SIZE,
-    MODEL_IMPLS,
     OFFLOAD_TARGETS,
-    PRECISIONS,
     SAMPLERS,
     Attention,
     Device,
@@ -36,6 +32,7 @@ from tuner.requests.workload import (
     to_workload,
     validated,
 )
+from tuner.workload import ATTENTION_KINDS, DEVICES, MODEL_IMPLS, PRECISIONS
 
 __all__ = [
     "ATTENTION_KINDS",

@@ -47,12 +47,8 @@ from tuner.profile.service import default_service
 from tuner.requests.strict import RequestModel
 from tuner.units import parse_bytes
 from tuner.workload import (
-    ATTENTION_KINDS,
-    DEVICES,
     MAX_FREEZE_PATTERN,
-    MODEL_IMPLS,
     NEEDS_CUDA,
-    PRECISIONS,
     SUPPORTED_FAMILIES,
     Attention,
     ClusterSpec,
@@ -364,30 +360,3 @@ def to_workload(
         return with_profile(workload) if inline else _trained_off_process(workload)
     except WorkloadError as error:
         raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
-
-
-__all__ = [
-    "ATTENTION_KINDS",
-    "DEVICES",
-    "LAUNCHERS",
-    "MAX_BYTES",
-    "MAX_PARAMS",
-    "MAX_WORLD_SIZE",
-    "MODEL_IMPLS",
-    "OFFLOAD_TARGETS",
-    "PRECISIONS",
-    "SAMPLERS",
-    "Attention",
-    "Device",
-    "FieldError",
-    "Launcher",
-    "Loc",
-    "ModelImpl",
-    "Offload",
-    "Precision",
-    "Sampler",
-    "WorkloadRequest",
-    "check_request",
-    "to_workload",
-    "validated",
-]
