@@ -30,6 +30,7 @@ from tuner.workload.hf_config import (
     read_json_object,
 )
 from tuner.workload.layout import ParallelLayout
+from tuner.workload.long_context import LongContext
 from tuner.workload.model import ModelSpec, model_from_param_count
 from tuner.workload.model_profile import PROFILE_FORMAT, ActivationProfile, Linear, ModelProfile
 from tuner.workload.quantization import (
@@ -116,6 +117,7 @@ __all__ = [
     "ConfigError",
     "Device",
     "Linear",
+    "LongContext",
     "ModelImpl",
     "ModelProfile",
     "ModelSpec",

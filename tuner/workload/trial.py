@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from tuner.workload.config_values import ConfigError, enabled, read_bool, section
 from tuner.workload.layout import ParallelLayout
+from tuner.workload.long_context import LongContext
 from tuner.workload.zero import ZeroConfig
 
 MICRO_KEY = "train_micro_batch_size_per_gpu"
@@ -197,6 +198,11 @@ class TrialConfig:
         return ParallelLayout.of(self.ds_config)
 
     @cached_property
+    def long_context(self) -> LongContext:
+        """ALST's tiled MLP and loss, checkpoint offload and Ulysses' communication dtype."""
+        return LongContext.of(self.ds_config)
+
+    @cached_property
     def optimizer_type(self) -> str:
         """``optimizer.type`` as given (DeepSpeed's default ``AdamW`` when absent)."""
         return section(self.ds_config, "optimizer").get("type", "AdamW")
@@ -247,6 +253,12 @@ class TrialConfig:
             layout = ""
         if layout:
             parts.append(layout)
+        try:
+            long_context = self.long_context.summary()
+        except ConfigError:
+            long_context = ""
+        if long_context:
+            parts.append(long_context)
         if self.activation_checkpointing:
             parts.append("checkpointing")
         return " · ".join(parts)
