@@ -1,10 +1,13 @@
 """``dstune measure`` end to end: a real DeepSpeed run on CPU through the console script."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytest.importorskip("deepspeed")
@@ -14,30 +17,45 @@ DSTUNE = str(Path(sys.executable).with_name("dstune"))
 TINY = ["--model", "tiny-gpt2", "--seq-len", "64", "--micro-batch", "2", "--device", "cpu"]
 
 
-def dstune(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([DSTUNE, *args], capture_output=True, text=True, timeout=600)
+def dstune(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([DSTUNE, *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def fork_servers_marked(marker: str) -> list[psutil.Process]:
+    """The fork servers started with ``DSTUNE_TEST_MARKER=marker`` in their environment."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            server = "tuner.measure.forkserver" in " ".join(process.info["cmdline"] or ())
+            if server and process.environ().get("PYTHONDSTUNE_TEST_MARKER") == marker:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
 
 
 def test_measure_json_contract(tmp_path) -> None:
+    """The JSON contract; and the node's fork server the command started leaves when the command ends (its own
+    server: the marker, a ``PYTHON*`` variable, is part of the server's key), not after its idle timeout."""
+    marker = str(tmp_path)
+    env = dict(os.environ, PYTHONDSTUNE_TEST_MARKER=marker, DSTUNE_FORKSERVER_IDLE_S="900")
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}))
-    done = dstune(
-        "measure",
-        *TINY,
-        "--gpus",
-        "2",
-        "--stage",
-        "2",
-        "--warmup",
-        "1",
-        "--steps",
-        "2",
-        "--ds-config",
-        str(config),
-        "--json",
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    args = ["--gpus", "2", "--stage", "2", "--warmup", "1", "--steps", "2", "--ds-config", str(config), "--json"]
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout_file, err.open("w") as stderr_file:
+        command = subprocess.Popen([DSTUNE, "measure", *TINY, *args], stdout=stdout_file, stderr=stderr_file, env=env)
+        served = False
+        while command.poll() is None:  # the ranks are forked from a server of the command's own
+            served = served or bool(fork_servers_marked(marker))
+            time.sleep(0.5)
+    assert command.returncode == 0, err.read_text()
+    assert served, "no fork server served the command's ranks"
+    deadline = time.monotonic() + 60  # it leaves once its last launcher is gone: well within a loaded minute
+    while fork_servers_marked(marker):
+        assert time.monotonic() < deadline, "the command's fork server outlived it"
+        time.sleep(0.2)
+    result = json.loads(out.read_text())
     assert result["status"] == "ok" and result["error"] is None
     assert result["tokens_per_s"] > 0 and result["samples_per_s"] > 0
     assert set(result["step_time_s"]) == {"p50", "p90"}

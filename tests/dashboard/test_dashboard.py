@@ -277,6 +277,20 @@ def test_unknown_study_is_404(client: TestClient) -> None:
     assert client.get("/studies/no-such-study/trials/0/ds_config.json").status_code == 404
 
 
+@pytest.mark.parametrize("name", ["%00", "bad%01name", "x" * 300])
+def test_a_name_no_study_can_have_is_404_on_each_backend(url: str, name: str) -> None:
+    """A NUL (PostgreSQL refuses it in a query), a control character or a name longer than the column never reaches
+    the database: the not-found page, on SQLite and PostgreSQL alike, with or without a trial path."""
+    app = make_app(url)
+    try:
+        client = TestClient(app)
+        for path in (f"/studies/{name}", f"/studies/{name}/trials/0", f"/studies/{name}/trials/0/ds_config.json"):
+            response = client.get(path)
+            assert response.status_code == 404, (path, response.text[:200])
+    finally:
+        app.state.store.close()
+
+
 def test_download_ds_config(client: TestClient, app: FastAPI) -> None:
     response = client.get(f"/studies/{STUDY}/trials/1/ds_config.json")
     assert response.status_code == 200

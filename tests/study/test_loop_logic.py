@@ -606,3 +606,40 @@ def test_a_study_of_another_workload_is_refused_before_anything_is_written(tmp_p
         TuningStudy(other, store)
     assert refused.value.field == "workload" and "choose another study name" in refused.value.message
     assert workloads() == before
+
+
+def test_a_disk_filling_mid_study_ends_it_as_disk_full_and_a_rerun_loses_nothing(tmp_path: Path, store: Store) -> None:
+    """The database's disk fills while the third config is measured (SQLite's own ``max_page_count``: the next write
+    that grows the file fails with "database or disk is full", as on a full filesystem). The study stops with an
+    error the CLI reports as one ``disk full`` line; the file stays intact, and a rerun once there is room again
+    measures the interrupted config and finishes the study."""
+    from sqlalchemy import event
+
+    from tuner.storage.environment import environment_failure
+
+    def cap(dbapi_connection: Any, _record: Any) -> None:
+        pages = dbapi_connection.execute("PRAGMA page_count").fetchone()[0]
+        dbapi_connection.execute(f"PRAGMA max_page_count = {pages}")
+
+    def fill_on_third(config: dict[str, Any]) -> Measurement:
+        if len(first.submitted) == 3:
+            store.engine.dispose()
+            event.listen(store.engine, "connect", cap)
+        return ok(config)
+
+    first = FakeMeasurer(fill_on_third)
+    with pytest.raises(Exception) as raised:
+        TuningStudy(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=6), store).run(first)
+    failure = environment_failure(raised.value)
+    assert failure is not None and "disk full" in str(failure), repr(raised.value)
+
+    event.remove(store.engine, "connect", cap)  # room again
+    store.engine.dispose()
+    with store.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+    study = TuningStudy(settings(tmp_path, stages=[0, 1, 2], micros=[1, 2], trials=6), store)
+    study.run(FakeMeasurer())
+    trials = store.trials(study.study_id)
+    assert shape(first.submitted[2]) in {shape(t.ds_config) for t in trials if t.status == "ok"}  # not lost
+    assert len(trials) == 6 and all(t.status == "ok" for t in trials)
+    assert not [t for t in optuna_trials(store) if t.state in (TrialState.RUNNING, TrialState.WAITING)]

@@ -6,6 +6,7 @@ Every bad input ends the same way: one line ``error: <field>: <message>`` on std
 
 from __future__ import annotations
 
+import atexit
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
 
@@ -35,14 +36,29 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
+MEASURING_COMMANDS = frozenset({"measure", "tune", "worker"})  # commands whose runs fork ranks from a node's server
+
+
+def _release_fork_servers() -> None:
+    """At exit of a command that measured: the node's fork servers it used leave once nobody else uses them,
+    instead of idling on for ``DSTUNE_FORKSERVER_IDLE_S`` (nothing of a finished command stays behind)."""
+    from tuner.measure.forkserver import release_node_servers
+
+    release_node_servers()
+
+
 @app.callback()
 def main(
+    ctx: typer.Context,
     show_version: Annotated[
         bool,
         typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
     """Auto-tuning search for DeepSpeed training configurations."""
+    if ctx.invoked_subcommand in MEASURING_COMMANDS:
+        atexit.unregister(_release_fork_servers)  # once, however often the app runs in one process
+        atexit.register(_release_fork_servers)
 
 
 app.command("estimate")(estimate_command)

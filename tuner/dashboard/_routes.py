@@ -12,7 +12,9 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from tuner.dashboard import _views as views
+from tuner.errors import InputError
 from tuner.forecast import describe_reason
+from tuner.requests import readable_name
 from tuner.storage import Store, StudyRecord, TrialRecord
 from tuner.units import format_bytes
 
@@ -80,10 +82,20 @@ def home(request: Request) -> HTMLResponse:
     return _page(request, "home.html", context)
 
 
+def _stored_study(store: Store, name: str) -> StudyRecord | None:
+    """The study called ``name``; None also for a name no study can have (a NUL, a control character, longer than
+    the column), which never reaches the database."""
+    try:
+        readable_name(name, "name")
+    except InputError:
+        return None
+    return store.get_study(name)
+
+
 def _study_trial(request: Request, name: str, number: int) -> tuple[StudyRecord, TrialRecord] | HTMLResponse:
     """A study's trial by number, or the not-found page naming what is missing."""
     store = _store(request)
-    study = store.get_study(name)
+    study = _stored_study(store, name)
     if study is None:
         return _not_found(request, f"There is no study called {name!r}.")
     trial = next((t for t in store.trials(study.id, order_by="number") if t.number == number), None)
@@ -134,7 +146,7 @@ def study_page(request: Request, name: str) -> HTMLResponse:
     """One study: its progress, the throughput/memory trade-off, estimate quality (memory and throughput), prune
     reasons and every trial."""
     store = _store(request)
-    study = store.get_study(name)
+    study = _stored_study(store, name)
     if study is None:
         return _not_found(request, f"There is no study called {name!r}.")
     workload = store.get_workload(study.workload_id)

@@ -129,6 +129,7 @@ def default_retry_s() -> float:
     return env.current().db_retry_s
 
 
+FIRST_DELAY_S = 0.1  # the first retry's wait; each next one doubles, up to 2 s
 _retrying_now = threading.local()  # depth of retried calls on this thread: nested store calls do not retry again
 
 
@@ -144,7 +145,7 @@ def retry_unavailable(method: Callable[P, T]) -> Callable[P, T]:
         assert isinstance(database, Database)
         _retrying_now.depth = 1
         try:
-            deadline, delay = None, 0.1
+            deadline, delay = None, FIRST_DELAY_S
             while True:
                 try:
                     return method(*args, **kwargs)
@@ -158,7 +159,10 @@ def retry_unavailable(method: Callable[P, T]) -> Callable[P, T]:
                         if unavailable is error:
                             raise
                         raise unavailable from error
-                    _log.warning("%s; retrying %s in %.1f s", unavailable, method.__name__, delay)
+                    if delay == FIRST_DELAY_S:  # one line per outage, said at once; the rest at debug level
+                        _log.warning("%s; retrying for up to %.0f s (DSTUNE_DB_RETRY_S)", unavailable, database.retry_s)
+                    else:
+                        _log.debug("%s; retrying %s in %.1f s", unavailable, method.__name__, delay)
                     time.sleep(delay)
                     delay = min(2 * delay, 2.0)
         finally:

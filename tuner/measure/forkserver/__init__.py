@@ -22,7 +22,13 @@ May import: the standard library, :mod:`tuner.env`, :mod:`tuner.measure.op_build
 server, to preload them).
 """
 
-from tuner.measure.forkserver.client import ForkClient, ForkedProcess, forget_client, node_client
+from tuner.measure.forkserver.client import (
+    ForkClient,
+    ForkedProcess,
+    forget_client,
+    node_client,
+    release_node_servers,
+)
 from tuner.measure.forkserver.protocol import ForkServerUnavailable, server_key, socket_path
 
 __all__ = [
@@ -31,6 +37,7 @@ __all__ = [
     "ForkedProcess",
     "forget_client",
     "node_client",
+    "release_node_servers",
     "server_key",
     "socket_path",
 ]

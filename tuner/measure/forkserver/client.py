@@ -191,6 +191,33 @@ def forget_client(client: ForkClient) -> None:
         _retire(client.path, client.inode)
 
 
+def release_node_servers(timeout_s: float = 2.0) -> int:
+    """This session is done with the node's fork servers: drop this process's connections and tell every server of
+    this user on this node to leave once nobody uses it (a concurrent session keeps it until its launchers go; one
+    starting later starts a new server). Returns how many servers were told; one that cannot be reached is skipped.
+    """
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for client in clients:
+        client.close()
+    try:
+        folder = socket_path("release").parent
+    except ForkServerUnavailable:
+        return 0
+    told = 0
+    for path in sorted(folder.glob("*.sock")):
+        sock = _connect(path)
+        if sock is None:
+            continue
+        with contextlib.closing(sock), contextlib.suppress(OSError, ValueError):
+            sock.settimeout(timeout_s)
+            sock.sendall(encode({"op": "release"}))
+            if "pid" in decode(sock.makefile("rb").readline()):
+                told += 1
+    return told
+
+
 def _retire(path: Path, inode: int | None) -> None:
     """Unlink the socket of a server that stopped answering, unless another launcher did (or a new server took the
     name) already: under the start lock, so no server is starting meanwhile. The stopped server is left as it is."""

@@ -2,8 +2,10 @@
 object a line, each request answered by one line) and how a rank's end reads (``subprocess``'s exit codes).
 
 Requests are ``{"op": "start", ...}`` (fork a rank; answered ``{"pid": PID}``), ``{"op": "poll", "pid": PID}``
-(answered ``{"returncode": CODE or null}``) and ``{"op": "ping"}`` (answered with the server's pid); a request the
-server cannot serve is answered ``{"error": WHY}``.
+(answered ``{"returncode": CODE or null}``), ``{"op": "ping"}`` (answered with the server's pid) and
+``{"op": "release"}`` (a session that used the server ended: it leaves once no launcher is connected and no rank
+runs, instead of after its idle timeout; answered with its pid); a request the server cannot serve is answered
+``{"error": WHY}``.
 
 Example:
     >>> decode(encode({"op": "poll", "pid": 7}))

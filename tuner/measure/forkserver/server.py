@@ -88,6 +88,7 @@ class Server:
         self.codes: dict[int, tuple[socket.socket, int]] = {}  # reaped rank -> (its launcher, exit code) until asked
         self.doomed: dict[int, float] = {}  # rank process group -> when it gets SIGKILL (its launcher is gone)
         self.idle_since = time.monotonic()
+        self.released = False  # a session that used this server ended: leave as soon as nobody uses it
 
     def serve(self) -> None:
         while True:
@@ -104,7 +105,7 @@ class Server:
             self._kill_doomed()
             if self.buffers or self.owner or self.doomed:
                 self.idle_since = time.monotonic()
-            elif time.monotonic() - self.idle_since > IDLE_S:
+            elif self.released or time.monotonic() - self.idle_since > IDLE_S:
                 return
 
     def _read(self, conn: socket.socket) -> None:
@@ -142,6 +143,9 @@ class Server:
                 return {"returncode": self.codes.pop(pid)[1]}
             raise ValueError(f"no rank {pid} of this launcher")
         if op == "ping":
+            return {"pid": os.getpid()}
+        if op == "release":
+            self.released = True
             return {"pid": os.getpid()}
         raise ValueError(f"unknown op {op!r}")
 
