@@ -8,7 +8,8 @@ the built-in default. A bad value fails with one line naming the variable (:clas
 - ``DSTUNE_STORAGE``: the database URL of every command, the API and the worker (``sqlite:///dstune.db``);
 - ``DSTUNE_API_TOKEN``: the API's bearer token; ``DSTUNE_INSECURE_NO_AUTH=1``: job endpoints without one;
 - ``DSTUNE_MAX_BODY_BYTES`` (1,000,000), ``DSTUNE_RECOMMEND_CACHE_S`` (2), ``DSTUNE_REQUEST_BUDGET_S`` (10): the API;
-- ``DSTUNE_DB_RETRY_S`` (60): how long a store retries an unreachable database;
+- ``DSTUNE_DB_RETRY_S`` (60): how long a store retries a database it was using that went out of reach (one it never
+  reached is retried for 3 s only);
 - ``DSTUNE_JOB_LEASE_S`` (60): a worker's lease on its job;
 - ``DSTUNE_PROFILE_CACHE`` (``~/.cache/dstune/profiles``), ``DSTUNE_PROFILE_QUEUE`` (32), ``DSTUNE_PROFILE_WAIT_S``
   (20): model profiles;

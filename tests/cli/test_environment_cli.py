@@ -26,12 +26,14 @@ BAD_STORAGE = [
     ("sqlite:////proc/dstune.db", "/proc/dstune.db"),
     ("postgresql+psycopg://u:secret@no-such-host.invalid/dstune", "no-such-host.invalid"),
 ]
+RETRY_S = 600  # the retry window the tests set: a failure reported "at once" takes a fraction of it, however loaded
+AT_ONCE_S = RETRY_S / 2
 COMMANDS = [["best", "--study", "x"], ["worker", "--once"], ["tune", "--model", "tiny-gpt2", "--device", "cpu"]]
 
 
 def _run(args: list[str], **env: str) -> tuple[int, str, float]:
     started = time.perf_counter()
-    result = CliRunner().invoke(app, args, env={"DSTUNE_DB_RETRY_S": "30", **env})
+    result = CliRunner().invoke(app, args, env={"DSTUNE_DB_RETRY_S": str(RETRY_S), **env})
     return result.exit_code, result.stderr, time.perf_counter() - started
 
 
@@ -48,30 +50,30 @@ def test_storage_that_cannot_be_used_is_one_line_at_once(url: str, where: str, c
         command = ["worker"]
     code, stderr, seconds = _run([*command, "--storage", url])
     _one_line_exit_1(code, stderr, where)
-    assert seconds < 25  # not the 30 s retry window
+    assert seconds < AT_ONCE_S  # not the retry window
 
 
 def _help(command: str) -> str:
     return CliRunner().invoke(app, [command, "--help"]).stdout
 
 
-def test_a_refused_connection_past_the_retry_window_ends_in_one_error_line() -> None:
-    """The console command as a user runs it: one line says at once that it waits and for how long, one line says
-    why it gave up; nothing else (no line per retry, no traceback, no password)."""
+def test_a_database_refusing_at_start_up_is_one_error_line_at_once() -> None:
+    """The console command as a user runs it, against a database it never reached: one line says why, within the
+    start-up window (a few seconds), not the window an outage of a database it was using is waited out; no line per
+    retry, no traceback, no password."""
     dstune = str(Path(sys.executable).with_name("dstune"))
     url = "postgresql+psycopg://u:secret@127.0.0.1:1/db"
+    started = time.monotonic()
     done = subprocess.run(
         [dstune, "best", "--study", "x", "--storage", url],
         capture_output=True,
         text=True,
-        env={**os.environ, "DSTUNE_DB_RETRY_S": "2"},
+        env={**os.environ, "DSTUNE_DB_RETRY_S": str(RETRY_S)},
         timeout=120,
     )
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 1, done.stderr
-    assert len(lines) == 2 and "retrying for up to 2 s" in lines[0], done.stderr
-    assert lines[1].startswith("error: database unavailable: "), done.stderr
-    assert "Traceback" not in done.stderr and "secret" not in done.stderr
+    _one_line_exit_1(done.returncode, done.stderr, "127.0.0.1:1")
+    assert done.stderr.startswith("error: database unavailable: "), done.stderr
+    assert time.monotonic() - started < AT_ONCE_S  # not the retry window
 
 
 def test_serve_with_bad_storage_is_one_line_exit_1(tmp_path: Path) -> None:

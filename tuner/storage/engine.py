@@ -130,6 +130,7 @@ def default_retry_s() -> float:
 
 
 FIRST_DELAY_S = 0.1  # the first retry's wait; each next one doubles, up to 2 s
+STARTUP_RETRY_S = 3.0  # how long a database this process never reached is retried (a blip, not an outage)
 _retrying_now = threading.local()  # depth of retried calls on this thread: nested store calls do not retry again
 
 
@@ -148,18 +149,22 @@ def retry_unavailable(method: Callable[P, T]) -> Callable[P, T]:
             deadline, delay = None, FIRST_DELAY_S
             while True:
                 try:
-                    return method(*args, **kwargs)
+                    result = method(*args, **kwargs)
+                    database.reached = True
+                    return result
                 except (DatabaseUnavailable, sa.exc.DBAPIError) as error:
                     unavailable = database.unavailable(error)
                     if unavailable is None:
                         raise
                     now = time.monotonic()
-                    deadline = deadline if deadline is not None else now + database.retry_s
+                    if deadline is None:  # a database never reached yet is not waited for: a start-up answers fast
+                        window = database.retry_s if database.reached else min(database.retry_s, STARTUP_RETRY_S)
+                        deadline = now + window
                     if not unavailable.retry_safe or now + delay > deadline:
                         if unavailable is error:
                             raise
                         raise unavailable from error
-                    if delay == FIRST_DELAY_S:  # one line per outage, said at once; the rest at debug level
+                    if delay == FIRST_DELAY_S and database.reached:  # one line per outage, the rest at debug level
                         _log.warning("%s; retrying for up to %.0f s (DSTUNE_DB_RETRY_S)", unavailable, database.retry_s)
                     else:
                         _log.debug("%s; retrying %s in %.1f s", unavailable, method.__name__, delay)
@@ -193,6 +198,7 @@ class Database:
         self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self._writer, expire_on_commit=False)
         self._migrate_lock = threading.Lock()
+        self.reached = False  # whether this process has connected once: only then is an outage waited out
 
     @classmethod
     def open(cls, url: str | None = None, *, echo: bool = False, retry_s: float | None = None) -> Self:
@@ -216,6 +222,7 @@ class Database:
         try:
             with self.engine.connect():
                 pass
+            self.reached = True
         except sa.exc.DBAPIError as error:
             if is_permanent(error):
                 detail = " ".join(str(error.orig or error).split())[:300]
