@@ -55,7 +55,8 @@ def _retried(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
             except Exception as error:
                 if not is_disconnect(error) or time.monotonic() + delay > deadline:
                     raise
-                _log.warning("optuna storage: database unreachable (%s); retrying %s", type(error).__name__, name)
+                log = _log.debug if attempt else _log.warning  # one line per outage, not one per retry
+                log("optuna storage: database unreachable (%s); retrying %s", type(error).__name__, name)
             attempt += 1
             time.sleep(delay)
             delay = min(2 * delay, 2.0)
