@@ -31,7 +31,13 @@ def test_the_answer_fits_and_one_step_more_does_not() -> None:
     assert not _fits(work, Pins(), answer.candidate, answer.seq_len + answer.multiple)
     assert answer.next_limit.seq_len == answer.seq_len + answer.multiple
     assert answer.next_limit.memory == "gpu" and answer.next_limit.short_by > 0
-    assert answer.next_limit.category == "activations"  # what grows with the length on a 7B model
+    nxt = SeqSizer(work).at(answer.next_limit.seq_len)
+    after = estimate(nxt, answer.candidate.trial(nxt, nxt.train.seq_len, Pins()))
+    grown = {name: (after.per_gpu[name] or 0) - (answer.estimate.per_gpu[name] or 0) for name in after.per_gpu}
+    del grown["total"]
+    top = max(grown, key=grown.__getitem__)
+    assert answer.next_limit.category is not None and answer.next_limit.category.split(":")[0] == top
+    assert answer.next_limit.short_by == -after.headroom
 
 
 def test_search_equals_a_linear_scan_for_one_pinned_candidate() -> None:

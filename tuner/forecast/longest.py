@@ -279,8 +279,11 @@ def _next_limit(search: _Search, winner: Candidate, best: int, est: MemoryEstima
         return NextLimit(nxt, "refused", None, None, 0, refusal)
     after = found[1]
     if after.headroom < 0 or after.cpu_headroom >= 0:
-        grown = {n: (after.per_gpu[n] or 0) - (est.per_gpu[n] or 0) for n in CATEGORIES}
+        grown = {n: (after.per_gpu[n] or 0) - (est.per_gpu[n] or 0) for n in (*CATEGORIES, "overhead")}
         category = max(grown, key=grown.__getitem__)
+        if category == "overhead":  # which of its terms (the allocator's reserve, a communicator...)
+            terms = {n: size - est.overhead_terms.get(n, 0) for n, size in after.overhead_terms.items()}
+            category = f"overhead: {max(terms, key=terms.__getitem__)}" if terms else category
         short = max(0, -after.headroom)
         return NextLimit(nxt, "gpu", category, after.peak_phase, short, after.overflow_reason() or "over the margin")
     host = [n for n in after.cpu_per_node if n not in CPU_VIEWS]
