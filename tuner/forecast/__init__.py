@@ -11,7 +11,7 @@ no SQL here; no Optuna, Ray or torch.
 """
 
 from tuner.forecast.calibration import DEFAULT_MARGIN, MIN_MARGIN, Calibration
-from tuner.forecast.longest import SEARCH_CAP, LongestFit, NextLimit, NoLengthFits, longest_fit, modelled
+from tuner.forecast.longest import SEARCH_CAP, Fits, LongestFit, NextLimit, NoLengthFits, longest_fit, modelled
 from tuner.forecast.reasons import (
     PruneReason,
     ReasonGroup,
@@ -43,6 +43,7 @@ __all__ = [
     "SEQ_MULTIPLE",
     "TRACE_LENGTHS",
     "Calibration",
+    "Fits",
     "LongestFit",
     "NextLimit",
     "NoLengthFits",

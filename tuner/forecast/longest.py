@@ -337,4 +337,4 @@ def _bytes(est: MemoryEstimate) -> tuple[int, ...]:
     return tuple(part.get(name, 0) for part in parts for name in ("activations", "buffers"))
 
 
-__all__ = ["SEARCH_CAP", "LongestFit", "NextLimit", "NoLengthFits", "longest_fit", "modelled"]
+__all__ = ["SEARCH_CAP", "Fits", "LongestFit", "NextLimit", "NoLengthFits", "longest_fit", "modelled"]
