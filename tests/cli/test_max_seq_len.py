@@ -103,3 +103,20 @@ def test_a_transformers_model_is_traced_at_three_lengths_and_extrapolated() -> N
     assert result.exit_code == 0, result.output
     traced = json.loads(result.stdout)
     assert traced["per_gpu"] == data["per_gpu"]  # exact: what autograd saves is linear in the length (sdpa)
+
+
+def test_long_context_flags_pin_the_layout_and_alst_settings() -> None:
+    answer = _json(*BUILTIN, "--gpus", "8", "--sequence-parallel", "4", "--tiled-mlp", "4")["max_seq_len"]
+    assert answer["sequence_parallel"] == 4 and answer["data_parallel"] == 2 and answer["tiled_mlp_shards"] == 4
+    assert answer["ds_config"]["sequence_parallel_size"] == 4 and answer["ds_config"]["dstune"]["tiled_mlp_shards"] == 4
+    free = _json(*BUILTIN, "--gpus", "8")["max_seq_len"]
+    assert answer["candidates"] < free["candidates"]
+
+
+def test_long_context_flags_reach_a_plain_estimate_and_bad_ones_exit_2() -> None:
+    result = runner.invoke(app, ["estimate", *BUILTIN, "--gpus", "8", "--sequence-parallel", "3"])
+    assert result.exit_code == 2 and "sequence_parallel_size" in result.output
+    assert result.output.strip().count("\n") == 0
+    ok = runner.invoke(app, ["estimate", *BUILTIN, "--gpus", "8", "--sequence-parallel", "2", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert "nccl_sequence_parallel" in json.loads(ok.stdout)["overhead_terms"]  # the Ulysses communicator
