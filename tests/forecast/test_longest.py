@@ -11,7 +11,15 @@ from tuner.estimator import estimate
 from tuner.forecast.longest import NoLengthFits, longest_fit
 from tuner.forecast.seq_candidates import AUTO, Candidate, Pins, candidates, sp_degrees
 from tuner.forecast.seq_scaling import SeqSizer
-from tuner.workload import ActivationProfile, ClusterSpec, Linear, ModelProfile, Workload, load_builtin_model
+from tuner.workload import (
+    ActivationProfile,
+    ClusterSpec,
+    Linear,
+    ModelProfile,
+    TrialConfig,
+    Workload,
+    load_builtin_model,
+)
 
 
 def _work(model: str = "llama-2-7b", gpus: int = 1, **cluster: int) -> Workload:
@@ -175,3 +183,26 @@ def _profile_with(entries: list[ActivationProfile]) -> ModelProfile:
         param_numels=(10,), param_elements_by_dtype={"bf16": 10}, largest_param_name="w", largest_param_numel=10,
         layer_kinds=("L0",), attention="eager", activations=tuple(entries),
     )  # fmt: skip
+
+
+def test_an_estimator_that_models_ulysses_makes_the_search_use_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pure search logic, with a stand-in for the SP estimator another branch brings: each rank's activations and
+    logits of s/sp tokens (the real estimator at s/sp). The search then finds that sp = 8 reaches furthest, sets it
+    in the config and says Ulysses is modelled."""
+    import tuner.forecast.longest as longest
+
+    real = longest.estimate
+
+    def per_rank(workload: Workload, trial: TrialConfig):  # type: ignore[no-untyped-def]
+        sp = trial.layout.sequence_parallel
+        local = replace(workload, train=replace(workload.train, seq_len=workload.train.seq_len // sp))
+        return real(local, trial)
+
+    monkeypatch.setattr(longest, "estimate", per_rank)
+    work = _work(gpus=8)
+    answer = longest_fit(work)
+    plain = longest_fit(work, Pins(sequence_parallel=1))
+    assert answer.modelled["sequence_parallel"] is True
+    assert answer.trial.layout.sequence_parallel == 8 and answer.trial.ds_config["sequence_parallel_size"] == 8
+    assert answer.seq_len > 6 * plain.seq_len
+    assert not any("sequence parallel" in note for note in answer.notes())
