@@ -10,22 +10,36 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from tuner.requests import Offload, RequestModel, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
+
+MAX_SEQ_LEN = 2**20  # WorkloadRequest's bound on a given length
 
 
 class LongestWorkloadInput(WorkloadInput):
     """The workload of an estimate or a recommendation: ``seq_len`` may be ``"max"``, for the longest sequence that
     fits (``max_seq_len`` in the answer)."""
 
-    seq_len: Annotated[int, Field(ge=1, le=2**20)] | Literal["max"] = Field(  # type: ignore[assignment]
+    seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)] | Literal["max"] = Field(  # type: ignore[assignment]
         2048,
         description='Tokens per sample, or "max": the longest length (a multiple of 256, or of what the layout '
         "requires) that fits, searched over ZeRO stage, offloads, activation checkpointing, Ulysses sp and ALST's "
         "tiling and checkpoint offload; the fields given pin what they set.",
     )
+
+    @field_validator("seq_len", mode="before")
+    @classmethod
+    def _length_or_max(cls, value: Any) -> Any:
+        """Out-of-range lengths and words other than "max" refused at ``seq_len`` itself (the union's branches
+        would each add their own error and path)."""
+        if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= MAX_SEQ_LEN:
+            raise PydanticCustomError("seq_len", f'must be from 1 to {MAX_SEQ_LEN}, or "max"')
+        if isinstance(value, str) and value != "max" and not value.strip().isdigit():
+            raise PydanticCustomError("seq_len", 'must be a number of tokens or "max"')
+        return value
 
 
 class NextLimitOut(BaseModel):
