@@ -17,6 +17,10 @@ Three sources, tried in order; the answer always says which (``source``):
    as equal (finer than the model can tell); among those the simplest wins, deterministically: the lowest ZeRO
    stage (least communication), then no checkpointing, then the largest micro-batch.
 
+The longest sequence (:func:`recommend_longest`, the API's ``seq_len: "max"``): the longest length that fits with
+the calibrated margin (:func:`tuner.forecast.longest_fit`), and the config that reaches it, ``source`` estimate.
+Measured trials are not consulted there: no study measures at the limit.
+
 Cost: a handful of indexed queries, asked of the store (:meth:`tuner.storage.Store.best_measured_trial` and
 :meth:`~tuner.storage.Store.nearest_measured_trials`), never all trials loaded; the estimator grid is cached per
 workload and margin.
@@ -30,7 +34,8 @@ from typing import Any, Literal
 
 from tuner.estimator import ConfigError, MemoryEstimate, estimate, resolve
 from tuner.estimator.quantized import estimate_only_why
-from tuner.forecast import Calibration, ThroughputFit, load_fit, rank_feasible
+from tuner.estimator.throughput import predict
+from tuner.forecast import Calibration, LongestFit, Pins, ThroughputFit, load_fit, longest_fit, rank_feasible
 from tuner.space import default_space_path, load_space
 from tuner.storage import Store
 from tuner.workload import TrialConfig, Workload
@@ -98,6 +103,41 @@ def recommend(store: Store, workload: Workload) -> Recommendation:
         return _marked(workload, nearest)
     fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
     return _marked(workload, _estimated(workload, fingerprint, margin, fit))
+
+
+def recommend_longest(store: Store, workload: Workload) -> tuple[Recommendation, LongestFit]:
+    """The longest sequence ``workload``'s model trains at on its cluster with the calibrated margin, and the config
+    that reaches it, as a recommendation (``source`` estimate) at that length.
+
+    Raises:
+        tuner.forecast.NoLengthFits: nothing fits at the shortest length.
+    """
+    calibration = store.get_calibration(workload.cluster.hardware_key, workload.model.family)
+    margin = calibration.margin if calibration is not None else Calibration().margin
+    checked = Calibration(margin=margin)
+    fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
+    answer = longest_fit(
+        workload,
+        Pins(),
+        fits=lambda est: checked.fits(est.gpu_total, est.gpu_memory) and est.cpu_headroom >= 0,
+        factors=fit.factors,
+    )
+    prediction = predict(answer.workload, answer.trial, fit.factors).to_dict()
+    found = Recommendation(
+        "estimate",
+        answer.trial,
+        None,
+        None,
+        answer.estimate.gpu_total,
+        None,
+        None,
+        answer.workload.fingerprint(),
+        None,
+        margin,
+        predicted_tokens_per_s=prediction["tokens_per_s"],
+        prediction=prediction,
+    )
+    return _marked(answer.workload, found), answer
 
 
 def _marked(workload: Workload, found: Recommendation) -> Recommendation:

@@ -8,19 +8,98 @@ the job queue build workloads and trial configs through.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from tuner.requests import Offload, RequestModel, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 
+MAX_SEQ_LEN = 2**20  # WorkloadRequest's bound on a given length
+
+
+class LongestWorkloadInput(WorkloadInput):
+    """The workload of an estimate or a recommendation: ``seq_len`` may be ``"max"``, for the longest sequence that
+    fits (``max_seq_len`` in the answer)."""
+
+    seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)] | Literal["max"] = Field(  # type: ignore[assignment]
+        2048,
+        description='Tokens per sample, or "max": the longest length (a multiple of 256, or of what the layout '
+        "requires) that fits, searched over ZeRO stage, offloads, activation checkpointing, Ulysses sp and ALST's "
+        "tiling and checkpoint offload; the fields given pin what they set.",
+    )
+
+    @field_validator("seq_len", mode="before")
+    @classmethod
+    def _length_or_max(cls, value: Any) -> Any:
+        """Out-of-range lengths and words other than "max" refused at ``seq_len`` itself (the union's branches
+        would each add their own error and path)."""
+        if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= MAX_SEQ_LEN:
+            raise PydanticCustomError("seq_len", f'must be from 1 to {MAX_SEQ_LEN}, or "max"')
+        if isinstance(value, str) and value != "max" and not value.strip().isdigit():
+            raise PydanticCustomError("seq_len", 'must be a number of tokens or "max"')
+        return value
+
+
+class NextLimitOut(BaseModel):
+    """What runs out one step past the longest length."""
+
+    seq_len: int = Field(description="The next length tried, which does not fit.")
+    memory: Literal["gpu", "cpu", "cap", "refused"] = Field(
+        description="gpu or cpu: that memory runs out; cap: the search stopped at its cap; refused: the estimator "
+        "refuses the config there."
+    )
+    category: str | None = Field(
+        description="The category that grows the most from the answer to seq_len (activations, buffers, "
+        "parameters...; 'overhead: <term>' for a named CUDA overhead term; a host category for cpu)."
+    )
+    phase: str | None = Field(description="The peak phase there (gpu).")
+    short_by: int = Field(description="Bytes missing there.")
+    reason: str
+
+
+class MaxSeqLenOut(BaseModel):
+    """The longest sequence that fits, the config that reaches it and the next limit (``seq_len: "max"``)."""
+
+    seq_len: int = Field(description="Tokens per sample: the longest that fits.")
+    multiple: int = Field(description="The granularity searched: lcm(256, sequence_parallel).")
+    ds_config: dict[str, Any] = Field(
+        description="The config that reaches it (sequence_parallel_size, the dstune section's tiled_mlp_shards, "
+        "tiled_loss_shards, offload_checkpoints)."
+    )
+    activation_checkpointing: bool
+    summary: str
+    sequence_parallel: int
+    data_parallel: int
+    tiled_mlp_shards: int
+    tiled_loss_shards: int
+    offload_checkpoints: bool
+    gpu_total: int = Field(description="Estimated peak bytes per GPU at seq_len.")
+    headroom: int
+    predicted_tokens_per_s: float | None
+    next_limit: NextLimitOut
+    max_positions: int = Field(description="The model's max_position_embeddings (0: unknown); not a cap.")
+    beyond_max_positions: bool = Field(description="seq_len exceeds max_positions: training needs RoPE scaling.")
+    modelled: dict[str, bool | None] = Field(
+        description="Whether the estimator's activation and buffer bytes change with sequence_parallel, tiled_mlp, "
+        "tiled_loss, offload_checkpoints on this workload (false: not modelled, the answer cannot use it; null: "
+        "cannot tell)."
+    )
+    notes: list[str]
+    candidates: int = Field(description="Configs the pins allowed.")
+    refused: int = Field(description="Of them, refused by the estimator (not considered).")
+    tied: int = Field(description="Configs reaching seq_len; the fastest by predicted throughput, then the simplest.")
+    estimates: int = Field(description="Estimates the search made.")
+
 
 class EstimateRequest(RequestModel):
     """A workload and the ds_config to estimate: the shortcut fields, with ``ds_config`` merged over them (it wins),
-    as ``dstune estimate`` does with ``--ds-config``."""
+    as ``dstune estimate`` does with ``--ds-config``. With ``workload.seq_len: "max"``, the longest sequence that
+    fits, the fields given (``stage``, ``offload_*``, ``workload.micro_batch``, ``workload.activation_checkpointing``,
+    ``ds_config``) pinning what they set, and the estimate of the config that reaches it at that length."""
 
-    workload: WorkloadInput
+    workload: LongestWorkloadInput
     stage: int = Field(0, ge=0, le=3)
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
@@ -73,13 +152,15 @@ class EstimateResponse(BaseModel):
         description="Predicted step time and tokens/s (tuner.estimator.throughput), with the constants fitted to "
         "measured runs of this hardware and model family when there are any (fit_runs, error), else the table's.",
     )
+    max_seq_len: MaxSeqLenOut | None = Field(None, description='The answer for seq_len "max" (else null).')
 
 
 class RecommendRequest(RequestModel):
     """The workload to recommend for; its micro_batch, grad_accum and activation_checkpointing are ignored (they are
-    the trial config, what is recommended)."""
+    the trial config, what is recommended). ``seq_len: "max"``: the longest sequence that fits with the calibrated
+    margin, and the config that reaches it (source ``estimate``)."""
 
-    workload: WorkloadInput
+    workload: LongestWorkloadInput
 
 
 class RecommendResponse(BaseModel):
@@ -106,6 +187,7 @@ class RecommendResponse(BaseModel):
         "zero_quantized_nontrainable_weights (CUDA code): bytes read from the libraries' code, not measured.",
     )
     estimate_only_why: str | None = Field(None, description="Why the estimate is estimate only (null: it is not).")
+    max_seq_len: MaxSeqLenOut | None = Field(None, description='The answer for seq_len "max" (else null).')
 
 
 class StudyOut(BaseModel):

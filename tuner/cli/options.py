@@ -226,7 +226,7 @@ def _request(flags: WorkloadFlags) -> tuple[WorkloadRequest, str | None]:
     return request, name
 
 
-def _ds_config_file(path: str | None) -> dict[str, Any] | None:
+def ds_config_file(path: str | None) -> dict[str, Any] | None:
     """The ``--ds-config`` file's object, refused (exit 2) with a non-finite number or a control character."""
     if path is None:
         return None
@@ -248,7 +248,7 @@ def _with_trial(flags: WorkloadFlags, workload: Workload) -> tuple[Workload, Tri
             "offload_optimizer": flags.offload_optimizer,
             "offload_param": flags.offload_param,
             "nvme_path": flags.nvme_path,
-            "ds_config": _ds_config_file(flags.ds_config),
+            "ds_config": ds_config_file(flags.ds_config),
         },
     ).to_trial(workload.train.precision)
     # the precision the ds_config trains in (a --ds-config may change it): its traced activations (to_workload
@@ -272,6 +272,7 @@ __all__ = [
     "WarmupOpt",
     "WorkloadFlags",
     "build",
+    "ds_config_file",
     "warmup_limit",
     "workload_options",
 ]

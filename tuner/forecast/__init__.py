@@ -1,7 +1,8 @@
 """What dstune predicts before it measures, and learns from what it measured: the memory safety margin
 (``calibration``), the throughput model's fitted factors (``throughput_fit``), feasible configs ranked by predicted
-throughput for warm starts and recommendations (``warm_start``), and why a config cannot fit, in words for people
-(``reasons``).
+throughput for warm starts and recommendations (``warm_start``), why a config cannot fit, in words for people
+(``reasons``), and the longest sequence that fits, with the layout and config that reach it (``longest``, over
+``seq_candidates`` and ``seq_scaling``).
 
 The study, the recommender, the API and the dashboard all read these; import from here, not from the modules.
 
@@ -10,6 +11,7 @@ no SQL here; no Optuna, Ray or torch.
 """
 
 from tuner.forecast.calibration import DEFAULT_MARGIN, MIN_MARGIN, Calibration
+from tuner.forecast.longest import SEARCH_CAP, Fits, LongestFit, NextLimit, NoLengthFits, longest_fit, modelled
 from tuner.forecast.reasons import (
     PruneReason,
     ReasonGroup,
@@ -19,6 +21,8 @@ from tuner.forecast.reasons import (
     memory_reason,
     reason_key,
 )
+from tuner.forecast.seq_candidates import SEQ_MULTIPLE, Pins
+from tuner.forecast.seq_scaling import TRACE_LENGTHS, SeqSizer
 from tuner.forecast.throughput_fit import (
     FAMILY_PREFIX,
     PredictionAccuracy,
@@ -35,18 +39,29 @@ __all__ = [
     "DEFAULT_MARGIN",
     "FAMILY_PREFIX",
     "MIN_MARGIN",
+    "SEARCH_CAP",
+    "SEQ_MULTIPLE",
+    "TRACE_LENGTHS",
     "Calibration",
+    "Fits",
+    "LongestFit",
+    "NextLimit",
+    "NoLengthFits",
+    "Pins",
     "PredictionAccuracy",
     "PruneReason",
     "Ranked",
     "ReasonGroup",
+    "SeqSizer",
     "ThroughputFit",
     "ThroughputGuide",
     "describe_reason",
     "group_counts",
     "group_reasons",
     "load_fit",
+    "longest_fit",
     "memory_reason",
+    "modelled",
     "params_of",
     "prediction_accuracy",
     "rank_feasible",

@@ -1,4 +1,6 @@
-"""``POST /v1/estimate``: a workload and a ds_config (or the CLI's shortcut fields) → the estimate by category.
+"""``POST /v1/estimate``: a workload and a ds_config (or the CLI's shortcut fields) → the estimate by category; with
+``workload.seq_len: "max"``, the longest sequence that fits and the estimate of its config there
+(:mod:`tuner.api.longest`).
 
 The estimate runs in a worker thread within the request's time budget (:mod:`tuner.api.budget`: 503 past it)."""
 
@@ -10,8 +12,9 @@ from fastapi import APIRouter, Request
 
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
+from tuner.api.longest import asks_max, estimate_pins, longest, traced_workload
 from tuner.api.responses import BODY, answers
-from tuner.api.schemas import EstimateRequest, EstimateResponse
+from tuner.api.schemas import EstimateRequest, EstimateResponse, MaxSeqLenOut
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.forecast import load_fit, throughput_summary
 from tuner.requests import FieldError, Loc, TrialRequest, check_request, to_workload
@@ -48,6 +51,8 @@ async def estimate_endpoint(body: EstimateRequest, request: Request) -> Estimate
 def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
     """The estimate (blocking: profile service, estimator, database)."""
     store = store_of(request)
+    if asks_max(body.workload):
+        return _longest_answer(body, request)
     try:
         workload = to_workload(body.workload, ("workload",), inline=False)
         asked = TrialRequest(
@@ -64,3 +69,27 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
     fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
     throughput = throughput_summary(workload, trial, fit)
     return EstimateResponse(**est.to_dict(), ds_config=trial.ds_config, throughput=throughput)
+
+
+def _longest_answer(body: EstimateRequest, request: Request) -> EstimateResponse:
+    """``seq_len: "max"``: the answer, the estimate of its config at its length and the throughput there."""
+    store = store_of(request)
+    try:
+        workload = traced_workload(body.workload)
+        asked = TrialRequest(
+            **body.workload.trial_fields(),
+            stage=body.stage,
+            offload_optimizer=body.offload_optimizer,
+            offload_param=body.offload_param,
+            ds_config=body.ds_config,
+        )
+        checked_estimate(workload, asked.to_trial(workload.train.precision))  # a bad ds_config: 422 at its key
+        fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
+        answer = longest(workload, estimate_pins(body), factors=fit.factors)
+    except FieldError as error:
+        raise invalid(error) from None
+    throughput = throughput_summary(answer.workload, answer.trial, fit)
+    return EstimateResponse(
+        **answer.estimate.to_dict(), ds_config=answer.trial.ds_config, throughput=throughput,
+        max_seq_len=MaxSeqLenOut.model_validate(answer.to_dict()),
+    )  # fmt: skip

@@ -1,5 +1,6 @@
 """``POST /v1/recommend``: a workload → the best config, ``source`` measured | nearest | estimate
-(:mod:`tuner.recommend`), answered through the app's :class:`tuner.api.answer_cache.AnswerCache`."""
+(:mod:`tuner.recommend`), answered through the app's :class:`tuner.api.answer_cache.AnswerCache`; with
+``workload.seq_len: "max"``, the config that reaches the longest sequence that fits, and ``max_seq_len``."""
 
 from __future__ import annotations
 
@@ -7,24 +8,31 @@ from fastapi import APIRouter, Request, Response
 
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
+from tuner.api.longest import LOC, asks_max, traced_workload
 from tuner.api.responses import BODY, answers
-from tuner.api.schemas import RecommendRequest, RecommendResponse
-from tuner.recommend import NoFeasibleConfig, recommend
+from tuner.api.schemas import MaxSeqLenOut, RecommendRequest, RecommendResponse
+from tuner.forecast import NoLengthFits
+from tuner.recommend import NoFeasibleConfig, recommend, recommend_longest
 from tuner.requests import FieldError, check_request, to_workload
 
 router = APIRouter(tags=["recommend"])
+UNFIT = "Bad workload, or no config of the default space fits it (seq_len max: not even the shortest length fits)."
 
 
 @router.post(
     "/v1/recommend",
     response_model=RecommendResponse,
-    responses=answers(BODY, {422: {"description": "Bad workload, or no config of the default space fits it."}}),
+    responses=answers(BODY, {422: {"description": UNFIT}}),
 )
 async def recommend_endpoint(body: RecommendRequest, request: Request) -> Response:
     """The best config for a workload: measured, else the nearest measured one re-checked, else estimated."""
     store = store_of(request)  # not a sync dependency: that would cost a worker-thread hop per request
 
     def answer() -> bytes:  # blocking (database, estimator): runs in a worker thread
+        if asks_max(body.workload):
+            found, longest = recommend_longest(store, traced_workload(body.workload))
+            response = RecommendResponse(**found.to_dict(), max_seq_len=MaxSeqLenOut.model_validate(longest.to_dict()))
+            return response.model_dump_json().encode()
         workload = to_workload(body.workload, ("workload",), inline=False)
         return RecommendResponse(**recommend(store, workload).to_dict()).model_dump_json().encode()
 
@@ -38,4 +46,6 @@ async def recommend_endpoint(body: RecommendRequest, request: Request) -> Respon
         raise invalid(error) from None
     except NoFeasibleConfig as error:
         raise invalid(FieldError(("workload",), str(error))) from None
+    except NoLengthFits as error:
+        raise invalid(FieldError((*LOC, "seq_len"), str(error))) from None
     return Response(content, media_type="application/json")
