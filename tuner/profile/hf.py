@@ -90,6 +90,9 @@ def hf_config(config: dict[str, Any], **overrides: Any) -> Any:
 
 
 def _config_object(config: dict[str, Any], model_type: str, values: dict[str, Any]) -> Any:
+    """The config object of ``values``; the floats JSON cannot hold (``time_step_limit``'s infinity), which
+    transformers 5 writes as ``{"__float__": "Infinity"}``, decoded as transformers decodes its own files."""
+    values = transformers.PreTrainedConfig._decode_special_floats(values)
     try:
         return transformers.AutoConfig.for_model(model_type, **values)
     except Exception as error:  # transformers raises ValueError, TypeError, AttributeError... for bad values
