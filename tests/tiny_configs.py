@@ -211,11 +211,22 @@ def _consistent(config: dict[str, Any]) -> dict[str, Any]:
     for key in ("mamba_d_state", "state_size"):
         if isinstance(out.get(key), int):
             out[key] = min(out[key], 16)
+    if isinstance(out.get("vocab_size_per_layer_input"), int):  # Gemma-3n's per-layer embeddings: 262,144 rows
+        out["vocab_size_per_layer_input"] = min(out["vocab_size_per_layer_input"], out.get("vocab_size", 512))
+    if "mamba_n_heads" in out and out.get("attn_layer_indices", 0) is None:  # hybrids hold attention layers
+        out["attn_layer_indices"] = [1]
+    kinds = out.get("layer_types")
+    if isinstance(kinds, list) and kinds and set(kinds) == {"linear_attention"} and "mamba_n_heads" in out:
+        out["layer_types"] = [*kinds[:1], "attention", *kinds[2:]]
     parts = ("n_input_layers", "n_recurrent_layers", "n_output_layers")
     if all(isinstance(out.get(k), int) for k in parts):
         out.update(dict(zip(parts, (layers // 3, layers - 2 * (layers // 3), layers // 3), strict=True)))
-    if isinstance(out.get("num_kv_shared_layers"), int):
-        out["num_kv_shared_layers"] = min(out["num_kv_shared_layers"], layers // 3)
+    if isinstance(out.get("num_kv_shared_layers"), int):  # the shared layers' kinds among the layers before them
+        kinds = out.get("layer_types") or []
+        shared = min(out["num_kv_shared_layers"], layers // 3)
+        while shared and not set(kinds[layers - shared :]) <= set(kinds[: layers - shared]):
+            shared -= 1
+        out["num_kv_shared_layers"] = shared
     return out
 
 

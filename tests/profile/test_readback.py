@@ -94,3 +94,20 @@ def test_short_copy_keeps_the_layers_of_the_full_model(tmp_path: Path, cache: Pr
     copy is the whole model, its layers the full model's, described exactly."""
     folder = saved_folder(tmp_path, "prophetnet")
     assert described(folder, cache) == truth(folder)
+
+
+def test_forward_that_needs_every_layer_is_traced_whole(tmp_path: Path, cache: ProfileCache) -> None:
+    """Gemma-3n reshapes its per-layer embeddings by ``num_hidden_layers`` and shares the KV of earlier layers
+    with its last: a copy of fewer layers cannot run, so every layer is traced, exactly."""
+    folder = saved_folder(tmp_path, "gemma3n_text")
+    config = json.loads((folder / "config.json").read_text())
+    assert 0 < config["num_kv_shared_layers"] < config["num_hidden_layers"]
+    assert described(folder, cache) == truth(folder)
+
+
+@pytest.mark.parametrize("model_type", ["bamba", "granitemoehybrid"])
+def test_hybrid_with_tagged_floats_is_described(model_type: str, tmp_path: Path, cache: ProfileCache) -> None:
+    """Mamba-attention hybrids written by transformers 5 (their ``time_step_limit`` tagged) estimate exactly."""
+    folder = saved_folder(tmp_path, model_type)
+    assert "__float__" in (folder / "config.json").read_text()
+    assert described(folder, cache) == truth(folder)

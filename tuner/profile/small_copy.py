@@ -39,14 +39,16 @@ def build_copy(
     checkpointing: bool,
     trainable: TrainableSpec | None = None,
     adapters: str = "",
+    whole: bool = False,
 ) -> tuple[nn.Module, list[int], FakeTensorMode]:
     """A fake-tensor copy of the model keeping only the representative layers; returns it with their indices.
+    ``whole``: every layer kept (a model whose forward pass cannot run on fewer layers than it was built with).
 
     ``trainable`` (not full): the copy is the model as trained, the adapter added by peft after checkpointing is
     enabled (as a training script does) and the freeze pattern applied (:mod:`tuner.profile.trainable`; a pattern
     naming only layers the copy lacks freezes nothing here). ``adapters=""`` casts every parameter to the training
     dtype, as DeepSpeed's engine does under ZeRO 0-2; ``fp32`` and ``zero3`` keep peft's fp32 adapters (ZeRO-3)."""
-    keep = _representatives(kinds)
+    keep = list(range(len(kinds))) if whole else _representatives(kinds)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     adapted = trainable is not None and not trainable.is_full
     model, built = _shortest(config, kinds, keep[-1] + 1, precision, attention, fake_mode, adapted)
