@@ -111,3 +111,10 @@ def test_hybrid_with_tagged_floats_is_described(model_type: str, tmp_path: Path,
     folder = saved_folder(tmp_path, model_type)
     assert "__float__" in (folder / "config.json").read_text()
     assert described(folder, cache) == truth(folder)
+
+
+def test_text_stack_named_like_a_tower_is_found(tmp_path: Path, cache: ProfileCache) -> None:
+    """CPM-Ant's decoder layers live in ``cpmant.encoder.layers`` (BERT-style naming, no other tower): found and
+    described exactly, not refused for a missing layer list."""
+    folder = saved_folder(tmp_path, "cpmant")
+    assert described(folder, cache) == truth(folder)

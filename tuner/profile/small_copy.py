@@ -56,10 +56,10 @@ def build_copy(
     kept = nn.ModuleList([layers[i] for i in keep])
     replace_module(model, layers, kept)
     text = text_config(model.config)
-    if len(keep) < built:
+    if len(keep) < len(layers):
         _renumber(kept, keep)
         _subset_per_layer(text, keep, built)
-    _set_depth(text, len(keep))
+        _set_depth(text, len(keep))
     if checkpointing:
         enable_checkpointing(model)
     if adapted and trainable is not None:
