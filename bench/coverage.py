@@ -1,21 +1,22 @@
-"""Coverage of every causal-LM type transformers ships: exact, refused (with the reason), or not decoder-only.
+"""Coverage of every causal-LM type transformers ships, each type classed by what ``dstune estimate`` does with it.
 
-For each ``model_type`` of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, a tiny config is made from the config class's
-defaults, shrunk (``tests/tiny_configs.py``'s :func:`shrunk_config`: few layers, small hidden size, few experts). dstune
-describes it (parameters on meta, activations traced under fake tensors, default attention: transformers' own) and
-the result is compared with independent truth:
+For each ``model_type`` of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, a small config is made from the config class's
+defaults (``tests/tiny_configs.py``'s :func:`shrunk_config`: few layers, hidden size 64, few experts), written with
+``save_pretrained`` and read back by dstune's own reader (:func:`tuner.workload.load_hf_config`): the file arrives
+as a user's ``config.json`` does (transformers 5's ``{"__float__": "Infinity"}`` included). dstune describes it as
+the CLI does (parameters on meta, activations traced under fake tensors, the attention transformers resolves) at
+sequence 64 and 512, fp32 and bf16, micro-batch 2, and each number is compared with independent truth:
 
-- parameters: the real model ``AutoModelForCausalLM.from_config`` builds on ``meta``, unique parameters counted;
-- activations: the same model built on CPU with real tensors, called as a training loop calls it
+- parameters: the real model transformers builds from the same folder (``from_pretrained`` config) on ``meta``;
+- activations: the same model on CPU with real tensors, in the precision, called as a training loop calls it
   (``model(input_ids, labels=...)`` in train mode), every storage autograd saves counted once if alive after the
-  forward pass (parameters and buffers excluded).
+  forward pass (``tests/saved_bytes.py``: saved_tensors_hooks, parameters and buffers excluded).
 
-``exact``: both equal. ``off``: built and estimated, but not equal (the error is given). ``refused``: dstune refuses
-the type, with its one-line reason (often the shrunk config's fault: a tiny config of every type is heuristic).
-``not decoder-only``: an encoder's or encoder-decoder's causal-LM head. ``no default config``: the config class's
-own defaults do not validate.
+``estimated``: dstune estimates it (the error of each row given). ``refused``: dstune refuses it, with its one-line
+reason; ``real`` says whether transformers itself builds and trains that file (a forward and backward on CPU).
+``no default config``: the config class's own defaults do not validate (no file to write).
 
-Run: ``.venv/bin/python bench/coverage.py [--types llama,gpt2] [--out bench/results/coverage.md]``
+Run: ``nice -n 15 .venv/bin/python bench/coverage.py [--types llama,gpt2] [--out bench/results/coverage.md]``
 """
 
 from __future__ import annotations
@@ -32,74 +33,84 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the independent instrument: saved_bytes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the instrument and the tiny configs
 
 import torch
 import transformers
 from saved_bytes import saved_bytes
+from tiny_configs import shrunk_config
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from tuner.profile import ProfileCache, model_profile, params_profile
 from tuner.profile.hf import quiet
-from tuner.workload import WorkloadError
+from tuner.workload import WorkloadError, load_hf_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny configs: test helpers
-from tiny_configs import decoder_only, shrunk_config
-
-SEQ, BATCH, PRECISION = 32, 2, "fp32"
-LIMIT_S = 120  # per type
+SEQS, BATCH, PRECISIONS = (64, 512), 2, ("fp32", "bf16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LIMIT_S = 300  # per type
+Row = tuple[str, str, str, list[float], float]  # type, status, detail, activation errors (%), seconds
 
 
 class Expired(Exception):
     """A type took longer than :data:`LIMIT_S`."""
 
 
-def real_model(config: dict[str, Any], device: str) -> Any:
-    values = {key: value for key, value in config.items() if key != "model_type"}
-    hf = transformers.AutoConfig.for_model(config["model_type"], **values)
+def real_model(folder: Path, device: str, dtype: torch.dtype) -> Any:
+    """The model transformers builds from the saved folder, as a user's training script would."""
+    hf = transformers.AutoConfig.from_pretrained(folder)
     with torch.device(device):
-        return transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.float32)
+        return transformers.AutoModelForCausalLM.from_config(hf, dtype=dtype)
 
 
-def real_params(config: dict[str, Any]) -> int:
-    return sum(p.numel() for p in real_model(config, "meta").parameters())
-
-
-def real_saved_bytes(config: dict[str, Any]) -> int:
+def real_saved_bytes(folder: Path, seq: int, precision: str) -> int:
     torch.manual_seed(0)
-    model = real_model(config, "cpu")
+    model = real_model(folder, "cpu", DTYPES[precision])
     model.train()
-    return saved_bytes(model, torch.randint(0, model.config.get_text_config().vocab_size, (BATCH, SEQ)))
+    vocab = model.config.get_text_config().vocab_size
+    return saved_bytes(model, torch.randint(0, min(vocab, 500), (BATCH, seq)))
 
 
-def classify(model_type: str, cache: ProfileCache) -> tuple[str, str, float]:
-    """(status, detail, seconds) for one model type."""
+def trains(folder: Path) -> str:
+    """Whether transformers builds and trains the file (one forward and backward on CPU): ``yes``, or its error."""
+    try:
+        with quiet():
+            real_saved_bytes(folder, 16, "fp32")
+        return "yes"
+    except Exception as error:
+        return "no: " + " ".join(f"{type(error).__name__}: {error}".split())[:160]
+
+
+def classify(model_type: str, root: Path, cache: ProfileCache) -> Row:
+    """(type, status, detail, activation errors in %, seconds)."""
     start = time.perf_counter()
-    if not decoder_only(model_type):
-        return "not decoder-only", "", time.perf_counter() - start
     try:
-        config = shrunk_config(model_type)
-    except Exception as error:  # the config class's own defaults do not validate: no config to describe
+        values = {k: v for k, v in shrunk_config(model_type).items() if k != "model_type"}
+        with quiet():
+            transformers.AutoConfig.for_model(model_type, **values).save_pretrained(root / model_type)
+    except Exception as error:  # the config class's own defaults do not validate: no file to describe
         message = " ".join(str(error).split())[:200]
-        return "no default config", f"transformers' defaults do not validate: {message}", time.perf_counter() - start
+        return model_type, "no default config", f"transformers: {message}", [], time.perf_counter() - start
+    folder = root / model_type
     try:
-        profile = params_profile(config, cache)
-        traced = model_profile(config, SEQ, PRECISION, None, (False,), cache)
-        found = traced.activation_bytes(SEQ, PRECISION, traced.attention, False, BATCH)
-        assert found is not None
-        estimate = found[0]
+        config, _ = load_hf_config(str(folder / "config.json"))
+        params = params_profile(config, cache).n_params
+        estimates = {}
+        for seq in SEQS:
+            for precision in PRECISIONS:
+                traced = model_profile(config, seq, precision, None, (False,), cache)
+                found = traced.activation_bytes(seq, precision, traced.attention, False, BATCH)
+                assert found is not None
+                estimates[seq, precision] = found[0]
     except WorkloadError as error:
-        return "refused", str(error), time.perf_counter() - start
+        detail = f"{error} [trains in transformers: {trains(folder)}]"
+        return model_type, "refused", detail, [], time.perf_counter() - start
     with quiet():
-        params = real_params(config)
-        saved = real_saved_bytes(config)
-    if profile.n_params == params and estimate == saved:
-        detail = f"{params:,} params, {saved:,} B saved ({traced.attention})"
-        return "exact", detail, time.perf_counter() - start
-    detail = f"params {profile.n_params:,} vs {params:,}; activations {estimate:,} vs {saved:,} B"
-    if saved:
-        detail += f" ({(estimate - saved) / saved:+.3%})"
-    return "off", detail, time.perf_counter() - start
+        real = sum(p.numel() for p in real_model(folder, "meta", torch.float32).parameters())
+        truths = {key: real_saved_bytes(folder, *key) for key in estimates}
+    errors = [(estimates[key] - truths[key]) / truths[key] * 100 if truths[key] else 0.0 for key in estimates]
+    rows = ", ".join(f"{p}@{s} {e:+.2f}%" for (s, p), e in zip(estimates, errors, strict=True))
+    detail = f"params {params:,} vs {real:,}{'' if params == real else ' OFF'}; {traced.attention}; {rows}"
+    return model_type, "estimated", detail, errors, time.perf_counter() - start
 
 
 def main() -> None:
@@ -115,49 +126,61 @@ def main() -> None:
         raise Expired
 
     signal.signal(signal.SIGALRM, expired)
-    rows: list[tuple[str, str, str, float]] = []
+    rows: list[Row] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
-        cache = ProfileCache(Path(folder))
+        cache = ProfileCache(Path(folder) / "cache")
         for model_type in types:
             signal.alarm(LIMIT_S)
             try:
-                status, detail, seconds = classify(model_type, cache)
+                row = classify(model_type, Path(folder), cache)
             except Expired:
-                status, detail, seconds = "crashed", f"took more than {LIMIT_S} s", float(LIMIT_S)
+                row = (model_type, "crashed", f"took more than {LIMIT_S} s", [], float(LIMIT_S))
             except Exception as error:  # a traceback is a bug of dstune or of the bench: listed as such
                 last = traceback.extract_tb(error.__traceback__)[-1]
                 where = f"{Path(last.filename).name}:{last.lineno}"
                 message = " ".join(str(error).split())[:200]
-                status, detail, seconds = "crashed", f"{type(error).__name__} at {where}: {message}", 0.0
+                row = (model_type, "crashed", f"{type(error).__name__} at {where}: {message}", [], 0.0)
             finally:
                 signal.alarm(0)
-            rows.append((model_type, status, detail, seconds))
-            print(f"{model_type:32} {status:18} {seconds:6.1f}s {detail}", flush=True)
+            rows.append(row)
+            print(f"{row[0]:32} {row[1]:18} {row[4]:6.1f}s {row[2]}", flush=True)
             write_table(Path(args.out), rows, time.perf_counter() - started, len(types))
 
 
-def write_table(path: Path, rows: list[tuple[str, str, str, float]], total: float, planned: int) -> None:
+def write_table(path: Path, rows: list[Row], total: float, planned: int) -> None:
     counts: dict[str, int] = {}
-    for _, status, _, _ in rows:
-        counts[status] = counts.get(status, 0) + 1
+    for row in rows:
+        counts[row[1]] = counts.get(row[1], 0) + 1
+    estimated = [row for row in rows if row[1] == "estimated"]
+    exact_params = sum(1 for row in estimated if " OFF" not in row[2])
+    errors = [abs(e) for row in estimated for e in row[3]]
+    worst = sorted(estimated, key=lambda row: -max((abs(e) for e in row[3]), default=0.0))[:8]
     lines = [
         "# Coverage of transformers' causal-LM types",
         "",
         f"`bench/coverage.py` on transformers {transformers.__version__}, torch {torch.__version__}, "
-        f"{len(rows)} of {planned} types in {total / 60:.1f} min (tiny configs from each config class's defaults, "
-        f"sequence {SEQ}, micro-batch {BATCH}, {PRECISION}, default attention).",
+        f"{len(rows)} of {planned} types in {total / 60:.1f} min (small configs from each config class's defaults, "
+        "written with `save_pretrained` and read back as `dstune estimate` reads a `config.json`; sequence "
+        f"{' and '.join(map(str, SEQS))}, micro-batch {BATCH}, {' and '.join(PRECISIONS)}, the attention "
+        "transformers resolves).",
         "",
-        "Truth: parameters of the real model built on `meta`; saved bytes of the real model on CPU called as a "
-        "training loop calls it (saved_tensors_hooks, storages de-duplicated). `exact`: both equal.",
+        "Truth: parameters of the real model built from the same folder on `meta`; saved bytes of the real model on "
+        "CPU in the precision, called as a training loop calls it (saved_tensors_hooks, storages de-duplicated).",
         "",
         "| status | types |",
         "|---|---|",
         *(f"| {status} | {count} |" for status, count in sorted(counts.items())),
         "",
+        f"Estimated: parameters exact for {exact_params} of {len(estimated)}; activations exact to the byte in "
+        f"{sum(1 for e in errors if e == 0)} and within 1 % in {sum(1 for e in errors if e <= 1)} of {len(errors)} "
+        "rows (type × sequence × precision).",
+        "",
+        "Worst rows: " + "; ".join(f"{r[0]} {max(r[3], key=abs):+.2f} %" for r in worst if r[3]),
+        "",
         "| model_type | status | detail | s |",
         "|---|---|---|---|",
-        *(f"| {t} | {s} | {d.replace('|', '/')} | {sec:.1f} |" for t, s, d, sec in rows),
+        *(f"| {t} | {s} | {d.replace('|', '/')} | {sec:.1f} |" for t, s, d, _, sec in rows),
         "",
     ]
     path.parent.mkdir(parents=True, exist_ok=True)

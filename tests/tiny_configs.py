@@ -188,7 +188,46 @@ def shrunk_config(model_type: str, layers: int = 6) -> dict[str, Any]:
     values = CONFIG_MAPPING[model_type]().to_dict()
     for key in ("transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype"):
         values.pop(key, None)
-    return {**_shrunk(values, layers), "model_type": model_type}
+    return _consistent({**_shrunk(values, layers), "model_type": model_type})
+
+
+def _consistent(config: dict[str, Any]) -> dict[str, Any]:
+    """The counts that must agree with the shrunk dimensions made to agree, as a user's small config would: a
+    Mamba mixer's heads times head size equal to its inner width, layer counts of parts that sum to the layers,
+    shared-KV layers fewer than the layers."""
+    out = dict(config)
+    hidden, layers = out.get("hidden_size"), out.get("num_hidden_layers")
+    if not isinstance(hidden, int) or not isinstance(layers, int):
+        return out
+    mixers = [("mamba_n_heads", "mamba_d_head", "mamba_expand")]
+    if "state_size" in out:  # Mamba-2's own names
+        mixers.append(("num_heads", "head_dim", "expand"))
+    for heads, head, expand in mixers:
+        if all(isinstance(out.get(k), int) for k in (heads, head, expand)):
+            out[head] = 16
+            out[heads] = out[expand] * hidden // 16
+    if isinstance(out.get("mamba_d_ssm"), int):
+        out["mamba_d_ssm"] = out.get("mamba_expand", 2) * hidden
+    for key in ("mamba_d_state", "state_size"):
+        if isinstance(out.get(key), int):
+            out[key] = min(out[key], 16)
+    if isinstance(out.get("vocab_size_per_layer_input"), int):  # Gemma-3n's per-layer embeddings: 262,144 rows
+        out["vocab_size_per_layer_input"] = min(out["vocab_size_per_layer_input"], out.get("vocab_size", 512))
+    if "mamba_n_heads" in out and out.get("attn_layer_indices", 0) is None:  # hybrids hold attention layers
+        out["attn_layer_indices"] = [1]
+    kinds = out.get("layer_types")
+    if isinstance(kinds, list) and kinds and set(kinds) == {"linear_attention"} and "mamba_n_heads" in out:
+        out["layer_types"] = [*kinds[:1], "attention", *kinds[2:]]
+    parts = ("n_input_layers", "n_recurrent_layers", "n_output_layers")
+    if all(isinstance(out.get(k), int) for k in parts):
+        out.update(dict(zip(parts, (layers // 3, layers - 2 * (layers // 3), layers // 3), strict=True)))
+    if isinstance(out.get("num_kv_shared_layers"), int):  # the shared layers' kinds among the layers before them
+        kinds = out.get("layer_types") or []
+        shared = min(out["num_kv_shared_layers"], layers // 3)
+        while shared and not set(kinds[layers - shared :]) <= set(kinds[: layers - shared]):
+            shared -= 1
+        out["num_kv_shared_layers"] = shared
+    return out
 
 
 def decoder_only(model_type: str) -> bool:

@@ -90,6 +90,9 @@ def hf_config(config: dict[str, Any], **overrides: Any) -> Any:
 
 
 def _config_object(config: dict[str, Any], model_type: str, values: dict[str, Any]) -> Any:
+    """The config object of ``values``; the floats JSON cannot hold (``time_step_limit``'s infinity), which
+    transformers 5 writes as ``{"__float__": "Infinity"}``, decoded as transformers decodes its own files."""
+    values = transformers.PreTrainedConfig._decode_special_floats(values)
     try:
         return transformers.AutoConfig.for_model(model_type, **values)
     except Exception as error:  # transformers raises ValueError, TypeError, AttributeError... for bad values
@@ -228,18 +231,24 @@ def expert_modules(model: nn.Module) -> bool:
 
 def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedModel
     """The model's list of decoder layers: the ``ModuleList`` as long as ``num_hidden_layers`` (of the text config)
-    nearest the top, outside vision or audio towers."""
+    nearest the top, outside vision or audio towers; else one named like a tower (a text stack BERT-style named
+    ``encoder``: CPM-Ant's, GIT's); else the list nearest the top whose length divides ``num_hidden_layers`` (layers
+    of several sublayers each, counted one by one: LongCat-Flash's)."""
     count = config_value(text_config(model.config), "num_hidden_layers")
-    found = [
+    lists = [
         (name.count("."), name, module)
         for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList)
-        and len(module) == count
-        and not any(tower in name.lower() for tower in OTHER_TOWERS)
+        if isinstance(module, nn.ModuleList) and len(module) > 0
     ]
-    if not found:
-        raise WorkloadError("model.model_type", f"no list of {count} decoder layers found in {type(model).__name__}")
-    return min(found, key=lambda item: item[:2])[2]
+    outside = [item for item in lists if not any(tower in item[1].lower() for tower in OTHER_TOWERS)]
+    for found in (
+        [item for item in outside if len(item[2]) == count],
+        [item for item in lists if len(item[2]) == count],
+        [item for item in outside if isinstance(count, int) and len(item[2]) > 1 and count % len(item[2]) == 0],
+    ):
+        if found:
+            return min(found, key=lambda item: item[:2])[2]
+    raise WorkloadError("model.model_type", f"no list of {count} decoder layers found in {type(model).__name__}")
 
 
 def replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:

@@ -15,6 +15,7 @@ from tuner.profile.hf import (
     decoder_layers,
     enable_checkpointing,
     hf_config,
+    layer_kinds,
     replace_module,
     text_config,
 )
@@ -38,45 +39,27 @@ def build_copy(
     checkpointing: bool,
     trainable: TrainableSpec | None = None,
     adapters: str = "",
+    whole: bool = False,
 ) -> tuple[nn.Module, list[int], FakeTensorMode]:
     """A fake-tensor copy of the model keeping only the representative layers; returns it with their indices.
+    ``whole``: every layer kept (a model whose forward pass cannot run on fewer layers than it was built with).
 
     ``trainable`` (not full): the copy is the model as trained, the adapter added by peft after checkpointing is
     enabled (as a training script does) and the freeze pattern applied (:mod:`tuner.profile.trainable`; a pattern
     naming only layers the copy lacks freezes nothing here). ``adapters=""`` casts every parameter to the training
     dtype, as DeepSpeed's engine does under ZeRO 0-2; ``fp32`` and ``zero3`` keep peft's fp32 adapters (ZeRO-3)."""
-    keep = _representatives(kinds)
-    built = keep[-1] + 1
-    full = text_config(hf_config(config))
-    overrides: dict[str, Any] = {"num_hidden_layers": built}
-    for name, value in config.items():  # per-layer lists (layer_types...) follow the shorter model
-        if isinstance(value, list) and len(value) == full.num_hidden_layers and name != "architectures":
-            overrides[name] = value[:built]
+    keep = list(range(len(kinds))) if whole else _representatives(kinds)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     adapted = trainable is not None and not trainable.is_full
-    try:
-        if adapted:  # peft builds its layers on meta, not in fake mode: given fake storage below
-            with torch.device("meta"):
-                model: Any = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
-        else:
-            with fake_mode:
-                model = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
-    except WorkloadError as error:
-        if "aten." not in str(error):
-            raise
-        # initialisation reads a tensor's value (a vision tower's): built on meta, then given fake CPU storage
-        with torch.device("meta"):
-            model = build(config, attention=attention, dtype=TORCH_DTYPES[precision], **overrides)
-        with fake_mode:
-            model.to_empty(device="cpu")
+    model, built = _shortest(config, kinds, keep[-1] + 1, precision, attention, fake_mode, adapted)
     layers = decoder_layers(model)
     kept = nn.ModuleList([layers[i] for i in keep])
     replace_module(model, layers, kept)
     text = text_config(model.config)
-    if len(keep) < built:
+    if len(keep) < len(layers):
         _renumber(kept, keep)
         _subset_per_layer(text, keep, built)
-    text.num_hidden_layers = len(keep)
+        _set_depth(text, len(keep))
     if checkpointing:
         enable_checkpointing(model)
     if adapted and trainable is not None:
@@ -88,6 +71,71 @@ def build_copy(
         with fake_mode:
             model.to_empty(device="cpu")
     return model, keep, fake_mode
+
+
+def _shortest(
+    config: dict[str, Any],
+    kinds: tuple[str, ...] | list[str],
+    built: int,
+    precision: str,
+    attention: str,
+    fake_mode: FakeTensorMode,
+    adapted: bool,
+) -> tuple[Any, int]:
+    """The model with its first ``built`` layers (``num_hidden_layers`` and the per-layer lists cut), when
+    transformers builds that shorter config into the same layers as the full model's first ``built`` (the same
+    kinds); else the whole model (a config whose other fields count or describe layers too: Gemma-3n's shared-KV
+    layers, Dory's input and output layers, ProphetNet's decoder layers...), returned with its layer count."""
+    if built < len(kinds):
+        overrides: dict[str, Any] = {"num_hidden_layers": built}
+        full = text_config(hf_config(config))
+        for name, value in config.items():  # per-layer lists (layer_types...) follow the shorter model
+            if isinstance(value, list) and len(value) == full.num_hidden_layers and name != "architectures":
+                overrides[name] = value[:built]
+        try:
+            model = _construct(config, precision, attention, fake_mode, adapted, overrides)
+        except WorkloadError:  # the shorter config is not one transformers takes: the whole model below
+            model = None
+        if model is not None and layer_kinds(model) == list(kinds[:built]):
+            return model, built
+    return _construct(config, precision, attention, fake_mode, adapted, {}), len(kinds)
+
+
+def _construct(
+    config: dict[str, Any],
+    precision: str,
+    attention: str,
+    fake_mode: FakeTensorMode,
+    adapted: bool,
+    overrides: dict[str, Any],
+) -> Any:
+    """The model under fake tensors (on ``meta`` for an adapter: peft builds its layers there). Where building
+    under fake tensors fails (initialisation reads a tensor's value; a module converted with ``.to()`` while
+    constructed cannot swap a fake parameter: DeepSeek-V4's, HY-V4's hyper-connections), it is built on ``meta``
+    and given fake CPU storage; an error there is transformers' own."""
+    dtype = TORCH_DTYPES[precision]
+    if not adapted:
+        try:
+            with fake_mode:
+                return build(config, attention=attention, dtype=dtype, **overrides)
+        except WorkloadError as error:
+            if "cannot build" not in str(error):
+                raise
+    with torch.device("meta"):
+        model = build(config, attention=attention, dtype=dtype, **overrides)
+    if not adapted:
+        with fake_mode:
+            model.to_empty(device="cpu")
+    return model
+
+
+def _set_depth(config: Any, layers: int) -> None:
+    """The copy's config says it holds ``layers`` layers; where ``num_hidden_layers`` is a property that cannot be
+    set (ProphetNet's: its depth is ``num_encoder_layers``/``num_decoder_layers``), a subclass answers it."""
+    try:
+        config.num_hidden_layers = layers
+    except (AttributeError, NotImplementedError):
+        config.__class__ = type(type(config).__name__, (type(config),), {"num_hidden_layers": layers})
 
 
 def _renumber(kept: nn.ModuleList, keep: list[int]) -> None:

@@ -142,17 +142,24 @@ def trace_activations(
     experts: dict[bool, str] = {}
     recurrent: list[bool] = []
     for ckpt in (False, True) if True in wanted else (False,):
-        with quiet():
-            model, keep, fake_mode = build_copy(config, kinds, precision, attention, ckpt, trainable, adapters)
-        try:
-            with quiet(), zero3_linear() if adapters == "zero3" else contextlib.nullcontext():
-                traces[ckpt] = _traced_parts(model, keep, kinds, seq_len, fake_mode, recurrent)
-        except WorkloadError:
-            raise
-        except Exception as error:
-            raise WorkloadError(
-                "model.model_type", f"{config['model_type']} cannot be traced under fake tensors: {_reason(error)}"
-            ) from None
+        for whole in (False, True):
+            with quiet():
+                model, keep, fake_mode = build_copy(
+                    config, kinds, precision, attention, ckpt, trainable, adapters, whole
+                )
+            try:
+                with quiet(), zero3_linear() if adapters == "zero3" else contextlib.nullcontext():
+                    traces[ckpt] = _traced_parts(model, keep, kinds, seq_len, fake_mode, recurrent)
+                break
+            except WorkloadError:
+                raise
+            except Exception as error:
+                if not whole and len(keep) < len(kinds):  # a forward that needs every layer: traced whole
+                    continue
+                raise WorkloadError(
+                    "model.model_type",
+                    f"{config['model_type']} cannot be traced under fake tensors: {_reason(error)}",
+                ) from None
         experts[ckpt] = str(getattr(model.config, "_experts_implementation", None) or "none")
     return {
         ckpt: _activation_profile(traces, ckpt, seq_len, precision, attention, experts[ckpt], adapters)

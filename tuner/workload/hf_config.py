@@ -9,13 +9,14 @@ described by :mod:`tuner.profile`.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
 from tuner.workload.errors import WorkloadError
 from tuner.workload.model import ModelSpec
-from tuner.workload.plain_data import check_plain_data
+from tuner.workload.plain_data import MAX_DEPTH, check_plain_data
 
 PRESET_DIR = Path(__file__).parent / "presets"
 SUPPORTED_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
@@ -208,8 +209,36 @@ def preset_config(name: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def read_json_object(source: str | Path, field_name: str, default_file: str = "") -> dict[str, Any]:
-    """The JSON object in a file (or in ``default_file`` inside a folder); bad input names ``field_name``."""
+# how transformers 5 writes the floats JSON cannot hold (``configuration_utils._encode_special_floats``)
+FLOAT_TAG = "__float__"
+
+
+def tag_special_floats(value: Any, depth: int = 0) -> Any:
+    """``value`` with each infinite or NaN float written as transformers 5 writes it in a ``config.json``
+    (``{"__float__": "Infinity"}``): what transformers 4 wrote bare (``Infinity``, which Python's json reads) becomes
+    plain JSON that any consumer can store, and reads back as transformers reads its own files.
+
+    Example:
+        >>> tag_special_floats({"time_step_limit": [0.0, float("inf")]})
+        {'time_step_limit': [0.0, {'__float__': 'Infinity'}]}
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return {FLOAT_TAG: "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+    if depth > MAX_DEPTH:  # left as it is: check_plain_data refuses the nesting
+        return value
+    if isinstance(value, dict):
+        return {key: tag_special_floats(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list):
+        return [tag_special_floats(item, depth + 1) for item in value]
+    return value
+
+
+def read_json_object(
+    source: str | Path, field_name: str, default_file: str = "", tagged_floats: bool = False
+) -> dict[str, Any]:
+    """The JSON object in a file (or in ``default_file`` inside a folder); bad input names ``field_name``.
+    ``tagged_floats``: infinite and NaN numbers (a ``config.json`` transformers 4 wrote) are read as transformers 5
+    writes them (:func:`tag_special_floats`) instead of refused."""
     path = Path(source)
     if path.is_dir() and default_file:
         path = path / default_file
@@ -221,6 +250,8 @@ def read_json_object(source: str | Path, field_name: str, default_file: str = ""
         raise WorkloadError(field_name, f"cannot read {path} as JSON: {error}") from None
     if not isinstance(data, dict):
         raise WorkloadError(field_name, f"{path} must hold a JSON object")
+    if tagged_floats:
+        data = tag_special_floats(data)
     try:
         check_plain_data(data, field_name)  # NaN, Infinity, 1e400, control characters
     except InputError as error:
@@ -234,7 +265,7 @@ def load_hf_config(source: str) -> tuple[dict[str, Any], str]:
     if path.is_dir():
         path = path / "config.json"
     if path.suffix == ".json" or path.exists() or "/" in source:
-        return read_json_object(path, "model"), path.parent.name or path.stem
+        return read_json_object(path, "model", tagged_floats=True), path.parent.name or path.stem
     return preset_config(source), source
 
 
