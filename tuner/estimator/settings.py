@@ -78,10 +78,8 @@ class Settings:
 
 def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Settings:
     """Resolve the memory-relevant settings of a trial config (or a bare ds_config: no checkpointing) for
-    ``workload``.
-
-    Batch sizes follow DeepSpeed's rules over the layout's data-parallel ranks
-    (:meth:`tuner.workload.TrialConfig.batch_sizes`).
+    ``workload``. Batch sizes follow DeepSpeed's rules over the layout's data-parallel ranks
+    (:meth:`tuner.workload.TrialConfig.batch_sizes`); the layout is checked (:func:`tuner.workload.check_long_context`).
 
     Raises:
         ConfigError: a malformed or unsupported value, naming its key.
@@ -91,8 +89,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
     trial = TrialConfig.of(trial)
     if not isinstance(trial.ds_config, dict):
         raise ConfigError("ds_config", "must be a JSON object")
-    batch = trial.batch_sizes(workload.cluster.world_size)
-    precision = trial.precision
+    batch, precision = trial.batch_sizes(workload.cluster.world_size), trial.precision
     _refuse_unmodelled(trial, precision)
     check_long_context(workload, trial)
     zero, layout, context = trial.zero, trial.layout, trial.long_context
