@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tuner.requests import Offload, RequestModel, TrialRequest, WorkloadInput
+from tuner.requests import Offload, RequestModel, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 
 
@@ -24,10 +24,10 @@ class EstimateRequest(RequestModel):
     stage: int = Field(0, ge=0, le=3)
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
-    sequence_parallel: int = TrialRequest.model_fields["sequence_parallel"]
-    tiled_mlp_shards: int = TrialRequest.model_fields["tiled_mlp_shards"]
-    tiled_loss_shards: int = TrialRequest.model_fields["tiled_loss_shards"]
-    offload_checkpoints: bool = TrialRequest.model_fields["offload_checkpoints"]
+    sequence_parallel: int = Field(1, ge=1, le=2**16, description="Ulysses degree (sequence_parallel_size).")
+    tiled_mlp_shards: int = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards.")
+    tiled_loss_shards: int = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards.")
+    offload_checkpoints: bool = Field(False, description="Checkpointed layer inputs in host memory.")
     ds_config: dict[str, Any] | None = None
 
 

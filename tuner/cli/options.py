@@ -73,14 +73,14 @@ QuantizationOpt = Annotated[
         "needs --peft and --device cuda; estimate only."
     ),
 ]
-SequenceParallelOpt = Annotated[
-    int, typer.Option("--sequence-parallel", min=1, help="Ulysses sequence-parallel degree (sequence_parallel_size).")
-]
-TiledMlpOpt = Annotated[int, typer.Option("--tiled-mlp", min=1, help="ALST: each MLP computed in N sequence shards.")]
-TiledLossOpt = Annotated[int, typer.Option("--tiled-loss", min=1, help="ALST: logits and loss in N shards.")]
-OffloadCheckpointsOpt = Annotated[
-    bool, typer.Option(help="ALST: checkpointed layer inputs in host memory (needs --activation-checkpointing).")
-]
+_SP = typer.Option("--sequence-parallel", min=1, help="Ulysses sequence-parallel degree (sequence_parallel_size).")
+_TILED_MLP = typer.Option("--tiled-mlp", min=1, help="ALST: each MLP computed in N sequence shards.")
+_TILED_LOSS = typer.Option("--tiled-loss", min=1, help="ALST: logits and loss in N shards.")
+_OFFLOAD_CHECKPOINTS = typer.Option(help="ALST: checkpointed layer inputs in host memory (needs checkpointing).")
+SequenceParallelOpt = Annotated[int, _SP]
+TiledMlpOpt = Annotated[int, _TILED_MLP]
+TiledLossOpt = Annotated[int, _TILED_LOSS]
+OffloadCheckpointsOpt = Annotated[bool, _OFFLOAD_CHECKPOINTS]
 DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
 StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
@@ -101,10 +101,10 @@ TUNE_FLAGS = (
 # tune pins the long-context flags that are given (unset: searched where the space offers them)
 TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
     **AUTO_DEVICE,
-    "sequence_parallel": (Annotated[int | None, SequenceParallelOpt.__metadata__[0]], None),
-    "tiled_mlp": (Annotated[int | None, TiledMlpOpt.__metadata__[0]], None),
-    "tiled_loss": (Annotated[int | None, TiledLossOpt.__metadata__[0]], None),
-    "offload_checkpoints": (Annotated[bool | None, OffloadCheckpointsOpt.__metadata__[0]], None),
+    "sequence_parallel": (Annotated[int | None, _SP], None),
+    "tiled_mlp": (Annotated[int | None, _TILED_MLP], None),
+    "tiled_loss": (Annotated[int | None, _TILED_LOSS], None),
+    "offload_checkpoints": (Annotated[bool | None, _OFFLOAD_CHECKPOINTS], None),
 }
 # the space's parameter each long-context flag pins (search_spaces/default.yaml)
 LONG_CONTEXT_PINS = {

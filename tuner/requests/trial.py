@@ -30,6 +30,13 @@ MICRO_BATCH = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_
 GRAD_ACCUM = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
 CHECKPOINTING = Field(False, description="Of the trial config (the model's gradient checkpointing), not the workload.")
 
+SEQUENCE_PARALLEL = Field(1, ge=1, le=2**16, description="Ulysses degree (ds_config sequence_parallel_size).")
+TILED_MLP = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards (dstune.tiled_mlp_shards).")
+TILED_LOSS = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards (dstune.tiled_loss_shards).")
+OFFLOAD_CHECKPOINTS = Field(
+    False, description="Checkpointed layer inputs in host memory (dstune.offload_checkpoints; needs checkpointing)."
+)
+
 
 class TrialRequest(RequestModel):
     """One trial config by its shortcut fields, with ``ds_config`` merged over them (it wins)."""
@@ -41,16 +48,10 @@ class TrialRequest(RequestModel):
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
     nvme_path: str | None = Field(None, description="Folder for NVMe offload (set on each NVMe offload section).")
-    sequence_parallel: int = Field(
-        1, ge=1, le=2**16, description="Ulysses sequence-parallel degree (ds_config sequence_parallel_size)."
-    )
-    tiled_mlp_shards: int = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards (dstune.tiled_mlp_shards).")
-    tiled_loss_shards: int = Field(
-        1, ge=1, le=2**20, description="ALST tiled logits and loss shards (dstune.tiled_loss_shards)."
-    )
-    offload_checkpoints: bool = Field(
-        False, description="Checkpointed layer inputs in host memory (dstune.offload_checkpoints; needs checkpointing)."
-    )
+    sequence_parallel: int = SEQUENCE_PARALLEL
+    tiled_mlp_shards: int = TILED_MLP
+    tiled_loss_shards: int = TILED_LOSS
+    offload_checkpoints: bool = OFFLOAD_CHECKPOINTS
     ds_config: dict[str, Any] | None = Field(None, description="A ds_config merged over the shortcut fields.")
 
     def to_trial(self, precision: str) -> TrialConfig:
