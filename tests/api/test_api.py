@@ -110,6 +110,13 @@ def test_estimate_matches_the_estimator(client: TestClient) -> None:
         ({"workload": {"config": {"model_type": "llama", "hidden_size": -4}}}, ["body", "workload", "config"]),
         ({"workload": GPT2, "ds_config": {"zero_optimization": {"stage": 7}}}, ["body", "ds_config"]),
         ({"workload": GPT2, "import": "os.system"}, ["body", "import"]),
+        ({"workload": GPT2, "sequence_parallel": 0}, ["body", "sequence_parallel"]),
+        ({"workload": GPT2, "sequence_parallel": 4}, ["body", "ds_config", "sequence_parallel_size"]),  # 2 ranks
+        (
+            {"workload": GPT2, "ds_config": {"sequence_parallel_size": 2}, "tiled_loss_shards": 1024},
+            ["body", "ds_config", "dstune", "tiled_loss_shards"],
+        ),
+        ({"workload": GPT2, "offload_checkpoints": True}, ["body", "ds_config", "dstune", "offload_checkpoints"]),
     ],
 )
 def test_estimate_rejects_bad_input_with_the_field_path(client: TestClient, body: dict, loc: list[str]) -> None:

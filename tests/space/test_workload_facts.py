@@ -63,7 +63,11 @@ def test_a_parameter_pinned_where_the_workload_rules_it_out_is_infeasible(tmp_pa
         ("trainable_params >= 1MiB", "trainable_params is a number"),
         ("stage >= 1 and frozen_params == 0 or stage == 3", "mixes and with or"),
         ("trainable_params in 3", "needs a list"),
-        ("frozen == 0", "workload facts (trainable_params, frozen_params, optimizer_state_bytes)"),
+        (
+            "frozen == 0",
+            "workload facts (trainable_params, frozen_params, optimizer_state_bytes, seq_len, world_size, "
+            "attention_heads)",
+        ),
     ],
 )
 def test_bad_fact_conditions_are_named(tmp_path, when: str, message: str) -> None:

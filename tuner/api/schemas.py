@@ -103,6 +103,10 @@ class EstimateRequest(RequestModel):
     stage: int = Field(0, ge=0, le=3)
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
+    sequence_parallel: int = Field(1, ge=1, le=2**16, description="Ulysses degree (sequence_parallel_size).")
+    tiled_mlp_shards: int = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards.")
+    tiled_loss_shards: int = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards.")
+    offload_checkpoints: bool = Field(False, description="Checkpointed layer inputs in host memory.")
     ds_config: dict[str, Any] | None = None
 
 

@@ -11,14 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.common import gib
-from tuner.cli.max_seq_len import (
-    LongContextFlags,
-    OffloadCheckpointsOpt,
-    SequenceParallelOpt,
-    TiledLossOpt,
-    TiledMlpOpt,
-    max_seq_len_command,
-)
+from tuner.cli.max_seq_len import max_seq_len_command
 from tuner.cli.options import JsonOpt, WorkloadFlags, build, workload_options
 from tuner.estimator import MemoryEstimate, estimate
 from tuner.estimator.throughput import predict
@@ -72,20 +65,14 @@ def render(est: MemoryEstimate, title: str, console: Console | None = None) -> N
 def estimate_command(
     ctx: typer.Context,
     flags: WorkloadFlags,
-    sequence_parallel: SequenceParallelOpt = None,
-    tiled_mlp: TiledMlpOpt = None,
-    tiled_loss: TiledLossOpt = None,
-    offload_checkpoints: OffloadCheckpointsOpt = None,
     max_seq_len: MaxSeqLenOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Estimate peak memory per GPU and per node's CPU for one training configuration."""
-    long = LongContextFlags(sequence_parallel, tiled_mlp, tiled_loss, offload_checkpoints)
     if max_seq_len:
-        max_seq_len_command(ctx, flags, long, as_json, render)
+        max_seq_len_command(ctx, flags, as_json, render)
         return
     workload, trial = build(flags)
-    trial = long.applied(workload, trial)
     est = estimate(workload, trial)
     throughput = predict(workload, trial).to_dict()  # the hardware table's constants: no store here
     if as_json:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Annotated
+from dataclasses import replace
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -22,64 +22,12 @@ from rich.table import Table
 
 from tuner.cli.common import fail, gib
 from tuner.cli.options import WorkloadFlags, build, ds_config_file
-from tuner.estimator import ConfigError, MemoryEstimate, estimate
+from tuner.estimator import MemoryEstimate
 from tuner.estimator.throughput import predict
 from tuner.forecast import TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
-from tuner.space.dsconfig import merge_configs
-from tuner.workload import TrialConfig, Workload
+from tuner.workload import Workload
 
 RenderEstimate = Callable[[MemoryEstimate, str, Console | None], None]  # tuner.cli.estimate.render
-SequenceParallelOpt = Annotated[
-    int | None, typer.Option(min=1, help="Ulysses degree (sequence_parallel_size); --max-seq-len: pins it.")
-]
-TiledMlpOpt = Annotated[int | None, typer.Option(min=1, help="ALST's tiled MLP shards (dstune.tiled_mlp_shards).")]
-TiledLossOpt = Annotated[int | None, typer.Option(min=1, help="ALST's tiled loss shards (dstune.tiled_loss_shards).")]
-OffloadCheckpointsOpt = Annotated[
-    bool | None, typer.Option(help="Keep the checkpointed layer inputs in host memory (dstune.offload_checkpoints).")
-]
-
-
-@dataclass(frozen=True)
-class LongContextFlags:
-    """The long-context flags of ``dstune estimate`` (None: not given); ``--ds-config`` wins over them."""
-
-    sequence_parallel: int | None = None
-    tiled_mlp: int | None = None
-    tiled_loss: int | None = None
-    offload_checkpoints: bool | None = None
-
-    def config(self) -> dict[str, object]:
-        """The ds_config keys they set."""
-        config: dict[str, object] = {}
-        if self.sequence_parallel is not None:
-            config["sequence_parallel_size"] = self.sequence_parallel
-        alst = {
-            key: value
-            for key, value in (
-                ("tiled_mlp_shards", self.tiled_mlp),
-                ("tiled_loss_shards", self.tiled_loss),
-                ("offload_checkpoints", self.offload_checkpoints),
-            )
-            if value is not None
-        }
-        if alst:
-            config["dstune"] = alst
-        return config
-
-    def applied(self, workload: Workload, trial: TrialConfig) -> TrialConfig:
-        """``trial`` with these settings under its ds_config (the file's keys win), checked by the estimator (bad
-        input: one line naming the key, exit 2)."""
-        extra = self.config()
-        if not extra:
-            return trial
-        merged = TrialConfig(merge_configs(extra, trial.ds_config), trial.activation_checkpointing)
-        try:
-            estimate(workload, merged)
-        except ConfigError as error:
-            fail(error.field, error.message)
-        return merged
-
-
 NO_LENGTH_EXIT = 1  # a valid question whose answer is "nothing fits": not bad input
 
 
@@ -89,18 +37,21 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
-def pins_of(ctx: typer.Context, flags: WorkloadFlags, long: LongContextFlags | None = None) -> Pins:
-    """The pins of the flags the user gave."""
-    long = long or LongContextFlags()
+def pins_of(ctx: typer.Context, flags: WorkloadFlags) -> Pins:
+    """The pins of the flags the user gave (the long-context ones included: ``--sequence-parallel``...)."""
+
+    def pinned(name: str) -> Any:
+        return getattr(flags, name) if _given(ctx, name) else None
+
     return Pins(
-        sequence_parallel=long.sequence_parallel,
-        tiled_mlp_shards=long.tiled_mlp,
-        tiled_loss_shards=long.tiled_loss,
-        offload_checkpoints=long.offload_checkpoints,
-        stage=flags.stage if _given(ctx, "stage") else None,
-        offload_optimizer=flags.offload_optimizer if _given(ctx, "offload_optimizer") else None,
-        offload_param=flags.offload_param if _given(ctx, "offload_param") else None,
-        activation_checkpointing=flags.activation_checkpointing if _given(ctx, "activation_checkpointing") else None,
+        sequence_parallel=pinned("sequence_parallel"),
+        tiled_mlp_shards=pinned("tiled_mlp"),
+        tiled_loss_shards=pinned("tiled_loss"),
+        offload_checkpoints=pinned("offload_checkpoints"),
+        stage=pinned("stage"),
+        offload_optimizer=pinned("offload_optimizer"),
+        offload_param=pinned("offload_param"),
+        activation_checkpointing=pinned("activation_checkpointing"),
         micro_batch=flags.micro_batch,
         ds_config=ds_config_file(flags.ds_config),
         nvme_path=flags.nvme_path,
@@ -117,14 +68,12 @@ def traced_workload(flags: WorkloadFlags) -> Workload:
     return replace(works[-1], profile=profile)
 
 
-def max_seq_len_command(
-    ctx: typer.Context, flags: WorkloadFlags, long: LongContextFlags, as_json: bool, render: RenderEstimate
-) -> None:
+def max_seq_len_command(ctx: typer.Context, flags: WorkloadFlags, as_json: bool, render: RenderEstimate) -> None:
     """Answer ``--max-seq-len``: a table (then the estimate's, by ``render``), or the estimate's JSON with a
     ``max_seq_len`` object beside it."""
     if _given(ctx, "seq_len"):
         fail("seq-len", "not with --max-seq-len: the length is what it searches")
-    pins = pins_of(ctx, flags, long)
+    pins = pins_of(ctx, flags)
     workload = traced_workload(flags)
     try:
         answer = longest_fit(workload, pins)
@@ -174,11 +123,7 @@ def _limit_text(seq_len: int, memory: str, category: str | None, short_by: int) 
 
 
 __all__ = [
-    "LongContextFlags",
-    "OffloadCheckpointsOpt",
-    "SequenceParallelOpt",
-    "TiledLossOpt",
-    "TiledMlpOpt",
+    "max_seq_len_command",
     "pins_of",
     "render_longest",
     "traced_workload",

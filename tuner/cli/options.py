@@ -73,6 +73,14 @@ QuantizationOpt = Annotated[
         "needs --peft and --device cuda; estimate only."
     ),
 ]
+_SP = typer.Option("--sequence-parallel", min=1, help="Ulysses sequence-parallel degree (sequence_parallel_size).")
+_TILED_MLP = typer.Option("--tiled-mlp", min=1, help="ALST: each MLP computed in N sequence shards.")
+_TILED_LOSS = typer.Option("--tiled-loss", min=1, help="ALST: logits and loss in N shards.")
+_OFFLOAD_CHECKPOINTS = typer.Option(help="ALST: checkpointed layer inputs in host memory (needs checkpointing).")
+SequenceParallelOpt = Annotated[int, _SP]
+TiledMlpOpt = Annotated[int, _TILED_MLP]
+TiledLossOpt = Annotated[int, _TILED_LOSS]
+OffloadCheckpointsOpt = Annotated[bool, _OFFLOAD_CHECKPOINTS]
 DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
 StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
@@ -88,8 +96,23 @@ WarmupMaxOpt = Annotated[
 AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
 TUNE_FLAGS = (
     "model", "gpus", "nodes", "gpu_memory", "cpu_memory", "seq_len", "precision", "attention", "device", "model_impl",
-    "peft", "freeze", "quantization",
+    "peft", "freeze", "quantization", "sequence_parallel", "tiled_mlp", "tiled_loss", "offload_checkpoints",
 )  # fmt: skip
+# tune pins the long-context flags that are given (unset: searched where the space offers them)
+TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
+    **AUTO_DEVICE,
+    "sequence_parallel": (Annotated[int | None, _SP], None),
+    "tiled_mlp": (Annotated[int | None, _TILED_MLP], None),
+    "tiled_loss": (Annotated[int | None, _TILED_LOSS], None),
+    "offload_checkpoints": (Annotated[bool | None, _OFFLOAD_CHECKPOINTS], None),
+}
+# the space's parameter each long-context flag pins (search_spaces/default.yaml)
+LONG_CONTEXT_PINS = {
+    "sequence_parallel": "sequence_parallel",
+    "tiled_mlp": "tiled_mlp_shards",
+    "tiled_loss": "tiled_loss_shards",
+    "offload_checkpoints": "offload_checkpoints",
+}
 
 
 @dataclass(frozen=True)
@@ -115,6 +138,10 @@ class WorkloadFlags:
     offload_param: OffloadParamOpt = "none"
     nvme_path: NvmePathOpt = None
     activation_checkpointing: CheckpointingOpt = False
+    sequence_parallel: SequenceParallelOpt = 1
+    tiled_mlp: TiledMlpOpt = 1
+    tiled_loss: TiledLossOpt = 1
+    offload_checkpoints: OffloadCheckpointsOpt = False
     attention: AttentionOpt = None
     device: DeviceOpt = "cuda"  # None (measure, tune): the machine's own
     ds_config: DsConfigOpt = None
@@ -248,6 +275,10 @@ def _with_trial(flags: WorkloadFlags, workload: Workload) -> tuple[Workload, Tri
             "offload_optimizer": flags.offload_optimizer,
             "offload_param": flags.offload_param,
             "nvme_path": flags.nvme_path,
+            "sequence_parallel": flags.sequence_parallel or 1,  # None (tune): searched, not part of this trial
+            "tiled_mlp_shards": flags.tiled_mlp or 1,
+            "tiled_loss_shards": flags.tiled_loss or 1,
+            "offload_checkpoints": bool(flags.offload_checkpoints),
             "ds_config": ds_config_file(flags.ds_config),
         },
     ).to_trial(workload.train.precision)
@@ -263,7 +294,9 @@ def _with_trial(flags: WorkloadFlags, workload: Workload) -> tuple[Workload, Tri
 
 __all__ = [
     "AUTO_DEVICE",
+    "LONG_CONTEXT_PINS",
     "TUNE_FLAGS",
+    "TUNE_OVERRIDES",
     "JsonOpt",
     "NvmePathOpt",
     "StepsOpt",

@@ -15,8 +15,9 @@ from rich.console import Console
 
 from tuner.cli.common import fail, require_local_cuda, size, write_text_file
 from tuner.cli.options import (
-    AUTO_DEVICE,
+    LONG_CONTEXT_PINS,
     TUNE_FLAGS,
+    TUNE_OVERRIDES,
     NvmePathOpt,
     StepsOpt,
     StorageOpt,
@@ -41,6 +42,12 @@ ExportFormat = Literal["deepspeed", "hf"]
 SamplerOpt = Annotated[Sampler, typer.Option(help="Optuna sampler: TPE, random, grid (stage × micro-batch) or GP.")]
 
 
+def _long_context_pins(flags: WorkloadFlags) -> dict[str, Any]:
+    """``--sequence-parallel``, ``--tiled-mlp``, ``--tiled-loss`` and ``--offload-checkpoints`` as pins of the
+    space's parameters (the flags given; the others are searched where the space offers them)."""
+    return {pin: getattr(flags, flag) for flag, pin in LONG_CONTEXT_PINS.items() if getattr(flags, flag) is not None}
+
+
 def _pins(pins: list[str]) -> dict[str, Any]:
     """``--pin stage=3 --pin zero_optimization.overlap_comm=true`` as a dict (values read as YAML scalars)."""
     import yaml
@@ -54,7 +61,7 @@ def _pins(pins: list[str]) -> dict[str, Any]:
     return parsed
 
 
-@workload_options(only=TUNE_FLAGS, overrides=AUTO_DEVICE)
+@workload_options(only=TUNE_FLAGS, overrides=TUNE_OVERRIDES)
 def tune_command(
     flags: WorkloadFlags,
     global_batch: Annotated[int | None, typer.Option(min=1, help="Fixed global batch (samples per step).")] = None,
@@ -94,7 +101,7 @@ def tune_command(
         space=space,
         study=study,
         dispatch=MeasureOptions(launcher, ray_address, warmup, steps, run_timeout, cap, warmup_max),
-        pins=_pins(pin or []),
+        pins={**_long_context_pins(flags), **_pins(pin or [])},
         global_batch=global_batch,
         sampler=sampler,
         trials=trials,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from tuner.estimator.activations import logits_workspace_bytes, workload_activation_bytes
 from tuner.estimator.attention import extra_bytes_per_layer
-from tuner.estimator.phases import Phase
+from tuner.estimator.long_context import Activations, local_seq, long_context_terms
+from tuner.estimator.phases import Phase, add_bytes
+from tuner.estimator.pinned import HostPins
 from tuner.estimator.settings import Settings
 from tuner.estimator.trainable import TrainedParams, trained_params
 from tuner.estimator.transients import bucket_chunks
@@ -21,7 +23,12 @@ from tuner.workload import Workload
 
 
 def add_activations(
-    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], params: TrainedParams
+    workload: Workload,
+    s: Settings,
+    phases: dict[str, Phase],
+    details: dict[str, int],
+    params: TrainedParams,
+    pins: HostPins | None = None,
 ) -> str | None:
     """Add the activations and the logits workspace of the model as trained (``params``) to the phases; returns
     where their sizes come from (``trace`` or ``formula``), None when unknown (a bare parameter count)."""
@@ -32,25 +39,31 @@ def add_activations(
     if s.stage == 3 and not params.is_full:
         adapters = "zero3" if s.memory_efficient_linear else "fp32"
     activations = workload_activation_bytes(
-        workload, s.micro_batch, s.precision, elem, s.activation_checkpointing, adapters
+        workload, s.micro_batch, s.precision, elem, s.activation_checkpointing, adapters, s.sequence_parallel_size
     )
     if activations is None:
         return None
-    saved, recompute, source = activations
-    workspace = logits_workspace_bytes(model, s.micro_batch, train.seq_len, elem)
+    seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.long_context`)
+    acts = Activations(activations[0], logits_workspace_bytes(model, s.micro_batch, seq, elem), activations[1])
+    acts = long_context_terms(workload, s, acts, details)
+    saved, recompute, source = acts.saved, acts.recompute, activations[2]
     if workload.cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
         kernel_extra = extra_bytes_per_layer(model, s.micro_batch, train.seq_len, s.precision, train.attention)
+        kernel_extra = kernel_extra // s.sequence_parallel_size  # a rank's h/sp heads over the whole sequence
         if s.activation_checkpointing:  # only the recomputed block holds attention outputs
             recompute += kernel_extra
         else:
             kernel_extra *= model.num_layers
             saved += kernel_extra
         details["attention_kernel_extra"] = kernel_extra
-    details["logits_workspace"] = workspace
+    details["logits_workspace"] = acts.workspace
     details["recomputed_block"] = recompute
     phases["forward"].gpu["activations"] += saved
-    phases["forward"].gpu["buffers"] += workspace
+    phases["forward"].gpu["buffers"] += acts.workspace
     phases["backward"].gpu["activations"] += recompute
+    if acts.host:  # checkpoints offloaded to host memory (pinned on CUDA), from forward until backward used them
+        host = pins.size(acts.host // acts.host_count, True, acts.host_count) if pins else acts.host
+        add_bytes(phases, "cpu", "activations", host, ("forward", "backward"))
     if params.is_full:
         _add_early_backward(workload, s, phases, details, saved)
     else:
@@ -71,8 +84,8 @@ def _add_frozen_backward(
       bucket: the saved activations of every other layer are still alive (``(L-1)/L`` of them:
       ``details["early_backward_activations"]``), counted in the backward phase beside the bucket.
     """
-    model, train, elem = workload.model, workload.train, s.param_bytes
-    head = elem * s.micro_batch * train.seq_len * model.vocab_size
+    model, elem = workload.model, s.param_bytes
+    head = elem * s.micro_batch * local_seq(workload, s) * model.vocab_size
     details["loss_backward"] = head
     phases["forward"].gpu["buffers"] += head
     layers = max(1, model.num_layers)

@@ -66,30 +66,43 @@ def activation_bytes(
 
 
 def logits_workspace_bytes(model: ModelSpec, batch: int, seq: int, elem: int) -> int:
-    """Transient bytes around the loss: the 16-bit (or fp32) logits and their fp32 copy (or their gradients)."""
-    return (elem + 4) * batch * seq * model.vocab_size
+    """Transient bytes around the loss, beside the saved fp32 log-softmax: the larger of forward's 16-bit (or fp32)
+    logits with their fp32 copy (``(e + 4)·bsV``) and the loss's backward, where the gradients of the log-softmax's
+    output and input are both fp32 (``8·bsV``): ``8·bsV`` whatever the dtype.
+
+    The backward moment was measured under Ulysses (``bench/sp_true_peak.py``: at s/sp = 512, V = 4096 the true peak
+    falls at the start of backward, 16 MiB above the saved activations and model states).
+    """
+    return max(elem + 4, 2 * 4) * batch * seq * model.vocab_size
 
 
 def workload_activation_bytes(
-    workload: Workload, micro_batch: int, precision: str, elem: int, checkpointing: bool, adapters: str = ""
+    workload: Workload,
+    micro_batch: int,
+    precision: str,
+    elem: int,
+    checkpointing: bool,
+    adapters: str = "",
+    sequence_parallel: int = 1,
 ) -> tuple[int, int, str] | None:
     """(saved bytes after forward, extra bytes while one block recomputes, source) for ``workload`` at
     ``micro_batch``, with or without activation ``checkpointing``; source ``trace`` (the profile) or ``formula``;
     None when unknown. ``adapters``: the dtype a peft model's adapters run in (``fp32`` under ZeRO-3; the trace with
-    them cast when it was not traced)."""
+    them cast when it was not traced). ``sequence_parallel``: Ulysses' degree sp, each rank holding ``s/sp`` tokens:
+    the profile traced at ``s/sp`` if it has one, else the one at ``s`` scaled by ``1/sp`` (without eager attention,
+    which Ulysses refuses, every saved tensor is proportional to the tokens: measured linear in the sequence)."""
     model, train = workload.model, workload.train
     if model.is_bare:
         return None
+    seq = train.seq_len // sequence_parallel
     profile = workload.profile
     if profile is not None and model.implementation == "transformers":
-        found = profile.activation_bytes(
-            train.seq_len, precision, train.attention, checkpointing, micro_batch, adapters
-        )
-        if found is None and adapters:
-            found = profile.activation_bytes(train.seq_len, precision, train.attention, checkpointing, micro_batch)
-        if found is not None:
-            return found[0], found[1], "trace"
+        for traced, scale in ((seq, 1), (train.seq_len, sequence_parallel)):
+            for kind in (adapters, "") if adapters else (adapters,):
+                found = profile.activation_bytes(traced, precision, train.attention, checkpointing, micro_batch, kind)
+                if found is not None:
+                    return found[0] // scale, found[1] // scale, "trace"
     if model.implementation == "builtin" or model.family in SUPPORTED_FAMILIES:
-        saved, recompute = activation_bytes(model, micro_batch, train.seq_len, elem, train.attention, checkpointing)
+        saved, recompute = activation_bytes(model, micro_batch, seq, elem, train.attention, checkpointing)
         return saved, recompute, "formula"
     return None

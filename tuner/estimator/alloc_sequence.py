@@ -114,7 +114,7 @@ def step_events(workload: Workload, s: Settings, phases: dict[str, Phase], detai
 def _step_key(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> _Step:
     model, elem = workload.model, s.param_bytes
     fwd, bwd, step = (phases[name].gpu for name in ("forward", "backward", "step"))
-    tokens = s.micro_batch * workload.train.seq_len
+    tokens = s.micro_batch * workload.train.seq_len // max(1, s.sequence_parallel_size)  # a rank's share
     return _Step(
         stage=s.stage,
         layers=max(1, model.num_layers or 1),

@@ -44,7 +44,7 @@ from tuner.estimator.stage3_states import stage3_states
 from tuner.estimator.trainable import trained_params
 from tuner.workload import TrialConfig, Workload
 
-HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # cpu_per_node's (no host activations)
+HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # cpu_per_node's (+ offloaded checkpoints)
 
 
 def estimate(
@@ -84,7 +84,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     if base is not None:  # backward dequantizes each 4-bit weight whole, one at a time
         dequantized = dequantized_weight_bytes(base, s.param_bytes)
         add_transient(phases, details, "dequantized_weight", "backward", dequantized)
-    source = add_activations(workload, s, phases, details, params)
+    source = add_activations(workload, s, phases, details, params, pins)
 
     gpu_totals = {name: phase.gpu_total for name, phase in phases.items()}
     peak_phase = max(gpu_totals, key=gpu_totals.__getitem__)
@@ -150,6 +150,9 @@ def _node_host(phases: dict[str, Phase], ranks: int, gathered: int) -> tuple[dic
     """
     held = [phase.cpu for name, phase in phases.items() if name != "save"]
     by_category = {name: ranks * max(host[name] for host in held) for name in HOST_CATEGORIES}
+    offloaded = max(host["activations"] for host in held)  # checkpoints offloaded to host memory (ALST)
+    if offloaded:
+        by_category["activations"] = ranks * offloaded
     peak = ranks * max(sum(host.values()) for host in held)
     if "save" in phases:
         save = phases["save"].cpu

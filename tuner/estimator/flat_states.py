@@ -112,7 +112,7 @@ def _add_reduce_buckets(s: Settings, phases: dict[str, Phase], details: dict[str
             copies, bucket_phases = 2, PHASES  # measured: with accumulation this path keeps both between micro-steps
     else:
         copies = 0
-    bucket = s.reduce_bucket_size * s.param_bytes * copies
+    bucket = s.reduce_bucket_size * s.reduce_bytes * copies  # fp32 under Ulysses (Settings.reduce_bytes)
     details["reduce_buckets"] = bucket
     add_bytes(phases, "gpu", "buffers", bucket, bucket_phases)
 

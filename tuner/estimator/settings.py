@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.workload import ConfigError, TrialConfig, Workload
+from tuner.workload import ConfigError, TrialConfig, Workload, check_long_context
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
 ADAM_FAMILY = frozenset({"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"})
@@ -59,19 +59,27 @@ class Settings:
     reduce_scatter: bool = True
     multi_rank_bucket_allreduce: bool = True
     activation_checkpointing: bool = False
+    tiled_mlp_shards: int = 1  # ALST's pieces (tuner.workload.LongContext)
+    tiled_loss_shards: int = 1
+    offload_checkpoints: bool = False
 
     @property
     def param_bytes(self) -> int:
         """Bytes per element of the parameters DeepSpeed trains (16-bit or fp32)."""
         return FP32 if self.precision == "fp32" else 2
 
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per element of the gradients ZeRO reduces: under Ulysses DeepSpeed 0.19.8 reduces them in fp32
+        (``seq_parallel_communication_data_type``, :attr:`tuner.workload.LongContext.communication_dtype`), so the
+        reduce bucket holds fp32 elements; otherwise the training dtype."""
+        return FP32 if self.sequence_parallel_size > 1 else self.param_bytes
+
 
 def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Settings:
     """Resolve the memory-relevant settings of a trial config (or a bare ds_config: no checkpointing) for
-    ``workload``.
-
-    Batch sizes follow DeepSpeed's rules over the layout's data-parallel ranks
-    (:meth:`tuner.workload.TrialConfig.batch_sizes`).
+    ``workload``. Batch sizes follow DeepSpeed's rules over the layout's data-parallel ranks
+    (:meth:`tuner.workload.TrialConfig.batch_sizes`); the layout is checked (:func:`tuner.workload.check_long_context`).
 
     Raises:
         ConfigError: a malformed or unsupported value, naming its key.
@@ -81,10 +89,10 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
     trial = TrialConfig.of(trial)
     if not isinstance(trial.ds_config, dict):
         raise ConfigError("ds_config", "must be a JSON object")
-    batch = trial.batch_sizes(workload.cluster.world_size)
-    precision = trial.precision
+    batch, precision = trial.batch_sizes(workload.cluster.world_size), trial.precision
     _refuse_unmodelled(trial, precision)
-    zero, layout = trial.zero, trial.layout
+    check_long_context(workload, trial)
+    zero, layout, context = trial.zero, trial.layout, trial.long_context
     _check_trainable_dtypes(zero.stage, precision, workload)
     return Settings(
         world_size=workload.cluster.world_size,
@@ -123,6 +131,9 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         reduce_scatter=zero.reduce_scatter,
         multi_rank_bucket_allreduce=zero.multi_rank_bucket_allreduce,
         activation_checkpointing=bool(trial.activation_checkpointing),
+        tiled_mlp_shards=context.tiled_mlp_shards,
+        tiled_loss_shards=context.tiled_loss_shards,
+        offload_checkpoints=context.offload_checkpoints,
     )
 
 

@@ -56,7 +56,7 @@ def stage3_states(
     if s.world_size > 1 and not model.is_bare:
         add_stage3_gathered(workload, params, part, s, phases, details)
         add_bytes(phases, "gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
-    bucket = s.reduce_bucket_size * elem if s.contiguous_gradients else 0
+    bucket = s.reduce_bucket_size * s.reduce_bytes if s.contiguous_gradients else 0  # fp32 under Ulysses
     details["reduce_buckets"] = bucket
     add_bytes(phases, "gpu", "buffers", bucket)
     if not model.is_bare:

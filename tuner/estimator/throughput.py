@@ -50,6 +50,7 @@ from tuner.estimator.flops import (
     peak_tflops,
 )
 from tuner.estimator.hardware import Hardware, hardware_for, table_key
+from tuner.estimator.long_context import all_to_all_bytes, mlp_params
 from tuner.estimator.settings import Settings, resolve
 from tuner.estimator.trainable import trained_params
 from tuner.workload import TrialConfig, Workload
@@ -165,10 +166,12 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     checkpointed = s.activation_checkpointing and not model.is_bare
     redo = RECOMPUTE if checkpointed else 1.0
     flops_rate = hw.flops / (hw.fp32_slowdown if s.precision == "fp32" else 1.0)
-    tokens = s.micro_batch * train.seq_len
+    tokens = s.micro_batch * train.seq_len // s.sequence_parallel_size  # a rank's share under Ulysses
     forward = forward_flops_per_token(model, train.seq_len) * tokens
     backward = backward_flops_per_token(model, train.seq_len, trained) * tokens
     compute = accum * (forward * (2 if checkpointed else 1) + backward) / flops_rate
+    sp_compute, sp_seconds, sp_calls = long_context_seconds(workload, s, hw, flops_rate)
+    compute += sp_compute
     layers = model.num_layers + 1
     launch = hw.launch_s * layers * (accum * redo + 1)
 
@@ -200,11 +203,33 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     if s.offload_optimizer != "none":
         memory += trained_partition / hw.cpu_adam_params_s - ADAM_BYTES * trained_partition / hw.memory_bw
         memory += 2 * elem * trained_partition / hw.host_bw  # gradients down, updated parameters up
-    bandwidth = (accum * per_micro_bytes + step_bytes) / link
-    latency = (accum * per_micro_calls + step_calls) * hw.collective_s
+    bandwidth = (accum * per_micro_bytes + step_bytes) / link + sp_seconds
+    latency = (accum * per_micro_calls + step_calls + sp_calls) * hw.collective_s
     hideable = accum * per_micro_bytes / link / bandwidth if s.overlap_comm and bandwidth > 0 else 0.0
     cover = backward / (forward + backward) * compute if s.overlap_comm else 0.0  # backward's share: 2/3 when all train
     return StepTerms(compute, launch, bandwidth, latency, memory, hideable, cover)
+
+
+def long_context_seconds(workload: Workload, s: Settings, hw: Hardware, flops_rate: float) -> tuple[float, float, int]:
+    """(compute seconds, all-to-all seconds, all-to-all calls) per optimizer step that Ulysses and ALST add.
+
+    Ulysses: every layer's forward exchanges ``(s/sp)·d·(2·q + 2·kv)·e`` bytes per rank in four all-to-alls (query,
+    key, value, output), its backward as much again and a recomputed forward once more, ``(sp-1)/sp`` of it leaving
+    the rank, over the intra-node link when the group fits a node; never overlapped (attention waits for it).
+    ``TiledMLP`` recomputes each MLP's forward in backward: ``2·`` the MLP weights per token more FLOPs.
+    """
+    model, sp, accum = workload.model, s.sequence_parallel_size, s.grad_accum
+    if model.is_bare:
+        return 0.0, 0.0, 0
+    tokens = s.micro_batch * workload.train.seq_len // sp
+    compute = accum * 2.0 * mlp_params(model) * tokens / flops_rate if s.tiled_mlp_shards > 1 else 0.0
+    if sp == 1:
+        return compute, 0.0, 0
+    passes = 3 if s.activation_checkpointing else 2
+    moved = all_to_all_bytes(model, s.micro_batch, tokens // s.micro_batch, s.param_bytes, sp) * (sp - 1) / sp
+    link = hw.intra_bw if sp <= workload.cluster.gpus_per_node else hw.inter_bw
+    layers = model.num_layers
+    return compute, accum * passes * layers * moved / link, accum * passes * layers * 4
 
 
 def predict(
@@ -259,6 +284,7 @@ __all__ = [
     "StepTerms",
     "ThroughputPrediction",
     "all_params",
+    "long_context_seconds",
     "predict",
     "predict_resolved",
     "step_terms",

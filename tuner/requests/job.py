@@ -40,6 +40,19 @@ class JobRequest(RequestModel):
         "default", description="A built-in search space by name (never a path)."
     )
     pins: dict[str, Any] = Field(default_factory=dict, description="Pinned parameters, as `dstune tune --pin`.")
+    sequence_parallel: int | None = Field(
+        None, ge=1, le=2**16, description="Pin the Ulysses degree (`dstune tune --sequence-parallel`); null: searched."
+    )
+    tiled_mlp_shards: int | None = Field(None, ge=1, le=2**20, description="Pin ALST's tiled MLP shards.")
+    tiled_loss_shards: int | None = Field(None, ge=1, le=2**20, description="Pin ALST's tiled loss shards.")
+    offload_checkpoints: bool | None = Field(None, description="Pin ALST's checkpoint offload.")
+
+    def all_pins(self) -> dict[str, Any]:
+        """``pins`` with the long-context fields given (the space's parameters of those names; ``pins`` wins)."""
+        fields = ("sequence_parallel", "tiled_mlp_shards", "tiled_loss_shards", "offload_checkpoints")
+        given = {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
+        return {**given, **self.pins}
+
     global_batch: int | None = Field(None, ge=1, le=2**24)
     sampler: Sampler = "tpe"
     trials: int = Field(12, ge=1, le=10_000)
@@ -72,7 +85,7 @@ def check_job(request: JobRequest, *, inline: bool = True) -> str:
     if request.space not in space_names():
         raise FieldError(("space",), f"unknown search space {request.space!r}; built-in: {', '.join(space_names())}")
     try:
-        load_space(resolve_space(request.space), pins=request.pins)
+        load_space(resolve_space(request.space), pins=request.all_pins())
     except (SpaceError, TypeError, ValueError) as error:
         raise FieldError(("pins",), str(error)) from None
     return request.study or default_study_name(workload)

@@ -10,6 +10,9 @@ Example:
     >>> TrialRequest(micro_batch=2, stage=3, activation_checkpointing=True,
     ...              ds_config={"gradient_clipping": 0.5}).to_trial("bf16").summary()
     'ZeRO-3 · micro 2 × accum 1 · bf16 · checkpointing'
+    >>> trial = TrialRequest(sequence_parallel=2, tiled_loss_shards=4).to_trial("bf16")
+    >>> trial.layout.sequence_parallel, trial.long_context.tiled_loss_shards
+    (2, 4)
 """
 
 from __future__ import annotations
@@ -21,11 +24,18 @@ from pydantic import Field, model_validator
 from tuner.requests.strict import RequestModel
 from tuner.requests.workload import Offload, WorkloadRequest
 from tuner.space.dsconfig import merge_configs, shortcut_config
-from tuner.workload import TrialConfig
+from tuner.workload import TrialConfig, long_context_config
 
 MICRO_BATCH = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
 GRAD_ACCUM = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
 CHECKPOINTING = Field(False, description="Of the trial config (the model's gradient checkpointing), not the workload.")
+
+SEQUENCE_PARALLEL = Field(1, ge=1, le=2**16, description="Ulysses degree (ds_config sequence_parallel_size).")
+TILED_MLP = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards (dstune.tiled_mlp_shards).")
+TILED_LOSS = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards (dstune.tiled_loss_shards).")
+OFFLOAD_CHECKPOINTS = Field(
+    False, description="Checkpointed layer inputs in host memory (dstune.offload_checkpoints; needs checkpointing)."
+)
 
 
 class TrialRequest(RequestModel):
@@ -38,6 +48,10 @@ class TrialRequest(RequestModel):
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
     nvme_path: str | None = Field(None, description="Folder for NVMe offload (set on each NVMe offload section).")
+    sequence_parallel: int = SEQUENCE_PARALLEL
+    tiled_mlp_shards: int = TILED_MLP
+    tiled_loss_shards: int = TILED_LOSS
+    offload_checkpoints: bool = OFFLOAD_CHECKPOINTS
     ds_config: dict[str, Any] | None = Field(None, description="A ds_config merged over the shortcut fields.")
 
     def to_trial(self, precision: str) -> TrialConfig:
@@ -51,6 +65,11 @@ class TrialRequest(RequestModel):
             self.offload_param,
             self.nvme_path,
         )
+        long_context = long_context_config(
+            self.sequence_parallel, self.tiled_mlp_shards, self.tiled_loss_shards, self.offload_checkpoints
+        )
+        if long_context:
+            config = merge_configs(config, long_context)
         if self.ds_config is not None:
             config = merge_configs(config, self.ds_config)
         return TrialConfig(config, self.activation_checkpointing)

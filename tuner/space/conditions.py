@@ -22,6 +22,9 @@ WORKLOAD_FACTS = {
     "frozen_params": "parameters that do not train (0 for full fine-tuning)",
     "optimizer_state_bytes": "fp32 master and Adam moments of the trainable parameters, 12 B each, before ZeRO "
     "shards them",
+    "seq_len": "the workload's sequence length (tokens per sample)",
+    "world_size": "the ranks (GPUs per node × nodes)",
+    "attention_heads": "the model's attention heads (0 for a bare parameter count)",
 }
 
 

@@ -1,5 +1,6 @@
 """The workload facts a search space's ``when`` conditions may test (:data:`~tuner.space.conditions.WORKLOAD_FACTS`):
-how much of the model trains, and what its optimizer states weigh."""
+how much of the model trains, what its optimizer states weigh, and the sequence length, ranks and attention heads
+that decide where Ulysses sequence parallelism and ALST's tiling mean something."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ def workload_facts(workload: Workload) -> dict[str, int]:
     Example:
         >>> from tuner.workload import Workload, model_from_param_count
         >>> workload_facts(Workload(model_from_param_count(1e6)))
-        {'trainable_params': 1000000, 'frozen_params': 0, 'optimizer_state_bytes': 12000000}
+        {'trainable_params': 1000000, 'frozen_params': 0, 'optimizer_state_bytes': 12000000, 'seq_len': 2048, \
+'world_size': 1, 'attention_heads': 0}
     """
     trained = trainable_params(workload)
     facts = {
         "trainable_params": trained,
         "frozen_params": all_params(workload) - trained,
         "optimizer_state_bytes": OPTIMIZER_STATE_BYTES * trained,
+        "seq_len": workload.train.seq_len,
+        "world_size": workload.cluster.world_size,
+        "attention_heads": workload.model.num_heads,
     }
     assert set(facts) == set(WORKLOAD_FACTS), "every documented fact has a value"
     return facts

@@ -24,7 +24,9 @@ from tuner.workload import (
     TrialConfig,
     Workload,
     accumulation_for,
+    sequence_parallel_problem,
 )
+from tuner.workload.long_context_checks import SP_KEY
 
 _UNSET = object()
 
@@ -268,7 +270,11 @@ class SearchSpace:
         if parameter.kind != "categorical":
             return None
         choices = list(parameter.all_choices(asking.nvme))
+        # the micro-batches dividing the global batch's share of every rank also divide that of each data-parallel
+        # rank under sequence parallelism (world / sp ranks): one set of choices for the whole study, as Optuna needs
         global_batch, world = asking.global_batch, asking.workload.cluster.world_size
+        if parameter.key == SP_KEY:  # the degrees Ulysses can run on this workload (ranks, heads, sequence)
+            choices = [c for c in choices if sequence_parallel_problem(asking.workload, c) is None]
         if parameter.name == self._micro and global_batch is not None:
             choices = [c for c in choices if (global_batch // world) % c == 0]
             if not choices:
@@ -284,9 +290,15 @@ class SearchSpace:
             InfeasibleConfig: The micro-batch times the world size does not divide ``global_batch``.
         """
         try:
-            return accumulation_for(global_batch, self._micro_value(values), workload.cluster.world_size)
+            return accumulation_for(global_batch, self._micro_value(values), self._data_parallel(values, workload))
         except ConfigError as error:
             raise InfeasibleConfig(error.message, values) from None
+
+    def _data_parallel(self, values: Mapping[str, Any], workload: Workload) -> int:
+        """The data-parallel ranks of the values so far: the world over the sequence-parallel degree, when the space
+        has one (suggested before the batch)."""
+        sp = next((values.get(p.name) for p in self._parameters if p.key == SP_KEY and p.name in values), None)
+        return workload.cluster.world_size // (sp or 1)
 
     def _micro_value(self, values: Mapping[str, Any]) -> int:
         micro = values.get(self._micro) if self._micro else None

@@ -28,7 +28,7 @@ def study_settings(
         name=study_name,
         workload=workload,
         space_path=resolve_space(request.space),
-        pins=dict(request.pins),
+        pins=request.all_pins(),
         global_batch=request.global_batch,
         sampler=request.sampler,
         trials=request.trials,

@@ -30,7 +30,8 @@ from tuner.workload.hf_config import (
     read_json_object,
 )
 from tuner.workload.layout import ParallelLayout
-from tuner.workload.long_context import LongContext
+from tuner.workload.long_context import LongContext, long_context_config
+from tuner.workload.long_context_checks import check_long_context, kv_replication, sequence_parallel_problem
 from tuner.workload.model import ModelSpec, model_from_param_count
 from tuner.workload.model_profile import PROFILE_FORMAT, ActivationProfile, Linear, ModelProfile
 from tuner.workload.quantization import (
@@ -134,15 +135,19 @@ __all__ = [
     "ZeroConfig",
     "accumulation_for",
     "check_config_limits",
+    "check_long_context",
     "config_key",
+    "kv_replication",
     "load_builtin_model",
     "load_hf_config",
+    "long_context_config",
     "model_from_hf_config",
     "model_from_param_count",
     "preset_config",
     "preset_names",
     "read_json_object",
     "resolve_batch",
+    "sequence_parallel_problem",
     "workload_from_dict",
     "workload_to_dict",
 ]

@@ -88,4 +88,28 @@ class LongContext:
         return " · ".join(parts)
 
 
-__all__ = ["COMM_DTYPE_KEY", "LongContext"]
+def long_context_config(
+    sequence_parallel: int = 1, tiled_mlp_shards: int = 1, tiled_loss_shards: int = 1, offload_checkpoints: bool = False
+) -> dict[str, Any]:
+    """The ds_config keys that say these settings (only those off their defaults), as :class:`LongContext` and
+    :class:`~tuner.workload.layout.ParallelLayout` read them: what the CLI flags and the API fields write.
+
+    >>> long_context_config(2, tiled_loss_shards=8)
+    {'sequence_parallel_size': 2, 'dstune': {'tiled_loss_shards': 8}}
+    """
+    config: dict[str, Any] = {}
+    if sequence_parallel != 1:
+        config["sequence_parallel_size"] = sequence_parallel
+    settings: dict[str, Any] = {}
+    if tiled_mlp_shards != 1:
+        settings["tiled_mlp_shards"] = tiled_mlp_shards
+    if tiled_loss_shards != 1:
+        settings["tiled_loss_shards"] = tiled_loss_shards
+    if offload_checkpoints:
+        settings["offload_checkpoints"] = True
+    if settings:
+        config[SETTINGS_SECTION] = settings
+    return config
+
+
+__all__ = ["COMM_DTYPE_KEY", "LongContext", "long_context_config"]

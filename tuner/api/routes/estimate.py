@@ -60,6 +60,10 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
             stage=body.stage,
             offload_optimizer=body.offload_optimizer,
             offload_param=body.offload_param,
+            sequence_parallel=body.sequence_parallel,
+            tiled_mlp_shards=body.tiled_mlp_shards,
+            tiled_loss_shards=body.tiled_loss_shards,
+            offload_checkpoints=body.offload_checkpoints,
             ds_config=body.ds_config,
         )
         trial = asked.to_trial(workload.train.precision)

@@ -1,0 +1,308 @@
+"""The estimate against the true peak of live tensor bytes under Ulysses sequence parallelism, per rank, on CPU ranks.
+
+Truth: the counting allocator (:mod:`tuner.measure.counting_allocator`, live CPU tensor bytes counted at torch's CPU
+allocator on every thread), from before the model is built to the end of the second training step, on gloo CPU
+ranks started by this script. The runner does not train with Ulysses yet, so the ranks here are standalone: DeepSpeed
+0.19.8's ``UlyssesSPAttentionHF.register_with_transformers`` (sdpa) with its mpu passed to ``deepspeed.initialize``,
+the batch split along the sequence by hand as ``UlyssesSPDataLoaderAdapter`` splits it (input ids, position ids and
+the pre-shifted labels, each rank its ``s/sp`` tokens), DeepSpeed's ``TiledMLP`` around each decoder layer's MLP block
+and ``TiledFusedLogitsLoss`` over the LM head when asked. Each rank backpropagates its own mean loss (memory does not
+depend on how the shares are averaged).
+
+Models: a tiny Qwen2 (dense, grouped-query heads) and a tiny Qwen2-MoE (4 experts, shared expert), built by
+transformers with random weights in bf16 (:mod:`tuner.measure.birth`: sharded under ZeRO-3's ``zero.Init``),
+seq 1024, micro-batch 1, small buckets so that activations are most of the peak.
+
+Measurements are kept in ``bench/results/sp_true_peak.json``; the table is rendered with the current estimator.
+Run: ``python bench/sp_true_peak.py [--only KEY] [--remeasure] [--render]`` (a few minutes per row on 2 shared cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+SEQ, MICRO = 1024, 1
+QWEN2 = {
+    "model_type": "qwen2",
+    "vocab_size": 4096,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+QWEN2_MOE = {
+    "model_type": "qwen2_moe",
+    "vocab_size": 4096,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 128,
+    "shared_expert_intermediate_size": 128,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+MODELS = {"qwen2": QWEN2, "qwen2-moe": QWEN2_MOE}
+BUCKET = 500_000
+
+
+def ds_config(stage: int, sp: int, mlp: int, loss: int) -> dict[str, Any]:
+    """bf16, ZeRO ``stage``, small buckets, Ulysses degree ``sp`` and the tiling in dstune's section."""
+    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size=BUCKET, stage3_max_live_parameters=BUCKET)
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "zero_optimization": zero,
+        "sequence_parallel_size": sp,
+    }
+    if mlp > 1 or loss > 1:
+        config["dstune"] = {"tiled_mlp_shards": mlp, "tiled_loss_shards": loss}
+    return config
+
+
+def cases() -> list[dict[str, Any]]:
+    """The rows: both models, ZeRO 2 and 3, SP=2 on 2 ranks with and without tiling, the DP=2 baseline, and SP=2 ×
+    DP=2 on 4 ranks."""
+    found = []
+    for name in MODELS:
+        for stage in (2, 3):
+            found.append({"model": name, "stage": stage, "world": 2, "sp": 1, "mlp": 1, "loss": 1})
+            found.append({"model": name, "stage": stage, "world": 2, "sp": 2, "mlp": 1, "loss": 1})
+            found.append({"model": name, "stage": stage, "world": 2, "sp": 2, "mlp": 4, "loss": 4})
+            found.append({"model": name, "stage": stage, "world": 4, "sp": 2, "mlp": 1, "loss": 1})
+    return found
+
+
+def key(case: dict[str, Any]) -> str:
+    return f"{case['model']}/z{case['stage']}/w{case['world']}/sp{case['sp']}/mlp{case['mlp']}/loss{case['loss']}"
+
+
+# ---------------------------------------------------------------------------------------------------------- ranks
+def _tile_mlps(model: Any, shards: int) -> None:
+    """Each decoder layer's MLP block computed by DeepSpeed's ``TiledMLP`` in ``shards`` sequence shards."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+
+    from tuner.profile.hf import decoder_layers
+
+    for layer in decoder_layers(model):
+        mlp = layer.mlp
+        original = type(mlp).forward
+
+        def tiled(x: Any, mlp: Any = mlp, original: Any = original) -> Any:
+            return TiledMLP.apply(original, mlp, x, shards, list(mlp.parameters()))
+
+        mlp.forward = tiled
+
+
+class _Loss:
+    """The training call: the model's own loss, or ``TiledFusedLogitsLoss`` over the LM head in ``shards``."""
+
+    def __init__(self, shards: int) -> None:
+        self.shards = shards
+
+    def __call__(self, model: Any, ids: Any, positions: Any, labels: Any) -> Any:
+        if self.shards == 1:
+            return model(input_ids=ids, position_ids=positions, labels=labels, shift_labels=labels).loss
+        import torch.nn.functional as F
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss
+
+        hidden = model.model(input_ids=ids, position_ids=positions).last_hidden_state
+
+        def loss_fn(head: Any, x: Any, y: Any) -> Any:
+            logits = head(x).float()
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+
+        head = model.lm_head
+        return TiledFusedLogitsLoss.apply(loss_fn, head, hidden, labels, None, self.shards, [head.weight], "mean")
+
+
+def rank_main(case: dict[str, Any], out: Path) -> None:
+    """One rank of ``case``: register Ulysses, build, initialise, two steps, write the counted peak."""
+    import deepspeed
+    import torch
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    from tuner.measure.birth import born_on_device, initialise_partitioned
+    from tuner.measure.true_peak import CpuAllocatorPeak
+    from tuner.profile.hf import build, hf_config
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed("gloo")
+    rank, sp = int(os.environ["RANK"]), case["sp"]
+    config = MODELS[case["model"]]
+    ds = ds_config(case["stage"], sp, case["mlp"], case["loss"])
+    mpu = None
+    if sp > 1:
+        holder = type("Holder", (), {"config": hf_config(config)})()
+        mpu = UlyssesSPAttentionHF.register_with_transformers(holder, "sdpa", sp, MICRO, SEQ, False)
+    torch.manual_seed(0)
+    tracker = CpuAllocatorPeak(detail=os.environ.get("SP_BENCH_DETAIL", "") or False)
+    tracker.start()
+    with born_on_device(ds, "cpu", transformers=True):
+        model = build(config, attention="sdpa")
+    initialise_partitioned(model)
+    if case["mlp"] > 1:
+        _tile_mlps(model, case["mlp"])
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds, mpu=mpu)
+    tracker.mark("steps")
+    sp_rank, dp_rank = rank % sp, rank // sp
+    tokens = torch.randint(0, config["vocab_size"], (MICRO, SEQ + 1), generator=torch.Generator().manual_seed(dp_rank))
+    chunk = slice(sp_rank * SEQ // sp, (sp_rank + 1) * SEQ // sp)
+    ids, labels = tokens[:, :-1][:, chunk].contiguous(), tokens[:, 1:][:, chunk].contiguous()
+    positions = torch.arange(SEQ).unsqueeze(0)[:, chunk].contiguous()
+    compute = _Loss(case["loss"])
+    losses = []
+    for step in range(2):
+        tracker.mark(f"step {step} forward")
+        loss = (
+            compute(engine.module, ids, positions, labels)
+            if case["loss"] > 1
+            else engine(input_ids=ids, position_ids=positions, labels=labels, shift_labels=labels).loss
+        )
+        tracker.mark(f"step {step} backward")
+        engine.backward(loss)
+        tracker.mark(f"step {step} step")
+        engine.step()
+        losses.append(float(loss))
+    report = tracker.stop()
+    report["losses"] = losses
+    (out / f"rank{rank}.json").write_text(json.dumps(report, default=str))
+    torch.distributed.barrier()
+
+
+def measure(case: dict[str, Any], timeout: float = 3000) -> dict[str, Any]:
+    """Start the case's ranks (gloo, one thread each) and collect their reports."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as scratch:
+        procs = []
+        for rank in range(case["world"]):
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(case["world"]),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+            )
+            command = [sys.executable, __file__, "--rank", json.dumps(case), "--out", scratch]
+            procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outputs = [proc.communicate(timeout=timeout)[0].decode(errors="replace") for proc in procs]
+        ranks = []
+        for rank in range(case["world"]):
+            path = Path(scratch) / f"rank{rank}.json"
+            ranks.append(json.loads(path.read_text()) if path.exists() else None)
+    status = "ok" if all(ranks) else "error"
+    return {
+        "status": status,
+        "wall_s": time.monotonic() - started,
+        "ranks": ranks,
+        "error": "" if status == "ok" else outputs[0][-3000:],
+    }
+
+
+# -------------------------------------------------------------------------------------------------------- estimate
+def estimate_case(case: dict[str, Any]) -> Any:
+    """dstune's estimate of ``case`` (the workload carries the model's traced profile at ``SEQ``)."""
+    from tuner.estimator import estimate
+    from tuner.profile import model_from_config, with_profile
+    from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload
+
+    cluster = ClusterSpec(gpus_per_node=case["world"], device="cpu", gpu_memory=140 * 2**30)
+    model = model_from_config(MODELS[case["model"]], name=case["model"])
+    work = with_profile(Workload(model, cluster, TrainSpec(seq_len=SEQ, precision="bf16", attention="sdpa")))
+    return estimate(work, TrialConfig(ds_config(case["stage"], case["sp"], case["mlp"], case["loss"])))
+
+
+def render(measured: dict[str, dict[str, Any]]) -> str:
+    """The Markdown table: estimate, worst rank's true peak, error."""
+    rows, errors = [], []
+    for case in cases():
+        data = measured.get(key(case))
+        if data is None:
+            continue
+        label = (
+            f"| {case['model']} | {case['stage']} | {case['world']} | {case['sp']} | {case['mlp']} | {case['loss']} |"
+        )
+        if data["status"] != "ok":
+            rows.append(f"{label} {data['status']} | | | |")
+            continue
+        est = estimate_case(case)
+        true = max(r["peak_bytes"] for r in data["ranks"])
+        error = est.per_gpu["total"] / true - 1
+        errors.append(abs(error))
+        during = max(data["ranks"], key=lambda r: r["peak_bytes"]).get("peak_during")
+        rows.append(f"{label} {est.per_gpu['total'] / 2**20:.2f} | {true / 2**20:.2f} | {error:+.2%} | {during} |")
+    header = (
+        "| model | ZeRO | ranks | sp | tiled MLP | tiled loss | estimate MiB | true peak MiB | error | peak during |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
+    )
+    summary = f"\n\n{len(errors)} rows; worst |error| {max(errors, default=0.0):.2%}.\n"
+    return (
+        "# Ulysses SP: the estimate against the true peak (CPU ranks, bf16, seq 1024)\n\n"
+        + header
+        + "\n"
+        + "\n".join(rows)
+        + summary
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, default=RESULTS / "sp_true_peak.json")
+    parser.add_argument("--md", type=Path, default=RESULTS / "sp_true_peak.md")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--remeasure", action="store_true")
+    parser.add_argument("--render", action="store_true")
+    args = parser.parse_args()
+    if args.rank:
+        rank_main(json.loads(args.rank), args.out)
+        return
+    measured = json.loads(args.json.read_text()) if args.json.exists() else {}
+    if not args.render:
+        for case in cases():
+            case_key = key(case)
+            if args.only not in case_key or (case_key in measured and not args.remeasure):
+                continue
+            measured[case_key] = measure(case)
+            args.json.write_text(json.dumps(measured, indent=1))
+            data = measured[case_key]
+            print(
+                case_key,
+                data["status"],
+                f"{data['wall_s']:.0f} s",
+                [r and r["peak_bytes"] for r in data["ranks"]],
+                data["error"][-1500:],
+                flush=True,
+            )
+    args.md.write_text(render(measured))
+    print(args.md.read_text())
+
+
+if __name__ == "__main__":
+    main()

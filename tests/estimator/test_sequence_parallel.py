@@ -1,0 +1,138 @@
+"""Ulysses and ALST in the estimator (pure arithmetic): what scales with a rank's s/sp tokens, what does not, and
+where each ALST piece moves bytes. The estimate against real DeepSpeed runs is test_sp_true_peak.py's (slow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.estimator import estimate
+from tuner.estimator.activations import activation_bytes, logits_workspace_bytes
+from tuner.estimator.long_context import all_to_all_buffers, kv_replication_bytes, mlp_saved_bytes
+from tuner.workload import (
+    ActivationProfile,
+    ClusterSpec,
+    Linear,
+    ModelProfile,
+    TrainSpec,
+    TrialConfig,
+    Workload,
+    load_builtin_model,
+    model_from_hf_config,
+)
+
+SEQ = 8192
+
+
+def llama(gpus: int = 8, seq: int = SEQ) -> Workload:
+    return Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=gpus), TrainSpec(seq_len=seq))
+
+
+def config(sp: int = 1, stage: int = 3, **dstune: object) -> dict:
+    ds: dict = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": stage}}
+    ds["sequence_parallel_size"] = sp
+    if dstune:
+        ds["dstune"] = dstune
+    return ds
+
+
+def test_activations_are_the_model_at_s_over_sp() -> None:
+    work = llama()
+    model = work.model
+    one, two = estimate(work, config(1)), estimate(work, config(2))
+    saved, _ = activation_bytes(model, 1, SEQ // 2, 2, "sdpa", False)
+    kernel = two.details["attention_kernel_extra"]  # CUDA's RNG blocks, a rank's h/sp heads
+    assert two.phases["forward"].gpu["activations"] - kernel == saved  # 32 heads, 32 kv heads: nothing replicated
+    assert two.details["logits_workspace"] == logits_workspace_bytes(model, 1, SEQ // 2, 2)
+    ratio = two.phases["forward"].gpu["activations"] / one.phases["forward"].gpu["activations"]
+    assert ratio == pytest.approx(0.5, abs=1e-3)
+
+
+def test_model_states_shard_over_sp_times_dp_and_gradients_reduce_in_fp32() -> None:
+    """DeepSpeed partitions ZeRO over seq_dp_world_size = every rank; under Ulysses the reduce bucket is fp32."""
+    work = llama()
+    one, two = estimate(work, config(1)), estimate(work, config(2))
+    for category in ("parameters", "optimizer_states"):
+        assert two.phases["step"].gpu[category] == one.phases["step"].gpu[category]
+    assert two.details["reduce_buckets"] == 2 * one.details["reduce_buckets"]  # bf16 → fp32 elements
+
+
+def test_profiles_traced_at_s_are_scaled_to_a_rank_tokens() -> None:
+    """Without a trace at s/sp, the profile's entry at s scales by 1/sp (saved bytes are linear in the tokens)."""
+    base = load_builtin_model("llama-2-7b")
+    entry = ActivationProfile(
+        seq_len=SEQ, precision="bf16", attention="sdpa", experts="", checkpointing=False,
+        outside=Linear(0, 1000, 1000), first_extra=Linear(0, 0, 0), layers={"decoder": Linear(0, 4000, 4000)},
+    )  # fmt: skip
+    profile = ModelProfile(
+        model_type="llama", architecture="LlamaForCausalLM", transformers_version="5", n_params=base.n_params,
+        param_numels=base.param_numels, param_elements_by_dtype={"bf16": base.n_params}, largest_param_name="x",
+        largest_param_numel=base.largest_param, layer_kinds=("decoder",) * base.num_layers, activations=(entry,),
+    )  # fmt: skip
+    model = model_from_hf_config({"model_type": "llama", **_dims(base)}, "traced")
+    model = type(model)(**{**model.to_dict(), "implementation": "transformers", "numels": base.param_numels})
+    work = Workload(model, ClusterSpec(gpus_per_node=4), TrainSpec(seq_len=SEQ), profile=profile)
+    est = estimate(work, config(4))
+    saved = est.phases["forward"].gpu["activations"] - est.details["attention_kernel_extra"]
+    assert saved == (1000 + base.num_layers * 4000) // 4
+
+
+def _dims(model: object) -> dict:
+    return {
+        "vocab_size": model.vocab_size,  # type: ignore[attr-defined]
+        "hidden_size": model.hidden_size,  # type: ignore[attr-defined]
+        "intermediate_size": model.intermediate_size,  # type: ignore[attr-defined]
+        "num_hidden_layers": model.num_layers,  # type: ignore[attr-defined]
+        "num_attention_heads": model.num_heads,  # type: ignore[attr-defined]
+    }
+
+
+def test_fewer_kv_heads_than_sp_are_replicated() -> None:
+    gqa = model_from_hf_config(
+        {"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+         "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 2},
+        "gqa",
+    )  # fmt: skip
+    assert kv_replication_bytes(gqa, 1, SEQ, 2, 2) == 0
+    # sp 8 over 2 kv heads: a rank keeps one whole key and value head over s instead of 2/8 of one
+    assert kv_replication_bytes(gqa, 1, SEQ, 2, 8) == 2 * 2 * SEQ * 128 * 6 // 8
+    work = Workload(gqa, ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=SEQ))
+    assert estimate(work, config(8)).details["kv_replicated"] == kv_replication_bytes(gqa, 1, SEQ, 2, 8)
+    # the all-to-all carries q heads and the replicated kv heads: (s/sp)·d·(q + 2·sp)·e, packed and received
+    assert all_to_all_buffers(gqa, 1, SEQ // 8, 2, 8) == 2 * 2 * (SEQ // 8) * 128 * (32 + 16)
+
+
+def test_tiled_mlp_drops_the_mlp_intermediates_and_holds_one_shard_in_backward() -> None:
+    work = llama()
+    plain, tiled = estimate(work, config(2)), estimate(work, config(2, tiled_mlp_shards=4))
+    dropped = mlp_saved_bytes(work.model, SEQ // 2, 2)
+    assert dropped == 4 * 2 * (SEQ // 2) * 11008
+    fwd = plain.phases["forward"].gpu["activations"] - tiled.phases["forward"].gpu["activations"]
+    assert fwd == work.model.num_layers * dropped
+    assert tiled.details["tiled_mlp_shard"] == dropped // 4
+
+
+def test_tiled_loss_never_holds_the_full_logits() -> None:
+    work = llama()
+    plain, tiled = estimate(work, config(2)), estimate(work, config(2, tiled_loss_shards=8))
+    tokens, vocab, hidden = SEQ // 2, work.model.vocab_size, work.model.hidden_size
+    assert tiled.details["logits_workspace"] == (2 + 8) * tokens * vocab // 8
+    assert tiled.details["logits_workspace"] < plain.details["logits_workspace"] / 4
+    saved = plain.phases["forward"].gpu["activations"] - tiled.phases["forward"].gpu["activations"]
+    assert saved == 4 * tokens * vocab - 2 * tokens * hidden  # the fp32 log-softmax out, the input's gradient in
+
+
+def test_offloaded_checkpoints_live_in_host_memory() -> None:
+    work = llama(seq=32768)
+    ds = config(8, tiled_loss_shards=8)
+    on_device = estimate(work, ds)
+    kept = estimate(work, TrialConfig(ds, True))
+    offloaded = estimate(
+        work, TrialConfig({**ds, "dstune": {"tiled_loss_shards": 8, "offload_checkpoints": True}}, True)
+    )
+    checkpoint = 2 * (32768 // 8) * work.model.hidden_size
+    layers = work.model.num_layers
+    assert offloaded.details["offloaded_checkpoints"] == layers * checkpoint
+    assert offloaded.cpu_per_node["activations"] >= 8 * layers * checkpoint  # 8 ranks per node (pinned: rounded)
+    moved = kept.phases["forward"].gpu["activations"] - offloaded.phases["forward"].gpu["activations"]
+    assert moved == (layers - 2) * checkpoint  # the layer recomputed and the next fetched stay on the device
+    assert on_device.phases["forward"].gpu["activations"] > kept.phases["forward"].gpu["activations"]

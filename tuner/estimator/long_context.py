@@ -1,0 +1,176 @@
+"""Ulysses sequence parallelism and ALST's pieces in the activation terms of one rank.
+
+With Ulysses (``sequence_parallel_size`` = sp) a rank holds ``s/sp`` tokens of every sample: its embeddings, norms,
+MLP, LM head and loss see ``s/sp`` tokens, so what they save for backward is the model's at ``s/sp``
+(:func:`local_seq`). Attention runs over the FULL sequence for the heads a rank owns after the all-to-all
+(``h/sp`` query heads, ``kv/sp`` key-value heads): what SDPA saves (query, key, value, output, fp32 log-sum-exp) is
+``s × h/sp`` elements per tensor, the same bytes as ``s/sp × h``, so the trace at ``s/sp`` counts it, except when
+there are fewer key-value heads than sp: Ulysses then repeats each ``sp/kv`` times and a rank keeps one whole
+key-value head over ``s`` (:func:`kv_replication_bytes`). Inside each layer's forward and backward the all-to-all's
+input and output buffers live for a moment (:func:`all_to_all_buffers`, a transient of the phase).
+
+ALST (:class:`tuner.workload.LongContext`):
+
+* ``tiled_mlp_shards`` = k: DeepSpeed's ``TiledMLP`` computes each MLP block shard by shard without grad and saves
+  only its input, recomputing one shard at a time in backward: the MLP's intermediates
+  (:func:`mlp_saved_bytes`) leave the saved activations; backward holds one shard's worth again.
+* ``tiled_loss_shards`` = k: ``TiledFusedLogitsLoss`` computes logits, loss and their backward shard by shard inside
+  forward and saves only the gradient of its input: the fp32 log-softmax of the logits (``4·b·s·V``) leaves the
+  saved activations, the gradient ``e·b·s·h`` joins them, and the logits workspace is one shard's, plus that shard's
+  fp32 log-softmax.
+* ``offload_checkpoints`` (with checkpointing): the checkpointed layer inputs live in host memory (pinned on CUDA
+  hosts), only the layers in flight on the device: the one recomputed in backward and the next one's input being
+  copied back.
+
+Pure arithmetic over the model's shapes; measured against the true peak of real DeepSpeed runs with Ulysses on gloo
+CPU ranks (``bench/sp_true_peak.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tuner.estimator.settings import FP32, Settings
+from tuner.workload import ModelSpec, Workload, kv_replication
+
+IN_FLIGHT_CHECKPOINTS = 2  # offloaded checkpoints on the device at once: the layer recomputed and the next fetched
+
+
+def local_seq(workload: Workload, s: Settings) -> int:
+    """Tokens of each sample a rank holds: ``s / sp``."""
+    return workload.train.seq_len // max(1, s.sequence_parallel_size)
+
+
+def _moe_fields(model: ModelSpec) -> dict[str, int]:
+    """The MoE shapes of a transformers config (experts per token, expert and shared-expert widths); empty if
+    dense."""
+    if not model.hf_config:
+        return {}
+    config = json.loads(model.hf_config)
+    config = config.get("text_config") or config
+    experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts") or 0
+    top_k = config.get("num_experts_per_tok") or 0
+    if not experts or not top_k:
+        return {}
+    width = config.get("moe_intermediate_size") or config.get("intermediate_size") or 0
+    shared = config.get("shared_expert_intermediate_size") or 0
+    return {"experts": int(experts), "top_k": int(top_k), "width": int(width), "shared": int(shared)}
+
+
+def mlp_saved_bytes(model: ModelSpec, tokens: int, elem: int) -> int:
+    """Bytes one MLP block saves for backward beyond its input, over ``tokens`` tokens (what ``TiledMLP`` drops).
+
+    Gated (SwiGLU): the gate's output, its activation, the up projection and their product (``4·e·t·f``); GELU:
+    the first projection and its activation (``2·e·t·f``). MoE: each token's copy for each of its ``top_k`` experts
+    (``e·t·k·h``) and their gated intermediates (``4·e·t·k·f_e``), the router's fp32 logits and probabilities
+    (``8·t·E``), and a shared expert's intermediates when the model has one.
+    """
+    moe = _moe_fields(model)
+    per_token = (4 if model.gated_mlp else 2) * elem
+    if not moe:
+        return per_token * tokens * model.intermediate_size
+    routed = tokens * moe["top_k"]
+    saved = elem * routed * model.hidden_size + per_token * routed * moe["width"] + 2 * FP32 * tokens * moe["experts"]
+    if moe["shared"]:
+        saved += per_token * tokens * moe["shared"] + elem * tokens  # its intermediates and sigmoid gate
+    return saved
+
+
+def kv_replication_bytes(model: ModelSpec, batch: int, seq: int, elem: int, sp: int) -> int:
+    """Extra bytes one layer's attention saves when Ulysses replicates key-value heads (sp > kv heads): a whole key
+    and value head over the full sequence instead of ``kv/sp`` of one."""
+    kv = model.num_kv_heads or model.num_heads
+    if kv_replication(kv, sp) == 1:
+        return 0
+    head_dim = model.head_dim or model.hidden_size // max(1, model.num_heads)
+    return 2 * elem * batch * seq * head_dim * (sp - kv) // sp
+
+
+def all_to_all_buffers(model: ModelSpec, batch: int, local: int, elem: int, sp: int) -> int:
+    """One layer's all-to-all buffers at their worst moment: query, key and value (key-value heads replicated to sp
+    when fewer) packed for the exchange and received, ``2·e·b·(s/sp)·d·(q + 2·kv)``."""
+    kv = max(model.num_kv_heads or model.num_heads, sp if kv_replication(model.num_kv_heads, sp) > 1 else 0)
+    head_dim = model.head_dim or model.hidden_size // max(1, model.num_heads)
+    return 2 * elem * batch * local * head_dim * (model.num_heads + 2 * kv)
+
+
+def all_to_all_bytes(model: ModelSpec, batch: int, local: int, elem: int, sp: int) -> int:
+    """Bytes one rank's all-to-alls move in one layer's forward: query, key, value in and the output back,
+    ``(s/sp)·d·(2·q + 2·kv)·e`` (key-value heads replicated to sp when fewer); backward moves as much again."""
+    kv = model.num_kv_heads or model.num_heads
+    kv = sp if kv_replication(kv, sp) > 1 else kv
+    head_dim = model.head_dim or model.hidden_size // max(1, model.num_heads)
+    return elem * batch * local * head_dim * (2 * model.num_heads + 2 * kv)
+
+
+def mlp_params(model: ModelSpec) -> int:
+    """Weights one token's MLP pass multiplies through, over all layers (what ``TiledMLP`` recomputes in backward):
+    ``3·h·f`` (gated) or ``2·h·f`` per layer; an MoE's ``top_k`` experts and shared expert."""
+    per = 3 if model.gated_mlp else 2
+    moe = _moe_fields(model)
+    width = moe["top_k"] * moe["width"] + moe["shared"] if moe else model.intermediate_size
+    return model.num_layers * per * model.hidden_size * width
+
+
+@dataclass
+class Activations:
+    """One rank's activation terms: saved after forward, the logits workspace, and what backward adds (the recomputed
+    block, a tiled MLP's shard); ``host``: checkpoints offloaded to host memory; ``transient``: the all-to-all's
+    buffers inside a layer."""
+
+    saved: int
+    workspace: int
+    recompute: int
+    host: int = 0
+    host_count: int = 0  # how many host tensors ``host`` is (one checkpoint per layer), each pinned on CUDA
+    transient: int = 0
+
+
+def long_context_terms(workload: Workload, s: Settings, acts: Activations, details: dict[str, int]) -> Activations:
+    """``acts`` (the model's terms at ``s/sp`` tokens) with Ulysses' and ALST's terms (module docstring) applied."""
+    model, elem, batch = workload.model, s.param_bytes, s.micro_batch
+    sp, local, layers = s.sequence_parallel_size, local_seq(workload, s), max(1, model.num_layers)
+    tokens = batch * local
+    if sp > 1:
+        replicated = kv_replication_bytes(model, batch, workload.train.seq_len, elem, sp)
+        per_layer = replicated if not s.activation_checkpointing else 0
+        acts.saved += layers * per_layer
+        acts.recompute += replicated if s.activation_checkpointing else 0
+        acts.transient = all_to_all_buffers(model, batch, local, elem, sp)
+        details["all_to_all_buffers"] = acts.transient
+        if replicated:
+            details["kv_replicated"] = replicated
+    if s.tiled_mlp_shards > 1:
+        dropped = mlp_saved_bytes(model, tokens, elem)
+        shard = -(-dropped // s.tiled_mlp_shards)
+        if s.activation_checkpointing:
+            acts.recompute = max(0, acts.recompute - dropped) + shard
+        else:
+            acts.saved -= layers * dropped
+            acts.recompute += shard
+        details["tiled_mlp_shard"] = shard
+    if s.tiled_loss_shards > 1:
+        logits = tokens * model.vocab_size
+        acts.saved += elem * tokens * model.hidden_size - FP32 * logits
+        shard_logits = -(-logits // s.tiled_loss_shards)
+        acts.workspace = (elem + 2 * FP32) * shard_logits
+        details["tiled_loss_shard"] = acts.workspace
+    if s.offload_checkpoints and s.activation_checkpointing:
+        checkpoint = elem * tokens * model.hidden_size
+        acts.host, acts.host_count = layers * checkpoint, layers
+        acts.saved -= max(0, layers - IN_FLIGHT_CHECKPOINTS) * checkpoint
+        details["offloaded_checkpoints"] = acts.host
+    return acts
+
+
+__all__ = [
+    "Activations",
+    "all_to_all_buffers",
+    "all_to_all_bytes",
+    "kv_replication_bytes",
+    "local_seq",
+    "long_context_terms",
+    "mlp_params",
+    "mlp_saved_bytes",
+]
