@@ -28,7 +28,7 @@ def test_json_is_the_estimate_of_the_answer_with_a_max_seq_len_object() -> None:
     assert answer["seq_len"] % 256 == 0 and answer["seq_len"] > 4096
     assert data["fits"] is True and data["per_gpu"]["total"] == answer["gpu_total"]
     assert answer["next_limit"]["seq_len"] == answer["seq_len"] + answer["multiple"]
-    assert answer["next_limit"]["memory"] == "gpu" and answer["next_limit"]["category"]
+    assert answer["next_limit"]["memory"] in ("gpu", "cpu") and answer["next_limit"]["category"]
     assert answer["ds_config"]["zero_optimization"]["stage"] in (0, 1, 2, 3)
     assert answer["data_parallel"] * answer["sequence_parallel"] == 8
     assert answer["beyond_max_positions"] is True  # Llama-2's 4,096 positions are no cap
