@@ -2,7 +2,10 @@
 the estimator without them: commit 2c61520, the true-peak transients in, the CUDA terms not yet): CUDA's context,
 NCCL, cuBLAS, allocator and attention-kernel terms must add nothing on CPU ranks. Re-recorded once since, for the
 24 ZeRO-3 multi-rank cases only, when the counting allocator showed that backward releases the parameters forward
-kept gathered (``gathered_in_backward`` went)."""
+kept gathered (``gathered_in_backward`` went), and for the 72 bf16 cases when the loss's backward was measured to hold
+two fp32 logits-sized gradients (the logits workspace is ``max(e + 4, 8)·bsV``, was ``(e + 4)·bsV``: the counting
+allocator's true peak of a bf16 Qwen2 at sequence 1024, ``bench/sp_true_peak.py``'s data-parallel row, −0.00 %;
+the 24 rows of ``bench/estimator_true_peak.py`` re-scored unchanged)."""
 
 import json
 from collections.abc import Iterator
