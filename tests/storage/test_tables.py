@@ -22,7 +22,7 @@ from tuner.workload import Workload, model_from_param_count
 
 def test_status_tuples_keep_their_values_and_order() -> None:
     """The API builds ``Literal`` types (so its OpenAPI enums) from these tuples: values and order are a contract."""
-    finished = ("pruned", "ok", "oom", "error", "timeout", "invalid_config", "failed")
+    finished = ("pruned", "ok", "oom", "error", "timeout", "invalid_config", "failed", "diverged")
     assert finished == FINISHED_STATUSES
     assert ("pending", "running", *finished) == TRIAL_STATUSES
     assert RETRYABLE_STATUSES == ("pending", "failed", "error", "timeout")

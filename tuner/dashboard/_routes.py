@@ -136,6 +136,8 @@ def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
         "ranks": views.rank_rows(trial.measurement),
         "cost": views.cost_rows(trial.measurement),
         "breakdown": views.breakdown_rows(trial.measurement),
+        "numerics": views.numerics_rows(trial.measurement),
+        "numerics_check": ((trial.measurement or {}).get("numerics") or {}),
         "stopped_early": views.stopped_early(trial),
     }
     return _page(request, "trial.html", context)

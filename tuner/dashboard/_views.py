@@ -357,6 +357,24 @@ def cost_rows(measurement: dict[str, Any] | None) -> tuple[list[CostRow], dict[s
     return rows, totals
 
 
+def numerics_rows(measurement: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The step-0 loss and global gradient norm beside the study's reference run's (:mod:`tuner.study.numerics_guard`),
+    with the relative difference: one row per figure, empty for a run measured without them."""
+    numerics = (measurement or {}).get("numerics") or {}
+    if numerics.get("step0_loss") is None:
+        return []
+    reference = numerics.get("reference") or {}
+    rows = []
+    for key, rel, label in (
+        ("step0_loss", "loss_rel", "Step-0 loss"),
+        ("step0_grad_norm", "grad_norm_rel", "Step-0 gradient norm"),
+    ):
+        rows.append(
+            {"label": label, "value": numerics.get(key), "reference": reference.get(key), "rel": numerics.get(rel)}
+        )
+    return rows
+
+
 def breakdown_rows(measurement: dict[str, Any] | None) -> list[tuple[str, float]]:
     """DeepSpeed's forward / backward / step seconds per timed step (``wall_clock_breakdown``), if stored."""
     breakdown = (measurement or {}).get("breakdown") or {}

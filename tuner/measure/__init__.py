@@ -7,7 +7,8 @@ what a launcher and its ranks exchange (the spec, results, progress). Around the
 machine (``rank_place``: where each runs and its torchrun environment; ``rank_process``: starting and stopping one;
 ``rank_outcome``: what its end says) and ``ray_launcher`` on a Ray cluster; ``forkserver`` forks them from a node's
 server that imported torch and DeepSpeed once; ``dispatch`` sends a study's runs to a launcher; ``measurement``,
-``memory_probe`` and ``true_peak`` say what a run measured; ``run`` is one run with its estimate beside it.
+``memory_probe``, ``true_peak`` and ``numerics`` (step-0 loss and gradient norm on seeded data) say what a run
+measured; ``run`` is one run with its estimate beside it.
 Submodules are imported by name (this package imports nothing, so pure callers never load torch).
 
 May import: :mod:`tuner.workload`, :mod:`tuner.estimator`, torch, DeepSpeed, Ray. Knows nothing of databases or studies.

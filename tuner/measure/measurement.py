@@ -64,6 +64,7 @@ class RankResult:
     true_peak_bytes: int | None = None
     true_peak: dict[str, Any] = field(default_factory=dict)
     trainable_params: int | None = None  # with an adapter or frozen parameters: the elements that train
+    numerics: dict[str, Any] = field(default_factory=dict)  # tuner.measure.numerics.first_step_numerics (all ranks')
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
@@ -106,6 +107,8 @@ class Measurement:
     cost: dict[str, float] = field(default_factory=dict)
     breakdown: dict[str, float] = field(default_factory=dict)
     stopped_early: bool = False
+    # the step-0 loss and gradient norm and the losses (tuner.measure.numerics); the study adds its verdict
+    numerics: dict[str, Any] = field(default_factory=dict)
 
     def set_wall(self, wall_s: float) -> None:
         """Record the run's wall time and derive :attr:`cost` from it (:func:`trial_cost`)."""
@@ -200,4 +203,5 @@ def aggregate(
         timings=timings,
         ranks=ranks,
         breakdown=breakdown,
+        numerics=dict(ranks[0].numerics),
     )

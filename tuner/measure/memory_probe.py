@@ -209,14 +209,22 @@ class PhaseRecorder:
         if self._armed and "step" not in self.snapshots:
             self.snapshots["step"] = classify_engine_memory(self.engine)
 
-    def train_step(self, *batch: torch.Tensor, mark: Callable[[str], None] | None = None, step: int = 0) -> None:
+    def train_step(
+        self,
+        *batch: torch.Tensor,
+        mark: Callable[[str], None] | None = None,
+        step: int = 0,
+        loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         """Run forward, backward and step once, taking every snapshot; ``mark`` (the true-peak instrument's) is told
-        when each phase of step ``step`` begins."""
+        when each phase of step ``step`` begins; ``loss_hook`` sees the loss and gives what to backpropagate."""
         self._armed = True
         if mark:
             mark(f"step {step} probed forward")
         with count_saved_activations(self.engine.module.parameters()) as saved:
             loss = self.engine(*batch)
+        if loss_hook is not None:
+            loss = loss_hook(loss)
         self.activation_bytes = saved["bytes"]
         self.snapshots["forward"] = classify_engine_memory(self.engine)
         if mark:

@@ -23,6 +23,7 @@ from typing import Any
 from tuner.measure.alloc_conf import VARIABLE as ALLOC_CONF
 from tuner.measure.alloc_conf import alloc_conf
 from tuner.measure.measurement import EXCERPT_CHARS, RankResult
+from tuner.measure.numerics import NumericsRecorder
 from tuner.measure.rank_model import trained_model
 from tuner.measure.run_protocol import RunSpec, progress_path, timings_path, write_json_atomically
 from tuner.workload import TrialConfig, Workload
@@ -103,6 +104,7 @@ class TrainingProcess:
         self.result = RankResult(rank=rank, status="ok")
         self.allocator = CpuAllocatorPeak(detail=spec.extra.get("allocation_detail") or False)
         self.steps_done = 0  # optimizer steps finished, warm-up included (the allocator's marks name them)
+        self.numerics = NumericsRecorder(spec.trial)
 
     def run(self) -> RankResult:
         """Initialise, warm up, time the steps; never raises (failures land in the result)."""
@@ -146,6 +148,7 @@ class TrainingProcess:
         timings["timed_s"] = time.perf_counter() - begin
         if spec.profiler_overhead and not cuda and self.result.step_times:
             self._profiler_overhead(engine, batches)
+        self.result.numerics = self.numerics.numerics()  # a collective: every rank gets the same figures
         torch.distributed.barrier()
 
     def _start_up(self, started: float) -> None:
@@ -206,20 +209,14 @@ class TrainingProcess:
         return engine
 
     def _batches(self, engine: Any, workload: Workload, cuda: bool) -> list[Any]:
-        """One synthetic token batch per micro-step of an optimizer step, seeded by rank (the same every step)."""
-        from tuner.measure.models import synthetic_batch
+        """One token batch per micro-step of an optimizer step (the same every step): this rank's share of the
+        workload's seeded global batch (:func:`tuner.measure.numerics.seeded_batches`)."""
+        from tuner.measure.numerics import feeder_of, seeded_batches
 
+        feeder = feeder_of(self.rank, workload.cluster.world_size, self.spec.trial)
+        micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
         device = engine.device if cuda else "cpu"
-        return [
-            synthetic_batch(
-                workload.model,
-                engine.train_micro_batch_size_per_gpu(),
-                workload.train.seq_len,
-                device,
-                seed=self.rank * 1000 + i,
-            )
-            for i in range(engine.gradient_accumulation_steps())
-        ]
+        return seeded_batches(workload.model, workload.train.seq_len, micro, accum, feeder, device)
 
     def _timed_steps(self, engine: Any, batches: list[Any], cuda: bool) -> None:
         """``spec.steps`` timed optimizer steps, each appended to the progress file the launcher reads."""
@@ -352,19 +349,24 @@ class TrainingProcess:
 
             recorder = PhaseRecorder(engine)
         mark = self.allocator.mark if self.allocator.running else None
+        numerics = self.numerics
+        numerics.start_step()
         for index, (tokens, targets) in enumerate(batches):
             if recorder is not None and index == len(batches) - 1:
-                recorder.train_step(tokens, targets, mark=mark, step=self.steps_done)
+                recorder.train_step(tokens, targets, mark=mark, step=self.steps_done, loss_hook=numerics.backward_loss)
                 continue
             if mark:
                 mark(f"step {self.steps_done} micro {index} forward")
-            loss = engine(tokens, targets)
+            loss = numerics.backward_loss(engine(tokens, targets))
             if mark:
                 mark(f"step {self.steps_done} micro {index} backward")
             engine.backward(loss)
             if mark:
                 mark(f"step {self.steps_done} micro {index} step")
+            if index == len(batches) - 1:
+                numerics.before_step(engine)
             engine.step()
+        numerics.after_step(engine)
         self.steps_done += 1
         if recorder is not None:
             self.result.snapshots = recorder.snapshots

@@ -41,6 +41,7 @@ class TrialStatus(enum.StrEnum):
     TIMEOUT = "timeout"
     INVALID_CONFIG = "invalid_config"
     FAILED = "failed"
+    DIVERGED = "diverged"  # measured, but its step-0 loss or gradient norm left the reference's (tuner.study)
 
 
 class StudyStatus(enum.StrEnum):

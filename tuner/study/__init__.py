@@ -1,8 +1,9 @@
 """The study: the tuning loop (ask, estimate, prune or dispatch, record, tell; resumable) and its samplers. The
 loop (``loop``) ties the proposer (``proposer``: retries, warm start, the sampler), the gate (``gate``: recorded
-before? fits?), the stopper (``stopper``: budget, timeout, early stop), the recorder (``outcome``: record and tell)
-and the holding of trials across processes (``resume``). It measures through :class:`Measurer`, which the real
-dispatcher satisfies; what it predicts and learns (the memory margin, the throughput fit, the warm start, prune
+before? fits?), the stopper (``stopper``: budget, timeout, early stop), the recorder (``outcome``: record and tell,
+with ``numerics_guard`` judging each run's step-0 figures against the study's reference) and the holding of trials
+across processes (``resume``). It measures through :class:`Measurer`, which the real dispatcher satisfies;
+what it predicts and learns (the memory margin, the throughput fit, the warm start, prune
 reasons) comes from :mod:`tuner.forecast`.
 
 May import: :mod:`tuner.forecast`, :mod:`tuner.measure` (its Measurement and MeasureOptions; runs go through

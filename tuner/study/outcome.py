@@ -3,7 +3,9 @@ it (the calibrated memory margin, the throughput fit, the best tokens/s so far).
 
 Pruned configs are told PRUNED with a positive memory constraint (the sampler learns the infeasible region); an
 out-of-memory failure says 1.0 whatever the estimate said; a proposal that repeats a recorded config is told that
-config's outcome; a run stopped early for being clearly slow reports each step's throughput and is told PRUNED.
+config's outcome; a run stopped early for being clearly slow reports each step's throughput and is told PRUNED; a
+run whose step-0 numerics left its reference's (:mod:`tuner.study.numerics_guard`) is recorded ``diverged`` with both
+figures and told FAIL (never recommended: the recommender takes ``ok`` runs only).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tuner.forecast import Calibration, ThroughputGuide, throughput_summary
 from tuner.measure.measurement import INFRA_LOST, Measurement
 from tuner.space import Suggestion, config_key
 from tuner.storage import DuplicateConfig, Store, TrialRecord
+from tuner.study.numerics_guard import NumericsGuard
 from tuner.study.proposer import Proposer
 from tuner.study.settings import Event, StudySettings
 
@@ -67,6 +70,9 @@ class Recorder:
         self.hardware = settings.workload.cluster.hardware_key
         self.family = settings.workload.model.family
         self.calibration = calibration
+        self.guard = NumericsGuard(settings.workload.cluster.world_size)
+        for record in store.trials(study_id, status="ok"):  # a resumed study: the references measured before
+            self.guard.learn(record.number, record.trial, (record.measurement or {}).get("numerics") or {})
         best = store.best_trial(study_id)  # what a run must not be clearly slower than (early stop)
         self.best_tokens_per_s: float | None = best.tokens_per_s if best is not None else None
 
@@ -172,10 +178,22 @@ class Recorder:
         if measurement.exception_type == INFRA_LOST:  # a node, actor or fork server died: measured again
             self._requeue_lost(run, measurement)
             return
-        self.store.finish_trial(run.trial_id, measurement.status, measurement.to_dict(), error=measurement.error)
+        diverged = None
+        if measurement.status == "ok" and not measurement.stopped_early:
+            diverged = self.guard.judge(trial.number, run.suggestion.trial, measurement.numerics)
+        status = "diverged" if diverged else measurement.status
+        self.store.finish_trial(run.trial_id, status, measurement.to_dict(), error=diverged or measurement.error)
         estimated_peak = run.estimate.per_gpu["total"] or 0
         if measurement.status == "ok" and measurement.stopped_early:
             self._tell_stopped_early(run, measurement)
+            return
+        if diverged:  # its bytes and seconds are real, its training is not: calibrated from, told FAIL
+            if peak:
+                self.calibration = self.calibration.after_measurement(estimated_peak, peak)
+                self._save_calibration()
+            trial.set_constraint("memory", constraint)
+            self.tell(trial, TrialState.FAIL)
+            self.emit(Event(trial.number, status, measurement.tokens_per_s, diverged))
             return
         if measurement.status == "ok":
             if peak:

@@ -224,6 +224,16 @@ class TrialConfig:
         a search-space parameter; the runner applies it to CUDA runs and takes the section out before DeepSpeed)."""
         return read_bool(section(self.ds_config, ENV_SECTION), "expandable_segments", False, f"{ENV_SECTION}.")
 
+    @cached_property
+    def fault_loss_scale(self) -> float:
+        """Fault injection, for tests only (``dstune.fault_loss_scale``, default 1): the runner multiplies the loss each
+        rank backpropagates by it, a broken loss average that the numerics guard must catch
+        (:mod:`tuner.measure.numerics`)."""
+        value = section(self.ds_config, ENV_SECTION).get("fault_loss_scale", 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"{ENV_SECTION}.fault_loss_scale", f"must be a positive number, got {value!r}")
+        return float(value)
+
     def deepspeed_config(self) -> dict[str, Any]:
         """The ds_config DeepSpeed is handed: without dstune's own ``dstune`` section."""
         return {key: value for key, value in self.ds_config.items() if key != ENV_SECTION}

@@ -2,7 +2,7 @@
 (function () {
   "use strict";
 
-  const COLORS = { ok: "#2563eb", front: "#dc2626", best: "#16a34a", oom: "#dc2626", other: "#9333ea", grey: "#6b7280" };
+  const COLORS = { ok: "#2563eb", front: "#dc2626", best: "#16a34a", oom: "#dc2626", diverged: "#ea580c", other: "#9333ea", grey: "#6b7280" };
 
   function axis(title, extra) {
     return Object.assign({ type: "linear", title: { display: true, text: title } }, extra || {});

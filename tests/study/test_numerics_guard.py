@@ -1,0 +1,106 @@
+"""The numerics guard's pure logic: tolerances per precision and which runs are compared with which reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.study.numerics_guard import TOLERANCES, NumericsGuard, compare, reference_class
+from tuner.workload import ConfigError, TrialConfig
+
+WORLD = 2
+
+
+def trial(stage: int = 2, micro: int = 2, accum: int = 2, precision: str = "bf16", **extra: object) -> TrialConfig:
+    config: dict = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
+        "zero_optimization": {"stage": stage},
+        **extra,
+    }
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    return TrialConfig(config)
+
+
+def figures(loss: float = 6.948, norm: float | None = 1.335) -> dict:
+    return {"step0_loss": loss, "step0_grad_norm": norm, "losses": [loss, loss - 0.3]}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_factor_two_gradient_diverges_and_noise_does_not(precision: str) -> None:
+    tolerance = TOLERANCES[precision]
+    reference = figures()
+    assert compare(figures(norm=1.335 / 2), reference, precision).diverged
+    assert compare(figures(norm=1.335 * 2), reference, precision).diverged
+    assert compare(figures(loss=6.948 * 2), reference, precision).diverged
+    assert not compare(figures(norm=1.335 * (1 + tolerance / 2)), reference, precision).diverged
+    assert compare(figures(norm=1.335 * (1 + tolerance * 2)), reference, precision).diverged
+    assert not compare(figures(loss=6.948 * (1 - tolerance / 2)), reference, precision).diverged
+
+
+def test_tolerances_are_tighter_for_fp32_and_far_below_a_factor_two() -> None:
+    assert TOLERANCES["fp32"] < TOLERANCES["bf16"] <= 0.05
+    noise_bf16 = figures(norm=1.335 * 1.005)  # half a percent: within bf16's, far outside fp32's
+    assert not compare(noise_bf16, figures(), "bf16").diverged
+    assert compare(noise_bf16, figures(), "fp32").diverged
+
+
+def test_a_missing_gradient_norm_compares_the_loss_only_and_nan_diverges() -> None:
+    assert not compare(figures(norm=None), figures(), "fp32").diverged
+    assert compare(figures(norm=float("nan")), figures(), "bf16").diverged
+    assert compare(figures(loss=float("nan")), figures(), "bf16").diverged
+
+
+def test_the_reason_names_both_figures() -> None:
+    verdict = compare(figures(norm=0.6676), figures(), "fp32")
+    reason = verdict.reason(figures(norm=0.6676), figures(), 3)
+    assert "trial 3" in reason and "0.6676 vs 1.335" in reason and "grad norm" in reason and "loss" not in reason
+
+
+def test_the_first_plain_run_is_the_reference_and_later_runs_are_judged() -> None:
+    guard = NumericsGuard(WORLD)
+    first = figures()
+    assert guard.judge(0, trial(stage=2), first) is None and first["check"] == "reference"
+    same = figures(norm=1.336)  # another split of the same global batch, bf16 noise
+    assert guard.judge(1, trial(stage=1, micro=4, accum=1), same) is None and same["check"] == "ok"
+    assert same["reference"]["trial"] == 0 and same["grad_norm_rel"] == pytest.approx(1 / 1335)
+    broken = figures(norm=1.335 / 2)
+    reason = guard.judge(2, trial(stage=2, sequence_parallel_size=2, micro=4), broken)
+    assert broken["check"] == "diverged" and reason is not None and "trial 0" in reason
+
+
+def test_layouts_and_fault_injected_runs_never_become_the_reference() -> None:
+    guard = NumericsGuard(WORLD)
+    sp = figures(norm=0.6)
+    assert guard.judge(0, trial(sequence_parallel_size=2, micro=4), sp) is None and sp["check"] == "unchecked"
+    faulty = figures(norm=0.6)
+    assert guard.judge(1, trial(dstune={"fault_loss_scale": 0.5}), faulty) is None and faulty["check"] == "unchecked"
+    tp = figures(norm=0.6)
+    assert guard.judge(2, trial(tensor_parallel={"autotp_size": 2}, micro=4), tp) is None
+    assert tp["check"] == "unchecked"
+    plain = figures()
+    guard.judge(3, trial(), plain)
+    assert plain["check"] == "reference" and guard.references[reference_class(trial(), WORLD)].number == 3
+
+
+def test_runs_are_compared_only_within_global_batch_precision_and_birth() -> None:
+    guard = NumericsGuard(WORLD)
+    guard.judge(0, trial(stage=2), figures())
+    other_batch = figures(loss=9.0, norm=3.0)  # global batch 16: its own reference
+    assert guard.judge(1, trial(micro=4, accum=2), other_batch) is None and other_batch["check"] == "reference"
+    zero3 = figures(loss=6.97, norm=1.416)  # ZeRO-3's model is born differently: its own reference
+    assert guard.judge(2, trial(stage=3), zero3) is None and zero3["check"] == "reference"
+    fp32 = figures(loss=6.95, norm=1.34)
+    assert guard.judge(3, trial(precision="fp32"), fp32) is None and fp32["check"] == "reference"
+    assert guard.judge(4, trial(stage=3, micro=1, accum=4), figures(loss=6.97, norm=0.708)) is not None
+    assert reference_class(trial(stage=1), WORLD) == reference_class(trial(stage=0, micro=4, accum=1), WORLD)
+
+
+def test_a_run_without_figures_is_unchecked_and_the_fault_switch_is_validated() -> None:
+    guard = NumericsGuard(WORLD)
+    empty: dict = {}
+    assert guard.judge(0, trial(), empty) is None and empty["check"] == "unchecked" and not guard.references
+    assert TrialConfig({"dstune": {"fault_loss_scale": 0.5}}).fault_loss_scale == 0.5
+    assert TrialConfig({}).fault_loss_scale == 1.0
+    with pytest.raises(ConfigError, match=r"dstune\.fault_loss_scale"):
+        _ = TrialConfig({"dstune": {"fault_loss_scale": "half"}}).fault_loss_scale
