@@ -20,10 +20,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.measure.alloc_conf import VARIABLE as ALLOC_CONF
-from tuner.measure.alloc_conf import alloc_conf
-from tuner.measure.measurement import EXCERPT_CHARS, RankResult
-from tuner.measure.rank_model import trained_model
+from tuner.measure.alloc_conf import apply_alloc_conf
+from tuner.measure.measurement import EXCERPT_CHARS, InvalidConfig, RankResult
+from tuner.measure.rank_model import long_context_model, rank_batches, trained_model
 from tuner.measure.run_protocol import RunSpec, progress_path, timings_path, write_json_atomically
 from tuner.workload import TrialConfig, Workload
 
@@ -31,10 +30,6 @@ CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's 
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
 # DeepSpeed's global timers (deepspeed.runtime.engine's FORWARD/BACKWARD/STEP_GLOBAL_TIMER) by the name we report
 BREAKDOWN_TIMERS = {"forward_s": "fwd", "backward_s": "bwd", "step_s": "step"}
-
-
-class InvalidConfig(Exception):
-    """DeepSpeed rejected the ds_config (the message is DeepSpeed's own)."""
 
 
 def settled(times: list[float], count: int, tolerance: float) -> bool:
@@ -166,7 +161,7 @@ class TrainingProcess:
         import torch
 
         if cuda:
-            self._apply_alloc_conf(torch)
+            apply_alloc_conf(self.spec.ds_config)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             self.result.device_name = torch.cuda.get_device_name()
         else:
@@ -193,6 +188,7 @@ class TrainingProcess:
         spec, timings = self.spec, self.result.timings
         begin = time.perf_counter()
         model = trained_model(spec, workload, self.result)
+        model, self.shard = long_context_model(spec.trial, workload, model, self.result)
         timings["model_s"] = time.perf_counter() - begin
         begin = time.perf_counter()
         config = TrialConfig(spec.ds_config).deepspeed_config()
@@ -200,26 +196,17 @@ class TrainingProcess:
             config["wall_clock_breakdown"] = True
         # only what trains, as the HF Trainer's optimizer takes it: frozen weights get no gradients, masters or states
         trained = [param for param in model.parameters() if param.requires_grad]
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config, mpu=self.shard.mpu)
         timings["initialize_s"] = time.perf_counter() - begin
         self.result.rss_bytes["after_initialize"] = rss_bytes()
         return engine
 
     def _batches(self, engine: Any, workload: Workload, cuda: bool) -> list[Any]:
-        """One synthetic token batch per micro-step of an optimizer step, seeded by rank (the same every step)."""
-        from tuner.measure.models import synthetic_batch
-
+        """One synthetic token batch per micro-step of an optimizer step, seeded by data-parallel rank (the same
+        every step; under Ulysses each rank keeps its share of its group's sample: :func:`rank_batches`)."""
         device = engine.device if cuda else "cpu"
-        return [
-            synthetic_batch(
-                workload.model,
-                engine.train_micro_batch_size_per_gpu(),
-                workload.train.seq_len,
-                device,
-                seed=self.rank * 1000 + i,
-            )
-            for i in range(engine.gradient_accumulation_steps())
-        ]
+        micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+        return rank_batches(self.spec.trial, workload, self.shard, (micro, accum), device, self.result)
 
     def _timed_steps(self, engine: Any, batches: list[Any], cuda: bool) -> None:
         """``spec.steps`` timed optimizer steps, each appended to the progress file the launcher reads."""
@@ -321,17 +308,6 @@ class TrainingProcess:
             if name in cache:
                 self.result.breakdown[key] = self.result.breakdown.get(key, 0.0) + cache[name] / 1000.0 / steps
 
-    def _apply_alloc_conf(self, torch: Any) -> None:
-        """Set the allocator settings the ds_config asks for (``dstune.expandable_segments``) before CUDA allocates:
-        in the environment (children and a lazily read config see it) and in the live allocator."""
-        conf = alloc_conf(self.spec.ds_config, os.environ.get(ALLOC_CONF))
-        if conf is None:
-            return
-        os.environ[ALLOC_CONF] = conf
-        setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
-        if setter is not None:
-            setter("expandable_segments:True")
-
     @staticmethod
     def _validate_config(ds_config: dict[str, Any]) -> None:
         """Let DeepSpeed's own config classes judge the config before any model is built."""
@@ -352,6 +328,7 @@ class TrainingProcess:
 
             recorder = PhaseRecorder(engine)
         mark = self.allocator.mark if self.allocator.running else None
+        losses: list[float] | None = [] if self.steps_done == 0 else None  # step 0's, for first_step_numerics
         for index, (tokens, targets) in enumerate(batches):
             if recorder is not None and index == len(batches) - 1:
                 recorder.train_step(tokens, targets, mark=mark, step=self.steps_done)
@@ -359,12 +336,18 @@ class TrainingProcess:
             if mark:
                 mark(f"step {self.steps_done} micro {index} forward")
             loss = engine(tokens, targets)
+            if losses is not None:
+                losses.append(float(loss.detach().float().item()))
             if mark:
                 mark(f"step {self.steps_done} micro {index} backward")
             engine.backward(loss)
             if mark:
                 mark(f"step {self.steps_done} micro {index} step")
             engine.step()
+        if losses is not None:
+            from tuner.measure.numerics import first_step_numerics
+
+            self.result.first_step = first_step_numerics(engine, losses)
         self.steps_done += 1
         if recorder is not None:
             self.result.snapshots = recorder.snapshots
