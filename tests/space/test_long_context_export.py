@@ -38,3 +38,4 @@ def test_hf_export_prints_a_parallelism_config_the_installed_accelerate_builds()
     assert (parallelism.sp_size, parallelism.sp_backend, parallelism.dp_shard_size) == (2, "deepspeed", 2)
     assert parallelism.sp_handler.sp_seq_length == 4096 and parallelism.sp_handler.sp_attn_implementation == "sdpa"
     assert accelerate.__version__
+    assert "gives 2x the gradient" in snippet  # ZeRO-2 under the Trainer's loss reduction (measured)

@@ -105,6 +105,17 @@ def hf_snippet(trial: TrialConfig, attention: str, seq_len: int | None) -> str |
             "# accelerate calls UlyssesSPAttentionHF.register_with_transformers(...) and passes its mpu to",
             "# deepspeed.initialize, and wraps the training DataLoader in UlyssesSPDataLoaderAdapter; the Trainer",
             "# reduces the loss over the sequence-parallel group. Every batch must carry position_ids.",
+            *(
+                [
+                    f"# ZeRO-{trial.stage}: the Trainer's reduction (a differentiable all_gather of the shares) gives "
+                    f"{sp}x the gradient here",
+                    "# (DeepSpeed 0.19.8 sums the sequence-parallel ranks' gradients below ZeRO-3; measured at sp=2: "
+                    "grad norm 2x one rank's);",
+                    f"# gradient clipping then acts at 1/{sp} of its threshold. ZeRO-3 gets the exact gradient.",
+                ]
+                if trial.stage < 3
+                else []
+            ),
             "from accelerate.parallelism_config import ParallelismConfig",
             "from accelerate.utils import DeepSpeedSequenceParallelConfig",
             "parallelism = ParallelismConfig(",
