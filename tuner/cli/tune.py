@@ -162,7 +162,9 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
         validate_with_deepspeed(best.ds_config, world)
     except ConfigError as error:
         fail(error.field, f"DeepSpeed rejects the stored config: {error}")
-    config, notes = export_config(best.trial, format, workload.train.attention, workload.trainable)
+    config, notes = export_config(
+        best.trial, format, workload.train.attention, workload.trainable, workload.train.seq_len
+    )
     text = json.dumps(config, indent=2) + "\n"
     if out:
         write_text_file(out, text)

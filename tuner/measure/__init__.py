@@ -2,7 +2,9 @@
 
 Inside each rank: ``runner`` is the entry (``python -m tuner.measure.runner RUN_DIR RANK``), ``training`` the rank's
 phases (initialise, warm up, time the steps), ``rank_model`` the model it trains (``models`` builds the built-in ones
-and ``birth`` decides where: sharded under ZeRO-3, on the device in the training dtype otherwise); ``run_protocol`` is
+and ``birth`` decides where: sharded under ZeRO-3, on the device in the training dtype otherwise; ``ulysses`` and
+``alst`` apply a trial's sequence parallelism, tiling and checkpoint offload, ``long_context_checks`` refuses what
+cannot be measured, ``numerics`` records step 0's loss and gradient norm); ``run_protocol`` is
 what a launcher and its ranks exchange (the spec, results, progress). Around the ranks: ``launcher`` runs them on this
 machine (``rank_place``: where each runs and its torchrun environment; ``rank_process``: starting and stopping one;
 ``rank_outcome``: what its end says) and ``ray_launcher`` on a Ray cluster; ``forkserver`` forks them from a node's

@@ -4,6 +4,7 @@ dstune's own section). Pure: the runner applies the result before CUDA is first 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tuner.workload import TrialConfig
@@ -25,3 +26,17 @@ def alloc_conf(ds_config: dict[str, Any], current: str | None) -> str | None:
         return None
     options = [part for part in (current or "").split(",") if part and not part.startswith("expandable_segments:")]
     return ",".join([*options, "expandable_segments:True"])
+
+
+def apply_alloc_conf(ds_config: dict[str, Any]) -> None:
+    """Set the allocator settings ``ds_config`` asks for before CUDA allocates: in the environment (children and a
+    lazily read config see it) and in the live allocator."""
+    import torch
+
+    conf = alloc_conf(ds_config, os.environ.get(VARIABLE))
+    if conf is None:
+        return
+    os.environ[VARIABLE] = conf
+    setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if setter is not None:
+        setter("expandable_segments:True")

@@ -25,6 +25,11 @@ STOPPED_EARLY = "StoppedEarly"  # a rank stopped on purpose mid-run (clearly slo
 StepHook = Callable[[list[float]], bool]
 
 
+class InvalidConfig(Exception):
+    """The rank refuses the config: DeepSpeed rejected it (the message is DeepSpeed's own), or it asks what a
+    measured run cannot do (:func:`tuner.measure.long_context_checks.measured_refusal`)."""
+
+
 @dataclass
 class RankResult:
     """One rank's report. Sizes in bytes, times in seconds.
@@ -65,6 +70,10 @@ class RankResult:
     true_peak: dict[str, Any] = field(default_factory=dict)
     trainable_params: int | None = None  # with an adapter or frozen parameters: the elements that train
     numerics: dict[str, Any] = field(default_factory=dict)  # tuner.measure.numerics.first_step_numerics (all ranks')
+    # the rank's place in the layout (sequence_parallel, sp_rank, data_parallel, dp_rank) and the tokens it trains
+    # on per micro-batch (s/sp × micro-batch: under Ulysses each rank holds its share of a sample)
+    layout: dict[str, int] = field(default_factory=dict)
+    tokens_per_micro_batch: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tuner.measure.measurement import RankResult
+from tuner.measure.measurement import InvalidConfig, RankResult
 from tuner.measure.run_protocol import RunSpec
-from tuner.workload import TrainableSpec, Workload
+from tuner.workload import TrainableSpec, TrialConfig, Workload
 
 
 def trained_model(spec: RunSpec, workload: Workload, result: RankResult) -> Any:
@@ -58,3 +58,53 @@ def _build_model(workload: Workload, checkpointing: bool) -> Any:
     from tuner.measure.models import build_model
 
     return build_model(workload.model, attention=train.attention, checkpointing=checkpointing)
+
+
+def long_context_model(trial: TrialConfig, workload: Workload, model: Any, result: RankResult) -> tuple[Any, Any]:
+    """``model`` as the trial's layout and long-context settings train it, and the rank's
+    :class:`~tuner.measure.ulysses.SequenceShard` (its mpu goes to ``deepspeed.initialize``): Ulysses registered
+    for sp > 1, tiled MLPs, checkpoint offload, and the :class:`~tuner.measure.ulysses.LongContextLM` loss for
+    sequence parallelism or a tiled loss. What cannot be measured is refused
+    (:func:`~tuner.measure.long_context_checks.measured_refusal`, as ``invalid_config``)."""
+    import torch.distributed as dist
+
+    from tuner.measure.long_context_checks import measured_refusal
+    from tuner.measure.ulysses import LongContextLM, join_sequence_parallel
+
+    refusal = measured_refusal(workload, trial, workload.cluster.device)
+    if refusal is not None:
+        raise InvalidConfig(f"{refusal[0]}: {refusal[1]}")
+    sizes, context, sp = trial.batch_sizes(dist.get_world_size()), trial.long_context, trial.layout.sequence_parallel
+    shard = join_sequence_parallel(model.model, sp, sizes.micro, workload.train.seq_len) if sp > 1 else None
+    if shard is None:
+        from tuner.measure.ulysses import SequenceShard
+
+        shard = SequenceShard(dp_rank=dist.get_rank())
+    result.layout = shard.layout(trial.layout.data_parallel(dist.get_world_size()))
+    if context.tiled_mlp_shards > 1:
+        from tuner.measure.alst import tile_mlps
+
+        tile_mlps(model.model, context.tiled_mlp_shards)
+    if context.offload_checkpoints:
+        from tuner.measure.alst import offload_checkpoints
+
+        offload_checkpoints(model.model)
+    if sp > 1 or context.tiled_loss_shards > 1:
+        model = LongContextLM(model, shard, trial.stage, context.tiled_loss_shards, sizes.accum)
+    return model, shard
+
+
+def rank_batches(
+    trial: TrialConfig, workload: Workload, shard: Any, seeded: list[Any], device: Any, result: RankResult
+) -> list[Any]:
+    """The rank's (tokens, targets) per micro-step, from its data feeder's ``seeded`` batches
+    (:func:`tuner.measure.numerics.seeded_batches`): as they are, or, when the model is a
+    :class:`~tuner.measure.ulysses.LongContextLM`, this rank's share of each sample's sequence (its input ids and
+    shifted labels); records the tokens a rank trains on per micro-batch (s/sp × micro-batch)."""
+    from tuner.measure.ulysses import shard_batch
+
+    sharded = trial.layout.sequence_parallel > 1 or trial.long_context.tiled_loss_shards > 1
+    batches = [shard_batch(tokens, shard) if sharded else (tokens, targets) for tokens, targets in seeded]
+    micro, seq_len = seeded[0][0].shape
+    result.tokens_per_micro_batch = micro * seq_len // shard.size
+    return [tuple(part.to(device) for part in pair) for pair in batches]

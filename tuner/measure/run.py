@@ -9,6 +9,7 @@ from typing import Any
 from tuner.errors import InputError
 from tuner.estimator import estimate
 from tuner.measure.launcher import launch_local
+from tuner.measure.long_context_checks import measured_refusal
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.measure.run_protocol import RunSpec
@@ -32,9 +33,13 @@ def run_measurement(
     ``on_step`` may stop a run early (:func:`tuner.measure.launcher.launch_local`). ``profiler_overhead`` times one
     more step under the true-peak instrument; ``extra`` goes to the ranks as ``RunSpec.extra``
     (``allocation_detail``: what is alive at the peak). A 4-bit bitsandbytes base is refused (:class:`InputError`
-    naming ``quantization``): the ranks would train the unquantized model, not the one asked for."""
+    naming ``quantization``): the ranks would train the unquantized model, not the one asked for; so is what a run
+    cannot measure of the long-context settings (:func:`~tuner.measure.long_context_checks.measured_refusal`)."""
     if workload.trainable.quantization:
         raise InputError("quantization", MEASURED_QUANTIZATION)
+    refusal = measured_refusal(workload, trial, workload.cluster.device)
+    if refusal is not None:
+        raise InputError(*refusal)
     spec = RunSpec(
         workload_to_dict(workload),
         trial.ds_config,

@@ -20,11 +20,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.measure.alloc_conf import VARIABLE as ALLOC_CONF
-from tuner.measure.alloc_conf import alloc_conf
-from tuner.measure.measurement import EXCERPT_CHARS, RankResult
+from tuner.measure.alloc_conf import apply_alloc_conf
+from tuner.measure.measurement import EXCERPT_CHARS, InvalidConfig, RankResult
 from tuner.measure.numerics import NumericsRecorder
-from tuner.measure.rank_model import trained_model
+from tuner.measure.rank_model import long_context_model, rank_batches, trained_model
 from tuner.measure.run_protocol import RunSpec, progress_path, timings_path, write_json_atomically
 from tuner.workload import TrialConfig, Workload
 
@@ -32,10 +31,6 @@ CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's 
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
 # DeepSpeed's global timers (deepspeed.runtime.engine's FORWARD/BACKWARD/STEP_GLOBAL_TIMER) by the name we report
 BREAKDOWN_TIMERS = {"forward_s": "fwd", "backward_s": "bwd", "step_s": "step"}
-
-
-class InvalidConfig(Exception):
-    """DeepSpeed rejected the ds_config (the message is DeepSpeed's own)."""
 
 
 def settled(times: list[float], count: int, tolerance: float) -> bool:
@@ -169,7 +164,7 @@ class TrainingProcess:
         import torch
 
         if cuda:
-            self._apply_alloc_conf(torch)
+            apply_alloc_conf(self.spec.ds_config)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             self.result.device_name = torch.cuda.get_device_name()
         else:
@@ -196,6 +191,7 @@ class TrainingProcess:
         spec, timings = self.spec, self.result.timings
         begin = time.perf_counter()
         model = trained_model(spec, workload, self.result)
+        model, self.shard = long_context_model(spec.trial, workload, model, self.result)
         timings["model_s"] = time.perf_counter() - begin
         begin = time.perf_counter()
         config = TrialConfig(spec.ds_config).deepspeed_config()
@@ -203,20 +199,22 @@ class TrainingProcess:
             config["wall_clock_breakdown"] = True
         # only what trains, as the HF Trainer's optimizer takes it: frozen weights get no gradients, masters or states
         trained = [param for param in model.parameters() if param.requires_grad]
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config, mpu=self.shard.mpu)
         timings["initialize_s"] = time.perf_counter() - begin
         self.result.rss_bytes["after_initialize"] = rss_bytes()
         return engine
 
     def _batches(self, engine: Any, workload: Workload, cuda: bool) -> list[Any]:
         """One token batch per micro-step of an optimizer step (the same every step): this rank's share of the
-        workload's seeded global batch (:func:`tuner.measure.numerics.seeded_batches`)."""
+        workload's seeded global batch (:func:`tuner.measure.numerics.seeded_batches`); under Ulysses each rank keeps
+        its share of its group's sample (:func:`rank_batches`)."""
         from tuner.measure.numerics import feeder_of, seeded_batches
 
         feeder = feeder_of(self.rank, workload.cluster.world_size, self.spec.trial)
         micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+        seeded = seeded_batches(workload.model, workload.train.seq_len, micro, accum, feeder, "cpu")
         device = engine.device if cuda else "cpu"
-        return seeded_batches(workload.model, workload.train.seq_len, micro, accum, feeder, device)
+        return rank_batches(self.spec.trial, workload, self.shard, seeded, device, self.result)
 
     def _timed_steps(self, engine: Any, batches: list[Any], cuda: bool) -> None:
         """``spec.steps`` timed optimizer steps, each appended to the progress file the launcher reads."""
@@ -317,17 +315,6 @@ class TrainingProcess:
         for key, name in BREAKDOWN_TIMERS.items():
             if name in cache:
                 self.result.breakdown[key] = self.result.breakdown.get(key, 0.0) + cache[name] / 1000.0 / steps
-
-    def _apply_alloc_conf(self, torch: Any) -> None:
-        """Set the allocator settings the ds_config asks for (``dstune.expandable_segments``) before CUDA allocates:
-        in the environment (children and a lazily read config see it) and in the live allocator."""
-        conf = alloc_conf(self.spec.ds_config, os.environ.get(ALLOC_CONF))
-        if conf is None:
-            return
-        os.environ[ALLOC_CONF] = conf
-        setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
-        if setter is not None:
-            setter("expandable_segments:True")
 
     @staticmethod
     def _validate_config(ds_config: dict[str, Any]) -> None:

@@ -256,11 +256,13 @@ def export_config(
     format: str = "deepspeed",
     attention: str | None = None,
     trainable: TrainableSpec | None = None,
+    seq_len: int | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """What ``dstune best`` writes for a trial: the config DeepSpeed gets (``format="hf"``: the Trainer's variant)
     and the notes that go with it (the TrainingArguments and, given the workload's ``attention``, the
     ``attn_implementation`` to load the model with; given its ``trainable`` part, the peft ``LoraConfig`` and the
-    freeze pattern; the allocator setting the run was measured with).
+    freeze pattern; the allocator setting the run was measured with). A trial with Ulysses or ALST's pieces adds
+    what the training code must do for them (:mod:`tuner.space.long_context_export`; ``seq_len``: the workload's).
 
     Example:
         >>> trial = TrialConfig({"train_micro_batch_size_per_gpu": 2, "dstune": {"expandable_segments": True}})
@@ -268,14 +270,22 @@ def export_config(
         >>> config, notes
         ({'train_micro_batch_size_per_gpu': 2}, ['run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True'])
     """
+    from tuner.space.long_context_export import alst_notes, deepspeed_notes, hf_snippet
+
     config = trial.deepspeed_config()
     notes: list[str] = []
+    kind = attention or "sdpa"
     if format == "hf":
         config, args = to_hf_trainer(config, trial.activation_checkpointing)
         note = "TrainingArguments to use with it: " + json.dumps(args)
         if attention is not None:
             note += f'; load the model with attn_implementation="{hf_attn_implementation(attention)}"'
         notes.append(note)
+        snippet = hf_snippet(trial, kind, seq_len)
+        notes.extend([snippet] if snippet else [])
+        notes.extend(alst_notes(trial))
+    else:
+        notes.extend(deepspeed_notes(trial, kind, seq_len))
     if trainable is not None:
         notes.extend(trainable_notes(trainable))
     if trial.expandable_segments:

@@ -1,0 +1,62 @@
+"""The HF Trainer trains with Ulysses sequence parallelism on what ``dstune best --format hf`` exports for an sp=2
+trial: the ds_config as is, the TrainingArguments line, and the printed ParallelismConfig executed as printed (2 gloo
+CPU ranks; the script adds ``deepspeed.init_distributed``, which accelerate leaves to the script on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+pytest.importorskip("accelerate")
+
+from tuner.space.dsconfig import export_config
+from tuner.workload import TrialConfig
+
+pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+}
+
+
+def test_hf_trainer_trains_an_sp2_export_on_two_cpu_ranks(tmp_path: Path) -> None:
+    trial = TrialConfig(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "train_batch_size": 1,
+            "sequence_parallel_size": 2,
+            "zero_optimization": {"stage": 2},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        }
+    )
+    config, notes = export_config(trial, "hf", "sdpa", None, 64)  # what `dstune best --format hf` prints
+    (tmp_path / "ds.json").write_text(json.dumps(config, indent=2) + "\n")
+    (tmp_path / "notes.txt").write_text("\n".join(notes) + "\n")
+    (tmp_path / "llama.json").write_text(json.dumps(LLAMA))
+    out = tmp_path / "trained.json"
+    trained = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(Path(__file__).with_name("hf_trainer_sp.py")),
+            str(tmp_path / "ds.json"), str(tmp_path / "notes.txt"), str(tmp_path / "llama.json"), str(out),
+        ],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["steps"] == 3 and len(result["losses"]) == 3
+    assert all(5 < loss < 7 for loss in result["losses"])  # about ln(512) = 6.24 for random weights
+    assert result["changed"] == result["params"]  # every weight trained
