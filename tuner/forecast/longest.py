@@ -202,7 +202,7 @@ def longest_fit(
         >>> answer = longest_fit(Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8)),
         ...                      Pins(stage=3, sequence_parallel=1))
         >>> answer.seq_len % 256, answer.trial.stage, answer.next_limit.memory
-        (0, 3, 'gpu')
+        (0, 3, 'cpu')
     """
     pins = pins or Pins()
     fits = fits or (lambda est: est.fits)
