@@ -64,6 +64,7 @@ class RankResult:
     true_peak_bytes: int | None = None
     true_peak: dict[str, Any] = field(default_factory=dict)
     trainable_params: int | None = None  # with an adapter or frozen parameters: the elements that train
+    launch: dict[str, Any] = field(default_factory=dict)  # threads, affinity, variables (tuner.measure.rank_launch)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
@@ -106,6 +107,7 @@ class Measurement:
     cost: dict[str, float] = field(default_factory=dict)
     breakdown: dict[str, float] = field(default_factory=dict)
     stopped_early: bool = False
+    launch: dict[str, Any] = field(default_factory=dict)  # the launch it ran in (tuner.measure.launch_plan)
 
     def set_wall(self, wall_s: float) -> None:
         """Record the run's wall time and derive :attr:`cost` from it (:func:`trial_cost`)."""

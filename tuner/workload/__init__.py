@@ -7,6 +7,7 @@
 - ``vocabulary``: the workload's vocabularies (precision, attention, optimizer, device, model implementation), each
   declared once as a ``Literal`` type with its tuple of values;
 - ``errors``: :class:`WorkloadError`;
+- ``launch_env``: the launch environment ranks run in (:class:`LaunchEnv`, each launcher's rules: :func:`rank_env`);
 - ``trial``: what the search decides for one trial (:class:`TrialConfig`);
 - ``model_profile``: what the profile room found out about a transformers model, as plain data (:class:`ModelProfile`);
 - ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`);
@@ -29,6 +30,7 @@ from tuner.workload.hf_config import (
     preset_names,
     read_json_object,
 )
+from tuner.workload.launch_env import LaunchEnv, RankEnv, launch_command, rank_env
 from tuner.workload.layout import ParallelLayout
 from tuner.workload.long_context import LongContext
 from tuner.workload.model import ModelSpec, model_from_param_count
@@ -67,11 +69,13 @@ from tuner.workload.trial import (
 from tuner.workload.vocabulary import (
     ATTENTION_KINDS,
     DEVICES,
+    LAUNCHER_ENVS,
     MODEL_IMPLS,
     OPTIMIZERS,
     PRECISIONS,
     Attention,
     Device,
+    LauncherEnv,
     ModelImpl,
     Optimizer,
     Precision,
@@ -96,6 +100,7 @@ __all__ = [
     "DTYPE_BYTES",
     "ENV_SECTION",
     "GLOBAL_KEY",
+    "LAUNCHER_ENVS",
     "MAX_FREEZE_PATTERN",
     "MEASURED_QUANTIZATION",
     "MICRO_KEY",
@@ -116,6 +121,8 @@ __all__ = [
     "ClusterSpec",
     "ConfigError",
     "Device",
+    "LaunchEnv",
+    "LauncherEnv",
     "Linear",
     "LongContext",
     "ModelImpl",
@@ -126,6 +133,7 @@ __all__ = [
     "ParallelLayout",
     "Precision",
     "QuantSpec",
+    "RankEnv",
     "TrainSpec",
     "TrainableSpec",
     "TrialConfig",
@@ -135,12 +143,14 @@ __all__ = [
     "accumulation_for",
     "check_config_limits",
     "config_key",
+    "launch_command",
     "load_builtin_model",
     "load_hf_config",
     "model_from_hf_config",
     "model_from_param_count",
     "preset_config",
     "preset_names",
+    "rank_env",
     "read_json_object",
     "resolve_batch",
     "workload_from_dict",
