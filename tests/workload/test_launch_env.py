@@ -91,3 +91,38 @@ def test_the_default_launch_keeps_fingerprints_and_another_changes_them() -> Non
     assert workload_from_dict(workload_to_dict(torchrun)) == torchrun
     reordered = LaunchEnv.of(variables={"B": "1", "A": "2"})
     assert reordered == LaunchEnv.of(variables={"A": "2", "B": "1"})
+
+
+def test_the_request_carries_the_launch_and_names_a_bad_variable_by_its_path() -> None:
+    from tuner.requests import FieldError, WorkloadRequest, to_workload, validated
+
+    body = {"params": 1e9, "gpus": 2, "launch": {"launcher": "torchrun", "variables": {"NCCL_ALGO": "Ring"}}}
+    workload = to_workload(validated(WorkloadRequest, body))
+    assert workload.launch == LaunchEnv.of("torchrun", variables={"NCCL_ALGO": "Ring"})
+    with pytest.raises(FieldError) as error:
+        to_workload(validated(WorkloadRequest, {**body, "launch": {"variables": {"LOCAL_RANK": "0"}}}))
+    assert error.value.loc == ("launch", "variables")
+
+
+def test_the_export_says_how_to_launch_what_was_measured() -> None:
+    from tuner.cli.study_view import launch_notes
+
+    workload = Workload(model_from_param_count(1e9), ClusterSpec(gpus_per_node=2, device="cpu"))
+    record = {"launcher": "deepspeed", "threads_per_rank": [2, 2], "affinity_per_rank": [[0, 1], [0, 1]]}
+    measured, command = launch_notes(workload, record, "best.json")
+    assert measured.startswith("measured in: deepspeed launcher, threads per rank 2, 2")
+    assert command == "launch it as measured: OMP_NUM_THREADS=2 deepspeed --num_gpus 2 train.py --deepspeed best.json"
+    unmeasured = launch_notes(Workload(workload.model, workload.cluster, launch=LaunchEnv("torchrun")), None, "c.json")
+    assert unmeasured == ["launch it as measured: torchrun --nproc_per_node 2 train.py --deepspeed c.json"]
+
+
+def test_the_cli_refuses_a_bad_launch_variable_in_one_line() -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli.app import app
+
+    result = CliRunner().invoke(app, ["estimate", "--params", "1e9", "--launch-var", "OMP_NUM_THREADS=0"])
+    assert result.exit_code == 2
+    assert "launch-var" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["estimate", "--params", "1e9", "--launch-var", "NOEQUALS"])
+    assert result.exit_code == 2 and "launch-var" in result.output
