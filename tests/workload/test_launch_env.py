@@ -126,3 +126,12 @@ def test_the_cli_refuses_a_bad_launch_variable_in_one_line() -> None:
     assert "launch-var" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(app, ["estimate", "--params", "1e9", "--launch-var", "NOEQUALS"])
     assert result.exit_code == 2 and "launch-var" in result.output
+
+
+def test_ray_reserves_each_ranks_threads_up_to_its_share_of_a_node() -> None:
+    from tuner.measure.launch_plan import reserved_cpus
+
+    assert reserved_cpus(LaunchEnv(), 2, 16, {}) == 8  # deepspeed's default wants 16 each: capped at the share
+    assert reserved_cpus(LaunchEnv("torchrun"), 2, 16, {}) == 1
+    assert reserved_cpus(LaunchEnv.of(variables={"OMP_NUM_THREADS": "4"}), 2, 16, {}) == 4  # an offload's CPU Adam
+    assert reserved_cpus(LaunchEnv(bind_cores=True), 4, 2, {}) == 1
