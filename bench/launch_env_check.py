@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -108,9 +109,18 @@ def launch(ds_config: dict[str, Any], launcher: str, omp: int | None, args: argp
         env["DS_ACCELERATOR"] = "cpu"
         if omp is not None:
             env["OMP_NUM_THREADS"] = str(omp)
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
-        if done.returncode != 0 or not out.exists():
-            return {"error": (done.stdout + done.stderr)[-2000:]}
+        # a session of its own: at the timeout the launcher and its ranks (and their op builds) go together
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            output, _ = process.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            return {"error": f"timed out after {args.timeout:.0f} s"}
+        if process.returncode != 0 or not out.exists():
+            return {"error": output[-2000:]}
         return json.loads(out.read_text())
 
 
