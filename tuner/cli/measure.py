@@ -21,6 +21,7 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
+from tuner.cli.study_view import describe_launch
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher
 from tuner.workload import MEASURED_QUANTIZATION
@@ -88,4 +89,7 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
         peaks = (gib(rank.get("peak_bytes")), gib(rank.get("peak_rss_bytes")))
         table.add_row(str(rank["rank"]), *where, rank["status"], *peaks)
     console.print(table)
+    measured_in = describe_launch(result.get("launch"))
+    if measured_in:
+        console.print("launch: " + measured_in, highlight=False, soft_wrap=True)
     console.print(f"estimated peak per GPU: {gib(result['estimate']['per_gpu']['total'])} GiB")

@@ -31,6 +31,7 @@ from tuner.requests import (
     Attention,
     Device,
     FieldError,
+    LauncherEnv,
     Loc,
     ModelImpl,
     Offload,
@@ -81,6 +82,15 @@ SequenceParallelOpt = Annotated[int, _SP]
 TiledMlpOpt = Annotated[int, _TILED_MLP]
 TiledLossOpt = Annotated[int, _TILED_LOSS]
 OffloadCheckpointsOpt = Annotated[bool, _OFFLOAD_CHECKPOINTS]
+LauncherEnvOpt = Annotated[
+    LauncherEnv,
+    typer.Option(help="Whose rules give measured ranks their threads (docs/launch_env.md): the launcher you run."),
+]
+LaunchVarOpt = Annotated[
+    list[str] | None,
+    typer.Option(help="NAME=VALUE set for every rank over the launcher's rule, e.g. OMP_NUM_THREADS=4 (repeatable)."),
+]
+BindCoresOpt = Annotated[bool, typer.Option(help="Bind each rank to its share of the cores (--bind_cores_to_rank).")]
 DsConfigOpt = Annotated[str | None, typer.Option(help="DeepSpeed config JSON; wins over the flags.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (sizes in bytes).")]
 StorageOpt = Annotated[str | None, typer.Option(help="Database URL (default: sqlite:///dstune.db).")]
@@ -97,6 +107,7 @@ AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
 TUNE_FLAGS = (
     "model", "gpus", "nodes", "gpu_memory", "cpu_memory", "seq_len", "precision", "attention", "device", "model_impl",
     "peft", "freeze", "quantization", "sequence_parallel", "tiled_mlp", "tiled_loss", "offload_checkpoints",
+    "launcher_env", "launch_var", "bind_cores",
 )  # fmt: skip
 # tune pins the long-context flags that are given (unset: searched where the space offers them)
 TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
@@ -149,6 +160,9 @@ class WorkloadFlags:
     peft: PeftOpt = None
     freeze: FreezeOpt = None
     quantization: QuantizationOpt = None
+    launcher_env: LauncherEnvOpt = "deepspeed"
+    launch_var: LaunchVarOpt = None
+    bind_cores: BindCoresOpt = False
 
 
 def workload_options(
@@ -201,6 +215,8 @@ def _flag(loc: Loc) -> str:
     """The CLI flag a request path is about: ``gpu_memory`` → ``gpu-memory``, ``config.n_head`` → ``model.n_head``
     (``--model``'s file is sent as ``config``)."""
     head, *rest = (str(part) for part in loc)
+    if head == "launch":
+        return {"launcher": "launcher-env", "bind_cores": "bind-cores"}.get(rest[0] if rest else "", "launch-var")
     return ".".join(["model" if head == "config" else head.replace("_", "-"), *rest])
 
 
@@ -248,9 +264,23 @@ def _request(flags: WorkloadFlags) -> tuple[WorkloadRequest, str | None]:
             "peft": peft,
             "freeze": flags.freeze,
             "quantization": quantization,
+            "launch": _launch(flags),
         },
     )
     return request, name
+
+
+def _launch(flags: WorkloadFlags) -> dict[str, Any] | None:
+    """The launch environment of ``--launcher-env``, ``--bind-cores`` and ``--launch-var NAME=VALUE``."""
+    variables: dict[str, str] = {}
+    for item in flags.launch_var or ():
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            raise InputError("launch-var", f"expected NAME=VALUE, got {item!r}")
+        variables[name] = value
+    if flags.launcher_env == "deepspeed" and not flags.bind_cores and not variables:
+        return None
+    return {"launcher": flags.launcher_env, "bind_cores": flags.bind_cores, "variables": variables}
 
 
 def ds_config_file(path: str | None) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ marked partial), the pruned ones grouped by kind, and the best config."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -15,6 +15,7 @@ from tuner.units import GiB, format_duration
 if TYPE_CHECKING:
     from tuner.storage import Store
     from tuner.study import TuningStudy
+    from tuner.workload import Workload
 
 SLOW_RUN_S = 60.0  # a CPU run predicted longer than this is announced before the study starts
 
@@ -109,6 +110,51 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
     if best is not None:
         console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:", highlight=False)
         console.print_json(json.dumps(best.ds_config))
+        measured_in = describe_launch((best.measurement or {}).get("launch"))
+        if measured_in:
+            console.print("measured in: " + measured_in, highlight=False, soft_wrap=True)
+
+
+def describe_launch(launch: dict[str, Any] | None) -> str | None:
+    """One line on the launch environment a run was measured in (its ``launch`` record), or None without one.
+
+    >>> describe_launch({"launcher": "deepspeed", "bind_cores": False, "threads_per_rank": [2, 2],
+    ...                  "affinity_per_rank": [[0, 1], [0, 1]], "rule": "torch's default",
+    ...                  "reported_variables": {"OMP_NUM_THREADS": "2"}})
+    "deepspeed launcher, threads per rank 2, 2 (torch's default), cores 0-1 | 0-1; OMP_NUM_THREADS=2"
+    """
+    if not launch:
+        return None
+    threads = ", ".join(str(count) for count in launch.get("threads_per_rank") or []) or "?"
+    cores = " | ".join(_cores(affinity) for affinity in launch.get("affinity_per_rank") or [])
+    variables = " ".join(f"{k}={v}" for k, v in sorted((launch.get("reported_variables") or {}).items()))
+    text = f"{launch.get('launcher')} launcher{', bound' if launch.get('bind_cores') else ''}, threads per rank "
+    text += f"{threads} ({launch.get('rule')})" + (f", cores {cores}" if cores else "")
+    return text + (f"; {variables}" if variables else "")
+
+
+def _cores(affinity: list[int] | None) -> str:
+    """A core list as ranges: [0, 1, 2, 5] → 0-2,5."""
+    spans: list[list[int]] = []
+    for core in sorted(affinity or []):
+        if spans and core == spans[-1][1] + 1:
+            spans[-1][1] = core
+        else:
+            spans.append([core, core])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in spans) or "-"
+
+
+def launch_notes(workload: Workload, launch: dict[str, Any] | None, config_file: str) -> list[str]:
+    """What goes beside an exported config so the user runs what was measured: the launch environment the winner
+    ran in and the command line that reproduces it."""
+    from tuner.workload import launch_command
+
+    measured = describe_launch(launch)
+    threads = ((launch or {}).get("threads_per_rank") or [None])[0]
+    cluster = workload.cluster
+    command = launch_command(workload.launch, cluster.gpus_per_node, cluster.nodes, threads, config_file)
+    notes = [f"measured in: {measured}"] if measured else []
+    return [*notes, f"launch it as measured: {command}"]
 
 
 def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5) -> None:

@@ -28,6 +28,7 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
+from tuner.cli.study_view import launch_notes
 from tuner.cli.tuning import run_tune
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher, Sampler, check_study_name, default_study_name, readable_name
@@ -165,6 +166,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     config, notes = export_config(
         best.trial, format, workload.train.attention, workload.trainable, workload.train.seq_len
     )
+    notes += launch_notes(workload, (best.measurement or {}).get("launch"), out or "ds_config.json")
     text = json.dumps(config, indent=2) + "\n"
     if out:
         write_text_file(out, text)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, with_plan
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.rank_outcome import collect_rank, summarize
 from tuner.measure.rank_place import free_port, local_places
@@ -84,7 +85,9 @@ def launch_local(
     cancel: threading.Event | None = None,
     on_step: StepHook | None = None,
 ) -> Measurement:
-    """Run ``spec`` on this machine with one process per rank and return the job's measurement.
+    """Run ``spec`` on this machine with one process per rank and return the job's measurement. Each rank runs in
+    the workload's launch environment (:mod:`tuner.measure.launch_plan`: its launcher's threads, core binding and
+    variables, this process's environment standing for the user's shell); the measurement says which (``launch``).
 
     Args:
         spec: what to run; its workload's cluster gives the world size.
@@ -97,15 +100,14 @@ def launch_local(
         on_step: sees rank 0's timed step times as they finish; True stops the run, which ends ``ok`` with its
             partial figures and ``stopped_early``.
     """
-    cluster = workload_from_dict(spec.workload).cluster
-    world = cluster.world_size
+    workload = workload_from_dict(spec.workload)
+    cluster, launch = workload.cluster, workload.launch
     if spec.device == "cuda" and cluster.nodes > 1:
         return Measurement(
             status="error",
             exception_type="InvalidLayout",
             error=f"the local launcher runs one node; --nodes {cluster.nodes} on CUDA needs the Ray launcher",
         )
-    threads = max(1, (os.cpu_count() or 1) // world) if spec.device == "cpu" else 1
     with tempfile.TemporaryDirectory(prefix="dstune-run-") as scratch:
         run_dir = keep_dir or Path(scratch)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -114,15 +116,17 @@ def launch_local(
         started = time.monotonic()
         places = local_places(cluster.gpus_per_node, cluster.nodes)
         forked, preload = spec.lean, rank_preloads(spec)
+        planned = [plan_rank(launch, place, cluster.nodes, os.environ) for place in places]
         ranks = [
-            start_rank(run_dir, place, "127.0.0.1", port, entry, memory_cap, threads, forked, preload)
-            for place in places
+            start_rank(run_dir, place, "127.0.0.1", port, entry, memory_cap, rank_variables(plan), forked, preload)
+            for place, plan in zip(places, planned, strict=True)
         ]
         try:
             wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel, on_step=on_step)
         finally:
             stop_ranks(ranks)
-        results = [collect_rank(run_dir, rank) for rank in ranks]
+        results = [with_plan(collect_rank(run_dir, rank), plan) for rank, plan in zip(ranks, planned, strict=True)]
     measurement = summarize(results, spec)
+    measurement.launch = measured_launch(launch, results)
     measurement.set_wall(time.monotonic() - started)
     return measurement

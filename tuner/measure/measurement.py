@@ -74,6 +74,7 @@ class RankResult:
     # on per micro-batch (s/sp × micro-batch: under Ulysses each rank holds its share of a sample)
     layout: dict[str, int] = field(default_factory=dict)
     tokens_per_micro_batch: int | None = None
+    launch: dict[str, Any] = field(default_factory=dict)  # threads, affinity, variables (tuner.measure.rank_launch)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
@@ -118,6 +119,7 @@ class Measurement:
     stopped_early: bool = False
     # the step-0 loss and gradient norm and the losses (tuner.measure.numerics); the study adds its verdict
     numerics: dict[str, Any] = field(default_factory=dict)
+    launch: dict[str, Any] = field(default_factory=dict)  # the launch it ran in (tuner.measure.launch_plan)
 
     def set_wall(self, wall_s: float) -> None:
         """Record the run's wall time and derive :attr:`cost` from it (:func:`trial_cost`)."""

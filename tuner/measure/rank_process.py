@@ -100,16 +100,18 @@ def start_rank(
     master_port: int,
     entry: Sequence[str] | None = None,
     memory_cap: int | None = None,
-    threads_per_rank: int = 1,
+    variables: dict[str, str] | None = None,
     forked: bool = False,
     preload: Sequence[str] = (),
 ) -> RankProcess:
     """Start the rank at ``place`` in a new session, its output in ``RUN_DIR/rank-N.log``: forked from the node's
     fork server when ``forked`` (:mod:`tuner.measure.forkserver`; ``preload`` names modules it imports first),
-    else a fresh interpreter (also when no fork server can serve, which is logged)."""
+    else a fresh interpreter (also when no fork server can serve, which is logged). ``variables`` (the rank's
+    launch environment) are set over this process's own."""
     env = dict(os.environ)
     env.update(place.env(master_addr, master_port))
-    env.update(DSTUNE_THREADS_PER_RANK=str(threads_per_rank), PYTHONUNBUFFERED="1")
+    env.update(variables or {})  # the launch environment (tuner.measure.launch_plan.rank_variables)
+    env["PYTHONUNBUFFERED"] = "1"
     rank = place.rank
     log = run_dir / f"rank-{rank}.log"
     argv = [*(entry or default_entry()), str(run_dir), str(rank)]

@@ -1,14 +1,17 @@
 """Run a measured run's ranks on Ray as a multi-node job: ``--gpus G --nodes M`` is G ranks on each of M nodes.
 
-Placement: one placement-group bundle per node (G CPUs, plus G GPUs on CUDA), ``STRICT_SPREAD`` so that the M
-bundles land on M distinct nodes, and G rank actors in each bundle. Node rank = bundle index; within a node, local
-ranks follow the GPU ids Ray assigned (as Ray Train orders them); rank = node rank × G + local rank. Every rank gets
-torchrun's environment (:class:`tuner.measure.rank_place.RankPlace`): ``MASTER_ADDR`` is rank 0's node address,
-``LOCAL_RANK`` 0..G-1 within its node, and on CUDA every rank of a node sees all the GPUs the job holds there
-(``CUDA_VISIBLE_DEVICES`` shared, as Ray Train does), so NCCL can use NVLink/P2P and the rank picks its device by
-``LOCAL_RANK``. A cluster that cannot hold the layout answers ``error`` / ``ResourcesUnavailable`` at the placement
-timeout, naming what its nodes lack (or, when they could hold it, what is free while other jobs hold the rest). It
-waits even when no alive node could ever hold the layout: an autoscaling cluster (KubeRay) adds nodes on demand.
+Placement: one placement-group bundle per node (G ranks' CPUs, plus G GPUs on CUDA; a rank reserves the threads its
+launch environment gives it, at most its share of a node: :func:`tuner.measure.launch_plan.reserved_cpus`),
+``STRICT_SPREAD`` so that the M bundles land on M distinct nodes, and G rank actors in each bundle. Node rank = bundle
+index; within a node, local ranks follow the GPU ids Ray assigned (as Ray Train orders them); rank = node rank × G +
+local rank. Every rank gets torchrun's environment (:class:`tuner.measure.rank_place.RankPlace`): ``MASTER_ADDR`` is
+rank 0's node address, ``LOCAL_RANK`` 0..G-1 within its node, and on CUDA every rank of a node sees all the GPUs the
+job holds there (``CUDA_VISIBLE_DEVICES`` shared, as Ray Train does), so NCCL can use NVLink/P2P and the rank picks
+its device by ``LOCAL_RANK``. Its launch environment is planned on its node, with the driver's environment as the
+user's (Ray's own ``OMP_NUM_THREADS`` for the actor never reaches the rank). A cluster that cannot hold the layout
+answers ``error`` / ``ResourcesUnavailable`` at the placement timeout, naming what its nodes lack (or, when they could
+hold it, what is free while other jobs hold the rest). It waits even when no alive node could ever hold the layout: an
+autoscaling cluster (KubeRay) adds nodes on demand.
 
 Why not Ray Train's worker group (``ray.train.torch.TorchTrainer``, read for its conventions and reused in spirit):
 
@@ -41,6 +44,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, reserved_cpus, with_plan
 from tuner.measure.launcher import Progress, wait_ranks
 from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
 from tuner.measure.rank_outcome import collect_rank, placed, summarize
@@ -124,16 +128,20 @@ class RankHost:
         timeout: float,
         memory_cap: int | None,
         entry: Sequence[str] | None,
-        threads: int,
+        inherited: dict[str, str],
     ) -> dict[str, Any]:
-        """Run one rank to the end (or the deadline) and return its result."""
+        """Run one rank to the end (or the deadline) and return its result; its launch environment is planned here,
+        on its node (this node's cores), with ``inherited`` (the driver's environment) as the user's."""
         with tempfile.TemporaryDirectory(prefix=f"dstune-rank{place.rank}-") as scratch:
             run_dir = Path(scratch)
             self.run_dir, self.rank = run_dir, place.rank
             run_spec = RunSpec(**spec)
             run_spec.write(run_dir)
             forked, preload = run_spec.lean, rank_preloads(run_spec)
-            process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, threads, forked, preload)
+            workload = workload_from_dict(run_spec.workload)
+            plan = plan_rank(workload.launch, place, workload.cluster.nodes, inherited)
+            variables = rank_variables(plan)
+            process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, variables, forked, preload)
             try:
                 wait_ranks(
                     [process],
@@ -146,14 +154,21 @@ class RankHost:
                 )
             finally:
                 stop_ranks([process])
-            result = asdict(collect_rank(run_dir, process))
+            result = asdict(with_plan(collect_rank(run_dir, process), plan))
             self.run_dir = None
             return result
 
 
-def node_bundle(gpus_per_node: int, cuda: bool) -> dict[str, float]:
-    """The resources one node gives the job: a CPU per rank, and a GPU per rank on CUDA."""
-    return {"CPU": float(gpus_per_node), "GPU": float(gpus_per_node)} if cuda else {"CPU": float(gpus_per_node)}
+def node_bundle(gpus_per_node: int, cuda: bool, cpus_per_rank: int = 1) -> dict[str, float]:
+    """The resources one node gives the job: ``cpus_per_rank`` CPUs per rank, and a GPU per rank on CUDA."""
+    cpus = float(gpus_per_node * cpus_per_rank)
+    return {"CPU": cpus, "GPU": float(gpus_per_node)} if cuda else {"CPU": cpus}
+
+
+def _node_cpus() -> int:
+    """The CPUs of the smallest alive node of the cluster (Ray's count), which every rank's reservation must fit."""
+    counts = [int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")]
+    return max(1, min((count for count in counts if count > 0), default=os.cpu_count() or 1))
 
 
 def missing_resources(bundle: dict[str, float], nodes: int, cluster: list[dict[str, Any]]) -> str | None:
@@ -247,7 +262,9 @@ def launch_ray(
     ensure_ray(address)
     cluster = workload_from_dict(spec.workload).cluster
     cuda = spec.device == "cuda"
-    bundle = node_bundle(cluster.gpus_per_node, cuda)
+    launch, inherited = workload_from_dict(spec.workload).launch, dict(os.environ)
+    cpus = reserved_cpus(launch, cluster.gpus_per_node, _node_cpus(), inherited)
+    bundle = node_bundle(cluster.gpus_per_node, cuda, cpus)
     started = time.monotonic()
     group = placement_group([bundle] * cluster.nodes, strategy="STRICT_SPREAD")
     try:
@@ -258,7 +275,7 @@ def launch_ray(
     hosts = [
         [
             RankHost.options(  # type: ignore[attr-defined]  # ray.remote made it an actor class
-                num_cpus=1,
+                num_cpus=cpus,
                 num_gpus=1 if cuda else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=node),
             ).remote()
@@ -274,7 +291,7 @@ def launch_ray(
         by_rank = sorted(zip([p for row in places for p in row], flat, described, strict=True), key=lambda t: t[0].rank)
         master = (by_rank[0][2]["node_ip"], ray.get(by_rank[0][1].free_port.remote(), timeout=placement_timeout))
         refs = {
-            host.run.remote(asdict(spec), place, master, timeout, memory_cap, entry, 1): place
+            host.run.remote(asdict(spec), place, master, timeout, memory_cap, entry, inherited): place
             for place, host, _ in by_rank
         }
         first = by_rank[0][1]
@@ -284,6 +301,7 @@ def launch_ray(
             ray.kill(host)
         remove_placement_group(group)
     measurement = summarize(results, spec)  # a lost node, actor or fork server: the run is InfraLost
+    measurement.launch = measured_launch(launch, results)
     measurement.set_wall(time.monotonic() - started)
     return measurement
 

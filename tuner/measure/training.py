@@ -160,15 +160,17 @@ class TrainingProcess:
         self.result.timings["imports_s"] = time.perf_counter() - started
 
     def _use_device(self, cuda: bool) -> None:
-        """Pick this rank's GPU (the ds_config's allocator settings first) or its share of the CPU's threads."""
+        """Bind the rank's cores and set its threads (:mod:`tuner.measure.rank_launch`), then pick its GPU (the
+        ds_config's allocator settings first)."""
         import torch
 
+        from tuner.measure.rank_launch import apply_launch
+
+        self.result.launch = apply_launch()
         if cuda:
             apply_alloc_conf(self.spec.ds_config)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             self.result.device_name = torch.cuda.get_device_name()
-        else:
-            torch.set_num_threads(int(os.environ.get("DSTUNE_THREADS_PER_RANK", "1")))
 
     def _join_process_group(self, cuda: bool) -> None:
         """The ``distributed_s`` phase: DeepSpeed's process group over the launcher's torchrun environment."""

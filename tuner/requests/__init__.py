@@ -22,6 +22,7 @@ from tuner.requests.workload import (
     Device,
     FieldError,
     Launcher,
+    LaunchRequest,
     Loc,
     ModelImpl,
     Offload,
@@ -32,12 +33,13 @@ from tuner.requests.workload import (
     to_workload,
     validated,
 )
-from tuner.workload import ATTENTION_KINDS, DEVICES, MODEL_IMPLS, PRECISIONS
+from tuner.workload import ATTENTION_KINDS, DEVICES, LAUNCHER_ENVS, MODEL_IMPLS, PRECISIONS, LauncherEnv
 
 __all__ = [
     "ATTENTION_KINDS",
     "DEVICES",
     "LAUNCHERS",
+    "LAUNCHER_ENVS",
     "MAX_BYTES",
     "MAX_PARAMS",
     "MAX_WORLD_SIZE",
@@ -50,7 +52,9 @@ __all__ = [
     "Device",
     "FieldError",
     "JobRequest",
+    "LaunchRequest",
     "Launcher",
+    "LauncherEnv",
     "Loc",
     "ModelImpl",
     "Offload",

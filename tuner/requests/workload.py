@@ -53,6 +53,8 @@ from tuner.workload import (
     Attention,
     ClusterSpec,
     Device,
+    LaunchEnv,
+    LauncherEnv,
     ModelImpl,
     ModelSpec,
     Precision,
@@ -85,6 +87,7 @@ MAX_PARAMS = 10**15
 # ZeRO-1/2 partitioning visits every rank (about 0.1 s at this bound), so the bound is its cost's bound too.
 MAX_WORLD_SIZE = 2**17
 Loc = tuple[str | int, ...]
+LAUNCH_FIELDS = {"launcher-env": "launcher", "launch-var": "variables", "launch": "variables"}  # WorkloadError's
 MemorySize = Annotated[int, Field(ge=1, le=MAX_BYTES)] | Annotated[str, Field(min_length=1, max_length=32)]
 Request = TypeVar("Request", bound=BaseModel)
 
@@ -95,6 +98,26 @@ class FieldError(InputError):
     def __init__(self, loc: Loc, message: str) -> None:
         super().__init__(".".join(map(str, loc)), message)
         self.loc = loc
+
+
+class LaunchRequest(RequestModel):
+    """The launch environment the ranks run in (:class:`tuner.workload.LaunchEnv`): a launcher's rules for threads
+    per rank, DeepSpeed's core binding, and per-variable overrides."""
+
+    launcher: LauncherEnv = Field("deepspeed", description="Whose rules give each rank its threads.")
+    bind_cores: bool = Field(
+        False, description="Bind each rank to its share of the node's cores (--bind_cores_to_rank)."
+    )
+    variables: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Variables set for every rank, over the launcher's (OMP_NUM_THREADS, NCCL_*, ...).",
+        examples=[{"OMP_NUM_THREADS": "4", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}],
+    )
+
+    def to_launch(self) -> LaunchEnv:
+        """The workload room's value (checked there: names, thread counts)."""
+        return LaunchEnv.of(self.launcher, self.bind_cores, self.variables)
 
 
 class WorkloadRequest(RequestModel):
@@ -153,6 +176,9 @@ class WorkloadRequest(RequestModel):
         "config.json's quantization_config (which it overrides); needs peft and device cuda; estimate only.",
         examples=[{"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_quant_storage": "bfloat16"}],
     )
+    launch: LaunchRequest | None = Field(
+        None, description="The launch environment measured runs use; default: the deepspeed launcher's rules."
+    )
 
 
 def validated(model: type[Request], data: dict[str, Any], loc: Loc = ()) -> Request:
@@ -193,6 +219,8 @@ def _workload_loc(request: WorkloadRequest, field_name: str, loc: Loc) -> Loc:
         return (*loc, "params" if request.params is not None else "model")
     if head in ("peft", "quantization"):  # an adapter or quantization config's field: peft.r
         return (*loc, head, *(rest.split(".") if rest else []))
+    if field_name in LAUNCH_FIELDS:
+        return (*loc, "launch", LAUNCH_FIELDS[field_name])
     renamed = {"gpus-per-node": "gpus"}.get(field_name, field_name.replace("-", "_"))
     return (*loc, renamed)
 
@@ -333,6 +361,7 @@ def to_workload(
             seq_len=request.seq_len, precision=request.precision, attention=request.attention or DEFAULT_ATTENTION
         )
         trainable = TrainableSpec.of(request.peft, request.freeze, _quantization(request))
+        launch = request.launch.to_launch() if request.launch is not None else LaunchEnv()
         if trainable.quantization and cluster.device != "cuda":
             raise WorkloadError(_quantization_field(request), NEEDS_CUDA)
         if not trainable.is_full and request.model_impl == "builtin":
@@ -353,7 +382,7 @@ def to_workload(
         raise FieldError((*loc, "config"), f"not a usable model config: {error}") from None
     if not 0 < model.n_params <= MAX_PARAMS:
         raise FieldError((*loc, "config" if request.config is not None else "model"), "implausible parameter count")
-    workload = Workload(model, cluster, train, profile=profile, trainable=trainable)
+    workload = Workload(model, cluster, train, profile=profile, trainable=trainable, launch=launch)
     if trainable.is_full:
         return workload
     try:  # the model as trained: peft builds it on meta, in this process (inline) or the profiling service's

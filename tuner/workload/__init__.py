@@ -7,6 +7,7 @@
 - ``vocabulary``: the workload's vocabularies (precision, attention, optimizer, device, model implementation), each
   declared once as a ``Literal`` type with its tuple of values;
 - ``errors``: :class:`WorkloadError`;
+- ``launch_env``: the launch environment ranks run in (:class:`LaunchEnv`, each launcher's rules: :func:`rank_env`);
 - ``trial``: what the search decides for one trial (:class:`TrialConfig`);
 - ``model_profile``: what the profile room found out about a transformers model, as plain data (:class:`ModelProfile`);
 - ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`);
@@ -29,6 +30,7 @@ from tuner.workload.hf_config import (
     preset_names,
     read_json_object,
 )
+from tuner.workload.launch_env import LaunchEnv, RankEnv, launch_command, rank_env
 from tuner.workload.layout import ParallelLayout
 from tuner.workload.long_context import LongContext, long_context_config
 from tuner.workload.long_context_checks import check_long_context, kv_replication, sequence_parallel_problem
@@ -68,11 +70,13 @@ from tuner.workload.trial import (
 from tuner.workload.vocabulary import (
     ATTENTION_KINDS,
     DEVICES,
+    LAUNCHER_ENVS,
     MODEL_IMPLS,
     OPTIMIZERS,
     PRECISIONS,
     Attention,
     Device,
+    LauncherEnv,
     ModelImpl,
     Optimizer,
     Precision,
@@ -97,6 +101,7 @@ __all__ = [
     "DTYPE_BYTES",
     "ENV_SECTION",
     "GLOBAL_KEY",
+    "LAUNCHER_ENVS",
     "MAX_FREEZE_PATTERN",
     "MEASURED_QUANTIZATION",
     "MICRO_KEY",
@@ -117,6 +122,8 @@ __all__ = [
     "ClusterSpec",
     "ConfigError",
     "Device",
+    "LaunchEnv",
+    "LauncherEnv",
     "Linear",
     "LongContext",
     "ModelImpl",
@@ -127,6 +134,7 @@ __all__ = [
     "ParallelLayout",
     "Precision",
     "QuantSpec",
+    "RankEnv",
     "TrainSpec",
     "TrainableSpec",
     "TrialConfig",
@@ -138,6 +146,7 @@ __all__ = [
     "check_long_context",
     "config_key",
     "kv_replication",
+    "launch_command",
     "load_builtin_model",
     "load_hf_config",
     "long_context_config",
@@ -145,6 +154,7 @@ __all__ = [
     "model_from_param_count",
     "preset_config",
     "preset_names",
+    "rank_env",
     "read_json_object",
     "resolve_batch",
     "sequence_parallel_problem",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 from tuner.errors import InputError
 from tuner.workload.errors import WorkloadError
+from tuner.workload.launch_env import LaunchEnv
 from tuner.workload.model import ModelSpec
 from tuner.workload.patterns import compile_pattern
 from tuner.workload.quantization import NEEDS_CUDA, QuantSpec
@@ -175,13 +176,15 @@ class TrainableSpec:
 
 @dataclass(frozen=True)
 class Workload:
-    """Model + cluster + training settings (+ which parameters train): the unit the tuner searches configs for."""
+    """Model + cluster + training settings (+ which parameters train, + the launch environment the ranks run in:
+    :class:`tuner.workload.LaunchEnv`): the unit the tuner searches configs for."""
 
     model: ModelSpec
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
     profile: ModelProfile | None = field(default=None, compare=False, repr=False)
     trainable: TrainableSpec = field(default_factory=TrainableSpec)
+    launch: LaunchEnv = field(default_factory=LaunchEnv)
 
     def __post_init__(self) -> None:
         if self.trainable.quantization and self.cluster.device != "cuda":
@@ -201,10 +204,13 @@ class Workload:
 
 def workload_to_dict(workload: Workload) -> dict[str, Any]:
     """Plain JSON-ready fields of a workload (the inverse of :func:`workload_from_dict`); ``trainable`` only when
-    some parameters are frozen, so full fine-tuning workloads keep the fingerprints they were stored under."""
+    some parameters are frozen, and ``launch`` only when it is not the deepspeed launcher's rules unchanged, so
+    workloads keep the fingerprints they were stored under."""
     data = {"model": workload.model.to_dict(), "cluster": asdict(workload.cluster), "train": asdict(workload.train)}
     if not workload.trainable.is_full:
         data["trainable"] = workload.trainable.to_dict()
+    if not workload.launch.is_default:
+        data["launch"] = workload.launch.to_dict()
     return data
 
 
@@ -217,4 +223,5 @@ def workload_from_dict(data: dict[str, Any]) -> Workload:
         ClusterSpec(**data["cluster"]),
         TrainSpec(**train),
         trainable=TrainableSpec(**data.get("trainable", {})),
+        launch=LaunchEnv.from_dict(data.get("launch") or {}),
     )

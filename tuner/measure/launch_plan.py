@@ -1,0 +1,74 @@
+"""The launcher's side of the launch environment: what each rank of a run gets under the workload's
+:class:`tuner.workload.LaunchEnv` on the node it runs on (:func:`plan_rank`), the variables passed to the rank's
+process (:func:`rank_variables`), the CPUs Ray reserves for it (:func:`reserved_cpus`), and what the run's ranks
+reported, summed up for the measurement (:func:`measured_launch`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner.measure.measurement import RankResult
+from tuner.measure.rank_launch import CORES_VARIABLE, THREADS_VARIABLE
+from tuner.measure.rank_place import RankPlace
+from tuner.workload import LaunchEnv, RankEnv, rank_env
+
+
+def physical_cores() -> int:
+    """This node's physical cores, as DeepSpeed's core binding and torch's default thread count see them."""
+    import psutil
+
+    return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+def plan_rank(
+    launch: LaunchEnv, place: RankPlace, nodes: int, inherited: Mapping[str, str], cores: int | None = None
+) -> RankEnv:
+    """The environment the rank at ``place`` gets on this node (``cores``: its physical cores, default this node's)."""
+    return rank_env(
+        launch,
+        physical_cores=cores or physical_cores(),
+        local_world_size=place.local_world_size,
+        local_rank=place.local_rank,
+        inherited=inherited,
+        nodes=nodes,
+    )
+
+
+def rank_variables(planned: RankEnv) -> dict[str, str]:
+    """The variables the rank's process starts with: the planned ones, and the launcher-to-rank protocol's."""
+    variables = {**planned.variables, THREADS_VARIABLE: str(planned.threads)}
+    if planned.cores:
+        variables[CORES_VARIABLE] = ",".join(str(core) for core in planned.cores)
+    return variables
+
+
+def reserved_cpus(launch: LaunchEnv, ranks_per_node: int, node_cpus: int, inherited: Mapping[str, str]) -> int:
+    """CPUs Ray reserves for each rank: the threads it will run (an offload trial's CPU Adam steps on them), at most
+    its share of a node (a launcher whose rule oversubscribes the cores, as DeepSpeed's default does, cannot be
+    reserved beyond the node)."""
+    place = RankPlace(0, ranks_per_node, 0, ranks_per_node)
+    threads = plan_rank(launch, place, 1, inherited, cores=node_cpus).threads
+    return max(1, min(threads, node_cpus // max(1, ranks_per_node)))
+
+
+def with_plan(result: RankResult, planned: RankEnv) -> RankResult:
+    """``result`` with the launcher's plan beside what the rank reported (the rule and the threads it asked for)."""
+    result.launch = {**result.launch, "rule": planned.rule, "planned_threads": planned.threads}
+    return result
+
+
+def measured_launch(launch: LaunchEnv, results: Sequence[RankResult]) -> dict[str, Any]:
+    """The launch a run was measured in: the workload's launcher and overrides, the rule that gave the threads, and
+    what each rank reported (threads, affinity) with rank 0's variables."""
+    reports = [result.launch for result in sorted(results, key=lambda r: r.rank)]
+    first = reports[0] if reports else {}
+    return {
+        **launch.to_dict(),
+        "rule": first.get("rule"),
+        "planned_threads": first.get("planned_threads"),
+        "threads_per_rank": [report.get("threads") for report in reports],
+        "affinity_per_rank": [report.get("affinity") for report in reports],
+        "reported_variables": first.get("variables", {}),
+    }
