@@ -14,7 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
 os.environ.setdefault("DSTUNE_PROFILE_CACHE", str(ROOT / ".cache" / "profiles"))
-os.environ.setdefault("DSTUNE_FORKSERVER_IDLE_S", "60")  # the tests' fork servers leave soon after the tests
+os.environ.setdefault("DSTUNE_FORKSERVER_IDLE_S", "60")
+# Measured runs start under the deepspeed launcher's rule by default, which passes the user's OMP_NUM_THREADS through
+# and otherwise leaves torch one thread per core in each rank: on a 2-core machine two ranks would oversubscribe it
+# (4.5x slower steps, docs/launch_env.md). The suite runs as a user who sets one thread per rank; the tests of the
+# launchers' rules pass their own environments.
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # the tests' fork servers leave soon after the tests
 # An API request waits for a new model's profile (a spawned process importing torch and transformers: 10 s on a quiet
 # machine, over a minute on a loaded one) instead of answering 503 "retry in 5 s"; the 503 path has its own tests.
 os.environ.setdefault("DSTUNE_PROFILE_WAIT_S", "300")
