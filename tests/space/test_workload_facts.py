@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tuner.space import SpaceError, load_space
 from tuner.space.facts import workload_facts
-from tuner.workload import ClusterSpec, Workload, model_from_param_count
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
 
 optuna = pytest.importorskip("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -66,7 +68,7 @@ def test_a_parameter_pinned_where_the_workload_rules_it_out_is_infeasible(tmp_pa
         (
             "frozen == 0",
             "workload facts (trainable_params, frozen_params, optimizer_state_bytes, seq_len, world_size, "
-            "attention_heads)",
+            "attention_heads, transformers_model)",
         ),
     ],
 )
@@ -106,3 +108,25 @@ def test_the_default_space_leaves_offload_out_for_a_small_lora_and_keeps_it_for_
     assert facts["frozen_params"] == model.n_params  # the base; the adapter trains
     assert offloads(default_space_path(), full)
     assert not offloads(default_space_path(), lora)  # 168 KiB of Adam states
+
+
+def test_long_context_is_offered_only_where_measured_runs_can_train_it() -> None:
+    """At 8,192 tokens on 2 ranks the default space offers Ulysses and ALST's tiling for the transformers model, and
+    not for the built-in one (its runs refuse them)."""
+    from tuner.space import InfeasibleConfig, default_space_path
+
+    space = load_space(default_space_path())
+    offered = {}
+    for impl in ("transformers", "builtin"):
+        model = replace(load_builtin_model("tiny-llama"), implementation=impl)
+        work = Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(8192))
+        keys: set[str] = set()
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+        for _ in range(40):
+            trial = study.ask()
+            with contextlib.suppress(InfeasibleConfig):
+                space.suggest(trial, work)
+            keys |= set(trial.params)
+        offered[impl] = keys
+    assert "sequence_parallel" in offered["transformers"] and "tiled_mlp_shards" in offered["transformers"]
+    assert not {"sequence_parallel", "tiled_mlp_shards", "tiled_loss_shards"} & offered["builtin"]

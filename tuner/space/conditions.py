@@ -25,6 +25,8 @@ WORKLOAD_FACTS = {
     "seq_len": "the workload's sequence length (tokens per sample)",
     "world_size": "the ranks (GPUs per node × nodes)",
     "attention_heads": "the model's attention heads (0 for a bare parameter count)",
+    "transformers_model": "1 when measured runs train the transformers model (Ulysses and ALST's tiling need its "
+    "attention and layers; the built-in models refuse them), else 0",
 }
 
 
