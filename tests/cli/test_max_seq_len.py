@@ -86,17 +86,16 @@ def test_nothing_fits_exits_1_on_one_line() -> None:
 
 
 @pytest.mark.slow
-def test_a_transformers_model_is_traced_at_three_lengths_and_extrapolated() -> None:
-    """The traced profile's extrapolation gives the bytes a trace at the answer's length gives."""
+def test_a_transformers_model_is_traced_at_three_lengths_and_extrapolated(tmp_path) -> None:
+    """The traced profile's extrapolation gives the bytes a trace at the answer's length gives (the answer's whole
+    ds_config, its layout and ALST settings included, estimated again at that length)."""
     data = _json("--model", "tiny-llama", "--gpus", "2", "--gpu-memory", "4GiB", "--cpu-memory", "64GiB")
     answer = data["max_seq_len"]
     assert data["activations_source"] == "trace"
-    stage = answer["ds_config"]["zero_optimization"]["stage"]
-    offload = answer["ds_config"]["zero_optimization"]
+    config = tmp_path / "answer.json"
+    config.write_text(json.dumps(answer["ds_config"]))
     args = ["--model", "tiny-llama", "--gpus", "2", "--gpu-memory", "4GiB", "--cpu-memory", "64GiB",
-            "--seq-len", str(answer["seq_len"]), "--stage", str(stage),
-            "--offload-optimizer", offload.get("offload_optimizer", {}).get("device", "none"),
-            "--offload-param", offload.get("offload_param", {}).get("device", "none")]  # fmt: skip
+            "--seq-len", str(answer["seq_len"]), "--ds-config", str(config)]  # fmt: skip
     if answer["activation_checkpointing"]:
         args.append("--activation-checkpointing")
     result = runner.invoke(app, ["estimate", *args, "--json"])
