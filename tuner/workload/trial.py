@@ -257,18 +257,13 @@ class TrialConfig:
             device = (zero.get(key) or {}).get("device", "none")
             if device != "none":
                 parts.append(f"{label} → {device}")
-        try:
-            layout = self.layout.summary()
-        except ConfigError:
-            layout = ""
-        if layout:
-            parts.append(layout)
-        try:
-            long_context = self.long_context.summary()
-        except ConfigError:
-            long_context = ""
-        if long_context:
-            parts.append(long_context)
+        for view in ("layout", "long_context"):  # sections read leniently: a malformed one is left out
+            try:
+                described = getattr(self, view).summary()
+            except ConfigError:
+                described = ""
+            if described:
+                parts.append(described)
         if self.activation_checkpointing:
             parts.append("checkpointing")
         return " · ".join(parts)
