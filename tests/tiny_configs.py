@@ -117,6 +117,17 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+# A 2-layer LLaMA whose 4 attention and 2 key-value heads Ulysses can split 2 ways: the sequence-parallel runs' model
+SP_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+}
 LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "depth")
 HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "model_dim", "word_embed_proj_dim")
 WIDTH = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "decoder_ffn_dim", "mlp_dim", "d_ff")

@@ -15,20 +15,12 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("accelerate")
 
+from tiny_configs import SP_LLAMA as LLAMA
+
 from tuner.space.dsconfig import export_config
 from tuner.workload import TrialConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-}
 
 
 def test_hf_trainer_trains_an_sp2_export_on_two_cpu_ranks(tmp_path: Path) -> None:

@@ -13,22 +13,14 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
+from tiny_configs import SP_LLAMA as LLAMA
+
 from tuner.measure.launcher import launch_local
 from tuner.measure.run_protocol import RunSpec
 from tuner.profile.describe import model_from_config
 from tuner.workload import ClusterSpec, TrainSpec, Workload, workload_to_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-}
 SEQ, MICRO = 64, 2
 EXACT = 1e-6  # fp32: the same sums in another order
 
