@@ -170,7 +170,9 @@ def test_ray_launcher_reports_a_crash(local_ray) -> None:
 
 
 def test_out_of_memory_is_classified(tmp_path) -> None:
-    spec = run_spec(1, zero={"stage": 3}, gradient_accumulation_steps=1)  # default buckets: a 1 GB reduce bucket
+    # a reduce bucket of 1e9 elements (4 GB in fp32, 2 GB in 16 bits) is allocated whole at ZeRO-3's init: past
+    # the 2 GiB cap whatever else the rank holds (threads' arenas differ with OMP_NUM_THREADS)
+    spec = run_spec(1, zero={"stage": 3, "reduce_bucket_size": 10**9}, gradient_accumulation_steps=1)
     result = launch_local(spec, timeout=300, memory_cap=2 * 2**30)
     assert result.status == "oom", result.error
     assert "DefaultCPUAllocator" in result.error
