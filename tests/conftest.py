@@ -62,9 +62,19 @@ SLOW_FILES = {  # a real Ray head; training the built-in models in torch; a Post
 }
 
 
+# Slow tests that act on what every test of the machine shares, so they run alone (``-m serial``): they kill or stop
+# the node's fork server (every run's ranks fork from it), restart the PostgreSQL server, or stop and kill workers,
+# tuners and ranks while timing what follows.
+SERIAL_FOLDERS = {"faults"}
+SERIAL_FILES = {"test_forkserver.py"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow tier (``-m slow``): real DeepSpeed, Ray, PostgreSQL, a browser, torch training. The fast tier
-    (``-m "not slow"``) is pure logic, doctests, SQLite, the API in-process and fakes of the measurer."""
+    (``-m "not slow"``) is pure logic, doctests, SQLite, the API in-process and fakes of the measurer.
+
+    A slow test runs beside another one (``-n 2 --dist loadgroup``: a file's tests on one worker, so that its
+    module fixtures' runs are made once) unless it is ``serial``: then alone, after the rest."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         on_postgres = callspec is not None and "postgresql" in callspec.params.values()
@@ -75,3 +85,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             or item.path.name in SLOW_FILES
         ):
             item.add_marker(pytest.mark.slow)
+            if item.path.parent.name in SERIAL_FOLDERS or item.path.name in SERIAL_FILES:
+                item.add_marker(pytest.mark.serial)
+        item.add_marker(pytest.mark.xdist_group(str(item.path)))

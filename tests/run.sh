@@ -26,7 +26,10 @@ if [ "$#" -gt 0 ]; then
 fi
 # Two tiers: the fast one (pure logic, doctests, SQLite, the API in-process, the study loop over a fake measurer;
 # about 2-3 minutes, one test file per core: pytest-xdist) fails first, then the slow one (real DeepSpeed on CPU
-# ranks, Ray, PostgreSQL, the browser; one test at a time: its runs use both cores). Each ends with its ten slowest
-# tests, so that growth shows where it happens.
-.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "not slow" -n 2 --dist loadfile
-.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m slow
+# ranks, Ray, PostgreSQL, the browser). Its files run two at a time too: a slow test keeps the cores busy about half
+# of its time (starting processes, importing torch, waiting on a peer), so two side by side finish sooner than one
+# after the other. The serial ones (they kill the node's fork server or restart PostgreSQL) then run alone. Each
+# run ends with its ten slowest tests, so that growth shows where it happens.
+.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "not slow" -n 2 --dist loadgroup
+.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "slow and not serial" -n 2 --dist loadgroup
+.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "slow and serial"
