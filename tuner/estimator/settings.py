@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.workload import ConfigError, TrialConfig, Workload, check_long_context
+from tuner.workload import ConfigError, TrialConfig, Workload, check_layout, check_long_context
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
 ADAM_FAMILY = frozenset({"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"})
@@ -51,6 +51,7 @@ class Settings:
     gather_16bit_on_save: bool = False
     hpz_partition_size: int = 1
     sequence_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # AutoTP (tensor_parallel.autotp_size)
     expert_parallel_size: int = 1
     quantized_gradients: bool = False
     quantized_nontrainable: bool = False  # zero_quantized_nontrainable_weights (ZeRO-3 only, CUDA only)
@@ -67,6 +68,13 @@ class Settings:
     def param_bytes(self) -> int:
         """Bytes per element of the parameters DeepSpeed trains (16-bit or fp32)."""
         return FP32 if self.precision == "fp32" else 2
+
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks ZeRO partitions the model states over: every rank under Ulysses (DeepSpeed's ``seq_dp_world_size``
+        is sp × dp), ``world / tp`` under AutoTP (its mpu's data-parallel group: each tensor-parallel rank holds its own
+        shard of the sharded Linears, :mod:`.tensor_parallel`)."""
+        return self.world_size // max(1, self.tensor_parallel_size)
 
     @property
     def reduce_bytes(self) -> int:
@@ -91,7 +99,9 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         raise ConfigError("ds_config", "must be a JSON object")
     batch, precision = trial.batch_sizes(workload.cluster.world_size), trial.precision
     _refuse_unmodelled(trial, precision)
+    _refuse_unmodelled_tp(trial, workload)
     check_long_context(workload, trial)
+    check_layout(workload, trial)
     zero, layout, context = trial.zero, trial.layout, trial.long_context
     _check_trainable_dtypes(zero.stage, precision, workload)
     return Settings(
@@ -123,6 +133,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         gather_16bit_on_save=zero.gather_16bit_on_save,
         hpz_partition_size=zero.hpz_partition_size,
         sequence_parallel_size=layout.sequence_parallel,
+        tensor_parallel_size=layout.tensor_parallel,
         expert_parallel_size=layout.expert_parallel,
         quantized_gradients=zero.quantized_gradients,
         quantized_nontrainable=_quantized_nontrainable(zero.quantized_nontrainable, zero.stage, workload),
@@ -199,8 +210,24 @@ def _refuse_unmodelled(trial: TrialConfig, precision: str) -> None:
             "data_types.grad_accum_dtype",
             "a gradient accumulation dtype other than the model's is not modelled by the estimator yet",
         )
-    if trial.layout.tensor_parallel > 1:
-        raise ConfigError("tensor_parallel.autotp_size", "AutoTP is not modelled by the estimator yet")
+
+
+def _refuse_unmodelled_tp(trial: TrialConfig, workload: Workload) -> None:
+    """AutoTP needs the model's shapes (which Linears it shards); with an adapter or frozen parameters, with Ulysses
+    or with TiledMLP the estimator does not model it yet (LoRA's shards, heads over sp × tp, f/tp-wide tiles)."""
+    if trial.layout.tensor_parallel <= 1:
+        return
+    if workload.model.is_bare:
+        raise ConfigError("tensor_parallel.autotp_size", "AutoTP needs the model's shapes, not a bare parameter count")
+    if not workload.trainable.is_full:
+        raise ConfigError(
+            "tensor_parallel.autotp_size",
+            "AutoTP with a peft adapter or frozen parameters is not modelled by the estimator yet",
+        )
+    if trial.layout.sequence_parallel > 1:
+        raise ConfigError("tensor_parallel.autotp_size", "AutoTP with Ulysses is not modelled by the estimator yet")
+    if trial.long_context.tiled_mlp_shards > 1:
+        raise ConfigError("dstune.tiled_mlp_shards", "TiledMLP with AutoTP is not modelled by the estimator yet")
 
 
 __all__ = ["ADAM_FAMILY", "FP32", "OPTIMIZER_IMPLS", "ConfigError", "Settings", "optimizer_impl", "resolve"]

@@ -38,13 +38,13 @@ def stage3_states(
         params, whole = stage3_view(params, base, elem)
         details["quantized_weights_whole"] = whole
         add_bytes(phases, "gpu", "parameters", whole)
-    part = stage3_partition(params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold)
+    part = stage3_partition(params.numels, s.zero_ranks, s.param_persistence_threshold, s.model_persistence_threshold)
     shard, persistent = part.shard, part.persistent
     details["partition_elements"] = shard
     details["persistent_elements"] = persistent
     shard_bytes, upcast = elem * shard, 0  # frozen parameters are partitioned like the rest
     if not params.is_full:  # peft's fp32 adapters stay fp32; only the trainable shard has gradients and states
-        held = stage3_bytes(params, s.world_size, elem, s.param_persistence_threshold, s.model_persistence_threshold)
+        held = stage3_bytes(params, s.zero_ranks, elem, s.param_persistence_threshold, s.model_persistence_threshold)
         shard_bytes, upcast = held.shard_bytes, held.persistent_bytes - elem * persistent
         shard = held.trainable_shard
         details["trainable_partition_elements"] = shard
@@ -53,7 +53,7 @@ def stage3_states(
             details["quantized_nontrainable_saving"] = saved
             shard_bytes -= saved
     nvme = _place_shard(shard_bytes, s, phases, pins)
-    if s.world_size > 1 and not model.is_bare:
+    if s.zero_ranks > 1 and not model.is_bare:
         add_stage3_gathered(workload, params, part, s, phases, details)
         add_bytes(phases, "gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
     bucket = s.reduce_bucket_size * s.reduce_bytes if s.contiguous_gradients else 0  # fp32 under Ulysses
@@ -109,7 +109,7 @@ def _optimizer_states(
 def _quantized_nontrainable_saving(params: TrainedParams, s: Settings, elem: int) -> int:
     """Bytes ``zero_quantized_nontrainable_weights`` saves per rank: each frozen shard int8 with its fp32 scales
     (:func:`.quantized_shard_bytes`) instead of its dtype."""
-    parts, _ = stage3_layout(params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold)
+    parts, _ = stage3_layout(params.numels, s.zero_ranks, s.param_persistence_threshold, s.model_persistence_threshold)
     upcast = params.fp32 or (False,) * len(parts)
     saved = 0
     for part, train, up in zip(parts, params.mask, upcast, strict=True):
