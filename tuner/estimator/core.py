@@ -124,7 +124,9 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         activations_source=source or "none",
         overhead_terms=terms,
         trainable_params=None if params.is_full else params.n_trainable,
-        estimate_only=estimate_only_why(workload, s.quantized_nontrainable),
+        estimate_only=estimate_only_why(
+            workload, s.quantized_nontrainable, s.stage == 3 and (s.quantized_weights or s.quantized_gradients)
+        ),
     )
 
 

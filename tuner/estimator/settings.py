@@ -53,6 +53,7 @@ class Settings:
     sequence_parallel_size: int = 1
     tensor_parallel_size: int = 1  # AutoTP (tensor_parallel.autotp_size)
     expert_parallel_size: int = 1
+    quantized_weights: bool = False  # qwZ (zero_quantized_weights, ZeRO-3, CUDA only)
     quantized_gradients: bool = False
     quantized_nontrainable: bool = False  # zero_quantized_nontrainable_weights (ZeRO-3 only, CUDA only)
     expandable_segments: bool = False
@@ -87,7 +88,7 @@ class Settings:
 def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Settings:
     """Resolve the memory-relevant settings of a trial config (or a bare ds_config: no checkpointing) for
     ``workload``. Batch sizes follow DeepSpeed's rules over the layout's data-parallel ranks
-    (:meth:`tuner.workload.TrialConfig.batch_sizes`); the layout is checked (:func:`tuner.workload.check_long_context`).
+    (:meth:`tuner.workload.TrialConfig.batch_sizes`); the layout is checked (:func:`_check`).
 
     Raises:
         ConfigError: a malformed or unsupported value, naming its key.
@@ -98,12 +99,8 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
     if not isinstance(trial.ds_config, dict):
         raise ConfigError("ds_config", "must be a JSON object")
     batch, precision = trial.batch_sizes(workload.cluster.world_size), trial.precision
-    _refuse_unmodelled(trial, precision)
-    _refuse_unmodelled_tp(trial, workload)
-    check_long_context(workload, trial)
-    check_layout(workload, trial)
+    _check(workload, trial, precision)
     zero, layout, context = trial.zero, trial.layout, trial.long_context
-    _check_trainable_dtypes(zero.stage, precision, workload)
     return Settings(
         world_size=workload.cluster.world_size,
         micro_batch=batch.micro,
@@ -135,6 +132,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         sequence_parallel_size=layout.sequence_parallel,
         tensor_parallel_size=layout.tensor_parallel,
         expert_parallel_size=layout.expert_parallel,
+        quantized_weights=zero.quantized_weights,
         quantized_gradients=zero.quantized_gradients,
         quantized_nontrainable=_quantized_nontrainable(zero.quantized_nontrainable, zero.stage, workload),
         expandable_segments=trial.expandable_segments,
@@ -146,6 +144,16 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         tiled_loss_shards=context.tiled_loss_shards,
         offload_checkpoints=context.offload_checkpoints,
     )
+
+
+def _check(workload: Workload, trial: TrialConfig, precision: str) -> None:
+    """Refuse what the estimator does not model and the layouts DeepSpeed refuses (:func:`tuner.workload.
+    check_long_context`, :func:`tuner.workload.check_layout`), naming the key."""
+    _refuse_unmodelled(trial, precision)
+    _refuse_unmodelled_tp(trial, workload)
+    check_long_context(workload, trial)
+    check_layout(workload, trial)
+    _check_trainable_dtypes(trial.zero.stage, precision, workload)
 
 
 OPTIMIZER_IMPLS = ("fused", "cpu_adam", "torch_single", "torch_foreach", "torch_fused")
