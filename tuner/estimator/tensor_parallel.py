@@ -32,7 +32,8 @@ from tuner.workload import ModelSpec, Workload
 
 
 def linear_sizes(model: ModelSpec) -> frozenset[int]:
-    """Element counts of the Linear weights AutoTP shards in one layer (q, k, v, o, fused qkv, MLP).
+    """Element counts of the Linear weights AutoTP shards in one layer (q, k, v, o, fused qkv, MLP; an MLP width the
+    config leaves unset is GPT-2's 4h).
 
     >>> from tuner.workload import load_builtin_model
     >>> sorted(linear_sizes(load_builtin_model("llama-2-7b")))
@@ -41,7 +42,8 @@ def linear_sizes(model: ModelSpec) -> frozenset[int]:
     h = model.hidden_size
     head_dim = model.head_dim or h // max(1, model.num_heads)
     q, kv = model.num_heads * head_dim, (model.num_kv_heads or model.num_heads) * head_dim
-    return frozenset(size for size in (h * q, h * kv, h * model.intermediate_size, h * (q + 2 * kv)) if size)
+    f = model.intermediate_size or 4 * h  # unset in GPT-2's config (n_inner None): 4h
+    return frozenset(size for size in (h * q, h * kv, h * f, h * (q + 2 * kv)) if size)
 
 
 def shard_mask(model: ModelSpec) -> tuple[bool, ...]:
