@@ -8,7 +8,9 @@ the attention's q, k, v (column-parallel, by heads) and output projection (row-p
 embeddings, the norms, the biases of the row-parallel Linears and a tied LM head (``colwise_gather_output`` on a
 weight tied to the embedding: "leaving these modules replicated to preserve tied weights") stay whole on every
 rank. ZeRO then partitions each rank's parameters over the data-parallel group, ``world / tp`` ranks
-(:attr:`.Settings.zero_ranks`).
+(:attr:`.Settings.zero_ranks`), except that ZeRO-3 partitions the parameters AutoTP leaves whole over all ranks
+(:mod:`.stage3_states`; measured). The rank's view of the model (:func:`tp_workload`) says which those are
+(``ModelSpec.replicated``).
 
 Which parameters are the sharded Linears is read from the model's shapes (:func:`shard_mask`), not from names: the
 weights whose element count is one of a layer's Linear shapes (``h × q``, ``h × kv``, ``h × f``, a fused
@@ -84,7 +86,7 @@ def tp_workload(workload: Workload, s: Settings, details: dict[str, int] | None 
         mask = shard_mask(model)
         details["tp_sharded_elements"] = sum(n for n, on in zip(model.param_numels, mask, strict=True) if on)
         details["tp_local_elements"] = sum(local)
-    return replace(workload, model=replace(model, numels=local))
+    return replace(workload, model=replace(model, numels=local, replicated=tuple(not on for on in shard_mask(model))))
 
 
 def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings) -> int:
@@ -106,7 +108,7 @@ def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings) -> int:
         return 0
     ranks = s.zero_ranks
     parts, _ = stage3_layout(numels, ranks, s.param_persistence_threshold, s.model_persistence_threshold)
-    return s.param_bytes * sum(parts) * ranks // group
+    return s.param_bytes * sum(parts) * ranks // group  # AutoTP's replicated parameters as the sharded ones: unmeasured
 
 
 def tensor_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tuple[float, int]:
