@@ -9,8 +9,9 @@ transformers with random weights in bf16, ``deepspeed.initialize`` with ``tensor
 
 Run: ``python bench/tp_true_peak.py [--only KEY] [--remeasure]``; results in ``bench/results/tp_true_peak.json``
 (``TP_BENCH_DETAIL=stack`` records the allocation sites alive at the peak). Measured 2026-12 (DeepSpeed 0.19.8,
-torch 2.13 CPU, 2 shared cores): all nine rows within 0.01 % of the true peak, after ZeRO-3's partitioning of
-AutoTP's replicated parameters over all ranks was found from the allocation sites (it was 4.3 % high before).
+torch 2.13 CPU, 2 shared cores): the nine AutoTP rows within 0.01 % of the true peak, after ZeRO-3's partitioning
+of AutoTP's replicated parameters over all ranks was found from the allocation sites (it was 4.3 % high before);
+ZeRO-3 on 4 ranks -0.06 %, with hpZ = 2 +0.66 % (the same true peak: no secondary partition alive at it).
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ WIDE = {**LLAMA, "vocab_size": 512, "hidden_size": 256, "intermediate_size": 102
 MODELS = {"llama": LLAMA, "wide": WIDE}  # wide: the layers' activations, not the logits, are most of the peak
 
 
-def ds_config(stage: int, tp: int) -> dict[str, Any]:
-    """bf16, ZeRO ``stage``, small buckets, AutoTP degree ``tp``."""
+def ds_config(stage: int, tp: int, hpz: int = 1) -> dict[str, Any]:
+    """bf16, ZeRO ``stage``, small buckets, AutoTP degree ``tp``, hpZ groups of ``hpz`` ranks."""
     zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
+    if hpz > 1:
+        zero["zero_hpz_partition_size"] = hpz
     if stage == 3:
         zero.update(stage3_prefetch_bucket_size=BUCKET, stage3_max_live_parameters=BUCKET)
     return {
@@ -60,15 +63,18 @@ def ds_config(stage: int, tp: int) -> dict[str, Any]:
 
 def cases() -> list[dict[str, Any]]:
     """Both models at ZeRO-2 on 2 ranks, data parallel (the reference) and AutoTP = 2; the tiny LLaMA at ZeRO-1 and
-    ZeRO-3 with AutoTP = 2, and TP 2 × DP 2 on 4 ranks at ZeRO-2 and 3; the wide one at ZeRO-3 with AutoTP = 2."""
+    ZeRO-3 with AutoTP = 2, and TP 2 × DP 2 on 4 ranks at ZeRO-2 and 3; ZeRO-3 on 4 ranks without and with hpZ
+    groups of 2; the wide one at ZeRO-3 with AutoTP = 2."""
     found = [{"model": name, "stage": 2, "world": 2, "tp": tp} for name in MODELS for tp in (1, 2)]
     found += [{"model": "llama", "stage": stage, "world": 2, "tp": 2} for stage in (1, 3)]
     found += [{"model": "llama", "stage": stage, "world": 4, "tp": 2} for stage in (2, 3)]
+    found += [{"model": "llama", "stage": 3, "world": 4, "tp": 1, "hpz": hpz} for hpz in (1, 2)]
     return [*found, {"model": "wide", "stage": 3, "world": 2, "tp": 2}]
 
 
 def key(case: dict[str, Any]) -> str:
-    return f"{case['model']}/z{case['stage']}/w{case['world']}/tp{case['tp']}"
+    hpz = f"/hpz{case['hpz']}" if case.get("hpz", 1) > 1 else ""
+    return f"{case['model']}/z{case['stage']}/w{case['world']}/tp{case['tp']}{hpz}"
 
 
 def rank_main(case: dict[str, Any], out: Path) -> None:
@@ -83,7 +89,7 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
     torch.set_num_threads(1)
     deepspeed.init_distributed("gloo")
     rank, tp = int(os.environ["RANK"]), case["tp"]
-    ds = ds_config(case["stage"], tp)
+    ds = ds_config(case["stage"], tp, case.get("hpz", 1))
     torch.manual_seed(0)
     tracker = CpuAllocatorPeak(detail=os.environ.get("TP_BENCH_DETAIL", "") or False)
     tracker.start()
@@ -156,7 +162,7 @@ def estimate_case(case: dict[str, Any]) -> Any:
     cluster = ClusterSpec(gpus_per_node=case["world"], device="cpu", gpu_memory=140 * 2**30)
     model = model_from_config(MODELS[case["model"]], name=case["model"])
     work = with_profile(Workload(model, cluster, TrainSpec(seq_len=SEQ, precision="bf16", attention="sdpa")))
-    return estimate(work, TrialConfig(ds_config(case["stage"], case["tp"])))
+    return estimate(work, TrialConfig(ds_config(case["stage"], case["tp"], case.get("hpz", 1))))
 
 
 def main() -> None:

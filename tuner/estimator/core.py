@@ -80,10 +80,10 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     states = stage3_states if s.stage == 3 else flat_states
     nvme = states(workload, s, phases, details, pins)
     gathered = add_save_phase(whole, s, phases, details) if saving else 0  # saving gathers over tp too
-    secondary = hpz_secondary_bytes(trained_params(workload).numels, s)
-    if secondary:
-        details["hpz_secondary_partition"] = secondary
-        add_bytes(phases, "cpu" if s.offload_param != "none" else "gpu", "parameters", secondary)  # remote_device
+    kept = details.get("gathered_parameters", 0) // s.param_bytes
+    for phase, secondary in hpz_secondary_bytes(trained_params(workload).numels, s, kept).items():
+        details["hpz_secondary_partition"] = secondary  # the step's: every parameter released
+        add_bytes(phases, "cpu" if s.offload_param != "none" else "gpu", "parameters", secondary, (phase,))
 
     params = trained_params(workload)
     if not params.is_full:

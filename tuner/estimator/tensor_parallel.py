@@ -17,10 +17,12 @@ weights whose element count is one of a layer's Linear shapes (``h × q``, ``h �
 ``h × (q + 2·kv)``) and that recur once per layer, plus an untied head (the last parameter, ``V × h``). Biases are
 counted whole (a few hidden-sized vectors per layer). A rank's shard of each is ``ceil(n / tp)`` elements.
 
-hpZ (``zero_hpz_partition_size`` = g, ZeRO-3): ``_partition_param_sec`` keeps for every parameter a secondary
-partition over its hpZ group, ``aligned numel / g`` elements in the parameter's dtype, allocated at the first
-partition and kept (backward gathers from it inside the group): ``e·Ψ/g`` per rank beside the primary shard
-(:func:`hpz_secondary_bytes`).
+hpZ (``zero_hpz_partition_size`` = g, ZeRO-3): ``_partition_param_sec`` gives a parameter a secondary partition
+over its hpZ group when it is released (partitioned) after use, ``aligned numel / g`` elements in the parameter's
+dtype; backward gathers from it inside the group, and the optimizer step drops them all
+(``invalidate_secondary_tensor``). Up to ``e·Ψ/g`` per rank beside the primary shard, by phase
+(:func:`hpz_secondary_bytes`): measured on 4 CPU ranks with hpZ = 2 (``bench/tp_true_peak.py``), a tiny model whose
+parameters ZeRO-3 keeps gathered from forward into backward peaks with no secondary partition alive, to the byte.
 """
 
 from __future__ import annotations
@@ -89,9 +91,12 @@ def tp_workload(workload: Workload, s: Settings, details: dict[str, int] | None 
     return replace(workload, model=replace(model, numels=local, replicated=tuple(not on for on in shard_mask(model))))
 
 
-def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings) -> int:
-    """Bytes of hpZ's secondary partition on one rank: every parameter's ZeRO-aligned size over the hpZ group, in the
-    training dtype (module docstring); 0 without hpZ or outside ZeRO-3.
+def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings, kept: int = 0) -> dict[str, int]:
+    """Bytes of hpZ's secondary partition on one rank, by phase (module docstring): each partitioned parameter's
+    ZeRO-aligned size over the hpZ group, in the training dtype, for the parameters released since the last step
+    (the step drops them all: ``invalidate_secondary_tensor``; a release re-creates one). After backward and in the
+    step every non-persistent parameter has been released; after forward all but the ``kept`` elements ZeRO-3 keeps
+    gathered for backward. Empty without hpZ or outside ZeRO-3.
 
     >>> from tuner.estimator.settings import Settings
     >>> fields = dict(world_size=4, micro_batch=1, grad_accum=1, global_batch=4, precision="bf16", stage=3,
@@ -100,15 +105,16 @@ def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings) -> int:
     ...     offload_param="none", offload_param_pin=False, offload_param_buffer_count=5, offload_param_buffer_size=1,
     ...     max_live_parameters=1, max_reuse_distance=1, prefetch_bucket_size=1, param_persistence_threshold=0,
     ...     model_persistence_threshold=0, sub_group_size=1)
-    >>> hpz_secondary_bytes((1000, 6), Settings(**fields, hpz_partition_size=2))  # (1000 + 8) / 2 × 2 bytes
-    1008
+    >>> hpz_secondary_bytes((1000, 6), Settings(**fields, hpz_partition_size=2), kept=1000)  # (1000 + 8) / 2 × 2 B
+    {'forward': 8, 'backward': 1008, 'step': 1008}
     """
     group = s.hpz_partition_size
     if s.stage != 3 or group <= 1:
-        return 0
-    ranks = s.zero_ranks
-    parts, _ = stage3_layout(numels, ranks, s.param_persistence_threshold, s.model_persistence_threshold)
-    return s.param_bytes * sum(parts) * ranks // group  # AutoTP's replicated parameters as the sharded ones: unmeasured
+        return {}
+    ranks = s.zero_ranks  # AutoTP's replicated parameters counted as the sharded ones: unmeasured
+    parts, persists = stage3_layout(numels, ranks, s.param_persistence_threshold, s.model_persistence_threshold)
+    full = s.param_bytes * sum(part for part, keep in zip(parts, persists, strict=True) if not keep) * ranks // group
+    return {"forward": max(0, full - s.param_bytes * kept // group), "backward": full, "step": full}
 
 
 def tensor_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tuple[float, int]:
