@@ -101,7 +101,8 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
     dp_rank = rank // tp
     vocab = MODELS[case["model"]]["vocab_size"]
     tokens = torch.randint(0, vocab, (MICRO, SEQ), generator=torch.Generator().manual_seed(dp_rank))
-    shapes = {name: list(p.shape) for name, p in engine.module.named_parameters() if "layers.0." in name}
+    params = engine.module.named_parameters()
+    shapes = {name: list(getattr(p, "ds_shape", p.shape)) for name, p in params if "layers.0." in name}
     local = sum(p.numel() for p in engine.module.parameters())
     shards = sum(p.ds_tensor.numel() for p in engine.module.parameters() if hasattr(p, "ds_tensor"))
     losses = []
