@@ -181,3 +181,17 @@ def test_an_unset_mlp_width_is_gpt2s_4h() -> None:
     gpt2 = load_builtin_model("gpt2")
     assert linear_sizes(replace(gpt2, intermediate_size=0)) == linear_sizes(gpt2)
     assert sum(n for n, on in zip(gpt2.param_numels, shard_mask(gpt2), strict=True) if on) == 12 * 12 * 768 * 768
+
+
+def test_throughput_counts_the_rank_shards_and_the_tp_all_reduces() -> None:
+    from tuner.estimator import resolve
+    from tuner.estimator.hardware import hardware_for
+    from tuner.estimator.tensor_parallel import tensor_parallel_seconds
+    from tuner.estimator.throughput import predict
+
+    w = work(load_builtin_model("llama-2-7b"), 8, 4096)
+    one, two = predict(w, config(1, 3)), predict(w, config(2, 3))
+    assert two.terms.compute < 0.6 * one.terms.compute  # a rank multiplies through half the Linears
+    seconds, calls = tensor_parallel_seconds(w, resolve(w, config(2, 3)), hardware_for(w))
+    assert calls == 2 * 2 * 32  # attention and MLP outputs, forward and backward, 32 layers
+    assert seconds > 0 and two.terms.bandwidth > seconds  # ZeRO's traffic beside them
