@@ -117,6 +117,14 @@ def test_estimate_matches_the_estimator(client: TestClient) -> None:
             ["body", "ds_config", "dstune", "tiled_loss_shards"],
         ),
         ({"workload": GPT2, "offload_checkpoints": True}, ["body", "ds_config", "dstune", "offload_checkpoints"]),
+        (
+            {"workload": {**GPT2, "gpus": 8}, "ds_config": {"tensor_parallel": {"autotp_size": 8}}},
+            ["body", "ds_config", "tensor_parallel", "autotp_size"],  # GPT-2's 12 heads
+        ),
+        (
+            {"workload": GPT2, "ds_config": {"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}}},
+            ["body", "ds_config", "zero_optimization", "zero_hpz_partition_size"],
+        ),
     ],
 )
 def test_estimate_rejects_bad_input_with_the_field_path(client: TestClient, body: dict, loc: list[str]) -> None:

@@ -39,7 +39,14 @@ def add_activations(
     if s.stage == 3 and not params.is_full:
         adapters = "zero3" if s.memory_efficient_linear else "fp32"
     activations = workload_activation_bytes(
-        workload, s.micro_batch, s.precision, elem, s.activation_checkpointing, adapters, s.sequence_parallel_size
+        workload,
+        s.micro_batch,
+        s.precision,
+        elem,
+        s.activation_checkpointing,
+        adapters,
+        s.sequence_parallel_size,
+        s.tensor_parallel_size,
     )
     if activations is None:
         return None
@@ -49,13 +56,15 @@ def add_activations(
     saved, recompute, source = acts.saved, acts.recompute, activations[2]
     if workload.cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
         kernel_extra = extra_bytes_per_layer(model, s.micro_batch, train.seq_len, s.precision, train.attention)
-        kernel_extra = kernel_extra // s.sequence_parallel_size  # a rank's h/sp heads over the whole sequence
+        kernel_extra = kernel_extra // (s.sequence_parallel_size * s.tensor_parallel_size)  # a rank's h/(sp·tp) heads
         if s.activation_checkpointing:  # only the recomputed block holds attention outputs
             recompute += kernel_extra
         else:
             kernel_extra *= model.num_layers
             saved += kernel_extra
         details["attention_kernel_extra"] = kernel_extra
+    if s.tensor_parallel_size > 1:  # each row-parallel output (attention, MLP) all-reduced whole, in place
+        details["tp_allreduce_bytes"] = elem * s.micro_batch * seq * model.hidden_size
     details["logits_workspace"] = acts.workspace
     details["recomputed_block"] = recompute
     phases["forward"].gpu["activations"] += saved

@@ -16,6 +16,14 @@ its kernels, so the coefficients here were measured on the built-in models (``tu
   the fp32 log-softmax of the logits ``4·bsV`` (logits are upcast to fp32 for the loss, as transformers does), and
   token ids, targets and loss statistics (``28·bs``).
 
+Under AutoTP (tp ranks) each rank saves, per layer, the whole of what the norms and the Linears' inputs keep
+(:func:`tp_whole_layer_bytes`) and ``1/tp`` of the rest (attention over ``heads/tp``, the MLP's ``f/tp`` intermediates);
+outside the blocks everything stays whole (embeddings, final norm, the logits of a replicated or gathered head). The
+whole part of a transformers LLaMA layer was measured by tracing the model with ``heads/tp``, ``kv/tp`` and ``f/tp``
+(head dim kept; bf16, sdpa, two shapes): exactly ``(8 + 4e)·bsh + 8·bs``, the two RMSNorms' fp32 input and
+normalized copies, their outputs and ``rsqrt``; the per-rank total at tp = 2 was 0.76 of one rank's (0.756 measured
+under real AutoTP, FIELD_NOTES).
+
 These formulas describe dstune's built-in models only. A model trained through transformers saves what its own code
 saves (tiny GPT-2: 37 % more than the formula), so its activations come from the workload's traced profile
 (:mod:`tuner.profile`); without one, the formula stands in for the five built-in families and the activations of
@@ -54,6 +62,42 @@ def head_activation_bytes(model: ModelSpec, batch: int, seq: int, elem: int) -> 
     return norm_and_head + 4 * bs * model.vocab_size + TOKEN_BYTES * bs
 
 
+def tp_whole_layer_bytes(model: ModelSpec, batch: int, seq: int, elem: int, traced: bool) -> int:
+    """Bytes of one layer's saved activations AutoTP leaves whole on every rank (module docstring): the norms'
+    saved tensors and the column-parallel Linears' input. RMSNorm: ``(8 + 4e)·bsh + 8·bs`` in transformers' LLaMA
+    (measured; ``traced``), ``(16 + 2e)·bsh + 6·bs`` in the built-in formula; LayerNorm: inputs, outputs and
+    statistics of both norms, ``4e·(bsh + bs)`` (from the formula; unmeasured under AutoTP).
+
+    >>> from tuner.workload import load_builtin_model
+    >>> tp_whole_layer_bytes(load_builtin_model("llama-2-7b"), 1, 2, 2, traced=True)  # (8 + 8) × 2 × 4096 + 16
+    131088
+    """
+    bs = batch * seq
+    bsh = bs * model.hidden_size
+    if model.norm == "layernorm":
+        return 4 * elem * (bsh + bs)
+    return (8 + 4 * elem) * bsh + 8 * bs if traced else (16 + 2 * elem) * bsh + 6 * bs
+
+
+def tp_local_activations(
+    saved: int, recompute: int, layers: int, whole: int, n_layers: int, checkpointing: bool, tp: int
+) -> tuple[int, int]:
+    """(saved, recomputed block) bytes on one of ``tp`` AutoTP ranks, from one rank's ``saved`` and ``recompute``,
+    of which ``layers`` are the decoder layers' (without checkpointing), each keeping ``whole`` bytes unsharded.
+    Checkpointed layer inputs and everything outside the layers stay whole.
+
+    >>> tp_local_activations(1000, 0, 800, 100, 2, False, 2)  # 600 sharded bytes halved
+    (700, 0)
+    """
+    if tp <= 1:
+        return saved, recompute
+    if checkpointing:
+        sharded = max(0, recompute - whole)
+        return saved, recompute - sharded + -(-sharded // tp)
+    sharded = max(0, layers - n_layers * whole)
+    return saved - sharded + -(-sharded // tp), recompute
+
+
 def activation_bytes(
     model: ModelSpec, batch: int, seq: int, elem: int, attention: str, checkpointing: bool
 ) -> tuple[int, int]:
@@ -84,25 +128,37 @@ def workload_activation_bytes(
     checkpointing: bool,
     adapters: str = "",
     sequence_parallel: int = 1,
+    tensor_parallel: int = 1,
 ) -> tuple[int, int, str] | None:
     """(saved bytes after forward, extra bytes while one block recomputes, source) for ``workload`` at
     ``micro_batch``, with or without activation ``checkpointing``; source ``trace`` (the profile) or ``formula``;
     None when unknown. ``adapters``: the dtype a peft model's adapters run in (``fp32`` under ZeRO-3; the trace with
     them cast when it was not traced). ``sequence_parallel``: Ulysses' degree sp, each rank holding ``s/sp`` tokens:
     the profile traced at ``s/sp`` if it has one, else the one at ``s`` scaled by ``1/sp`` (without eager attention,
-    which Ulysses refuses, every saved tensor is proportional to the tokens: measured linear in the sequence)."""
+    which Ulysses refuses, every saved tensor is proportional to the tokens: measured linear in the sequence).
+    ``tensor_parallel``: AutoTP's degree (:func:`tp_local_activations`)."""
     model, train = workload.model, workload.train
     if model.is_bare:
         return None
-    seq = train.seq_len // sequence_parallel
+    seq, tp, n_layers = train.seq_len // sequence_parallel, tensor_parallel, model.num_layers
     profile = workload.profile
     if profile is not None and model.implementation == "transformers":
         for traced, scale in ((seq, 1), (train.seq_len, sequence_parallel)):
             for kind in (adapters, "") if adapters else (adapters,):
-                found = profile.activation_bytes(traced, precision, train.attention, checkpointing, micro_batch, kind)
-                if found is not None:
-                    return found[0] // scale, found[1] // scale, "trace"
+                entry = profile.activation(traced, precision, train.attention, checkpointing, kind)
+                if entry is None:
+                    continue
+                saved = entry.saved_bytes(profile.layer_counts, micro_batch) // scale
+                recompute = entry.recompute.at(micro_batch) // scale
+                layers = saved - (entry.outside.at(micro_batch) + entry.first_extra.at(micro_batch)) // scale
+                whole = tp_whole_layer_bytes(model, micro_batch, seq, elem, traced=True) if tp > 1 else 0
+                saved, recompute = tp_local_activations(saved, recompute, layers, whole, n_layers, checkpointing, tp)
+                return saved, recompute, "trace"
     if model.implementation == "builtin" or model.family in SUPPORTED_FAMILIES:
         saved, recompute = activation_bytes(model, micro_batch, seq, elem, train.attention, checkpointing)
+        if tp > 1:
+            layers = n_layers * layer_activation_bytes(model, micro_batch, seq, elem, train.attention)
+            whole = tp_whole_layer_bytes(model, micro_batch, seq, elem, traced=False)
+            saved, recompute = tp_local_activations(saved, recompute, layers, whole, n_layers, checkpointing, tp)
         return saved, recompute, "formula"
     return None

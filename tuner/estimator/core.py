@@ -6,7 +6,10 @@ paper, and is assembled here from the modules that model each part:
 * model states: ZeRO 0-2's flat groups and buckets (:mod:`.flat_states`), ZeRO-3's shards (:mod:`.stage3_states`)
   and the whole parameters it gathers (:mod:`.stage3_gathered`);
 * activations and backward's early worst moments (:mod:`.activation_phases`);
-* transient buffers inside a phase (:mod:`.transients`).
+* transient buffers inside a phase (:mod:`.transients`);
+* AutoTP's shards and hpZ's secondary partition (:mod:`.tensor_parallel`): with ``tensor_parallel.autotp_size`` the
+  model states are those of the rank's shards, partitioned by ZeRO over ``world / tp`` ranks; activations are
+  tp-sharded inside attention and the MLP (:func:`.activations.tp_local_activations`).
 
 Peak memory is the maximum over three phases of a step (:mod:`.phases`), each a sum of what is alive then:
 ``forward`` (after the forward pass: activations plus the logits workspace), ``backward`` (all gradients and the
@@ -35,12 +38,13 @@ from tuner.estimator.activation_phases import add_activations
 from tuner.estimator.flat_states import flat_states
 from tuner.estimator.memory_estimate import MemoryEstimate
 from tuner.estimator.overhead import DEFAULT_OVERHEAD, Overhead, overhead_terms
-from tuner.estimator.phases import PHASES, STEP_PHASES, Phase, add_transient
+from tuner.estimator.phases import PHASES, STEP_PHASES, Phase, add_bytes, add_transient
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.quantized import dequantized_weight_bytes, estimate_only_why, quantized_base
 from tuner.estimator.settings import Settings, resolve
 from tuner.estimator.stage3_gathered import add_save_phase
 from tuner.estimator.stage3_states import stage3_states
+from tuner.estimator.tensor_parallel import hpz_secondary_bytes, tp_workload
 from tuner.estimator.trainable import trained_params
 from tuner.workload import TrialConfig, Workload
 
@@ -69,12 +73,17 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     """:func:`estimate` for settings already resolved from a trial config."""
     model, cluster = workload.model, workload.cluster
     details: dict[str, int] = {}
+    whole, workload = workload, tp_workload(workload, s, details)  # AutoTP: the rank's shards
     saving = s.stage == 3 and s.gather_16bit_on_save
     phases = {name: Phase() for name in (PHASES if saving else STEP_PHASES)}
     pins = HostPins(cuda=cluster.device == "cuda")
     states = stage3_states if s.stage == 3 else flat_states
     nvme = states(workload, s, phases, details, pins)
-    gathered = add_save_phase(workload, s, phases, details) if saving else 0
+    gathered = add_save_phase(whole, s, phases, details) if saving else 0  # saving gathers over tp too
+    kept = details.get("gathered_parameters", 0) // s.param_bytes
+    for phase, secondary in hpz_secondary_bytes(trained_params(workload).numels, s, kept).items():
+        details["hpz_secondary_partition"] = secondary  # the step's: every parameter released
+        add_bytes(phases, "cpu" if s.offload_param != "none" else "gpu", "parameters", secondary, (phase,))
 
     params = trained_params(workload)
     if not params.is_full:
@@ -100,7 +109,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         details["pinned_host"] = pins.pinned
         details["pinned_rounding"] = pins.rounding
     return MemoryEstimate(
-        n_params=params.n_params,
+        n_params=whole.model.n_params if s.tensor_parallel_size > 1 else params.n_params,
         world_size=s.world_size,
         phases=phases,
         peak_phase=peak_phase,
@@ -115,7 +124,9 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         activations_source=source or "none",
         overhead_terms=terms,
         trainable_params=None if params.is_full else params.n_trainable,
-        estimate_only=estimate_only_why(workload, s.quantized_nontrainable),
+        estimate_only=estimate_only_why(
+            workload, s.quantized_nontrainable, s.stage == 3 and (s.quantized_weights or s.quantized_gradients)
+        ),
     )
 
 

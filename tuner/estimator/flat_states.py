@@ -59,9 +59,9 @@ def flat_states(
         _stage0_states(params, frozen, s, phases, details)
         return 0
     numels = params.trainable
-    if s.round_robin_gradients and s.world_size > 1:
-        numels = round_robin_order(numels, s.world_size)
-    flat = flat_partition(numels, s.world_size)
+    if s.round_robin_gradients and s.zero_ranks > 1:
+        numels = round_robin_order(numels, s.zero_ranks)
+    flat = flat_partition(numels, s.zero_ranks)
     part = flat.partition
     worst_grads = part if model.is_bare else flat.worst_rank_grads
     details["partition_elements"] = part
@@ -145,7 +145,7 @@ def _reduce_copy(workload: Workload, s: Settings, numels: tuple[int, ...], parti
         return 0
     if s.stage == 2:
         return flat_reduce_copy(
-            numels, s.reduce_bucket_size, elem, partition_grads, s.world_size, s.multi_rank_bucket_allreduce
+            numels, s.reduce_bucket_size, elem, partition_grads, s.zero_ranks, s.multi_rank_bucket_allreduce
         )
     chunks = bucket_chunks(numels, s.reduce_bucket_size)
     return max(0, partition_grads - elem * chunks[0]) if len(chunks) > 1 else 0

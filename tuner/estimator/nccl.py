@@ -16,6 +16,9 @@ share buffers unless ``splitShare`` is set [NVIDIA/nccl #986]):
 * ``sequence_parallel`` / ``sequence_data_parallel``: Ulysses (``sequence_parallel_size`` > 1): an all-to-all
   group of consecutive ranks and the group of all ranks ZeRO reduces over; the data-parallel group then has
   ``world / sp`` ranks (strided).
+* ``tensor_parallel`` / ``data_parallel``: AutoTP (``tensor_parallel.autotp_size`` > 1): ``_init_tp_mesh_device``
+  builds a (dp, tp) device mesh, so tensor-parallel groups of ``tp`` consecutive ranks (the row-parallel all-reduces
+  of every layer run on them) and data-parallel groups of ``world / tp`` ranks strided by ``tp`` (ZeRO's).
 * ``expert_parallel`` / ``expert_data_parallel``: AutoEP (``expert_parallel.enabled``, ``autoep_size`` > 1):
   ``_create_expert_and_data_parallel`` makes all-to-all groups of ``ep`` consecutive ranks and all-reduce groups of
   ``world / ep`` ranks strided by ``ep``.
@@ -82,6 +85,7 @@ class Parallelism:
     sequence_parallel: int = 1
     expert_parallel: int = 1
     quantized_gradients: bool = False
+    tensor_parallel: int = 1
 
 
 def _consecutive(size: int, gpus_per_node: int) -> int:
@@ -100,16 +104,22 @@ def communicators(p: Parallelism) -> list[Communicator]:
     Example:
         >>> [(c.name, c.size, c.local) for c in communicators(Parallelism(world=16, gpus_per_node=8))]
         [('world', 16, 8), ('data_parallel', 16, 8)]
+        >>> [(c.name, c.size, c.local) for c in communicators(Parallelism(16, 8, tensor_parallel=4))][1:]
+        [('tensor_parallel', 4, 4), ('data_parallel', 4, 2)]
     """
     if p.world <= 1:
         return []
     gpn = p.gpus_per_node
     groups = [Communicator("world", p.world, _consecutive(p.world, gpn))]
     sp = p.sequence_parallel if p.world % p.sequence_parallel == 0 else 1
+    tp = p.tensor_parallel if p.world % p.tensor_parallel == 0 else 1
     if sp > 1:
         groups.append(Communicator("sequence_parallel", sp, _consecutive(sp, gpn), all_to_all=True))
         groups.append(Communicator("sequence_data_parallel", p.world, _consecutive(p.world, gpn)))
         groups.append(Communicator("data_parallel", p.world // sp, _strided(p.world // sp, sp, gpn)))
+    elif tp > 1:
+        groups.append(Communicator("tensor_parallel", tp, _consecutive(tp, gpn)))
+        groups.append(Communicator("data_parallel", p.world // tp, _strided(p.world // tp, tp, gpn)))
     else:
         groups.append(Communicator("data_parallel", p.world, _consecutive(p.world, gpn)))
     if p.stage == 3 and p.hpz > 1:

@@ -73,6 +73,7 @@ def _device_terms(
         stage=s.stage,
         hpz=s.hpz_partition_size,
         sequence_parallel=s.sequence_parallel_size,
+        tensor_parallel=s.tensor_parallel_size,
         expert_parallel=s.expert_parallel_size,
         quantized_gradients=s.quantized_gradients,
     )

@@ -78,19 +78,28 @@ class Stage3Partition:
 
 @lru_cache(maxsize=4096)
 def stage3_layout(
-    numels: tuple[int, ...], world_size: int, persistence_threshold: int, model_persistence_threshold: int
+    numels: tuple[int, ...],
+    world_size: int,
+    persistence_threshold: int,
+    model_persistence_threshold: int,
+    wide: tuple[bool, ...] = (),
+    widen: int = 1,
 ) -> tuple[tuple[int, ...], tuple[bool, ...]]:
     """Each parameter's per-rank ZeRO-3 shard (padded to a multiple of ``world_size``) and whether it also stays whole
     on every rank: at most ``persistence_threshold`` elements, while the persistent ones total at most
-    ``model_persistence_threshold``, in model order.
+    ``model_persistence_threshold``, in model order. The parameters ``wide`` marks are partitioned over
+    ``widen × world_size`` ranks (AutoTP's replicated ones at ZeRO-3, :mod:`.tensor_parallel`).
 
     Example:
         >>> stage3_layout((7, 100, 3), 4, 10, 8)
         ((2, 25, 1), (True, False, False))
+        >>> stage3_layout((7, 100, 3), 2, 10, 8, (False, True, False), 2)[0]
+        (4, 25, 2)
     """
     parts, persists, persisted = [], [], 0
-    for numel in numels:
-        parts.append(-(-numel // world_size))
+    for index, numel in enumerate(numels):
+        ranks = world_size * widen if wide and wide[index] else world_size
+        parts.append(-(-numel // ranks))
         keep = numel <= persistence_threshold and persisted + numel <= model_persistence_threshold
         persisted += numel if keep else 0
         persists.append(keep)
@@ -98,10 +107,15 @@ def stage3_layout(
 
 
 def stage3_partition(
-    numels: tuple[int, ...], world_size: int, persistence_threshold: int, model_persistence_threshold: int
+    numels: tuple[int, ...],
+    world_size: int,
+    persistence_threshold: int,
+    model_persistence_threshold: int,
+    wide: tuple[bool, ...] = (),
+    widen: int = 1,
 ) -> Stage3Partition:
     """Per-rank ZeRO-3 sizes for parameters ``numels`` over ``world_size`` ranks (:func:`stage3_layout`)."""
-    parts, persists = stage3_layout(numels, world_size, persistence_threshold, model_persistence_threshold)
+    parts, persists = stage3_layout(numels, world_size, persistence_threshold, model_persistence_threshold, wide, widen)
     persistent = sum(numel for numel, keep in zip(numels, persists, strict=True) if keep)
     return Stage3Partition(sum(parts), persistent, max(numels))
 

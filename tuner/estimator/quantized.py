@@ -68,12 +68,21 @@ ZQNW_WHY = (
 )
 
 
-def estimate_only_why(workload: Workload, quantized_nontrainable: bool) -> str:
-    """Why no run here can check an estimate of ``workload`` (``""``: one can): a 4-bit base, or
-    ``zero_quantized_nontrainable_weights`` in force (:attr:`Settings.quantized_nontrainable`)."""
+QWZ_QGZ_WHY = (
+    "qwZ/qgZ (zero_quantized_weights, zero_quantized_gradients) need DeepSpeed's QuantizerBuilder, which needs CUDA: "
+    "CPU ranks cannot measure them; their quantized buffers are not in this estimate"
+)
+
+
+def estimate_only_why(workload: Workload, quantized_nontrainable: bool, zero_quantized: bool = False) -> str:
+    """Why no run here can check an estimate of ``workload`` (``""``: one can): a 4-bit base,
+    ``zero_quantized_nontrainable_weights`` in force (:attr:`Settings.quantized_nontrainable`), or qwZ/qgZ
+    (``zero_quantized``) on CPU ranks."""
     if workload.trainable.quantization:
         return QLORA_WHY
-    return ZQNW_WHY if quantized_nontrainable else ""
+    if quantized_nontrainable:
+        return ZQNW_WHY
+    return QWZ_QGZ_WHY if zero_quantized and workload.cluster.device != "cuda" else ""
 
 
 def packed_bytes(numel: int, storage: str) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.workload import ConfigError, TrialConfig, Workload, check_long_context
+from tuner.workload import ConfigError, TrialConfig, Workload, check_layout, check_long_context
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
 ADAM_FAMILY = frozenset({"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"})
@@ -51,7 +51,9 @@ class Settings:
     gather_16bit_on_save: bool = False
     hpz_partition_size: int = 1
     sequence_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # AutoTP (tensor_parallel.autotp_size)
     expert_parallel_size: int = 1
+    quantized_weights: bool = False  # qwZ (zero_quantized_weights, ZeRO-3, CUDA only)
     quantized_gradients: bool = False
     quantized_nontrainable: bool = False  # zero_quantized_nontrainable_weights (ZeRO-3 only, CUDA only)
     expandable_segments: bool = False
@@ -69,6 +71,13 @@ class Settings:
         return FP32 if self.precision == "fp32" else 2
 
     @property
+    def zero_ranks(self) -> int:
+        """Ranks ZeRO partitions the model states over: every rank under Ulysses (DeepSpeed's ``seq_dp_world_size``
+        is sp × dp), ``world / tp`` under AutoTP (its mpu's data-parallel group: each tensor-parallel rank holds its own
+        shard of the sharded Linears, :mod:`.tensor_parallel`)."""
+        return self.world_size // max(1, self.tensor_parallel_size)
+
+    @property
     def reduce_bytes(self) -> int:
         """Bytes per element of the gradients ZeRO reduces: under Ulysses DeepSpeed 0.19.8 reduces them in fp32
         (``seq_parallel_communication_data_type``, :attr:`tuner.workload.LongContext.communication_dtype`), so the
@@ -79,7 +88,7 @@ class Settings:
 def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Settings:
     """Resolve the memory-relevant settings of a trial config (or a bare ds_config: no checkpointing) for
     ``workload``. Batch sizes follow DeepSpeed's rules over the layout's data-parallel ranks
-    (:meth:`tuner.workload.TrialConfig.batch_sizes`); the layout is checked (:func:`tuner.workload.check_long_context`).
+    (:meth:`tuner.workload.TrialConfig.batch_sizes`); the layout is checked (:func:`_check`).
 
     Raises:
         ConfigError: a malformed or unsupported value, naming its key.
@@ -90,10 +99,8 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
     if not isinstance(trial.ds_config, dict):
         raise ConfigError("ds_config", "must be a JSON object")
     batch, precision = trial.batch_sizes(workload.cluster.world_size), trial.precision
-    _refuse_unmodelled(trial, precision)
-    check_long_context(workload, trial)
+    _check(workload, trial, precision)
     zero, layout, context = trial.zero, trial.layout, trial.long_context
-    _check_trainable_dtypes(zero.stage, precision, workload)
     return Settings(
         world_size=workload.cluster.world_size,
         micro_batch=batch.micro,
@@ -123,7 +130,9 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         gather_16bit_on_save=zero.gather_16bit_on_save,
         hpz_partition_size=zero.hpz_partition_size,
         sequence_parallel_size=layout.sequence_parallel,
+        tensor_parallel_size=layout.tensor_parallel,
         expert_parallel_size=layout.expert_parallel,
+        quantized_weights=zero.quantized_weights,
         quantized_gradients=zero.quantized_gradients,
         quantized_nontrainable=_quantized_nontrainable(zero.quantized_nontrainable, zero.stage, workload),
         expandable_segments=trial.expandable_segments,
@@ -135,6 +144,16 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         tiled_loss_shards=context.tiled_loss_shards,
         offload_checkpoints=context.offload_checkpoints,
     )
+
+
+def _check(workload: Workload, trial: TrialConfig, precision: str) -> None:
+    """Refuse what the estimator does not model and the layouts DeepSpeed refuses (:func:`tuner.workload.
+    check_long_context`, :func:`tuner.workload.check_layout`), naming the key."""
+    _refuse_unmodelled(trial, precision)
+    _refuse_unmodelled_tp(trial, workload)
+    check_long_context(workload, trial)
+    check_layout(workload, trial)
+    _check_trainable_dtypes(trial.zero.stage, precision, workload)
 
 
 OPTIMIZER_IMPLS = ("fused", "cpu_adam", "torch_single", "torch_foreach", "torch_fused")
@@ -199,8 +218,24 @@ def _refuse_unmodelled(trial: TrialConfig, precision: str) -> None:
             "data_types.grad_accum_dtype",
             "a gradient accumulation dtype other than the model's is not modelled by the estimator yet",
         )
-    if trial.layout.tensor_parallel > 1:
-        raise ConfigError("tensor_parallel.autotp_size", "AutoTP is not modelled by the estimator yet")
+
+
+def _refuse_unmodelled_tp(trial: TrialConfig, workload: Workload) -> None:
+    """AutoTP needs the model's shapes (which Linears it shards); with an adapter or frozen parameters, with Ulysses
+    or with TiledMLP the estimator does not model it yet (LoRA's shards, heads over sp × tp, f/tp-wide tiles)."""
+    if trial.layout.tensor_parallel <= 1:
+        return
+    if workload.model.is_bare:
+        raise ConfigError("tensor_parallel.autotp_size", "AutoTP needs the model's shapes, not a bare parameter count")
+    if not workload.trainable.is_full:
+        raise ConfigError(
+            "tensor_parallel.autotp_size",
+            "AutoTP with a peft adapter or frozen parameters is not modelled by the estimator yet",
+        )
+    if trial.layout.sequence_parallel > 1:
+        raise ConfigError("tensor_parallel.autotp_size", "AutoTP with Ulysses is not modelled by the estimator yet")
+    if trial.long_context.tiled_mlp_shards > 1:
+        raise ConfigError("dstune.tiled_mlp_shards", "TiledMLP with AutoTP is not modelled by the estimator yet")
 
 
 __all__ = ["ADAM_FAMILY", "FP32", "OPTIMIZER_IMPLS", "ConfigError", "Settings", "optimizer_impl", "resolve"]

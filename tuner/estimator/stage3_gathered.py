@@ -51,7 +51,7 @@ def add_stage3_gathered(
     """
     elem, largest, persistent = s.param_bytes, part.largest, part.persistent
     _, persists = stage3_layout(
-        params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold
+        params.numels, s.zero_ranks, s.param_persistence_threshold, s.model_persistence_threshold
     )
     unused = 0 if workload.model.tie_embeddings else frozen_lead(params, persists)
     add_bytes(phases, "gpu", "parameters", elem * persistent, ("forward", "backward"))

@@ -3,7 +3,11 @@ NVMe), its gradient partition, optimizer states and reduce bucket, as DeepSpeed 
 ``tests/estimator/test_estimator_deepspeed.py``):
 
 * Every parameter is partitioned, each padded to a multiple of the world size (:func:`.stage3_partition`); the
-  whole ones ZeRO-3 holds beside the shards (persistent, gathered, saved) are :mod:`.stage3_gathered`'s.
+  whole ones ZeRO-3 holds beside the shards (persistent, gathered, saved) are :mod:`.stage3_gathered`'s. Under
+  AutoTP the tp-sharded Linears are partitioned over the data-parallel ``world / tp`` ranks and the parameters AutoTP
+  leaves whole (embeddings, norms) over all ranks: ``zero.Init`` partitioned them over the world when the model was
+  built, and AutoTP re-creates only the Linears it shards (measured: 721,216 shard elements per rank on a tiny LLaMA
+  whose rank holds 458,752 sharded + 524,928 whole elements, at tp = 2 on 2 ranks: ``bench/tp_true_peak.py``).
 * The reduce bucket (``reduce_bucket_size`` elements, with ``contiguous_gradients``) stays allocated from start to
   end, and so does the flat 16-bit gradient partition; the fp32 copy of the gradients exists during the optimizer
   step only, beside it, one ``sub_group_size`` sub-group at a time. With optimizer offload both gradient partitions
@@ -38,13 +42,20 @@ def stage3_states(
         params, whole = stage3_view(params, base, elem)
         details["quantized_weights_whole"] = whole
         add_bytes(phases, "gpu", "parameters", whole)
-    part = stage3_partition(params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold)
+    part = stage3_partition(
+        params.numels,
+        s.zero_ranks,
+        s.param_persistence_threshold,
+        s.model_persistence_threshold,
+        model.replicated,  # AutoTP: parameters every tp rank holds whole are partitioned over all ranks
+        s.tensor_parallel_size,
+    )
     shard, persistent = part.shard, part.persistent
     details["partition_elements"] = shard
     details["persistent_elements"] = persistent
     shard_bytes, upcast = elem * shard, 0  # frozen parameters are partitioned like the rest
     if not params.is_full:  # peft's fp32 adapters stay fp32; only the trainable shard has gradients and states
-        held = stage3_bytes(params, s.world_size, elem, s.param_persistence_threshold, s.model_persistence_threshold)
+        held = stage3_bytes(params, s.zero_ranks, elem, s.param_persistence_threshold, s.model_persistence_threshold)
         shard_bytes, upcast = held.shard_bytes, held.persistent_bytes - elem * persistent
         shard = held.trainable_shard
         details["trainable_partition_elements"] = shard
@@ -53,9 +64,11 @@ def stage3_states(
             details["quantized_nontrainable_saving"] = saved
             shard_bytes -= saved
     nvme = _place_shard(shard_bytes, s, phases, pins)
-    if s.world_size > 1 and not model.is_bare:
+    if s.zero_ranks > 1 and not model.is_bare:
         add_stage3_gathered(workload, params, part, s, phases, details)
         add_bytes(phases, "gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
+    elif any(model.replicated):  # AutoTP on tp ranks only: its replicated parameters are partitioned, over tp
+        _add_replicated_gathered(workload, params, s, phases, details)
     bucket = s.reduce_bucket_size * s.reduce_bytes if s.contiguous_gradients else 0  # fp32 under Ulysses
     details["reduce_buckets"] = bucket
     add_bytes(phases, "gpu", "buffers", bucket)
@@ -63,6 +76,17 @@ def stage3_states(
         gloo = workload.cluster.device == "cpu"
         add_transient(phases, details, "reduce_copy", "backward", stage3_reduce_copy(params.trainable, s, elem, gloo))
     return nvme + _optimizer_states(shard, s, phases, details, pins)
+
+
+def _add_replicated_gathered(
+    workload: Workload, params: TrainedParams, s: Settings, phases: dict[str, Phase], details: dict[str, int]
+) -> None:
+    """The gathered parameters when the data-parallel degree is 1 under AutoTP: only the replicated ones are
+    partitioned (over the tp ranks), so only they are gathered."""
+    kept = tuple(n for n, whole in zip(params.numels, workload.model.replicated, strict=True) if whole)
+    thresholds = (s.param_persistence_threshold, s.model_persistence_threshold)
+    part = stage3_partition(kept, s.tensor_parallel_size, *thresholds)
+    add_stage3_gathered(workload, TrainedParams(kept, kept, max(kept)), part, s, phases, details)
 
 
 def _place_shard(shard_bytes: int, s: Settings, phases: dict[str, Phase], pins: HostPins) -> int:
@@ -109,7 +133,7 @@ def _optimizer_states(
 def _quantized_nontrainable_saving(params: TrainedParams, s: Settings, elem: int) -> int:
     """Bytes ``zero_quantized_nontrainable_weights`` saves per rank: each frozen shard int8 with its fp32 scales
     (:func:`.quantized_shard_bytes`) instead of its dtype."""
-    parts, _ = stage3_layout(params.numels, s.world_size, s.param_persistence_threshold, s.model_persistence_threshold)
+    parts, _ = stage3_layout(params.numels, s.zero_ranks, s.param_persistence_threshold, s.model_persistence_threshold)
     upcast = params.fp32 or (False,) * len(parts)
     saved = 0
     for part, train, up in zip(parts, params.mask, upcast, strict=True):

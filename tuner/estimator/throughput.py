@@ -14,6 +14,9 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
   FIELD_NOTES) reduce-scatter gradients every micro-step and all-gather the updated 16-bit parameters after the
   step. ZeRO-3 gathers the parameters above ``stage3_param_persistence_threshold`` in forward, backward and the
   recomputed forward, and reduce-scatters gradients every micro-step.
+* ``tensor parallel`` (AutoTP): each rank computes with its shards, ZeRO works over ``world / tp`` ranks, and
+  every layer all-reduces its outputs and input gradients within the node (:func:`tensor_parallel_seconds`, in
+  ``bandwidth`` and ``latency``).
 * ``latency``: a fixed cost per collective call, one per reduce/all-gather bucket, per gathered ZeRO-3 parameter
   and pass (its hooks run even on one rank), and the gradient-norm all-reduce.
 * ``memory``: the optimizer step's memory traffic (about 32 B per trainable parameter of the rank's partition) over
@@ -52,6 +55,7 @@ from tuner.estimator.flops import (
 from tuner.estimator.hardware import Hardware, hardware_for, table_key
 from tuner.estimator.long_context import all_to_all_bytes, mlp_params
 from tuner.estimator.settings import Settings, resolve
+from tuner.estimator.tensor_parallel import tensor_parallel_seconds, tp_workload
 from tuner.estimator.trainable import trained_params
 from tuner.workload import TrialConfig, Workload
 
@@ -158,8 +162,9 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     (:func:`trainable_params`); the forward, the activation gradients and ZeRO-3's parameter gathers with all of
     them (frozen weights are partitioned like the rest under ZeRO-3, replicated outside the flat groups under
     ZeRO-1/2, so they are neither reduced nor gathered there)."""
+    workload = tp_workload(workload, s)  # AutoTP: a rank computes with, reduces and gathers its shards
     model, train = workload.model, workload.train
-    world, nodes = s.world_size, workload.cluster.nodes
+    world, nodes = s.zero_ranks, workload.cluster.nodes
     psi, elem, accum = all_params(workload), s.param_bytes, s.grad_accum
     numels = model.param_numels if workload.trainable.is_full else trained_params(workload).numels
     trained = trainable_params(workload)
@@ -203,8 +208,9 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     if s.offload_optimizer != "none":
         memory += trained_partition / hw.cpu_adam_params_s - ADAM_BYTES * trained_partition / hw.memory_bw
         memory += 2 * elem * trained_partition / hw.host_bw  # gradients down, updated parameters up
-    bandwidth = (accum * per_micro_bytes + step_bytes) / link + sp_seconds
-    latency = (accum * per_micro_calls + step_calls + sp_calls) * hw.collective_s
+    tp_seconds, tp_calls = tensor_parallel_seconds(workload, s, hw)
+    bandwidth = (accum * per_micro_bytes + step_bytes) / link + sp_seconds + tp_seconds
+    latency = (accum * per_micro_calls + step_calls + sp_calls + tp_calls) * hw.collective_s
     hideable = accum * per_micro_bytes / link / bandwidth if s.overlap_comm and bandwidth > 0 else 0.0
     cover = backward / (forward + backward) * compute if s.overlap_comm else 0.0  # backward's share: 2/3 when all train
     return StepTerms(compute, launch, bandwidth, latency, memory, hideable, cover)

@@ -104,7 +104,7 @@ def stage3_reduce_copy(numels: tuple[int, ...], s: Any, elem: int, gloo: bool) -
     for the whole model), both ranks' peaks hold ``e × largest`` beyond the staging (LLaMA-125M bf16: 46.9 MiB,
     its 24.6M-element embedding).
     """
-    world = s.world_size
+    world = s.zero_ranks
     padded = [-(-numel // world) * world for numel in numels]
     staging = elem * max(bucket_chunks(padded, s.reduce_bucket_size), default=0)
     return (2 * staging if gloo else staging) + elem * max(numels, default=0)

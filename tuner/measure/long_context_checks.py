@@ -9,6 +9,7 @@ tensor that ``.to('cpu')`` returns unchanged on CPU, and pinning needs a GPU).
 
 from __future__ import annotations
 
+from tuner.measure.layout_checks import layout_refusal
 from tuner.workload import TrialConfig, Workload
 
 BUILT_IN = "needs the transformers model (model_impl transformers): the built-in model has no Ulysses attention"
@@ -19,7 +20,8 @@ OFFLOAD_ON_CPU = (
 
 
 def measured_refusal(workload: Workload, trial: TrialConfig, device: str) -> tuple[str, str] | None:
-    """``(field, reason)`` when a run of ``trial`` on ``workload`` cannot be measured on ``device``, else None.
+    """``(field, reason)`` when a run of ``trial`` on ``workload`` cannot be measured on ``device``, else None;
+    AutoTP and ZeRO++ settings too (:func:`tuner.measure.layout_checks.layout_refusal`).
 
     >>> from tuner.workload import ClusterSpec, TrainSpec, load_builtin_model
     >>> tiny = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec())
@@ -28,6 +30,9 @@ def measured_refusal(workload: Workload, trial: TrialConfig, device: str) -> tup
     >>> measured_refusal(tiny, TrialConfig({}), "cpu") is None
     True
     """
+    refusal = layout_refusal(workload, trial, device)
+    if refusal is not None:
+        return refusal
     layout, context = trial.layout, trial.long_context
     transformers = workload.model.implementation == "transformers"
     if not transformers:

@@ -11,6 +11,8 @@
 - ``trial``: what the search decides for one trial (:class:`TrialConfig`);
 - ``model_profile``: what the profile room found out about a transformers model, as plain data (:class:`ModelProfile`);
 - ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`);
+- ``long_context_checks`` and ``layout_checks``: the layouts DeepSpeed refuses (Ulysses and ALST; AutoTP and hpZ),
+  one line naming the field;
 - ``zero``, ``layout`` and ``config_values``: the typed views :class:`TrialConfig` reads a ds_config's sections
   through (:class:`ZeroConfig`, :class:`ParallelLayout`), the only code that parses a ds_config.
 
@@ -32,6 +34,13 @@ from tuner.workload.hf_config import (
 )
 from tuner.workload.launch_env import LaunchEnv, RankEnv, launch_command, rank_env
 from tuner.workload.layout import ParallelLayout
+from tuner.workload.layout_checks import (
+    AUTOTP_ZERO3_SINCE,
+    autotp_zero3_problem,
+    check_layout,
+    hpz_problem,
+    tensor_parallel_problem,
+)
 from tuner.workload.long_context import LongContext, long_context_config
 from tuner.workload.long_context_checks import check_long_context, kv_replication, sequence_parallel_problem
 from tuner.workload.model import ModelSpec, model_from_param_count
@@ -93,6 +102,7 @@ from tuner.workload.zero import (
 __all__ = [
     "ACCUM_KEY",
     "ATTENTION_KINDS",
+    "AUTOTP_ZERO3_SINCE",
     "BATCH_KEYS",
     "BLOCKSIZE",
     "DEFAULT_ACCUM",
@@ -142,9 +152,12 @@ __all__ = [
     "WorkloadError",
     "ZeroConfig",
     "accumulation_for",
+    "autotp_zero3_problem",
     "check_config_limits",
+    "check_layout",
     "check_long_context",
     "config_key",
+    "hpz_problem",
     "kv_replication",
     "launch_command",
     "load_builtin_model",
@@ -158,6 +171,7 @@ __all__ = [
     "read_json_object",
     "resolve_batch",
     "sequence_parallel_problem",
+    "tensor_parallel_problem",
     "workload_from_dict",
     "workload_to_dict",
 ]

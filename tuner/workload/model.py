@@ -18,7 +18,13 @@ from tuner.workload.errors import WorkloadError
 from tuner.workload.vocabulary import MODEL_IMPLS
 
 # Fields added after workloads were first stored: left out of dicts (and fingerprints) while at their defaults.
-OPTIONAL_MODEL_FIELDS = {"architecture": "", "implementation": "builtin", "hf_config": "", "numels": ()}
+OPTIONAL_MODEL_FIELDS = {
+    "architecture": "",
+    "implementation": "builtin",
+    "hf_config": "",
+    "numels": (),
+    "replicated": (),
+}
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,9 @@ class ModelSpec:
     ``family == "params"`` is a bare parameter count: model states can be estimated, activations cannot.
     ``implementation``: the model measured runs train, dstune's built-in one or the transformers one built from
     ``hf_config`` (its canonical JSON); ``numels``: the parameters' element counts when counted by transformers
-    (any ``model_type``), else derived from the shapes; ``architecture``: transformers' class name.
+    (any ``model_type``), else derived from the shapes; ``architecture``: transformers' class name; ``replicated``:
+    only in the estimator's view of one AutoTP rank (``numels`` then its shards), which of them every tensor-parallel
+    rank holds whole (empty: not such a view).
     """
 
     name: str
@@ -53,6 +61,7 @@ class ModelSpec:
     implementation: str = "builtin"
     hf_config: str = ""
     numels: tuple[int, ...] = ()
+    replicated: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.numels, tuple):  # JSON gives a list
@@ -137,8 +146,9 @@ class ModelSpec:
         for name, default in OPTIONAL_MODEL_FIELDS.items():
             if data[name] == default:
                 del data[name]
-        if "numels" in data:
-            data["numels"] = list(data["numels"])
+        for name in ("numels", "replicated"):
+            if name in data:
+                data[name] = list(data[name])
         return data
 
 

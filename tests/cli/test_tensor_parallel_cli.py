@@ -1,0 +1,63 @@
+"""``dstune estimate --ds-config`` with AutoTP and hpZ: per-rank figures, and bad layouts as one line naming the
+field (exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+
+runner = CliRunner()
+
+
+def estimate_json(tmp_path: Path, ds: dict, *flags: str) -> dict:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    result = runner.invoke(app, ["estimate", "--model", "llama-2-7b", *flags, "--ds-config", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def ds_config(tp: int = 1, stage: int = 3, **zero: object) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0, **zero},
+        "tensor_parallel": {"autotp_size": tp},
+    }
+
+
+def test_autotp_and_hpz_give_per_rank_figures(tmp_path: Path) -> None:
+    flags = ("--gpus", "8", "--nodes", "2")
+    plain = estimate_json(tmp_path, ds_config(), *flags)
+    both = estimate_json(tmp_path, ds_config(tp=2, zero_hpz_partition_size=8), *flags)
+    assert both["n_params"] == plain["n_params"] == 6_738_415_616
+    # ZeRO-3 over 16 / 2 = 8 data-parallel ranks of each rank's half-sharded model: optimizer states about the same
+    assert both["per_gpu"]["optimizer_states"] == pytest.approx(plain["per_gpu"]["optimizer_states"], rel=0.03)
+    # hpZ's secondary partition of the rank's 3.37e9 elements over groups of 8, in bf16 (the step's: all released)
+    local = both["details"]["tp_local_elements"]
+    assert 3.3e9 < local < 3.5e9
+    assert both["details"]["hpz_secondary_partition"] == pytest.approx(2 * local / 8, rel=1e-3)
+    assert both["per_gpu"]["activations"] < 0.75 * plain["per_gpu"]["activations"]
+    assert {"nccl_tensor_parallel", "nccl_hpz"} <= set(both["overhead_terms"])
+
+
+@pytest.mark.parametrize(
+    ("ds", "field"),
+    [
+        (ds_config(tp=3), "tensor_parallel.autotp_size"),
+        (ds_config(tp=16), "tensor_parallel.autotp_size"),  # 8 GPUs a node
+        (ds_config(stage=2, zero_hpz_partition_size=2), "zero_optimization.zero_hpz_partition_size"),
+    ],
+)
+def test_bad_layouts_exit_2_naming_the_field(tmp_path: Path, ds: dict, field: str) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    result = runner.invoke(app, ["estimate", "--model", "llama-2-7b", "--gpus", "8", "--ds-config", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], result.stderr

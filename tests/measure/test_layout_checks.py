@@ -1,0 +1,53 @@
+"""What a measured run refuses of AutoTP and ZeRO++: one line naming the field, before any rank starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tuner.errors import InputError
+from tuner.measure.layout_checks import QUANTIZER_ON_CPU, layout_refusal
+from tuner.measure.run import run_measurement
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
+
+TINY = Workload(load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=64))
+
+
+@pytest.mark.parametrize("key", ["zero_quantized_weights", "zero_quantized_gradients"])
+def test_qwz_and_qgz_are_estimate_only_on_cpu_ranks(key: str) -> None:
+    trial = TrialConfig({"zero_optimization": {"stage": 3, key: True}})
+    with pytest.raises(InputError) as refused:
+        run_measurement(TINY, trial)
+    assert refused.value.field == f"zero_optimization.{key}"
+    assert "QuantizerBuilder needs CUDA" in str(refused.value) and "\n" not in str(refused.value)
+    assert layout_refusal(TINY, trial, "cuda") is None  # CUDA ranks can run them
+    assert layout_refusal(TINY, TrialConfig({"zero_optimization": {"stage": 2, key: True}}), "cpu") is None
+
+
+def test_autotp_with_zero3_needs_deepspeed_0_19_4() -> None:
+    trial = TrialConfig({"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}})
+    assert layout_refusal(TINY, trial, "cpu", "0.19.3") == (
+        "tensor_parallel.autotp_size",
+        "AutoTP with ZeRO-3 needs DeepSpeed >= 0.19.4, this is 0.19.3",
+    )
+    assert layout_refusal(TINY, trial, "cpu", "0.19.4") is None
+    zero2 = TrialConfig({"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 2}})
+    assert layout_refusal(TINY, zero2, "cpu", "0.18.0") is None  # ZeRO 0-2 with AutoTP is older than that
+
+
+def test_the_installed_deepspeed_is_read_without_importing_it() -> None:
+    code = (
+        "import sys; from tuner.measure.layout_checks import installed_deepspeed; "
+        "v = installed_deepspeed(); print(v, 'deepspeed' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1] == "False" and (out[0] == "None" or out[0][0].isdigit())
+
+
+def test_bad_hpz_is_refused_before_any_rank() -> None:
+    with pytest.raises(InputError) as refused:
+        run_measurement(TINY, TrialConfig({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3}}))
+    assert refused.value.field == "zero_optimization.zero_hpz_partition_size"
+    assert QUANTIZER_ON_CPU not in str(refused.value)

@@ -1,0 +1,62 @@
+"""What a measured run refuses of a trial's AutoTP and ZeRO++ settings, before any rank starts (pure Python: the
+installed DeepSpeed's version is read from its package metadata, DeepSpeed itself is not imported).
+
+- The layout (:func:`tuner.workload.check_layout`): tp against the GPUs of a node and the heads, hpZ against the
+  stage and the ranks, and AutoTP with ZeRO-3 against the DeepSpeed that will train (0.19.4 or newer).
+- qwZ and qgZ (``zero_quantized_weights``, ``zero_quantized_gradients``) at ZeRO-3 on CPU ranks: DeepSpeed's
+  quantizer kernels are built by ``QuantizerBuilder``, which has no CPU implementation; the estimate stands alone.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from tuner.workload import ConfigError, TrialConfig, Workload, check_layout
+
+QUANTIZER_ON_CPU = (
+    "DeepSpeed's QuantizerBuilder needs CUDA (its quantizer kernels are not implemented on CPU): estimate only on CPU "
+    "ranks (dstune estimate), not measured"
+)
+
+
+def installed_deepspeed() -> str | None:
+    """The installed DeepSpeed's version, or None when it is not installed here."""
+    try:
+        return metadata.version("deepspeed")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def layout_refusal(
+    workload: Workload, trial: TrialConfig, device: str, deepspeed_version: str | None = None
+) -> tuple[str, str] | None:
+    """``(field, reason)`` when a run of ``trial``'s AutoTP or ZeRO++ settings cannot be measured on ``device``
+    with DeepSpeed ``deepspeed_version`` (default: the installed one), else None.
+
+    >>> from tuner.workload import ClusterSpec, load_builtin_model
+    >>> tiny = Workload(load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=2, device="cpu"))
+    >>> layout_refusal(tiny, TrialConfig({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}), "cpu")
+    ... # doctest: +ELLIPSIS
+    ('zero_optimization.zero_quantized_weights', "DeepSpeed's QuantizerBuilder needs CUDA ...")
+    >>> autotp3 = TrialConfig({"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}})
+    >>> layout_refusal(tiny, autotp3, "cpu", "0.19.3")
+    ('tensor_parallel.autotp_size', 'AutoTP with ZeRO-3 needs DeepSpeed >= 0.19.4, this is 0.19.3')
+    >>> layout_refusal(tiny, autotp3, "cpu", "0.19.8") is None
+    True
+    """
+    try:
+        check_layout(workload, trial, deepspeed_version or installed_deepspeed())
+    except ConfigError as error:
+        return error.field, error.message
+    zero = trial.zero
+    if device != "cuda" and zero.stage == 3:  # ZeRO-3's (DeepSpeed ignores both at stages 0-2)
+        for key, on in (
+            ("zero_quantized_weights", zero.quantized_weights),
+            ("zero_quantized_gradients", zero.quantized_gradients),
+        ):
+            if on:
+                return f"zero_optimization.{key}", QUANTIZER_ON_CPU
+    return None
+
+
+__all__ = ["QUANTIZER_ON_CPU", "installed_deepspeed", "layout_refusal"]

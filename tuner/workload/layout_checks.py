@@ -1,0 +1,145 @@
+"""Where a trial's AutoTP and ZeRO++ settings meet the workload: what DeepSpeed 0.19 accepts, refused in one line
+naming the field before any work (the Ulysses and ALST checks are :mod:`.long_context_checks`'):
+
+- ``tensor_parallel.autotp_size`` (tp) must divide the GPUs of a node (AutoTP's all-reduces run every layer, over
+  NVLink, never across nodes), the attention heads and the key-value heads (AutoTP shards q/k/v by heads; a rank
+  beyond the key-value heads would hold no attention shard: DeepSpeed only warns, and that rank idles).
+- AutoTP on an MoE model is refused: DeepSpeed refuses transformers' MoE ``tp_plan`` styles ``moe_tp_experts`` and
+  ``packed_colwise`` (Qwen2-MoE, measured), and the estimator does not model sharded experts yet.
+- AutoTP with ZeRO-3 trains only from DeepSpeed 0.19.4 on (:func:`autotp_zero3_problem`): the DeepSpeed version is
+  the caller's to give (the measured-run boundary reads the installed one); this module imports no DeepSpeed.
+- ``zero_optimization.zero_hpz_partition_size`` (hpZ) partitions a secondary copy of the 16-bit parameters: it
+  exists at ZeRO-3 only, and its groups must divide the ranks.
+
+Example:
+    >>> from tuner.workload import ClusterSpec, TrialConfig, Workload, load_builtin_model
+    >>> work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8))
+    >>> check_layout(work, TrialConfig({"tensor_parallel": {"autotp_size": 4}}))
+    >>> check_layout(work, TrialConfig({"tensor_parallel": {"autotp_size": 3}}))
+    Traceback (most recent call last):
+    tuner.workload.config_values.ConfigError: tensor_parallel.autotp_size: tp = 3 must divide the 8 GPUs of a node (...)
+"""
+
+from __future__ import annotations
+
+import json
+
+from tuner.workload.config_values import ConfigError
+from tuner.workload.model import ModelSpec
+from tuner.workload.spec import Workload
+from tuner.workload.trial import TrialConfig
+
+TP_KEY = "tensor_parallel.autotp_size"
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+HPZ_KEY = "zero_optimization.zero_hpz_partition_size"
+AUTOTP_ZERO3_SINCE = (0, 19, 4)
+
+
+def tensor_parallel_problem(workload: Workload, tp: int) -> str | None:
+    """Why AutoTP cannot run at degree ``tp`` on ``workload`` (GPUs of a node, heads, key-value heads), or None.
+
+    >>> from tuner.workload import ClusterSpec, Workload, load_builtin_model
+    >>> work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8))
+    >>> [tp for tp in (1, 2, 3, 4, 8, 16) if tensor_parallel_problem(work, tp) is None]
+    [1, 2, 4, 8]
+    """
+    if tp == 1:
+        return None
+    gpus, model = workload.cluster.gpus_per_node, workload.model
+    heads, kv = model.num_heads, model.num_kv_heads or model.num_heads
+    if gpus % tp:
+        return f"tp = {tp} must divide the {gpus} GPUs of a node (AutoTP all-reduces every layer within a node)"
+    if heads and heads % tp:
+        return f"tp = {tp} must divide the {heads} attention heads (AutoTP shards q, k and v by heads)"
+    if kv and kv % tp:
+        return f"tp = {tp} must divide the {kv} key-value heads (a rank beyond them holds no attention shard)"
+    if is_moe(model):
+        return "AutoTP on an MoE model is not supported (DeepSpeed refuses MoE tp_plans such as Qwen2-MoE's)"
+    return None
+
+
+def is_moe(model: ModelSpec) -> bool:
+    """True when the model's transformers config has routed experts."""
+    if not model.hf_config:
+        return False
+    config = json.loads(model.hf_config)
+    config = config.get("text_config") or config
+    return any(config.get(key) for key in EXPERT_KEYS)
+
+
+def hpz_problem(stage: int, hpz: int, world: int) -> str | None:
+    """Why hpZ groups of ``hpz`` ranks cannot run at ZeRO ``stage`` on ``world`` ranks, or None.
+
+    >>> hpz_problem(3, 2, 4) is None, hpz_problem(2, 2, 4), hpz_problem(3, 3, 4)
+    (True, 'hpZ (2) is a ZeRO-3 feature; this is stage 2', 'hpZ groups of 3 ranks must divide the 4 ranks')
+    """
+    if hpz <= 1:
+        return None
+    if stage != 3:
+        return f"hpZ ({hpz}) is a ZeRO-3 feature; this is stage {stage}"
+    if world % hpz:
+        return f"hpZ groups of {hpz} ranks must divide the {world} ranks"
+    return None
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version string (``0.19.4+cu12`` → ``(0, 19, 4)``).
+
+    >>> version_tuple("0.19.4+abc"), version_tuple("0.18.10")
+    ((0, 19, 4), (0, 18, 10))
+    """
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def autotp_zero3_problem(trial: TrialConfig, deepspeed_version: str) -> str | None:
+    """Why ``trial`` (AutoTP with ZeRO-3) cannot train on DeepSpeed ``deepspeed_version``, or None.
+
+    >>> trial = TrialConfig({"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}})
+    >>> autotp_zero3_problem(trial, "0.19.8") is None, autotp_zero3_problem(trial, "0.19.3")
+    (True, 'AutoTP with ZeRO-3 needs DeepSpeed >= 0.19.4, this is 0.19.3')
+    """
+    if trial.layout.tensor_parallel <= 1 or trial.stage != 3:
+        return None
+    if version_tuple(deepspeed_version) >= AUTOTP_ZERO3_SINCE:
+        return None
+    since = ".".join(map(str, AUTOTP_ZERO3_SINCE))
+    return f"AutoTP with ZeRO-3 needs DeepSpeed >= {since}, this is {deepspeed_version}"
+
+
+def check_layout(workload: Workload, trial: TrialConfig, deepspeed_version: str | None = None) -> None:
+    """Refuse an AutoTP or hpZ setting DeepSpeed cannot run on ``workload`` (module docstring); with
+    ``deepspeed_version`` (where a run will train) also AutoTP with ZeRO-3 on a DeepSpeed older than 0.19.4.
+
+    Raises:
+        ConfigError: naming the field.
+    """
+    tp = trial.layout.tensor_parallel
+    problem = tensor_parallel_problem(workload, tp)
+    if problem:
+        raise ConfigError(TP_KEY, problem)
+    zero = trial.zero
+    problem = hpz_problem(zero.stage, zero.hpz_partition_size, workload.cluster.world_size)
+    if problem:
+        raise ConfigError(HPZ_KEY, problem)
+    if deepspeed_version is not None:
+        problem = autotp_zero3_problem(trial, deepspeed_version)
+        if problem:
+            raise ConfigError(TP_KEY, problem)
+
+
+__all__ = [
+    "AUTOTP_ZERO3_SINCE",
+    "HPZ_KEY",
+    "TP_KEY",
+    "autotp_zero3_problem",
+    "check_layout",
+    "hpz_problem",
+    "tensor_parallel_problem",
+    "version_tuple",
+]
