@@ -54,6 +54,9 @@ from tuner.measure.run_protocol import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
 PLACEMENT_TIMEOUT_S = 60.0
+# a rank that failed waits this long for a stop-early the driver may have decided (its peer's stop broke the
+# collective first): the notice is one actor call in flight, a failed config only reports this much later
+EARLY_NOTICE_S = 3.0
 # what Ray raises for a rank whose node or host actor died: not the config's failure
 LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError)
 UNAVAILABLE = "ResourcesUnavailable"
@@ -87,6 +90,7 @@ class RankHost:
         self.stop = False
         self.cancelled = threading.Event()
         self.early = threading.Event()
+        self.early_at: float | None = None
         self.run_dir: Path | None = None
         self.rank = 0
 
@@ -112,8 +116,11 @@ class RankHost:
         """Ask a running :meth:`run` to kill its rank at once (the study was stopped)."""
         self.cancelled.set()
 
-    def stop_early(self) -> None:
-        """Ask a running :meth:`run` to stop its rank now and report its partial step times."""
+    def stop_early(self, decided_at: float) -> None:
+        """Ask a running :meth:`run` to stop its rank now and report its partial step times. ``decided_at`` (wall
+        clock) is when the driver decided: a peer's rank stopped first can break this rank's collective before this
+        call arrives, and what the rank reports after that moment follows from the stop, not from its config."""
+        self.early_at = decided_at
         self.early.set()
 
     def progress(self) -> list[float]:
@@ -154,6 +161,10 @@ class RankHost:
                 )
             finally:
                 stop_ranks([process])
+            if process.killed_for is None and process.process.returncode:  # a stop decided may still be on its way
+                self.early.wait(EARLY_NOTICE_S)
+            if self.early_at is not None and process.killed_for is None:  # ended by the stop, before it was asked
+                process.killed_for, process.signalled_at = "stopped_early", self.early_at
             result = asdict(with_plan(collect_rank(run_dir, process), plan))
             self.run_dir = None
             return result
@@ -330,9 +341,9 @@ def _gather(
             except ray.exceptions.RayError:
                 times = []
             if times and on_step(times):
-                stopping = True
+                stopping, decided_at = True, time.time()
                 for host in hosts:
-                    host.stop_early.remote()
+                    host.stop_early.remote(decided_at)
         if cancel is not None and cancel.is_set() and not cancelling:
             cancelling = True
             for host in hosts:
