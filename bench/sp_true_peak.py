@@ -22,13 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from gloo_ranks import run_ranks
 
 RESULTS = Path(__file__).parent / "results"
 SEQ, MICRO = 1024, 1
@@ -191,37 +188,8 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
 
 
 def measure(case: dict[str, Any], timeout: float = 3000) -> dict[str, Any]:
-    """Start the case's ranks (gloo, one thread each) and collect their reports."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory() as scratch:
-        procs = []
-        for rank in range(case["world"]):
-            env = dict(
-                os.environ,
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(case["world"]),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-            )
-            command = [sys.executable, __file__, "--rank", json.dumps(case), "--out", scratch]
-            procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        outputs = [proc.communicate(timeout=timeout)[0].decode(errors="replace") for proc in procs]
-        ranks = []
-        for rank in range(case["world"]):
-            path = Path(scratch) / f"rank{rank}.json"
-            ranks.append(json.loads(path.read_text()) if path.exists() else None)
-    status = "ok" if all(ranks) else "error"
-    return {
-        "status": status,
-        "wall_s": time.monotonic() - started,
-        "ranks": ranks,
-        "error": "" if status == "ok" else outputs[0][-3000:],
-    }
+    """Start the case's ranks (gloo, one thread each) and collect their reports (:func:`gloo_ranks.run_ranks`)."""
+    return run_ranks(__file__, case, timeout)
 
 
 # -------------------------------------------------------------------------------------------------------- estimate

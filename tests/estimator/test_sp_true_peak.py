@@ -5,30 +5,18 @@ allocator's peak of live CPU tensor bytes (every thread), not the estimator's ow
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from bench_module import load_bench
 
-BENCH = Path(__file__).parents[2] / "bench" / "sp_true_peak.py"
 CASE = {"model": "qwen2", "stage": 3, "world": 2, "sp": 2, "mlp": 1, "loss": 1}
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sp_true_peak", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sp_true_peak"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def measured() -> tuple[ModuleType, dict[str, Any]]:
-    bench = _bench()
+    bench = load_bench("sp_true_peak")
     return bench, bench.measure(CASE, timeout=1800)
 
 

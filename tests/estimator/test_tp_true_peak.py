@@ -5,29 +5,15 @@ thread), not the estimator's own arithmetic."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
+from bench_module import load_bench
 
-BENCH = Path(__file__).parents[2] / "bench" / "tp_true_peak.py"
 CASE = {"model": "llama", "stage": 3, "world": 2, "tp": 2}
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tp_true_peak", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tp_true_peak"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
 def test_autotp_estimate_is_within_3_percent_of_the_true_peak() -> None:
-    bench = _bench()
+    bench = load_bench("tp_true_peak")
     data = bench.measure(CASE, timeout=1800)
     assert data["status"] == "ok", data["error"]
     ranks = data["ranks"]
