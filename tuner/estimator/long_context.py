@@ -28,7 +28,6 @@ CPU ranks (``bench/sp_true_peak.py``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from tuner.estimator.settings import FP32, Settings
@@ -45,11 +44,7 @@ def local_seq(workload: Workload, s: Settings) -> int:
 def _moe_fields(model: ModelSpec) -> dict[str, int]:
     """The MoE shapes of a transformers config (experts per token, expert and shared-expert widths); empty if
     dense."""
-    if not model.hf_config:
-        return {}
-    config = json.loads(model.hf_config)
-    config = config.get("text_config") or config
-    experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts") or 0
+    config, experts = model.text_config, model.routed_experts
     top_k = config.get("num_experts_per_tok") or 0
     if not experts or not top_k:
         return {}

@@ -22,15 +22,12 @@ Example:
 
 from __future__ import annotations
 
-import json
-
 from tuner.workload.config_values import ConfigError
 from tuner.workload.model import ModelSpec
 from tuner.workload.spec import Workload
 from tuner.workload.trial import TrialConfig
 
 TP_KEY = "tensor_parallel.autotp_size"
-EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 HPZ_KEY = "zero_optimization.zero_hpz_partition_size"
 AUTOTP_ZERO3_SINCE = (0, 19, 4)
 
@@ -60,11 +57,7 @@ def tensor_parallel_problem(workload: Workload, tp: int) -> str | None:
 
 def is_moe(model: ModelSpec) -> bool:
     """True when the model's transformers config has routed experts."""
-    if not model.hf_config:
-        return False
-    config = json.loads(model.hf_config)
-    config = config.get("text_config") or config
-    return any(config.get(key) for key in EXPERT_KEYS)
+    return model.routed_experts > 0
 
 
 def hpz_problem(stage: int, hpz: int, world: int) -> str | None:

@@ -9,6 +9,7 @@ transformers ships is described by :mod:`tuner.profile`, which counts the parame
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -68,6 +69,26 @@ class ModelSpec:
             object.__setattr__(self, "numels", tuple(self.numels))
         if self.implementation not in MODEL_IMPLS:
             raise WorkloadError("model-impl", f"must be builtin or transformers, got {self.implementation!r}")
+
+    @cached_property
+    def text_config(self) -> dict[str, Any]:
+        """The transformers config of the language model (a multimodal config's ``text_config``); empty without
+        one."""
+        if not self.hf_config:
+            return {}
+        config = json.loads(self.hf_config)
+        return config.get("text_config") or config
+
+    @property
+    def routed_experts(self) -> int:
+        """Routed experts per MoE layer in the transformers config (0: dense, or no config).
+
+        Example:
+            >>> ModelSpec("m", "mixtral", hf_config='{"num_local_experts": 8}').routed_experts
+            8
+        """
+        config = self.text_config
+        return int(config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts") or 0)
 
     @property
     def is_bare(self) -> bool:
