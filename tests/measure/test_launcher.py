@@ -10,9 +10,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tuner.measure.measurement import CANCELLED, INFRA_LOST, RankResult
+from tuner.measure.measurement import CANCELLED, INFRA_LOST, STOPPED_EARLY, RankResult
 from tuner.measure.rank_outcome import collect_rank
-from tuner.measure.rank_process import RankProcess
+from tuner.measure.rank_process import RankProcess, stop_ranks
 from tuner.measure.run_protocol import result_path
 
 
@@ -51,6 +51,33 @@ def test_a_finished_report_is_kept_whenever_it_was_written(tmp_path: Path) -> No
     rank.kill("cancelled")
     write_report(tmp_path, RankResult(0, "ok"), time.time() + 1)
     assert collect_rank(tmp_path, rank).status == "ok"
+
+
+def test_an_error_reported_after_the_stop_early_is_the_stop(tmp_path: Path) -> None:
+    """Its peer was stopped first, so its collective broke and it reported that RuntimeError before its own stop
+    arrived: the run was stopped early on purpose, and this rank's finished steps still count."""
+    rank = sleeping_rank(tmp_path)
+    rank.kill("stopped_early")
+    assert rank.signalled_at is not None
+    broken = RankResult(0, "error", exception_type="RuntimeError", error="Connection closed by peer")
+    write_report(tmp_path, broken, rank.signalled_at + 0.2)
+    outcome = collect_rank(tmp_path, rank)
+    assert (outcome.status, outcome.exception_type) == ("ok", STOPPED_EARLY)
+
+
+def test_an_error_reported_before_the_stop_early_is_kept(tmp_path: Path) -> None:
+    rank = sleeping_rank(tmp_path)
+    rank.kill("stopped_early")
+    assert rank.signalled_at is not None
+    write_report(tmp_path, RankResult(0, "oom", exception_type="torch.OutOfMemoryError"), rank.signalled_at - 5)
+    assert collect_rank(tmp_path, rank).status == "oom"
+
+
+def test_stopping_ranks_stamps_them_all_with_one_time(tmp_path: Path) -> None:
+    """A peer's report written between two ranks' signals must not predate its own signal: one stop, one time."""
+    ranks = [sleeping_rank(tmp_path) for _ in range(3)]
+    stop_ranks(ranks, "stopped_early")
+    assert len({rank.signalled_at for rank in ranks}) == 1 and ranks[0].signalled_at is not None
 
 
 class LostProcess:

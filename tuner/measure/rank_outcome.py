@@ -48,17 +48,20 @@ def collect_rank(run_dir: Path, rank: RankProcess) -> RankResult:
     return placed(_rank_outcome(run_dir, rank), rank.place)
 
 
-KILLED_BY_LAUNCHER = frozenset({"timeout", "peer", "cancelled"})
+STOPPED_BY_LAUNCHER = frozenset({"timeout", "peer", "cancelled", "stopped_early"})
+# file times come from the kernel's coarse clock, up to a tick (4 ms at 250 Hz) behind time.time()
+MTIME_SLACK_S = 0.02
 
 
 def _rank_outcome(run_dir: Path, rank: RankProcess) -> RankResult:
     path = result_path(run_dir, rank.rank)
     if path.exists():
         report = RankResult.from_dict(json.loads(path.read_text()))
-        # an error written after the launcher's signal (e.g. a RecursionError from an import SIGTERM interrupted) says
-        # how the rank died, not what the config did: then the launcher's reason wins
-        after_signal = rank.signalled_at is not None and path.stat().st_mtime >= rank.signalled_at
-        if report.status == "ok" or rank.killed_for not in KILLED_BY_LAUNCHER or not after_signal:
+        # an error written after the launcher's signal (e.g. a RecursionError from an import SIGTERM interrupted, or
+        # a collective broken by a peer stopped first) says how the rank died, not what the config did: then the
+        # launcher's reason wins
+        after_signal = rank.signalled_at is not None and path.stat().st_mtime >= rank.signalled_at - MTIME_SLACK_S
+        if report.status == "ok" or rank.killed_for not in STOPPED_BY_LAUNCHER or not after_signal:
             return report
     code = rank.process.returncode
     if rank.killed_for == "timeout":

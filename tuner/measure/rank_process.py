@@ -61,12 +61,13 @@ class RankProcess:
     exited_at: float | None = None
     signalled_at: float | None = None  # wall-clock time of the launcher's first SIGTERM or SIGKILL
 
-    def terminate(self, reason: str | None = None) -> None:
-        """Ask the rank's process group to stop (SIGTERM: the rank unwinds, releasing the build locks it holds)."""
+    def terminate(self, reason: str | None = None, at: float | None = None) -> None:
+        """Ask the rank's process group to stop (SIGTERM: the rank unwinds, releasing the build locks it holds);
+        ``at`` (wall clock) is when the launcher decided, default now."""
         if self.process.poll() is None:
             if reason:
                 self.killed_for = reason
-            self.signalled_at = self.signalled_at or time.time()
+            self.signalled_at = self.signalled_at or at or time.time()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
 
@@ -83,9 +84,11 @@ class RankProcess:
 def stop_ranks(ranks: Sequence[RankProcess], reason: str | None = None) -> None:
     """Stop every rank: SIGTERM first, so a rank inside torch's extension build unwinds and releases its lock (a
     SIGKILLed holder leaves the lock behind and every later run waits on it); whatever is left after
-    :data:`TERM_GRACE_S` is killed with its whole process group."""
+    :data:`TERM_GRACE_S` is killed with its whole process group. Every rank is stamped with the one moment the stop
+    began: a peer whose collective broke when the first rank went must not have reported before its own stamp."""
+    began = time.time()
     for rank in ranks:
-        rank.terminate(reason)
+        rank.terminate(reason, began)
     deadline = time.monotonic() + TERM_GRACE_S
     for rank in ranks:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -54,9 +54,10 @@ from tuner.measure.run_protocol import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
 PLACEMENT_TIMEOUT_S = 60.0
-# a rank that failed waits this long for a stop-early the driver may have decided (its peer's stop broke the
-# collective first): the notice is one actor call in flight, a failed config only reports this much later
-EARLY_NOTICE_S = 3.0
+# a rank that failed after timed steps waits this long for a stop-early the driver may have decided (its peer's stop
+# broke the collective first): the notice is one actor call in flight, on a loaded node it can take seconds. Only such
+# a rank waits: the driver decides on timed steps, so a config failing before them reports at once
+EARLY_NOTICE_S = 15.0
 # what Ray raises for a rank whose node or host actor died: not the config's failure
 LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError)
 UNAVAILABLE = "ResourcesUnavailable"
@@ -161,7 +162,8 @@ class RankHost:
                 )
             finally:
                 stop_ranks([process])
-            if process.killed_for is None and process.process.returncode:  # a stop decided may still be on its way
+            failed = process.killed_for is None and process.process.returncode
+            if failed and read_progress(run_dir, place.rank):  # a stop decided may still be on its way
                 self.early.wait(EARLY_NOTICE_S)
             if self.early_at is not None and process.killed_for is None:  # ended by the stop, before it was asked
                 process.killed_for, process.signalled_at = "stopped_early", self.early_at
