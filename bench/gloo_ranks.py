@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.measure.op_builds import environment_ninja_path
+
 
 def run_ranks(script: str, case: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run ``script``'s ranks for ``case`` (``case["world"]`` of them): status, wall seconds, each rank's report
@@ -35,6 +37,7 @@ def run_ranks(script: str, case: dict[str, Any], timeout: float) -> dict[str, An
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
                 OMP_NUM_THREADS="1",
+                PATH=environment_ninja_path(os.environ.get("PATH", os.defpath)),  # the ninja the runs build with
             )
             command = [sys.executable, script, "--rank", json.dumps(case), "--out", scratch]
             procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))

@@ -102,6 +102,9 @@ def rank_main(rank: int, port: int, spec: dict[str, Any], out: str) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD)
     )
+    from tuner.measure.op_builds import use_environment_ninja
+
+    use_environment_ninja()  # DeepSpeed checks its ops with the ninja the product's runs use, or rebuilds them
     import deepspeed
     import torch
 

@@ -8,6 +8,7 @@ import pytest
 from no_fsync import skip_sqlite_fsync
 from postgres import fresh_database
 
+from tuner.measure.op_builds import use_environment_ninja
 from tuner.storage import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +24,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # the tests' fork servers leave s
 # An API request waits for a new model's profile (a spawned process importing torch and transformers: 10 s on a quiet
 # machine, over a minute on a loaded one) instead of answering 503 "retry in 5 s"; the 503 path has its own tests.
 os.environ.setdefault("DSTUNE_PROFILE_WAIT_S", "300")
+# Every process the tests start (bench ranks, the HF Trainer's launcher, servers) checks DeepSpeed's compiled ops with
+# the ninja the product's runs use: with the system's ninja first on PATH, each op was rebuilt (a minute or more of
+# both cores) every time a test of the other kind ran after it.
+use_environment_ninja()
 
 
 skip_sqlite_fsync()  # as the test PostgreSQL server: fsync = off (tests/faults/no_fsync.py)
