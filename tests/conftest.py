@@ -93,3 +93,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if item.path.parent.name in SERIAL_FOLDERS or item.path.name in SERIAL_FILES:
                 item.add_marker(pytest.mark.serial)
         item.add_marker(pytest.mark.xdist_group(str(item.path)))
+
+
+def _op_links() -> dict[str, int]:
+    """How many times each DeepSpeed op in the extensions folder was linked, from its ninja build log."""
+    root = Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    counts: dict[str, int] = {}
+    for log in root.glob("*/.ninja_log"):
+        lines = log.read_text().splitlines()[1:]  # after the version line: start, end, mtime, output, command hash
+        counts[log.parent.name] = sum(line.split("\t")[3:4] == [f"{log.parent.name}.so"] for line in lines)
+    return counts
+
+
+_LINKS_AT_START: dict[str, int] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _LINKS_AT_START.update(_op_links())
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say which DeepSpeed ops these tests compiled: after tests/prebuild_ops.py none should be (a minute each)."""
+    built = {op: n - _LINKS_AT_START.get(op, 0) for op, n in _op_links().items() if n > _LINKS_AT_START.get(op, 0)}
+    if built:
+        terminalreporter.write_line(f"DeepSpeed ops compiled during these tests (a minute or more each): {built}")

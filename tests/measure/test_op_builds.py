@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -86,3 +88,11 @@ def test_the_interpreters_ninja_comes_first_whatever_path_a_process_starts_with(
     activated = environment_ninja_path(f"{scripts}:{plain}", bin_dir=str(scripts))
     trailing = environment_ninja_path(f"{plain}:{scripts}", bin_dir=str(scripts))
     assert first == activated == trailing == f"{scripts}:{plain}"
+
+
+def test_the_suites_processes_find_the_ninja_the_runs_use() -> None:
+    """The processes the tests start build and check DeepSpeed's ops with the ninja the product's runs put first
+    (tests/conftest.py): with another first, each op was rebuilt whenever the two kinds of process took turns."""
+    scripts = os.path.dirname(sys.executable)
+    if os.path.isfile(os.path.join(scripts, "ninja")):
+        assert shutil.which("ninja") == os.path.join(scripts, "ninja")
