@@ -312,3 +312,11 @@ def test_the_overhead_is_shown_as_named_terms() -> None:
     table = runner.invoke(app, ["estimate", "--model", "llama-2-7b", "--gpus", "8", "--stage", "3"])
     assert table.exit_code == 0 and "nccl data parallel" in table.stdout and "allocator reserve" in table.stdout
     assert run_json("--model", "tiny-llama", "--device", "cpu")["overhead_terms"] == {}
+
+
+def test_a_thread_budget_too_small_for_one_thread_per_rank_is_refused(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'x.db'}"
+    args = ["tune", "--model", "tiny-gpt2", "--gpus", "2", "--search-threads", "--cores-per-node", "1"]
+    result = CliRunner().invoke(app, [*args, "--storage", storage, "--launcher", "local"])
+    assert result.exit_code == 2 and "cores-per-node" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "x.db").exists()  # refused before a study was written

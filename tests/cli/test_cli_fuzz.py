@@ -210,6 +210,7 @@ OPTIONS = {
         "--run-timeout",
         "--memory-cap",
         "--seed",
+        "--cores-per-node",
     ],
     "best": ["--study", "--format", "--out"],
     "serve": ["--host", "--port", "--token-file", "--max-body-bytes", "--workers", "--recommend-cache"],
@@ -236,6 +237,8 @@ INVALID = {
         ("--pin", "no_such_knob=1"),
         ("--global-batch", "-3"),
         ("--seed", "x"),
+        ("--cores-per-node", "0"),
+        ("--cores-per-node", "4"),  # without --search-threads: a budget for nothing
     ],
     "best": [("--format", "onnx"), ("--study", "no-such-study")],
     "serve": [

@@ -28,7 +28,7 @@ BOUND = LaunchEnv.of(bind_cores=True, variables={"CUDA_DEVICE_MAX_CONNECTIONS": 
 THREE = LaunchEnv.of("torchrun", variables={"OMP_NUM_THREADS": "3"})
 
 
-def spec(launch: LaunchEnv) -> RunSpec:
+def spec(launch: LaunchEnv, threads: int | None = None) -> RunSpec:
     workload = Workload(
         load_builtin_model("tiny-gpt2"),
         ClusterSpec(gpus_per_node=2, device="cpu"),
@@ -41,18 +41,22 @@ def spec(launch: LaunchEnv) -> RunSpec:
         "zero_optimization": {"stage": 0},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
     }
+    if threads is not None:  # the trial's own threads per rank, as tune --search-threads proposes them
+        config["dstune"] = {"threads_per_rank": threads}
     return RunSpec(workload_to_dict(workload), config, device="cpu", warmup=1, steps=1, true_peak=False)
 
 
 @pytest.fixture(scope="module")
 def runs() -> Callable[[str], Any]:
-    """Two 2-rank runs, each made once for the module when a test first asks for it: bound to cores with two
-    NCCL/CUDA variables, and torchrun's rules with 3 threads forced."""
+    """Three 2-rank runs, each made once for the module when a test first asks for it: bound to cores with two
+    NCCL/CUDA variables, torchrun's rules with 3 threads forced, and a trial of its own 2 threads per rank under
+    that same 3-thread launch."""
+    specs = {"bound": lambda: spec(BOUND), "three": lambda: spec(THREE), "trial": lambda: spec(THREE, threads=2)}
     made: dict[str, Any] = {}
 
     def run(name: str) -> Any:
         if name not in made:
-            made[name] = launch_local(spec(BOUND if name == "bound" else THREE), timeout=600)
+            made[name] = launch_local(specs[name](), timeout=600)
         return made[name]
 
     return run
@@ -83,3 +87,14 @@ def test_an_override_sets_the_threads_and_unbound_ranks_keep_every_core(runs) ->
         assert len(rank.launch["affinity"]) >= physical_cores()  # not bound: the whole machine
         assert rank.launch["variables"]["OMP_NUM_THREADS"] == "3"
     assert run.to_dict()["launch"]["reported_variables"]["OMP_NUM_THREADS"] == "3"  # what storage keeps
+
+
+def test_a_trials_own_threads_win_over_the_launch_environments(runs) -> None:
+    """``dstune.threads_per_rank`` (searched with ``tune --search-threads``): each rank runs with that many threads,
+    read back from torch inside the rank; DeepSpeed never sees the ``dstune`` section."""
+    run = runs("trial")
+    assert run.status == "ok", run.error
+    assert run.launch["threads_per_rank"] == [2, 2]  # torch.get_num_threads() inside each rank
+    assert "dstune.threads_per_rank" in run.launch["rule"]
+    for rank in run.ranks:
+        assert rank.launch["variables"]["OMP_NUM_THREADS"] == "2"

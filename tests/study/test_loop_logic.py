@@ -466,6 +466,18 @@ def test_cpu_studies_do_not_search_the_cuda_allocator_setting(tmp_path: Path, st
     assert "expandable_segments" in TuningStudy(cuda_settings, store).space.searched
 
 
+def test_threads_per_rank_are_searched_only_with_a_core_budget_and_within_it(tmp_path: Path, store: Store) -> None:
+    """Without ``--search-threads`` the launch environment's rule gives the threads (null, pinned); with a budget of
+    4 cores per node, two CPU ranks are offered 1 or 2 threads each (or the rule), never more than fit."""
+    two = replace(workload(), cluster=ClusterSpec(gpus_per_node=2, device="cpu"))
+    plain = TuningStudy(replace(settings(tmp_path), workload=two, space_path=default_space_path()), store)
+    assert "threads_per_rank" not in plain.space.searched and plain.space.pins["threads_per_rank"] is None
+    budget = replace(settings(tmp_path), name="threads", workload=two, space_path=default_space_path(), thread_budget=4)
+    searched = TuningStudy(budget, store).space
+    assert "threads_per_rank" in searched.searched
+    assert searched.parameter("threads_per_rank").choices == (None, 1, 2)
+
+
 def holders(study: TuningStudy) -> list[str]:
     """The study's holder attributes, read afresh from Optuna's tables."""
     attrs = optuna.load_study(study_name=study.settings.name, storage=study.store.url).user_attrs

@@ -106,3 +106,16 @@ def test_trial_request_makes_the_trial_config_and_the_api_object_splits_in_two()
     assert WorkloadInput.model_validate(WorkloadRequest(model="tiny-gpt2", gpus=2)).gpus == 2
     with pytest.raises(ValueError, match="micro_batch"):
         WorkloadRequest(model="tiny-gpt2", micro_batch=2)  # the workload alone has no trial fields
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "4"])
+def test_threads_per_rank_must_be_a_positive_integer(value: object) -> None:
+    with pytest.raises(ConfigError) as error:
+        _ = TrialConfig({"dstune": {"threads_per_rank": value}}).threads_per_rank
+    assert error.value.field == "dstune.threads_per_rank"
+
+
+def test_threads_per_rank_stay_out_of_what_deepspeed_gets() -> None:
+    trial = TrialConfig({"train_micro_batch_size_per_gpu": 1, "dstune": {"threads_per_rank": 4}})
+    assert trial.threads_per_rank == 4 and "dstune" not in trial.deepspeed_config()
+    assert TrialConfig({}).threads_per_rank is None

@@ -85,6 +85,16 @@ def tune_command(
     pareto: Annotated[bool, typer.Option(help="Also minimise peak memory (throughput-vs-headroom front).")] = False,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     nvme_path: NvmePathOpt = None,
+    search_threads: Annotated[
+        bool,
+        typer.Option(
+            help="Also search OpenMP threads per rank (offload's CPU Adam, CPU ranks), within --cores-per-node."
+        ),
+    ] = False,
+    cores_per_node: Annotated[
+        int | None,
+        typer.Option(min=1, help="Cores per node the ranks' threads may use together (default: this machine's)."),
+    ] = None,
 ) -> None:
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
     warmup_max = warmup_limit(warmup, warmup_max)
@@ -97,6 +107,7 @@ def tune_command(
     except ValueError as error:
         fail("timeout", str(error))
     cap = size(memory_cap, "memory-cap") if memory_cap else None
+    budget = thread_budget(search_threads, cores_per_node, workload.cluster.gpus_per_node)
     settings = tune_settings(
         workload,
         space=space,
@@ -110,8 +121,29 @@ def tune_command(
         pareto=pareto,
         seed=seed,
         nvme_path=nvme_path,
+        thread_budget=budget,
     )
     raise typer.Exit(run_tune(settings, storage))
+
+
+def thread_budget(search: bool, cores_per_node: int | None, ranks_per_node: int) -> int | None:
+    """The cores per node ``--search-threads`` may share among a node's ranks (``--cores-per-node``, else this
+    machine's physical cores); None when threads are not searched. Exits 2 when one thread per rank does not fit.
+
+    >>> thread_budget(True, 8, 2), thread_budget(False, None, 2)
+    (8, None)
+    """
+    if not search:
+        if cores_per_node is not None:
+            fail("cores-per-node", "only with --search-threads (the budget of the threads it searches)")
+        return None
+    if cores_per_node is None:
+        from tuner.measure.launch_plan import physical_cores
+
+        cores_per_node = physical_cores()
+    if cores_per_node < ranks_per_node:
+        fail("cores-per-node", f"{cores_per_node} cores cannot give each of {ranks_per_node} ranks a thread")
+    return cores_per_node
 
 
 def best_command(

@@ -12,7 +12,7 @@ from typing import Any
 from tuner.measure.measurement import RankResult
 from tuner.measure.rank_launch import CORES_VARIABLE, THREADS_VARIABLE
 from tuner.measure.rank_place import RankPlace
-from tuner.workload import LaunchEnv, RankEnv, rank_env
+from tuner.workload import LaunchEnv, RankEnv, TrialConfig, rank_env
 
 
 def physical_cores() -> int:
@@ -22,10 +22,21 @@ def physical_cores() -> int:
     return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
+def trial_threads(ds_config: Mapping[str, Any]) -> int | None:
+    """The trial's own threads per rank (``dstune.threads_per_rank``, a searched parameter), or None."""
+    return TrialConfig(dict(ds_config)).threads_per_rank
+
+
 def plan_rank(
-    launch: LaunchEnv, place: RankPlace, nodes: int, inherited: Mapping[str, str], cores: int | None = None
+    launch: LaunchEnv,
+    place: RankPlace,
+    nodes: int,
+    inherited: Mapping[str, str],
+    cores: int | None = None,
+    threads: int | None = None,
 ) -> RankEnv:
-    """The environment the rank at ``place`` gets on this node (``cores``: its physical cores, default this node's)."""
+    """The environment the rank at ``place`` gets on this node (``cores``: its physical cores, default this node's;
+    ``threads``: the trial's own threads per rank, over the launch environment's rule)."""
     return rank_env(
         launch,
         physical_cores=cores or physical_cores(),
@@ -33,6 +44,7 @@ def plan_rank(
         local_rank=place.local_rank,
         inherited=inherited,
         nodes=nodes,
+        trial_threads=threads,
     )
 
 
@@ -44,13 +56,15 @@ def rank_variables(planned: RankEnv) -> dict[str, str]:
     return variables
 
 
-def reserved_cpus(launch: LaunchEnv, ranks_per_node: int, node_cpus: int, inherited: Mapping[str, str]) -> int:
+def reserved_cpus(
+    launch: LaunchEnv, ranks_per_node: int, node_cpus: int, inherited: Mapping[str, str], threads: int | None = None
+) -> int:
     """CPUs Ray reserves for each rank: the threads it will run (an offload trial's CPU Adam steps on them), at most
     its share of a node (a launcher whose rule oversubscribes the cores, as DeepSpeed's default does, cannot be
     reserved beyond the node)."""
     place = RankPlace(0, ranks_per_node, 0, ranks_per_node)
-    threads = plan_rank(launch, place, 1, inherited, cores=node_cpus).threads
-    return max(1, min(threads, node_cpus // max(1, ranks_per_node)))
+    wanted = plan_rank(launch, place, 1, inherited, cores=node_cpus, threads=threads).threads
+    return max(1, min(wanted, node_cpus // max(1, ranks_per_node)))
 
 
 def with_plan(result: RankResult, planned: RankEnv) -> RankResult:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, with_plan
+from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, trial_threads, with_plan
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.rank_outcome import collect_rank, summarize
 from tuner.measure.rank_place import free_port, local_places
@@ -101,7 +101,7 @@ def launch_local(
             partial figures and ``stopped_early``.
     """
     workload = workload_from_dict(spec.workload)
-    cluster, launch = workload.cluster, workload.launch
+    cluster, launch, threads = workload.cluster, workload.launch, trial_threads(spec.ds_config)
     if spec.device == "cuda" and cluster.nodes > 1:
         return Measurement(
             status="error",
@@ -116,7 +116,7 @@ def launch_local(
         started = time.monotonic()
         places = local_places(cluster.gpus_per_node, cluster.nodes)
         forked, preload = spec.lean, rank_preloads(spec)
-        planned = [plan_rank(launch, place, cluster.nodes, os.environ) for place in places]
+        planned = [plan_rank(launch, place, cluster.nodes, os.environ, threads=threads) for place in places]
         ranks = [
             start_rank(run_dir, place, "127.0.0.1", port, entry, memory_cap, rank_variables(plan), forked, preload)
             for place, plan in zip(places, planned, strict=True)

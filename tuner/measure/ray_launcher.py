@@ -44,7 +44,14 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, reserved_cpus, with_plan
+from tuner.measure.launch_plan import (
+    measured_launch,
+    plan_rank,
+    rank_variables,
+    reserved_cpus,
+    trial_threads,
+    with_plan,
+)
 from tuner.measure.launcher import Progress, wait_ranks
 from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
 from tuner.measure.rank_outcome import collect_rank, placed, summarize
@@ -147,7 +154,8 @@ class RankHost:
             run_spec.write(run_dir)
             forked, preload = run_spec.lean, rank_preloads(run_spec)
             workload = workload_from_dict(run_spec.workload)
-            plan = plan_rank(workload.launch, place, workload.cluster.nodes, inherited)
+            threads = trial_threads(run_spec.ds_config)
+            plan = plan_rank(workload.launch, place, workload.cluster.nodes, inherited, threads=threads)
             variables = rank_variables(plan)
             process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, variables, forked, preload)
             try:
@@ -276,7 +284,8 @@ def launch_ray(
     cluster = workload_from_dict(spec.workload).cluster
     cuda = spec.device == "cuda"
     launch, inherited = workload_from_dict(spec.workload).launch, dict(os.environ)
-    cpus = reserved_cpus(launch, cluster.gpus_per_node, _node_cpus(), inherited)
+    threads = trial_threads(spec.ds_config)
+    cpus = reserved_cpus(launch, cluster.gpus_per_node, _node_cpus(), inherited, threads)
     bundle = node_bundle(cluster.gpus_per_node, cuda, cpus)
     started = time.monotonic()
     group = placement_group([bundle] * cluster.nodes, strategy="STRICT_SPREAD")

@@ -51,7 +51,8 @@ A space file is a YAML mapping with these top-level fields (no others)::
   ``and`` or given as a YAML list (all must hold). ``VALUE`` is read as YAML: ``3``, ``cpu``, ``true``, ``[1, 2]``.
   ``NAME`` must be a parameter defined above, or a workload fact: ``trainable_params``, ``frozen_params`` (0 for
   full fine-tuning) or ``optimizer_state_bytes`` (the trainable parameters' fp32 master and Adam moments, 12 B each,
-  before ZeRO shards them; sizes like ``256MiB`` read), ``seq_len``, ``world_size`` or ``attention_heads``, e.g.
+  before ZeRO shards them; sizes like ``256MiB`` read), ``seq_len``, ``world_size``, ``attention_heads`` or
+  ``cpu_ranks`` (1 when the ranks train on CPU), e.g.
   ``optimizer_state_bytes >= 256MiB``. A categorical parameter with key ``sequence_parallel_size`` offers only the
   degrees Ulysses can run on the workload (:func:`tuner.workload.sequence_parallel_problem`). One list item may
   give alternatives joined by ``or`` (``frozen_params == 0 or optimizer_state_bytes >= 256MiB``); ``and`` and ``or``

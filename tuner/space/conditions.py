@@ -27,6 +27,7 @@ WORKLOAD_FACTS = {
     "attention_heads": "the model's attention heads (0 for a bare parameter count)",
     "transformers_model": "1 when measured runs train the transformers model (Ulysses and ALST's tiling need its "
     "attention and layers; the built-in models refuse them), else 0",
+    "cpu_ranks": "1 when the ranks train on CPU (every step runs on the rank's threads), 0 on CUDA",
 }
 
 

@@ -18,7 +18,7 @@ def workload_facts(workload: Workload) -> dict[str, int]:
         >>> from tuner.workload import Workload, model_from_param_count
         >>> workload_facts(Workload(model_from_param_count(1e6)))
         {'trainable_params': 1000000, 'frozen_params': 0, 'optimizer_state_bytes': 12000000, 'seq_len': 2048, \
-'world_size': 1, 'attention_heads': 0, 'transformers_model': 0}
+'world_size': 1, 'attention_heads': 0, 'transformers_model': 0, 'cpu_ranks': 0}
     """
     trained = trainable_params(workload)
     facts = {
@@ -29,6 +29,7 @@ def workload_facts(workload: Workload) -> dict[str, int]:
         "world_size": workload.cluster.world_size,
         "attention_heads": workload.model.num_heads,
         "transformers_model": int(workload.model.implementation == "transformers"),
+        "cpu_ranks": int(workload.cluster.device == "cpu"),
     }
     assert set(facts) == set(WORKLOAD_FACTS), "every documented fact has a value"
     return facts

@@ -4,8 +4,8 @@ complete ds_config."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.estimator import resolve
@@ -123,6 +123,19 @@ class SearchSpace:
             SpaceError: A pin names no parameter or holds a value the parameter cannot take.
         """
         return SearchSpace(self._parameters, self._base, self.source, {**self._pins, **pins}, self._frozen)
+
+    def with_choices(self, name: str, keep: Callable[[Any], bool]) -> SearchSpace:
+        """A space whose categorical parameter ``name`` offers only the choices ``keep`` accepts (in their order).
+
+        Raises:
+            SpaceError: No such categorical parameter, or ``keep`` accepts none of its choices.
+        """
+        parameter = self._lookup(name, "with_choices", "is not a parameter of this space")
+        kept = tuple(choice for choice in parameter.choices if keep(choice))
+        if parameter.kind != "categorical" or not kept:
+            raise SpaceError(self.source, f"parameters.{name}.choices", "no choice is left to offer")
+        parameters = [replace(p, choices=kept) if p.name == name else p for p in self._parameters]
+        return SearchSpace(parameters, self._base, self.source, self._pins, self._frozen)
 
     def restricted(self, names: Iterable[str]) -> SearchSpace:
         """A space searching only ``names``; every other parameter is fixed at its ``default``.

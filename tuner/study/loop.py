@@ -39,6 +39,9 @@ from tuner.study.resume import TRIAL_LEASE_S, Holding
 from tuner.study.samplers import GRID_PARAMETERS, make_sampler
 from tuner.study.settings import Event, StudyReport, StudySettings
 from tuner.study.stopper import STOP_WAIT_S, Budget, defer_ctrl_c, step_hook
+from tuner.workload.trial import ENV_SECTION
+
+THREADS_KEY = f"{ENV_SECTION}.threads_per_rank"  # the runner sets each rank's OMP_NUM_THREADS to it
 
 
 class TuningStudy:
@@ -255,7 +258,21 @@ def _study_space(settings: StudySettings) -> SearchSpace:
     space = load_space(settings.space_path, pins=settings.pins)
     if settings.workload.cluster.device == "cpu" and "expandable_segments" in space.searched:
         space = space.with_pins({"expandable_segments": None})  # a CUDA allocator setting: nothing to try on CPU
+    space = _thread_choices(space, settings)
     return space.restricted(list(GRID_PARAMETERS)) if settings.sampler == "grid" else space
+
+
+def _thread_choices(space: SearchSpace, settings: StudySettings) -> SearchSpace:
+    """Threads per rank searched only with a core budget (``tune --search-threads``), and then only the counts whose
+    ranks fit a node's budget; otherwise the launch environment's rule (null)."""
+    name = next((p.name for p in space.parameters if p.key == THREADS_KEY and p.name in space.searched), None)
+    if name is None:
+        return space
+    budget = settings.thread_budget
+    if budget is None:
+        return space.with_pins({name: None})
+    ranks = settings.workload.cluster.gpus_per_node
+    return space.with_choices(name, lambda threads: threads is None or threads * ranks <= budget)
 
 
 def _refuse_another_workload(store: Store, settings: StudySettings) -> None:

@@ -27,6 +27,7 @@ class StudySettings:
     pareto: bool = False
     seed: int | None = None
     nvme_path: str | None = None
+    thread_budget: int | None = None  # cores per node the ranks' threads may use (--search-threads); None: not searched
     dispatch: MeasureOptions = field(default_factory=MeasureOptions)
     early_stop: SlowRunStopper | None = field(default_factory=SlowRunStopper)  # None measures every run to the end
 
@@ -40,6 +41,7 @@ class StudySettings:
             "pareto": self.pareto,
             "seed": self.seed,
             "nvme_path": self.nvme_path,
+            "thread_budget": self.thread_budget,
             "early_stop": None if self.early_stop is None else vars(self.early_stop),
         }
 

@@ -160,9 +160,11 @@ def rank_env(
     local_rank: int,
     inherited: Mapping[str, str],
     nodes: int = 1,
+    trial_threads: int | None = None,
 ) -> RankEnv:
     """The environment rank ``local_rank`` of ``local_world_size`` on a node with ``physical_cores`` gets under
-    ``launch``, ``inherited`` being the user's environment (what the launcher would pass on)."""
+    ``launch``, ``inherited`` being the user's environment (what the launcher would pass on); ``trial_threads`` (a
+    trial's own ``dstune.threads_per_rank``) sets the threads over every rule."""
     cores = max(1, physical_cores)
     bound: tuple[int, ...] = ()
     if launch.bind_cores:  # deepspeed/utils/numa.py:119-121, launch.py:219-222
@@ -176,6 +178,8 @@ def rank_env(
     overrides = launch.overrides
     if THREADS in overrides:
         threads, rule = int(overrides[THREADS]), "--launch-var OMP_NUM_THREADS"
+    if trial_threads is not None:
+        threads, rule = trial_threads, "the trial's dstune.threads_per_rank (tune --search-threads)"
     variables = {name: value for name, value in inherited.items() if speed_variable(name)}
     variables.update(overrides)
     variables[THREADS] = str(threads)

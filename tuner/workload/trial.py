@@ -225,6 +225,17 @@ class TrialConfig:
         return read_bool(section(self.ds_config, ENV_SECTION), "expandable_segments", False, f"{ENV_SECTION}.")
 
     @cached_property
+    def threads_per_rank(self) -> int | None:
+        """The OpenMP threads each rank runs with (``dstune.threads_per_rank``, searched with ``--search-threads``),
+        over the launch environment's rule; None: the rule decides."""
+        value = section(self.ds_config, ENV_SECTION).get("threads_per_rank")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{ENV_SECTION}.threads_per_rank", f"must be a positive integer, got {value!r}")
+        return value
+
+    @cached_property
     def fault_loss_scale(self) -> float:
         """Fault injection, for tests only (``dstune.fault_loss_scale``, default 1): the runner multiplies the loss each
         rank backpropagates by it, a broken loss average that the numerics guard must catch
