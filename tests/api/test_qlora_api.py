@@ -64,3 +64,13 @@ def test_tuning_job_is_refused_before_any_run(client: TestClient, device: str) -
     assert response.status_code == 422, response.text
     assert response.json()["detail"][0]["loc"][-1] == "quantization"
     assert client.get("/v1/jobs").json() == []  # nothing queued
+
+
+def test_a_job_longer_than_the_models_learned_positions_is_refused_before_any_run(client: TestClient) -> None:
+    """tiny-gpt2 learned 256 positions: a 2048-token job would fail every run with an IndexError."""
+    job = {"workload": {"model": "tiny-gpt2", "gpus": 2, "device": "cpu", "seq_len": 2048}, "trials": 2}
+    response = client.post("/v1/jobs", json={**job, "study": "too-long"}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"][0]
+    assert detail["loc"][-1] == "seq_len" and "256 positions" in detail["msg"]
+    assert client.get("/v1/jobs").json() == []

@@ -316,7 +316,29 @@ def test_the_overhead_is_shown_as_named_terms() -> None:
 
 def test_a_thread_budget_too_small_for_one_thread_per_rank_is_refused(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'x.db'}"
-    args = ["tune", "--model", "tiny-gpt2", "--gpus", "2", "--search-threads", "--cores-per-node", "1"]
+    args = [
+        "tune",
+        "--model",
+        "tiny-gpt2",
+        "--seq-len",
+        "64",
+        "--gpus",
+        "2",
+        "--search-threads",
+        "--cores-per-node",
+        "1",
+    ]
     result = CliRunner().invoke(app, [*args, "--storage", storage, "--launcher", "local"])
     assert result.exit_code == 2 and "cores-per-node" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "x.db").exists()  # refused before a study was written
+
+
+@pytest.mark.parametrize("command", ["tune", "measure"])
+def test_a_sequence_past_the_models_learned_positions_is_refused(tmp_path: Path, command: str) -> None:
+    """tiny-gpt2 learned 256 positions; the default 2048 tokens would fail every run with an IndexError."""
+    storage = ["--storage", f"sqlite:///{tmp_path / 'x.db'}"] if command == "tune" else []
+    args = [command, "--model", "tiny-gpt2", "--gpus", "2", "--device", "cpu", "--launcher", "local", *storage]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "seq-len" in result.output and "256 positions" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "x.db").exists()

@@ -358,3 +358,19 @@ def test_which_embeddings_are_tied_and_which_experts_are_modules(tmp_path: Path)
 
     assert expert_modules(Block(4)) and not expert_modules(Block(1))
     assert ModelProfile.from_dict(mixtral.to_dict()) == mixtral
+
+
+@pytest.mark.parametrize(
+    ("model_type", "table"), [("gpt2", True), ("opt", True), ("llama", False), ("gpt_neox", False), ("bloom", False)]
+)
+def test_a_learned_position_table_limits_the_sequence(model_type: str, table: bool) -> None:
+    """GPT-2's ``wpe`` and OPT's offset table (2 rows more) hold ``max_position_embeddings`` positions; rotary and
+    ALiBi models compute theirs, so a longer sequence still runs. Truth: the model transformers builds."""
+    from tiny_configs import shrunk_config
+
+    from tuner.profile.describe import spec_from_profile
+
+    config = shrunk_config(model_type, layers=2)
+    spec = spec_from_profile(config, params_profile(config))
+    positions = config.get("n_positions") or config.get("max_position_embeddings")
+    assert spec.position_limit == (positions if table else 0)

@@ -24,7 +24,7 @@ from tuner.cli.options import (
 from tuner.cli.study_view import describe_launch
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher
-from tuner.workload import MEASURED_QUANTIZATION
+from tuner.workload.measurable import measurement_refusal
 
 
 @workload_options(overrides=AUTO_DEVICE)
@@ -45,10 +45,9 @@ def measure_command(
     warmup_max = warmup_limit(warmup, warmup_max)
     require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
     workload, trial = build(flags)
-    if workload.trainable.quantization:
-        fail("quantization", MEASURED_QUANTIZATION)
-    if workload.model.is_bare:
-        fail("params", "a measured run needs a model architecture: use --model")
+    refusal = measurement_refusal(workload)
+    if refusal:
+        fail(*refusal)
     cap = size(memory_cap, "memory-cap") if memory_cap else None
     from tuner.measure.run import measure
 

@@ -33,7 +33,7 @@ from tuner.cli.tuning import run_tune
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher, Sampler, check_study_name, default_study_name, readable_name
 from tuner.units import parse_duration
-from tuner.workload import MEASURED_QUANTIZATION
+from tuner.workload.measurable import measurement_refusal
 
 if TYPE_CHECKING:
     from tuner.study import StudySettings
@@ -100,8 +100,9 @@ def tune_command(
     warmup_max = warmup_limit(warmup, warmup_max)
     require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
     workload, _ = build(flags)  # micro-batch, accumulation, stage and offload are what the search decides
-    if workload.trainable.quantization:
-        fail("quantization", MEASURED_QUANTIZATION)
+    refusal = measurement_refusal(workload)
+    if refusal:
+        fail(*refusal)
     try:
         seconds = parse_duration(timeout) if timeout else None
     except ValueError as error:

@@ -191,6 +191,7 @@ def spec_from_profile(config: dict[str, Any], profile: ModelProfile, name: str =
         implementation="transformers",
         hf_config=canonical_config(config),
         numels=profile.param_numels,
+        position_table=dims.get("position_table", 0),
     )
 
 

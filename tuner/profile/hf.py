@@ -207,6 +207,23 @@ def quiet() -> Iterator[None]:
 OTHER_TOWERS = ("vision", "visual", "audio", "image", "encoder", "speech", "patch")
 
 
+def position_table(model: Any) -> int:  # a transformers PreTrainedModel
+    """The positions a learned position table holds (GPT-2's ``wpe``; OPT's table, 2 rows longer for its offset): an
+    embedding other than the tokens' with ``max_position_embeddings`` rows, or 0 (rotary, ALiBi: nothing to index)."""
+    positions = config_value(text_config(model.config), "max_position_embeddings")
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions <= 0:
+        return 0
+    try:
+        tokens = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        tokens = None
+    for module in model.modules():
+        rows = module.num_embeddings if isinstance(module, nn.Embedding) and module is not tokens else 0
+        if positions <= rows <= positions + 2:
+            return positions
+    return 0
+
+
 def tied_embeddings(model: Any) -> bool:  # a transformers PreTrainedModel
     """True when the model's LM head is its input embedding's parameter (one tensor, counted once)."""
     try:
@@ -296,7 +313,7 @@ def describe(config: dict[str, Any]) -> ModelProfile:
         largest_param_name=largest_name,
         largest_param_numel=largest.numel(),
         layer_kinds=tuple(layer_kinds(model)),
-        dims=config_fields(text_config(model.config)),
+        dims={**config_fields(text_config(model.config)), "position_table": position_table(model)},
         supports_checkpointing=supports_checkpointing(model),
         tied_embeddings=tied_embeddings(model),
         expert_modules=expert_modules(model),

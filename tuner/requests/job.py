@@ -26,7 +26,8 @@ from tuner.requests.names import NAME_PATTERN, default_study_name
 from tuner.requests.strict import RequestModel
 from tuner.requests.trial import WorkloadInput
 from tuner.requests.workload import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
-from tuner.workload import MEASURED_QUANTIZATION, Workload
+from tuner.workload import Workload
+from tuner.workload.measurable import measurement_refusal
 
 
 class JobRequest(RequestModel):
@@ -70,10 +71,12 @@ def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = T
     search decides (a :class:`tuner.workload.TrialConfig`), not part of the workload: the same model and cluster always
     meet the same stored workload (and :func:`tuner.recommend.recommend` finds its measurements). ``inline``: as
     :func:`tuner.requests.to_workload` (the API passes False: a new model's profile is computed off the request path).
-    A 4-bit bitsandbytes base is refused before any run: estimate only (:data:`MEASURED_QUANTIZATION`)."""
+    A workload no run can train is refused before any (:func:`tuner.workload.measurable.measurement_refusal`)."""
     workload = to_workload(request, loc, inline=inline)
-    if workload.trainable.quantization:
-        raise FieldError((*loc, "quantization"), MEASURED_QUANTIZATION)
+    refusal = measurement_refusal(workload)
+    if refusal:
+        field, reason = refusal
+        raise FieldError((*loc, field.replace("-", "_")), reason)
     return workload
 
 

@@ -25,6 +25,7 @@ OPTIONAL_MODEL_FIELDS = {
     "hf_config": "",
     "numels": (),
     "replicated": (),
+    "position_table": 0,
 }
 
 
@@ -63,6 +64,7 @@ class ModelSpec:
     hf_config: str = ""
     numels: tuple[int, ...] = ()
     replicated: tuple[bool, ...] = ()
+    position_table: int = 0  # rows of a transformers model's learned position table (its profile), 0: none
 
     def __post_init__(self) -> None:
         if not isinstance(self.numels, tuple):  # JSON gives a list
@@ -160,6 +162,12 @@ class ModelSpec:
     def largest_param(self) -> int:
         """Elements of the largest single parameter tensor."""
         return max(numel for numel, _ in self.param_shapes)
+
+    @property
+    def position_limit(self) -> int:
+        """The longest sequence the model can index: the rows of its learned position table (GPT-2's ``wpe``, OPT's
+        offset table), 0 when positions are computed (rotary, ALiBi) and a longer sequence still runs."""
+        return self.max_positions if self.learned_positions else self.position_table
 
     def to_dict(self) -> dict[str, Any]:
         """Plain fields, for JSON and fingerprints (fields added later are left out at their defaults)."""

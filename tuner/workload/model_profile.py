@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Any
 
 # 2: the attention transformers resolves, traces call the model as training does; 3: tied_embeddings, expert_modules
-PROFILE_FORMAT = 3
+PROFILE_FORMAT = 4  # 4: dims carry the learned position table's rows
 
 
 @dataclass(frozen=True, slots=True)
