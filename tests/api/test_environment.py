@@ -17,7 +17,7 @@ from tuner.api import create_app, degraded
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-JOB = {"workload": {"model": "tiny-gpt2", "device": "cpu", "model_impl": "builtin"}, "launcher": "local"}
+JOB = {"workload": {"model": "tiny-gpt2", "device": "cpu", "model_impl": "builtin", "seq_len": 64}, "launcher": "local"}
 
 
 @pytest.fixture

@@ -349,7 +349,7 @@ def test_the_real_process_prints_one_line_too() -> None:
         pytest.skip("no dstune script beside this Python")
     cases = [
         ["estimate", "--model", "tiny-gpt2", "--ds-config", BAD["config"][0]],
-        ["tune", "--model", "tiny-gpt2", "--space", BAD["space"][3], "--storage", STORAGE],
+        ["tune", "--model", "tiny-gpt2", "--seq-len", "64", "--space", BAD["space"][3], "--storage", STORAGE],
         ["worker", "--poll", "0", "--storage", STORAGE],
     ]
     for args in cases:

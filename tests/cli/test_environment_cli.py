@@ -28,7 +28,11 @@ BAD_STORAGE = [
 ]
 RETRY_S = 600  # the retry window the tests set: a failure reported "at once" takes a fraction of it, however loaded
 AT_ONCE_S = RETRY_S / 2
-COMMANDS = [["best", "--study", "x"], ["worker", "--once"], ["tune", "--model", "tiny-gpt2", "--device", "cpu"]]
+COMMANDS = [
+    ["best", "--study", "x"],
+    ["worker", "--once"],
+    ["tune", "--model", "tiny-gpt2", "--device", "cpu", "--seq-len", "64"],
+]
 
 
 def _run(args: list[str], **env: str) -> tuple[int, str, float]:

@@ -261,10 +261,15 @@ def test_run_job_by_id_claims_that_job(store: Store) -> None:
 def test_job_request_round_trips_to_study_settings() -> None:
     from tuner.worker import study_settings
 
-    request = JobRequest(workload=WorkloadInput(model="gpt2", gpus=4, micro_batch=8), trials=5, launcher="local")
+    request = JobRequest(
+        workload=WorkloadInput(model="gpt2", gpus=4, seq_len=1024, micro_batch=8), trials=5, launcher="local"
+    )
     settings = study_settings(request, "s", ray_address="ray://head:10001")
     assert settings.trials == 5 and settings.dispatch.launcher == "local"
     assert settings.dispatch.ray_address == "ray://head:10001"
     assert not hasattr(settings.workload.train, "micro_batch")  # the search decides it: the trial config's
-    assert settings.workload == study_settings(JobRequest(workload=WorkloadRequest(model="gpt2", gpus=4)), "t").workload
+    assert (
+        settings.workload
+        == study_settings(JobRequest(workload=WorkloadRequest(model="gpt2", gpus=4, seq_len=1024)), "t").workload
+    )
     assert settings.workload.cluster.world_size == 4
