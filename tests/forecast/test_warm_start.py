@@ -144,3 +144,18 @@ def test_guide_with_a_store_keeps_its_refits(tmp_path: Path) -> None:
         )
         assert again.fit.factors == guide.fit.factors != {}
         assert pytest.approx(again.fit.predict_s(first.terms)) == guide.fit.predict_s(first.terms)
+
+
+def test_with_threads_searched_the_first_runs_try_the_fastest_config_at_each_thread_count() -> None:
+    """The throughput model cannot tell what threads per rank do (only a run shows it): with ``--search-threads``
+    the warm start measures the predicted-fastest config at the launcher's rule and at each thread count first."""
+    work = Workload(
+        load_builtin_model("tiny-gpt2"),
+        ClusterSpec(gpus_per_node=2, device="cpu", gpu_memory=64 * 2**20),
+        TrainSpec(seq_len=64),
+    )
+    space = load_space(default_space_path())
+    space = space.with_choices("threads_per_rank", lambda threads: threads in (None, 1, 2))
+    first = ThroughputGuide(space, work, Calibration()).warm_start()
+    assert [params["threads_per_rank"] for params in first] == [None, 1, 2]
+    assert len({(params["stage"], params["micro_batch"]) for params in first}) == 1

@@ -34,7 +34,15 @@ from tuner.forecast.throughput_fit import ThroughputFit, load_fit, record_run
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion
 from tuner.workload import TrialConfig, Workload
 
-COARSE = ("stage", "micro_batch", "grad_accum", "activation_checkpointing", "offload_optimizer", "offload_param")
+COARSE = (
+    "stage",
+    "micro_batch",
+    "grad_accum",
+    "activation_checkpointing",
+    "offload_optimizer",
+    "offload_param",
+    "threads_per_rank",  # searched only with tune --search-threads
+)
 WARM_START = 3  # configs measured first
 FROM_EARLIER = 2  # of which at most this many are earlier studies' best
 MIN_TOLERANCE = 0.05  # a pick predicted at least 95 % of the best measured is still worth a run
@@ -139,9 +147,11 @@ def _enqueue_params(space: SearchSpace, suggestion: Suggestion) -> dict[str, Any
 
 
 def _shape(ranked: Ranked) -> tuple[Any, ...]:
-    """Micro-batch, accumulation and checkpointing: what decides compute efficiency and per-micro-step costs."""
+    """Micro-batch, accumulation, checkpointing and the threads per rank (when searched): what decides compute
+    efficiency and per-micro-step costs, and what the throughput model cannot predict (the threads' effect only a
+    run shows)."""
     trial = ranked.suggestion.trial
-    return (*trial.batch, trial.activation_checkpointing)
+    return (*trial.batch, trial.activation_checkpointing, trial.threads_per_rank)
 
 
 def params_of(space: SearchSpace, trial: TrialConfig) -> dict[str, Any]:
