@@ -113,3 +113,11 @@ def test_the_database_never_stores_a_refused_value(client: TestClient, tmp_path:
     body = f'{{"workload": {json.dumps(WORKLOAD)}, "ds_config": {{"gradient_clipping": NaN}}}}'
     response = client.post("/v1/estimate", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 422
+
+
+@pytest.mark.parametrize("field", ["params", "gpus", "seq_len"])
+def test_a_boolean_is_not_a_number(client: TestClient, field: str) -> None:
+    """Schemathesis found ``{"params": true}`` answered as 1 parameter: pydantic's lax mode reads true as 1."""
+    response = client.post("/v1/recommend", json={"workload": {"model": "tiny-gpt2", field: True}})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][-1] == field

@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -32,6 +32,14 @@ class RequestModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """``true`` is not a number: pydantic's lax mode would read it as 1 for a number field."""
+        if isinstance(value, bool) and info.field_name and _numeric_only(cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("bool_not_number", "must be a number, not a boolean")
+        return value
+
     @field_validator("*", mode="after")
     @classmethod
     def _plain_data(cls, value: Any, info: ValidationInfo) -> Any:
@@ -44,6 +52,22 @@ class RequestModel(BaseModel):
                 "plain_data", "{field}: {message}", {"field": error.field, "message": error.message}
             ) from None
         return value
+
+
+def _numeric_only(annotation: Any) -> bool:
+    """True when ``annotation`` takes numbers but not booleans (``float | None``, ``Annotated[int, ...]``)."""
+    types: set[Any] = set()
+    pending = [annotation]
+    while pending:
+        current = pending.pop()
+        origin = get_origin(current)
+        if origin is Annotated:
+            pending.append(get_args(current)[0])
+        elif origin is Union or type(current).__name__ == "UnionType":
+            pending.extend(get_args(current))
+        else:
+            types.add(current)
+    return bool(types & {int, float}) and bool not in types
 
 
 __all__ = ["RequestModel"]
