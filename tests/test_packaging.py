@@ -127,7 +127,9 @@ def test_tune_from_an_unrelated_folder_records_pruned_trials(installed: Path, tm
 
 
 def test_bad_input_from_the_wheel_is_one_line(installed: Path, tmp_path: Path) -> None:
-    result = _run(installed, tmp_path, "tune", "--model", "tiny-gpt2", "--gpus", "1", "--space", "nonexistent")
+    result = _run(
+        installed, tmp_path, "tune", "--model", "tiny-gpt2", "--seq-len", "64", "--gpus", "1", "--space", "nonexistent"
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
