@@ -62,6 +62,16 @@ def _pins(pins: list[str]) -> dict[str, Any]:
     return parsed
 
 
+SearchThreadsOpt = Annotated[
+    bool,
+    typer.Option(help="Also search OpenMP threads per rank (offload's CPU Adam, CPU ranks), within --cores-per-node."),
+]
+CoresPerNodeOpt = Annotated[
+    int | None,
+    typer.Option(min=1, help="Cores per node the ranks' threads may use together (default: this machine's)."),
+]
+
+
 @workload_options(only=TUNE_FLAGS, overrides=TUNE_OVERRIDES)
 def tune_command(
     flags: WorkloadFlags,
@@ -85,16 +95,8 @@ def tune_command(
     pareto: Annotated[bool, typer.Option(help="Also minimise peak memory (throughput-vs-headroom front).")] = False,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     nvme_path: NvmePathOpt = None,
-    search_threads: Annotated[
-        bool,
-        typer.Option(
-            help="Also search OpenMP threads per rank (offload's CPU Adam, CPU ranks), within --cores-per-node."
-        ),
-    ] = False,
-    cores_per_node: Annotated[
-        int | None,
-        typer.Option(min=1, help="Cores per node the ranks' threads may use together (default: this machine's)."),
-    ] = None,
+    search_threads: SearchThreadsOpt = False,
+    cores_per_node: CoresPerNodeOpt = None,
 ) -> None:
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
     warmup_max = warmup_limit(warmup, warmup_max)

@@ -7,11 +7,7 @@ the config field (``model.<key>``).
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,6 +20,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from tuner.profile.config_checks import refuse_custom_code
+from tuner.profile.quiet_logs import quiet
 from tuner.workload import ModelProfile, TrainableSpec, WorkloadError
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -184,24 +181,6 @@ def enable_checkpointing(model: Any) -> None:  # a transformers PreTrainedModel
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """transformers' advisory messages (token ids outside a tiny vocabulary, use_cache turned off for checkpointing,
-    reference kernels...) and Python warnings from transformers and torch kept off stderr while describing a model."""
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    torch_log = logging.getLogger("torch")
-    torch_level = torch_log.level
-    torch_log.setLevel(logging.CRITICAL)  # fake-tensor kernels log the errors a refused trace then reports
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-        torch_log.setLevel(torch_level)
 
 
 OTHER_TOWERS = ("vision", "visual", "audio", "image", "encoder", "speech", "patch")

@@ -22,7 +22,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tuner.profile.autograd_saved import OUTSIDE, saved_bytes_by_layer, zero3_linear
-from tuner.profile.hf import quiet
+from tuner.profile.quiet_logs import quiet
 from tuner.profile.small_copy import build_copy
 from tuner.workload import ActivationProfile, Linear, TrainableSpec, WorkloadError
 

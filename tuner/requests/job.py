@@ -10,7 +10,7 @@ model specs only (a preset name, an inline ``config.json`` object, or a paramete
 strings: nothing in a request makes the server read a file or run code.
 
 Example:
-    >>> request = JobRequest(workload={"model": "tiny-gpt2", "device": "cpu"}, trials=4)
+    >>> request = JobRequest(workload={"model": "tiny-gpt2", "device": "cpu", "seq_len": 256}, trials=4)
     >>> check_job(request).startswith("tiny-gpt2-"), request.sampler
     (True, 'tpe')
 """
