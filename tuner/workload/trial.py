@@ -234,9 +234,32 @@ class TrialConfig:
             raise ConfigError(f"{ENV_SECTION}.fault_loss_scale", f"must be a positive number, got {value!r}")
         return float(value)
 
-    def deepspeed_config(self) -> dict[str, Any]:
-        """The ds_config DeepSpeed is handed: without dstune's own ``dstune`` section."""
-        return {key: value for key, value in self.ds_config.items() if key != ENV_SECTION}
+    def deepspeed_config(self, world_size: int | None = None) -> dict[str, Any]:
+        """The ds_config DeepSpeed is handed: without dstune's own ``dstune`` section.
+
+        Under AutoTP the global batch is left to DeepSpeed: its ``DeepSpeedConfig``, built without an mpu (as
+        ``deepspeed.initialize`` builds it for a config-driven AutoTP, and as the HF Trainer's path does), checks
+        ``train_batch_size`` against micro × accumulation × *every* rank, tp ranks included (DeepSpeed 0.19.8,
+        measured: ``4 != 2 * 1 * 4`` for micro 2 on TP 2 × DP 2), although a tensor-parallel group trains on one
+        sample: the samples per step are micro × accumulation × dp (:meth:`batch_sizes`). So with tp > 1 the
+        config carries the micro-batch and the accumulation steps (resolved on ``world_size`` ranks when given)
+        and no ``train_batch_size``, which DeepSpeed then derives by its own count.
+
+        >>> TrialConfig({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+        ...              "tensor_parallel": {"autotp_size": 2}}).deepspeed_config(world_size=4)
+        {'train_micro_batch_size_per_gpu': 2, 'gradient_accumulation_steps': 2, 'tensor_parallel': {'autotp_size': 2}}
+        """
+        config = {key: value for key, value in self.ds_config.items() if key != ENV_SECTION}
+        if self.layout.tensor_parallel <= 1 or GLOBAL_KEY not in config:
+            return config
+        if world_size is not None:
+            sizes = self.batch_sizes(world_size)
+            config = {MICRO_KEY: sizes.micro, ACCUM_KEY: sizes.accum, **config}
+            config[MICRO_KEY], config[ACCUM_KEY] = sizes.micro, sizes.accum
+        elif MICRO_KEY not in config or ACCUM_KEY not in config:
+            return config  # cannot be resolved without the ranks: DeepSpeed judges it as given
+        config.pop(GLOBAL_KEY)
+        return config
 
     def summary(self) -> str:
         """One line for tables and reasons: ``ZeRO-2 · micro 4 × accum 2 · bf16 · optimizer → cpu``.
