@@ -2,6 +2,9 @@
 (the local launcher, :mod:`tuner.measure.training`) against one rank on the same seeded data (the independent truth:
 the single-rank run's own loss and DeepSpeed's gradient norm).
 
+ZeRO++ hpZ (``zero_hpz_partition_size``) is plain data parallelism with a secondary 16-bit partition inside each
+node: its run is checked the same way.
+
 fp32, gradient clipping off, a tiny transformers LLaMA (4 query, 2 key-value heads, untied head). Every run trains
 on the same global batch of 4 samples: one rank with micro-batch 4, TP 2 with micro-batch 4 (one tensor-parallel
 group: one data-parallel rank), TP 2 × DP 2 with micro-batch 2 and ``train_batch_size`` 4 = micro × accumulation ×
@@ -29,18 +32,21 @@ SEQ, SAMPLES = 64, 4
 EXACT = 1e-6  # fp32: the same sums in another order
 
 
-def run_spec(world: int, stage: int, tp: int = 1) -> RunSpec:
+def run_spec(world: int, stage: int, tp: int = 1, nodes: int = 1, hpz: int = 1) -> RunSpec:
     workload = Workload(
         model_from_config(LLAMA, "tiny-llama"),
-        ClusterSpec(gpus_per_node=world, device="cpu"),
+        ClusterSpec(gpus_per_node=world // nodes, nodes=nodes, device="cpu"),
         TrainSpec(seq_len=SEQ, precision="fp32"),
     )
     dp = world // tp
+    zero = {"stage": stage, "reduce_bucket_size": 50_000, "stage3_param_persistence_threshold": 0}
+    if hpz > 1:  # prefetch and reuse off: backward gathers from the secondary partition (FIELD_NOTES)
+        zero.update(zero_hpz_partition_size=hpz, stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0)
     ds_config = {
         "train_batch_size": SAMPLES,
         "train_micro_batch_size_per_gpu": SAMPLES // dp,
         "gradient_clipping": 0.0,
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": 50_000, "stage3_param_persistence_threshold": 0},
+        "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         **({"tensor_parallel": {"autotp_size": tp}} if tp > 1 else {}),
     }
@@ -52,14 +58,16 @@ def run_spec(world: int, stage: int, tp: int = 1) -> RunSpec:
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    """Five runs shared by the tests: one rank and TP 2 under ZeRO-2 and ZeRO-3 (ZeRO-3 builds the model
-    partitioned, so it has its own reference), TP 2 × DP 2 under ZeRO-2."""
+    """Six runs shared by the tests: one rank and TP 2 under ZeRO-2 and ZeRO-3 (ZeRO-3 builds the model
+    partitioned, so it has its own reference), TP 2 × DP 2 under ZeRO-2, and ZeRO++ hpZ groups of 2 on 4 ranks
+    as 2 nodes of 2 (``--nodes 2``)."""
     specs = {
         "one-z2": run_spec(1, 2),
         "tp-z2": run_spec(2, 2, tp=2),
         "tp-dp-z2": run_spec(4, 2, tp=2),
         "one-z3": run_spec(1, 3),
         "tp-z3": run_spec(2, 3, tp=2),
+        "hpz-z3": run_spec(4, 3, nodes=2, hpz=2),
     }
     results = {name: launch_local(spec, timeout=900) for name, spec in specs.items()}
     for name, result in results.items():
@@ -67,8 +75,10 @@ def runs() -> dict:
     return results
 
 
-@pytest.mark.parametrize(("reference", "parallel"), [("one-z2", "tp-z2"), ("one-z2", "tp-dp-z2"), ("one-z3", "tp-z3")])
-def test_tp_first_step_loss_and_grad_norm_equal_one_ranks(runs, reference: str, parallel: str) -> None:
+@pytest.mark.parametrize(
+    ("reference", "parallel"), [("one-z2", "tp-z2"), ("one-z2", "tp-dp-z2"), ("one-z3", "tp-z3"), ("one-z3", "hpz-z3")]
+)
+def test_tp_and_hpz_first_step_loss_and_grad_norm_equal_one_ranks(runs, reference: str, parallel: str) -> None:
     one = runs[reference].ranks[0].numerics
     assert one["step0_loss"] > 0 and one["step0_grad_norm"] > 0
     for rank in runs[parallel].ranks:

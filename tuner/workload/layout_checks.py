@@ -8,6 +8,8 @@ naming the field before any work (the Ulysses and ALST checks are :mod:`.long_co
   ``packed_colwise`` (Qwen2-MoE, measured), and the estimator does not model sharded experts yet.
 - AutoTP with ZeRO-3 trains only from DeepSpeed 0.19.4 on (:func:`autotp_zero3_problem`): the DeepSpeed version is
   the caller's to give (the measured-run boundary reads the installed one); this module imports no DeepSpeed.
+- AutoTP together with Ulysses sequence parallelism is refused: ``DeepSpeedEngine._configure_tensor_parallel_states``
+  sets ``self.mpu = groups`` (its own tensor-parallel mesh), dropping the Ulysses mpu the engine was given.
 - ``zero_optimization.zero_hpz_partition_size`` (hpZ) partitions a secondary copy of the 16-bit parameters: it
   exists at ZeRO-3 only, and its groups must divide the ranks.
 
@@ -30,6 +32,10 @@ from tuner.workload.trial import TrialConfig
 TP_KEY = "tensor_parallel.autotp_size"
 HPZ_KEY = "zero_optimization.zero_hpz_partition_size"
 AUTOTP_ZERO3_SINCE = (0, 19, 4)
+TP_WITH_SP = (
+    "AutoTP with Ulysses (sequence_parallel_size > 1) is not supported: DeepSpeed 0.19.8's AutoTP replaces the "
+    "engine's mpu (Ulysses' groups) with its own tensor-parallel groups"
+)
 
 
 def tensor_parallel_problem(workload: Workload, tp: int) -> str | None:
@@ -116,6 +122,8 @@ def check_layout(workload: Workload, trial: TrialConfig, deepspeed_version: str 
     problem = tensor_parallel_problem(workload, tp)
     if problem:
         raise ConfigError(TP_KEY, problem)
+    if tp > 1 and trial.layout.sequence_parallel > 1:
+        raise ConfigError(TP_KEY, TP_WITH_SP)
     zero = trial.zero
     problem = hpz_problem(zero.stage, zero.hpz_partition_size, workload.cluster.world_size)
     if problem:
@@ -130,6 +138,7 @@ __all__ = [
     "AUTOTP_ZERO3_SINCE",
     "HPZ_KEY",
     "TP_KEY",
+    "TP_WITH_SP",
     "autotp_zero3_problem",
     "check_layout",
     "hpz_problem",
