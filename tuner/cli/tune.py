@@ -160,7 +160,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     workload = store.workload_of(record.id)
     world = workload.cluster.world_size
     try:
-        validate_with_deepspeed(best.ds_config, world)
+        validate_with_deepspeed(best.trial.deepspeed_config(world), best.trial.deepspeed_world(world))
     except ConfigError as error:
         fail(error.field, f"DeepSpeed rejects the stored config: {error}")
     config, notes = export_config(

@@ -234,6 +234,18 @@ class TrialConfig:
             raise ConfigError(f"{ENV_SECTION}.fault_loss_scale", f"must be a positive number, got {value!r}")
         return float(value)
 
+    def deepspeed_world(self, world_size: int) -> int:
+        """The ranks DeepSpeed 0.19.8's batch check counts on ``world_size`` ranks without an mpu: the world over
+        the sequence-parallel degree (``DeepSpeedConfig`` divides by ``sequence_parallel_size``), tensor-parallel
+        ranks included (see :meth:`deepspeed_config`).
+
+        >>> TrialConfig({"sequence_parallel_size": 2}).deepspeed_world(8)
+        4
+        >>> TrialConfig({"tensor_parallel": {"autotp_size": 2}}).deepspeed_world(8)
+        8
+        """
+        return world_size // self.layout.sequence_parallel
+
     def deepspeed_config(self, world_size: int | None = None) -> dict[str, Any]:
         """The ds_config DeepSpeed is handed: without dstune's own ``dstune`` section.
 
