@@ -16,22 +16,26 @@ TRIAL = TrialConfig(
         "gradient_accumulation_steps": 4,
         "bf16": {"enabled": True},
         "tensor_parallel": {"autotp_size": 4},
-        "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2},
+        "zero_optimization": {"stage": 3},
     }
+)
+HPZ = TrialConfig(
+    {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}}
 )
 
 
 def test_deepspeed_export_keeps_tp_and_hpz_and_leaves_the_global_batch_to_deepspeed() -> None:
     config, notes = export_config(TRIAL, "deepspeed")
     assert config["tensor_parallel"] == {"autotp_size": 4}
-    assert config["zero_optimization"]["zero_hpz_partition_size"] == 2
     assert "train_batch_size" not in config
     assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (2, 4)
     pytest.importorskip("deepspeed")
     validate_with_deepspeed(config, TRIAL.deepspeed_world(8))  # DeepSpeed's own classes accept it on 8 ranks
     (autotp,) = [note for note in notes if note.startswith("AutoTP 4")]
     assert "deepspeed.initialize" in autotp and "rank // 4" in autotp
-    assert any(note.startswith("ZeRO++ hpZ 2") for note in notes)
+    config, notes = export_config(HPZ, "deepspeed")
+    assert config["zero_optimization"]["zero_hpz_partition_size"] == 2
+    assert [note for note in notes if note.startswith("ZeRO++ hpZ 2")]
 
 
 def test_hf_export_keeps_autotp_in_the_ds_config_and_says_parallelism_config_is_not_it() -> None:

@@ -35,11 +35,10 @@ def test_a_70b_study_on_two_nodes_proposes_tp_and_hpz_with_the_data_parallel_bat
     assert offered(work, "tensor_parallel") == [1, 2, 4, 8]
     assert offered(work, "hpz_partition_size", stage=3) == [1, 2, 4, 8]
     assert offered(work, "hpz_partition_size", stage=2) is None  # hpZ is a ZeRO-3 feature
-    pins = {"stage": 3, "tensor_parallel": 4, "hpz_partition_size": 2, "micro_batch": 2}
+    pins = {"stage": 3, "tensor_parallel": 4, "hpz_partition_size": 1, "micro_batch": 2}
     suggestion = load_space(default_space_path(), pins=pins).suggest(optuna.create_study().ask(), work, global_batch=64)
     config = suggestion.trial.ds_config
     assert config["tensor_parallel"] == {"autotp_size": 4}
-    assert config["zero_optimization"]["zero_hpz_partition_size"] == 2
     # 16 ranks / tp 4 = 4 data-parallel ranks: 2 × 8 × 4 = 64
     assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (2, 8)
     assert config["train_batch_size"] == 64
@@ -73,3 +72,13 @@ def test_tp_with_ulysses_is_pruned_naming_the_field() -> None:
     space = load_space(default_space_path(), pins={"sequence_parallel": 2, "tensor_parallel": 2})
     with pytest.raises(InfeasibleConfig, match=r"tensor_parallel\.autotp_size: AutoTP with Ulysses"):
         space.suggest(optuna.create_study().ask(), work)
+
+
+def test_hpz_with_tp_is_pruned_naming_the_field() -> None:
+    """DeepSpeed 0.19.8 makes hpZ groups of consecutive ranks: under AutoTP one tensor-parallel group."""
+    space = load_space(default_space_path(), pins={"stage": 3, "tensor_parallel": 2, "hpz_partition_size": 2})
+    with pytest.raises(InfeasibleConfig, match=r"zero_optimization\.zero_hpz_partition_size: hpZ with AutoTP"):
+        space.suggest(optuna.create_study().ask(), workload("llama-3.1-70b", nodes=2))
+    hpz = load_space(default_space_path(), pins={"stage": 3, "tensor_parallel": 1, "hpz_partition_size": 8})
+    config = hpz.suggest(optuna.create_study().ask(), workload("llama-3.1-70b", nodes=2)).trial.ds_config
+    assert config["zero_optimization"]["zero_hpz_partition_size"] == 8
