@@ -64,3 +64,22 @@ def test_bad_layouts_exit_2_naming_the_field(tmp_path: Path, ds: dict, field: st
     assert result.exit_code == 2, result.output
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], result.stderr
+
+
+def test_the_layout_flags_give_the_ds_config_figures(tmp_path: Path) -> None:
+    """``--tensor-parallel`` and ``--hpz`` write the same keys as a ``--ds-config`` does."""
+    flags = ("--gpus", "8", "--nodes", "2", "--micro-batch", "1", "--stage", "3")
+
+    def flagged(*more: str) -> dict:
+        result = runner.invoke(app, ["estimate", "--model", "llama-2-7b", *flags, *more, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    tp = flagged("--tensor-parallel", "2")
+    same = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3},
+            "tensor_parallel": {"autotp_size": 2}}  # fmt: skip
+    assert tp["per_gpu"] == estimate_json(tmp_path, same, *flags)["per_gpu"]
+    hpz = flagged("--hpz", "8")
+    assert hpz["details"]["hpz_secondary_partition"] == pytest.approx(2 * hpz["n_params"] / 8, rel=1e-3)
+    both = runner.invoke(app, ["estimate", "--model", "llama-2-7b", *flags, "--tensor-parallel", "2", "--hpz", "8"])
+    assert both.exit_code == 2 and "zero_optimization.zero_hpz_partition_size" in both.stderr
