@@ -83,3 +83,19 @@ def test_the_layout_flags_give_the_ds_config_figures(tmp_path: Path) -> None:
     assert hpz["details"]["hpz_secondary_partition"] == pytest.approx(2 * hpz["n_params"] / 8, rel=1e-3)
     both = runner.invoke(app, ["estimate", "--model", "llama-2-7b", *flags, "--tensor-parallel", "2", "--hpz", "8"])
     assert both.exit_code == 2 and "zero_optimization.zero_hpz_partition_size" in both.stderr
+
+
+def test_tune_checks_hpz_against_the_ranks_before_any_run_and_pins_it(tmp_path: Path) -> None:
+    """``--hpz`` pins the space's hpz_partition_size; its stage is searched (a trial at another stage is pruned
+    naming the pin), so the check before any run is the ranks only."""
+    from tuner.cli.options import WorkloadFlags
+    from tuner.cli.tune import _long_context_pins
+
+    pins = _long_context_pins(WorkloadFlags(sequence_parallel=None, tensor_parallel=2, hpz=None, tiled_mlp=None,
+                                            tiled_loss=None, offload_checkpoints=None))  # fmt: skip
+    assert pins == {"tensor_parallel": 2}
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    args = ["tune", "--model", "llama-2-7b", "--gpus", "2", "--device", "cpu", "--hpz", "4", "--storage", storage]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "zero_optimization.zero_hpz_partition_size" in result.stderr, result.output
+    assert "must divide the 2 ranks" in result.stderr
