@@ -71,7 +71,9 @@ def test_tune_pins_the_flags_given_and_refuses_a_bad_layout_before_any_run(tmp_p
     from tuner.cli.options import WorkloadFlags
     from tuner.cli.tune import _long_context_pins
 
-    flags = WorkloadFlags(sequence_parallel=2, tiled_mlp=None, tiled_loss=8, offload_checkpoints=None)
+    flags = WorkloadFlags(
+        sequence_parallel=2, tensor_parallel=None, hpz=None, tiled_mlp=None, tiled_loss=8, offload_checkpoints=None
+    )
     assert _long_context_pins(flags) == {"sequence_parallel": 2, "tiled_loss_shards": 8}
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     args = ["tune", *LLAMA[:-2], "--device", "cpu", "--sequence-parallel", "3", "--storage", storage]

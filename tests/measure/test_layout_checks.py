@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from tuner.errors import InputError
-from tuner.measure.layout_checks import QUANTIZER_ON_CPU, layout_refusal
+from tuner.measure.layout_checks import AUTOTP_BUILT_IN, AUTOTP_PEFT, QUANTIZER_ON_CPU, layout_refusal
 from tuner.measure.run import run_measurement
-from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrainableSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
-TINY = Workload(load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=64))
+HF_TINY = replace(load_builtin_model("tiny-llama"), implementation="transformers")  # the checks read shapes only
+TINY = Workload(HF_TINY, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=64))
 
 
 @pytest.mark.parametrize("key", ["zero_quantized_weights", "zero_quantized_gradients"])
@@ -51,3 +53,15 @@ def test_bad_hpz_is_refused_before_any_rank() -> None:
         run_measurement(TINY, TrialConfig({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3}}))
     assert refused.value.field == "zero_optimization.zero_hpz_partition_size"
     assert QUANTIZER_ON_CPU not in str(refused.value)
+
+
+def test_autotp_is_measured_on_the_transformers_model_without_an_adapter() -> None:
+    """DeepSpeed shards by the transformers model's tp_plan: the built-in model has none, an adapter renames its
+    Linears."""
+    trial = TrialConfig({"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 2}})
+    built_in = Workload(load_builtin_model("tiny-llama"), TINY.cluster, TINY.train)
+    with pytest.raises(InputError) as refused:
+        run_measurement(built_in, trial)
+    assert refused.value.field == "tensor_parallel.autotp_size" and AUTOTP_BUILT_IN in str(refused.value)
+    lora = replace(TINY, trainable=TrainableSpec(peft='{"peft_type": "LORA", "r": 4}'))
+    assert layout_refusal(lora, trial, "cpu") == ("tensor_parallel.autotp_size", AUTOTP_PEFT)

@@ -68,7 +68,7 @@ def test_a_parameter_pinned_where_the_workload_rules_it_out_is_infeasible(tmp_pa
         (
             "frozen == 0",
             "workload facts (trainable_params, frozen_params, optimizer_state_bytes, seq_len, world_size, "
-            "attention_heads, transformers_model, cpu_ranks)",
+            "attention_heads, transformers_model, gpus_per_node, nodes, moe_model, cpu_ranks)",
         ),
     ],
 )

@@ -8,6 +8,7 @@ them.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
@@ -33,6 +34,8 @@ from tuner.cli.tuning import run_tune
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher, Sampler, check_study_name, default_study_name, readable_name
 from tuner.units import parse_duration
+from tuner.workload import hpz_problem
+from tuner.workload.layout_checks import HPZ_KEY
 from tuner.workload.measurable import measurement_refusal
 
 if TYPE_CHECKING:
@@ -101,7 +104,12 @@ def tune_command(
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
     warmup_max = warmup_limit(warmup, warmup_max)
     require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
-    workload, _ = build(flags)  # micro-batch, accumulation, stage and offload are what the search decides
+    # micro-batch, accumulation, stage and offload are what the search decides: --hpz is checked against the ranks
+    # here (its stage is searched; trials at other stages are pruned naming the pin), the rest of the layout in build
+    workload, _ = build(replace(flags, hpz=1))
+    hpz_wrong = hpz_problem(3, flags.hpz or 1, workload.cluster.world_size)
+    if hpz_wrong:
+        fail(HPZ_KEY, hpz_wrong)
     refusal = measurement_refusal(workload)
     if refusal:
         fail(*refusal)
@@ -195,7 +203,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     workload = store.workload_of(record.id)
     world = workload.cluster.world_size
     try:
-        validate_with_deepspeed(best.ds_config, world)
+        validate_with_deepspeed(best.trial.deepspeed_config(world), best.trial.deepspeed_world(world))
     except ConfigError as error:
         fail(error.field, f"DeepSpeed rejects the stored config: {error}")
     config, notes = export_config(

@@ -3,6 +3,9 @@ installed DeepSpeed's version is read from its package metadata, DeepSpeed itsel
 
 - The layout (:func:`tuner.workload.check_layout`): tp against the GPUs of a node and the heads, hpZ against the
   stage and the ranks, and AutoTP with ZeRO-3 against the DeepSpeed that will train (0.19.4 or newer).
+- AutoTP on the built-in model or under a peft adapter: the runner hands DeepSpeed the transformers model's
+  ``tp_plan`` (:mod:`tuner.measure.autotp`); the built-in model has none, and an adapter renames the Linears the plan
+  names (``q_proj.base_layer``), so DeepSpeed would shard by its name heuristics, not as the estimate says.
 - qwZ and qgZ (``zero_quantized_weights``, ``zero_quantized_gradients``) at ZeRO-3 on CPU ranks: DeepSpeed's
   quantizer kernels are built by ``QuantizerBuilder``, which has no CPU implementation; the estimate stands alone.
 """
@@ -13,6 +16,8 @@ from importlib import metadata
 
 from tuner.workload import ConfigError, TrialConfig, Workload, check_layout
 
+AUTOTP_BUILT_IN = "needs the transformers model (model_impl transformers): DeepSpeed shards by its tp_plan"
+AUTOTP_PEFT = "AutoTP under a peft adapter is not measured (the adapter renames the Linears the tp_plan names)"
 QUANTIZER_ON_CPU = (
     "DeepSpeed's QuantizerBuilder needs CUDA (its quantizer kernels are not implemented on CPU): estimate only on CPU "
     "ranks (dstune estimate), not measured"
@@ -33,8 +38,10 @@ def layout_refusal(
     """``(field, reason)`` when a run of ``trial``'s AutoTP or ZeRO++ settings cannot be measured on ``device``
     with DeepSpeed ``deepspeed_version`` (default: the installed one), else None.
 
+    >>> from dataclasses import replace
     >>> from tuner.workload import ClusterSpec, load_builtin_model
-    >>> tiny = Workload(load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=2, device="cpu"))
+    >>> hf = replace(load_builtin_model("tiny-llama"), implementation="transformers")
+    >>> tiny = Workload(hf, ClusterSpec(gpus_per_node=2, device="cpu"))
     >>> layout_refusal(tiny, TrialConfig({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}), "cpu")
     ... # doctest: +ELLIPSIS
     ('zero_optimization.zero_quantized_weights', "DeepSpeed's QuantizerBuilder needs CUDA ...")
@@ -43,11 +50,18 @@ def layout_refusal(
     ('tensor_parallel.autotp_size', 'AutoTP with ZeRO-3 needs DeepSpeed >= 0.19.4, this is 0.19.3')
     >>> layout_refusal(tiny, autotp3, "cpu", "0.19.8") is None
     True
+    >>> layout_refusal(Workload(load_builtin_model("tiny-llama"), tiny.cluster), autotp3, "cpu")[1]
+    'needs the transformers model (model_impl transformers): DeepSpeed shards by its tp_plan'
     """
     try:
         check_layout(workload, trial, deepspeed_version or installed_deepspeed())
     except ConfigError as error:
         return error.field, error.message
+    if trial.layout.tensor_parallel > 1:
+        if workload.model.implementation != "transformers":
+            return "tensor_parallel.autotp_size", AUTOTP_BUILT_IN
+        if workload.trainable.peft:
+            return "tensor_parallel.autotp_size", AUTOTP_PEFT
     zero = trial.zero
     if device != "cuda" and zero.stage == 3:  # ZeRO-3's (DeepSpeed ignores both at stages 0-2)
         for key, on in (
@@ -59,4 +73,4 @@ def layout_refusal(
     return None
 
 
-__all__ = ["QUANTIZER_ON_CPU", "installed_deepspeed", "layout_refusal"]
+__all__ = ["AUTOTP_BUILT_IN", "AUTOTP_PEFT", "QUANTIZER_ON_CPU", "installed_deepspeed", "layout_refusal"]

@@ -70,9 +70,11 @@ class RankResult:
     true_peak: dict[str, Any] = field(default_factory=dict)
     trainable_params: int | None = None  # with an adapter or frozen parameters: the elements that train
     numerics: dict[str, Any] = field(default_factory=dict)  # tuner.measure.numerics.first_step_numerics (all ranks')
-    # the rank's place in the layout (sequence_parallel, sp_rank, data_parallel, dp_rank) and the tokens it trains
-    # on per micro-batch (s/sp × micro-batch: under Ulysses each rank holds its share of a sample)
+    # the rank's place in the layout (sequence_parallel, sp_rank, data_parallel, dp_rank; with AutoTP also
+    # tensor_parallel, tp_rank) and the tokens it trains on per micro-batch (s/sp × micro-batch: under Ulysses each
+    # rank holds its share of a sample)
     layout: dict[str, int] = field(default_factory=dict)
+    local_params: int | None = None  # parameter elements the rank holds after AutoTP shards them (ZeRO-3: ds_numel)
     tokens_per_micro_batch: int | None = None
     launch: dict[str, Any] = field(default_factory=dict)  # threads, affinity, variables (tuner.measure.rank_launch)
 

@@ -23,7 +23,7 @@ def trained_model(spec: RunSpec, workload: Workload, result: RankResult) -> Any:
     if not workload.trainable.is_full and not transformers:
         field = "peft" if workload.trainable.peft else "freeze"
         raise ValueError(f"{field}: needs the transformers model (model_impl transformers), not the built-in one")
-    with born_on_device(spec.ds_config, spec.device, transformers):
+    with born_on_device(spec.trial.deepspeed_config(workload.cluster.world_size), spec.device, transformers):
         model = _build_model(workload, spec.activation_checkpointing)
     initialise_partitioned(model)  # the base model's weights, before the adapter is added (lora_B stays zero)
     model = _with_trainable(model, workload.trainable, result)
@@ -63,8 +63,9 @@ def _build_model(workload: Workload, checkpointing: bool) -> Any:
 def long_context_model(trial: TrialConfig, workload: Workload, model: Any, result: RankResult) -> tuple[Any, Any]:
     """``model`` as the trial's layout and long-context settings train it, and the rank's
     :class:`~tuner.measure.ulysses.SequenceShard` (its mpu goes to ``deepspeed.initialize``): Ulysses registered
-    for sp > 1, tiled MLPs, checkpoint offload, and the :class:`~tuner.measure.ulysses.LongContextLM` loss for
-    sequence parallelism or a tiled loss. What cannot be measured is refused
+    for sp > 1, tiled MLPs, checkpoint offload, the :class:`~tuner.measure.ulysses.LongContextLM` loss for
+    sequence parallelism or a tiled loss, and the transformers ``tp_plan`` exposed on what DeepSpeed is handed for
+    AutoTP (:mod:`tuner.measure.autotp`). What cannot be measured is refused
     (:func:`~tuner.measure.long_context_checks.measured_refusal`, as ``invalid_config``)."""
     import torch.distributed as dist
 
@@ -76,11 +77,16 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
         raise InvalidConfig(f"{refusal[0]}: {refusal[1]}")
     sizes, context, sp = trial.batch_sizes(dist.get_world_size()), trial.long_context, trial.layout.sequence_parallel
     shard = join_sequence_parallel(model.model, sp, sizes.micro, workload.train.seq_len) if sp > 1 else None
+    tp, rank = trial.layout.tensor_parallel, dist.get_rank()
     if shard is None:
         from tuner.measure.ulysses import SequenceShard
 
-        shard = SequenceShard(dp_rank=dist.get_rank())
+        shard = SequenceShard(dp_rank=rank // tp)  # an AutoTP group's ranks are consecutive and share a sample
     result.layout = shard.layout(trial.layout.data_parallel(dist.get_world_size()))
+    if tp > 1:
+        from tuner.measure.autotp import place
+
+        result.layout.update(place(rank, sp, tp))
     if context.tiled_mlp_shards > 1:
         from tuner.measure.alst import tile_mlps
 
@@ -89,8 +95,13 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
         from tuner.measure.alst import offload_checkpoints
 
         offload_checkpoints(model.model)
+    transformers_model = getattr(model, "model", None)
     if sp > 1 or context.tiled_loss_shards > 1:
         model = LongContextLM(model, shard, trial.stage, context.tiled_loss_shards, sizes.accum)
+    if tp > 1:
+        from tuner.measure.autotp import expose_tp_plan
+
+        expose_tp_plan(model, transformers_model)
     return model, shard
 
 

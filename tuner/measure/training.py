@@ -25,7 +25,7 @@ from tuner.measure.measurement import EXCERPT_CHARS, InvalidConfig, RankResult
 from tuner.measure.numerics import NumericsRecorder
 from tuner.measure.rank_model import long_context_model, rank_batches, trained_model
 from tuner.measure.run_protocol import RunSpec, progress_path, timings_path, write_json_atomically
-from tuner.workload import TrialConfig, Workload
+from tuner.workload import Workload
 
 CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's CPU allocator has no exception type
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
@@ -127,7 +127,7 @@ class TrainingProcess:
         cuda = spec.device == "cuda"
         self._use_device(cuda)
         self._join_process_group(cuda)
-        self._validate_config(spec.ds_config)
+        self._validate_config(spec.trial.deepspeed_config(workload.cluster.world_size))
         torch.manual_seed(0)
         if spec.true_peak and not cuda:  # from before the model exists: every tensor the run allocates is seen
             self.allocator.start()
@@ -196,13 +196,16 @@ class TrainingProcess:
         model, self.shard = long_context_model(spec.trial, workload, model, self.result)
         timings["model_s"] = time.perf_counter() - begin
         begin = time.perf_counter()
-        config = TrialConfig(spec.ds_config).deepspeed_config()
+        config = spec.trial.deepspeed_config(workload.cluster.world_size)
         if spec.wall_clock_breakdown:  # DeepSpeed's forward / backward / step timers (:meth:`_add_breakdown`)
             config["wall_clock_breakdown"] = True
         # only what trains, as the HF Trainer's optimizer takes it: frozen weights get no gradients, masters or states
         trained = [param for param in model.parameters() if param.requires_grad]
         engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config, mpu=self.shard.mpu)
         timings["initialize_s"] = time.perf_counter() - begin
+        from tuner.measure.autotp import local_elements
+
+        self.result.local_params = local_elements(engine.module)
         self.result.rss_bytes["after_initialize"] = rss_bytes()
         return engine
 

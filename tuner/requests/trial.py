@@ -13,6 +13,9 @@ Example:
     >>> trial = TrialRequest(sequence_parallel=2, tiled_loss_shards=4).to_trial("bf16")
     >>> trial.layout.sequence_parallel, trial.long_context.tiled_loss_shards
     (2, 4)
+    >>> trial = TrialRequest(stage=3, tensor_parallel=2, hpz_partition_size=4).to_trial("bf16")
+    >>> trial.layout.tensor_parallel, trial.zero.hpz_partition_size
+    (2, 4)
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ GRAD_ACCUM = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_c
 CHECKPOINTING = Field(False, description="Of the trial config (the model's gradient checkpointing), not the workload.")
 
 SEQUENCE_PARALLEL = Field(1, ge=1, le=2**16, description="Ulysses degree (ds_config sequence_parallel_size).")
+TENSOR_PARALLEL = Field(1, ge=1, le=2**10, description="AutoTP degree (ds_config tensor_parallel.autotp_size).")
+HPZ = Field(1, ge=1, le=2**16, description="ZeRO++ hpZ group size (zero_optimization.zero_hpz_partition_size).")
 TILED_MLP = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards (dstune.tiled_mlp_shards).")
 TILED_LOSS = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards (dstune.tiled_loss_shards).")
 OFFLOAD_CHECKPOINTS = Field(
@@ -49,6 +54,8 @@ class TrialRequest(RequestModel):
     offload_param: Offload = "none"
     nvme_path: str | None = Field(None, description="Folder for NVMe offload (set on each NVMe offload section).")
     sequence_parallel: int = SEQUENCE_PARALLEL
+    tensor_parallel: int = TENSOR_PARALLEL
+    hpz_partition_size: int = HPZ
     tiled_mlp_shards: int = TILED_MLP
     tiled_loss_shards: int = TILED_LOSS
     offload_checkpoints: bool = OFFLOAD_CHECKPOINTS
@@ -70,6 +77,10 @@ class TrialRequest(RequestModel):
         )
         if long_context:
             config = merge_configs(config, long_context)
+        if self.tensor_parallel > 1:
+            config = merge_configs(config, {"tensor_parallel": {"autotp_size": self.tensor_parallel}})
+        if self.hpz_partition_size > 1:
+            config = merge_configs(config, {"zero_optimization": {"zero_hpz_partition_size": self.hpz_partition_size}})
         if self.ds_config is not None:
             config = merge_configs(config, self.ds_config)
         return TrialConfig(config, self.activation_checkpointing)

@@ -26,7 +26,10 @@ WORKLOAD_FACTS = {
     "world_size": "the ranks (GPUs per node × nodes)",
     "attention_heads": "the model's attention heads (0 for a bare parameter count)",
     "transformers_model": "1 when measured runs train the transformers model (Ulysses and ALST's tiling need its "
-    "attention and layers; the built-in models refuse them), else 0",
+    "attention and layers, AutoTP its tp_plan; the built-in models refuse them), else 0",
+    "gpus_per_node": "the GPUs (ranks) of one node: AutoTP and hpZ groups stay within a node",
+    "nodes": "the nodes",
+    "moe_model": "1 when the model has routed experts (DeepSpeed's AutoTP refuses transformers' MoE tp_plans), else 0",
     "cpu_ranks": "1 when the ranks train on CPU (every step runs on the rank's threads), 0 on CUDA",
 }
 

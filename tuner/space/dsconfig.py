@@ -262,7 +262,8 @@ def export_config(
     and the notes that go with it (the TrainingArguments and, given the workload's ``attention``, the
     ``attn_implementation`` to load the model with; given its ``trainable`` part, the peft ``LoraConfig`` and the
     freeze pattern; the allocator setting the run was measured with). A trial with Ulysses or ALST's pieces adds
-    what the training code must do for them (:mod:`tuner.space.long_context_export`; ``seq_len``: the workload's).
+    what the training code must do for them (:mod:`tuner.space.long_context_export`; ``seq_len``: the workload's), one
+    with AutoTP or hpZ what goes with those (:mod:`tuner.space.tensor_parallel_export`).
 
     Example:
         >>> trial = TrialConfig({"train_micro_batch_size_per_gpu": 2, "dstune": {"expandable_segments": True}})
@@ -271,6 +272,7 @@ def export_config(
         ({'train_micro_batch_size_per_gpu': 2}, ['run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True'])
     """
     from tuner.space.long_context_export import alst_notes, deepspeed_notes, hf_snippet
+    from tuner.space.tensor_parallel_export import tensor_parallel_notes
 
     config = trial.deepspeed_config()
     notes: list[str] = []
@@ -286,6 +288,7 @@ def export_config(
         notes.extend(alst_notes(trial))
     else:
         notes.extend(deepspeed_notes(trial, kind, seq_len))
+    notes.extend(tensor_parallel_notes(trial, format))
     if trainable is not None:
         notes.extend(trainable_notes(trainable))
     if trial.expandable_segments:

@@ -24,8 +24,11 @@ from tuner.workload import (
     TrialConfig,
     Workload,
     accumulation_for,
+    hpz_problem,
     sequence_parallel_problem,
+    tensor_parallel_problem,
 )
+from tuner.workload.layout_checks import HPZ_KEY, TP_KEY
 from tuner.workload.long_context_checks import SP_KEY
 
 _UNSET = object()
@@ -288,6 +291,11 @@ class SearchSpace:
         global_batch, world = asking.global_batch, asking.workload.cluster.world_size
         if parameter.key == SP_KEY:  # the degrees Ulysses can run on this workload (ranks, heads, sequence)
             choices = [c for c in choices if sequence_parallel_problem(asking.workload, c) is None]
+        if parameter.key == TP_KEY:  # the degrees AutoTP can run (GPUs of a node, heads, key-value heads, no MoE)
+            choices = [c for c in choices if tensor_parallel_problem(asking.workload, c) is None]
+        if parameter.key == HPZ_KEY:  # hpZ groups within a node (its all-gathers stay on the node's links)
+            cluster = asking.workload.cluster
+            choices = [c for c in choices if cluster.gpus_per_node % c == 0 and not hpz_problem(3, c, world)]
         if parameter.name == self._micro and global_batch is not None:
             choices = [c for c in choices if (global_batch // world) % c == 0]
             if not choices:
@@ -308,10 +316,13 @@ class SearchSpace:
             raise InfeasibleConfig(error.message, values) from None
 
     def _data_parallel(self, values: Mapping[str, Any], workload: Workload) -> int:
-        """The data-parallel ranks of the values so far: the world over the sequence-parallel degree, when the space
-        has one (suggested before the batch)."""
-        sp = next((values.get(p.name) for p in self._parameters if p.key == SP_KEY and p.name in values), None)
-        return workload.cluster.world_size // (sp or 1)
+        """The data-parallel ranks of the values so far: the world over the sequence- and tensor-parallel degrees,
+        when the space has them (suggested before the batch)."""
+        degrees = [values.get(p.name) or 1 for p in self._parameters if p.key in (SP_KEY, TP_KEY) and p.name in values]
+        model_parallel = 1
+        for degree in degrees:
+            model_parallel *= degree
+        return max(1, workload.cluster.world_size // model_parallel)
 
     def _micro_value(self, values: Mapping[str, Any]) -> int:
         micro = values.get(self._micro) if self._micro else None

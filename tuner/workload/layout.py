@@ -3,8 +3,10 @@
 DeepSpeed 0.19 reads each degree from its own place in the ds_config: Ulysses sequence parallelism from the top-level
 ``sequence_parallel_size``, AutoTP from ``tensor_parallel.autotp_size``, AutoEP from ``expert_parallel.autoep_size``
 (when ``expert_parallel.enabled``). Its batch arithmetic counts data-parallel ranks only: ``train_batch_size =
-micro-batch × accumulation × world / (sp × tp)`` (``DeepSpeedConfig.world_size`` divides by the sequence-parallel
-size; AutoTP's mpu answers the data-parallel world). Expert parallelism splits the experts, not the batch.
+micro-batch × accumulation × world / (sp × tp)`` samples per step (``DeepSpeedConfig.world_size`` divides by the
+sequence-parallel size; a tensor-parallel group trains on one sample). DeepSpeed 0.19.8's own check of a
+``train_batch_size`` under AutoTP counts every rank, so the config DeepSpeed is handed leaves it out
+(:meth:`~tuner.workload.trial.TrialConfig.deepspeed_config`). Expert parallelism splits the experts, not the batch.
 
 Example:
     >>> layout = ParallelLayout.of({"sequence_parallel_size": 2})

@@ -8,8 +8,14 @@ naming the field before any work (the Ulysses and ALST checks are :mod:`.long_co
   ``packed_colwise`` (Qwen2-MoE, measured), and the estimator does not model sharded experts yet.
 - AutoTP with ZeRO-3 trains only from DeepSpeed 0.19.4 on (:func:`autotp_zero3_problem`): the DeepSpeed version is
   the caller's to give (the measured-run boundary reads the installed one); this module imports no DeepSpeed.
+- AutoTP together with Ulysses sequence parallelism is refused: ``DeepSpeedEngine._configure_tensor_parallel_states``
+  sets ``self.mpu = groups`` (its own tensor-parallel mesh), dropping the Ulysses mpu the engine was given.
 - ``zero_optimization.zero_hpz_partition_size`` (hpZ) partitions a secondary copy of the 16-bit parameters: it
-  exists at ZeRO-3 only, and its groups must divide the ranks.
+  exists at ZeRO-3 only, and its groups must divide the ranks. With AutoTP it is refused: DeepSpeed 0.19.8 builds
+  the hpZ groups from consecutive ranks of the whole world (``groups._create_zero_param_parallel_group``), which
+  under AutoTP are the ranks of one tensor-parallel group, holding different shards of the same parameters. Measured
+  through the runner (tiny LLaMA, fp32, TP 2 × DP 2 on 2 nodes of 2, ZeRO-3): without hpZ the step-0 loss and
+  gradient norm equal the one-rank run's (6.2622952, 0.8469947); with hpZ 2 they are 6.2583408 and 0.8384255.
 
 Example:
     >>> from tuner.workload import ClusterSpec, TrialConfig, Workload, load_builtin_model
@@ -30,6 +36,14 @@ from tuner.workload.trial import TrialConfig
 TP_KEY = "tensor_parallel.autotp_size"
 HPZ_KEY = "zero_optimization.zero_hpz_partition_size"
 AUTOTP_ZERO3_SINCE = (0, 19, 4)
+HPZ_WITH_TP = (
+    "hpZ with AutoTP is refused: DeepSpeed 0.19.8 makes hpZ groups of consecutive ranks, which under AutoTP are one "
+    "tensor-parallel group holding different shards (measured: step-0 gradient norm 1 % off the reference)"
+)
+TP_WITH_SP = (
+    "AutoTP with Ulysses (sequence_parallel_size > 1) is not supported: DeepSpeed 0.19.8's AutoTP replaces the "
+    "engine's mpu (Ulysses' groups) with its own tensor-parallel groups"
+)
 
 
 def tensor_parallel_problem(workload: Workload, tp: int) -> str | None:
@@ -116,10 +130,14 @@ def check_layout(workload: Workload, trial: TrialConfig, deepspeed_version: str 
     problem = tensor_parallel_problem(workload, tp)
     if problem:
         raise ConfigError(TP_KEY, problem)
+    if tp > 1 and trial.layout.sequence_parallel > 1:
+        raise ConfigError(TP_KEY, TP_WITH_SP)
     zero = trial.zero
     problem = hpz_problem(zero.stage, zero.hpz_partition_size, workload.cluster.world_size)
     if problem:
         raise ConfigError(HPZ_KEY, problem)
+    if tp > 1 and zero.hpz_partition_size > 1:
+        raise ConfigError(HPZ_KEY, HPZ_WITH_TP)
     if deepspeed_version is not None:
         problem = autotp_zero3_problem(trial, deepspeed_version)
         if problem:
@@ -129,7 +147,9 @@ def check_layout(workload: Workload, trial: TrialConfig, deepspeed_version: str 
 __all__ = [
     "AUTOTP_ZERO3_SINCE",
     "HPZ_KEY",
+    "HPZ_WITH_TP",
     "TP_KEY",
+    "TP_WITH_SP",
     "autotp_zero3_problem",
     "check_layout",
     "hpz_problem",

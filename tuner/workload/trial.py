@@ -245,9 +245,51 @@ class TrialConfig:
             raise ConfigError(f"{ENV_SECTION}.fault_loss_scale", f"must be a positive number, got {value!r}")
         return float(value)
 
-    def deepspeed_config(self) -> dict[str, Any]:
-        """The ds_config DeepSpeed is handed: without dstune's own ``dstune`` section."""
-        return {key: value for key, value in self.ds_config.items() if key != ENV_SECTION}
+    def deepspeed_world(self, world_size: int) -> int:
+        """The ranks DeepSpeed 0.19.8's batch check counts on ``world_size`` ranks without an mpu: the world over
+        the sequence-parallel degree (``DeepSpeedConfig`` divides by ``sequence_parallel_size``), tensor-parallel
+        ranks included (see :meth:`deepspeed_config`).
+
+        >>> TrialConfig({"sequence_parallel_size": 2}).deepspeed_world(8)
+        4
+        >>> TrialConfig({"tensor_parallel": {"autotp_size": 2}}).deepspeed_world(8)
+        8
+        """
+        return world_size // self.layout.sequence_parallel
+
+    def deepspeed_config(self, world_size: int | None = None) -> dict[str, Any]:
+        """The ds_config DeepSpeed is handed: without dstune's own ``dstune`` section.
+
+        Under AutoTP the global batch is left to DeepSpeed: its ``DeepSpeedConfig``, built without an mpu (as
+        ``deepspeed.initialize`` builds it for a config-driven AutoTP, and as the HF Trainer's path does), checks
+        ``train_batch_size`` against micro × accumulation × *every* rank, tp ranks included (DeepSpeed 0.19.8,
+        measured: ``4 != 2 * 1 * 4`` for micro 2 on TP 2 × DP 2), although a tensor-parallel group trains on one
+        sample: the samples per step are micro × accumulation × dp (:meth:`batch_sizes`). So with tp > 1 the
+        config carries the micro-batch and the accumulation steps (resolved on ``world_size`` ranks when given)
+        and no ``train_batch_size``, which DeepSpeed then derives by its own count.
+
+        A trial of the space's degree 1 (``tensor_parallel: {autotp_size: 1}``, no AutoTP) hands DeepSpeed no
+        ``tensor_parallel`` section: any ``autotp_size`` above 0 sets DeepSpeed's AutoTP training mode.
+
+        >>> TrialConfig({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+        ...              "tensor_parallel": {"autotp_size": 2}}).deepspeed_config(world_size=4)
+        {'train_micro_batch_size_per_gpu': 2, 'gradient_accumulation_steps': 2, 'tensor_parallel': {'autotp_size': 2}}
+        >>> TrialConfig({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 1}}).deepspeed_config()
+        {'train_batch_size': 8}
+        """
+        config = {key: value for key, value in self.ds_config.items() if key != ENV_SECTION}
+        if config.get("tensor_parallel") == {"autotp_size": 1}:  # the space's "no AutoTP": written, it would still
+            del config["tensor_parallel"]  # switch DeepSpeed into AutoTP's training mode (deepspeed/__init__.py)
+        if self.layout.tensor_parallel <= 1 or GLOBAL_KEY not in config:
+            return config
+        if world_size is not None:
+            sizes = self.batch_sizes(world_size)
+            config = {MICRO_KEY: sizes.micro, ACCUM_KEY: sizes.accum, **config}
+            config[MICRO_KEY], config[ACCUM_KEY] = sizes.micro, sizes.accum
+        elif MICRO_KEY not in config or ACCUM_KEY not in config:
+            return config  # cannot be resolved without the ranks: DeepSpeed judges it as given
+        config.pop(GLOBAL_KEY)
+        return config
 
     def summary(self) -> str:
         """One line for tables and reasons: ``ZeRO-2 · micro 4 × accum 2 · bf16 · optimizer → cpu``.

@@ -1,0 +1,84 @@
+"""AutoTP and ZeRO++ hpZ in the default search space: offered only where DeepSpeed can run them and they mean
+something, the batch arithmetic over the data-parallel ranks, and invalid combinations pruned naming the field."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import optuna
+import pytest
+
+from tuner.space import InfeasibleConfig, default_space_path, load_space
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+SPACE = load_space(default_space_path())
+
+
+def workload(preset: str, gpus: int = 8, nodes: int = 1, impl: str = "transformers", hf_config: str = "") -> Workload:
+    model = replace(load_builtin_model(preset), implementation=impl, hf_config=hf_config)
+    return Workload(model, ClusterSpec(gpus_per_node=gpus, nodes=nodes, gpu_memory=80 * 2**30))
+
+
+def offered(work: Workload, name: str, **pins: object) -> list | None:
+    """The choices a trial is offered for ``name`` (None: not asked)."""
+    trial = optuna.create_study().ask()
+    with contextlib.suppress(InfeasibleConfig):  # the choices were offered before any pruning
+        load_space(default_space_path(), pins=pins).suggest(trial, work)
+    distribution = trial.distributions.get(name)
+    return list(distribution.choices) if distribution is not None else None
+
+
+def test_a_70b_study_on_two_nodes_proposes_tp_and_hpz_with_the_data_parallel_batch() -> None:
+    work = workload("llama-3.1-70b", nodes=2)  # 64 heads, 8 key-value heads, 16 GPUs
+    assert offered(work, "tensor_parallel") == [1, 2, 4, 8]
+    assert offered(work, "hpz_partition_size", stage=3) == [1, 2, 4, 8]
+    assert offered(work, "hpz_partition_size", stage=2) is None  # hpZ is a ZeRO-3 feature
+    pins = {"stage": 3, "tensor_parallel": 4, "hpz_partition_size": 1, "micro_batch": 2}
+    suggestion = load_space(default_space_path(), pins=pins).suggest(optuna.create_study().ask(), work, global_batch=64)
+    config = suggestion.trial.ds_config
+    assert config["tensor_parallel"] == {"autotp_size": 4}
+    # 16 ranks / tp 4 = 4 data-parallel ranks: 2 × 8 × 4 = 64
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (2, 8)
+    assert config["train_batch_size"] == 64
+
+
+@pytest.mark.parametrize(
+    ("work", "why"),
+    [
+        (workload("llama-3.1-70b", gpus=1, nodes=4), "one GPU per node"),
+        (workload("tiny-llama", gpus=2), "a tiny model: ZeRO fits it"),
+        (workload("llama-3.1-70b", hf_config='{"num_local_experts": 8}'), "MoE: DeepSpeed refuses its tp_plan"),
+        (workload("llama-3.1-70b", impl="builtin"), "the built-in model has no tp_plan"),
+    ],
+)
+def test_tp_is_not_offered_where_it_means_nothing_or_cannot_run(work: Workload, why: str) -> None:
+    assert offered(work, "tensor_parallel") is None, why
+
+
+def test_tp_choices_divide_the_gpus_of_a_node_and_the_key_value_heads() -> None:
+    assert offered(workload("llama-3-8b", gpus=4), "tensor_parallel") == [1, 2, 4]  # 8 key-value heads
+    assert offered(workload("llama-2-7b", gpus=8), "tensor_parallel") == [1, 2, 4, 8]  # 32 heads, 32 key-value heads
+
+
+def test_hpz_needs_nodes_and_its_groups_stay_within_one() -> None:
+    assert offered(workload("tiny-llama", gpus=2), "hpz_partition_size", stage=3) is None  # one node
+    assert offered(workload("tiny-llama", gpus=2, nodes=2), "hpz_partition_size", stage=3) == [1, 2]
+
+
+def test_tp_with_ulysses_is_pruned_naming_the_field() -> None:
+    work = replace(workload("llama-3.1-70b", nodes=2), train=TrainSpec(seq_len=8192))
+    space = load_space(default_space_path(), pins={"sequence_parallel": 2, "tensor_parallel": 2})
+    with pytest.raises(InfeasibleConfig, match=r"tensor_parallel\.autotp_size: AutoTP with Ulysses"):
+        space.suggest(optuna.create_study().ask(), work)
+
+
+def test_hpz_with_tp_is_pruned_naming_the_field() -> None:
+    """DeepSpeed 0.19.8 makes hpZ groups of consecutive ranks: under AutoTP one tensor-parallel group."""
+    space = load_space(default_space_path(), pins={"stage": 3, "tensor_parallel": 2, "hpz_partition_size": 2})
+    with pytest.raises(InfeasibleConfig, match=r"zero_optimization\.zero_hpz_partition_size: hpZ with AutoTP"):
+        space.suggest(optuna.create_study().ask(), workload("llama-3.1-70b", nodes=2))
+    hpz = load_space(default_space_path(), pins={"stage": 3, "tensor_parallel": 1, "hpz_partition_size": 8})
+    config = hpz.suggest(optuna.create_study().ask(), workload("llama-3.1-70b", nodes=2)).trial.ds_config
+    assert config["zero_optimization"]["zero_hpz_partition_size"] == 8

@@ -1,0 +1,64 @@
+"""What ``dstune best`` says with a trial that uses AutoTP or ZeRO++ hpZ (pure Python).
+
+The exported ds_config keeps ``tensor_parallel.autotp_size`` and ``zero_optimization.zero_hpz_partition_size`` as
+measured; under AutoTP it carries no ``train_batch_size`` (:meth:`tuner.workload.TrialConfig.deepspeed_config`:
+DeepSpeed 0.19.8 checks it against every rank, tp ranks included). The notes say what the training code must do:
+
+- ``--format deepspeed``: hand ``deepspeed.initialize`` the transformers model itself (DeepSpeed shards it by the
+  model's ``tp_plan``, as dstune's runner does), and feed the ranks of a tensor-parallel group (consecutive ranks)
+  the same batch.
+- ``--format hf``: the HF Trainer runs DeepSpeed through accelerate, whose DeepSpeed path (accelerate 1.16,
+  ``Accelerator._prepare_deepspeed``) takes the degree from this config's ``tensor_parallel.autotp_size``, builds a
+  ``tp`` device mesh of that size, and its data loader gives a tp group's ranks the same batch.
+  ``ParallelismConfig(tp_size=...)`` is something else: accelerate's torch-native tensor parallelism
+  (``Accelerator._prepare_tp``, DTensor over a model loaded with a ``tp_plan``), another sharding than the AutoTP
+  dstune measured, so the note says to leave it at 1. Measured 2026-12 (transformers' Trainer, accelerate 1.16,
+  DeepSpeed 0.19.8, gloo CPU ranks): the export trains as is on 2 ranks (TP 2) and 4 (TP 2 × DP 2), each rank
+  holding 0.62 × the parameters, DeepSpeed's check of a tp group's batches passing; DeepSpeed derives
+  ``train_batch_size`` over every rank (2 on TP 2, where one sample trains a step).
+"""
+
+from __future__ import annotations
+
+from tuner.workload import TrialConfig
+
+
+def tensor_parallel_notes(trial: TrialConfig, format: str) -> list[str]:
+    """The notes for ``trial``'s AutoTP and hpZ settings in an export of ``format`` (``deepspeed`` or ``hf``).
+
+    Example:
+        >>> notes = tensor_parallel_notes(TrialConfig({"tensor_parallel": {"autotp_size": 4}}), "hf")
+        >>> "ParallelismConfig" in notes[0], len(notes)
+        (True, 1)
+        >>> tensor_parallel_notes(TrialConfig({}), "deepspeed")
+        []
+    """
+    tp = trial.layout.tensor_parallel
+    notes = []
+    if tp > 1:
+        batch = (
+            f"samples per optimizer step = micro-batch × accumulation × world / {tp} (DeepSpeed 0.19.8 counts every "
+            "rank in train_batch_size, so the config leaves it to DeepSpeed)"
+        )
+        if format == "hf":
+            notes.append(
+                f"AutoTP {tp}: keep tensor_parallel.autotp_size in this config (accelerate's DeepSpeed path reads it "
+                "there and gives each tensor-parallel group one batch) and leave accelerate's ParallelismConfig "
+                "tp_size at 1: that is accelerate's torch-native tensor parallelism, not DeepSpeed's AutoTP; " + batch
+            )
+        else:
+            notes.append(
+                f"AutoTP {tp}: pass the transformers model itself to deepspeed.initialize (DeepSpeed shards it by "
+                f"the model's tp_plan) and give the {tp} consecutive ranks of each tensor-parallel group the same "
+                f"batch (data-parallel rank = rank // {tp}); " + batch
+            )
+    hpz = trial.zero.hpz_partition_size
+    if hpz > 1:
+        notes.append(
+            f"ZeRO++ hpZ {hpz}: each node keeps a secondary 16-bit parameter partition over groups of {hpz} "
+            "consecutive ranks; place the ranks node by node (as the deepspeed and torchrun launchers do)"
+        )
+    return notes
+
+
+__all__ = ["tensor_parallel_notes"]
