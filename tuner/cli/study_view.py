@@ -109,7 +109,7 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
     best = store.best_trial(study_id)
     if best is not None:
         console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:", highlight=False)
-        console.print_json(json.dumps(best.ds_config))
+        console.print_json(json.dumps(best.trial.deepspeed_config()))  # as DeepSpeed gets it (dstune best exports it)
         measured_in = describe_launch((best.measurement or {}).get("launch"))
         if measured_in:
             console.print("measured in: " + measured_in, highlight=False, soft_wrap=True)
