@@ -12,7 +12,7 @@ from typing import Any
 from tuner.measure.measurement import RankResult
 from tuner.measure.rank_launch import CORES_VARIABLE, THREADS_VARIABLE
 from tuner.measure.rank_place import RankPlace
-from tuner.workload import LaunchEnv, RankEnv, TrialConfig, rank_env
+from tuner.workload import LaunchEnv, RankEnv, rank_env
 
 
 def physical_cores() -> int:
@@ -20,11 +20,6 @@ def physical_cores() -> int:
     import psutil
 
     return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
-
-
-def trial_threads(ds_config: Mapping[str, Any]) -> int | None:
-    """The trial's own threads per rank (``dstune.threads_per_rank``, a searched parameter), or None."""
-    return TrialConfig(dict(ds_config)).threads_per_rank
 
 
 def plan_rank(

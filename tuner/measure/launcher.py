@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, trial_threads, with_plan
+from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, with_plan
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.rank_outcome import collect_rank, summarize
 from tuner.measure.rank_place import free_port, local_places
@@ -101,7 +101,7 @@ def launch_local(
             partial figures and ``stopped_early``.
     """
     workload = workload_from_dict(spec.workload)
-    cluster, launch, threads = workload.cluster, workload.launch, trial_threads(spec.ds_config)
+    cluster, launch, threads = workload.cluster, workload.launch, spec.trial.threads_per_rank
     if spec.device == "cuda" and cluster.nodes > 1:
         return Measurement(
             status="error",

@@ -49,7 +49,6 @@ from tuner.measure.launch_plan import (
     plan_rank,
     rank_variables,
     reserved_cpus,
-    trial_threads,
     with_plan,
 )
 from tuner.measure.launcher import Progress, wait_ranks
@@ -154,7 +153,7 @@ class RankHost:
             run_spec.write(run_dir)
             forked, preload = run_spec.lean, rank_preloads(run_spec)
             workload = workload_from_dict(run_spec.workload)
-            threads = trial_threads(run_spec.ds_config)
+            threads = run_spec.trial.threads_per_rank
             plan = plan_rank(workload.launch, place, workload.cluster.nodes, inherited, threads=threads)
             variables = rank_variables(plan)
             process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, variables, forked, preload)
@@ -284,7 +283,7 @@ def launch_ray(
     cluster = workload_from_dict(spec.workload).cluster
     cuda = spec.device == "cuda"
     launch, inherited = workload_from_dict(spec.workload).launch, dict(os.environ)
-    threads = trial_threads(spec.ds_config)
+    threads = spec.trial.threads_per_rank
     cpus = reserved_cpus(launch, cluster.gpus_per_node, _node_cpus(), inherited, threads)
     bundle = node_bundle(cluster.gpus_per_node, cuda, cpus)
     started = time.monotonic()
