@@ -5,9 +5,6 @@ CPU ranks; the script adds ``deepspeed.init_distributed``, which accelerate leav
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("accelerate")
 
+from hf_launch import train_on_two_cpu_ranks, write_hf_export
 from tiny_configs import SP_LLAMA as LLAMA
 
 from tuner.space.dsconfig import export_config
@@ -35,19 +33,9 @@ def test_hf_trainer_trains_an_sp2_export_on_two_cpu_ranks(tmp_path: Path) -> Non
         }
     )
     config, notes = export_config(trial, "hf", "sdpa", None, 64)  # what `dstune best --format hf` prints
-    (tmp_path / "ds.json").write_text(json.dumps(config, indent=2) + "\n")
-    (tmp_path / "notes.txt").write_text("\n".join(notes) + "\n")
-    (tmp_path / "llama.json").write_text(json.dumps(LLAMA))
+    model = write_hf_export(tmp_path, config, notes, LLAMA)
     out = tmp_path / "trained.json"
-    trained = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(Path(__file__).with_name("hf_trainer_sp.py")),
-            str(tmp_path / "ds.json"), str(tmp_path / "notes.txt"), str(tmp_path / "llama.json"), str(out),
-        ],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "DS_ACCELERATOR": "cpu"},
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    train_on_two_cpu_ranks(Path(__file__).with_name("hf_trainer_sp.py"), tmp_path, model, out)
     result = json.loads(out.read_text())
     assert result["steps"] == 3 and len(result["losses"]) == 3
     assert all(5 < loss < 7 for loss in result["losses"])  # about ln(512) = 6.24 for random weights

@@ -5,9 +5,6 @@ line, on 2 gloo CPU ranks."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("accelerate")
 
+from hf_launch import train_on_two_cpu_ranks, write_hf_export
 from tiny_configs import SP_LLAMA as LLAMA
 
 from tuner.space.dsconfig import export_config
@@ -36,19 +34,9 @@ def test_hf_trainer_trains_a_tp2_export_on_two_cpu_ranks(tmp_path: Path) -> None
     )
     config, notes = export_config(trial, "hf", "sdpa", None, 64)  # what `dstune best --format hf` prints
     assert "ParallelismConfig" not in "".join(note for note in notes if not note.startswith("AutoTP"))
-    (tmp_path / "ds.json").write_text(json.dumps(config, indent=2) + "\n")
-    (tmp_path / "notes.txt").write_text("\n".join(notes) + "\n")
-    (tmp_path / "llama.json").write_text(json.dumps(LLAMA))
+    model = write_hf_export(tmp_path, config, notes, LLAMA)
     out = tmp_path / "trained.json"
-    trained = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(Path(__file__).with_name("hf_trainer_tp.py")),
-            str(tmp_path / "ds.json"), str(tmp_path / "notes.txt"), str(tmp_path / "llama.json"), str(out),
-        ],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "DS_ACCELERATOR": "cpu"},
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    train_on_two_cpu_ranks(Path(__file__).with_name("hf_trainer_tp.py"), tmp_path, model, out)
     ranks = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
     whole = 139_584  # the tiny LLaMA's parameters (untied head)
     for rank in ranks:

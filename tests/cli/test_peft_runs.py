@@ -4,12 +4,12 @@ DeepSpeed, and the HF Trainer trains on what ``dstune best --format hf`` exports
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hf_launch import train_on_two_cpu_ranks
 
 pytest.importorskip("deepspeed")
 pytest.importorskip("peft")
@@ -70,15 +70,7 @@ def test_tune_peft_records_results_and_the_hf_trainer_trains_on_the_export(tmp_p
     assert '"task_type": "CAUSAL_LM"' in exported.stderr and '"target_modules": ["q_proj", "v_proj"]' in exported.stderr
 
     out = tmp_path / "trained.json"
-    trained = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(Path(__file__).with_name("hf_trainer_peft.py")),
-            str(tmp_path / "ds.json"), str(tmp_path / "notes.txt"), str(PRESETS / "tiny-llama.json"), str(out),
-        ],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "DS_ACCELERATOR": "cpu"},
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    train_on_two_cpu_ranks(Path(__file__).with_name("hf_trainer_peft.py"), tmp_path, PRESETS / "tiny-llama.json", out)
     result = json.loads(out.read_text())
     assert result["steps"] == 3 and len(result["losses"]) == 3
     assert all(0 < loss < 100 for loss in result["losses"])  # finite
