@@ -316,18 +316,8 @@ def test_the_overhead_is_shown_as_named_terms() -> None:
 
 def test_a_thread_budget_too_small_for_one_thread_per_rank_is_refused(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'x.db'}"
-    args = [
-        "tune",
-        "--model",
-        "tiny-gpt2",
-        "--seq-len",
-        "64",
-        "--gpus",
-        "2",
-        "--search-threads",
-        "--cores-per-node",
-        "1",
-    ]
+    args = ["tune", "--model", "tiny-gpt2", "--seq-len", "64", "--gpus", "2"]
+    args += ["--search-threads", "--cores-per-node", "1"]
     result = CliRunner().invoke(app, [*args, "--storage", storage, "--launcher", "local"])
     assert result.exit_code == 2 and "cores-per-node" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "x.db").exists()  # refused before a study was written

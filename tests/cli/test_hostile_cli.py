@@ -63,19 +63,8 @@ def test_patterns_re2_cannot_run_exit_2(pattern: str) -> None:
 @pytest.mark.parametrize("name", ["", " ", "a\x01b", "a\x00b", "\U0001f600", "x" * 300, "-dash"])
 def test_tune_study_names_follow_the_one_rule(tmp_path: Path, name: str) -> None:
     db = tmp_path / "dstune.db"
-    args = [
-        "tune",
-        "--model",
-        "tiny-gpt2",
-        "--seq-len",
-        "64",
-        "--device",
-        "cpu",
-        "--trials",
-        "1",
-        "--storage",
-        f"sqlite:///{db}",
-    ]
+    args = ["tune", "--model", "tiny-gpt2", "--seq-len", "64", "--device", "cpu", "--trials", "1"]
+    args += ["--storage", f"sqlite:///{db}"]
     code, stderr, _ = _run([*args, "--study", name])
     assert code == 2, stderr
     assert stderr.startswith("error: study: "), stderr

@@ -48,19 +48,8 @@ def test_tune_refuses_the_bomb_before_any_study_row(tmp_path: Path) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text(bomb())
     db = tmp_path / "dstune.db"
-    args = [
-        "tune",
-        "--model",
-        "tiny-gpt2",
-        "--seq-len",
-        "64",
-        "--device",
-        "cpu",
-        "--trials",
-        "1",
-        "--storage",
-        f"sqlite:///{db}",
-    ]
+    args = ["tune", "--model", "tiny-gpt2", "--seq-len", "64", "--device", "cpu", "--trials", "1"]
+    args += ["--storage", f"sqlite:///{db}"]
     started = time.perf_counter()
     result = CliRunner().invoke(app, [*args, "--space", str(path)])
     assert result.exit_code == 2, result.stderr
