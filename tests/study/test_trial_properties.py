@@ -30,8 +30,16 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _spaces() -> dict[str, SearchSpace]:
-    spaces = {path.name: load_space(path) for path in sorted((ROOT / "tuner" / "space" / "builtin").glob("*.yaml"))}
-    spaces |= {f"search_spaces/{p.name}": load_space(p) for p in sorted((ROOT / "search_spaces").glob("*.yaml"))}
+    """Every space file once (``search_spaces/`` is a link to the built-in folder: its files are not tested twice),
+    the bench's space, and the default restricted to the grid's parameters."""
+    files = sorted(
+        {
+            path.resolve()
+            for folder in ("tuner/space/builtin", "search_spaces")
+            for path in (ROOT / folder).glob("*.yaml")
+        }
+    )
+    spaces = {path.name: load_space(path) for path in files}
     spaces["bench"] = bench_space()
     spaces["default, restricted to the grid's"] = load_space(default_space_path()).restricted(["stage", "micro_batch"])
     return spaces
