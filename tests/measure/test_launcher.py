@@ -13,7 +13,7 @@ from pathlib import Path
 from tuner.measure.measurement import CANCELLED, INFRA_LOST, STOPPED_EARLY, RankResult
 from tuner.measure.rank_outcome import collect_rank
 from tuner.measure.rank_process import RankProcess, stop_ranks
-from tuner.measure.run_protocol import result_path
+from tuner.measure.run_protocol import progress_path, result_path, timings_path
 
 
 def sleeping_rank(tmp_path: Path) -> RankProcess:
@@ -71,6 +71,20 @@ def test_an_error_reported_before_the_stop_early_is_kept(tmp_path: Path) -> None
     assert rank.signalled_at is not None
     write_report(tmp_path, RankResult(0, "oom", exception_type="torch.OutOfMemoryError"), rank.signalled_at - 5)
     assert collect_rank(tmp_path, rank).status == "oom"
+
+
+def test_a_rank_stopped_early_reports_its_phases_steps_and_launch(tmp_path: Path) -> None:
+    """What a rank left before its timed steps (phase timings, the threads and variables it ran with) and the steps
+    it finished are its report: a run stopped early says what it was measured in, as a finished one does."""
+    rank = sleeping_rank(tmp_path)
+    launch = {"threads": 3, "affinity": [0, 1], "variables": {"OMP_NUM_THREADS": "3"}}
+    timings_path(tmp_path, 0).write_text(json.dumps({"timings": {"warmup_s": 1.5}, "launch": launch}))
+    progress_path(tmp_path, 0).write_text("0.25\n0.5\n")
+    rank.kill("stopped_early")
+    outcome = collect_rank(tmp_path, rank)
+    assert (outcome.status, outcome.exception_type, outcome.step_times) == ("ok", STOPPED_EARLY, [0.25, 0.5])
+    assert outcome.timings == {"warmup_s": 1.5, "timed_s": 0.75}
+    assert outcome.launch == launch
 
 
 def test_stopping_ranks_stamps_them_all_with_one_time(tmp_path: Path) -> None:

@@ -117,6 +117,7 @@ def test_a_run_stopped_early_keeps_its_partial_steps_and_leaves_no_rank_behind(
     assert result.tokens_per_s > 0
     assert set(COST_PHASES) <= set(result.cost)  # phases up to the timed steps, then the steps it finished
     assert result.cost["timed_s"] >= max(sum(rank.step_times) for rank in result.ranks) * 0.99
+    assert all(isinstance(threads, int) for threads in result.launch["threads_per_rank"])  # what it was measured in
     time.sleep(0.5)
     assert leftover_processes(str(run_dir)) == []  # (on Ray the run dirs are the actors' own)
 

@@ -71,12 +71,12 @@ def _rank_outcome(run_dir: Path, rank: RankProcess) -> RankResult:
     if rank.killed_for == "stopped_early":  # its phases up to the timed steps, and the steps it finished
         times = read_progress(run_dir, rank.rank)
         try:
-            timings = json.loads(timings_path(run_dir, rank.rank).read_text())
+            partial = json.loads(timings_path(run_dir, rank.rank).read_text())
         except (FileNotFoundError, ValueError):
-            timings = {}
-        timings["timed_s"] = sum(times)
+            partial = {}
         stopped = RankResult(rank.rank, "ok", exception_type=STOPPED_EARLY, error="stopped early", step_times=times)
-        stopped.timings = timings
+        stopped.timings = {**partial.get("timings", {}), "timed_s": sum(times)}
+        stopped.launch = partial.get("launch", {})  # the threads and variables it ran with, as a finished rank says
         return stopped
     if rank.killed_for == "cancelled":
         return RankResult(rank.rank, "error", exception_type=CANCELLED, error="killed: the study was stopped")

@@ -1,9 +1,9 @@
 """What a launcher and its ranks exchange through a run's folder and environment.
 
 The launcher writes ``RUN_DIR/spec.json`` (a :class:`RunSpec`) and starts each rank with :data:`SPAWNED_AT` set; a
-rank leaves its phase timings (:func:`timings_path`) before its timed steps, appends each timed step's seconds to its
-progress file (:func:`progress_path`, read while the run goes on by :func:`read_progress`) and writes its result
-(:func:`result_path`, a :class:`tuner.measure.measurement.RankResult`) last, atomically.
+rank leaves its phase timings and launch report (:func:`timings_path`) before its timed steps, appends each timed
+step's seconds to its progress file (:func:`progress_path`, read while the run goes on by :func:`read_progress`) and
+writes its result (:func:`result_path`, a :class:`tuner.measure.measurement.RankResult`) last, atomically.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def progress_path(run_dir: Path, rank: int) -> Path:
 
 
 def timings_path(run_dir: Path, rank: int) -> Path:
-    """Where rank ``rank`` leaves its phase timings before its timed steps (a run stopped early reports them)."""
+    """Where rank ``rank`` leaves its phase timings and what it runs with (``{"timings": ..., "launch": ...}``)
+    before its timed steps: a run stopped early reports them."""
     return run_dir / f"timings-{rank}.json"
 
 

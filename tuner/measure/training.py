@@ -137,7 +137,8 @@ class TrainingProcess:
         self._warm_up(engine, batches, cuda)
         timings["warmup_s"] = time.perf_counter() - begin
         self._stop_allocator()
-        write_json_atomically(timings_path(self.run_dir, self.rank), dict(timings))
+        partial = {"timings": dict(timings), "launch": self.result.launch}
+        write_json_atomically(timings_path(self.run_dir, self.rank), partial)
         begin = time.perf_counter()
         self._timed_steps(engine, batches, cuda)
         timings["timed_s"] = time.perf_counter() - begin
