@@ -79,7 +79,7 @@ def ds_config(stage: int, sp: int, mlp: int, loss: int, bucket: int = BUCKET) ->
 
 def cases() -> list[dict[str, Any]]:
     """The rows: both models, ZeRO 2 and 3, SP=2 on 2 ranks with and without tiling, the DP=2 baseline, and SP=2 ×
-    DP=2 on 4 ranks."""
+    DP=2 on 4 ranks with and without tiling."""
     found = []
     for name in MODELS:
         for stage in (2, 3):
@@ -87,6 +87,7 @@ def cases() -> list[dict[str, Any]]:
             found.append({"model": name, "stage": stage, "world": 2, "sp": 2, "mlp": 1, "loss": 1})
             found.append({"model": name, "stage": stage, "world": 2, "sp": 2, "mlp": 4, "loss": 4})
             found.append({"model": name, "stage": stage, "world": 4, "sp": 2, "mlp": 1, "loss": 1})
+            found.append({"model": name, "stage": stage, "world": 4, "sp": 2, "mlp": 4, "loss": 4})
     # the tiled loss's LM-head gradient (4096 x 128 = 524,288 elements) fitting a 1e6-element ZeRO-2 bucket: copied
     # into it in forward, where the 5e5 bucket leaves it a tensor of its own
     found.append({"model": "qwen2", "stage": 2, "world": 2, "sp": 2, "mlp": 4, "loss": 4, "bucket": 1_000_000})
@@ -101,22 +102,6 @@ def key(case: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------- ranks
-def _tile_mlps(model: Any, shards: int) -> None:
-    """Each decoder layer's MLP block computed by DeepSpeed's ``TiledMLP`` in ``shards`` sequence shards."""
-    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
-
-    from tuner.profile.hf import decoder_layers
-
-    for layer in decoder_layers(model):
-        mlp = layer.mlp
-        original = type(mlp).forward
-
-        def tiled(x: Any, mlp: Any = mlp, original: Any = original) -> Any:
-            return TiledMLP.apply(original, mlp, x, shards, list(mlp.parameters()))
-
-        mlp.forward = tiled
-
-
 class _Loss:
     """The training call: the model's own loss, or ``TiledFusedLogitsLoss`` over the LM head in ``shards``."""
 
@@ -165,7 +150,9 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
         model = build(config, attention="sdpa")
     initialise_partitioned(model)
     if case["mlp"] > 1:
-        _tile_mlps(model, case["mlp"])
+        from tuner.measure.alst import tile_mlps  # the runner's own tiling
+
+        tile_mlps(model, case["mlp"])
     engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds, mpu=mpu)
     tracker.mark("steps")
     sp_rank, dp_rank = rank % sp, rank // sp

@@ -1,9 +1,10 @@
 """Ulysses sequence parallelism and ALST's tiling in measured runs: real DeepSpeed on 2 gloo CPU ranks against one
 rank on the same seeded data (the independent truth: the single-rank run's own loss and DeepSpeed's gradient norm).
 
-fp32, gradient clipping off, a tiny transformers LLaMA (GQA: 4 query, 2 key-value heads). Step 0's loss and global
-gradient norm are taken before the optimizer moves anything, so they judge the loss reduction alone: a share
-reduced wrongly for the ZeRO stage shows as a gradient norm off by the factor sp.
+fp32, gradient clipping off, a tiny transformers LLaMA (GQA: 4 query, 2 key-value heads), and a tiny Qwen2-MoE
+(a dense layer, then one of 4 routed experts plus a shared one) whose expert block runs through the tiled MLP.
+Step 0's loss and global gradient norm are taken before the optimizer moves anything, so they judge the loss
+reduction alone: a share reduced wrongly for the ZeRO stage shows as a gradient norm off by the factor sp.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
 from tiny_configs import SP_LLAMA as LLAMA
+from tiny_configs import TINY_CONFIGS
 
 from tuner.measure.launcher import launch_local
 from tuner.measure.run_protocol import RunSpec
@@ -23,11 +25,14 @@ from tuner.workload import ClusterSpec, TrainSpec, Workload, workload_to_dict
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
 SEQ, MICRO = 64, 2
 EXACT = 1e-6  # fp32: the same sums in another order
+MOE = {**TINY_CONFIGS["qwen2_moe"], "num_hidden_layers": 2}
 
 
-def run_spec(world: int, stage: int, accum: int = 1, sp: int = 1, true_peak: bool = False, **dstune: int) -> RunSpec:
+def run_spec(
+    world: int, stage: int, accum: int = 1, sp: int = 1, true_peak: bool = False, moe: bool = False, **dstune: int
+) -> RunSpec:
     workload = Workload(
-        model_from_config(LLAMA, "tiny-llama"),
+        model_from_config(MOE, "tiny-qwen2-moe") if moe else model_from_config(LLAMA, "tiny-llama"),
         ClusterSpec(gpus_per_node=world, device="cpu"),
         TrainSpec(seq_len=SEQ, precision="fp32"),
     )
@@ -48,13 +53,16 @@ def run_spec(world: int, stage: int, accum: int = 1, sp: int = 1, true_peak: boo
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    """Four runs shared by the tests: one rank and SP=2 under ZeRO-2; one rank and SP=2 with the tiled MLP and
-    loss under ZeRO-3 with two accumulation steps (the SP=2 ZeRO-2 run records its true peak)."""
+    """Six runs shared by the tests: one rank and SP=2 under ZeRO-2; one rank and SP=2 with the tiled MLP and
+    loss under ZeRO-3 with two accumulation steps (the SP=2 ZeRO-2 run records its true peak); the MoE model on one
+    rank and at SP=2 with its expert block tiled, under ZeRO-2."""
     specs = {
         "one-z2": run_spec(1, 2),
         "sp-z2": run_spec(2, 2, sp=2, true_peak=True),
         "one-z3": run_spec(1, 3, accum=2),
         "sp-z3-tiled": run_spec(2, 3, accum=2, sp=2, tiled_mlp_shards=2, tiled_loss_shards=2),
+        "one-moe-z2": run_spec(1, 2, moe=True),
+        "sp-moe-z2-tiled": run_spec(2, 2, sp=2, moe=True, tiled_mlp_shards=2),
     }
     results = {name: launch_local(spec, timeout=900) for name, spec in specs.items()}
     for name, result in results.items():
@@ -69,7 +77,9 @@ def first_steps(result) -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize(("reference", "parallel"), [("one-z2", "sp-z2"), ("one-z3", "sp-z3-tiled")])
+@pytest.mark.parametrize(
+    ("reference", "parallel"), [("one-z2", "sp-z2"), ("one-z3", "sp-z3-tiled"), ("one-moe-z2", "sp-moe-z2-tiled")]
+)
 def test_sp2_first_step_loss_and_grad_norm_equal_one_ranks(runs, reference: str, parallel: str) -> None:
     (one,) = first_steps(runs[reference])
     assert one["loss"] > 0 and one["grad_norm"] > 0

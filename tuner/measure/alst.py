@@ -2,8 +2,10 @@
 
 * :func:`tile_mlps` (``dstune.tiled_mlp_shards`` > 1): each decoder layer's MLP runs through DeepSpeed 0.19.8's
   ``TiledMLP`` (``deepspeed.runtime.sequence_parallel.ulysses_sp``), the sequence in that many shards in forward,
-  and again shard by shard in backward (its intermediate never exists whole). MoE layers' expert blocks are
-  refused: ``TiledMLP`` wraps a dense MLP.
+  and again shard by shard in backward (its intermediate never exists whole). An MoE layer's block is tiled the
+  same way (routing is per token, so the shards' outputs are the whole block's): ``TiledMLP``'s backward hands the
+  block its shards flattened to ``[tokens, hidden]``, which transformers' MoE blocks cannot take, so each call gets
+  the batch dimension back (:func:`_batch_major`).
 * :func:`offload_checkpoints` (``dstune.offload_checkpoints``, CUDA only): the checkpointed layers keep their input
   (the hidden states between layers, what activation checkpointing saves) in pinned host memory instead of on the
   GPU, and recompute the layer from it in backward, as ALST's checkpoint offload does. transformers calls a
@@ -26,12 +28,21 @@ def decoder_layers(model: Any) -> list[nn.Module]:
     return list(model.get_decoder().layers)
 
 
-def tile_mlps(model: Any, shards: int) -> int:
-    """Run every decoder layer's ``mlp`` through ``TiledMLP`` in ``shards`` sequence shards; returns how many.
+def _batch_major(block: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``block`` taking ``[tokens, hidden]`` too, as ``[1, tokens, hidden]`` (a view: no bytes), as ``TiledMLP``'s
+    backward calls it, and a shard of a micro-batch of several samples (not contiguous: ``TiledMLP``'s forward cuts
+    the sequence dimension) made contiguous, since transformers' MoE blocks ``view`` it; its backward does the same
+    (``reshape``)."""
 
-    Raises:
-        ValueError: (``dstune.tiled_mlp_shards``) a layer's MLP is a mixture of experts.
-    """
+    def run(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return block(self, x.unsqueeze(0)).squeeze(0) if x.dim() == 2 else block(self, x.contiguous())
+
+    return run
+
+
+def tile_mlps(model: Any, shards: int) -> int:
+    """Run every decoder layer's ``mlp`` (dense or mixture of experts) through ``TiledMLP`` in ``shards`` sequence
+    shards; returns how many."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
     tiled = 0
@@ -39,9 +50,7 @@ def tile_mlps(model: Any, shards: int) -> int:
         mlp = getattr(layer, "mlp", None)
         if mlp is None:
             continue
-        if hasattr(mlp, "experts"):
-            raise ValueError(f"dstune.tiled_mlp_shards: {type(mlp).__name__} is a mixture of experts, not a dense MLP")
-        dense: Callable[[nn.Module, torch.Tensor], torch.Tensor] = type(mlp).forward
+        dense = _batch_major(type(mlp).forward)
         params = [param for param in mlp.parameters() if param.requires_grad]
 
         def tiled_forward(self: nn.Module, x: torch.Tensor, _dense: Any = dense, _params: Any = params) -> Any:
