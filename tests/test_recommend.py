@@ -1,16 +1,33 @@
-"""The recommender's estimate source: the feasible config with the best predicted throughput, saying so."""
+"""The recommender's estimate source: the feasible config with the best predicted throughput, saying so, and the
+layouts (AutoTP degree × hpZ group) it compared to find it."""
 
 from pathlib import Path
+from typing import Any
 
 from tuner.estimator.throughput import StepTerms
-from tuner.forecast import FAMILY_PREFIX, Calibration, ThroughputFit, rank_feasible
-from tuner.recommend import PREDICTION_TIE, _grid_space, recommend
+from tuner.forecast import FAMILY_PREFIX, Calibration, Layout, ThroughputFit, judge_grid
+from tuner.recommend import GRID, PREDICTION_TIE, Recommendation, _grid_space, recommend
+from tuner.requests import WorkloadRequest, to_workload
 from tuner.storage import Store
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
+GIB = 2**30
 LLAMA = Workload(
     load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8, gpu_memory=80 * 2**30), TrainSpec(seq_len=4096)
 )
+# the issue's case: a 70B-class model (the transformers Llama 3.1 70B) on 2 nodes of 8 × 80 GB, bf16, 4096 tokens
+LLAMA_70B = {"model": "llama-3.1-70b", "gpus": 8, "nodes": 2, "gpu_memory": "80GiB", "seq_len": 4096}
+
+
+def recommended(tmp_path: Path, request: dict[str, Any]) -> Recommendation:
+    """The recommendation for a workload request (as the API builds it) with nothing measured."""
+    with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
+        return recommend(store, to_workload(WorkloadRequest(**request)))
+
+
+def layouts(answer: Recommendation) -> list[dict[str, Any]]:
+    assert answer.considered is not None
+    return [choice.to_dict() for choice in answer.considered]
 
 
 def test_nothing_measured_answers_the_best_predicted_feasible_config(tmp_path: Path) -> None:
@@ -18,10 +35,10 @@ def test_nothing_measured_answers_the_best_predicted_feasible_config(tmp_path: P
         answer = recommend(store, LLAMA)
     assert answer.source == "estimate" and answer.tokens_per_s is None
     assert answer.prediction is not None and answer.prediction["fit_runs"] == 0 and not answer.prediction["fitted"]
-    ranked = rank_feasible(_grid_space(), LLAMA, Calibration())
-    best = ranked[0].prediction.tokens_per_s
+    fitting = [j for j in judge_grid(_grid_space(), LLAMA, Calibration(), names=GRID) if j.fits]
+    best = max(j.tokens_per_s for j in fitting)
     assert answer.predicted_tokens_per_s >= (1 - PREDICTION_TIE) * best
-    assert any(r.suggestion.trial.ds_config == answer.trial.ds_config for r in ranked)
+    assert any(j.trial.ds_config == answer.trial.ds_config for j in fitting)
 
 
 def test_fitted_constants_of_the_hardware_and_family_move_the_answer(tmp_path: Path) -> None:
@@ -38,3 +55,54 @@ def test_fitted_constants_of_the_hardware_and_family_move_the_answer(tmp_path: P
     assert fitted.prediction["fitted"] and fitted.prediction["fit_runs"] == 3
     assert fitted.prediction["factors"]["latency"] > 1000
     assert fitted.trial.ds_config != table.trial.ds_config
+
+
+def test_70b_on_two_nodes_weighs_tensor_parallel_and_hpz_layouts_and_says_why_its_own_wins(tmp_path: Path) -> None:
+    """Nothing measured: every AutoTP degree and hpZ group the default space offers the workload is judged, the
+    answer fits with the margin and is the fastest predicted of them (within the tie), and ``why`` names its layout
+    against the next fitting one."""
+    answer = recommended(tmp_path, LLAMA_70B)
+    assert answer.source == "estimate" and answer.predicted_tokens_per_s is not None
+    assert answer.estimated_peak_bytes is not None
+    assert answer.estimated_peak_bytes * (1 + answer.margin) <= 80 * GIB
+    considered = layouts(answer)
+    assert {c["tensor_parallel"] for c in considered} == {1, 2, 4, 8}  # 64 heads, 8 key-value heads, 8 GPUs a node
+    assert {c["hpz_partition_size"] for c in considered} == {1, 2, 4, 8}
+    assert not [c for c in considered if c["tensor_parallel"] > 1 and c["hpz_partition_size"] > 1]  # refused
+    assert any(c["tensor_parallel"] > 1 and c["fits"] for c in considered)
+    assert any(c["hpz_partition_size"] > 1 and c["fits"] for c in considered)
+    (chosen,) = [c for c in considered if c["chosen"]]
+    layout = Layout.of(answer.trial)
+    assert (chosen["tensor_parallel"], chosen["hpz_partition_size"]) == (
+        layout.tensor_parallel,
+        layout.hpz_partition_size,
+    )
+    assert chosen["predicted_tokens_per_s"] == answer.predicted_tokens_per_s
+    assert chosen["estimated_peak_bytes"] == answer.estimated_peak_bytes
+    fitting = [c for c in considered if c["fits"]]
+    assert considered[: len(fitting)] == fitting  # fitting layouts first
+    speeds = [c["predicted_tokens_per_s"] for c in fitting]
+    assert speeds == sorted(speeds, reverse=True)
+    assert answer.predicted_tokens_per_s >= (1 - PREDICTION_TIE) * speeds[0]
+    for unfit in considered[len(fitting) :]:
+        assert unfit["predicted_tokens_per_s"] is None and unfit["reason"].startswith("needs ")
+    runner = next(c for c in fitting if not c["chosen"])
+    runner_label = Layout(runner["tensor_parallel"], runner["hpz_partition_size"]).label()
+    assert answer.why is not None and answer.why.startswith(f"{layout.label()}: ")
+    assert f"the next layout ({runner_label}, " in answer.why
+    assert f"{len(fitting)} of {len(considered)} layouts fit" in answer.why
+
+
+def test_one_node_offers_no_hpz_layout(tmp_path: Path) -> None:
+    """hpZ only across nodes (the 70B does not fit one node of 8 × 80 GB at all: an 8B model)."""
+    considered = layouts(recommended(tmp_path, {**LLAMA_70B, "model": "llama-3-8b", "nodes": 1}))
+    assert {c["hpz_partition_size"] for c in considered} == {1}
+    assert {c["tensor_parallel"] for c in considered} == {1, 2, 4, 8}
+
+
+def test_a_model_under_a_billion_parameters_is_offered_no_tensor_parallel_layout(tmp_path: Path) -> None:
+    answer = recommended(tmp_path, {"model": "gpt2", "gpus": 8, "nodes": 2, "gpu_memory": "24GiB", "seq_len": 1024})
+    considered = layouts(answer)
+    assert {c["tensor_parallel"] for c in considered} == {1}
+    assert {c["hpz_partition_size"] for c in considered} == {1, 2, 4, 8}  # ZeRO-3 across the 2 nodes
+    assert answer.why is not None and answer.why.startswith(Layout.of(answer.trial).label() + ": ")

@@ -9,13 +9,17 @@ Three sources, tried in order; the answer always says which (``source``):
    cluster or sequence length: the best ok trials of those workloads (:data:`NEAREST_PER_WORKLOAD` per workload, at
    most :data:`NEAREST_WORKLOADS` workloads) are re-checked by the estimator against the requested workload with the
    calibrated margin; the fastest that fits wins. Its throughput was measured on the other workload (``measured_on``).
-3. ``estimate``: nothing measured applies: over the default search space's ZeRO stage × micro-batch × activation
-   checkpointing grid, the config that fits by the estimator with the margin and has the best *predicted*
-   throughput (:mod:`tuner.estimator.throughput`, with the constants fitted on this hardware and model family's
-   runs when there are any, else the hardware table). ``predicted_tokens_per_s`` and ``prediction`` say so;
-   ``tokens_per_s`` stays null (nothing was measured). Predictions within :data:`PREDICTION_TIE` of the best count
-   as equal (finer than the model can tell); among those the simplest wins, deterministically: the lowest ZeRO
-   stage (least communication), then no checkpointing, then the largest micro-batch.
+3. ``estimate``: nothing measured applies: over the default search space's grid (:data:`GRID`: ZeRO stage ×
+   micro-batch × activation checkpointing × optimizer and parameter offload × the layouts, AutoTP degree and ZeRO++
+   hpZ group, where the space offers them to the workload), the config that fits by the estimator with the margin
+   and has the best *predicted* throughput (:mod:`tuner.estimator.throughput`, with the constants fitted on this
+   hardware and model family's runs when there are any, else the hardware table). ``predicted_tokens_per_s`` and
+   ``prediction`` say so; ``tokens_per_s`` stays null (nothing was measured). Predictions within
+   :data:`PREDICTION_TIE` of the best count as equal (finer than the model can tell); among those the simplest
+   wins, deterministically (:func:`tuner.forecast.layouts.simplicity`: the lowest ZeRO stage, the fewest offloads,
+   the plainest layout, no checkpointing, the largest micro-batch). ``considered`` lists the best config of every
+   layout judged (fits or not, and why not) and ``why`` says in one line why the winner's layout wins
+   (:func:`tuner.forecast.layouts.compare_layouts`).
 
 The longest sequence (:func:`recommend_longest`, the API's ``seq_len: "max"``): the longest length that fits with
 the calibrated margin (:func:`tuner.forecast.longest_fit`), and the config that reaches it, ``source`` estimate.
@@ -35,7 +39,19 @@ from typing import Any, Literal
 from tuner.estimator import ConfigError, MemoryEstimate, estimate, resolve
 from tuner.estimator.quantized import estimate_only_why
 from tuner.estimator.throughput import predict
-from tuner.forecast import Calibration, LongestFit, Pins, ThroughputFit, load_fit, longest_fit, rank_feasible
+from tuner.forecast import (
+    PREDICTION_TIE,
+    Calibration,
+    LayoutChoice,
+    LongestFit,
+    Pins,
+    ThroughputFit,
+    compare_layouts,
+    judge_grid,
+    load_fit,
+    longest_fit,
+    simplest,
+)
 from tuner.space import default_space_path, load_space
 from tuner.storage import Store
 from tuner.workload import TrialConfig, Workload
@@ -43,8 +59,18 @@ from tuner.workload import TrialConfig, Workload
 Source = Literal["measured", "nearest", "estimate"]
 NEAREST_WORKLOADS = 10
 NEAREST_PER_WORKLOAD = 3
-GRID = ("stage", "micro_batch", "activation_checkpointing")
-PREDICTION_TIE = 0.01  # predicted tokens/s within 1 % of the best are a tie, settled by simplicity
+# offload: without it no layout of a 70B-class model fits 16 × 80 GB (ZeRO-3's states alone are 16 B per parameter
+# over the ranks); the layouts: what the space offers the workload (AutoTP from 1e9 parameters on multi-GPU nodes,
+# hpZ at ZeRO-3 across nodes), by its own conditions
+GRID = (
+    "stage",
+    "micro_batch",
+    "activation_checkpointing",
+    "offload_optimizer",
+    "offload_param",
+    "tensor_parallel",
+    "hpz_partition_size",
+)
 
 
 class NoFeasibleConfig(Exception):
@@ -70,11 +96,16 @@ class Recommendation:
     prediction: dict[str, Any] | None = None
     estimate_only: bool = False  # the estimate cannot be checked by a run here (a 4-bit base...)
     estimate_only_why: str | None = None
+    considered: tuple[LayoutChoice, ...] | None = None  # source estimate: the best config of each layout
+    why: str | None = None  # source estimate: why the winner's layout wins, in one line
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as the API shows them: the trial config as ``ds_config`` and ``activation_checkpointing``."""
+        """The fields as the API shows them: the trial config as ``ds_config`` and ``activation_checkpointing``,
+        each considered layout as a dict."""
         fields = dict(self.__dict__)
         trial = fields.pop("trial")
+        considered = fields.pop("considered")
+        fields["considered"] = None if considered is None else [choice.to_dict() for choice in considered]
         return {"source": fields.pop("source"), "ds_config": trial.ds_config,
                 "activation_checkpointing": trial.activation_checkpointing, **fields}  # fmt: skip
 
@@ -203,10 +234,11 @@ def _estimated(workload: Workload, fingerprint: str, margin: float, fit: Through
     found = _estimated_cached(workload, margin, tuple(sorted(fit.factors.items())), len(fit.runs), fit.median_error())
     if found is None:
         raise NoFeasibleConfig(
-            f"no config of the default search space (stage × micro-batch × checkpointing) fits {workload.model.name} "
-            f"on {workload.cluster.world_size} × {workload.cluster.gpu_memory} B with margin {margin:.3f}"
+            f"no config of the default search space (stage × micro-batch × checkpointing × offload × layout) fits "
+            f"{workload.model.name} on {workload.cluster.world_size} × {workload.cluster.gpu_memory} B with margin "
+            f"{margin:.3f}"
         )
-    trial, peak, prediction = found
+    trial, peak, prediction, considered, why = found
     return Recommendation(
         "estimate",
         trial,
@@ -220,27 +252,23 @@ def _estimated(workload: Workload, fingerprint: str, margin: float, fit: Through
         margin,
         predicted_tokens_per_s=prediction["tokens_per_s"],
         prediction=prediction,
+        considered=considered,
+        why=why,
     )
 
 
 @functools.lru_cache(maxsize=1024)
 def _estimated_cached(
     workload: Workload, margin: float, factors: tuple[tuple[str, float], ...], fit_runs: int, error: float | None
-) -> tuple[TrialConfig, int, dict[str, Any]] | None:
-    ranked = rank_feasible(_grid_space(), workload, Calibration(margin=margin), ThroughputFit(dict(factors)))
-    if not ranked:
+) -> tuple[TrialConfig, int, dict[str, Any], tuple[LayoutChoice, ...], str] | None:
+    judged = judge_grid(_grid_space(), workload, Calibration(margin=margin), ThroughputFit(dict(factors)), GRID)
+    fitting = [j for j in judged if j.fits]
+    if not fitting:
         return None
-    top = ranked[0].prediction.tokens_per_s
-    tied = [r for r in ranked if r.prediction.tokens_per_s >= (1 - PREDICTION_TIE) * top]
-    best = min(
-        tied,
-        key=lambda r: (
-            r.params["stage"],
-            r.suggestion.trial.activation_checkpointing,
-            -(r.suggestion.trial.batch[0] or 1),
-        ),
-    )
-    return best.suggestion.trial, best.estimate.gpu_total, best.prediction.to_dict(fit_runs, error)
+    best = simplest(fitting, PREDICTION_TIE)
+    considered, why = compare_layouts(judged, best, PREDICTION_TIE)
+    assert best.prediction is not None  # it fits
+    return best.trial, best.estimate.gpu_total, best.prediction.to_dict(fit_runs, error), tuple(considered), why
 
 
 __all__ = ["NoFeasibleConfig", "Recommendation", "recommend"]

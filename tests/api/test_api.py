@@ -181,6 +181,26 @@ def test_recommend_estimate_when_nothing_is_measured(client: TestClient) -> None
     assert data["estimated_peak_bytes"] * (1 + data["margin"]) <= 24 * 2**30
 
 
+def test_recommend_70b_on_two_nodes_compares_tp_and_hpz_layouts(client: TestClient) -> None:
+    """The issue's case, nothing measured: Llama 3.1 70B on 2 nodes × 8 × 80 GB. The answer fits, lists the best
+    config of each AutoTP and hpZ layout (tp > 1 and hpZ > 1 among them) and says why its own layout wins."""
+    request = {"model": "llama-3.1-70b", "gpus": 8, "nodes": 2, "gpu_memory": "80GiB", "seq_len": 4096}
+    to_workload(WorkloadRequest(**request))  # profiled inline first (the gpt2_profiled fixture says why)
+    response = client.post("/v1/recommend", json={"workload": request})
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert data["source"] == "estimate" and data["estimated_peak_bytes"] * (1 + data["margin"]) <= 80 * 2**30
+    considered = data["considered"]
+    assert any(c["tensor_parallel"] > 1 for c in considered) and any(c["hpz_partition_size"] > 1 for c in considered)
+    (chosen,) = [c for c in considered if c["chosen"]]
+    assert chosen["fits"] and chosen["predicted_tokens_per_s"] == data["predicted_tokens_per_s"]
+    tp = data["ds_config"].get("tensor_parallel", {}).get("autotp_size", 1)
+    hpz = data["ds_config"]["zero_optimization"].get("zero_hpz_partition_size", 1)
+    assert (chosen["tensor_parallel"], chosen["hpz_partition_size"]) == (tp, hpz)
+    assert data["why"].startswith(f"tp={tp}" + (f" with hpZ {hpz}: " if hpz > 1 else ": "))
+    assert "ConsideredLayout" in client.get("/openapi.json").json()["components"]["schemas"]
+
+
 def test_recommend_no_feasible_config_is_422(client: TestClient) -> None:
     response = client.post("/v1/recommend", json={"workload": {"model": "llama-2-7b", "gpu_memory": "1GiB"}})
     assert response.status_code == 422
@@ -208,6 +228,7 @@ def test_recommend_measured_picks_the_fastest_ok_trial(client: TestClient) -> No
     assert data["source"] == "measured" and data["trial_id"] == ids[1] and data["study"] == "measured"
     assert data["tokens_per_s"] == 5000.0 and data["peak_bytes"] == 9 * 2**30
     assert data["ds_config"] == ds_config(1, 4) and data["measured_on"] == data["workload_fingerprint"]
+    assert data["considered"] is None and data["why"] is None  # the estimate source's comparison: none was made
 
 
 def test_recommend_nearest_rechecks_other_workloads_of_the_model(client: TestClient) -> None:

@@ -76,6 +76,24 @@ def test_several_nodes_communicate_over_the_slower_network() -> None:
     assert slow.tokens_per_s < fast.tokens_per_s
 
 
+def test_hpz_gathers_within_the_node_after_the_first_forward_of_a_step() -> None:
+    """ZeRO++ hpZ (arXiv 2306.10209): the first forward after a step gathers over all 16 ranks across the nodes,
+    every later gather (backward, the second micro-step's forward and backward) over the 8 ranks of a node; the
+    gradients' reduce-scatter still crosses the nodes. On one node of 8 a group of 8 is the whole world: no change."""
+    model = load_builtin_model("llama-2-7b")
+    two = Workload(model, ClusterSpec(gpus_per_node=8, nodes=2), TrainSpec(seq_len=2048))
+    hw, elem = TABLE["H100"], 2 * model.n_params
+    plain = {"stage3_param_persistence_threshold": 0, "overlap_comm": False}
+    across = 15 / 16 * elem / hw.inter_bw
+    assert predict(two, config(3, accum=2, **plain)).terms.bandwidth == pytest.approx(2 * 3 * across)
+    hpz = predict(two, config(3, accum=2, zero_hpz_partition_size=8, **plain))
+    assert hpz.terms.bandwidth == pytest.approx(2 * across + across + 3 * 7 / 8 * elem / hw.intra_bw)
+    assert hpz.tokens_per_s > predict(two, config(3, accum=2, **plain)).tokens_per_s
+    one = Workload(model, ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=2048))
+    alone = predict(one, config(3, accum=2, zero_hpz_partition_size=8, **plain)).terms.bandwidth
+    assert alone == pytest.approx(predict(one, config(3, accum=2, **plain)).terms.bandwidth)
+
+
 def test_overlap_comm_hides_gradient_reduction_behind_backward() -> None:
     work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=4, nodes=2), TrainSpec(seq_len=2048))
     plain = predict(work, config(2, micro=2, accum=4, overlap_comm=False))

@@ -1,6 +1,7 @@
 """Warm starts from the throughput model: feasible ranking, earlier configs re-checked, the guide on a real
 landscape (the CPU landscape measured for bench/search_efficiency.py, replayed: no runs)."""
 
+import itertools
 import json
 import random
 from dataclasses import replace
@@ -9,18 +10,19 @@ from pathlib import Path
 import pytest
 from bench_space import bench_space
 
-from tuner.estimator import estimate
+from tuner.estimator import ConfigError, estimate
 from tuner.forecast import (
     FAMILY_PREFIX,
     Calibration,
     ThroughputFit,
     ThroughputGuide,
+    grid_suggestions,
     params_of,
     rank_feasible,
     recheck_earlier,
     spearman,
 )
-from tuner.space import default_space_path, load_space
+from tuner.space import InfeasibleConfig, default_space_path, load_space
 from tuner.storage import Store
 from tuner.units import parse_bytes
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
@@ -49,6 +51,41 @@ def test_rank_feasible_keeps_what_fits_fastest_first() -> None:
     small = replace(GPT2, cluster=replace(GPT2.cluster, gpu_memory=8 * 2**30))
     fewer = rank_feasible(space, small, Calibration(), global_batch=256)
     assert 0 < len(fewer) < len(ranked) and {r.suggestion.key for r in fewer} <= {r.suggestion.key for r in ranked}
+
+
+def test_grid_suggestions_skip_repeats_without_losing_a_config() -> None:
+    """Skipping grid points that agree with an earlier one on every parameter the space asked for gives the configs
+    that suggesting every point and dropping repeated keys gives, in the same order (a space with conditions on
+    stage and on offload, a layout parameter on the workload, hpZ across 2 nodes)."""
+    names = ["stage", "offload_optimizer", "offload_param", "threads_per_rank", "tensor_parallel", "hpz_partition_size"]
+    space = load_space(default_space_path()).restricted(names)
+    work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=2, nodes=2), TrainSpec(seq_len=512))
+    grid = space.grid([n for n in names if n in space.searched], world_size=work.cluster.world_size)
+    every: list[str] = []
+    for point in itertools.product(*grid.values()):
+        try:
+            key = space.suggest(_Answers(dict(zip(grid, point, strict=True)), space), work).key
+        except (InfeasibleConfig, ConfigError):
+            continue
+        every += [key] * (key not in every)
+    assert [s.key for s in grid_suggestions(space, work, names)] == every
+    assert len(every) > 50
+
+
+class _Answers:
+    """A trial answering from ``values``, else each parameter's default (what the grid holds fixed)."""
+
+    def __init__(self, values: dict, space: object) -> None:
+        self.values = values
+        self.defaults = {p.name: p.searchable_default() for p in space.parameters}  # type: ignore[attr-defined]
+
+    def suggest_categorical(self, name: str, choices: list) -> object:
+        return self.values.get(name, self.defaults[name])
+
+    def suggest_int(self, name: str, *args: object, **kwargs: object) -> object:
+        return self.values.get(name, self.defaults[name])
+
+    suggest_float = suggest_int
 
 
 def test_params_of_reads_a_config_back_into_the_space() -> None:

@@ -167,6 +167,29 @@ class RecommendRequest(RequestModel):
     workload: LongestWorkloadInput
 
 
+class ConsideredLayout(BaseModel):
+    """The best config of one layout (AutoTP degree × hpZ group × Ulysses degree) the estimate source judged: the
+    fastest predicted that fits with the margin, else the one that misses by the least and why
+    (tuner.forecast.layouts)."""
+
+    tensor_parallel: int = Field(description="AutoTP degree (tensor_parallel.autotp_size); 1: off.")
+    hpz_partition_size: int = Field(description="ZeRO++ hpZ group (zero_optimization.zero_hpz_partition_size); 1: off.")
+    sequence_parallel: int = Field(description="Ulysses degree (sequence_parallel_size); 1: off.")
+    chosen: bool = Field(description="The recommended config's layout (its entry is the recommended config).")
+    fits: bool = Field(description="Whether any config of this layout fits with the calibrated margin.")
+    predicted_tokens_per_s: float | None = Field(description="The throughput model's prediction; null: nothing fits.")
+    estimated_peak_bytes: int = Field(description="The estimator's peak per GPU of this config.")
+    reason: str | None = Field(description="Why it does not fit (the memory, phase and largest category); null: fits.")
+    stage: int
+    micro_batch: int | None
+    grad_accum: int | None
+    activation_checkpointing: bool
+    offload_optimizer: str
+    offload_param: str
+    configs: int = Field(description="Configs of the grid with this layout that were judged.")
+    fitting: int = Field(description="Of which fit with the margin.")
+
+
 class RecommendResponse(BaseModel):
     source: Literal["measured", "nearest", "estimate"] = Field(
         description="measured: this workload's best measured trial; nearest: the best measured trial of the same "
@@ -191,6 +214,17 @@ class RecommendResponse(BaseModel):
         "zero_quantized_nontrainable_weights (CUDA code): bytes read from the libraries' code, not measured.",
     )
     estimate_only_why: str | None = Field(None, description="Why the estimate is estimate only (null: it is not).")
+    considered: list[ConsideredLayout] | None = Field(
+        None,
+        description="Source estimate: the best config of each layout the default space offers this workload (AutoTP "
+        "degrees, hpZ groups), fitting layouts fastest predicted first, then the others closest to fitting first; "
+        "null for measured, nearest and seq_len max.",
+    )
+    why: str | None = Field(
+        None,
+        description="Source estimate: why the recommended config's layout wins, in one line (its predicted tokens/s "
+        "against the next fitting layout's, and which layouts do not fit).",
+    )
     max_seq_len: MaxSeqLenOut | None = Field(None, description='The answer for seq_len "max" (else null).')
 
 
@@ -278,6 +312,7 @@ class Health(BaseModel):
 
 
 __all__ = [
+    "ConsideredLayout",
     "EstimateRequest",
     "EstimateResponse",
     "Health",

@@ -27,6 +27,7 @@ parameters ZeRO-3 keeps gathered from forward into backward peaks with no second
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from tuner.estimator.hardware import Hardware
@@ -50,6 +51,7 @@ def linear_sizes(model: ModelSpec) -> frozenset[int]:
     return frozenset(size for size in (h * q, h * kv, h * f, h * (q + 2 * kv)) if size)
 
 
+@functools.lru_cache(maxsize=64)  # a pure function of a frozen model; a recommender's grid asks it per config
 def shard_mask(model: ModelSpec) -> tuple[bool, ...]:
     """Which of ``model.param_numels`` AutoTP shards (module docstring): per Linear size, its last ``k × L``
     occurrences for the largest ``k`` that fits (an embedding that happens to have a Linear's size is not one of
@@ -70,6 +72,7 @@ def shard_mask(model: ModelSpec) -> tuple[bool, ...]:
     return tuple(mask)
 
 
+@functools.lru_cache(maxsize=256)
 def local_numels(model: ModelSpec, tp: int) -> tuple[int, ...]:
     """Each parameter's elements on one tensor-parallel rank: ``ceil(n / tp)`` for the sharded ones."""
     mask = shard_mask(model)

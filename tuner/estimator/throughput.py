@@ -14,6 +14,8 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
   FIELD_NOTES) reduce-scatter gradients every micro-step and all-gather the updated 16-bit parameters after the
   step. ZeRO-3 gathers the parameters above ``stage3_param_persistence_threshold`` in forward, backward and the
   recomputed forward, and reduce-scatters gradients every micro-step.
+* ``hpZ`` (ZeRO++ hierarchical partitioning, ``zero_hpz_partition_size`` = g at ZeRO-3): the gathers from the
+  secondary partition run within groups of g ranks, over the node's links (:func:`zero3_gather_seconds`).
 * ``tensor parallel`` (AutoTP): each rank computes with its shards, ZeRO works over ``world / tp`` ranks, and
   every layer all-reduces its outputs and input gradients within the node (:func:`tensor_parallel_seconds`, in
   ``bandwidth`` and ``latency``).
@@ -186,7 +188,7 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     partition = psi if s.stage == 0 else math.ceil(psi / world)
     trained_partition = trained if s.stage == 0 else math.ceil(trained / world)
     reduce_calls = math.ceil(trained / s.reduce_bucket_size)
-    per_micro_bytes = step_bytes = 0.0
+    per_micro_bytes = step_bytes = gather_seconds = 0.0
     per_micro_calls = step_calls = 1.0  # the gradient-norm all-reduce (clipping, overflow check)
     memory = ADAM_BYTES * trained_partition / hw.memory_bw
     if s.stage == 0:
@@ -200,8 +202,8 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
         memory += accum * elem * trained / hw.memory_bw  # gradients copied into the reduce buckets
     else:
         passes = 2 + (1 if s.activation_checkpointing else 0)
-        persistent = sum(n for n in numels if n <= s.param_persistence_threshold) if world > 1 else 0
-        per_micro_bytes = ring * elem * (passes * (psi - persistent) + trained)
+        gather_seconds = zero3_gather_seconds(workload, s, hw, numels, psi, passes)
+        per_micro_bytes = ring * elem * trained
         per_micro_calls = passes * tensors + reduce_calls
         if s.offload_param != "none":
             memory += accum * passes * elem * partition / hw.host_bw
@@ -209,11 +211,40 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
         memory += trained_partition / hw.cpu_adam_params_s - ADAM_BYTES * trained_partition / hw.memory_bw
         memory += 2 * elem * trained_partition / hw.host_bw  # gradients down, updated parameters up
     tp_seconds, tp_calls = tensor_parallel_seconds(workload, s, hw)
-    bandwidth = (accum * per_micro_bytes + step_bytes) / link + sp_seconds + tp_seconds
+    bandwidth = accum * per_micro_bytes / link + gather_seconds + step_bytes / link + sp_seconds + tp_seconds
     latency = (accum * per_micro_calls + step_calls + sp_calls + tp_calls) * hw.collective_s
-    hideable = accum * per_micro_bytes / link / bandwidth if s.overlap_comm and bandwidth > 0 else 0.0
+    hideable = (accum * per_micro_bytes / link + gather_seconds) / bandwidth if s.overlap_comm and bandwidth else 0.0
     cover = backward / (forward + backward) * compute if s.overlap_comm else 0.0  # backward's share: 2/3 when all train
     return StepTerms(compute, launch, bandwidth, latency, memory, hideable, cover)
+
+
+def zero3_gather_seconds(
+    workload: Workload, s: Settings, hw: Hardware, numels: tuple[int, ...], psi: int, passes: int
+) -> float:
+    """Seconds per optimizer step of ZeRO-3's parameter all-gathers: the parameters above
+    ``stage3_param_persistence_threshold`` (of ``psi``; ``numels`` each parameter's), whole, in every one of the
+    ``passes`` of every micro-step; ring all-gathers, ``(N-1)/N`` of the bytes over the link between the ZeRO ranks.
+
+    hpZ (``zero_hpz_partition_size`` = g > 1). Where the figure comes from: ZeRO++ (Wang et al., arXiv 2306.10209,
+    hpZ) keeps a secondary copy of the 16-bit parameters partitioned within each node so that the backward
+    all-gather runs over the node's links instead of across nodes. In DeepSpeed 0.19.8 a released parameter gets its
+    secondary partition (``_partition_param_sec``, from the full parameter it held: no communication) and every
+    later gather uses it until the optimizer step drops them all (``invalidate_secondary_tensor``): so only the
+    first forward after a step gathers over all ranks (across the nodes on several), and every other pass of the
+    step (backward, a recomputed forward, the later micro-steps' forwards) gathers over the group (ring
+    ``(g-1)/g``, the node's link when the group fits in a node, as the default space offers). The call count does
+    not change.
+    """
+    world = s.zero_ranks
+    persistent = sum(n for n in numels if n <= s.param_persistence_threshold) if world > 1 else 0
+    one_pass = s.param_bytes * (psi - persistent)
+    every_pass = s.grad_accum * passes * one_pass
+    link = hw.inter_bw if workload.cluster.nodes > 1 else hw.intra_bw
+    group = min(s.hpz_partition_size, world)
+    if group <= 1:
+        return (world - 1) / world * every_pass / link
+    group_link = hw.intra_bw if group <= workload.cluster.gpus_per_node else hw.inter_bw
+    return (world - 1) / world * one_pass / link + (group - 1) / group * (every_pass - one_pass) / group_link
 
 
 def long_context_seconds(workload: Workload, s: Settings, hw: Hardware, flops_rate: float) -> tuple[float, float, int]:
@@ -295,4 +326,5 @@ __all__ = [
     "predict_resolved",
     "step_terms",
     "trainable_params",
+    "zero3_gather_seconds",
 ]

@@ -1,6 +1,7 @@
 """What dstune predicts before it measures, and learns from what it measured: the memory safety margin
 (``calibration``), the throughput model's fitted factors (``throughput_fit``), feasible configs ranked by predicted
-throughput for warm starts and recommendations (``warm_start``), why a config cannot fit, in words for people
+throughput for warm starts and recommendations (``warm_start``), the recommender's layouts compared and why one wins
+(``layouts``), why a config cannot fit, in words for people
 (``reasons``), and the longest sequence that fits, with the layout and config that reach it (``longest``, over
 ``seq_candidates`` and ``seq_scaling``).
 
@@ -11,6 +12,16 @@ no SQL here; no Optuna, Ray or torch.
 """
 
 from tuner.forecast.calibration import DEFAULT_MARGIN, MIN_MARGIN, Calibration
+from tuner.forecast.layouts import (
+    PREDICTION_TIE,
+    Judged,
+    Layout,
+    LayoutChoice,
+    compare_layouts,
+    judge_grid,
+    simplest,
+    simplicity,
+)
 from tuner.forecast.longest import SEARCH_CAP, Fits, LongestFit, NextLimit, NoLengthFits, longest_fit, modelled
 from tuner.forecast.reasons import (
     PruneReason,
@@ -33,17 +44,30 @@ from tuner.forecast.throughput_fit import (
     spearman,
     throughput_summary,
 )
-from tuner.forecast.warm_start import Ranked, ThroughputGuide, params_of, rank_feasible, recheck_earlier
+from tuner.forecast.warm_start import (
+    COARSE,
+    Ranked,
+    ThroughputGuide,
+    grid_suggestions,
+    params_of,
+    rank_feasible,
+    recheck_earlier,
+)
 
 __all__ = [
+    "COARSE",
     "DEFAULT_MARGIN",
     "FAMILY_PREFIX",
     "MIN_MARGIN",
+    "PREDICTION_TIE",
     "SEARCH_CAP",
     "SEQ_MULTIPLE",
     "TRACE_LENGTHS",
     "Calibration",
     "Fits",
+    "Judged",
+    "Layout",
+    "LayoutChoice",
     "LongestFit",
     "NextLimit",
     "NoLengthFits",
@@ -55,9 +79,12 @@ __all__ = [
     "SeqSizer",
     "ThroughputFit",
     "ThroughputGuide",
+    "compare_layouts",
     "describe_reason",
+    "grid_suggestions",
     "group_counts",
     "group_reasons",
+    "judge_grid",
     "load_fit",
     "longest_fit",
     "memory_reason",
@@ -68,6 +95,8 @@ __all__ = [
     "reason_key",
     "recheck_earlier",
     "record_run",
+    "simplest",
+    "simplicity",
     "spearman",
     "throughput_summary",
 ]

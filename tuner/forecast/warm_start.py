@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,14 +86,36 @@ class _Fixed:
         return self._answer(name)
 
 
+def _defaults(space: SearchSpace) -> dict[str, Any]:
+    return {p.name: p.searchable_default() for p in space.parameters}  # what enqueue_trial can carry
+
+
 def _suggest(
-    space: SearchSpace, values: Mapping[str, Any], workload: Workload, global_batch: int | None, nvme: str | None
+    space: SearchSpace,
+    values: Mapping[str, Any],
+    workload: Workload,
+    global_batch: int | None,
+    nvme: str | None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> Suggestion | None:
-    defaults = {p.name: p.searchable_default() for p in space.parameters}  # what enqueue_trial can carry
+    return _asked(space, values, workload, global_batch, nvme, defaults)[0]
+
+
+def _asked(
+    space: SearchSpace,
+    values: Mapping[str, Any],
+    workload: Workload,
+    global_batch: int | None,
+    nvme: str | None,
+    defaults: Mapping[str, Any] | None = None,
+) -> tuple[Suggestion | None, dict[str, Any]]:
+    """The suggestion for ``values`` (None when the space refuses it) and the parameters the space asked for on the
+    way, in order (up to the refusal)."""
+    fixed = _Fixed(values, _defaults(space) if defaults is None else defaults)
     try:
-        return space.suggest(_Fixed(values, defaults), workload, global_batch, nvme)
+        return space.suggest(fixed, workload, global_batch, nvme), fixed.params
     except (InfeasibleConfig, ConfigError):
-        return None
+        return None, fixed.params
 
 
 def _judge(
@@ -109,6 +131,41 @@ def _judge(
     return est, predict(workload, suggestion.trial, fit.factors)
 
 
+def grid_suggestions(
+    space: SearchSpace,
+    workload: Workload,
+    names: Iterable[str] = COARSE,
+    global_batch: int | None = None,
+    nvme_path: str | None = None,
+) -> Iterator[Suggestion]:
+    """The distinct configs of the grid over ``names`` (those the space searches; everything else at its default),
+    in grid order. The space's own conditions and layout checks decide what applies: a value of a parameter that
+    does not apply (hpZ below ZeRO-3, AutoTP on a small model) repeats another config and is skipped, one the
+    workload cannot run is refused by the space.
+
+    The space asks for its parameters in order and whether one applies, or the config is refused, depends only on
+    the values asked before it: so a grid point that agrees with an earlier one on every parameter the space asked
+    for there has that one's outcome, and is skipped without asking the space again (most points of a grid over
+    conditional parameters are such repeats).
+    """
+    names = [name for name in names if name in space.searched]
+    grid = space.grid(names, global_batch=global_batch, world_size=workload.cluster.world_size, nvme_path=nvme_path)
+    defaults = _defaults(space)
+    outcomes: dict[tuple[str, ...], set[tuple[Any, ...]]] = {}  # parameters asked -> their values seen
+    seen: set[str] = set()
+    for point in itertools.product(*grid.values()):
+        values = dict(zip(grid, point, strict=True))
+        if any(tuple(values[n] for n in asked) in known for asked, known in outcomes.items()):
+            continue
+        suggestion, asked = _asked(space, values, workload, global_batch, nvme_path, defaults)
+        used = tuple(name for name in grid if name in asked)
+        outcomes.setdefault(used, set()).add(tuple(values[name] for name in used))
+        if suggestion is None or suggestion.key in seen:
+            continue
+        seen.add(suggestion.key)
+        yield suggestion
+
+
 def rank_feasible(
     space: SearchSpace,
     workload: Workload,
@@ -116,18 +173,13 @@ def rank_feasible(
     fit: ThroughputFit | None = None,
     global_batch: int | None = None,
     nvme_path: str | None = None,
+    names: Iterable[str] = COARSE,
 ) -> list[Ranked]:
-    """Feasible configs of the space's coarse grid (:data:`COARSE`), fastest predicted first (ties: grid order)."""
+    """Feasible configs of the space's grid over ``names`` (default the coarse grid, :data:`COARSE`), fastest
+    predicted first (ties: grid order)."""
     fit = fit or ThroughputFit()
-    names = [name for name in COARSE if name in space.searched]
-    grid = space.grid(names, global_batch=global_batch, world_size=workload.cluster.world_size, nvme_path=nvme_path)
-    seen: set[str] = set()
     ranked: list[Ranked] = []
-    for values in itertools.product(*grid.values()):
-        suggestion = _suggest(space, dict(zip(grid, values, strict=True)), workload, global_batch, nvme_path)
-        if suggestion is None or suggestion.key in seen:
-            continue
-        seen.add(suggestion.key)
+    for suggestion in grid_suggestions(space, workload, names, global_batch, nvme_path):
         judged = _judge(suggestion, workload, calibration, fit)
         if judged is not None:
             ranked.append(Ranked(suggestion, *judged, params=_enqueue_params(space, suggestion)))
@@ -292,4 +344,4 @@ class ThroughputGuide:
         return dict(top.params)
 
 
-__all__ = ["COARSE", "Ranked", "ThroughputGuide", "params_of", "rank_feasible", "recheck_earlier"]
+__all__ = ["COARSE", "Ranked", "ThroughputGuide", "grid_suggestions", "params_of", "rank_feasible", "recheck_earlier"]

@@ -1,0 +1,223 @@
+"""Which layout trains a workload fastest by the throughput model, and why: the recommender's grid judged config by
+config, grouped by layout (AutoTP degree × ZeRO++ hpZ group × Ulysses degree), and a sentence for the winner.
+
+* :func:`judge_grid`: every config of a space's grid (:func:`tuner.forecast.warm_start.grid_suggestions`, so the
+  space's own conditions decide which layouts a workload is offered) with its memory estimate, why it does not fit
+  (:func:`tuner.forecast.memory_reason`) or, when it fits, its predicted throughput.
+* :func:`simplest`: among fitting configs predicted within a tie of the best, the simplest (lowest ZeRO stage, fewest
+  offloads, the plainest layout, no checkpointing, the largest micro-batch), deterministically.
+* :func:`compare_layouts`: the best config of each layout (the winner for the winner's layout), fitting layouts
+  fastest first, then the others closest to fitting first, and a one-line ``why`` for the winner against the
+  runner-up.
+
+Example:
+    >>> from tuner.space import default_space_path, load_space
+    >>> from tuner.forecast.calibration import Calibration
+    >>> from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+    >>> work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=2), TrainSpec(seq_len=512))
+    >>> space = load_space(default_space_path()).restricted(["stage", "micro_batch"])
+    >>> judged = judge_grid(space, work, Calibration(), names=["stage", "micro_batch"])
+    >>> choices, why = compare_layouts(judged, simplest([j for j in judged if j.fits]))
+    >>> [c.layout.label() for c in choices], why
+    (['tp=1'], 'tp=1: the only layout the space offers this workload')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.estimator import ConfigError, MemoryEstimate, estimate
+from tuner.estimator.throughput import ThroughputPrediction, predict
+from tuner.forecast.calibration import Calibration
+from tuner.forecast.reasons import PruneReason, memory_reason
+from tuner.forecast.throughput_fit import ThroughputFit
+from tuner.forecast.warm_start import COARSE, grid_suggestions
+from tuner.space import SearchSpace, Suggestion
+from tuner.workload import TrialConfig, Workload
+
+PREDICTION_TIE = 0.01  # predicted tokens/s within 1 % of the best are a tie, settled by simplicity
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """How a config spreads the model over the ranks: AutoTP degree, hpZ group (1: off), Ulysses degree."""
+
+    tensor_parallel: int = 1
+    hpz_partition_size: int = 1
+    sequence_parallel: int = 1
+
+    @classmethod
+    def of(cls, trial: TrialConfig) -> Layout:
+        """The layout a trial config sets."""
+        return cls(trial.layout.tensor_parallel, trial.zero.hpz_partition_size, trial.layout.sequence_parallel)
+
+    def label(self) -> str:
+        """``tp=2``, ``tp=1 with hpZ 8``, ``tp=1 with sp=4``: the AutoTP degree, and hpZ and Ulysses where on."""
+        extras = [f"hpZ {self.hpz_partition_size}"] * (self.hpz_partition_size > 1)
+        extras += [f"sp={self.sequence_parallel}"] * (self.sequence_parallel > 1)
+        return f"tp={self.tensor_parallel}" + (" with " + " and ".join(extras) if extras else "")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One grid config: its estimate, why it does not fit (None: it fits) and, when it fits, its prediction."""
+
+    suggestion: Suggestion
+    estimate: MemoryEstimate
+    reason: PruneReason | None
+    prediction: ThroughputPrediction | None
+
+    @property
+    def trial(self) -> TrialConfig:
+        return self.suggestion.trial
+
+    @property
+    def fits(self) -> bool:
+        return self.reason is None
+
+    @property
+    def layout(self) -> Layout:
+        return Layout.of(self.suggestion.trial)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Predicted tokens/s (0 for a config that does not fit: it has no prediction)."""
+        return self.prediction.tokens_per_s if self.prediction is not None else 0.0
+
+
+def judge_grid(
+    space: SearchSpace,
+    workload: Workload,
+    calibration: Calibration,
+    fit: ThroughputFit | None = None,
+    names: Iterable[str] = COARSE,
+) -> list[Judged]:
+    """Every config of ``space``'s grid over ``names`` the estimator accepts, judged against the margin; only the
+    fitting ones are predicted (a prediction is all the cost a non-fitting config would add)."""
+    fit = fit or ThroughputFit()
+    judged: list[Judged] = []
+    for suggestion in grid_suggestions(space, workload, names):
+        try:
+            est = estimate(workload, suggestion.trial)
+        except ConfigError:
+            continue
+        reason = memory_reason(est, calibration)
+        prediction = predict(workload, suggestion.trial, fit.factors) if reason is None else None
+        judged.append(Judged(suggestion, est, reason, prediction))
+    return judged
+
+
+def simplicity(judged: Judged) -> tuple[Any, ...]:
+    """Sort key, simplest first: the lowest ZeRO stage (least communication), the fewest offloads, the plainest
+    layout, no checkpointing, the largest micro-batch."""
+    trial = judged.trial
+    offloads = sum(section.device != "none" for section in (trial.zero.offload_optimizer, trial.zero.offload_param))
+    return trial.stage, offloads, judged.layout, trial.activation_checkpointing, -(trial.batch[0] or 1)
+
+
+def simplest(fitting: Sequence[Judged], tie: float = PREDICTION_TIE) -> Judged:
+    """Of the fitting configs predicted within ``tie`` of the best, the simplest (:func:`simplicity`).
+
+    Raises:
+        ValueError: ``fitting`` is empty.
+    """
+    top = max(j.tokens_per_s for j in fitting)
+    return min((j for j in fitting if j.tokens_per_s >= (1 - tie) * top), key=simplicity)
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """The best config of one layout: the fastest predicted that fits (ties: :func:`simplest`), else the one that
+    misses by the least, with why it does not fit."""
+
+    layout: Layout
+    best: Judged
+    chosen: bool  # the recommendation's layout
+    configs: int  # the grid's configs of this layout
+    fitting: int  # of which fit
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the API shows it (``considered`` of ``/v1/recommend``)."""
+        trial = self.best.trial
+        micro, accum = trial.batch
+        return {
+            "tensor_parallel": self.layout.tensor_parallel,
+            "hpz_partition_size": self.layout.hpz_partition_size,
+            "sequence_parallel": self.layout.sequence_parallel,
+            "chosen": self.chosen,
+            "fits": self.best.fits,
+            "predicted_tokens_per_s": self.best.prediction.tokens_per_s if self.best.prediction else None,
+            "estimated_peak_bytes": self.best.estimate.gpu_total,
+            "reason": self.best.reason.sentence() if self.best.reason else None,
+            "stage": trial.stage,
+            "micro_batch": micro,
+            "grad_accum": accum,
+            "activation_checkpointing": trial.activation_checkpointing,
+            "offload_optimizer": trial.zero.offload_optimizer.device,
+            "offload_param": trial.zero.offload_param.device,
+            "configs": self.configs,
+            "fitting": self.fitting,
+        }
+
+
+def _shortfall(judged: Judged) -> tuple[float, int]:
+    """How far a config misses: the share of the memory it lacks, then its GPU peak."""
+    reason = judged.reason
+    share = reason.short / reason.available if reason is not None and reason.available else float("inf")
+    return share, judged.estimate.gpu_total
+
+
+def compare_layouts(
+    judged: Sequence[Judged], winner: Judged, tie: float = PREDICTION_TIE
+) -> tuple[list[LayoutChoice], str]:
+    """The best config of each layout in ``judged`` (``winner`` for its own), fitting layouts fastest predicted
+    first, then the others closest to fitting first; and why ``winner`` wins, in one line."""
+    groups: dict[Layout, list[Judged]] = {}
+    for one in judged:
+        groups.setdefault(one.layout, []).append(one)
+    choices = []
+    for layout, members in groups.items():
+        fitting = [j for j in members if j.fits]
+        if layout == winner.layout:
+            best = winner
+        elif fitting:
+            best = simplest(fitting, tie)
+        else:
+            best = min(members, key=_shortfall)
+        choices.append(LayoutChoice(layout, best, layout == winner.layout, len(members), len(fitting)))
+    choices.sort(key=lambda c: (not c.best.fits, -c.best.tokens_per_s, _shortfall(c.best), c.layout))
+    return choices, _why(choices, winner, tie)
+
+
+def _why(choices: Sequence[LayoutChoice], winner: Judged, tie: float) -> str:
+    name = winner.layout.label()
+    if len(choices) == 1:
+        return f"{name}: the only layout the space offers this workload"
+    others = [c for c in choices if not c.chosen]
+    unfit = [c.layout.label() for c in others if not c.best.fits]
+    fit_count = len(choices) - len(unfit)
+    unfit_text = f" ({', '.join(unfit)} {'does' if len(unfit) == 1 else 'do'} not)" if unfit else ""
+    runner = next((c for c in others if c.best.fits), None)
+    if runner is None:
+        return f"{name}: the only one of {len(choices)} layouts that fits with the margin{unfit_text}"
+    ratio = winner.tokens_per_s / runner.best.tokens_per_s
+    against = f"the next layout ({runner.layout.label()}, {runner.best.tokens_per_s:,.0f} tokens/s)"
+    if ratio >= 1 + tie:
+        lead = f"{ratio:.2f}× the predicted tokens/s of {against}"
+    else:
+        lead = f"predicted within {tie:.0%} of {against} ({ratio:.3f}×), a tie the simpler config wins"
+    return f"{name}: {lead}; {fit_count} of {len(choices)} layouts fit with the margin{unfit_text}"
+
+
+__all__ = [
+    "PREDICTION_TIE",
+    "Judged",
+    "Layout",
+    "LayoutChoice",
+    "compare_layouts",
+    "judge_grid",
+    "simplest",
+    "simplicity",
+]
