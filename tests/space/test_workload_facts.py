@@ -112,14 +112,15 @@ def test_the_default_space_leaves_offload_out_for_a_small_lora_and_keeps_it_for_
 
 def test_long_context_is_offered_only_where_measured_runs_can_train_it() -> None:
     """At 8,192 tokens on 2 ranks the default space offers Ulysses and ALST's tiling for the transformers model, and
-    not for the built-in one (its runs refuse them)."""
+    not for the built-in one (its runs refuse them); checkpoint offload on CUDA ranks only (on CPU ranks it cannot
+    be measured: its pinned host copy needs CUDA)."""
     from tuner.space import InfeasibleConfig, default_space_path
 
     space = load_space(default_space_path())
     offered = {}
-    for impl in ("transformers", "builtin"):
+    for impl, device in (("transformers", "cpu"), ("builtin", "cpu"), ("transformers", "cuda")):
         model = replace(load_builtin_model("tiny-llama"), implementation=impl)
-        work = Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(8192))
+        work = Workload(model, ClusterSpec(gpus_per_node=2, device=device), TrainSpec(8192))
         keys: set[str] = set()
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
         for _ in range(40):
@@ -127,6 +128,8 @@ def test_long_context_is_offered_only_where_measured_runs_can_train_it() -> None
             with contextlib.suppress(InfeasibleConfig):
                 space.suggest(trial, work)
             keys |= set(trial.params)
-        offered[impl] = keys
-    assert "sequence_parallel" in offered["transformers"] and "tiled_mlp_shards" in offered["transformers"]
-    assert not {"sequence_parallel", "tiled_mlp_shards", "tiled_loss_shards"} & offered["builtin"]
+        offered[impl, device] = keys
+    assert {"sequence_parallel", "tiled_mlp_shards"} <= offered["transformers", "cpu"]
+    assert not {"sequence_parallel", "tiled_mlp_shards", "tiled_loss_shards"} & offered["builtin", "cpu"]
+    assert "offload_checkpoints" in offered["transformers", "cuda"]
+    assert "offload_checkpoints" not in offered["transformers", "cpu"]
