@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,13 @@ COARSE = (
     "offload_param",
     "threads_per_rank",  # searched only with tune --search-threads
 )
+# When nothing of the coarse grid fits (a sequence too long for data parallelism), the guide ranks the grid of the
+# memory savers instead: ZeRO stage, checkpointing and offload at the space's default micro-batch (1, the least
+# memory), with Ulysses and ALST's tiling and checkpoint offload where the space offers them (long sequences of
+# transformers models), so that a study that fits only with them starts from them rather than from random draws.
+# (Ulysses and ALST in the coarse grid itself would make an 8B model's grid at 4K tokens on 8 GPUs 140,000 configs.)
+LONG_CONTEXT = ("sequence_parallel", "tiled_mlp_shards", "tiled_loss_shards", "offload_checkpoints")
+SAVERS = ("stage", "activation_checkpointing", "offload_optimizer", "offload_param", *LONG_CONTEXT)
 WARM_START = 3  # configs measured first
 FROM_EARLIER = 2  # of which at most this many are earlier studies' best
 MIN_TOLERANCE = 0.05  # a pick predicted at least 95 % of the best measured is still worth a run
@@ -139,31 +145,68 @@ def grid_suggestions(
     nvme_path: str | None = None,
 ) -> Iterator[Suggestion]:
     """The distinct configs of the grid over ``names`` (those the space searches; everything else at its default),
-    in grid order. The space's own conditions and layout checks decide what applies: a value of a parameter that
-    does not apply (hpZ below ZeRO-3, AutoTP on a small model) repeats another config and is skipped, one the
-    workload cannot run is refused by the space.
+    in grid order (the order of their first point in the product of the grid's value lists). The space's own
+    conditions and layout checks decide what applies: a parameter that does not apply (hpZ below ZeRO-3, AutoTP on
+    a small model, Ulysses at a short sequence) is never branched on, one the workload cannot run is refused by the
+    space.
 
-    The space asks for its parameters in order and whether one applies, or the config is refused, depends only on
-    the values asked before it: so a grid point that agrees with an earlier one on every parameter the space asked
-    for there has that one's outcome, and is skipped without asking the space again (most points of a grid over
-    conditional parameters are such repeats).
+    The grid is walked as the space's decision tree (:func:`_walk`): the space asks for its parameters in order, and
+    only a grid parameter it asks for branches, so the cost follows the configs that exist, not the product of every
+    list (a long-context grid of 13 parameters at a short sequence is the 7-parameter grid's cost).
     """
     names = [name for name in names if name in space.searched]
     grid = space.grid(names, global_batch=global_batch, world_size=workload.cluster.world_size, nvme_path=nvme_path)
-    defaults = _defaults(space)
-    outcomes: dict[tuple[str, ...], set[tuple[Any, ...]]] = {}  # parameters asked -> their values seen
+    leaves = list(_walk(space, grid, {}, workload, global_batch, nvme_path, _defaults(space)))
+    leaves.sort(key=lambda leaf: tuple(grid[name].index(leaf[0][name]) if name in leaf[0] else 0 for name in grid))
     seen: set[str] = set()
-    for point in itertools.product(*grid.values()):
-        values = dict(zip(grid, point, strict=True))
-        if any(tuple(values[n] for n in asked) in known for asked, known in outcomes.items()):
-            continue
-        suggestion, asked = _asked(space, values, workload, global_batch, nvme_path, defaults)
-        used = tuple(name for name in grid if name in asked)
-        outcomes.setdefault(used, set()).add(tuple(values[name] for name in used))
-        if suggestion is None or suggestion.key in seen:
-            continue
-        seen.add(suggestion.key)
-        yield suggestion
+    for _, suggestion in leaves:
+        if suggestion.key not in seen:
+            seen.add(suggestion.key)
+            yield suggestion
+
+
+class _Branch(Exception):
+    """The space asked for a grid parameter the walk has not fixed yet."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class _Walking(_Fixed):
+    """A trial answering the grid parameters fixed so far; asked for another grid parameter, it branches."""
+
+    def __init__(self, grid: Mapping[str, list[Any]], fixed: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+        super().__init__(fixed, defaults)
+        self.grid = grid
+
+    def _answer(self, name: str) -> Any:
+        if name in self.grid and name not in self.values:
+            raise _Branch(name)
+        return super()._answer(name)
+
+
+def _walk(
+    space: SearchSpace,
+    grid: Mapping[str, list[Any]],
+    fixed: dict[str, Any],
+    workload: Workload,
+    global_batch: int | None,
+    nvme: str | None,
+    defaults: Mapping[str, Any],
+) -> Iterator[tuple[dict[str, Any], Suggestion]]:
+    """Every config the space makes from ``fixed`` and the grid values of the parameters it asks for next, with the
+    grid values it used."""
+    trial = _Walking(grid, fixed, defaults)
+    try:
+        suggestion = space.suggest(trial, workload, global_batch, nvme)
+    except _Branch as branch:
+        for value in grid[branch.name]:
+            yield from _walk(space, grid, {**fixed, branch.name: value}, workload, global_batch, nvme, defaults)
+        return
+    except (InfeasibleConfig, ConfigError):
+        return
+    yield fixed, suggestion
 
 
 def rank_feasible(
@@ -273,7 +316,9 @@ class ThroughputGuide:
         if fit is None:
             fit = load_fit(store, self.hardware, workload.model.family) if store is not None else ThroughputFit()
         self.fit = fit
-        self.ranked = rank_feasible(space, workload, calibration, fit, global_batch, nvme_path)
+        self.ranked = rank_feasible(space, workload, calibration, fit, global_batch, nvme_path) or rank_feasible(
+            space, workload, calibration, fit, global_batch, nvme_path, names=SAVERS
+        )
         self.measured: dict[str, float] = {}  # config key -> measured tokens/s
         self.proposed: set[str] = set()
 
