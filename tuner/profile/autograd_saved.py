@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import transformers.masking_utils
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
 from tuner.profile.hf import decoder_layers, text_config
 
@@ -85,13 +85,30 @@ def _fake_grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tens
     return _GroupedMM.apply(input, weight, offs)
 
 
+_preprocess_mask_arguments = transformers.masking_utils._preprocess_mask_arguments
+
+
+def _unpadded_mask_arguments(*args: Any, **kwargs: Any) -> Any:
+    """transformers' ``_preprocess_mask_arguments``, a 2D padding mask on fake tensors read as no padding (None):
+    the one a model makes itself when called without one (BART's decoder: ``torch.ones(batch, length)``), all
+    ones for real, lets SDPA run ``is_causal`` without a mask; on fake tensors its values are unreadable
+    (``is_tracing``) and a 4D mask would be built and saved by every layer."""
+    early, mask, *rest = _preprocess_mask_arguments(*args, **kwargs)
+    if not early and isinstance(mask, torch.Tensor) and mask.ndim == 2 and is_fake(mask):
+        mask = None
+    return (early, mask, *rest)
+
+
 @contextlib.contextmanager
 def _fake_safe(model: nn.Module) -> Iterator[None]:
-    """transformers sees no packed sequences (what it finds for real unpacked batches, unreadable on fake ones) and,
-    outside bf16, ``grouped_mm`` is :class:`_GroupedMM` (fake ``grouped_mm`` is bf16-only; the CPU kernel runs
-    fp32 too)."""
+    """transformers sees no packed sequences and no padding (what it finds for real unpacked batches, unreadable on
+    fake ones: :func:`_unpadded_mask_arguments`) and, outside bf16, ``grouped_mm`` is :class:`_GroupedMM` (fake
+    ``grouped_mm`` is bf16-only; the CPU kernel runs fp32 too)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(transformers.masking_utils, "find_packed_sequence_indices", lambda ids: None))
+        stack.enter_context(
+            _patched(transformers.masking_utils, "_preprocess_mask_arguments", _unpadded_mask_arguments)
+        )
         if next(model.parameters()).dtype != torch.bfloat16:
             for module, name in ((torch.nn.functional, "grouped_mm"), (torch, "_grouped_mm")):
                 if hasattr(module, name):

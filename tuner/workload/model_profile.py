@@ -18,7 +18,8 @@ from functools import cached_property
 from typing import Any
 
 # 2: the attention transformers resolves, traces call the model as training does; 3: tied_embeddings, expert_modules
-PROFILE_FORMAT = 4  # 4: dims carry the learned position table's rows
+# 4: dims carry the learned position table's rows
+PROFILE_FORMAT = 5  # 5: traces see no padding in a mask the model makes itself (BART's decoder)
 
 
 @dataclass(frozen=True, slots=True)
