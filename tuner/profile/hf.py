@@ -228,9 +228,12 @@ def expert_modules(model: nn.Module) -> bool:
 def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedModel
     """The model's list of decoder layers: the ``ModuleList`` as long as ``num_hidden_layers`` (of the text config)
     nearest the top, outside vision or audio towers; else one named like a tower (a text stack BERT-style named
-    ``encoder``: CPM-Ant's, GIT's); else the list nearest the top whose length divides ``num_hidden_layers`` (layers
-    of several sublayers each, counted one by one: LongCat-Flash's)."""
+    ``encoder``: CPM-Ant's, GIT's); else one as long as ``decoder_layers`` (the causal LM of an encoder-decoder
+    family, BART's, Blenderbot-small's, whose ``num_hidden_layers`` counts the encoder's layers); else the list
+    nearest the top whose length divides ``num_hidden_layers`` (layers of several sublayers each, counted one by
+    one: LongCat-Flash's)."""
     count = config_value(text_config(model.config), "num_hidden_layers")
+    decoder_count = config_value(text_config(model.config), "decoder_layers")
     lists = [
         (name.count("."), name, module)
         for name, module in model.named_modules()
@@ -240,6 +243,7 @@ def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedMod
     for found in (
         [item for item in outside if len(item[2]) == count],
         [item for item in lists if len(item[2]) == count],
+        [item for item in outside if isinstance(decoder_count, int) and len(item[2]) == decoder_count],
         [item for item in outside if isinstance(count, int) and len(item[2]) > 1 and count % len(item[2]) == 0],
     ):
         if found:
