@@ -142,3 +142,14 @@ def test_composite_traced_with_the_attention_its_text_model_runs(tmp_path: Path,
     config, _ = load_hf_config(str(folder / "config.json"))
     assert model_profile(config, SEQ, "fp32", None, (False,), cache).attention == "sdpa"
     assert described(folder, cache) == truth(folder)
+
+
+@pytest.mark.parametrize("model_type", ["minimax", "lara_mini", "gemma2", "recurrent_gemma"])
+def test_states_a_training_call_leaves_held_are_counted(model_type: str, tmp_path: Path, cache: ProfileCache) -> None:
+    """Called with their config's ``use_cache=True``, as a training loop calls them, these models keep states
+    alive until the output is dropped (at the loss, where activations peak) that autograd does not save: MiniMax's
+    linear-attention states and unrepeated K/V in its cache, LARA-mini's, Gemma-2's K/V (eager attention saves the
+    repeated heads), RecurrentGemma's recurrent and convolution states on its modules. Counted per layer (Gemma-2's
+    cache makes every layer's entry up front: each is its own layer's), as the instrument counts them."""
+    folder = saved_folder(tmp_path, model_type)
+    assert described(folder, cache) == truth(folder)

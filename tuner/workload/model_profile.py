@@ -19,7 +19,8 @@ from typing import Any
 
 # 2: the attention transformers resolves, traces call the model as training does; 3: tied_embeddings, expert_modules
 # 4: dims carry the learned position table's rows
-# 5: traces see no padding in a mask the model makes itself (BART's decoder); attention is the text model's
+# 5: traces see no padding in a mask the model makes itself (BART's decoder); attention is the text model's;
+# states a training call leaves held in its caches and modules count
 PROFILE_FORMAT = 5
 
 
