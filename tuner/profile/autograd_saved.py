@@ -3,11 +3,13 @@
 ``F.linear`` as ZeRO-3 runs it (:func:`zero3_linear`). Imports torch and transformers.
 
 A ``saved_tensors_hooks`` pack hook records each tensor autograd saves, with the decoder layer running at the time;
-after the forward pass every storage still alive is counted once (parameters and buffers excluded). No attention mask
-is passed (an all-ones mask would be materialised); transformers looks for packed sequences in the position ids and,
-unable to read fake values, would build a causal mask and lose grouped-query SDPA: the count tells it there are none,
-as for the real unpacked batches (:func:`_fake_safe`). PyTorch's fake ``grouped_mm`` accepts only bf16 (the CPU
-kernel also runs fp32): other precisions run a stand-in saving what the kernel saves (:class:`_GroupedMM`).
+after the forward pass every storage still alive is counted once (parameters and buffers excluded), and with them
+the states each layer leaves held in its caches and modules (:func:`_held`). No attention mask is passed (an all-ones
+mask would be materialised); transformers looks for packed sequences in the position ids and, unable to read fake
+values, would build a causal mask and lose grouped-query SDPA: the count tells it there are none, as for the real
+unpacked batches, and reads a padding mask the model makes itself as none (:func:`_fake_safe`). PyTorch's fake
+``grouped_mm`` accepts only bf16 (the CPU kernel also runs fp32): other precisions run a stand-in saving what the
+kernel saves (:class:`_GroupedMM`).
 """
 
 from __future__ import annotations
