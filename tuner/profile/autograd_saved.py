@@ -3,24 +3,26 @@
 ``F.linear`` as ZeRO-3 runs it (:func:`zero3_linear`). Imports torch and transformers.
 
 A ``saved_tensors_hooks`` pack hook records each tensor autograd saves, with the decoder layer running at the time;
-after the forward pass every storage still alive is counted once (parameters and buffers excluded). No attention mask
-is passed (an all-ones mask would be materialised); transformers looks for packed sequences in the position ids and,
-unable to read fake values, would build a causal mask and lose grouped-query SDPA: the count tells it there are none,
-as for the real unpacked batches (:func:`_fake_safe`). PyTorch's fake ``grouped_mm`` accepts only bf16 (the CPU
-kernel also runs fp32): other precisions run a stand-in saving what the kernel saves (:class:`_GroupedMM`).
+after the forward pass every storage still alive is counted once (parameters and buffers excluded), and with them
+the states each layer leaves held in its caches and modules (:func:`_held`). No attention mask is passed (an all-ones
+mask would be materialised); transformers looks for packed sequences in the position ids and, unable to read fake
+values, would build a causal mask and lose grouped-query SDPA: the count tells it there are none, as for the real
+unpacked batches, and reads a padding mask the model makes itself as none (:func:`_fake_safe`). PyTorch's fake
+``grouped_mm`` accepts only bf16 (the CPU kernel also runs fp32): other precisions run a stand-in saving what the
+kernel saves (:class:`_GroupedMM`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import transformers.masking_utils
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
 from tuner.profile.hf import decoder_layers, text_config
 
@@ -32,8 +34,11 @@ def _storage_id(tensor: torch.Tensor) -> int:
 
 
 @contextlib.contextmanager
-def _marked_layers(layers: nn.ModuleList, state: dict[str, int]) -> Iterator[None]:
-    """While inside, ``state["layer"]`` is the index of the decoder layer running (``OUTSIDE`` between layers).
+def _marked_layers(
+    layers: nn.ModuleList, state: dict[str, int], on_leave: Callable[[int, nn.Module, Any], None] | None = None
+) -> Iterator[None]:
+    """While inside, ``state["layer"]`` is the index of the decoder layer running (``OUTSIDE`` between layers);
+    ``on_leave(index, layer, arguments)`` is called as each layer returns (its positional and keyword arguments).
 
     Module hooks run outside transformers' gradient checkpointing (it checkpoints ``forward``), so the inputs it
     saves count as that layer's.
@@ -44,16 +49,53 @@ def _marked_layers(layers: nn.ModuleList, state: dict[str, int]) -> Iterator[Non
         def enter(module: nn.Module, args: Any, _index: int = index) -> None:
             state["layer"] = _index
 
-        def leave(module: nn.Module, args: Any, output: Any) -> None:
+        def leave(module: nn.Module, args: Any, kwargs: Any, output: Any, _index: int = index) -> None:
             state["layer"] = OUTSIDE
+            if on_leave is not None:
+                on_leave(_index, module, (*args, *kwargs.values()))
 
         handles.append(layer.register_forward_pre_hook(enter))
-        handles.append(layer.register_forward_hook(leave, always_call=True))
+        handles.append(layer.register_forward_hook(leave, with_kwargs=True, always_call=True))
     try:
         yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Tensors in ``value``: itself, in lists, tuples and dicts, and in the attributes of a transformers object (a
+    cache and its layers)."""
+    if depth > 8:
+        return
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item, depth + 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item, depth + 1)
+    elif type(value).__module__.startswith("transformers.") and hasattr(value, "__dict__"):
+        for item in vars(value).values():
+            yield from _tensors(item, depth + 1)
+
+
+def _held(layer: nn.Module, arguments: Any, index: int | None = None) -> Iterator[torch.Tensor]:
+    """What a decoder layer leaves held when it returns: the tensors of the caches it was given (a model called
+    with ``use_cache=True``, its config's default in a training call, keeps K/V, recurrent and convolution states
+    there: MiniMax's, OLMo-hybrid's, Qwen3.5's), of a cache's per-layer lists only the item of layer ``index``
+    (a cache may make every layer's entry up front: Gemma-2's), and its modules' plain tensor attributes
+    (RecurrentGemma's states)."""
+    from transformers.cache_utils import Cache
+
+    for argument in arguments:
+        if isinstance(argument, Cache):
+            for value in vars(argument).values():
+                per_layer = index is not None and isinstance(value, (list, tuple)) and index < len(value)
+                yield from _tensors(value[index] if per_layer else value)
+    for module in layer.modules():
+        yield from (value for value in vars(module).values() if isinstance(value, torch.Tensor))
 
 
 @contextlib.contextmanager
@@ -85,13 +127,30 @@ def _fake_grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tens
     return _GroupedMM.apply(input, weight, offs)
 
 
+_preprocess_mask_arguments = transformers.masking_utils._preprocess_mask_arguments
+
+
+def _unpadded_mask_arguments(*args: Any, **kwargs: Any) -> Any:
+    """transformers' ``_preprocess_mask_arguments``, a 2D padding mask on fake tensors read as no padding (None):
+    the one a model makes itself when called without one (BART's decoder: ``torch.ones(batch, length)``), all
+    ones for real, lets SDPA run ``is_causal`` without a mask; on fake tensors its values are unreadable
+    (``is_tracing``) and a 4D mask would be built and saved by every layer."""
+    early, mask, *rest = _preprocess_mask_arguments(*args, **kwargs)
+    if not early and isinstance(mask, torch.Tensor) and mask.ndim == 2 and is_fake(mask):
+        mask = None
+    return (early, mask, *rest)
+
+
 @contextlib.contextmanager
 def _fake_safe(model: nn.Module) -> Iterator[None]:
-    """transformers sees no packed sequences (what it finds for real unpacked batches, unreadable on fake ones) and,
-    outside bf16, ``grouped_mm`` is :class:`_GroupedMM` (fake ``grouped_mm`` is bf16-only; the CPU kernel runs
-    fp32 too)."""
+    """transformers sees no packed sequences and no padding (what it finds for real unpacked batches, unreadable on
+    fake ones: :func:`_unpadded_mask_arguments`) and, outside bf16, ``grouped_mm`` is :class:`_GroupedMM` (fake
+    ``grouped_mm`` is bf16-only; the CPU kernel runs fp32 too)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(transformers.masking_utils, "find_packed_sequence_indices", lambda ids: None))
+        stack.enter_context(
+            _patched(transformers.masking_utils, "_preprocess_mask_arguments", _unpadded_mask_arguments)
+        )
         if next(model.parameters()).dtype != torch.bfloat16:
             for module, name in ((torch.nn.functional, "grouped_mm"), (torch, "_grouped_mm")):
                 if hasattr(module, name):
@@ -110,36 +169,48 @@ def saved_bytes_by_layer(
 
     The model is called as a training loop calls it (train mode, ``model(input_ids, labels=...)``): ``use_cache``
     is the config's, as in training (some models then save other tensors: GPT-NeoX, Qwen3-Next). Each storage
-    counts once, for the first layer that saved it, if still alive after the forward pass. ``counted`` (if given)
-    gets the number of tensors saved.
+    counts once, for the first layer that saved it, if still alive after the forward pass; then, the same way,
+    those a layer leaves held in the caches it was given and its modules' attributes (:func:`_held`: alive while
+    the loop holds the output, at the loss, where activations peak). ``counted`` (if given) gets the number of
+    tensors saved.
     """
     layers = decoder_layers(model)
     excluded = {_storage_id(t) for t in (*model.parameters(), *model.buffers())}
     state = {"layer": OUTSIDE}
     records: list[tuple[weakref.ref, int, int, int]] = []
+    held: list[tuple[weakref.ref, int, int, int]] = []
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         records.append((weakref.ref(storage), storage._cdata, storage.nbytes(), state["layer"]))
         return tensor
 
+    def leave(index: int, layer: nn.Module, arguments: Any) -> None:
+        for tensor in _held(layer, arguments, index):
+            storage = tensor.untyped_storage()
+            held.append((weakref.ref(storage), storage._cdata, storage.nbytes(), index))
+
     model.train()
     with fake_mode or contextlib.nullcontext():
         tokens = torch.randint(0, text_config(model.config).vocab_size, (micro_batch, seq_len))
         with (
             _fake_safe(model) if fake_mode is not None else contextlib.nullcontext(),
-            _marked_layers(layers, state),
+            _marked_layers(layers, state, leave),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         ):
-            loss = model(input_ids=tokens, labels=tokens).loss  # as a training loop calls it: the config's use_cache
+            output = model(input_ids=tokens, labels=tokens)  # as a training loop calls it: the config's use_cache
+        for tensor in _held(model, output.values()):  # the rest, held outside the layers
+            storage = tensor.untyped_storage()
+            held.append((weakref.ref(storage), storage._cdata, storage.nbytes(), OUTSIDE))
         if counted is not None:
             counted.append(len(records))
         owner: dict[int, tuple[int, int]] = {}
-        for ref, storage_id, nbytes, layer in records:
+        for ref, storage_id, nbytes, layer in (*records, *held):  # saved first, then held by caches and modules
             if ref() is not None and storage_id not in excluded and storage_id not in owner:
                 owner[storage_id] = (layer, nbytes)
         records.clear()
-        del loss  # no backward: what is counted is what the forward pass saved (backward was 2/3 of a trace's time)
+        held.clear()
+        del output  # no backward: what is counted is what the forward pass saved (backward was 2/3 of a trace's time)
     totals: dict[int, int] = {}
     for layer, nbytes in owner.values():
         totals[layer] = totals.get(layer, 0) + nbytes

@@ -97,6 +97,19 @@ def _config_object(config: dict[str, Any], model_type: str, values: dict[str, An
         raise WorkloadError(_rejected_field(config, message), f"transformers rejects the config: {message}") from None
 
 
+def text_attention(config_object: Any, implementation: str) -> str | dict[str, str]:
+    """The ``attn_implementation`` argument that makes the decoder layers run ``implementation``: the name itself,
+    or for a composite model (text config a sub-config: GOT-OCR2, Gemma-3...) ``{text key: name}``, its other parts
+    (top level, vision tower) keeping transformers' own choice, as they run in the model transformers builds. A
+    name alone would be set on every sub-config: GOT-OCR2's top level and vision tower resolve eager, its Qwen2
+    text model SDPA, and the whole model traced eager saved each layer's attention weights (+14 to +39 %)."""
+    text = text_config(config_object)
+    key = next(
+        (name for name in getattr(config_object, "sub_configs", {}) if getattr(config_object, name, None) is text), None
+    )
+    return {key: implementation} if text is not config_object and key is not None else implementation
+
+
 def text_config(config_object: Any) -> Any:
     """The config of the language model: the config itself, or a composite model's text config."""
     try:
@@ -140,13 +153,13 @@ def build(
     """``AutoModelForCausalLM.from_config`` with random weights on the current device (or fake/meta mode).
 
     ``attention`` None: the implementation transformers resolves for the config (SDPA where the class supports it,
-    else eager); a kind the class cannot run is refused (:class:`WorkloadError` naming ``attention``), never
-    replaced by something that computes other maths.
+    else eager); else the decoder layers' (:func:`text_attention`). A kind the class cannot run is refused
+    (:class:`WorkloadError` naming ``attention``), never replaced by something that computes other maths.
     """
     config_object = hf_config(config, **overrides)
     kwargs: dict[str, Any] = {"dtype": dtype}
     if attention is not None:
-        kwargs["attn_implementation"] = ATTN_IMPLEMENTATIONS[attention]
+        kwargs["attn_implementation"] = text_attention(config_object, ATTN_IMPLEMENTATIONS[attention])
     try:
         return transformers.AutoModelForCausalLM.from_config(config_object, **kwargs)
     except WorkloadError:
@@ -228,9 +241,12 @@ def expert_modules(model: nn.Module) -> bool:
 def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedModel
     """The model's list of decoder layers: the ``ModuleList`` as long as ``num_hidden_layers`` (of the text config)
     nearest the top, outside vision or audio towers; else one named like a tower (a text stack BERT-style named
-    ``encoder``: CPM-Ant's, GIT's); else the list nearest the top whose length divides ``num_hidden_layers`` (layers
-    of several sublayers each, counted one by one: LongCat-Flash's)."""
+    ``encoder``: CPM-Ant's, GIT's); else one as long as ``decoder_layers`` (the causal LM of an encoder-decoder
+    family, BART's, Blenderbot-small's, whose ``num_hidden_layers`` counts the encoder's layers); else the list
+    nearest the top whose length divides ``num_hidden_layers`` (layers of several sublayers each, counted one by
+    one: LongCat-Flash's)."""
     count = config_value(text_config(model.config), "num_hidden_layers")
+    decoder_count = config_value(text_config(model.config), "decoder_layers")
     lists = [
         (name.count("."), name, module)
         for name, module in model.named_modules()
@@ -240,6 +256,7 @@ def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedMod
     for found in (
         [item for item in outside if len(item[2]) == count],
         [item for item in lists if len(item[2]) == count],
+        [item for item in outside if isinstance(decoder_count, int) and len(item[2]) == decoder_count],
         [item for item in outside if isinstance(count, int) and len(item[2]) > 1 and count % len(item[2]) == 0],
     ):
         if found:
@@ -296,7 +313,7 @@ def describe(config: dict[str, Any]) -> ModelProfile:
         supports_checkpointing=supports_checkpointing(model),
         tied_embeddings=tied_embeddings(model),
         expert_modules=expert_modules(model),
-        attention=attention_kind(str(model.config._attn_implementation)),
+        attention=attention_kind(str(text_config(model.config)._attn_implementation)),  # the decoder layers'
     )
 
 

@@ -18,7 +18,10 @@ from functools import cached_property
 from typing import Any
 
 # 2: the attention transformers resolves, traces call the model as training does; 3: tied_embeddings, expert_modules
-PROFILE_FORMAT = 4  # 4: dims carry the learned position table's rows
+# 4: dims carry the learned position table's rows
+# 5: traces see no padding in a mask the model makes itself (BART's decoder); attention is the text model's;
+# states a training call leaves held in its caches and modules count
+PROFILE_FORMAT = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +114,9 @@ class ModelProfile:
     them; ``param_elements_by_dtype``: elements per dtype as the model is built in ``dtype=bf16`` (some models keep
     fp32 weights); ``layer_kinds``: the kind of each decoder layer (layers whose parameter shapes and attention type
     match are one kind); ``dims``: the config's shapes (vocabulary, hidden size, heads...); ``attention``: the
-    attention kind transformers builds the model with when none is asked for (``sdpa`` where the class supports
-    it, else ``eager``), the default of workloads training it; ``supports_checkpointing``: whether transformers can
+    attention kind transformers builds the decoder layers with when none is asked for (``sdpa`` where the class
+    supports it, else ``eager``; a composite model's text model, whatever its vision tower runs), the default of
+    workloads training it; ``supports_checkpointing``: whether transformers can
     checkpoint its layers (else no checkpointing profile is traced, and one asked for is refused);
     ``tied_embeddings``: the LM head is the input embedding's parameter; ``expert_modules``: an MoE whose experts are
     modules of their own, each run only for the tokens routed to it
