@@ -200,22 +200,27 @@ def estimate_case(case: dict[str, Any]) -> Any:
 
 
 NOTES = """
-Measured 2026-12-02 on 2 shared AVX2 cores (DeepSpeed 0.19.8, torch 2.13 CPU, transformers 5.24), FusedAdam, buckets
-of 5e5 elements unless the row says otherwise. Untiled Ulysses rows (dense and MoE, ZeRO-2 and -3, SP2 alone and
-SP2 × DP2) are within 1.7 %; the data-parallel baseline is exact. At these sequence lengths the untiled peak is the
-loss's backward: the saved activations plus two fp32 logits-sized gradients (8·bsV), the estimator's logits workspace.
+Measured 2026-12-02 and -03 on 2 shared AVX2 cores (DeepSpeed 0.19.8, torch 2.13 CPU, transformers 5.24), FusedAdam,
+buckets of 5e5 elements unless the row says otherwise. Untiled Ulysses rows (dense and MoE, ZeRO-2 and -3, SP2 alone
+and SP2 × DP2) are within 1.9 %, all under; the data-parallel baselines within 0.7 %. At these sequence lengths the
+untiled peak is the loss's backward: the saved activations plus two fp32 logits-sized gradients (8·bsV), the
+estimator's logits workspace.
 
 Tiled MLP + tiled loss under ZeRO-2 (peak in forward) was -14.15 %. `TiledFusedLogitsLoss` runs the LM head's backward
 inside forward: the head's gradient hook allocates ZeRO-2's reduce bucket there (`process_gradients` ->
 `setup_buckets`), and a head larger than the bucket (4096 × 128 = 524,288 > 5e5 elements) stays a gradient tensor of
 its own until backward. With both in the forward phase the row is -1.34 %. The 1e6-bucket row was measured after
 that change, as a check of it: the head then fits the bucket, so no separate gradient is predicted. Estimate -1.48 %,
-against -17.6 % without the change and +2.7 % had the head's gradient been counted anyway. ZeRO-3 tiled: +1.9 %.
+against -17.6 % without the change and +2.7 % had the head's gradient been counted anyway.
 
-Open:
-* Qwen2-MoE with `TiledMLP` around the sparse-MoE block under ZeRO-2 fails in `engine.backward` (a DeepSpeed-side
-  error, not investigated).
-* The 4-rank ZeRO-3 rows and the tiled ZeRO-3 MoE row were not measured.
+The MoE rows with the tiled MLP run since 2026-12-03: DeepSpeed's `TiledMLP` hands the block its shards flattened to
+[tokens, hidden] in backward, which transformers' sparse-MoE blocks cannot take; the runner's `tile_mlps` (which this
+bench uses) gives them the batch dimension back. Tiled rows: ZeRO-2 dense -1.3 / -1.6 % (2 / 4 ranks), MoE +2.1 /
++2.6 %; ZeRO-3 dense +1.9 / +2.5 %.
+
+Open: the tiled ZeRO-3 MoE rows are over by 4.5 % (2 ranks) and 6.0 % (4 ranks), about 1.2 MB in both, against
+0.5 MB for the dense model; the peak is in forward (the tiled loss's head backward), and where the estimate's extra
+MoE bytes are not alive there is not yet found.
 """
 
 
