@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli.common import gib
@@ -39,7 +40,7 @@ ROWS = (
 def render(est: MemoryEstimate, title: str, console: Console | None = None) -> None:
     """Print an estimate as a table of per-GPU categories in GiB, the CPU total, peak phase and verdict."""
     console = console or Console()
-    console.print(title, highlight=False)
+    console.print(title, highlight=False, markup=False)
     table = Table()
     table.add_column("per GPU")
     table.add_column("GiB", justify="right")
@@ -52,13 +53,15 @@ def render(est: MemoryEstimate, title: str, console: Console | None = None) -> N
     console.print(f"CPU per node: {gib(est.cpu_per_node['total'])} GiB of {gib(est.cpu_memory)} GiB")
     console.print(f"peak phase: {est.peak_phase}")
     if est.estimate_only:
-        console.print(f"[yellow]ESTIMATE ONLY[/yellow]: {est.estimate_only}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]ESTIMATE ONLY[/yellow]: {escape(est.estimate_only)}", highlight=False, soft_wrap=True)
     if est.fits:
         console.print(
             f"[green]FITS[/green] with {gib(est.headroom)} GiB headroom per GPU (of {gib(est.gpu_memory)} GiB)"
         )
     else:
-        console.print(f"[red]DOES NOT FIT[/red]: {est.overflow_reason()}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[red]DOES NOT FIT[/red]: {escape(est.overflow_reason() or '')}", highlight=False, soft_wrap=True
+        )
 
 
 @workload_options()

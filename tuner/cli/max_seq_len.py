@@ -18,6 +18,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli.common import fail, gib
@@ -110,7 +111,7 @@ def render_longest(answer: LongestFit, name: str, render: RenderEstimate, consol
         table.add_row(key, value, style="bold" if key == "longest sequence" else None)
     console.print(table)
     for note in answer.notes():
-        console.print(f"[yellow]note[/yellow]: {note}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note[/yellow]: {escape(note)}", highlight=False, soft_wrap=True)
     render(answer.estimate, f"its estimate at {answer.seq_len:,} tokens", console)
 
 

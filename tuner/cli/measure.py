@@ -56,7 +56,7 @@ def measure_command(
 
         notice = build_notice(workload.cluster.device, [trial.ds_config])[0]
         if notice:
-            Console().print(notice, highlight=False, soft_wrap=True)
+            Console().print(notice, highlight=False, soft_wrap=True, markup=False)
     options = MeasureOptions(launcher, ray_address, warmup, steps, timeout, cap, warmup_max)
     result = measure(workload, trial, options, show_progress=not as_json)
     if as_json:
@@ -72,7 +72,7 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
     status = result["status"]
     console.print(f"status: [{'green' if status == 'ok' else 'red'}]{status}[/]")
     if result["error"]:
-        console.print(result["error"].strip().splitlines()[-1], highlight=False, soft_wrap=True)
+        console.print(result["error"].strip().splitlines()[-1], highlight=False, soft_wrap=True, markup=False)
     if status == "ok":
         steps = result["step_time_s"]
         console.print(f"throughput: {result['tokens_per_s']:,.0f} tokens/s, {result['samples_per_s']:,.2f} samples/s")
@@ -90,5 +90,5 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
     console.print(table)
     measured_in = describe_launch(result.get("launch"))
     if measured_in:
-        console.print("launch: " + measured_in, highlight=False, soft_wrap=True)
+        console.print("launch: " + measured_in, highlight=False, soft_wrap=True, markup=False)
     console.print(f"estimated peak per GPU: {gib(result['estimate']['per_gpu']['total'])} GiB")

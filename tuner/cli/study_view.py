@@ -112,7 +112,7 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
         console.print_json(json.dumps(best.trial.deepspeed_config()))  # as DeepSpeed gets it (dstune best exports it)
         measured_in = describe_launch((best.measurement or {}).get("launch"))
         if measured_in:
-            console.print("measured in: " + measured_in, highlight=False, soft_wrap=True)
+            console.print("measured in: " + measured_in, highlight=False, soft_wrap=True, markup=False)
 
 
 def describe_launch(launch: dict[str, Any] | None) -> str | None:
@@ -167,6 +167,8 @@ def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5)
         return
     console.print(f"pruned without a run: {len(pruned)}, by kind")
     for group in groups[:kinds]:
-        console.print(f"  ×{group.count}  {group.key} — e.g. {group.example}", highlight=False, soft_wrap=True)
+        console.print(
+            f"  ×{group.count}  {group.key} — e.g. {group.example}", highlight=False, soft_wrap=True, markup=False
+        )
     if len(groups) > kinds:
         console.print(f"  … and {len(groups) - kinds} more kinds (the dashboard lists them all)", highlight=False)

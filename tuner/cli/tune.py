@@ -213,8 +213,10 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     text = json.dumps(config, indent=2) + "\n"
     if out:
         write_text_file(out, text)
-        Console(stderr=True).print(f"wrote {out} (trial {best.number}, {best.tokens_per_s:,.0f} tokens/s)")
+        Console(stderr=True).print(
+            f"wrote {out} (trial {best.number}, {best.tokens_per_s:,.0f} tokens/s)", markup=False
+        )
     else:
         print(text, end="")
     for note in notes:
-        Console(stderr=True).print(note, highlight=False, soft_wrap=True)
+        Console(stderr=True).print(note, highlight=False, soft_wrap=True, markup=False)

@@ -73,7 +73,9 @@ def run_with_progress(tuning: TuningStudy, console: Console) -> StudyReport:
         dispatcher = Dispatcher(options, cluster.device, cluster.world_size)
         measurer: Measurer = dispatcher
         if options.launcher == "local" or options.ray_address is None:  # the ranks, and so the builds, run here
-            measurer = AnnounceBuilds(dispatcher, lambda line: console.print(line, highlight=False, soft_wrap=True))
+            measurer = AnnounceBuilds(
+                dispatcher, lambda line: console.print(line, highlight=False, soft_wrap=True, markup=False)
+            )
         try:
             return tuning.run(measurer)
         finally:

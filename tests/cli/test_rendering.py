@@ -1,0 +1,27 @@
+"""What the CLI prints from runs, estimates and exports is printed as it is: rich reads ``[...]`` as markup, and an
+error's ``[rank0]:``, an export note's ``[lm_head.weight]`` or a path with brackets would vanish from the line."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from tuner.cli.estimate import render
+from tuner.cli.measure import render_measurement
+from tuner.estimator import estimate
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
+
+
+def test_a_runs_error_prints_with_its_brackets() -> None:
+    console = Console(record=True, width=200)
+    error = "Traceback ...\n[rank0]: RuntimeError: [lm_head.weight] has no gradient"
+    render_measurement({"status": "error", "error": error, "ranks": [], "estimate": {"per_gpu": {"total": 1}}}, console)
+    assert "[rank0]: RuntimeError: [lm_head.weight] has no gradient" in console.export_text()
+
+
+def test_an_estimates_title_and_verdict_print_with_their_brackets() -> None:
+    work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpu_memory=2**20), TrainSpec(seq_len=1024))
+    est = estimate(work, TrialConfig({"zero_optimization": {"stage": 0}}))
+    console = Console(record=True, width=400)
+    render(est, "models/[exp1]/config.json", console)
+    text = console.export_text()
+    assert "models/[exp1]/config.json" in text and "DOES NOT FIT" in text
