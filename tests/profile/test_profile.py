@@ -324,7 +324,7 @@ def test_which_embeddings_are_tied_and_which_experts_are_modules(tmp_path: Path)
     """Read from the built model: GPT-2 ties its LM head to the embedding, this LLaMA does not; transformers 5 fuses
     Mixtral's experts into one module (stacked parameters), where experts as modules of their own (switch
     transformers' ``expert_0``...) run only for the tokens routed to them."""
-    from tuner.profile.hf import expert_modules
+    from tuner.profile.model_parts import expert_modules
 
     cache = ProfileCache(tmp_path)
     gpt2 = params_profile({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100}, cache)

@@ -24,7 +24,7 @@ import transformers.masking_utils
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
-from tuner.profile.hf import decoder_layers, text_config
+from tuner.profile.model_parts import decoder_layers, text_config
 
 OUTSIDE = -1
 

@@ -9,16 +9,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tuner.profile.hf import (
-    TORCH_DTYPES,
-    build,
-    decoder_layers,
-    enable_checkpointing,
-    hf_config,
-    layer_kinds,
-    replace_module,
-    text_config,
-)
+from tuner.profile.hf import TORCH_DTYPES, build, enable_checkpointing, hf_config
+from tuner.profile.model_parts import decoder_layers, layer_kinds, replace_module, text_config
 from tuner.workload import TrainableSpec, WorkloadError
 
 

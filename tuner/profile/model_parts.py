@@ -1,0 +1,119 @@
+"""Where a built transformers model keeps its parts: the text config, its decoder layers, a learned position table,
+a tied LM head, expert modules, and a kind per layer. Imports torch (on a model transformers built)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from tuner.workload import WorkloadError
+
+
+def text_config(config_object: Any) -> Any:
+    """The config of the language model: the config itself, or a composite model's text config."""
+    try:
+        return config_object.get_text_config()
+    except (AttributeError, ValueError):
+        return config_object
+
+
+def config_value(config_object: Any, name: str) -> Any:
+    """A config attribute, or None; a per-layer attribute of a heterogeneous config (transformers'
+    ``AmbiguousGlobalPerLayerAttributeError``) is read as its global value."""
+    try:
+        return getattr(config_object, name, None)
+    except RuntimeError:
+        reader = getattr(config_object, "_getattr_without_heterogeneous_validation", None)
+        return reader(name, None) if reader is not None else None
+
+
+OTHER_TOWERS = ("vision", "visual", "audio", "image", "encoder", "speech", "patch")
+
+
+def position_table(model: Any) -> int:  # a transformers PreTrainedModel
+    """The positions a learned position table holds (GPT-2's ``wpe``; OPT's table, 2 rows longer for its offset): an
+    embedding other than the tokens' with ``max_position_embeddings`` rows, or 0 (rotary, ALiBi: nothing to index)."""
+    positions = config_value(text_config(model.config), "max_position_embeddings")
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions <= 0:
+        return 0
+    try:
+        tokens = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        tokens = None
+    for module in model.modules():
+        rows = module.num_embeddings if isinstance(module, nn.Embedding) and module is not tokens else 0
+        if positions <= rows <= positions + 2:
+            return positions
+    return 0
+
+
+def tied_embeddings(model: Any) -> bool:  # a transformers PreTrainedModel
+    """True when the model's LM head is its input embedding's parameter (one tensor, counted once)."""
+    try:
+        inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return False
+    weight = getattr(inputs, "weight", None)
+    return weight is not None and getattr(outputs, "weight", None) is weight
+
+
+def expert_modules(model: nn.Module) -> bool:
+    """True when an MoE's experts are modules of their own (a module named ``*experts`` with more than one child
+    holding parameters: switch_transformers' ``expert_0``...), which run only for the tokens routed to them; False
+    for dense models and for experts fused into one module's stacked parameters (Mixtral, Qwen-MoE, DeepSeek in
+    transformers 5), which runs every time."""
+    return any(
+        name.rsplit(".", 1)[-1].endswith("experts")
+        and sum(1 for child in module.children() if any(True for _ in child.parameters())) > 1
+        for name, module in model.named_modules()
+    )
+
+
+def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedModel
+    """The model's list of decoder layers: the ``ModuleList`` as long as ``num_hidden_layers`` (of the text config)
+    nearest the top, outside vision or audio towers; else one named like a tower (a text stack BERT-style named
+    ``encoder``: CPM-Ant's, GIT's); else one as long as ``decoder_layers`` (the causal LM of an encoder-decoder
+    family, BART's, Blenderbot-small's, whose ``num_hidden_layers`` counts the encoder's layers); else the list
+    nearest the top whose length divides ``num_hidden_layers`` (layers of several sublayers each, counted one by
+    one: LongCat-Flash's)."""
+    count = config_value(text_config(model.config), "num_hidden_layers")
+    decoder_count = config_value(text_config(model.config), "decoder_layers")
+    lists = [
+        (name.count("."), name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList) and len(module) > 0
+    ]
+    outside = [item for item in lists if not any(tower in item[1].lower() for tower in OTHER_TOWERS)]
+    for found in (
+        [item for item in outside if len(item[2]) == count],
+        [item for item in lists if len(item[2]) == count],
+        [item for item in outside if isinstance(decoder_count, int) and len(item[2]) == decoder_count],
+        [item for item in outside if isinstance(count, int) and len(item[2]) > 1 and count % len(item[2]) == 0],
+    ):
+        if found:
+            return min(found, key=lambda item: item[:2])[2]
+    raise WorkloadError("model.model_type", f"no list of {count} decoder layers found in {type(model).__name__}")
+
+
+def replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    """Put ``new`` wherever ``old`` is a child module in ``model``."""
+    for parent in model.modules():
+        for name, child in list(parent.named_children()):
+            if child is old:
+                setattr(parent, name, new)
+
+
+def layer_kinds(model: Any) -> list[str]:  # a transformers PreTrainedModel
+    """A kind per decoder layer: layers with equal parameter shapes and attention type share a kind (``L<i>``,
+    ``i`` the index of the first layer of that kind)."""
+    layer_types = config_value(text_config(model.config), "layer_types")
+    kinds: list[str] = []
+    first_of: dict[Any, int] = {}
+    for index, layer in enumerate(decoder_layers(model)):
+        signature = tuple((name, tuple(p.shape), p.dtype) for name, p in layer.named_parameters())
+        attention_type = layer_types[index] if isinstance(layer_types, (list, tuple)) else None
+        key = (signature, attention_type)
+        first_of.setdefault(key, index)
+        kinds.append(f"L{first_of[key]}")
+    return kinds
