@@ -254,6 +254,7 @@ class Recorder:
         self.emit(Event(trial.number, "stopped_early", tokens, "stopped early: clearly slower than the best"))
 
     def _save_calibration(self) -> None:
+        self.guide.recalibrate(self.calibration)  # its picks from now on fit with the margin learned
         cal = self.calibration
         self.store.put_calibration(
             self.hardware, self.family, cal.margin, len(cal.ratios), {"ratios": list(cal.ratios), "ooms": cal.ooms}
