@@ -219,3 +219,19 @@ def test_a_sequence_too_long_for_data_parallel_warm_starts_from_the_layouts_that
     assert guide.ranked and all(r.suggestion.trial.layout.sequence_parallel == 2 for r in guide.ranked)
     first = guide.warm_start()
     assert first and all(params["sequence_parallel"] == 2 for params in first)
+
+
+def test_after_the_warm_start_failed_the_guide_picks_what_still_fits_with_the_learned_margin() -> None:
+    """Nothing measured: once the warm start's configs were proposed (and ran out of memory), the next pick is the
+    best predicted config left, among those that fit with the margin the failures taught; none when none fits."""
+    guide = ThroughputGuide(load_space(default_space_path()), GPT2, Calibration())
+    assert guide.next_pick() is None  # nothing proposed yet: the warm start goes first
+    first = guide.warm_start()
+    assert first
+    tighter = Calibration(margin=0.5)
+    guide.recalibrate(tighter)
+    assert guide.ranked and all(tighter.fits(r.estimate.gpu_total, r.estimate.gpu_memory) for r in guide.ranked)
+    pick = guide.next_pick()
+    assert pick is not None and pick not in first
+    guide.recalibrate(Calibration(margin=1e6))
+    assert guide.next_pick() is None

@@ -263,6 +263,28 @@ def test_each_outcome_is_recorded_and_told(tmp_path: Path, store: Store) -> None
     assert calibration is not None and calibration.stats["ooms"] == 1 and calibration.margin >= DEFAULT_MARGIN
 
 
+def test_a_run_whose_measured_peak_exceeds_the_target_gpu_is_oom_and_never_best(tmp_path: Path, store: Store) -> None:
+    """CPU ranks have no wall at --gpu-memory: a config that trained but peaked above it would run out of memory on a
+    GPU of that size. It is recorded oom with both figures and its measurement kept, told infeasible, never best."""
+    budget = 64 * 2**30
+
+    def outcome(config: dict[str, Any]) -> Measurement:
+        measured = ok(config)
+        if shape(config) == (1, 2):  # the fastest config: 2002 tokens/s, over the budget by a byte
+            measured.peak_bytes_per_rank = [budget + 1]
+        return measured
+
+    study = TuningStudy(settings(tmp_path, stages=[0, 1], micros=[1, 2], trials=4), store)
+    study.run(FakeMeasurer(outcome))
+    by_shape = {shape(t.ds_config): t for t in store.trials(study.study_id)}
+    over = by_shape[(1, 2)]
+    assert over.status == "oom" and over.tokens_per_s == 2002.0 and over.peak_bytes == budget + 1
+    assert "exceeds the 64.00 GiB the study targets (--gpu-memory) by 1 bytes" in (over.error or "")
+    assert optuna_trials(store)[over.number].constraints == {"memory": 1.0}
+    best = store.best_trial(study.study_id)
+    assert best is not None and shape(best.ds_config) == (1, 1)
+
+
 def test_a_trial_a_killed_process_left_running_is_failed_and_retried_once(tmp_path: Path, store: Store) -> None:
     def crash_while_running(fake: FakeMeasurer) -> None:
         """The loop dies with a run in flight (as a killed process would leave it): the trial stays running."""

@@ -373,17 +373,23 @@ class ThroughputGuide:
         error = self.fit.median_error()
         return max(MIN_TOLERANCE, 2 * error) if error is not None else MIN_TOLERANCE
 
+    def recalibrate(self, calibration: Calibration) -> None:
+        """Keep only the ranked configs that fit with ``calibration`` (a study's margin after its runs: an estimate
+        that proved short, an out-of-memory run)."""
+        self.calibration = calibration
+        self.ranked = [r for r in self.ranked if calibration.fits(r.estimate.gpu_total, r.estimate.gpu_memory)]
+
     def next_pick(self) -> dict | None:
         """The params of the best predicted config not yet measured or proposed, when its prediction is within
-        :meth:`tolerance` of the best measured tokens/s or above it; else None (the sampler goes on)."""
-        if not self.measured:  # nothing to compare with yet: the warm start and the sampler go first
-            return None
-        best = max(self.measured.values())
+        :meth:`tolerance` of the best measured tokens/s or above it; else None (the sampler goes on). While nothing
+        has been measured, once the warm start's configs were proposed (they ran out of memory, failed or were
+        stopped), the best predicted one left that fits with the calibration's margin: a study whose first runs
+        failed goes on from the configs that fit rather than from random draws."""
         open_ = [r for r in self.ranked if r.suggestion.key not in self.proposed]
-        if not open_:
+        if not open_ or not (self.measured or self.proposed):  # nothing proposed yet: the warm start goes first
             return None
         top = max(open_, key=self.predicted_tokens_per_s)
-        if self.predicted_tokens_per_s(top) < best * (1 - self.tolerance()):
+        if self.measured and self.predicted_tokens_per_s(top) < max(self.measured.values()) * (1 - self.tolerance()):
             return None
         self.proposed.add(top.suggestion.key)
         return dict(top.params)

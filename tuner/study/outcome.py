@@ -5,7 +5,10 @@ Pruned configs are told PRUNED with a positive memory constraint (the sampler le
 out-of-memory failure says 1.0 whatever the estimate said; a proposal that repeats a recorded config is told that
 config's outcome; a run stopped early for being clearly slow reports each step's throughput and is told PRUNED; a
 run whose step-0 numerics left its reference's (:mod:`tuner.study.numerics_guard`) is recorded ``diverged`` with both
-figures and told FAIL (never recommended: the recommender takes ``ok`` runs only).
+figures and told FAIL (never recommended: the recommender takes ``ok`` runs only); a run that trained but whose
+measured peak exceeds the GPU memory the study targets (``--gpu-memory``: CPU ranks have no such wall, nor does a
+larger GPU than the target) is recorded ``oom`` with both figures, its measurement kept, and told FAIL with the
+constraint 1.0, as a run that ran out of memory on a GPU of that size.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from tuner.storage import DuplicateConfig, Store, TrialRecord
 from tuner.study.numerics_guard import NumericsGuard
 from tuner.study.proposer import Proposer
 from tuner.study.settings import Event, StudySettings
+from tuner.units import format_bytes
 
 DUPLICATE_ATTR = "dstune_duplicate_of"  # Optuna user attribute of a proposal answered from a record: its trial number
 REASON_ATTR = "dstune_reason"  # Optuna user attribute: why a trial was told PRUNED without a run of its own
@@ -178,22 +182,24 @@ class Recorder:
         if measurement.exception_type == INFRA_LOST:  # a node, actor or fork server died: measured again
             self._requeue_lost(run, measurement)
             return
-        diverged = None
+        diverged = over_budget = None
         if measurement.status == "ok" and not measurement.stopped_early:
             diverged = self.guard.judge(trial.number, run.suggestion.trial, measurement.numerics)
-        status = "diverged" if diverged else measurement.status
-        self.store.finish_trial(run.trial_id, status, measurement.to_dict(), error=diverged or measurement.error)
+            over_budget = _over_budget(peak, run.estimate.gpu_memory)
+        rejected = diverged or over_budget
+        status = "diverged" if diverged else "oom" if over_budget else measurement.status
+        self.store.finish_trial(run.trial_id, status, measurement.to_dict(), error=rejected or measurement.error)
         estimated_peak = run.estimate.per_gpu["total"] or 0
         if measurement.status == "ok" and measurement.stopped_early:
             self._tell_stopped_early(run, measurement)
             return
-        if diverged:  # its bytes and seconds are real, its training is not: calibrated from, told FAIL
+        if rejected:  # its bytes and seconds are real, its training is not usable: calibrated from, told FAIL
             if peak:
                 self.calibration = self.calibration.after_measurement(estimated_peak, peak)
                 self._save_calibration()
-            trial.set_constraint("memory", constraint)
+            trial.set_constraint("memory", 1.0 if over_budget and not diverged else constraint)
             self.tell(trial, TrialState.FAIL)
-            self.emit(Event(trial.number, status, measurement.tokens_per_s, diverged))
+            self.emit(Event(trial.number, status, measurement.tokens_per_s, rejected))
             return
         if measurement.status == "ok":
             if peak:
@@ -248,7 +254,18 @@ class Recorder:
         self.emit(Event(trial.number, "stopped_early", tokens, "stopped early: clearly slower than the best"))
 
     def _save_calibration(self) -> None:
+        self.guide.recalibrate(self.calibration)  # its picks from now on fit with the margin learned
         cal = self.calibration
         self.store.put_calibration(
             self.hardware, self.family, cal.margin, len(cal.ratios), {"ratios": list(cal.ratios), "ooms": cal.ooms}
         )
+
+
+def _over_budget(peak: int | None, gpu_memory: int) -> str | None:
+    """Why a run that trained does not fit the GPU memory the study targets, or None when it does."""
+    if peak is None or peak <= gpu_memory:
+        return None
+    return (
+        f"measured peak {format_bytes(peak)} per GPU exceeds the {format_bytes(gpu_memory)} the study targets "
+        f"(--gpu-memory) by {peak - gpu_memory:,} bytes: a GPU of that size runs out of memory"
+    )
