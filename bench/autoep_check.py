@@ -1,0 +1,300 @@
+"""Does DeepSpeed's AutoEP (``expert_parallel``) run on gloo CPU ranks, and does it train the same as without it?
+
+AutoEP (DeepSpeed 0.19.8, ``deepspeed/module_inject/auto_ep*.py``, switched on by the config's
+``expert_parallel: {"enabled": true, "autoep_size": N}``) swaps every MoE block of a supported transformers model
+(presets: Mixtral, Qwen3-MoE and Qwen2-MoE, Qwen3.5-MoE, DeepSeek-V2/V3, MiniMax-M3) for an ``AutoEPMoELayer`` whose
+experts are sharded over the ``N`` ranks of an expert-parallel group, the routed tokens exchanged by
+``all_to_all_single``. This script tries it for real: a tiny Qwen2-MoE (hidden 64, 2 MoE layers, 4 experts top-2,
+vocab 512, fp32, seq 32) on 2 gloo CPU ranks started by torchrun from this script, ``autoep_size`` 2 at ZeRO-1, 2 and
+3, two steps, against the same model and data on 1 rank holding both samples in its micro-batch (and on 2 plain
+data-parallel ranks). Recorded per case: whether ``deepspeed.initialize`` and the steps run (else the error and the
+DeepSpeed line raising it), the loss of both steps (mean over ranks), ``engine.get_global_grad_norm()`` after each
+step, and what each rank holds (expert parameters, local experts per layer, all parameters).
+
+Run: ``python bench/autoep_check.py [--only KEY]``; writes ``bench/results/autoep_check.md`` (and ``.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+SEQ, SAMPLES, STEPS = 32, 2, 2
+QWEN2_MOE = {
+    "model_type": "qwen2_moe",
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 48,
+    "shared_expert_intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "mlp_only_layers": [],  # both layers MoE
+    "tie_word_embeddings": False,
+}
+
+# world 1 holds both samples in one micro-batch; world 2 gives rank r sample r
+# shim: make transformers' output-capture registry take DeepSpeed's dict-style calls (see registry_shim)
+CASES: list[dict[str, Any]] = [
+    {"key": "ep2/w2/z2/as-installed", "world": 2, "stage": 2, "ep": 2, "shim": False},
+    {"key": "ref/w1/z2", "world": 1, "stage": 2, "ep": 0},
+    {"key": "ep1/w1/z2", "shim": True, "world": 1, "stage": 2, "ep": 1},
+    {"key": "dp/w2/z2", "world": 2, "stage": 2, "ep": 0},
+    {"key": "ep2/w2/z1", "shim": True, "world": 2, "stage": 1, "ep": 2},
+    {"key": "ep2/w2/z2", "shim": True, "world": 2, "stage": 2, "ep": 2},
+    {"key": "ep2/w2/z3", "shim": True, "world": 2, "stage": 3, "ep": 2},
+]
+
+
+def ds_config(case: dict[str, Any]) -> dict[str, Any]:
+    """fp32, ZeRO ``stage``, plain Adam (no weight decay), AutoEP of degree ``ep`` (0: off)."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": SAMPLES // case["world"],
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.0}},
+        "zero_optimization": {"stage": case["stage"]},
+        "steps_per_print": 10**6,
+    }
+    if case["ep"]:
+        config["expert_parallel"] = {"enabled": True, "autoep_size": case["ep"]}
+    return config
+
+
+def deepspeed_frame(tb: traceback.TracebackException) -> str:
+    """The innermost frame of the traceback inside DeepSpeed (file from the package root, line, code)."""
+    frames = [f for f in tb.stack if "/deepspeed/" in f.filename]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f"deepspeed/{frame.filename.split('/deepspeed/', 1)[1]}:{frame.lineno}: {frame.line}"
+
+
+def registry_shim() -> None:
+    """Let transformers' ``_CAN_RECORD_REGISTRY`` take the dict calls AutoEP makes on it, keyed by class string.
+
+    transformers 5.24 made the registry a ``dict`` subclass whose ``get(model)`` and ``__setitem__(model, ...)`` take
+    the model and key on ``str(model.__class__)``; AutoEP's Qwen/Mixtral adapter (``auto_ep_presets/base.py``)
+    already passes that string and calls ``registry.get(key, default)``, which raises TypeError. This accepts a string
+    key as it is and a default, and leaves the calls transformers makes (with a model) unchanged.
+    """
+    from transformers.utils.output_capturing import _CanRecordRegistry
+
+    missing = object()
+
+    def key_of(model: Any) -> str:
+        return model if isinstance(model, str) else str(model.__class__)
+
+    def get(self: dict, model: Any, default: Any = missing) -> Any:
+        if default is missing:
+            return dict.get(self, key_of(model)) or {}
+        return dict.get(self, key_of(model), default)
+
+    def setitem(self: dict, model: Any, value: Any) -> None:
+        dict.__setitem__(self, key_of(model), value)
+
+    _CanRecordRegistry.get = get
+    _CanRecordRegistry.__setitem__ = setitem
+
+
+def rank_main(case: dict[str, Any], out: Path) -> None:
+    """One rank of ``case``: build the seeded tiny Qwen2-MoE, initialise, ``STEPS`` steps, write ``rank{r}.json``."""
+    import deepspeed
+    import torch
+    import transformers
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    report: dict[str, Any] = {"rank": rank, "phase": "build"}
+    if case.get("shim"):
+        registry_shim()
+    try:
+        torch.manual_seed(0)
+        config = transformers.AutoConfig.for_model(**QWEN2_MOE)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        model.to(torch.float32)
+        report["model_elements"] = sum(p.numel() for p in model.parameters())
+        report["model_expert_elements"] = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+        report["phase"] = "initialize"
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(case))
+        report["layer_types"] = sorted({type(m).__name__ for m in engine.module.modules() if "MoE" in type(m).__name__})
+        held, experts, shapes, local_experts = 0, 0, {}, []
+        for name, p in engine.module.named_parameters():
+            size = p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()
+            held += size
+            if ".experts." in name:
+                experts += size
+                shape = list(getattr(p, "ds_shape", p.shape))
+                shapes[name] = shape
+                if name.startswith("model.layers.0.") and len(shape) == 3:
+                    local_experts.append(shape[0])
+        report.update(held_elements=held, held_expert_elements=experts, expert_shapes=shapes)
+        report["local_experts_layer0"] = max(local_experts) if local_experts else None
+        tokens = torch.randint(0, QWEN2_MOE["vocab_size"], (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0))
+        per_rank = SAMPLES // world
+        batch = tokens[rank * per_rank : (rank + 1) * per_rank]
+        losses, norms = [], []
+        for step in range(STEPS):
+            report["phase"] = f"step {step}"
+            loss = engine(input_ids=batch, labels=batch).loss
+            engine.backward(loss)
+            engine.step()
+            mean = loss.detach().clone()
+            torch.distributed.all_reduce(mean)
+            losses.append(float(mean) / world)
+            norm = engine.get_global_grad_norm()
+            norms.append(float(norm) if norm is not None else None)
+        report.update(phase="done", losses=losses, grad_norms=norms)
+    except Exception as error:  # noqa: BLE001 - the finding is the error itself
+        tb = traceback.TracebackException.from_exception(error)
+        report.update(error=f"{type(error).__name__}: {error}", ds_line=deepspeed_frame(tb))
+        report["traceback"] = "".join(tb.format())[-4000:]
+    (out / f"rank{rank}.json").write_text(json.dumps(report, default=str))
+
+
+def run_case(case: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
+    """Start ``case``'s ranks with torchrun (gloo, one thread each) and collect what each rank wrote."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    env["PATH"] = f"{venv_bin}{os.pathsep}{env.get('PATH', os.defpath)}"  # the venv's ninja for DeepSpeed's ops
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={case['world']}"]
+        command += [__file__, "--rank", json.dumps(case), "--out", scratch]
+        try:
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+            output, rc = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as expired:
+            output, rc = f"timed out after {timeout} s: {expired.stdout or ''}", -1
+        ranks = []
+        for rank in range(case["world"]):
+            path = Path(scratch) / f"rank{rank}.json"
+            ranks.append(json.loads(path.read_text()) if path.exists() else None)
+    ok = rc == 0 and all(r and r.get("phase") == "done" for r in ranks)
+    return {
+        "status": "ok" if ok else "error",
+        "rc": rc,
+        "wall_s": time.monotonic() - started,
+        "ranks": ranks,
+        "output_tail": "" if ok else output[-3000:],
+    }
+
+
+def fmt(value: Any, digits: int = 6) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table(results: dict[str, Any]) -> list[str]:
+    """Markdown rows: one per case, against the 1-rank reference."""
+    ref = results.get("ref/w1/z2", {})
+    ref_rank = (ref.get("ranks") or [None])[0] or {}
+    lines = [
+        "| case | status | loss step 0 | loss step 1 | grad norm step 0 | grad norm step 1 | vs ref (loss0, norm0)"
+        " | expert elements per rank | local experts (layer 0) | all elements per rank | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, data in results.items():
+        ranks = [r for r in data["ranks"] if r]
+        first = ranks[0] if ranks else {}
+        losses, norms = first.get("losses") or [None, None], first.get("grad_norms") or [None, None]
+        delta = "-"
+        if data["status"] == "ok" and ref_rank.get("losses"):
+            dl = losses[0] / ref_rank["losses"][0] - 1
+            dn = norms[0] / ref_rank["grad_norms"][0] - 1 if norms[0] and ref_rank["grad_norms"][0] else float("nan")
+            delta = f"{dl:+.1e}, {dn:+.1e}"
+        status = data["status"] if data["status"] == "ok" else f"error ({first.get('phase', '?')})"
+        experts = "/".join(str(r.get("held_expert_elements", "-")) for r in ranks)
+        local = "/".join(str(r.get("local_experts_layer0", "-")) for r in ranks)
+        held = "/".join(str(r.get("held_elements", "-")) for r in ranks)
+        lines.append(
+            f"| {key} | {status} | {fmt(losses[0])} | {fmt(losses[1])} | {fmt(norms[0])} | {fmt(norms[1])} | {delta}"
+            f" | {experts} | {local} | {held} | {data['wall_s']:.0f} |"
+        )
+    return lines
+
+
+def versions() -> str:
+    import deepspeed
+    import torch
+    import transformers
+
+    return f"DeepSpeed {deepspeed.__version__}, torch {torch.__version__}, transformers {transformers.__version__}"
+
+
+def write_report(results: dict[str, Any], path: Path) -> None:
+    errors = []
+    for key, data in results.items():
+        for r in data["ranks"]:
+            if r and r.get("error"):
+                errors += [
+                    f"- `{key}` rank {r['rank']} ({r['phase']}): `{r['error'][:600]}`",
+                    f"  raised at `{r.get('ds_line') or 'outside DeepSpeed'}`",
+                ]
+                break
+        else:
+            if data["status"] != "ok":
+                errors.append(f"- `{key}`: no report, rc {data['rc']}: `{data['output_tail'][-600:]}`")
+    lines = [
+        "# AutoEP on gloo CPU ranks",
+        "",
+        f"Measured {datetime.date.today().isoformat()} by `bench/autoep_check.py`: {versions()}, "
+        "2 shared CPU cores (niced), one thread per rank.",
+        "",
+        "Model: tiny Qwen2-MoE built by transformers (hidden 64, 2 MoE layers, 4 experts top-2, shared expert, "
+        f"vocab 512, fp32, eager attention), seeded; data: {SAMPLES} seeded samples of {SEQ} tokens, rank r of 2 "
+        "takes sample r, a 1-rank run takes both in one micro-batch. Adam lr 1e-3, two steps. Loss: mean over ranks. "
+        "Grad norm: `engine.get_global_grad_norm()` after each step. Elements per rank: parameters the rank holds "
+        "(ZeRO-3: its partition), experts: those under `.experts.`; local experts: the leading dimension of layer 0's "
+        "expert tensors on each rank.",
+        "",
+        *table(results),
+        "",
+    ]
+    if errors:
+        lines += ["Errors:", "", *errors, ""]
+    lines += ["## Finding", "", "FINDING_PLACEHOLDER", ""]
+    old = path.read_text() if path.exists() else ""
+    if "## Finding" in old:  # keep the hand-written finding across reruns
+        lines[-3:] = [old.split("## Finding", 1)[1].strip(), ""]
+        lines.insert(-2, "")
+    path.write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--only", default="", help="run only the cases whose key contains this")
+    args = parser.parse_args()
+    if args.rank:
+        rank_main(json.loads(args.rank), args.out)
+        return
+    json_path = RESULTS / "autoep_check.json"
+    results = json.loads(json_path.read_text()) if json_path.exists() else {}
+    for case in CASES:
+        if args.only and args.only not in case["key"]:
+            continue
+        results[case["key"]] = run_case(case)
+        json_path.write_text(json.dumps(results, indent=1))
+        print(case["key"], results[case["key"]]["status"], f"{results[case['key']]['wall_s']:.0f} s", flush=True)
+    results = {c["key"]: results[c["key"]] for c in CASES if c["key"] in results}
+    print("\n".join(table(results)))
+    write_report(results, RESULTS / "autoep_check.md")
+
+
+if __name__ == "__main__":
+    main()
