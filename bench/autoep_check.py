@@ -263,10 +263,9 @@ def table(results: dict[str, Any]) -> list[str]:
         experts = "/".join(str(r.get("held_expert_elements", "-")) for r in ranks)
         local = "/".join(str(r.get("local_experts_layer0", "-")) for r in ranks)
         held = "/".join(str(r.get("held_elements", "-")) for r in ranks)
-        key = key if " " in key else f"qwen2_moe {key}"
         lines.append(
-            f"| {key} | {status} | {fmt(losses[0])} | {fmt(losses[1])} | {fmt(norms[0])} | {fmt(norms[1])} | {delta}"
-            f" | {experts} | {local} | {held} | {data['wall_s']:.0f} |"
+            f"| {label(key)} | {status} | {fmt(losses[0])} | {fmt(losses[1])} | {fmt(norms[0])} | {fmt(norms[1])}"
+            f" | {delta} | {experts} | {local} | {held} | {data['wall_s']:.0f} |"
         )
     return lines
 
@@ -304,23 +303,29 @@ What AutoEP needs (read from the DeepSpeed 0.19.8 source):
 """
 
 
+def label(key: str) -> str:
+    """The case key with its model named (the Qwen2-MoE cases' keys leave it out)."""
+    return key if " " in key else f"qwen2_moe {key}"
+
+
 def finding(results: dict[str, Any]) -> list[str]:
     """The finding, from what ran: the as-installed failures (error and DeepSpeed line), the shimmed and clean runs."""
     lines = [REQUIREMENTS]
     failed = {k: v for k, v in results.items() if v["status"] != "ok"}
     ran = [k for k, v in results.items() if v["status"] == "ok" and "ep2/" in k]
     if ran:
-        lines.append(f"AutoEP ran on 2 gloo CPU ranks: {', '.join(f'`{k}`' for k in ran)}. ")
-    for key, data in failed.items():
-        rank = next((r for r in data["ranks"] if r and r.get("error")), None)
-        if rank:
-            lines.append(f"`{key}` failed in `{rank['phase']}`: `{rank['error']}` at `{rank['ds_line']}`.")
+        lines.append(f"AutoEP ran on 2 gloo CPU ranks: {', '.join(f'`{label(k)}`' for k in ran)}.")
+    raised = sorted({f"`{r['ds_line']}`" for v in failed.values() for r in v["ranks"] if r and r.get("ds_line")})
+    if failed:
+        lines.append(f"Failed as installed: {', '.join(f'`{label(k)}`' for k in failed)}, at {'; '.join(raised)}.")
     lines.append("""
 The failure is not CPU-specific: transformers 5.24 made `transformers.utils.output_capturing._CAN_RECORD_REGISTRY` a
 `dict` subclass whose `get(model)` takes only a model (and whose `__setitem__` keys on `str(model.__class__)`), while
 AutoEP's router-logit retargeting (`auto_ep_presets/base.py`, `_install_instance_transformers_output_recorders`,
-used by the Mixtral, Qwen3-MoE/Qwen2-MoE, MiniMax-M3 and Qwen3.5-MoE adapters) calls `registry.get(key, default)`.
-It would fail the same on CUDA/NCCL ranks with this transformers. DeepSeek presets use the default adapter, which
+used by the Mixtral, Qwen3-MoE/Qwen2-MoE adapters, measured here, and by the MiniMax-M3 and Qwen3.5-MoE ones,
+read from the source) calls `registry.get(key, default)`.
+The failing call runs before any tensor or collective is touched, so CUDA/NCCL ranks
+with this transformers fail the same way. DeepSeek presets use the default adapter, which
 does not touch the registry, and run as installed. With the bench-side shim (`registry_shim`: accept a string key
 and a default) the Qwen2-MoE and Mixtral runs initialise and train.
 
@@ -330,6 +335,15 @@ other rank's experts go through the all-to-all and back (dropping them would cha
 1 rank (AutoEP's layer, no exchange) equals the transformers block exactly. Each rank holds half the expert
 elements; ZeRO-3 splits the dense part over both ranks and keeps each rank's experts whole (the expert-data-parallel
 group is 1 rank).
+
+What dstune can do: measure AutoEP on CPU ranks like the other options (the default path has nothing CUDA-only);
+search `autoep_size` over the divisors of the expert count that also divide the world, with
+`expert_tensor_parallel_size` 1, and offer `comm_backend: "deepep"` and `async_split_plan` on CUDA ranks only. For the
+Mixtral, Qwen2/3-MoE, Qwen3.5-MoE and MiniMax-M3 presets under transformers 5.24 (the version installed; the
+release that changed the registry was not looked up) with DeepSpeed 0.19.8, either
+apply the same registry shim in the rank before `deepspeed.initialize`, or refuse the config with the reason
+"AutoEP cannot initialise this model with transformers 5.24: DeepSpeed 0.19.8 calls the output-capture registry as
+a dict (auto_ep_presets/base.py:326, TypeError on every device)".
 """)
     return lines
 
@@ -346,15 +360,17 @@ def write_report(results: dict[str, Any], path: Path) -> None:
                 break
         else:
             if data["status"] != "ok":
-                errors.append(f"- `{key}`: no report, rc {data['rc']}: `{data['output_tail'][-600:]}`")
+                errors.append(f"- `{label(key)}`: no report, rc {data['rc']}: `{data['output_tail'][-600:]}`")
     lines = [
         "# AutoEP on gloo CPU ranks",
         "",
         f"Measured {datetime.date.today().isoformat()} by `bench/autoep_check.py`: {versions()}, "
         "2 shared CPU cores (niced), one thread per rank.",
         "",
-        "Model: tiny Qwen2-MoE built by transformers (hidden 64, 2 MoE layers, 4 experts top-2, shared expert, "
-        f"vocab 512, fp32, eager attention), seeded; data: {SAMPLES} seeded samples of {SEQ} tokens, rank r of 2 "
+        "Models: tiny Qwen2-MoE (hidden 64, 2 MoE layers, 4 experts top-2, shared expert), DeepSeek-V2 (the "
+        "same with MLA and 1 shared expert) and Mixtral (4 experts top-2), built by transformers with vocab 512, fp32, "
+        "eager attention, seeded; `as-installed`: no shim, the others with `registry_shim`; "
+        f"data: {SAMPLES} seeded samples of {SEQ} tokens, rank r of 2 "
         "takes sample r, a 1-rank run takes both in one micro-batch. Adam lr 1e-3, two steps. Loss: mean over ranks. "
         "Grad norm: `engine.get_global_grad_norm()` after each step. Elements per rank: parameters the rank holds "
         "(ZeRO-3: its partition), experts: those under `.experts.`; local experts: the leading dimension of layer 0's "
