@@ -71,6 +71,12 @@ def main(ds_path: str, notes_path: str, preset: str, out: str) -> None:
         }
         Path(out).write_text(json.dumps(result))
 
+    # a clean end: leaving with the process group alive can abort in its threads' destructors at exit ("terminate
+    # called without an active exception", SIGABRT after training finished), which torchrun reports as a failure
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
 
 if __name__ == "__main__":
     main(*sys.argv[1:5])
