@@ -74,11 +74,9 @@ class _Fixed:
 
     def __init__(self, values: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
         self.values, self.defaults = values, defaults
-        self.params: dict[str, Any] = {}
 
     def _answer(self, name: str) -> Any:
-        self.params[name] = self.values.get(name, self.defaults[name])
-        return self.params[name]
+        return self.values.get(name, self.defaults[name])
 
     def suggest_categorical(self, name: str, choices: Any) -> Any:
         return self._answer(name)
@@ -97,31 +95,13 @@ def _defaults(space: SearchSpace) -> dict[str, Any]:
 
 
 def _suggest(
-    space: SearchSpace,
-    values: Mapping[str, Any],
-    workload: Workload,
-    global_batch: int | None,
-    nvme: str | None,
-    defaults: Mapping[str, Any] | None = None,
+    space: SearchSpace, values: Mapping[str, Any], workload: Workload, global_batch: int | None, nvme: str | None
 ) -> Suggestion | None:
-    return _asked(space, values, workload, global_batch, nvme, defaults)[0]
-
-
-def _asked(
-    space: SearchSpace,
-    values: Mapping[str, Any],
-    workload: Workload,
-    global_batch: int | None,
-    nvme: str | None,
-    defaults: Mapping[str, Any] | None = None,
-) -> tuple[Suggestion | None, dict[str, Any]]:
-    """The suggestion for ``values`` (None when the space refuses it) and the parameters the space asked for on the
-    way, in order (up to the refusal)."""
-    fixed = _Fixed(values, _defaults(space) if defaults is None else defaults)
+    """The suggestion for ``values`` (None when the space refuses it)."""
     try:
-        return space.suggest(fixed, workload, global_batch, nvme), fixed.params
+        return space.suggest(_Fixed(values, _defaults(space)), workload, global_batch, nvme)
     except (InfeasibleConfig, ConfigError):
-        return None, fixed.params
+        return None
 
 
 def _judge(
