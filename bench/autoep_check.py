@@ -30,58 +30,15 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
 SEQ, SAMPLES, STEPS = 32, 2, 2
-QWEN2_MOE = {
-    "model_type": "qwen2_moe",
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "moe_intermediate_size": 48,
-    "shared_expert_intermediate_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "mlp_only_layers": [],  # both layers MoE
-    "tie_word_embeddings": False,
-}
-DEEPSEEK_V2 = {  # AutoEP's DeepSeek presets use the default adapter, which leaves the output-capture registry alone
-    "model_type": "deepseek_v2",
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "moe_intermediate_size": 32,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "n_routed_experts": 4,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "first_k_dense_replace": 0,  # both layers MoE
-    "kv_lora_rank": 32,
-    "q_lora_rank": None,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
-    "n_group": 1,
-    "topk_group": 1,
-    "tie_word_embeddings": False,
-}
-MIXTRAL = {
-    "model_type": "mixtral",
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "intermediate_size": 48,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "tie_word_embeddings": False,
-}
+# the tests' tiny configs (tests/tiny_configs.py), 2 layers, every layer MoE, an untied head
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from tiny_configs import TINY_CONFIGS  # noqa: E402
+
+TWO_MOE_LAYERS = {"num_hidden_layers": 2, "tie_word_embeddings": False}
+QWEN2_MOE = {**TINY_CONFIGS["qwen2_moe"], **TWO_MOE_LAYERS, "mlp_only_layers": []}
+# AutoEP's DeepSeek presets use the default adapter, which leaves the output-capture registry alone
+DEEPSEEK_V2 = {**TINY_CONFIGS["deepseek_v2"], **TWO_MOE_LAYERS, "first_k_dense_replace": 0}
+MIXTRAL = {**TINY_CONFIGS["mixtral"], **TWO_MOE_LAYERS, "intermediate_size": 48}
 MODELS = {"qwen2_moe": QWEN2_MOE, "deepseek_v2": DEEPSEEK_V2, "mixtral": MIXTRAL}
 
 # world 1 holds both samples in one micro-batch; world 2 gives rank r sample r
