@@ -35,7 +35,7 @@ def test_nothing_measured_answers_the_best_predicted_feasible_config(tmp_path: P
         answer = recommend(store, LLAMA)
     assert answer.source == "estimate" and answer.tokens_per_s is None
     assert answer.prediction is not None and answer.prediction["fit_runs"] == 0 and not answer.prediction["fitted"]
-    fitting = [j for j in judge_grid(_grid_space(), LLAMA, Calibration(), names=GRID) if j.fits]
+    fitting = [j for j in judge_grid(_grid_space(), LLAMA, Calibration(), names=GRID, equal_batch=True) if j.fits]
     best = max(j.tokens_per_s for j in fitting)
     assert answer.predicted_tokens_per_s >= (1 - PREDICTION_TIE) * best
     assert any(j.trial.ds_config == answer.trial.ds_config for j in fitting)
@@ -91,6 +91,17 @@ def test_70b_on_two_nodes_weighs_tensor_parallel_and_hpz_layouts_and_says_why_it
     assert answer.why is not None and answer.why.startswith(f"{layout.label()}: ")
     assert f"the next layout ({runner_label}, " in answer.why
     assert f"{len(fitting)} of {len(considered)} layouts fit" in answer.why
+
+
+def test_layouts_are_judged_at_the_global_batch_data_parallelism_trains(tmp_path: Path) -> None:
+    """tp=2 on 16 ranks has 8 data-parallel ranks: at accumulation 1 it would train half the samples per optimizer
+    step of tp=1 at the same micro-batch, and its predicted tokens/s would carry the (CPU Adam) step's cost over half
+    the tokens. Each layout accumulates over the ranks it takes from data parallelism instead."""
+    considered = layouts(recommended(tmp_path, LLAMA_70B))
+    assert any(c["tensor_parallel"] > 1 for c in considered)
+    for choice in considered:
+        assert choice["grad_accum"] == choice["tensor_parallel"] * choice["sequence_parallel"]
+        assert choice["global_batch"] == choice["micro_batch"] * 16
 
 
 def test_one_node_offers_no_hpz_layout(tmp_path: Path) -> None:

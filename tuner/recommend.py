@@ -261,12 +261,14 @@ def _estimated(workload: Workload, fingerprint: str, margin: float, fit: Through
 def _estimated_cached(
     workload: Workload, margin: float, factors: tuple[tuple[str, float], ...], fit_runs: int, error: float | None
 ) -> tuple[TrialConfig, int, dict[str, Any], tuple[LayoutChoice, ...], str] | None:
-    judged = judge_grid(_grid_space(), workload, Calibration(margin=margin), ThroughputFit(dict(factors)), GRID)
+    judged = judge_grid(
+        _grid_space(), workload, Calibration(margin=margin), ThroughputFit(dict(factors)), GRID, equal_batch=True
+    )
     fitting = [j for j in judged if j.fits]
     if not fitting:
         return None
     best = simplest(fitting, PREDICTION_TIE)
-    considered, why = compare_layouts(judged, best, PREDICTION_TIE)
+    considered, why = compare_layouts(judged, best, workload.cluster.world_size, PREDICTION_TIE)
     assert best.prediction is not None  # it fits
     return best.trial, best.estimate.gpu_total, best.prediction.to_dict(fit_runs, error), tuple(considered), why
 

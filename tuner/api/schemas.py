@@ -182,7 +182,11 @@ class ConsideredLayout(BaseModel):
     reason: str | None = Field(description="Why it does not fit (the memory, phase and largest category); null: fits.")
     stage: int
     micro_batch: int | None
-    grad_accum: int | None
+    grad_accum: int | None = Field(
+        description="Accumulation steps: a layout that takes ranks from data parallelism (sp × tp) accumulates over "
+        "them, so that every layout is judged at the global batch data parallelism trains at its micro-batch."
+    )
+    global_batch: int = Field(description="Samples per optimizer step (train_batch_size) of this config.")
     activation_checkpointing: bool
     offload_optimizer: str
     offload_param: str

@@ -17,7 +17,7 @@ Example:
     >>> work = Workload(load_builtin_model("gpt2"), ClusterSpec(gpus_per_node=2), TrainSpec(seq_len=512))
     >>> space = load_space(default_space_path()).restricted(["stage", "micro_batch"])
     >>> judged = judge_grid(space, work, Calibration(), names=["stage", "micro_batch"])
-    >>> choices, why = compare_layouts(judged, simplest([j for j in judged if j.fits]))
+    >>> choices, why = compare_layouts(judged, simplest([j for j in judged if j.fits]), world_size=2)
     >>> [c.layout.label() for c in choices], why
     (['tp=1'], 'tp=1: the only layout the space offers this workload')
 """
@@ -87,18 +87,36 @@ class Judged:
         return self.prediction.tokens_per_s if self.prediction is not None else 0.0
 
 
+def same_global_batch(suggestion: Suggestion, world_size: int) -> Suggestion:
+    """``suggestion`` accumulating over the model-parallel ranks (sp × tp) it takes from data parallelism, so that it
+    trains the global batch the plain data-parallel layout trains at the same micro-batch: layouts are compared per
+    sample at one global batch, not at half the batch with the optimizer step's cost spread over half the tokens."""
+    trial = suggestion.trial
+    micro, accum = trial.batch
+    spread = trial.layout.model_parallel
+    if spread == 1 or micro is None:
+        return suggestion
+    accum = (accum or 1) * spread
+    fixed = {**suggestion.fixed, "grad_accum": accum}
+    return Suggestion(trial.with_batch(micro, accum, world_size), suggestion.params, fixed)
+
+
 def judge_grid(
     space: SearchSpace,
     workload: Workload,
     calibration: Calibration,
     fit: ThroughputFit | None = None,
     names: Iterable[str] = COARSE,
+    equal_batch: bool = False,
 ) -> list[Judged]:
     """Every config of ``space``'s grid over ``names`` the estimator accepts, judged against the margin; only the
-    fitting ones are predicted (a prediction is all the cost a non-fitting config would add)."""
+    fitting ones are predicted (a prediction is all the cost a non-fitting config would add). With ``equal_batch``
+    every layout trains the global batch of data parallelism at the same micro-batch (:func:`same_global_batch`)."""
     fit = fit or ThroughputFit()
     judged: list[Judged] = []
     for suggestion in grid_suggestions(space, workload, names):
+        if equal_batch:
+            suggestion = same_global_batch(suggestion, workload.cluster.world_size)
         try:
             est = estimate(workload, suggestion.trial)
         except ConfigError:
@@ -137,6 +155,7 @@ class LayoutChoice:
     chosen: bool  # the recommendation's layout
     configs: int  # the grid's configs of this layout
     fitting: int  # of which fit
+    world_size: int  # the ranks the global batch is counted on
 
     def to_dict(self) -> dict[str, Any]:
         """As the API shows it (``considered`` of ``/v1/recommend``)."""
@@ -154,6 +173,7 @@ class LayoutChoice:
             "stage": trial.stage,
             "micro_batch": micro,
             "grad_accum": accum,
+            "global_batch": trial.global_batch(self.world_size),
             "activation_checkpointing": trial.activation_checkpointing,
             "offload_optimizer": trial.zero.offload_optimizer.device,
             "offload_param": trial.zero.offload_param.device,
@@ -170,7 +190,7 @@ def _shortfall(judged: Judged) -> tuple[float, int]:
 
 
 def compare_layouts(
-    judged: Sequence[Judged], winner: Judged, tie: float = PREDICTION_TIE
+    judged: Sequence[Judged], winner: Judged, world_size: int, tie: float = PREDICTION_TIE
 ) -> tuple[list[LayoutChoice], str]:
     """The best config of each layout in ``judged`` (``winner`` for its own), fitting layouts fastest predicted
     first, then the others closest to fitting first; and why ``winner`` wins, in one line."""
@@ -186,7 +206,7 @@ def compare_layouts(
             best = simplest(fitting, tie)
         else:
             best = min(members, key=_shortfall)
-        choices.append(LayoutChoice(layout, best, layout == winner.layout, len(members), len(fitting)))
+        choices.append(LayoutChoice(layout, best, layout == winner.layout, len(members), len(fitting), world_size))
     choices.sort(key=lambda c: (not c.best.fits, -c.best.tokens_per_s, _shortfall(c.best), c.layout))
     return choices, _why(choices, winner, tie)
 
@@ -218,6 +238,7 @@ __all__ = [
     "LayoutChoice",
     "compare_layouts",
     "judge_grid",
+    "same_global_batch",
     "simplest",
     "simplicity",
 ]
