@@ -43,6 +43,15 @@ class MemoryEstimate:
         """Peak device bytes per GPU, overhead included."""
         return int(self.per_gpu["total"] or 0)
 
+    def host_states_per_rank(self, ranks_per_node: int) -> int:
+        """One rank's share of what its node's CPU holds for the model: the offloaded parameters, gradients and
+        optimizer states and the host buffers (not the processes' own memory nor the model's loading peak). On CPU
+        ranks these live in the memory a rank's measured peak counts, beside the device part (``gpu_total``)."""
+        host = sum(
+            self.cpu_per_node.get(name, 0) for name in ("parameters", "gradients", "optimizer_states", "buffers")
+        )
+        return host // max(1, ranks_per_node)
+
     @property
     def headroom(self) -> int:
         """GPU memory left at the peak (negative: does not fit)."""

@@ -161,6 +161,13 @@ class Recorder:
             self.tell(trial, TrialState.FAIL)
         self.emit(Event(trial.number, "duplicate", previous.tokens_per_s))
 
+    def _host_share(self, run: Run) -> int:
+        """On CPU ranks, the bytes of a rank's measured peak that a GPU would not hold: its share of the states
+        offloaded to the node's CPU, which CPU ranks keep in the same memory (0 on CUDA, where the device's
+        allocator counts the device only)."""
+        cluster = self.settings.workload.cluster
+        return run.estimate.host_states_per_rank(cluster.gpus_per_node) if cluster.device == "cpu" else 0
+
     def values(self, tokens_per_s: float | None, peak_bytes: int | None) -> list[float]:
         """The objective values: tokens/s, and the peak bytes for a Pareto study."""
         values = [float(tokens_per_s or 0.0)]
@@ -183,13 +190,14 @@ class Recorder:
             self._requeue_lost(run, measurement)
             return
         diverged = over_budget = None
+        host = self._host_share(run)
         if measurement.status == "ok" and not measurement.stopped_early:
             diverged = self.guard.judge(trial.number, run.suggestion.trial, measurement.numerics)
-            over_budget = _over_budget(peak, run.estimate.gpu_memory)
+            over_budget = _over_budget(peak, run.estimate.gpu_memory, host)
         rejected = diverged or over_budget
         status = "diverged" if diverged else "oom" if over_budget else measurement.status
         self.store.finish_trial(run.trial_id, status, measurement.to_dict(), error=rejected or measurement.error)
-        estimated_peak = run.estimate.per_gpu["total"] or 0
+        estimated_peak = (run.estimate.per_gpu["total"] or 0) + host  # what the measured peak counts
         if measurement.status == "ok" and measurement.stopped_early:
             self._tell_stopped_early(run, measurement)
             return
@@ -261,11 +269,13 @@ class Recorder:
         )
 
 
-def _over_budget(peak: int | None, gpu_memory: int) -> str | None:
-    """Why a run that trained does not fit the GPU memory the study targets, or None when it does."""
-    if peak is None or peak <= gpu_memory:
+def _over_budget(peak: int | None, gpu_memory: int, host: int = 0) -> str | None:
+    """Why a run that trained does not fit the GPU memory the study targets, or None when it does. ``host``: the
+    bytes of the measured peak that a GPU would not hold (on CPU ranks, the states offloaded to the node's CPU)."""
+    if peak is None or peak - host <= gpu_memory:
         return None
+    offloaded = f" beside the {format_bytes(host)} it offloads to the CPU" if host else ""
     return (
-        f"measured peak {format_bytes(peak)} per GPU exceeds the {format_bytes(gpu_memory)} the study targets "
-        f"(--gpu-memory) by {peak - gpu_memory:,} bytes: a GPU of that size runs out of memory"
+        f"measured peak {format_bytes(peak - host)} per GPU{offloaded} exceeds the {format_bytes(gpu_memory)} the "
+        f"study targets (--gpu-memory) by {peak - host - gpu_memory:,} bytes: a GPU of that size runs out of memory"
     )
