@@ -431,10 +431,17 @@ def test_pins_are_honoured_and_not_suggested() -> None:
         assert suggestion.fixed["stage"] == 3
 
 
-def test_pin_on_a_parameter_whose_condition_fails(space: SearchSpace) -> None:
-    pinned = space.with_pins({"stage": 1, "offload_param": "cpu"})
-    with pytest.raises(InfeasibleConfig, match="offload_param is pinned to 'cpu' but applies only when stage == 3"):
-        pinned.suggest(optuna.create_study().ask(), workload())
+def test_a_pin_pins_what_its_condition_needs(space: SearchSpace) -> None:
+    """A study with ``--hpz 2`` searched every stage and pruned each trial that was not ZeRO-3, naming the pin: 6 of
+    6 trials of a 2-node study. The pin now pins the stage its condition needs; a pin that contradicts it is refused
+    up front, naming the pin."""
+    assert space.with_pins({"hpz_partition_size": 2}).pins == {"hpz_partition_size": 2, "stage": 3}
+    assert space.with_pins({"offload_param": "cpu"}).pins == {"offload_param": "cpu", "stage": 3}
+    assert space.with_pins({"hpz_partition_size": 1}).pins == {"hpz_partition_size": 1}  # the default needs nothing
+    with pytest.raises(
+        SpaceError, match=r"pins.offload_param: 'cpu' applies only when stage == 3, but stage is pinned"
+    ):
+        space.with_pins({"stage": 1, "offload_param": "cpu"})
     config = space.with_pins({"stage": 1, "offload_param": "none"}).suggest(optuna.create_study().ask(), workload())
     assert "offload_param" not in config.trial.ds_config["zero_optimization"]
 

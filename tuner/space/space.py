@@ -14,6 +14,7 @@ from tuner.space.conditions import is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.facts import workload_facts
 from tuner.space.parameters import Parameter, TrialLike, check_value
+from tuner.space.pins import implied_pins
 from tuner.space.suggestion import Suggestion
 from tuner.workload import (
     ACCUM_KEY,
@@ -367,7 +368,7 @@ class SearchSpace:
             where = f"pins.{name}"
             parameter = self._lookup(name, where, "names no parameter or key path of this space")
             checked[parameter.name] = check_value(parameter, value, self.source, where)
-        return checked
+        return implied_pins(self._by_name, checked, self.source)
 
     def _lookup(self, name: str, where: str, problem: str) -> Parameter:
         """:meth:`parameter`, failing with a :class:`SpaceError` that lists the parameters."""
