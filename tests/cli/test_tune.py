@@ -149,6 +149,12 @@ def test_tune_on_postgresql_with_gp_and_pareto(postgres_url: str) -> None:  # no
         (["--pin", "stage"], "pin"),
         (["--pin", "stage=7"], "stage"),
         (["--pin", "no_such_knob=1"], "no_such_knob"),
+        # a local Ray is one node: every run would wait 60 s for a second node and fail (3 of 6 trials, by hand)
+        (["--gpus", "2", "--nodes", "2"], "nodes"),
+        (
+            ["--gpus", "2", "--nodes", "2", "--launcher", "local", "--hpz", "2", "--pin", "stage=2"],
+            "hpz_partition_size",
+        ),
     ],
 )
 def test_bad_flags_exit_2_naming_the_field(tmp_path, args: list[str], field: str) -> None:

@@ -137,6 +137,17 @@ def require_local_cuda(device: str | None, launcher: str, ray_address: str | Non
     fail("device", "cuda, but this machine has no GPU torch can use: use --device cpu, or --ray-address of a cluster")
 
 
+def require_ray_nodes(nodes: int, launcher: str, ray_address: str | None) -> None:
+    """Refuse at once (exit 2 naming ``nodes``) a layout of several nodes on the local Ray this command would start:
+    it is one node, so every run would wait for nodes that never join and end in an error."""
+    if nodes > 1 and launcher == "ray" and not (ray_address or os.environ.get("RAY_ADDRESS")):
+        fail(
+            "nodes",
+            f"{nodes} nodes, but the local Ray this starts is one node: give --ray-address of a cluster with "
+            f"{nodes} nodes, or --launcher local to run every node's ranks on this machine",
+        )
+
+
 def gpu_device_files() -> bool:
     """Whether this machine has the device files a GPU that torch.cuda drives comes with: NVIDIA's ``/dev/nvidiaN``,
     AMD's ``/dev/kfd`` (ROCm), WSL's ``/dev/dxg``."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from rich.console import Console
 
-from tuner.cli.common import fail, require_local_cuda, size, write_text_file
+from tuner.cli.common import fail, require_local_cuda, require_ray_nodes, size, write_text_file
 from tuner.cli.options import (
     LONG_CONTEXT_PINS,
     TUNE_FLAGS,
@@ -104,8 +104,9 @@ def tune_command(
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
     warmup_max = warmup_limit(warmup, warmup_max)
     require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
+    require_ray_nodes(flags.nodes, launcher, ray_address)
     # micro-batch, accumulation, stage and offload are what the search decides: --hpz is checked against the ranks
-    # here (its stage is searched; trials at other stages are pruned naming the pin), the rest of the layout in build
+    # here (its pin pins stage 3, tuner.space.pins), the rest of the layout in build
     workload, _ = build(replace(flags, hpz=1))
     hpz_wrong = hpz_problem(3, flags.hpz or 1, workload.cluster.world_size)
     if hpz_wrong:
