@@ -28,8 +28,18 @@ fi
 # about 2-3 minutes, one test file per core: pytest-xdist) fails first, then the slow one (real DeepSpeed on CPU
 # ranks, Ray, PostgreSQL, the browser). Its files run two at a time too: a slow test keeps the cores busy about half
 # of its time (starting processes, importing torch, waiting on a peer), so two side by side finish sooner than one
-# after the other. The serial ones (they kill the node's fork server or restart PostgreSQL) then run alone. Each
-# run ends with its ten slowest tests, so that growth shows where it happens.
+# after the other. The serial ones kill the node's fork server, restart PostgreSQL or start a Ray cluster of their
+# own, which no other slow test may see; the fast tier uses none of the three, so they run beside it (their output
+# follows the fast tier's). Each run ends with its ten slowest tests, so that growth shows where it happens.
+SERIAL_LOG=$(mktemp /tmp/dstune-serial-tests.XXXXXX)
+.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "slow and serial" > "$SERIAL_LOG" 2>&1 &
+SERIAL=$!
+trap 'kill "$SERIAL" 2> /dev/null || true' EXIT
 .venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "not slow" -n 2 --dist loadgroup
+echo "== the serial slow tests (run beside the fast tier)"
+STATUS=0
+wait "$SERIAL" || STATUS=$?
+cat "$SERIAL_LOG"
+rm -f "$SERIAL_LOG"
+[ "$STATUS" -eq 0 ] || exit "$STATUS"
 .venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "slow and not serial" -n 2 --dist loadgroup
-.venv/bin/pytest -q -p no:cacheprovider --durations=10 -m "slow and serial"
