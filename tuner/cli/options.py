@@ -52,6 +52,9 @@ NodesOpt = Annotated[int, typer.Option(min=1, help="Number of nodes.")]
 GpuMemoryOpt = Annotated[str, typer.Option(help="Memory per GPU (80GiB, 512GB or bytes).")]
 CpuMemoryOpt = Annotated[str, typer.Option(help="CPU memory per node.")]
 SeqLenOpt = Annotated[int, typer.Option(min=1, help="Sequence length.")]
+TuneSeqLenOpt = Annotated[
+    str, typer.Option(help="Sequence length, or max: the longest that fits, by measurement from the estimate.")
+]
 MicroBatchOpt = Annotated[int, typer.Option(min=1, help="Micro-batch per GPU.")]
 GradAccumOpt = Annotated[int, typer.Option(min=1, help="Gradient accumulation steps.")]
 PrecisionOpt = Annotated[Precision, typer.Option(help="Training precision.")]
@@ -116,6 +119,7 @@ TUNE_FLAGS = (
 # tune pins the long-context and layout flags that are given (unset: searched where the space offers them)
 TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
     **AUTO_DEVICE,
+    "seq_len": (TuneSeqLenOpt, "2048"),
     "sequence_parallel": (Annotated[int | None, _SP], None),
     "tensor_parallel": (Annotated[int | None, _TP], None),
     "hpz": (Annotated[int | None, _HPZ], None),

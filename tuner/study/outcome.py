@@ -185,7 +185,7 @@ class Recorder:
         diverged = over_budget = None
         if measurement.status == "ok" and not measurement.stopped_early:
             diverged = self.guard.judge(trial.number, run.suggestion.trial, measurement.numerics)
-            over_budget = _over_budget(peak, run.estimate.gpu_memory)
+            over_budget = measured_over(peak, run.estimate.gpu_memory)
         rejected = diverged or over_budget
         status = "diverged" if diverged else "oom" if over_budget else measurement.status
         self.store.finish_trial(run.trial_id, status, measurement.to_dict(), error=rejected or measurement.error)
@@ -261,7 +261,7 @@ class Recorder:
         )
 
 
-def _over_budget(peak: int | None, gpu_memory: int) -> str | None:
+def measured_over(peak: int | None, gpu_memory: int) -> str | None:
     """Why a run that trained does not fit the GPU memory the study targets, or None when it does."""
     if peak is None or peak <= gpu_memory:
         return None
