@@ -28,6 +28,7 @@ TINY = ["--model", "tiny-llama", "--gpus", "2", "--device", "cpu", "--gpu-memory
         (["--seq-len", "max", "--tensor-parallel", "2"], "tensor-parallel"),
         (["--seq-len", "max", "--pin", "overlap_comm=true"], "pin"),
         (["--seq-len", "max", "--pin", "stage=7"], "pin"),
+        (["--seq-len", "max", "--offload-checkpoints"], "dstune.offload_checkpoints"),  # needs CUDA ranks
         (["--seq-len", "maximum"], "seq-len"),
         (["--seq-len", "0"], "seq-len"),
     ],

@@ -85,7 +85,8 @@ def tune_max(ctx: typer.Context, flags: WorkloadFlags, options: SearchOptions) -
         if flag_given(ctx, name):
             fail(flag, f"not with --seq-len max: {why}")
     check_pins(options.pins)
-    workload = traced_workload(replace(flags, seq_len=SEQ_MULTIPLE))
+    # checkpoint offload is a pin of the candidates, not of the flags' own trial (tune has no checkpointing flag)
+    workload = traced_workload(replace(flags, seq_len=SEQ_MULTIPLE, offload_checkpoints=False))
     refusal = measurement_refusal(replace(workload, train=replace(workload.train, seq_len=SEQ_MULTIPLE)))
     if refusal:
         fail(*refusal)

@@ -8,8 +8,9 @@ length recorded in a study of its own. It measures through :class:`Measurer`, wh
 what it predicts and learns (the memory margin, the throughput fit, the warm start, prune
 reasons) comes from :mod:`tuner.forecast`.
 
-May import: :mod:`tuner.forecast`, :mod:`tuner.measure` (its Measurement and MeasureOptions; runs go through
-:class:`Measurer`), :mod:`tuner.storage`, :mod:`tuner.space`, :mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
+May import: :mod:`tuner.forecast`, :mod:`tuner.measure` (its Measurement, MeasureOptions and what a run refuses;
+runs go through :class:`Measurer`), :mod:`tuner.requests` (names), :mod:`tuner.storage`, :mod:`tuner.space`,
+:mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
 """
 
 from tuner.study.early_stop import SlowRunStopper

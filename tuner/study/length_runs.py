@@ -122,11 +122,12 @@ class LengthRuns:
         self.store.start_trial(record.id, hardware=work.cluster.hardware_key, owner=self.owner)
         try:
             measurement = self.measurer.submit(work, trial).result()
-        except BaseException as error:  # interrupted, or the dispatcher itself failed: recorded, never lost
-            reason = "interrupted by the user" if isinstance(error, KeyboardInterrupt) else f"{error}"
-            self.store.finish_trial(record.id, "failed", None, error=reason)
+        except KeyboardInterrupt:  # recorded failed (the same command measures it again), then the search stops
+            self.store.finish_trial(record.id, "failed", None, error="interrupted by the user")
             self.store.set_study_status(study.id, StudyStatus.INTERRUPTED)
             raise
+        except Exception as failure:  # the dispatcher itself failed (Ray unreachable...): recorded, never lost
+            measurement = Measurement(status="error", exception_type=type(failure).__name__, error=str(failure))
         status, error = _judged(measurement, work.cluster.gpu_memory)
         finished = self.store.finish_trial(record.id, status, measurement.to_dict(), error=error)
         self.store.set_study_status(study.id, StudyStatus.FINISHED)
