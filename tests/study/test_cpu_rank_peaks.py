@@ -7,7 +7,7 @@ so the study learned a 50 % margin and pruned the rest."""
 from __future__ import annotations
 
 from tuner.estimator import estimate
-from tuner.study.outcome import _over_budget
+from tuner.study.outcome import measured_over
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 WORK = Workload(
@@ -38,7 +38,7 @@ def test_a_rank_holds_its_share_of_what_its_node_offloads() -> None:
 
 def test_the_gpu_budget_is_judged_without_what_a_gpu_would_not_hold() -> None:
     budget, host = 64 * 2**20, 6 * 2**20
-    assert _over_budget(budget + host, budget, host) is None
-    reason = _over_budget(budget + host + 1, budget, host)
+    assert measured_over(budget + host, budget, host) is None
+    reason = measured_over(budget + host + 1, budget, host)
     assert reason is not None and "offloads to the CPU" in reason and "by 1 bytes" in reason
-    assert _over_budget(budget + 1, budget) is not None
+    assert measured_over(budget + 1, budget) is not None

@@ -32,7 +32,7 @@ RenderEstimate = Callable[[MemoryEstimate, str, Console | None], None]  # tuner.
 NO_LENGTH_EXIT = 1  # a valid question whose answer is "nothing fits": not bad input
 
 
-def _given(ctx: typer.Context, name: str) -> bool:
+def flag_given(ctx: typer.Context, name: str) -> bool:
     """Whether the flag was set by the user (command line or environment), not left at its default."""
     source = ctx.get_parameter_source(name)  # typer may carry its own click: compared by name
     return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
@@ -42,7 +42,7 @@ def pins_of(ctx: typer.Context, flags: WorkloadFlags) -> Pins:
     """The pins of the flags the user gave (the long-context ones included: ``--sequence-parallel``...)."""
 
     def pinned(name: str) -> Any:
-        return getattr(flags, name) if _given(ctx, name) else None
+        return getattr(flags, name) if flag_given(ctx, name) else None
 
     return Pins(
         sequence_parallel=pinned("sequence_parallel"),
@@ -60,19 +60,15 @@ def pins_of(ctx: typer.Context, flags: WorkloadFlags) -> Pins:
 
 
 def traced_workload(flags: WorkloadFlags) -> Workload:
-    """The workload of the flags with its profile traced at :data:`TRACE_LENGTHS` (one merged profile)."""
-    works = [build(replace(flags, seq_len=length))[0] for length in TRACE_LENGTHS]
-    profile = works[0].profile
-    for work in works[1:]:
-        if profile is not None and work.profile is not None:
-            profile = profile.with_activations(work.profile.activations)
-    return replace(works[-1], profile=profile)
+    """The workload of the flags (at the longest of :data:`TRACE_LENGTHS`) with its profile traced at every one of
+    them, together: each checkpointing setting's copy of the model is built once for the three lengths."""
+    return build(replace(flags, seq_len=TRACE_LENGTHS[-1]), lengths=TRACE_LENGTHS)[0]
 
 
 def max_seq_len_command(ctx: typer.Context, flags: WorkloadFlags, as_json: bool, render: RenderEstimate) -> None:
     """Answer ``--max-seq-len``: a table (then the estimate's, by ``render``), or the estimate's JSON with a
     ``max_seq_len`` object beside it."""
-    if _given(ctx, "seq_len"):
+    if flag_given(ctx, "seq_len"):
         fail("seq-len", "not with --max-seq-len: the length is what it searches")
     pins = pins_of(ctx, flags)
     workload = traced_workload(flags)
@@ -124,6 +120,7 @@ def _limit_text(seq_len: int, memory: str, category: str | None, short_by: int) 
 
 
 __all__ = [
+    "flag_given",
     "max_seq_len_command",
     "pins_of",
     "render_longest",

@@ -52,6 +52,9 @@ NodesOpt = Annotated[int, typer.Option(min=1, help="Number of nodes.")]
 GpuMemoryOpt = Annotated[str, typer.Option(help="Memory per GPU (80GiB, 512GB or bytes).")]
 CpuMemoryOpt = Annotated[str, typer.Option(help="CPU memory per node.")]
 SeqLenOpt = Annotated[int, typer.Option(min=1, help="Sequence length.")]
+TuneSeqLenOpt = Annotated[
+    str, typer.Option(help="Sequence length, or max: the longest that fits, by measurement from the estimate.")
+]
 MicroBatchOpt = Annotated[int, typer.Option(min=1, help="Micro-batch per GPU.")]
 GradAccumOpt = Annotated[int, typer.Option(min=1, help="Gradient accumulation steps.")]
 PrecisionOpt = Annotated[Precision, typer.Option(help="Training precision.")]
@@ -116,6 +119,7 @@ TUNE_FLAGS = (
 # tune pins the long-context and layout flags that are given (unset: searched where the space offers them)
 TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
     **AUTO_DEVICE,
+    "seq_len": (TuneSeqLenOpt, "2048"),
     "sequence_parallel": (Annotated[int | None, _SP], None),
     "tensor_parallel": (Annotated[int | None, _TP], None),
     "hpz": (Annotated[int | None, _HPZ], None),
@@ -230,18 +234,19 @@ def _flag(loc: Loc) -> str:
     return ".".join(["model" if head == "config" else head.replace("_", "-"), *rest])
 
 
-def build(flags: WorkloadFlags) -> tuple[Workload, TrialConfig]:
+def build(flags: WorkloadFlags, lengths: tuple[int, ...] = ()) -> tuple[Workload, TrialConfig]:
     """The workload and the trial config the flags describe (bad input: one line naming the flag, exit 2).
 
     ``--model`` is read here (a preset, or a ``config.json`` path or folder) and sent as the request's ``config``;
     the trial config is the shortcut flags' (``--micro-batch``, ``--grad-accum``, ``--activation-checkpointing``,
     ``--stage``, ``--offload-*``) with ``--ds-config`` merged over its ds_config (the file wins), checked by the
-    estimator. No ``--device`` (measure, tune): cuda when torch sees a GPU, else cpu.
+    estimator. No ``--device`` (measure, tune): cuda when torch sees a GPU, else cpu. ``lengths``: more sequence
+    lengths the model's profile holds, traced together with ``--seq-len``'s (:func:`tuner.profile.lengths_profile`).
     """
     try:
         request, name = _request(flags)
-        workload = to_workload(request, config_name=name)
-        workload, trial = _with_trial(flags, workload)
+        workload = to_workload(request, config_name=name, lengths=lengths)
+        workload, trial = _with_trial(flags, workload, lengths)
         estimate(workload, trial)  # validates the config; cheap
     except FieldError as error:
         fail(_flag(error.loc), error.message)
@@ -302,7 +307,7 @@ def ds_config_file(path: str | None) -> dict[str, Any] | None:
     return override
 
 
-def _with_trial(flags: WorkloadFlags, workload: Workload) -> tuple[Workload, TrialConfig]:
+def _with_trial(flags: WorkloadFlags, workload: Workload, lengths: tuple[int, ...]) -> tuple[Workload, TrialConfig]:
     """The trial config of the shortcut flags and ``--ds-config``, and the workload carrying the traced activations
     of the precision and checkpointing that config trains with."""
     trial = validated(
@@ -329,7 +334,7 @@ def _with_trial(flags: WorkloadFlags, workload: Workload) -> tuple[Workload, Tri
     precision = resolve(workload, trial).precision
     if precision != workload.train.precision or trial.activation_checkpointing:
         workload = with_profile(
-            workload, precisions=(precision,), activation_checkpointing=trial.activation_checkpointing
+            workload, precisions=(precision,), activation_checkpointing=trial.activation_checkpointing, lengths=lengths
         )
     return workload, trial
 

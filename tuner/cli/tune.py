@@ -30,6 +30,7 @@ from tuner.cli.options import (
     workload_options,
 )
 from tuner.cli.study_view import launch_notes
+from tuner.cli.tune_max import SearchOptions, seq_len_of, tune_max
 from tuner.cli.tuning import run_tune
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher, Sampler, check_study_name, default_study_name, readable_name
@@ -77,6 +78,7 @@ CoresPerNodeOpt = Annotated[
 
 @workload_options(only=TUNE_FLAGS, overrides=TUNE_OVERRIDES)
 def tune_command(
+    ctx: typer.Context,
     flags: WorkloadFlags,
     global_batch: Annotated[int | None, typer.Option(min=1, help="Fixed global batch (samples per step).")] = None,
     space: Annotated[str, typer.Option(help="Search space YAML (a file or a built-in name).")] = "default",
@@ -101,30 +103,29 @@ def tune_command(
     search_threads: SearchThreadsOpt = False,
     cores_per_node: CoresPerNodeOpt = None,
 ) -> None:
-    """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest."""
+    """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest. With
+    --seq-len max: the longest sequence that fits, by measurement from the estimator's answer."""
     warmup_max = warmup_limit(warmup, warmup_max)
     require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
     require_ray_nodes(flags.nodes, launcher, ray_address)
-    # micro-batch, accumulation, stage and offload are what the search decides: --hpz is checked against the ranks
-    # here (its pin pins stage 3, tuner.space.pins), the rest of the layout in build
-    workload, _ = build(replace(flags, hpz=1))
-    hpz_wrong = hpz_problem(3, flags.hpz or 1, workload.cluster.world_size)
-    if hpz_wrong:
-        fail(HPZ_KEY, hpz_wrong)
-    refusal = measurement_refusal(workload)
-    if refusal:
-        fail(*refusal)
+    cap = size(memory_cap, "memory-cap") if memory_cap else None
+    dispatch = MeasureOptions(launcher, ray_address, warmup, steps, run_timeout, cap, warmup_max)
+    seq_len = seq_len_of(str(flags.seq_len))
+    if seq_len is None:
+        search = SearchOptions(dispatch, study, storage, trials, _pins(pin or []), nvme_path)
+        raise typer.Exit(tune_max(ctx, flags, search))
+    flags = replace(flags, seq_len=seq_len)
+    workload = tuning_workload(flags)
     try:
         seconds = parse_duration(timeout) if timeout else None
     except ValueError as error:
         fail("timeout", str(error))
-    cap = size(memory_cap, "memory-cap") if memory_cap else None
     budget = thread_budget(search_threads, cores_per_node, workload.cluster.gpus_per_node)
     settings = tune_settings(
         workload,
         space=space,
         study=study,
-        dispatch=MeasureOptions(launcher, ray_address, warmup, steps, run_timeout, cap, warmup_max),
+        dispatch=dispatch,
         pins={**_long_context_pins(flags), **_pins(pin or [])},
         global_batch=global_batch,
         sampler=sampler,
@@ -136,6 +137,20 @@ def tune_command(
         thread_budget=budget,
     )
     raise typer.Exit(run_tune(settings, storage))
+
+
+def tuning_workload(flags: WorkloadFlags) -> Workload:
+    """The workload a study tunes, refused (exit 2) when no run of it can be measured."""
+    # micro-batch, accumulation, stage and offload are what the search decides: --hpz is checked against the ranks
+    # here (its pin pins stage 3, tuner.space.pins), the rest of the layout in build
+    workload, _ = build(replace(flags, hpz=1))
+    hpz_wrong = hpz_problem(3, flags.hpz or 1, workload.cluster.world_size)
+    if hpz_wrong:
+        fail(HPZ_KEY, hpz_wrong)
+    refusal = measurement_refusal(workload)
+    if refusal:
+        fail(*refusal)
+    return workload
 
 
 def thread_budget(search: bool, cores_per_node: int | None, ranks_per_node: int) -> int | None:

@@ -32,7 +32,7 @@ from tuner.forecast.reasons import (
     memory_reason,
     reason_key,
 )
-from tuner.forecast.seq_candidates import SEQ_MULTIPLE, Pins
+from tuner.forecast.seq_candidates import SEQ_MULTIPLE, Candidate, Pins
 from tuner.forecast.seq_scaling import TRACE_LENGTHS, SeqSizer
 from tuner.forecast.throughput_fit import (
     FAMILY_PREFIX,
@@ -64,6 +64,7 @@ __all__ = [
     "SEQ_MULTIPLE",
     "TRACE_LENGTHS",
     "Calibration",
+    "Candidate",
     "Fits",
     "Judged",
     "Layout",

@@ -17,7 +17,14 @@ Example:
 """
 
 from tuner.profile.cache import CACHE_ENV, ProfileCache, cache_dir
-from tuner.profile.describe import load_model, model_from_config, model_profile, params_profile, with_profile
+from tuner.profile.describe import (
+    lengths_profile,
+    load_model,
+    model_from_config,
+    model_profile,
+    params_profile,
+    with_profile,
+)
 from tuner.workload import ActivationProfile, Linear, ModelProfile
 
 __all__ = [
@@ -27,6 +34,7 @@ __all__ = [
     "ModelProfile",
     "ProfileCache",
     "cache_dir",
+    "lengths_profile",
     "load_model",
     "model_from_config",
     "model_profile",

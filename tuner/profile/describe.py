@@ -80,24 +80,49 @@ def model_profile(
     transformers resolves, ``profile.attention``) and each checkpointing setting; every part read from the cache or
     traced and cached. A non-full ``trainable``: the profile of the model as trained, traced as ZeRO 0-2 and as
     ZeRO-3 train it (:func:`adapter_variants`)."""
+    return lengths_profile(config, (seq_len,), precision, attention, checkpointing, cache, trainable)
+
+
+def lengths_profile(
+    config: dict[str, Any],
+    seq_lens: Iterable[int],
+    precision: str,
+    attention: str | None,
+    checkpointing: Iterable[bool] = (False, True),
+    cache: ProfileCache | None = None,
+    trainable: TrainableSpec | None = None,
+) -> ModelProfile:
+    """:func:`model_profile` at each of ``seq_lens`` (one profile holding every length's activations): the lengths
+    missing from the cache are traced together, each checkpointing setting's copy of the model built once."""
     cache = cache or ProfileCache()
     profile = params_profile(config, cache, trainable)
     attention = attention or profile.attention
-    keys = _activation_keys(
-        config, transformers_version(), seq_len, precision, attention, profile, checkpointing, trainable
-    )
-    found = {setting: cache.get_activation(key) for setting, key in keys.items()}
+    checkpointing, version = tuple(checkpointing), transformers_version()
+    keys = {
+        (length, setting): key
+        for length in dict.fromkeys(seq_lens)
+        for setting, key in _activation_keys(
+            config, version, length, precision, attention, profile, checkpointing, trainable
+        ).items()
+    }
+    found = {at: cache.get_activation(key) for at, key in keys.items()}
     for adapters in adapter_variants(profile):
-        missing = [ckpt for (ckpt, variant), entry in found.items() if variant == adapters and entry is None]
+        missing = [
+            (length, ckpt)
+            for (length, (ckpt, variant)), entry in found.items()
+            if variant == adapters and entry is None
+        ]
         if missing:
-            from tuner.profile.trace import trace_activations
+            from tuner.profile.trace import trace_lengths
 
-            traced = trace_activations(
-                config, profile.layer_kinds, seq_len, precision, attention, missing, trainable, adapters
-            )
-            for ckpt, entry in traced.items():
-                cache.put_activation(keys[ckpt, adapters], entry)
-                found[ckpt, adapters] = entry
+            traced = trace_lengths(
+                config, profile.layer_kinds, {n for n, _ in missing}, precision, attention,
+                {ckpt for _, ckpt in missing}, trainable, adapters,
+            )  # fmt: skip
+            for length, entries in traced.items():
+                for ckpt, entry in entries.items():
+                    cache.put_activation(keys[length, (ckpt, adapters)], entry)
+                    found[length, (ckpt, adapters)] = entry
     return profile.with_activations(tuple(entry for entry in found.values() if entry is not None))
 
 
@@ -210,8 +235,10 @@ def with_profile(
     checkpointing: Iterable[bool] = (False, True),
     cache: ProfileCache | None = None,
     activation_checkpointing: bool = False,
+    lengths: Iterable[int] = (),
 ) -> Workload:
-    """The workload carrying its model's profile, traced for its sequence length and attention, each of
+    """The workload carrying its model's profile, traced for its sequence length (and ``lengths``, traced together
+    with it: :func:`lengths_profile`) and attention, each of
     ``precisions`` (default: the workload's) and checkpointing setting; for a workload with an adapter or frozen
     parameters, the profile of the model as trained. Built-in and bare models are returned as they are (their
     activations are formulas, or unknown; a trainable part needs a transformers model: refused naming ``peft``
@@ -230,9 +257,8 @@ def with_profile(
             "activation-checkpointing", f"{model.architecture} has no activation checkpointing in transformers"
         )
     profile: ModelProfile | None = None
+    seq_lens = sorted({train.seq_len, *lengths})
     for precision in precisions or (train.precision,):
-        traced = model_profile(
-            config, train.seq_len, precision, train.attention, checkpointing, cache, workload.trainable
-        )
+        traced = lengths_profile(config, seq_lens, precision, train.attention, checkpointing, cache, workload.trainable)
         profile = traced if profile is None else profile.with_activations(traced.activations)
     return replace(workload, profile=profile)

@@ -129,7 +129,22 @@ def trace_activations(
     adapters: str = "",
 ) -> dict[bool, ActivationProfile]:
     """The activation profile of the model for these settings and each ``checkpointing`` setting asked for, traced
-    at micro-batch 1, 2 and 3 under fake tensors.
+    at micro-batch 1, 2 and 3 under fake tensors (:func:`trace_lengths` at one length)."""
+    return trace_lengths(config, kinds, (seq_len,), precision, attention, checkpointing, trainable, adapters)[seq_len]
+
+
+def trace_lengths(
+    config: dict[str, Any],
+    kinds: tuple[str, ...] | list[str],
+    seq_lens: Iterable[int],
+    precision: str,
+    attention: str,
+    checkpointing: Iterable[bool],
+    trainable: TrainableSpec | None = None,
+    adapters: str = "",
+) -> dict[int, dict[bool, ActivationProfile]]:
+    """The activation profiles at each of ``seq_lens``, by checkpointing setting asked for, traced at micro-batch
+    1, 2 and 3 under fake tensors; the model's copy is built once per checkpointing setting for all the lengths.
 
     With checkpointing the non-checkpointed layers are traced too (``recompute`` is the largest of them): that one
     trace also gives the profile without checkpointing, so asking for both costs two traces, not three.
@@ -137,8 +152,8 @@ def trace_activations(
     weight gradient; the LoRA A input and the dropout masks are saved. ``zero3``: as ZeRO-3 trains it, every
     Linear saving its input whether its weight trains or not (:func:`zero3_linear`).
     """
-    wanted = sorted(set(checkpointing))
-    traces: dict[bool, list[Parts]] = {}
+    wanted, lengths = sorted(set(checkpointing)), sorted(set(seq_lens))
+    traces: dict[bool, dict[int, list[Parts]]] = {}
     experts: dict[bool, str] = {}
     recurrent: list[bool] = []
     for ckpt in (False, True) if True in wanted else (False,):
@@ -149,7 +164,7 @@ def trace_activations(
                 )
             try:
                 with quiet(), zero3_linear() if adapters == "zero3" else contextlib.nullcontext():
-                    traces[ckpt] = _traced_parts(model, keep, kinds, seq_len, fake_mode, recurrent)
+                    traces[ckpt] = {n: _traced_parts(model, keep, kinds, n, fake_mode, recurrent) for n in lengths}
                 break
             except WorkloadError:
                 raise
@@ -162,8 +177,19 @@ def trace_activations(
                 ) from None
         experts[ckpt] = str(getattr(model.config, "_experts_implementation", None) or "none")
     return {
-        ckpt: _activation_profile(traces, ckpt, seq_len, precision, attention, experts[ckpt], adapters)
-        for ckpt in wanted
+        n: {
+            ckpt: _activation_profile(
+                {c: by_length[n] for c, by_length in traces.items()},
+                ckpt,
+                n,
+                precision,
+                attention,
+                experts[ckpt],
+                adapters,
+            )
+            for ckpt in wanted
+        }
+        for n in lengths
     }
 
 

@@ -234,7 +234,7 @@ def _preset_model(name: str) -> ModelSpec:
 
 
 def _hf_model(
-    request: WorkloadRequest, train: TrainSpec, inline: bool, config_name: str | None
+    request: WorkloadRequest, train: TrainSpec, inline: bool, config_name: str | None, lengths: tuple[int, ...] = ()
 ) -> tuple[ModelSpec, ModelProfile | None, TrainSpec]:
     """The model of a preset or an inline config, with its profile when it is the transformers model, and ``train``
     with the attention the model trains with (no ``attention`` asked: the one transformers resolves for it)."""
@@ -254,7 +254,7 @@ def _hf_model(
         model = spec_from_profile(config, described, name)
         if request.attention is None:
             train = replace(train, attention=described.attention)
-        workload = with_profile(Workload(model, train=train))
+        workload = with_profile(Workload(model, train=train), lengths=lengths)
         return workload.model, workload.profile, train
     profile = default_service().profile(config, train.seq_len, (train.precision,), request.attention)
     return (
@@ -340,13 +340,20 @@ def check_request(request: WorkloadRequest, loc: Loc = ()) -> None:
 
 
 def to_workload(
-    request: WorkloadRequest, loc: Loc = (), *, config_name: str | None = None, inline: bool = True
+    request: WorkloadRequest,
+    loc: Loc = (),
+    *,
+    config_name: str | None = None,
+    inline: bool = True,
+    lengths: tuple[int, ...] = (),
 ) -> Workload:
     """The :class:`Workload` a request describes; :class:`FieldError` (with the field's path) for bad input.
 
     ``config_name`` names the model of an inline ``config`` (the CLI passes the name of ``--model``'s folder);
     by default its ``_name_or_path``, else ``custom``. ``inline=False`` (the API): a missing profile is computed by
     the bounded profiling service, which raises :class:`~tuner.profile.service.ProfilePending` past its wait.
+    ``lengths`` (inline only): more sequence lengths the profile holds, traced together with the request's (a search
+    over the length extrapolates from them: ``dstune estimate --max-seq-len``).
     """
     check_request(request, loc)
     try:
@@ -373,7 +380,7 @@ def to_workload(
         if request.params is not None:
             model = model_from_param_count(float(request.params))
         else:
-            model, profile, train = _hf_model(request, train, inline, config_name)
+            model, profile, train = _hf_model(request, train, inline, config_name, lengths)
     except WorkloadError as error:
         raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
     except FieldError:
@@ -386,6 +393,6 @@ def to_workload(
     if trainable.is_full:
         return workload
     try:  # the model as trained: peft builds it on meta, in this process (inline) or the profiling service's
-        return with_profile(workload) if inline else _trained_off_process(workload)
+        return with_profile(workload, lengths=lengths) if inline else _trained_off_process(workload)
     except WorkloadError as error:
         raise FieldError(_workload_loc(request, error.field, loc), error.message) from None

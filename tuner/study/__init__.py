@@ -2,16 +2,21 @@
 loop (``loop``) ties the proposer (``proposer``: retries, warm start, the sampler), the gate (``gate``: recorded
 before? fits?), the stopper (``stopper``: budget, timeout, early stop), the recorder (``outcome``: record and tell,
 with ``numerics_guard`` judging each run's step-0 figures against the study's reference) and the holding of trials
-across processes (``resume``). It measures through :class:`Measurer`, which the real dispatcher satisfies;
+across processes (``resume``). ``length_search`` and ``length_runs`` find the longest sequence that fits by
+measurement (``dstune tune --seq-len max``): the estimator's answer bracketed and bisected with measured runs, each
+length recorded in a study of its own. It measures through :class:`Measurer`, which the real dispatcher satisfies;
 what it predicts and learns (the memory margin, the throughput fit, the warm start, prune
 reasons) comes from :mod:`tuner.forecast`.
 
-May import: :mod:`tuner.forecast`, :mod:`tuner.measure` (its Measurement and MeasureOptions; runs go through
-:class:`Measurer`), :mod:`tuner.storage`, :mod:`tuner.space`, :mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
+May import: :mod:`tuner.forecast`, :mod:`tuner.measure` (its Measurement, MeasureOptions and what a run refuses;
+runs go through :class:`Measurer`), :mod:`tuner.requests` (names), :mod:`tuner.storage`, :mod:`tuner.space`,
+:mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
 """
 
 from tuner.study.early_stop import SlowRunStopper
 from tuner.study.gate import capacity_reason
+from tuner.study.length_runs import LengthRuns, Measured, default_base_name, length_study_name, longest_name_fits
+from tuner.study.length_search import LengthSearch, Probe, search_length
 from tuner.study.loop import TuningStudy
 from tuner.study.measurer import Measurer
 from tuner.study.samplers import GRID_PARAMETERS, AskTellGridSampler, make_sampler
@@ -21,11 +26,19 @@ __all__ = [
     "GRID_PARAMETERS",
     "AskTellGridSampler",
     "Event",
+    "LengthRuns",
+    "LengthSearch",
+    "Measured",
     "Measurer",
+    "Probe",
     "SlowRunStopper",
     "StudyReport",
     "StudySettings",
     "TuningStudy",
     "capacity_reason",
+    "default_base_name",
+    "length_study_name",
+    "longest_name_fits",
     "make_sampler",
+    "search_length",
 ]

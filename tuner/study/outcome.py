@@ -193,7 +193,7 @@ class Recorder:
         host = self._host_share(run)
         if measurement.status == "ok" and not measurement.stopped_early:
             diverged = self.guard.judge(trial.number, run.suggestion.trial, measurement.numerics)
-            over_budget = _over_budget(peak, run.estimate.gpu_memory, host)
+            over_budget = measured_over(peak, run.estimate.gpu_memory, host)
         rejected = diverged or over_budget
         status = "diverged" if diverged else "oom" if over_budget else measurement.status
         self.store.finish_trial(run.trial_id, status, measurement.to_dict(), error=rejected or measurement.error)
@@ -269,7 +269,7 @@ class Recorder:
         )
 
 
-def _over_budget(peak: int | None, gpu_memory: int, host: int = 0) -> str | None:
+def measured_over(peak: int | None, gpu_memory: int, host: int = 0) -> str | None:
     """Why a run that trained does not fit the GPU memory the study targets, or None when it does. ``host``: the
     bytes of the measured peak that a GPU would not hold (on CPU ranks, the states offloaded to the node's CPU)."""
     if peak is None or peak - host <= gpu_memory:
