@@ -167,3 +167,10 @@ def test_what_the_estimator_does_not_model_is_refused() -> None:
         estimate(replace(work(), trainable=lora), ds(2, ep=2))
     with pytest.raises(ConfigError):
         estimate(work(model=model_from_param_count(1e6)), ds(2, ep=2))
+
+
+def test_backward_holds_a_moe_layers_gradient_rows_sent_and_received() -> None:
+    est = estimate(work(), ds(2, ep=2))
+    assert est.details["ep_dispatch_bytes"] == 2 * 64 * 2 * H  # bf16 × tokens × top-k × hidden
+    assert est.details["ep_all_to_all"] == 2 * est.details["ep_dispatch_bytes"]
+    assert "ep_all_to_all" not in estimate(work(), ds(2)).details

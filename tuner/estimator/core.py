@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.estimator.activation_phases import add_activations
-from tuner.estimator.expert_parallel import ep_workload
+from tuner.estimator.expert_parallel import add_dispatch, ep_workload
 from tuner.estimator.flat_states import flat_states
 from tuner.estimator.memory_estimate import MemoryEstimate
 from tuner.estimator.overhead import DEFAULT_OVERHEAD, Overhead, overhead_terms
@@ -99,6 +99,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         dequantized = dequantized_weight_bytes(base, s.param_bytes)
         add_transient(phases, details, "dequantized_weight", "backward", dequantized)
     source = add_activations(workload, s, phases, details, params, pins)
+    add_dispatch(workload, s, phases, details)  # AutoEP's all-to-all buffers
 
     gpu_totals = {name: phase.gpu_total for name, phase in phases.items()}
     peak_phase = max(gpu_totals, key=gpu_totals.__getitem__)
