@@ -60,7 +60,7 @@ def registry_shim() -> bool:
         dict.__setitem__(self, key_of(model), value)
 
     _CanRecordRegistry.get = get  # type: ignore[method-assign]
-    _CanRecordRegistry.__setitem__ = setitem  # type: ignore[method-assign, assignment]
+    _CanRecordRegistry.__setitem__ = setitem  # type: ignore[method-assign]
     _CanRecordRegistry._dstune_shim = True  # type: ignore[attr-defined]
     return True
 

@@ -292,8 +292,8 @@ class SearchSpace:
         # the micro-batches dividing the global batch's share of every rank also divide that of each data-parallel
         # rank under sequence parallelism (world / sp ranks): one set of choices for the whole study, as Optuna needs
         global_batch, world = asking.global_batch, asking.workload.cluster.world_size
-        problem = LAYOUT_PROBLEMS.get(parameter.key)  # the degrees Ulysses (ranks, heads, sequence), AutoTP (GPUs of
-        if problem:  # a node, heads, key-value heads, no MoE) and AutoEP (experts, ranks) can run on this workload
+        # the degrees Ulysses (ranks, heads, sequence), AutoTP (GPUs of a node, heads, no MoE), AutoEP (experts, ranks)
+        if problem := LAYOUT_PROBLEMS.get(parameter.key or ""):  # can run on this workload
             choices = [c for c in choices if problem(asking.workload, c) is None]
         if parameter.key == HPZ_KEY:  # hpZ groups within a node (its all-gathers stay on the node's links)
             cluster = asking.workload.cluster
