@@ -77,8 +77,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     """:func:`estimate` for settings already resolved from a trial config."""
     model, cluster = workload.model, workload.cluster
     details: dict[str, int] = {}
-    whole, workload = workload, tp_workload(workload, s, details)  # AutoTP: the rank's shards
-    workload = ep_workload(workload, s, details)  # AutoEP: the rank's experts
+    whole, workload = workload, ep_workload(tp_workload(workload, s, details), s, details)  # AutoTP's, AutoEP's rank
     saving = s.stage == 3 and s.gather_16bit_on_save
     phases = {name: Phase() for name in (PHASES if saving else STEP_PHASES)}
     pins = HostPins(cuda=cluster.device == "cuda")
