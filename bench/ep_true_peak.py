@@ -148,13 +148,14 @@ def row(case: dict[str, Any], data: dict[str, Any]) -> str:
 FINDING = """\
 Qwen2-MoE and Mixtral: within 0.5 % at ZeRO-1, 2 and 3 with AutoEP 2 on 2 ranks, as close as the plain
 data-parallel runs (+0.05 %), and within 0.9 % on 4 ranks (EP 2 × expert-data-parallel 2: the experts' optimizer
-states and ZeRO-3 shards partitioned over 2 ranks); each rank holds exactly the parameters the estimate gives it. AutoEP's layer saves what transformers'
-block saves (the true peak with ep 2 is 27 KiB below the plain run's on Qwen2-MoE). DeepSeek-V2 is 17-20 % low with
-and without AutoEP alike: at its true peak (loss backward, step 1; `EP_BENCH_DETAIL=stack`) each layer's attention
-probabilities are alive in fp32 (`aten::_softmax`, 2 × 4 MiB: 4 heads × 512² × 4 B) with the backward's `bmm` and
-`_softmax_backward_data` beside them: the ranks run its attention eagerly, which the profile traced at `sdpa` does not
-hold. That is the attention's, not AutoEP's, and stays open. Losses differ between ranks because each rank trains
-its own sample; they equal the plain runs' (same seeds)."""
+states and ZeRO-3 shards partitioned over 2 ranks); each rank holds exactly the parameters the estimate gives it.
+AutoEP's layer saves what transformers' block saves (the true peak with ep 2 is 27 KiB below the plain run's on
+Qwen2-MoE). DeepSeek-V2 is 17-20 % low with and without AutoEP alike: at its true peak (loss backward, step 1;
+`EP_BENCH_DETAIL=stack`) each layer's attention probabilities are alive in fp32 (`aten::_softmax`, 2 × 4 MiB:
+4 heads × 512² × 4 B) with the backward's `bmm` and `_softmax_backward_data` beside them: the ranks run its
+attention eagerly, which the profile traced at `sdpa` does not hold. That is the attention's, not AutoEP's, and
+stays open. Losses differ between ranks because each rank trains its own sample; they equal the plain runs' (same
+seeds)."""
 
 
 def versions() -> str:
