@@ -121,6 +121,11 @@ def test_estimate_matches_the_estimator(client: TestClient) -> None:
             {"workload": {**GPT2, "gpus": 8}, "ds_config": {"tensor_parallel": {"autotp_size": 8}}},
             ["body", "ds_config", "tensor_parallel", "autotp_size"],  # GPT-2's 12 heads
         ),
+        ({"workload": GPT2, "expert_parallel": 2}, ["body", "ds_config", "expert_parallel", "autoep_size"]),  # dense
+        (
+            {"workload": GPT2, "ds_config": {"expert_parallel": {"enabled": True, "autoep_size": 2}}},
+            ["body", "ds_config", "expert_parallel", "autoep_size"],
+        ),
         (
             {"workload": GPT2, "ds_config": {"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}}},
             ["body", "ds_config", "zero_optimization", "zero_hpz_partition_size"],

@@ -72,7 +72,13 @@ def test_tune_pins_the_flags_given_and_refuses_a_bad_layout_before_any_run(tmp_p
     from tuner.cli.tune import _long_context_pins
 
     flags = WorkloadFlags(
-        sequence_parallel=2, tensor_parallel=None, hpz=None, tiled_mlp=None, tiled_loss=8, offload_checkpoints=None
+        sequence_parallel=2,
+        tensor_parallel=None,
+        expert_parallel=None,
+        hpz=None,
+        tiled_mlp=None,
+        tiled_loss=8,
+        offload_checkpoints=None,
     )
     assert _long_context_pins(flags) == {"sequence_parallel": 2, "tiled_loss_shards": 8}
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"

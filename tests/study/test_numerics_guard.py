@@ -104,3 +104,18 @@ def test_a_run_without_figures_is_unchecked_and_the_fault_switch_is_validated() 
     assert TrialConfig({}).fault_loss_scale == 1.0
     with pytest.raises(ConfigError, match=r"dstune\.fault_loss_scale"):
         _ = TrialConfig({"dstune": {"fault_loss_scale": "half"}}).fault_loss_scale
+
+
+def test_expert_parallel_runs_are_judged_against_the_data_parallel_reference() -> None:
+    """AutoEP splits the experts, not the batch: the same micro-batch and accumulation train the same global batch,
+    and step 0 must equal the plain run's (measured equal to 1e-7 in fp32, bench/results/autoep_check.md)."""
+    guard = NumericsGuard(WORLD)
+    ep = {"expert_parallel": {"enabled": True, "autoep_size": 2}}
+    early = figures()
+    assert guard.judge(0, trial(**ep), early) is None and early["check"] == "unchecked"  # never the reference
+    guard.judge(1, trial(), figures())
+    same = figures()
+    assert guard.judge(2, trial(**ep), same) is None and same["check"] == "ok"
+    assert reference_class(trial(**ep), WORLD) == reference_class(trial(), WORLD)
+    dropped = figures(loss=7.3)  # tokens routed to the other rank's experts lost
+    assert guard.judge(3, trial(**ep), dropped) is not None and dropped["check"] == "diverged"

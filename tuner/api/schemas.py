@@ -104,6 +104,9 @@ class EstimateRequest(RequestModel):
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
     sequence_parallel: int = Field(1, ge=1, le=2**16, description="Ulysses degree (sequence_parallel_size).")
+    expert_parallel: int = Field(
+        1, ge=1, le=2**16, description="AutoEP degree (expert_parallel.autoep_size, enabled); MoE models only."
+    )
     tiled_mlp_shards: int = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards.")
     tiled_loss_shards: int = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards.")
     offload_checkpoints: bool = Field(False, description="Checkpointed layer inputs in host memory.")

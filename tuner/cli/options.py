@@ -79,12 +79,16 @@ QuantizationOpt = Annotated[
 ]
 _SP = typer.Option("--sequence-parallel", min=1, help="Ulysses sequence-parallel degree (sequence_parallel_size).")
 _TP = typer.Option("--tensor-parallel", min=1, help="AutoTP degree (tensor_parallel.autotp_size).")
+_EP = typer.Option(
+    "--expert-parallel", min=1, help="AutoEP degree (expert_parallel.autoep_size; MoE models: divides the experts)."
+)
 _HPZ = typer.Option("--hpz", min=1, help="ZeRO++ hpZ group size (zero_hpz_partition_size; ZeRO-3 across nodes).")
 _TILED_MLP = typer.Option("--tiled-mlp", min=1, help="ALST: each MLP computed in N sequence shards.")
 _TILED_LOSS = typer.Option("--tiled-loss", min=1, help="ALST: logits and loss in N shards.")
 _OFFLOAD_CHECKPOINTS = typer.Option(help="ALST: checkpointed layer inputs in host memory (needs checkpointing).")
 SequenceParallelOpt = Annotated[int, _SP]
 TensorParallelOpt = Annotated[int, _TP]
+ExpertParallelOpt = Annotated[int, _EP]
 HpzOpt = Annotated[int, _HPZ]
 TiledMlpOpt = Annotated[int, _TILED_MLP]
 TiledLossOpt = Annotated[int, _TILED_LOSS]
@@ -113,8 +117,8 @@ WarmupMaxOpt = Annotated[
 AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
 TUNE_FLAGS = (
     "model", "gpus", "nodes", "gpu_memory", "cpu_memory", "seq_len", "precision", "attention", "device", "model_impl",
-    "peft", "freeze", "quantization", "sequence_parallel", "tensor_parallel", "hpz", "tiled_mlp", "tiled_loss",
-    "offload_checkpoints", "launcher_env", "launch_var", "bind_cores",
+    "peft", "freeze", "quantization", "sequence_parallel", "tensor_parallel", "expert_parallel", "hpz", "tiled_mlp",
+    "tiled_loss", "offload_checkpoints", "launcher_env", "launch_var", "bind_cores",
 )  # fmt: skip
 # tune pins the long-context and layout flags that are given (unset: searched where the space offers them)
 TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
@@ -122,6 +126,7 @@ TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
     "seq_len": (TuneSeqLenOpt, "2048"),
     "sequence_parallel": (Annotated[int | None, _SP], None),
     "tensor_parallel": (Annotated[int | None, _TP], None),
+    "expert_parallel": (Annotated[int | None, _EP], None),
     "hpz": (Annotated[int | None, _HPZ], None),
     "tiled_mlp": (Annotated[int | None, _TILED_MLP], None),
     "tiled_loss": (Annotated[int | None, _TILED_LOSS], None),
@@ -131,6 +136,7 @@ TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
 LONG_CONTEXT_PINS = {
     "sequence_parallel": "sequence_parallel",
     "tensor_parallel": "tensor_parallel",
+    "expert_parallel": "expert_parallel",
     "hpz": "hpz_partition_size",
     "tiled_mlp": "tiled_mlp_shards",
     "tiled_loss": "tiled_loss_shards",
@@ -163,6 +169,7 @@ class WorkloadFlags:
     activation_checkpointing: CheckpointingOpt = False
     sequence_parallel: SequenceParallelOpt = 1
     tensor_parallel: TensorParallelOpt = 1
+    expert_parallel: ExpertParallelOpt = 1
     hpz: HpzOpt = 1
     tiled_mlp: TiledMlpOpt = 1
     tiled_loss: TiledLossOpt = 1
@@ -322,6 +329,7 @@ def _with_trial(flags: WorkloadFlags, workload: Workload, lengths: tuple[int, ..
             "nvme_path": flags.nvme_path,
             "sequence_parallel": flags.sequence_parallel or 1,  # None (tune): searched, not part of this trial
             "tensor_parallel": flags.tensor_parallel or 1,
+            "expert_parallel": flags.expert_parallel or 1,
             "hpz_partition_size": flags.hpz or 1,
             "tiled_mlp_shards": flags.tiled_mlp or 1,
             "tiled_loss_shards": flags.tiled_loss or 1,

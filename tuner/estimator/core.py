@@ -10,6 +10,9 @@ paper, and is assembled here from the modules that model each part:
 * AutoTP's shards and hpZ's secondary partition (:mod:`.tensor_parallel`): with ``tensor_parallel.autotp_size`` the
   model states are those of the rank's shards, partitioned by ZeRO over ``world / tp`` ranks; activations are
   tp-sharded inside attention and the MLP (:func:`.activations.tp_local_activations`).
+* AutoEP's local experts (:mod:`.expert_parallel`): with ``expert_parallel.autoep_size`` a rank holds ``experts / ep``
+  of each MoE layer, partitioned by ZeRO over the ``world / ep`` expert-data-parallel ranks, and the dispatch and
+  combine buffers of its routed tokens.
 
 Peak memory is the maximum over three phases of a step (:mod:`.phases`), each a sum of what is alive then:
 ``forward`` (after the forward pass: activations plus the logits workspace), ``backward`` (all gradients and the
@@ -35,6 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.estimator.activation_phases import add_activations
+from tuner.estimator.expert_parallel import add_dispatch, ep_workload
 from tuner.estimator.flat_states import flat_states
 from tuner.estimator.memory_estimate import MemoryEstimate
 from tuner.estimator.overhead import DEFAULT_OVERHEAD, Overhead, overhead_terms
@@ -73,7 +77,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     """:func:`estimate` for settings already resolved from a trial config."""
     model, cluster = workload.model, workload.cluster
     details: dict[str, int] = {}
-    whole, workload = workload, tp_workload(workload, s, details)  # AutoTP: the rank's shards
+    whole, workload = workload, ep_workload(tp_workload(workload, s, details), s, details)  # AutoTP's, AutoEP's rank
     saving = s.stage == 3 and s.gather_16bit_on_save
     phases = {name: Phase() for name in (PHASES if saving else STEP_PHASES)}
     pins = HostPins(cuda=cluster.device == "cuda")
@@ -94,6 +98,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         dequantized = dequantized_weight_bytes(base, s.param_bytes)
         add_transient(phases, details, "dequantized_weight", "backward", dequantized)
     source = add_activations(workload, s, phases, details, params, pins)
+    add_dispatch(workload, s, phases, details)  # AutoEP's all-to-all buffers
 
     gpu_totals = {name: phase.gpu_total for name, phase in phases.items()}
     peak_phase = max(gpu_totals, key=gpu_totals.__getitem__)
@@ -109,7 +114,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         details["pinned_host"] = pins.pinned
         details["pinned_rounding"] = pins.rounding
     return MemoryEstimate(
-        n_params=whole.model.n_params if s.tensor_parallel_size > 1 else params.n_params,
+        n_params=whole.model.n_params if s.tensor_parallel_size * s.expert_parallel_size > 1 else params.n_params,
         world_size=s.world_size,
         phases=phases,
         peak_phase=peak_phase,

@@ -22,7 +22,8 @@ in the training dtype, outside the flat groups (4-bit weights as their packed da
 
 from __future__ import annotations
 
-from tuner.estimator.partitions import flat_partition, round_robin_order
+from tuner.estimator.expert_parallel import ep_flat_partition
+from tuner.estimator.partitions import round_robin_order
 from tuner.estimator.phases import PHASES, Phase, add_bytes, add_transient
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.quantized import quantized_base
@@ -58,10 +59,10 @@ def flat_states(
     if s.stage == 0:
         _stage0_states(params, frozen, s, phases, details)
         return 0
-    numels = params.trainable
-    if s.round_robin_gradients and s.zero_ranks > 1:
+    numels, experts = params.trainable, model.experts  # AutoEP: expert groups over world / ep (.expert_parallel)
+    if s.round_robin_gradients and s.zero_ranks > 1 and not any(experts):
         numels = round_robin_order(numels, s.zero_ranks)
-    flat = flat_partition(numels, s.zero_ranks)
+    flat = ep_flat_partition(numels, experts, s)
     part = flat.partition
     worst_grads = part if model.is_bare else flat.worst_rank_grads
     details["partition_elements"] = part

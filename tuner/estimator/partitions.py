@@ -84,21 +84,29 @@ def stage3_layout(
     model_persistence_threshold: int,
     wide: tuple[bool, ...] = (),
     widen: int = 1,
+    narrow: tuple[bool, ...] = (),
+    narrow_by: int = 1,
 ) -> tuple[tuple[int, ...], tuple[bool, ...]]:
     """Each parameter's per-rank ZeRO-3 shard (padded to a multiple of ``world_size``) and whether it also stays whole
     on every rank: at most ``persistence_threshold`` elements, while the persistent ones total at most
     ``model_persistence_threshold``, in model order. The parameters ``wide`` marks are partitioned over
-    ``widen × world_size`` ranks (AutoTP's replicated ones at ZeRO-3, :mod:`.tensor_parallel`).
+    ``widen × world_size`` ranks (AutoTP's replicated ones at ZeRO-3, :mod:`.tensor_parallel`), those ``narrow``
+    marks over ``world_size / narrow_by`` (AutoEP's experts over the expert-data-parallel group,
+    :mod:`.expert_parallel`).
 
     Example:
         >>> stage3_layout((7, 100, 3), 4, 10, 8)
         ((2, 25, 1), (True, False, False))
         >>> stage3_layout((7, 100, 3), 2, 10, 8, (False, True, False), 2)[0]
         (4, 25, 2)
+        >>> stage3_layout((8, 100), 4, 0, 0, narrow=(False, True), narrow_by=2)[0]
+        (2, 50)
     """
     parts, persists, persisted = [], [], 0
     for index, numel in enumerate(numels):
         ranks = world_size * widen if wide and wide[index] else world_size
+        if narrow and narrow[index]:
+            ranks = max(1, world_size // narrow_by)
         parts.append(-(-numel // ranks))
         keep = numel <= persistence_threshold and persisted + numel <= model_persistence_threshold
         persisted += numel if keep else 0
@@ -113,9 +121,12 @@ def stage3_partition(
     model_persistence_threshold: int,
     wide: tuple[bool, ...] = (),
     widen: int = 1,
+    narrow: tuple[bool, ...] = (),
+    narrow_by: int = 1,
 ) -> Stage3Partition:
     """Per-rank ZeRO-3 sizes for parameters ``numels`` over ``world_size`` ranks (:func:`stage3_layout`)."""
-    parts, persists = stage3_layout(numels, world_size, persistence_threshold, model_persistence_threshold, wide, widen)
+    thresholds = (persistence_threshold, model_persistence_threshold)
+    parts, persists = stage3_layout(numels, world_size, *thresholds, wide, widen, narrow, narrow_by)
     persistent = sum(numel for numel, keep in zip(numels, persists, strict=True) if keep)
     return Stage3Partition(sum(parts), persistent, max(numels))
 

@@ -52,7 +52,7 @@ class Settings:
     hpz_partition_size: int = 1
     sequence_parallel_size: int = 1
     tensor_parallel_size: int = 1  # AutoTP (tensor_parallel.autotp_size)
-    expert_parallel_size: int = 1
+    expert_parallel_size: int = 1  # AutoEP (expert_parallel.autoep_size when enabled)
     quantized_weights: bool = False  # qwZ (zero_quantized_weights, ZeRO-3, CUDA only)
     quantized_gradients: bool = False
     quantized_nontrainable: bool = False  # zero_quantized_nontrainable_weights (ZeRO-3 only, CUDA only)
@@ -151,6 +151,7 @@ def _check(workload: Workload, trial: TrialConfig, precision: str) -> None:
     check_long_context`, :func:`tuner.workload.check_layout`), naming the key."""
     _refuse_unmodelled(trial, precision)
     _refuse_unmodelled_tp(trial, workload)
+    _refuse_unmodelled_ep(trial, workload)
     check_long_context(workload, trial)
     check_layout(workload, trial)
     _check_trainable_dtypes(trial.zero.stage, precision, workload)
@@ -236,6 +237,22 @@ def _refuse_unmodelled_tp(trial: TrialConfig, workload: Workload) -> None:
         raise ConfigError("tensor_parallel.autotp_size", "AutoTP with Ulysses is not modelled by the estimator yet")
     if trial.long_context.tiled_mlp_shards > 1:
         raise ConfigError("dstune.tiled_mlp_shards", "TiledMLP with AutoTP is not modelled by the estimator yet")
+
+
+def _refuse_unmodelled_ep(trial: TrialConfig, workload: Workload) -> None:
+    """AutoEP needs the model's shapes (which weights are experts); with an adapter or frozen parameters, with Ulysses
+    or with TiledMLP the estimator does not model it yet."""
+    if trial.layout.expert_parallel <= 1:
+        return
+    key = "expert_parallel.autoep_size"
+    if workload.model.is_bare:
+        raise ConfigError(key, "AutoEP needs the model's shapes, not a bare parameter count")
+    if not workload.trainable.is_full:
+        raise ConfigError(key, "AutoEP with a peft adapter or frozen parameters is not modelled by the estimator yet")
+    if trial.layout.sequence_parallel > 1:
+        raise ConfigError(key, "AutoEP with Ulysses is not modelled by the estimator yet")
+    if trial.long_context.tiled_mlp_shards > 1:
+        raise ConfigError("dstune.tiled_mlp_shards", "TiledMLP with AutoEP is not modelled by the estimator yet")
 
 
 __all__ = ["ADAM_FAMILY", "FP32", "OPTIMIZER_IMPLS", "ConfigError", "Settings", "optimizer_impl", "resolve"]

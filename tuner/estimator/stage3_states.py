@@ -49,6 +49,8 @@ def stage3_states(
         s.model_persistence_threshold,
         model.replicated,  # AutoTP: parameters every tp rank holds whole are partitioned over all ranks
         s.tensor_parallel_size,
+        model.experts,  # AutoEP: the rank's experts over the world / ep expert-data-parallel ranks
+        s.expert_parallel_size,
     )
     shard, persistent = part.shard, part.persistent
     details["partition_elements"] = shard

@@ -19,6 +19,9 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
 * ``tensor parallel`` (AutoTP): each rank computes with its shards, ZeRO works over ``world / tp`` ranks, and
   every layer all-reduces its outputs and input gradients within the node (:func:`tensor_parallel_seconds`, in
   ``bandwidth`` and ``latency``).
+* ``expert parallel`` (AutoEP): each rank holds and reduces its ``experts / ep`` (the gradient traffic of the rank's
+  parameters), computes as many routed rows as without it, and every MoE layer dispatches and combines its routed
+  tokens by all-to-all in forward and backward (:func:`.expert_parallel.expert_parallel_seconds`).
 * ``latency``: a fixed cost per collective call, one per reduce/all-gather bucket, per gathered ZeRO-3 parameter
   and pass (its hooks run even on one rank), and the gradient-norm all-reduce.
 * ``memory``: the optimizer step's memory traffic (about 32 B per trainable parameter of the rank's partition) over
@@ -48,6 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.estimator.expert_parallel import ep_workload, expert_parallel_seconds
 from tuner.estimator.flops import (
     backward_flops_per_token,
     forward_flops_per_token,
@@ -59,7 +63,7 @@ from tuner.estimator.long_context import all_to_all_bytes, mlp_params
 from tuner.estimator.settings import Settings, resolve
 from tuner.estimator.tensor_parallel import tensor_parallel_seconds, tp_workload
 from tuner.estimator.trainable import trained_params
-from tuner.workload import TrialConfig, Workload
+from tuner.workload import ModelSpec, TrialConfig, Workload
 
 TERMS = ("compute", "launch", "bandwidth", "latency", "memory")
 RECOMPUTE = 4 / 3  # full checkpointing runs the forward pass twice: (2 + 4 + 2) / (2 + 4) of the FLOPs, launches
@@ -165,7 +169,9 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     them (frozen weights are partitioned like the rest under ZeRO-3, replicated outside the flat groups under
     ZeRO-1/2, so they are neither reduced nor gathered there)."""
     workload = tp_workload(workload, s)  # AutoTP: a rank computes with, reduces and gathers its shards
-    model, train = workload.model, workload.train
+    # AutoEP: a rank holds, reduces and gathers its local experts, and computes as many routed rows as without it
+    flops_model, workload = workload.model, ep_workload(workload, s)
+    model = workload.model
     world, nodes = s.zero_ranks, workload.cluster.nodes
     psi, elem, accum = all_params(workload), s.param_bytes, s.grad_accum
     numels = model.param_numels if workload.trainable.is_full else trained_params(workload).numels
@@ -173,12 +179,9 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     checkpointed = s.activation_checkpointing and not model.is_bare
     redo = RECOMPUTE if checkpointed else 1.0
     flops_rate = hw.flops / (hw.fp32_slowdown if s.precision == "fp32" else 1.0)
-    tokens = s.micro_batch * train.seq_len // s.sequence_parallel_size  # a rank's share under Ulysses
-    forward = forward_flops_per_token(model, train.seq_len) * tokens
-    backward = backward_flops_per_token(model, train.seq_len, trained) * tokens
-    compute = accum * (forward * (2 if checkpointed else 1) + backward) / flops_rate
+    forward, backward = _micro_batch_flops(flops_model, workload, s, trained)
     sp_compute, sp_seconds, sp_calls = long_context_seconds(workload, s, hw, flops_rate)
-    compute += sp_compute
+    compute = accum * (forward * (2 if checkpointed else 1) + backward) / flops_rate + sp_compute
     layers = model.num_layers + 1
     launch = hw.launch_s * layers * (accum * redo + 1)
 
@@ -211,11 +214,22 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
         memory += trained_partition / hw.cpu_adam_params_s - ADAM_BYTES * trained_partition / hw.memory_bw
         memory += 2 * elem * trained_partition / hw.host_bw  # gradients down, updated parameters up
     tp_seconds, tp_calls = tensor_parallel_seconds(workload, s, hw)
+    ep_seconds, ep_calls = expert_parallel_seconds(workload, s, hw)
+    tp_seconds, tp_calls = tp_seconds + ep_seconds, tp_calls + ep_calls
     bandwidth = accum * per_micro_bytes / link + gather_seconds + step_bytes / link + sp_seconds + tp_seconds
     latency = (accum * per_micro_calls + step_calls + sp_calls + tp_calls) * hw.collective_s
     hideable = (accum * per_micro_bytes / link + gather_seconds) / bandwidth if s.overlap_comm and bandwidth else 0.0
     cover = backward / (forward + backward) * compute if s.overlap_comm else 0.0  # backward's share: 2/3 when all train
     return StepTerms(compute, launch, bandwidth, latency, memory, hideable, cover)
+
+
+def _micro_batch_flops(model: ModelSpec, workload: Workload, s: Settings, trained: int) -> tuple[float, float]:
+    """Forward and backward FLOPs of one micro-batch of a rank's tokens (``s/sp`` each under Ulysses) through
+    ``model``, ``trained`` of whose parameters train."""
+    tokens = s.micro_batch * workload.train.seq_len // s.sequence_parallel_size
+    trainable = None if workload.trainable.is_full else trained
+    forward = forward_flops_per_token(model, workload.train.seq_len) * tokens
+    return forward, backward_flops_per_token(model, workload.train.seq_len, trainable) * tokens
 
 
 def zero3_gather_seconds(

@@ -6,6 +6,10 @@ installed DeepSpeed's version is read from its package metadata, DeepSpeed itsel
 - AutoTP on the built-in model or under a peft adapter: the runner hands DeepSpeed the transformers model's
   ``tp_plan`` (:mod:`tuner.measure.autotp`); the built-in model has none, and an adapter renames the Linears the plan
   names (``q_proj.base_layer``), so DeepSpeed would shard by its name heuristics, not as the estimate says.
+- AutoEP on the built-in model or under a peft adapter: DeepSpeed finds the MoE blocks of a transformers model by
+  its preset (:mod:`tuner.measure.autoep`); the estimator does not model AutoEP with an adapter. CUDA-only AutoEP
+  paths on CPU ranks: ``comm_backend: "deepep"`` (DeepEP over NVSHMEM) and ``async_split_plan`` ("requires CUDA
+  tensors", ``auto_ep_layer.py``).
 - qwZ and qgZ (``zero_quantized_weights``, ``zero_quantized_gradients``) at ZeRO-3 on CPU ranks: DeepSpeed's
   quantizer kernels are built by ``QuantizerBuilder``, which has no CPU implementation; the estimate stands alone.
 """
@@ -17,6 +21,9 @@ from importlib import metadata
 from tuner.workload import ConfigError, TrialConfig, Workload, check_layout
 
 AUTOTP_BUILT_IN = "needs the transformers model (model_impl transformers): DeepSpeed shards by its tp_plan"
+AUTOEP_BUILT_IN = "needs the transformers model (model_impl transformers): DeepSpeed's AutoEP replaces its MoE blocks"
+AUTOEP_PEFT = "AutoEP under a peft adapter or a freeze pattern is not measured (the estimator does not model it)"
+AUTOEP_CUDA = "needs CUDA (DeepSpeed's AutoEP runs it on CUDA tensors only): not measured on CPU ranks"
 AUTOTP_PEFT = "AutoTP under a peft adapter is not measured (the adapter renames the Linears the tp_plan names)"
 QUANTIZER_ON_CPU = (
     "DeepSpeed's QuantizerBuilder needs CUDA (its quantizer kernels are not implemented on CPU): estimate only on CPU "
@@ -62,6 +69,16 @@ def layout_refusal(
             return "tensor_parallel.autotp_size", AUTOTP_BUILT_IN
         if workload.trainable.peft:
             return "tensor_parallel.autotp_size", AUTOTP_PEFT
+    if trial.layout.expert_parallel > 1:
+        expert = trial.ds_config.get("expert_parallel") or {}
+        if workload.model.implementation != "transformers":
+            return "expert_parallel.autoep_size", AUTOEP_BUILT_IN
+        if not workload.trainable.is_full:
+            return "expert_parallel.autoep_size", AUTOEP_PEFT
+        if device != "cuda" and expert.get("comm_backend", "comm") != "comm":
+            return "expert_parallel.comm_backend", AUTOEP_CUDA
+        if device != "cuda" and expert.get("async_split_plan"):
+            return "expert_parallel.async_split_plan", AUTOEP_CUDA
     zero = trial.zero
     if device != "cuda" and zero.stage == 3:  # ZeRO-3's (DeepSpeed ignores both at stages 0-2)
         for key, on in (
@@ -73,4 +90,13 @@ def layout_refusal(
     return None
 
 
-__all__ = ["AUTOTP_BUILT_IN", "AUTOTP_PEFT", "QUANTIZER_ON_CPU", "installed_deepspeed", "layout_refusal"]
+__all__ = [
+    "AUTOEP_BUILT_IN",
+    "AUTOEP_CUDA",
+    "AUTOEP_PEFT",
+    "AUTOTP_BUILT_IN",
+    "AUTOTP_PEFT",
+    "QUANTIZER_ON_CPU",
+    "installed_deepspeed",
+    "layout_refusal",
+]

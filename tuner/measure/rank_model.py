@@ -87,6 +87,10 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
         from tuner.measure.autotp import place
 
         result.layout.update(place(rank, sp, tp))
+    if trial.layout.expert_parallel > 1:
+        from tuner.measure.autoep import place as expert_place
+
+        result.layout.update(expert_place(rank, trial.layout.expert_parallel))
     if context.tiled_mlp_shards > 1:
         from tuner.measure.alst import tile_mlps
 

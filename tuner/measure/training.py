@@ -198,6 +198,10 @@ class TrainingProcess:
         timings["model_s"] = time.perf_counter() - begin
         begin = time.perf_counter()
         config = spec.trial.deepspeed_config(workload.cluster.world_size)
+        if spec.trial.layout.expert_parallel > 1:  # AutoEP must find the MoE blocks in the wrapper (.autoep)
+            from tuner.measure.autoep import expose_moe_layers
+
+            config = expose_moe_layers(model, config)
         if spec.wall_clock_breakdown:  # DeepSpeed's forward / backward / step timers (:meth:`_add_breakdown`)
             config["wall_clock_breakdown"] = True
         # only what trains, as the HF Trainer's optimizer takes it: frozen weights get no gradients, masters or states

@@ -16,6 +16,8 @@ Example:
     >>> trial = TrialRequest(stage=3, tensor_parallel=2, hpz_partition_size=4).to_trial("bf16")
     >>> trial.layout.tensor_parallel, trial.zero.hpz_partition_size
     (2, 4)
+    >>> TrialRequest(expert_parallel=2).to_trial("bf16").ds_config["expert_parallel"]
+    {'enabled': True, 'autoep_size': 2}
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ CHECKPOINTING = Field(False, description="Of the trial config (the model's gradi
 
 SEQUENCE_PARALLEL = Field(1, ge=1, le=2**16, description="Ulysses degree (ds_config sequence_parallel_size).")
 TENSOR_PARALLEL = Field(1, ge=1, le=2**10, description="AutoTP degree (ds_config tensor_parallel.autotp_size).")
+EXPERT_PARALLEL = Field(
+    1, ge=1, le=2**16, description="AutoEP degree (ds_config expert_parallel.autoep_size, enabled); MoE models only."
+)
 HPZ = Field(1, ge=1, le=2**16, description="ZeRO++ hpZ group size (zero_optimization.zero_hpz_partition_size).")
 TILED_MLP = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards (dstune.tiled_mlp_shards).")
 TILED_LOSS = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards (dstune.tiled_loss_shards).")
@@ -55,6 +60,7 @@ class TrialRequest(RequestModel):
     nvme_path: str | None = Field(None, description="Folder for NVMe offload (set on each NVMe offload section).")
     sequence_parallel: int = SEQUENCE_PARALLEL
     tensor_parallel: int = TENSOR_PARALLEL
+    expert_parallel: int = EXPERT_PARALLEL
     hpz_partition_size: int = HPZ
     tiled_mlp_shards: int = TILED_MLP
     tiled_loss_shards: int = TILED_LOSS
@@ -79,6 +85,8 @@ class TrialRequest(RequestModel):
             config = merge_configs(config, long_context)
         if self.tensor_parallel > 1:
             config = merge_configs(config, {"tensor_parallel": {"autotp_size": self.tensor_parallel}})
+        if self.expert_parallel > 1:
+            config = merge_configs(config, {"expert_parallel": {"enabled": True, "autoep_size": self.expert_parallel}})
         if self.hpz_partition_size > 1:
             config = merge_configs(config, {"zero_optimization": {"zero_hpz_partition_size": self.hpz_partition_size}})
         if self.ds_config is not None:

@@ -25,14 +25,17 @@ from tuner.workload import (
     TrialConfig,
     Workload,
     accumulation_for,
+    expert_parallel_problem,
     hpz_problem,
     sequence_parallel_problem,
     tensor_parallel_problem,
 )
+from tuner.workload.expert_checks import EP_KEY
 from tuner.workload.layout_checks import HPZ_KEY, TP_KEY
 from tuner.workload.long_context_checks import SP_KEY
 
 _UNSET = object()
+LAYOUT_PROBLEMS = {SP_KEY: sequence_parallel_problem, TP_KEY: tensor_parallel_problem, EP_KEY: expert_parallel_problem}
 
 
 class SearchSpace:
@@ -290,10 +293,9 @@ class SearchSpace:
         # the micro-batches dividing the global batch's share of every rank also divide that of each data-parallel
         # rank under sequence parallelism (world / sp ranks): one set of choices for the whole study, as Optuna needs
         global_batch, world = asking.global_batch, asking.workload.cluster.world_size
-        if parameter.key == SP_KEY:  # the degrees Ulysses can run on this workload (ranks, heads, sequence)
-            choices = [c for c in choices if sequence_parallel_problem(asking.workload, c) is None]
-        if parameter.key == TP_KEY:  # the degrees AutoTP can run (GPUs of a node, heads, key-value heads, no MoE)
-            choices = [c for c in choices if tensor_parallel_problem(asking.workload, c) is None]
+        # the degrees Ulysses (ranks, heads, sequence), AutoTP (GPUs of a node, heads, no MoE), AutoEP (experts, ranks)
+        if problem := LAYOUT_PROBLEMS.get(parameter.key or ""):  # can run on this workload
+            choices = [c for c in choices if problem(asking.workload, c) is None]
         if parameter.key == HPZ_KEY:  # hpZ groups within a node (its all-gathers stay on the node's links)
             cluster = asking.workload.cluster
             choices = [c for c in choices if cluster.gpus_per_node % c == 0 and not hpz_problem(3, c, world)]

@@ -53,6 +53,8 @@ def can_be_reference(trial: TrialConfig, numerics: Mapping[str, Any]) -> bool:
     True
     >>> can_be_reference(TrialConfig({"sequence_parallel_size": 2}), {"step0_loss": 7.0})
     False
+    >>> can_be_reference(TrialConfig({"expert_parallel": {"enabled": True, "autoep_size": 2}}), {"step0_loss": 7.0})
+    False
     """
     layout = trial.layout
     plain = layout.model_parallel == 1 and layout.expert_parallel == 1

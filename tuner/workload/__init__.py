@@ -11,8 +11,8 @@
 - ``trial``: what the search decides for one trial (:class:`TrialConfig`);
 - ``model_profile``: what the profile room found out about a transformers model, as plain data (:class:`ModelProfile`);
 - ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`);
-- ``long_context_checks`` and ``layout_checks``: the layouts DeepSpeed refuses (Ulysses and ALST; AutoTP and hpZ),
-  one line naming the field;
+- ``long_context_checks``, ``layout_checks`` and ``expert_checks``: the layouts DeepSpeed refuses (Ulysses and ALST;
+  AutoTP and hpZ; AutoEP), one line naming the field;
 - ``zero``, ``layout`` and ``config_values``: the typed views :class:`TrialConfig` reads a ds_config's sections
   through (:class:`ZeroConfig`, :class:`ParallelLayout`), the only code that parses a ds_config.
 
@@ -22,6 +22,7 @@ Everything above imports from here.
 
 from tuner.workload.config_values import ConfigError
 from tuner.workload.errors import WorkloadError
+from tuner.workload.expert_checks import EP_KEY, check_expert_parallel, expert_parallel_problem
 from tuner.workload.hf_config import (
     SUPPORTED_FAMILIES,
     check_config_limits,
@@ -110,6 +111,7 @@ __all__ = [
     "DEVICES",
     "DTYPE_BYTES",
     "ENV_SECTION",
+    "EP_KEY",
     "GLOBAL_KEY",
     "LAUNCHER_ENVS",
     "MAX_FREEZE_PATTERN",
@@ -154,9 +156,11 @@ __all__ = [
     "accumulation_for",
     "autotp_zero3_problem",
     "check_config_limits",
+    "check_expert_parallel",
     "check_layout",
     "check_long_context",
     "config_key",
+    "expert_parallel_problem",
     "hpz_problem",
     "kv_replication",
     "launch_command",

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 from tuner.workload.config_values import ConfigError
+from tuner.workload.expert_checks import check_expert_parallel
 from tuner.workload.model import ModelSpec
 from tuner.workload.spec import Workload
 from tuner.workload.trial import TrialConfig
@@ -120,7 +121,8 @@ def autotp_zero3_problem(trial: TrialConfig, deepspeed_version: str) -> str | No
 
 
 def check_layout(workload: Workload, trial: TrialConfig, deepspeed_version: str | None = None) -> None:
-    """Refuse an AutoTP or hpZ setting DeepSpeed cannot run on ``workload`` (module docstring); with
+    """Refuse an AutoTP, hpZ or AutoEP setting DeepSpeed cannot run on ``workload`` (module docstring,
+    :mod:`.expert_checks`); with
     ``deepspeed_version`` (where a run will train) also AutoTP with ZeRO-3 on a DeepSpeed older than 0.19.4.
 
     Raises:
@@ -138,6 +140,7 @@ def check_layout(workload: Workload, trial: TrialConfig, deepspeed_version: str 
         raise ConfigError(HPZ_KEY, problem)
     if tp > 1 and zero.hpz_partition_size > 1:
         raise ConfigError(HPZ_KEY, HPZ_WITH_TP)
+    check_expert_parallel(workload, trial)
     if deepspeed_version is not None:
         problem = autotp_zero3_problem(trial, deepspeed_version)
         if problem:

@@ -25,6 +25,7 @@ OPTIONAL_MODEL_FIELDS = {
     "hf_config": "",
     "numels": (),
     "replicated": (),
+    "experts": (),
     "position_table": 0,
 }
 
@@ -38,7 +39,8 @@ class ModelSpec:
     ``hf_config`` (its canonical JSON); ``numels``: the parameters' element counts when counted by transformers
     (any ``model_type``), else derived from the shapes; ``architecture``: transformers' class name; ``replicated``:
     only in the estimator's view of one AutoTP rank (``numels`` then its shards), which of them every tensor-parallel
-    rank holds whole (empty: not such a view).
+    rank holds whole (empty: not such a view); ``experts``: only in the estimator's view of one AutoEP rank
+    (``numels`` then its local experts), which of them are routed-expert weights (empty: not such a view).
     """
 
     name: str
@@ -64,6 +66,7 @@ class ModelSpec:
     hf_config: str = ""
     numels: tuple[int, ...] = ()
     replicated: tuple[bool, ...] = ()
+    experts: tuple[bool, ...] = ()
     position_table: int = 0  # rows of a transformers model's learned position table (its profile), 0: none
 
     def __post_init__(self) -> None:
@@ -175,7 +178,7 @@ class ModelSpec:
         for name, default in OPTIONAL_MODEL_FIELDS.items():
             if data[name] == default:
                 del data[name]
-        for name in ("numels", "replicated"):
+        for name in ("numels", "replicated", "experts"):
             if name in data:
                 data[name] = list(data[name])
         return data

@@ -269,7 +269,8 @@ class TrialConfig:
         and no ``train_batch_size``, which DeepSpeed then derives by its own count.
 
         A trial of the space's degree 1 (``tensor_parallel: {autotp_size: 1}``, no AutoTP) hands DeepSpeed no
-        ``tensor_parallel`` section: any ``autotp_size`` above 0 sets DeepSpeed's AutoTP training mode.
+        ``tensor_parallel`` section: any ``autotp_size`` above 0 sets DeepSpeed's AutoTP training mode. Nor, for
+        the space's AutoEP degree 1, an ``expert_parallel: {autoep_size: 1}`` section (AutoEP off without ``enabled``).
 
         >>> TrialConfig({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
         ...              "tensor_parallel": {"autotp_size": 2}}).deepspeed_config(world_size=4)
@@ -280,6 +281,8 @@ class TrialConfig:
         config = {key: value for key, value in self.ds_config.items() if key != ENV_SECTION}
         if config.get("tensor_parallel") == {"autotp_size": 1}:  # the space's "no AutoTP": written, it would still
             del config["tensor_parallel"]  # switch DeepSpeed into AutoTP's training mode (deepspeed/__init__.py)
+        if config.get("expert_parallel") == {"autoep_size": 1}:
+            del config["expert_parallel"]
         if self.layout.tensor_parallel <= 1 or GLOBAL_KEY not in config:
             return config
         if world_size is not None:

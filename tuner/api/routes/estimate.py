@@ -61,6 +61,7 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
             offload_optimizer=body.offload_optimizer,
             offload_param=body.offload_param,
             sequence_parallel=body.sequence_parallel,
+            expert_parallel=body.expert_parallel,
             tiled_mlp_shards=body.tiled_mlp_shards,
             tiled_loss_shards=body.tiled_loss_shards,
             offload_checkpoints=body.offload_checkpoints,

@@ -1,0 +1,209 @@
+"""The estimate against the true peak of live tensor bytes under AutoEP expert parallelism, per rank, on CPU ranks.
+
+Truth: the counting allocator (:mod:`tuner.measure.counting_allocator`, live CPU tensor bytes counted at torch's CPU
+allocator on every thread), from before the model is built to the end of the second training step, on gloo CPU
+ranks started by this script (:mod:`gloo_ranks`). The ranks are standalone, like ``bench/tp_true_peak.py``: the
+transformers model built where it trains (:mod:`tuner.measure.birth`: under ``zero.Init`` at ZeRO-3) and handed to
+``deepspeed.initialize`` as it is, with ``expert_parallel: {enabled, autoep_size}`` (DeepSpeed 0.19.8 swaps each MoE
+block for an ``AutoEPMoELayer`` inside the engine). The Qwen2-MoE and Mixtral presets need the runner's registry
+shim under transformers 5.24 (:func:`tuner.measure.autoep.registry_shim`); DeepSeek-V2 runs as installed.
+
+Models: the three of ``bench/autoep_check.py`` (the tests' tiny configs, 2 layers, every layer MoE with 4 experts
+top-2, an untied head), bf16, seq 512, micro-batch 1, small buckets; each rank its own seeded sample (EP shares the
+experts, not the batch). Two steps.
+
+Run: ``python bench/ep_true_peak.py [--only KEY] [--remeasure]``; measurements kept in
+``bench/results/ep_true_peak.json``, the table (rendered with the current estimator) in ``ep_true_peak.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gloo_ranks import run_ranks
+
+RESULTS = Path(__file__).parent / "results"
+SEQ, MICRO, BUCKET = 512, 1, 200_000
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from tiny_configs import TINY_CONFIGS  # noqa: E402
+
+TWO_MOE_LAYERS = {"num_hidden_layers": 2, "tie_word_embeddings": False}
+MODELS = {
+    "deepseek_v2": {**TINY_CONFIGS["deepseek_v2"], **TWO_MOE_LAYERS, "first_k_dense_replace": 0},
+    "qwen2_moe": {**TINY_CONFIGS["qwen2_moe"], **TWO_MOE_LAYERS, "mlp_only_layers": []},
+    "mixtral": {**TINY_CONFIGS["mixtral"], **TWO_MOE_LAYERS, "intermediate_size": 48},
+}
+
+
+def ds_config(stage: int, ep: int) -> dict[str, Any]:
+    """bf16, ZeRO ``stage``, small buckets, AutoEP of degree ``ep`` (1: plain data parallelism)."""
+    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size=BUCKET, stage3_max_live_parameters=BUCKET)
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "zero_optimization": zero,
+    }
+    if ep > 1:
+        config["expert_parallel"] = {"enabled": True, "autoep_size": ep}
+    return config
+
+
+def cases() -> list[dict[str, Any]]:
+    """Each model with AutoEP = 2 on 2 ranks at ZeRO-1, 2 and 3, and plain data parallel at ZeRO-2 (the reference);
+    Qwen2-MoE with AutoEP = 2 on 4 ranks (expert-data-parallel groups of 2) at ZeRO-2 and 3."""
+    found = [{"model": name, "stage": stage, "world": 2, "ep": 2} for name in MODELS for stage in (1, 2, 3)]
+    found += [{"model": name, "stage": 2, "world": 2, "ep": 1} for name in MODELS]
+    return found + [{"model": "qwen2_moe", "stage": stage, "world": 4, "ep": 2} for stage in (2, 3)]  # EDP 2
+
+
+def key(case: dict[str, Any]) -> str:
+    return f"{case['model']}/z{case['stage']}/w{case['world']}/ep{case['ep']}"
+
+
+def rank_main(case: dict[str, Any], out: Path) -> None:
+    """One rank of ``case``: build, initialise (AutoEP inside), two steps, write the counted peak."""
+    import deepspeed
+    import torch
+
+    from tuner.measure.autoep import registry_shim
+    from tuner.measure.birth import born_on_device, initialise_partitioned
+    from tuner.measure.true_peak import CpuAllocatorPeak
+    from tuner.profile.hf import build
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed("gloo")
+    rank = int(os.environ["RANK"])
+    registry_shim()
+    ds = ds_config(case["stage"], case["ep"])
+    torch.manual_seed(0)
+    tracker = CpuAllocatorPeak(detail=os.environ.get("EP_BENCH_DETAIL", "") or False)
+    tracker.start()
+    with born_on_device(ds, "cpu", transformers=True):
+        model = build(MODELS[case["model"]], attention="sdpa")
+    initialise_partitioned(model)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds)
+    tracker.mark("steps")
+    tokens = torch.randint(0, 512, (MICRO, SEQ), generator=torch.Generator().manual_seed(rank))
+    local = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+    experts = sum(getattr(p, "ds_numel", p.numel()) for n, p in engine.module.named_parameters() if ".experts." in n)
+    shards = sum(p.ds_tensor.numel() for p in engine.module.parameters() if hasattr(p, "ds_tensor"))
+    layers = sorted({type(m).__name__ for m in engine.module.modules() if "MoE" in type(m).__name__})
+    losses = []
+    for step in range(2):
+        tracker.mark(f"step {step} forward")
+        loss = engine(input_ids=tokens, labels=tokens).loss
+        tracker.mark(f"step {step} backward")
+        engine.backward(loss)
+        tracker.mark(f"step {step} step")
+        engine.step()
+        losses.append(float(loss))
+    report = tracker.stop()
+    report.update(
+        losses=losses, local_elements=local, expert_elements=experts, zero3_shard_elements=shards, moe_layers=layers
+    )
+    (out / f"rank{rank}.json").write_text(json.dumps(report, default=str))
+    torch.distributed.barrier()
+
+
+def estimate_case(case: dict[str, Any]) -> Any:
+    """dstune's estimate of ``case`` (the workload carries the model's traced profile at ``SEQ``)."""
+    from tuner.estimator import estimate
+    from tuner.profile import model_from_config, with_profile
+    from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload
+
+    cluster = ClusterSpec(gpus_per_node=case["world"], device="cpu", gpu_memory=140 * 2**30)
+    model = model_from_config(MODELS[case["model"]], name=case["model"])
+    work = with_profile(Workload(model, cluster, TrainSpec(seq_len=SEQ, precision="bf16", attention="sdpa")))
+    return estimate(work, TrialConfig(ds_config(case["stage"], case["ep"])))
+
+
+def row(case: dict[str, Any], data: dict[str, Any]) -> str:
+    """One markdown row: the estimate against the worst rank's true peak."""
+    if data["status"] != "ok":
+        return f"| {key(case)} | error | - | - | - | - | - | - |"
+    est = estimate_case(case)
+    true = max(r["peak_bytes"] for r in data["ranks"])
+    worst = max(data["ranks"], key=lambda r: r["peak_bytes"])
+    local = est.details.get("ep_local_elements", est.n_params)
+    total, error = est.per_gpu["total"] / 2**20, est.per_gpu["total"] / true - 1
+    held = "/".join(str(r["local_elements"]) for r in data["ranks"])
+    losses = "/".join(f"{r['losses'][0]:.4f}" for r in data["ranks"])
+    phases = f"{est.peak_phase} / {worst.get('peak_during')}"
+    return (
+        f"| {key(case)} | {total:.3f} | {true / 2**20:.3f} | {error:+.2%} | {phases} | {held} ({local}) | {losses}"
+        f" | {data['wall_s']:.0f} |"
+    )
+
+
+FINDING = """\
+Qwen2-MoE and Mixtral: within 0.5 % at ZeRO-1, 2 and 3 with AutoEP 2 on 2 ranks, as close as the plain
+data-parallel runs (+0.05 %), and within 0.9 % on 4 ranks (EP 2 × expert-data-parallel 2: the experts' optimizer
+states and ZeRO-3 shards partitioned over 2 ranks); each rank holds exactly the parameters the estimate gives it.
+AutoEP's layer saves what transformers' block saves (the true peak with ep 2 is 27 KiB below the plain run's on
+Qwen2-MoE). DeepSeek-V2 is 17-20 % low with and without AutoEP alike: at its true peak (loss backward, step 1;
+`EP_BENCH_DETAIL=stack`) each layer's attention probabilities are alive in fp32 (`aten::_softmax`, 2 × 4 MiB:
+4 heads × 512² × 4 B) with the backward's `bmm` and `_softmax_backward_data` beside them: the ranks run its
+attention eagerly, which the profile traced at `sdpa` does not hold. That is the attention's, not AutoEP's, and
+stays open. Losses differ between ranks because each rank trains its own sample; they equal the plain runs' (same
+seeds)."""
+
+
+def versions() -> str:
+    import deepspeed
+    import torch
+    import transformers
+
+    return f"DeepSpeed {deepspeed.__version__}, torch {torch.__version__}, transformers {transformers.__version__}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, default=RESULTS / "ep_true_peak.json")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--remeasure", action="store_true")
+    parser.add_argument("--render", action="store_true", help="only render the table from the saved measurements")
+    args = parser.parse_args()
+    if args.rank:
+        rank_main(json.loads(args.rank), args.out)
+        return
+    measured = json.loads(args.json.read_text()) if args.json.exists() else {}
+    for case in cases():
+        case_key = key(case)
+        if args.render or args.only not in case_key:
+            continue
+        if case_key not in measured or args.remeasure:
+            measured[case_key] = run_ranks(__file__, case, 1800)
+            args.json.write_text(json.dumps(measured, indent=1))
+            print(case_key, measured[case_key]["status"], f"{measured[case_key]['wall_s']:.0f} s", flush=True)
+    lines = [
+        "# AutoEP: estimate against the true peak",
+        "",
+        f"Rendered {datetime.date.today().isoformat()} by `bench/ep_true_peak.py` ({versions()}, gloo CPU ranks, "
+        f"bf16, seq {SEQ}, micro-batch {MICRO}, buckets {BUCKET:,} elements). MiB per rank; the true peak is the "
+        "worst rank's. Local elements: parameters each rank holds after AutoEP (ZeRO-3: whole sizes), the "
+        "estimate's in brackets.",
+        "",
+        "| case | estimate MiB | true peak MiB | error | peak phase (estimate / measured) | local elements "
+        "| loss step 0 per rank | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [row(case, measured[key(case)]) for case in cases() if key(case) in measured]
+    lines += ["", FINDING]
+    print("\n".join(lines))
+    (RESULTS / "ep_true_peak.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
