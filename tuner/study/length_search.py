@@ -17,7 +17,7 @@ Example:
     >>> fake = lambda n: Probe(n, "fits" if n <= 1280 else "over")
     >>> found = search_length(1024, 256, 1 << 20, fake, runs=10)
     >>> found.longest, found.above, found.ended, [p.seq_len for p in found.probes]
-    (1280, 1536, 'bracketed', [1024, 1280, 1536])
+    (1280, 1536, 'bracketed', [1024, 1280, 1792, 1536])
 """
 
 from __future__ import annotations
