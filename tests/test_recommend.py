@@ -104,6 +104,19 @@ def test_layouts_are_judged_at_the_global_batch_data_parallelism_trains(tmp_path
         assert choice["global_batch"] == choice["micro_batch"] * 16
 
 
+def test_a_moe_model_is_offered_autoep_layouts_and_a_dense_one_none(tmp_path: Path) -> None:
+    """Mixtral 8x7B on 8 × 80 GB: AutoEP degrees dividing its 8 experts and the 8 ranks are judged beside plain data
+    parallelism (EP splits the experts, not the batch: no accumulation added); the 70B dense model gets none."""
+    moe = recommended(tmp_path, {"model": "mixtral-8x7b", "gpus": 8, "gpu_memory": "80GiB", "seq_len": 4096})
+    considered = layouts(moe)
+    assert {c["expert_parallel"] for c in considered} == {1, 2, 4, 8}
+    assert all(c["grad_accum"] == 1 for c in considered)
+    chosen = Layout.of(moe.trial)
+    if chosen.expert_parallel > 1:
+        assert moe.trial.ds_config["expert_parallel"] == {"autoep_size": chosen.expert_parallel, "enabled": True}
+    assert {c["expert_parallel"] for c in layouts(recommended(tmp_path, LLAMA_70B))} == {1}
+
+
 def test_one_node_offers_no_hpz_layout(tmp_path: Path) -> None:
     """hpZ only across nodes (the 70B does not fit one node of 8 × 80 GB at all: an 8B model)."""
     considered = layouts(recommended(tmp_path, {**LLAMA_70B, "model": "llama-3-8b", "nodes": 1}))

@@ -10,15 +10,15 @@ Three sources, tried in order; the answer always says which (``source``):
    most :data:`NEAREST_WORKLOADS` workloads) are re-checked by the estimator against the requested workload with the
    calibrated margin; the fastest that fits wins. Its throughput was measured on the other workload (``measured_on``).
 3. ``estimate``: nothing measured applies: over the default search space's grid (:data:`GRID`: ZeRO stage ×
-   micro-batch × activation checkpointing × optimizer and parameter offload × the layouts, AutoTP degree and ZeRO++
-   hpZ group, where the space offers them to the workload), the config that fits by the estimator with the margin
-   and has the best *predicted* throughput (:mod:`tuner.estimator.throughput`, with the constants fitted on this
+   micro-batch × activation checkpointing × optimizer and parameter offload × the layouts, AutoTP degree, ZeRO++ hpZ
+   group and AutoEP degree, where the space offers them to the workload), the config that fits by the estimator with the
+   margin and has the best *predicted* throughput (:mod:`tuner.estimator.throughput`, with the constants fitted on this
    hardware and model family's runs when there are any, else the hardware table). ``predicted_tokens_per_s`` and
-   ``prediction`` say so; ``tokens_per_s`` stays null (nothing was measured). Predictions within
-   :data:`PREDICTION_TIE` of the best count as equal (finer than the model can tell); among those the simplest
-   wins, deterministically (:func:`tuner.forecast.layouts.simplicity`: the lowest ZeRO stage, the fewest offloads,
-   the plainest layout, no checkpointing, the largest micro-batch). ``considered`` lists the best config of every
-   layout judged (fits or not, and why not) and ``why`` says in one line why the winner's layout wins
+   ``prediction`` say so; ``tokens_per_s`` stays null (nothing was measured). Predictions within :data:`PREDICTION_TIE`
+   of the best count as equal (finer than the model can tell); among those the simplest wins, deterministically
+   (:func:`tuner.forecast.layouts.simplicity`: the lowest ZeRO stage, the fewest offloads, the plainest layout, no
+   checkpointing, the largest micro-batch). ``considered`` lists the best config of every layout judged (fits or not,
+   and why not) and ``why`` says in one line why the winner's layout wins
    (:func:`tuner.forecast.layouts.compare_layouts`).
 
 The longest sequence (:func:`recommend_longest`, the API's ``seq_len: "max"``): the longest length that fits with
@@ -61,7 +61,7 @@ NEAREST_WORKLOADS = 10
 NEAREST_PER_WORKLOAD = 3
 # offload: without it no layout of a 70B-class model fits 16 × 80 GB (ZeRO-3's states alone are 16 B per parameter
 # over the ranks); the layouts: what the space offers the workload (AutoTP from 1e9 parameters on multi-GPU nodes,
-# hpZ at ZeRO-3 across nodes), by its own conditions
+# hpZ at ZeRO-3 across nodes, AutoEP for transformers MoE models on 2+ ranks), by its own conditions
 GRID = (
     "stage",
     "micro_batch",
@@ -70,6 +70,7 @@ GRID = (
     "offload_param",
     "tensor_parallel",
     "hpz_partition_size",
+    "expert_parallel",
 )
 
 

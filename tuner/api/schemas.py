@@ -171,13 +171,14 @@ class RecommendRequest(RequestModel):
 
 
 class ConsideredLayout(BaseModel):
-    """The best config of one layout (AutoTP degree × hpZ group × Ulysses degree) the estimate source judged: the
-    fastest predicted that fits with the margin, else the one that misses by the least and why
+    """The best config of one layout (AutoTP degree × hpZ group × Ulysses degree × AutoEP degree) the estimate source
+    judged: the fastest predicted that fits with the margin, else the one that misses by the least and why
     (tuner.forecast.layouts)."""
 
     tensor_parallel: int = Field(description="AutoTP degree (tensor_parallel.autotp_size); 1: off.")
     hpz_partition_size: int = Field(description="ZeRO++ hpZ group (zero_optimization.zero_hpz_partition_size); 1: off.")
     sequence_parallel: int = Field(description="Ulysses degree (sequence_parallel_size); 1: off.")
+    expert_parallel: int = Field(description="AutoEP degree (expert_parallel.autoep_size); 1: off.")
     chosen: bool = Field(description="The recommended config's layout (its entry is the recommended config).")
     fits: bool = Field(description="Whether any config of this layout fits with the calibrated margin.")
     predicted_tokens_per_s: float | None = Field(description="The throughput model's prediction; null: nothing fits.")

@@ -42,21 +42,28 @@ PREDICTION_TIE = 0.01  # predicted tokens/s within 1 % of the best are a tie, se
 
 @dataclass(frozen=True, order=True)
 class Layout:
-    """How a config spreads the model over the ranks: AutoTP degree, hpZ group (1: off), Ulysses degree."""
+    """How a config spreads the model over the ranks: AutoTP degree, hpZ group (1: off), Ulysses degree, AutoEP
+    degree."""
 
     tensor_parallel: int = 1
     hpz_partition_size: int = 1
     sequence_parallel: int = 1
+    expert_parallel: int = 1
 
     @classmethod
     def of(cls, trial: TrialConfig) -> Layout:
         """The layout a trial config sets."""
-        return cls(trial.layout.tensor_parallel, trial.zero.hpz_partition_size, trial.layout.sequence_parallel)
+        layout = trial.layout
+        return cls(
+            layout.tensor_parallel, trial.zero.hpz_partition_size, layout.sequence_parallel, layout.expert_parallel
+        )
 
     def label(self) -> str:
-        """``tp=2``, ``tp=1 with hpZ 8``, ``tp=1 with sp=4``: the AutoTP degree, and hpZ and Ulysses where on."""
+        """``tp=2``, ``tp=1 with hpZ 8``, ``tp=1 with sp=4``, ``tp=1 with ep=4``: the AutoTP degree, and hpZ, Ulysses
+        and AutoEP where on."""
         extras = [f"hpZ {self.hpz_partition_size}"] * (self.hpz_partition_size > 1)
         extras += [f"sp={self.sequence_parallel}"] * (self.sequence_parallel > 1)
+        extras += [f"ep={self.expert_parallel}"] * (self.expert_parallel > 1)
         return f"tp={self.tensor_parallel}" + (" with " + " and ".join(extras) if extras else "")
 
 
@@ -165,6 +172,7 @@ class LayoutChoice:
             "tensor_parallel": self.layout.tensor_parallel,
             "hpz_partition_size": self.layout.hpz_partition_size,
             "sequence_parallel": self.layout.sequence_parallel,
+            "expert_parallel": self.layout.expert_parallel,
             "chosen": self.chosen,
             "fits": self.best.fits,
             "predicted_tokens_per_s": self.best.prediction.tokens_per_s if self.best.prediction else None,
