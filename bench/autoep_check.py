@@ -42,7 +42,7 @@ MIXTRAL = {**TINY_CONFIGS["mixtral"], **TWO_MOE_LAYERS, "intermediate_size": 48}
 MODELS = {"qwen2_moe": QWEN2_MOE, "deepseek_v2": DEEPSEEK_V2, "mixtral": MIXTRAL}
 
 # world 1 holds both samples in one micro-batch; world 2 gives rank r sample r
-# shim: make transformers' output-capture registry take DeepSpeed's dict-style calls (see registry_shim)
+# shim: make transformers' output-capture registry take DeepSpeed's calls (tuner.measure.autoep.registry_shim)
 CASES: list[dict[str, Any]] = [
     {"key": "ep2/w2/z2/as-installed", "world": 2, "stage": 2, "ep": 2, "shim": False},
     {"key": "ref/w1/z2", "world": 1, "stage": 2, "ep": 0},
@@ -82,33 +82,6 @@ def deepspeed_frame(tb: traceback.TracebackException) -> str:
     return f"deepspeed/{frame.filename.split('/deepspeed/', 1)[1]}:{frame.lineno}: {frame.line}"
 
 
-def registry_shim() -> None:
-    """Let transformers' ``_CAN_RECORD_REGISTRY`` take the dict calls AutoEP makes on it, keyed by class string.
-
-    transformers 5.24 made the registry a ``dict`` subclass whose ``get(model)`` and ``__setitem__(model, ...)`` take
-    the model and key on ``str(model.__class__)``; AutoEP's Qwen/Mixtral adapter (``auto_ep_presets/base.py``)
-    already passes that string and calls ``registry.get(key, default)``, which raises TypeError. This accepts a string
-    key as it is and a default, and leaves the calls transformers makes (with a model) unchanged.
-    """
-    from transformers.utils.output_capturing import _CanRecordRegistry
-
-    missing = object()
-
-    def key_of(model: Any) -> str:
-        return model if isinstance(model, str) else str(model.__class__)
-
-    def get(self: dict, model: Any, default: Any = missing) -> Any:
-        if default is missing:
-            return dict.get(self, key_of(model)) or {}
-        return dict.get(self, key_of(model), default)
-
-    def setitem(self: dict, model: Any, value: Any) -> None:
-        dict.__setitem__(self, key_of(model), value)
-
-    _CanRecordRegistry.get = get
-    _CanRecordRegistry.__setitem__ = setitem
-
-
 def rank_main(case: dict[str, Any], out: Path) -> None:
     """One rank of ``case``: build the seeded tiny Qwen2-MoE, initialise, ``STEPS`` steps, write ``rank{r}.json``."""
     import deepspeed
@@ -120,6 +93,8 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     report: dict[str, Any] = {"rank": rank, "phase": "build"}
     if case.get("shim"):
+        from tuner.measure.autoep import registry_shim  # the runner's own shim
+
         registry_shim()
     try:
         torch.manual_seed(0)
