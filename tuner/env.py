@@ -10,6 +10,8 @@ the built-in default. A bad value fails with one line naming the variable (:clas
 - ``DSTUNE_MAX_BODY_BYTES`` (1,000,000), ``DSTUNE_RECOMMEND_CACHE_S`` (2), ``DSTUNE_REQUEST_BUDGET_S`` (10): the API;
 - ``DSTUNE_DB_RETRY_S`` (60): how long a store retries a database it was using that went out of reach (one it never
   reached is retried for 3 s only);
+- ``DSTUNE_DB_IDLE_TX_S`` (30): PostgreSQL ends a session idle inside a transaction this long (a stopped or hung
+  process), releasing its locks;
 - ``DSTUNE_JOB_LEASE_S`` (60): a worker's lease on its job;
 - ``DSTUNE_PROFILE_CACHE`` (``~/.cache/dstune/profiles``), ``DSTUNE_PROFILE_QUEUE`` (32), ``DSTUNE_PROFILE_WAIT_S``
   (20): model profiles;
@@ -52,6 +54,7 @@ class DstuneEnv(BaseSettings):
     recommend_cache_s: float = Field(default=2.0, ge=0)
     request_budget_s: float = Field(default=10.0, gt=0)
     db_retry_s: float = Field(default=60.0, ge=0)
+    db_idle_tx_s: float = Field(default=30.0, gt=0)
     job_lease_s: float = Field(default=60.0, ge=1)
     profile_cache: Path = Path.home() / ".cache" / "dstune" / "profiles"
     profile_queue: int = Field(default=32, ge=1)

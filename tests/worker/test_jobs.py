@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 
 import pytest
+from postgres import postgres_url  # noqa: F401  (a fixture)
 
 from tuner.requests import JobRequest, WorkloadInput, WorkloadRequest, check_job
 from tuner.storage import JobRecord, Store, StoreError
@@ -67,6 +68,32 @@ def test_queue_contract(store: Store) -> None:
         store.cancel_job(12345)
     with pytest.raises(StoreError):
         store.finish_job(first.id, "queued")
+
+
+def test_a_job_row_locked_by_a_stalled_transaction_is_taken_over_once_the_server_ends_it(
+    postgres_url: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker stopped (SIGSTOP) while it renewed its lease holds its job row's lock; claims skip locked rows, so the
+    job stayed out of every other worker's reach for good (a failure CI saw). The server ends a session idle in a
+    transaction past ``DSTUNE_DB_IDLE_TX_S``, after which the job is taken over; the stalled session is gone."""
+    import sqlalchemy as sa
+
+    from tuner.storage.tables import JobRow
+
+    monkeypatch.setenv("DSTUNE_DB_IDLE_TX_S", "1")
+    with Store.open(postgres_url) as store:
+        job = store.enqueue_job("stalled", request_json())
+        assert store.claim_next_job("stopped", lease_s=0.1) is not None
+        with store.engine.connect() as stalled:
+            stalled.begin()  # the stopped worker's transaction: it locked its row, then never went on
+            stalled.execute(sa.select(JobRow.id).where(JobRow.id == job.id).with_for_update())
+            taken: list[JobRecord] = []
+            wait_for(lambda: taken.append(store.claim_next_job("rescuer")) or taken[-1] is not None, 60)
+            assert taken[-1].id == job.id and taken[-1].worker == "rescuer" and taken[-1].attempts == 2
+            assert taken[-1].progress["lease_expired"]["worker"] == "stopped"
+            with pytest.raises(sa.exc.DBAPIError):
+                stalled.execute(sa.text("SELECT 1"))  # the server ended the stalled session
 
 
 def test_two_workers_racing_take_each_job_once(url: str) -> None:

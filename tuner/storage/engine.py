@@ -41,7 +41,9 @@ from tuner.storage.tables import VERSION_TABLE
 RETRY_ENV = "DSTUNE_DB_RETRY_S"
 DEFAULT_RETRY_S = 60.0  # a PostgreSQL restart takes seconds; a failover tens of seconds
 CONNECT_TIMEOUT_S = 10  # a host that does not answer at all fails the attempt instead of hanging it
-_DISCONNECT_STATES = ("08", "57P")  # SQLSTATE classes: connection exception; operator intervention (shutdown)
+# SQLSTATE classes: connection exception; operator intervention (shutdown); and the session the server ended for
+# idling inside a transaction (25P03, see postgres_connect_args)
+_DISCONNECT_STATES = ("08", "57P", "25P03")
 _log = logging.getLogger(__name__)
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -78,6 +80,18 @@ def configure_sqlite(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
+def postgres_connect_args() -> dict[str, Any]:
+    """What every PostgreSQL connection of dstune (its store and Optuna's storage) is opened with.
+
+    A connect timeout, and ``idle_in_transaction_session_timeout`` (``$DSTUNE_DB_IDLE_TX_S``, 30 s): a process stopped
+    or hung inside a transaction (SIGSTOP, a stalled host) holds its row locks until the server ends its session. The
+    job queue claims with ``FOR UPDATE SKIP LOCKED``, so without the limit a worker stopped while it renewed its lease
+    kept its job locked and no other worker ever saw the lease expire. dstune's transactions never idle for seconds.
+    """
+    idle_ms = round(env.current().db_idle_tx_s * 1000)
+    return {"connect_timeout": CONNECT_TIMEOUT_S, "options": f"-c idle_in_transaction_session_timeout={idle_ms}"}
+
+
 def create_engine(url: str, *, echo: bool = False) -> Engine:
     """An engine for ``url``: SQLite shared across threads (one static connection when in memory) with
     :func:`configure_sqlite`; other backends with ``pool_pre_ping``."""
@@ -90,7 +104,7 @@ def create_engine(url: str, *, echo: bool = False) -> Engine:
     else:
         kwargs["pool_pre_ping"] = True
         if sa_url.get_backend_name() == "postgresql":
-            kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+            kwargs["connect_args"] = postgres_connect_args()
     engine = sa.create_engine(sa_url, **kwargs)
     if engine.dialect.name == "sqlite":
         configure_sqlite(engine)
@@ -322,5 +336,6 @@ __all__ = [
     "default_retry_s",
     "is_disconnect",
     "migrations_dir",
+    "postgres_connect_args",
     "retry_unavailable",
 ]

@@ -29,7 +29,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from tuner.storage import is_disconnect
-from tuner.storage.engine import DEFAULT_RETRY_S
+from tuner.storage.engine import DEFAULT_RETRY_S, postgres_connect_args
 
 _log = logging.getLogger(__name__)
 _NOT_RETRIED = {"remove_session", "upgrade", "get_current_version", "get_head_version", "get_all_versions"}
@@ -72,6 +72,8 @@ class RetryingRDBStorage(RDBStorage):
         engine_kwargs = dict(kwargs.pop("engine_kwargs", None) or {})
         if not url.startswith("sqlite"):
             engine_kwargs.setdefault("pool_pre_ping", True)
+        if url.startswith("postgresql"):
+            engine_kwargs.setdefault("connect_args", postgres_connect_args())
         for attempt in range(TABLE_RACE_ATTEMPTS):
             try:
                 super().__init__(url, engine_kwargs=dict(engine_kwargs), **kwargs)
