@@ -91,13 +91,21 @@ def cases() -> list[dict[str, Any]]:
     # the tiled loss's LM-head gradient (4096 x 128 = 524,288 elements) fitting a 1e6-element ZeRO-2 bucket: copied
     # into it in forward, where the 5e5 bucket leaves it a tensor of its own
     found.append({"model": "qwen2", "stage": 2, "world": 2, "sp": 2, "mlp": 4, "loss": 4, "bucket": 1_000_000})
+    # activation checkpointing, as ALST trains: the peak moves into a recomputed layer's backward
+    for stage in (2, 3):
+        for tiles in (1, 4):
+            found.append(
+                {"model": "qwen2", "stage": stage, "world": 2, "sp": 2, "mlp": tiles, "loss": tiles, "ckpt": True}
+            )
     return found
 
 
 def key(case: dict[str, Any]) -> str:
     bucket = f"/b{case['bucket']}" if case.get("bucket", BUCKET) != BUCKET else ""
+    ckpt = "/ckpt" if case.get("ckpt") else ""
     return (
         f"{case['model']}/z{case['stage']}/w{case['world']}/sp{case['sp']}/mlp{case['mlp']}/loss{case['loss']}{bucket}"
+        + ckpt
     )
 
 
@@ -149,6 +157,11 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
     with born_on_device(ds, "cpu", transformers=True):
         model = build(config, attention="sdpa")
     initialise_partitioned(model)
+    if case.get("ckpt"):
+        from tuner.profile.hf import enable_checkpointing
+
+        model.train()
+        enable_checkpointing(model)
     if case["mlp"] > 1:
         from tuner.measure.alst import tile_mlps  # the runner's own tiling
 
@@ -196,7 +209,7 @@ def estimate_case(case: dict[str, Any]) -> Any:
     model = model_from_config(MODELS[case["model"]], name=case["model"])
     work = with_profile(Workload(model, cluster, TrainSpec(seq_len=SEQ, precision="bf16", attention="sdpa")))
     config = ds_config(case["stage"], case["sp"], case["mlp"], case["loss"], case.get("bucket", BUCKET))
-    return estimate(work, TrialConfig(config))
+    return estimate(work, TrialConfig(config, activation_checkpointing=bool(case.get("ckpt"))))
 
 
 NOTES = """
@@ -231,7 +244,8 @@ def render(measured: dict[str, dict[str, Any]]) -> str:
         data = measured.get(key(case))
         if data is None:
             continue
-        shape = (case["model"], case["stage"], case["world"], case["sp"], case["mlp"], case["loss"])
+        ckpt = "yes" if case.get("ckpt") else "no"
+        shape = (case["model"], case["stage"], case["world"], case["sp"], case["mlp"], case["loss"], ckpt)
         label = "| " + " | ".join(str(part) for part in (*shape, f"{case.get('bucket', BUCKET):.0e}")) + " |"
         if data["status"] != "ok":
             rows.append(f"{label} {data['status']} | | | |")
@@ -243,8 +257,8 @@ def render(measured: dict[str, dict[str, Any]]) -> str:
         during = max(data["ranks"], key=lambda r: r["peak_bytes"]).get("peak_during")
         rows.append(f"{label} {est.per_gpu['total'] / 2**20:.2f} | {true / 2**20:.2f} | {error:+.2%} | {during} |")
     header = (
-        "| model | ZeRO | ranks | sp | tiled MLP | tiled loss | buckets | estimate MiB | true peak MiB | error | "
-        "peak during |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| model | ZeRO | ranks | sp | tiled MLP | tiled loss | checkpointing | buckets | estimate MiB | true peak MiB "
+        "| error | peak during |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     summary = f"\n\n{len(errors)} rows; worst |error| {max(errors, default=0.0):.2%}.\n"
     return (
