@@ -18,17 +18,13 @@ Run: ``python bench/ep_true_peak.py [--only KEY] [--remeasure]``; measurements k
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from gloo_ranks import run_ranks
+import gloo_ranks
 
-RESULTS = Path(__file__).parent / "results"
 SEQ, MICRO, BUCKET = 512, 1, 200_000
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_configs import TINY_CONFIGS  # noqa: E402
@@ -43,16 +39,7 @@ MODELS = {
 
 def ds_config(stage: int, ep: int) -> dict[str, Any]:
     """bf16, ZeRO ``stage``, small buckets, AutoEP of degree ``ep`` (1: plain data parallelism)."""
-    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
-    if stage == 3:
-        zero.update(stage3_prefetch_bucket_size=BUCKET, stage3_max_live_parameters=BUCKET)
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-        "zero_optimization": zero,
-    }
+    config = gloo_ranks.small_bucket_config(stage, MICRO, BUCKET)
     if ep > 1:
         config["expert_parallel"] = {"enabled": True, "autoep_size": ep}
     return config
@@ -72,59 +59,28 @@ def key(case: dict[str, Any]) -> str:
 
 def rank_main(case: dict[str, Any], out: Path) -> None:
     """One rank of ``case``: build, initialise (AutoEP inside), two steps, write the counted peak."""
-    import deepspeed
     import torch
 
     from tuner.measure.autoep import registry_shim
-    from tuner.measure.birth import born_on_device, initialise_partitioned
-    from tuner.measure.true_peak import CpuAllocatorPeak
-    from tuner.profile.hf import build
 
-    torch.set_num_threads(1)
-    deepspeed.init_distributed("gloo")
-    rank = int(os.environ["RANK"])
+    rank = gloo_ranks.join()
     registry_shim()
     ds = ds_config(case["stage"], case["ep"])
-    torch.manual_seed(0)
-    tracker = CpuAllocatorPeak(detail=os.environ.get("EP_BENCH_DETAIL", "") or False)
-    tracker.start()
-    with born_on_device(ds, "cpu", transformers=True):
-        model = build(MODELS[case["model"]], attention="sdpa")
-    initialise_partitioned(model)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds)
-    tracker.mark("steps")
+    engine, tracker = gloo_ranks.counted_engine(ds, MODELS[case["model"]], "EP_BENCH_DETAIL")
     tokens = torch.randint(0, 512, (MICRO, SEQ), generator=torch.Generator().manual_seed(rank))
     local = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
     experts = sum(getattr(p, "ds_numel", p.numel()) for n, p in engine.module.named_parameters() if ".experts." in n)
     shards = sum(p.ds_tensor.numel() for p in engine.module.parameters() if hasattr(p, "ds_tensor"))
     layers = sorted({type(m).__name__ for m in engine.module.modules() if "MoE" in type(m).__name__})
-    losses = []
-    for step in range(2):
-        tracker.mark(f"step {step} forward")
-        loss = engine(input_ids=tokens, labels=tokens).loss
-        tracker.mark(f"step {step} backward")
-        engine.backward(loss)
-        tracker.mark(f"step {step} step")
-        engine.step()
-        losses.append(float(loss))
-    report = tracker.stop()
-    report.update(
-        losses=losses, local_elements=local, expert_elements=experts, zero3_shard_elements=shards, moe_layers=layers
-    )
-    (out / f"rank{rank}.json").write_text(json.dumps(report, default=str))
-    torch.distributed.barrier()
+    extra = {"local_elements": local, "expert_elements": experts, "zero3_shard_elements": shards, "moe_layers": layers}
+    gloo_ranks.train_and_report(engine, tracker, lambda: engine(input_ids=tokens, labels=tokens).loss, out, extra)
 
 
 def estimate_case(case: dict[str, Any]) -> Any:
     """dstune's estimate of ``case`` (the workload carries the model's traced profile at ``SEQ``)."""
-    from tuner.estimator import estimate
-    from tuner.profile import model_from_config, with_profile
-    from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload
-
-    cluster = ClusterSpec(gpus_per_node=case["world"], device="cpu", gpu_memory=140 * 2**30)
-    model = model_from_config(MODELS[case["model"]], name=case["model"])
-    work = with_profile(Workload(model, cluster, TrainSpec(seq_len=SEQ, precision="bf16", attention="sdpa")))
-    return estimate(work, TrialConfig(ds_config(case["stage"], case["ep"])))
+    return gloo_ranks.estimate_peak(
+        MODELS[case["model"]], case["model"], case["world"], SEQ, ds_config(case["stage"], case["ep"])
+    )
 
 
 def row(case: dict[str, Any], data: dict[str, Any]) -> str:
@@ -167,26 +123,13 @@ def versions() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rank", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--json", type=Path, default=RESULTS / "ep_true_peak.json")
-    parser.add_argument("--only", default="")
-    parser.add_argument("--remeasure", action="store_true")
-    parser.add_argument("--render", action="store_true", help="only render the table from the saved measurements")
-    args = parser.parse_args()
-    if args.rank:
-        rank_main(json.loads(args.rank), args.out)
-        return
-    measured = json.loads(args.json.read_text()) if args.json.exists() else {}
-    for case in cases():
-        case_key = key(case)
-        if args.render or args.only not in case_key:
-            continue
-        if case_key not in measured or args.remeasure:
-            measured[case_key] = run_ranks(__file__, case, 1800)
-            args.json.write_text(json.dumps(measured, indent=1))
-            print(case_key, measured[case_key]["status"], f"{measured[case_key]['wall_s']:.0f} s", flush=True)
+    args, measured = gloo_ranks.bench_args(__doc__, "ep_true_peak", rank_main, render=True)
+    if not args.render:
+        for _, case_key, fresh in gloo_ranks.measured_cases(
+            cases(), key, lambda case: gloo_ranks.run_ranks(__file__, case, 1800), measured, args
+        ):
+            if fresh:
+                print(case_key, measured[case_key]["status"], f"{measured[case_key]['wall_s']:.0f} s", flush=True)
     lines = [
         "# AutoEP: estimate against the true peak",
         "",
@@ -202,7 +145,7 @@ def main() -> None:
     lines += [row(case, measured[key(case)]) for case in cases() if key(case) in measured]
     lines += ["", FINDING]
     print("\n".join(lines))
-    (RESULTS / "ep_true_peak.md").write_text("\n".join(lines) + "\n")
+    (gloo_ranks.RESULTS / "ep_true_peak.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
-"""Start a bench script's own ranks on gloo CPU ranks (one thread each) and collect the report each rank writes.
+"""What the true-peak benches (``bench/sp_true_peak.py``, ``tp_true_peak.py``, ``ep_true_peak.py``) share.
 
-The script runs itself with ``--rank CASE_JSON --out FOLDER``; rank ``r`` writes ``FOLDER/rank{r}.json``. Shared by
-``bench/sp_true_peak.py`` and ``bench/tp_true_peak.py`` (imported by name: a script's own folder is on its path).
+Each bench starts its own ranks on gloo CPU ranks (one thread each): the script runs itself with ``--rank CASE_JSON
+--out FOLDER`` (:func:`run_ranks`), and rank ``r`` counts live CPU tensor bytes from before the model is built to the
+end of the second training step and writes ``FOLDER/rank{r}.json`` (:func:`counted_engine`,
+:func:`train_and_report`). The driver keeps the measurements in ``bench/results/NAME.json`` (:func:`bench_args`,
+:func:`measured_cases`) and renders them with the current estimator (:func:`estimate_peak`). Imported by name: a
+script's own folder is on its path.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -13,13 +18,34 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tuner.measure.op_builds import environment_ninja_path
 
+RESULTS = Path(__file__).parent / "results"
+Case = dict[str, Any]
 
-def run_ranks(script: str, case: dict[str, Any], timeout: float) -> dict[str, Any]:
+
+def small_bucket_config(stage: int, micro: int, bucket: int, **zero: Any) -> dict[str, Any]:
+    """bf16 with AdamW at ZeRO ``stage``, micro-batch ``micro``, one step per batch, buckets of ``bucket`` elements
+    (at ZeRO-3 the prefetch and the live parameters limited to it too), so that activations are most of the peak;
+    ``zero``: further ``zero_optimization`` keys. A bench adds its parallelism's section."""
+    section: dict[str, Any] = {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket, **zero}
+    if stage == 3:
+        section.update(stage3_prefetch_bucket_size=bucket, stage3_max_live_parameters=bucket)
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "zero_optimization": section,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- the driver
+def run_ranks(script: str, case: Case, timeout: float) -> dict[str, Any]:
     """Run ``script``'s ranks for ``case`` (``case["world"]`` of them): status, wall seconds, each rank's report
     (None for a rank that wrote none) and, when one is missing, the tail of rank 0's output."""
     with socket.socket() as probe:
@@ -53,3 +79,128 @@ def run_ranks(script: str, case: dict[str, Any], timeout: float) -> dict[str, An
         "ranks": ranks,
         "error": "" if status == "ok" else outputs[0][-3000:],
     }
+
+
+def bench_args(
+    doc: str, name: str, rank_main: Callable[[Case, Path], None], *, render: bool = False, md: bool = False
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """A bench's flags (``--json``, by default ``bench/results/{name}.json``; ``--only KEY``; ``--remeasure``; with
+    ``render`` ``--render``, with ``md`` ``--md``, by default ``bench/results/{name}.md``) and the measurements saved
+    in ``--json``. Started as a rank (``--rank CASE_JSON --out FOLDER``, by :func:`run_ranks`), it runs ``rank_main``
+    and exits instead."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--rank", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, default=RESULTS / f"{name}.json")
+    if md:
+        parser.add_argument("--md", type=Path, default=RESULTS / f"{name}.md")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--remeasure", action="store_true")
+    if render:
+        parser.add_argument("--render", action="store_true", help="only render the table from the saved measurements")
+    args = parser.parse_args()
+    if args.rank:
+        rank_main(json.loads(args.rank), args.out)
+        raise SystemExit(0)
+    return args, json.loads(args.json.read_text()) if args.json.exists() else {}
+
+
+def measured_cases(
+    cases: Iterable[Case],
+    key: Callable[[Case], str],
+    measure: Callable[[Case], dict[str, Any]],
+    measured: dict[str, Any],
+    args: argparse.Namespace,
+) -> Iterator[tuple[Case, str, bool]]:
+    """Each case whose key holds ``args.only``, with its key and whether it was measured just now: one not in
+    ``measured`` yet (every one with ``args.remeasure``) is measured first and ``measured`` saved to ``args.json``."""
+    for case in cases:
+        case_key = key(case)
+        if args.only not in case_key:
+            continue
+        fresh = case_key not in measured or args.remeasure
+        if fresh:
+            measured[case_key] = measure(case)
+            args.json.write_text(json.dumps(measured, indent=1))
+        yield case, case_key, fresh
+
+
+def estimate_peak(
+    model: dict[str, Any], name: str, world: int, seq: int, ds: dict[str, Any], checkpointing: bool = False
+) -> Any:
+    """dstune's estimate of ``world`` CPU ranks training the transformers model ``model`` (sdpa, bf16) at ``seq``
+    under ``ds`` (the workload carries the model's traced profile at ``seq``)."""
+    from tuner.estimator import estimate
+    from tuner.profile import model_from_config, with_profile
+    from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload
+
+    cluster = ClusterSpec(gpus_per_node=world, device="cpu", gpu_memory=140 * 2**30)
+    train = TrainSpec(seq_len=seq, precision="bf16", attention="sdpa")
+    work = with_profile(Workload(model_from_config(model, name=name), cluster, train))
+    return estimate(work, TrialConfig(ds, activation_checkpointing=checkpointing))
+
+
+# ------------------------------------------------------------------------------------------------------ the ranks
+def join() -> int:
+    """Join the gloo process group :func:`run_ranks` set up, on one thread; this rank's number."""
+    import deepspeed
+    import torch
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed("gloo")
+    return int(os.environ["RANK"])
+
+
+def counted_engine(
+    ds: dict[str, Any],
+    model: dict[str, Any],
+    detail_env: str,
+    *,
+    mpu: Any = None,
+    adapt: Callable[[Any], None] | None = None,
+) -> tuple[Any, Any]:
+    """The DeepSpeed engine of the transformers model ``model`` (sdpa) under ``ds``, and the counting allocator
+    (:class:`~tuner.measure.true_peak.CpuAllocatorPeak`; with the environment variable ``detail_env`` set, the
+    allocation sites alive at the peak too) started before the model is built. Seed 0; the model built where it
+    trains (:mod:`tuner.measure.birth`), handed to ``adapt`` where given, initialised with ``mpu``; the counter is
+    marked ``"steps"`` on return."""
+    import deepspeed
+    import torch
+
+    from tuner.measure.birth import born_on_device, initialise_partitioned
+    from tuner.measure.true_peak import CpuAllocatorPeak
+    from tuner.profile.hf import build
+
+    torch.manual_seed(0)
+    tracker = CpuAllocatorPeak(detail=os.environ.get(detail_env, "") or False)
+    tracker.start()
+    with born_on_device(ds, "cpu", transformers=True):
+        built = build(model, attention="sdpa")
+    initialise_partitioned(built)
+    if adapt is not None:
+        adapt(built)
+    engine, *_ = deepspeed.initialize(model=built, model_parameters=list(built.parameters()), config=ds, mpu=mpu)
+    tracker.mark("steps")
+    return engine, tracker
+
+
+def train_and_report(
+    engine: Any, tracker: Any, loss: Callable[[], Any], out: Path, extra: dict[str, Any] | None = None
+) -> None:
+    """Two training steps of ``loss()`` (the counter marked ``"step N forward"``, ``"backward"``, ``"step"``), then
+    this rank's report (the counted peak, the losses and ``extra``) to ``out/rank{RANK}.json``; waits for the rest."""
+    import torch
+
+    losses = []
+    for step in range(2):
+        tracker.mark(f"step {step} forward")
+        value = loss()
+        tracker.mark(f"step {step} backward")
+        engine.backward(value)
+        tracker.mark(f"step {step} step")
+        engine.step()
+        losses.append(float(value))
+    report = tracker.stop()
+    report.update(losses=losses, **(extra or {}))
+    (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(report, default=str))
+    torch.distributed.barrier()

@@ -19,15 +19,11 @@ Run: ``python bench/sp_true_peak.py [--only KEY] [--remeasure] [--render]`` (a f
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-from gloo_ranks import run_ranks
+import gloo_ranks
 
-RESULTS = Path(__file__).parent / "results"
 SEQ, MICRO = 1024, 1
 QWEN2 = {
     "model_type": "qwen2",
@@ -68,17 +64,7 @@ def model_config(case: dict[str, Any]) -> dict[str, Any]:
 
 def ds_config(stage: int, sp: int, mlp: int, loss: int, bucket: int = BUCKET) -> dict[str, Any]:
     """bf16, ZeRO ``stage``, small buckets, Ulysses degree ``sp`` and the tiling in dstune's section."""
-    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
-    if stage == 3:
-        zero.update(stage3_prefetch_bucket_size=bucket, stage3_max_live_parameters=bucket)
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-        "zero_optimization": zero,
-        "sequence_parallel_size": sp,
-    }
+    config = {**gloo_ranks.small_bucket_config(stage, MICRO, bucket), "sequence_parallel_size": sp}
     if mlp > 1 or loss > 1:
         config["dstune"] = {"tiled_mlp_shards": mlp, "tiled_loss_shards": loss}
     return config
@@ -146,84 +132,59 @@ class _Loss:
 
 def rank_main(case: dict[str, Any], out: Path) -> None:
     """One rank of ``case``: register Ulysses, build, initialise, two steps, write the counted peak."""
-    import deepspeed
     import torch
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
 
-    from tuner.measure.birth import born_on_device, initialise_partitioned
-    from tuner.measure.true_peak import CpuAllocatorPeak
-    from tuner.profile.hf import build, hf_config
+    from tuner.profile.hf import hf_config
 
-    torch.set_num_threads(1)
-    deepspeed.init_distributed("gloo")
-    rank, sp, seq = int(os.environ["RANK"]), case["sp"], case.get("seq", SEQ)
+    rank, sp, seq = gloo_ranks.join(), case["sp"], case.get("seq", SEQ)
     config = model_config(case)
     ds = ds_config(case["stage"], sp, case["mlp"], case["loss"], case.get("bucket", BUCKET))
     mpu = None
     if sp > 1:
         holder = type("Holder", (), {"config": hf_config(config)})()
         mpu = UlyssesSPAttentionHF.register_with_transformers(holder, "sdpa", sp, MICRO, seq, False)
-    torch.manual_seed(0)
-    tracker = CpuAllocatorPeak(detail=os.environ.get("SP_BENCH_DETAIL", "") or False)
-    tracker.start()
-    with born_on_device(ds, "cpu", transformers=True):
-        model = build(config, attention="sdpa")
-    initialise_partitioned(model)
-    if case.get("ckpt"):
-        from tuner.profile.hf import enable_checkpointing
 
-        model.train()
-        enable_checkpointing(model)
-    if case["mlp"] > 1:
-        from tuner.measure.alst import tile_mlps  # the runner's own tiling
+    def adapt(model: Any) -> None:
+        if case.get("ckpt"):
+            from tuner.profile.hf import enable_checkpointing
 
-        tile_mlps(model, case["mlp"])
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds, mpu=mpu)
-    tracker.mark("steps")
+            model.train()
+            enable_checkpointing(model)
+        if case["mlp"] > 1:
+            from tuner.measure.alst import tile_mlps  # the runner's own tiling
+
+            tile_mlps(model, case["mlp"])
+
+    engine, tracker = gloo_ranks.counted_engine(ds, config, "SP_BENCH_DETAIL", mpu=mpu, adapt=adapt)
     sp_rank, dp_rank = rank % sp, rank // sp
     tokens = torch.randint(0, config["vocab_size"], (MICRO, seq + 1), generator=torch.Generator().manual_seed(dp_rank))
     chunk = slice(sp_rank * seq // sp, (sp_rank + 1) * seq // sp)
     ids, labels = tokens[:, :-1][:, chunk].contiguous(), tokens[:, 1:][:, chunk].contiguous()
     positions = torch.arange(seq).unsqueeze(0)[:, chunk].contiguous()
     compute = _Loss(case["loss"])
-    losses = []
-    for step in range(2):
-        tracker.mark(f"step {step} forward")
-        loss = (
-            compute(engine.module, ids, positions, labels)
-            if case["loss"] > 1
-            else engine(input_ids=ids, position_ids=positions, labels=labels, shift_labels=labels).loss
-        )
-        tracker.mark(f"step {step} backward")
-        engine.backward(loss)
-        tracker.mark(f"step {step} step")
-        engine.step()
-        losses.append(float(loss))
-    report = tracker.stop()
-    report["losses"] = losses
-    (out / f"rank{rank}.json").write_text(json.dumps(report, default=str))
-    torch.distributed.barrier()
+
+    def loss() -> Any:
+        if case["loss"] > 1:
+            return compute(engine.module, ids, positions, labels)
+        return engine(input_ids=ids, position_ids=positions, labels=labels, shift_labels=labels).loss
+
+    gloo_ranks.train_and_report(engine, tracker, loss, out)
 
 
 def measure(case: dict[str, Any], timeout: float = 3000) -> dict[str, Any]:
     """Start the case's ranks (gloo, one thread each) and collect their reports (:func:`gloo_ranks.run_ranks`)."""
-    return run_ranks(__file__, case, timeout)
+    return gloo_ranks.run_ranks(__file__, case, timeout)
 
 
 # -------------------------------------------------------------------------------------------------------- estimate
 def estimate_case(case: dict[str, Any]) -> Any:
     """dstune's estimate of ``case`` (the workload carries the model's traced profile at the case's sequence)."""
-    from tuner.estimator import estimate
-    from tuner.profile import model_from_config, with_profile
-    from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload
-
-    cluster = ClusterSpec(gpus_per_node=case["world"], device="cpu", gpu_memory=140 * 2**30)
-    model = model_from_config(model_config(case), name=case["model"])
-    work = with_profile(
-        Workload(model, cluster, TrainSpec(seq_len=case.get("seq", SEQ), precision="bf16", attention="sdpa"))
-    )
     config = ds_config(case["stage"], case["sp"], case["mlp"], case["loss"], case.get("bucket", BUCKET))
-    return estimate(work, TrialConfig(config, activation_checkpointing=bool(case.get("ckpt"))))
+    seq = case.get("seq", SEQ)
+    return gloo_ranks.estimate_peak(
+        model_config(case), case["model"], case["world"], seq, config, bool(case.get("ckpt"))
+    )
 
 
 NOTES = """
@@ -305,26 +266,11 @@ def render(measured: dict[str, dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rank", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--json", type=Path, default=RESULTS / "sp_true_peak.json")
-    parser.add_argument("--md", type=Path, default=RESULTS / "sp_true_peak.md")
-    parser.add_argument("--only", default="")
-    parser.add_argument("--remeasure", action="store_true")
-    parser.add_argument("--render", action="store_true")
-    args = parser.parse_args()
-    if args.rank:
-        rank_main(json.loads(args.rank), args.out)
-        return
-    measured = json.loads(args.json.read_text()) if args.json.exists() else {}
+    args, measured = gloo_ranks.bench_args(__doc__, "sp_true_peak", rank_main, render=True, md=True)
     if not args.render:
-        for case in cases():
-            case_key = key(case)
-            if args.only not in case_key or (case_key in measured and not args.remeasure):
+        for _, case_key, fresh in gloo_ranks.measured_cases(cases(), key, measure, measured, args):
+            if not fresh:
                 continue
-            measured[case_key] = measure(case)
-            args.json.write_text(json.dumps(measured, indent=1))
             data = measured[case_key]
             print(
                 case_key,

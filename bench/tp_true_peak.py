@@ -16,15 +16,11 @@ ZeRO-3 on 4 ranks -0.06 %, with hpZ = 2 +0.66 % (the same true peak: no secondar
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-from gloo_ranks import run_ranks
+import gloo_ranks
 
-RESULTS = Path(__file__).parent / "results"
 SEQ, MICRO, BUCKET = 1024, 1, 500_000
 LLAMA = {
     "model_type": "llama",
@@ -43,19 +39,8 @@ MODELS = {"llama": LLAMA, "wide": WIDE}  # wide: the layers' activations, not th
 
 def ds_config(stage: int, tp: int, hpz: int = 1) -> dict[str, Any]:
     """bf16, ZeRO ``stage``, small buckets, AutoTP degree ``tp``, hpZ groups of ``hpz`` ranks."""
-    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
-    if hpz > 1:
-        zero["zero_hpz_partition_size"] = hpz
-    if stage == 3:
-        zero.update(stage3_prefetch_bucket_size=BUCKET, stage3_max_live_parameters=BUCKET)
-    return {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-        "zero_optimization": zero,
-        "tensor_parallel": {"autotp_size": tp},
-    }
+    zero = {"zero_hpz_partition_size": hpz} if hpz > 1 else {}
+    return {**gloo_ranks.small_bucket_config(stage, MICRO, BUCKET, **zero), "tensor_parallel": {"autotp_size": tp}}
 
 
 def cases() -> list[dict[str, Any]]:
@@ -76,25 +61,11 @@ def key(case: dict[str, Any]) -> str:
 
 def rank_main(case: dict[str, Any], out: Path) -> None:
     """One rank of ``case``: build, initialise (AutoTP inside), two steps, write the counted peak."""
-    import deepspeed
     import torch
 
-    from tuner.measure.birth import born_on_device, initialise_partitioned
-    from tuner.measure.true_peak import CpuAllocatorPeak
-    from tuner.profile.hf import build
-
-    torch.set_num_threads(1)
-    deepspeed.init_distributed("gloo")
-    rank, tp = int(os.environ["RANK"]), case["tp"]
+    rank, tp = gloo_ranks.join(), case["tp"]
     ds = ds_config(case["stage"], tp, case.get("hpz", 1))
-    torch.manual_seed(0)
-    tracker = CpuAllocatorPeak(detail=os.environ.get("TP_BENCH_DETAIL", "") or False)
-    tracker.start()
-    with born_on_device(ds, "cpu", transformers=True):
-        model = build(MODELS[case["model"]], attention="sdpa")
-    initialise_partitioned(model)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds)
-    tracker.mark("steps")
+    engine, tracker = gloo_ranks.counted_engine(ds, MODELS[case["model"]], "TP_BENCH_DETAIL")
     dp_rank = rank // tp
     vocab = MODELS[case["model"]]["vocab_size"]
     tokens = torch.randint(0, vocab, (MICRO, SEQ), generator=torch.Generator().manual_seed(dp_rank))
@@ -102,57 +73,24 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
     shapes = {name: list(getattr(p, "ds_shape", p.shape)) for name, p in params if "layers.0." in name}
     local = sum(p.numel() for p in engine.module.parameters())
     shards = sum(p.ds_tensor.numel() for p in engine.module.parameters() if hasattr(p, "ds_tensor"))
-    losses = []
-    for step in range(2):
-        tracker.mark(f"step {step} forward")
-        loss = engine(input_ids=tokens, labels=tokens).loss
-        tracker.mark(f"step {step} backward")
-        engine.backward(loss)
-        tracker.mark(f"step {step} step")
-        engine.step()
-        losses.append(float(loss))
-    report = tracker.stop()
-    report.update(losses=losses, layer0_shapes=shapes, local_elements=local, zero3_shard_elements=shards)
-    (out / f"rank{rank}.json").write_text(json.dumps(report, default=str))
-    torch.distributed.barrier()
+    extra = {"layer0_shapes": shapes, "local_elements": local, "zero3_shard_elements": shards}
+    gloo_ranks.train_and_report(engine, tracker, lambda: engine(input_ids=tokens, labels=tokens).loss, out, extra)
 
 
 def measure(case: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
     """Start the case's ranks (gloo, one thread each) and collect their reports (:func:`gloo_ranks.run_ranks`)."""
-    return run_ranks(__file__, case, timeout)
+    return gloo_ranks.run_ranks(__file__, case, timeout)
 
 
 def estimate_case(case: dict[str, Any]) -> Any:
     """dstune's estimate of ``case`` (the workload carries the model's traced profile at ``SEQ``)."""
-    from tuner.estimator import estimate
-    from tuner.profile import model_from_config, with_profile
-    from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload
-
-    cluster = ClusterSpec(gpus_per_node=case["world"], device="cpu", gpu_memory=140 * 2**30)
-    model = model_from_config(MODELS[case["model"]], name=case["model"])
-    work = with_profile(Workload(model, cluster, TrainSpec(seq_len=SEQ, precision="bf16", attention="sdpa")))
-    return estimate(work, TrialConfig(ds_config(case["stage"], case["tp"], case.get("hpz", 1))))
+    config = ds_config(case["stage"], case["tp"], case.get("hpz", 1))
+    return gloo_ranks.estimate_peak(MODELS[case["model"]], case["model"], case["world"], SEQ, config)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rank", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--json", type=Path, default=RESULTS / "tp_true_peak.json")
-    parser.add_argument("--only", default="")
-    parser.add_argument("--remeasure", action="store_true")
-    args = parser.parse_args()
-    if args.rank:
-        rank_main(json.loads(args.rank), args.out)
-        return
-    measured = json.loads(args.json.read_text()) if args.json.exists() else {}
-    for case in cases():
-        case_key = key(case)
-        if args.only not in case_key:
-            continue
-        if case_key not in measured or args.remeasure:
-            measured[case_key] = measure(case)
-            args.json.write_text(json.dumps(measured, indent=1))
+    args, measured = gloo_ranks.bench_args(__doc__, "tp_true_peak", rank_main)
+    for case, case_key, _ in gloo_ranks.measured_cases(cases(), key, measure, measured, args):
         data = measured[case_key]
         if data["status"] != "ok":
             print(case_key, "error", data["error"][-2000:], flush=True)
