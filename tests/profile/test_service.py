@@ -143,3 +143,35 @@ def test_the_queue_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(service_module.QUEUE_ENV, "0")
     with pytest.raises(ValueError, match=service_module.QUEUE_ENV):
         ProfileService()
+
+
+def test_several_lengths_are_traced_in_one_job_and_read_back_together(tmp_path: Path) -> None:
+    """``seq_len: "max"`` on the API needs the model at three lengths: one job traces them together (each
+    checkpointing setting's copy built once) and the answer holds all three; a later request for one of them is
+    answered from the cache. The worker runs the real trace (only the per-job time limit, a signal, is left out)."""
+    from tiny_configs import TINY_CONFIGS
+
+    from tuner.profile.describe import lengths_profile
+
+    jobs: list[Any] = []
+
+    def tracing_worker(
+        config: dict[str, Any], seq_len: Any, precisions: tuple[str, ...], attention: str, folder: str, limit: int
+    ) -> None:
+        jobs.append(seq_len)
+        for precision in precisions:
+            lengths_profile(config, seq_len, precision, attention, (False, True), ProfileCache(Path(folder)))
+
+    service = ProfileService(
+        ProfileCache(tmp_path), wait_s=DEADLINE_S, worker=tracing_worker, pool=lambda: ThreadPoolExecutor(1)
+    )
+    try:
+        tiny = TINY_CONFIGS["llama"]
+        profile = service.profile(tiny, 64, ("bf16",), "sdpa", lengths=(16, 32, 64))
+        assert jobs == [(64, 16, 32)]  # one job for the three lengths
+        assert {entry.seq_len for entry in profile.activations} == {16, 32, 64}
+        assert {entry.checkpointing for entry in profile.activations} == {False, True}
+        assert service.profile(tiny, 32, ("bf16",), "sdpa").activations  # from the cache: no second job
+        assert jobs == [(64, 16, 32)]
+    finally:
+        service.close()

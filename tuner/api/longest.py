@@ -8,8 +8,6 @@ Blocking (profile service, estimator): the routes call these from their worker t
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from tuner.api.schemas import EstimateRequest, LongestWorkloadInput
 from tuner.forecast import TRACE_LENGTHS, Fits, LongestFit, NoLengthFits, Pins, longest_fit
 from tuner.requests import FieldError, to_workload
@@ -25,16 +23,10 @@ def asks_max(workload: LongestWorkloadInput) -> bool:
 
 
 def traced_workload(workload: LongestWorkloadInput) -> Workload:
-    """The body's workload with its model's profile at every trace length, merged (:class:`FieldError` for bad
-    input; :class:`tuner.profile.service.ProfilePending` while a new profile is computed)."""
-    works = [
-        to_workload(workload.model_copy(update={"seq_len": length}), LOC, inline=False) for length in TRACE_LENGTHS
-    ]
-    profile = works[0].profile
-    for work in works[1:]:
-        if profile is not None and work.profile is not None:
-            profile = profile.with_activations(work.profile.activations)
-    return replace(works[-1], profile=profile)
+    """The body's workload with its model's profile at every trace length, traced in one job of the profiling
+    service (:class:`FieldError` for bad input; :class:`tuner.profile.service.ProfilePending` while it is computed)."""
+    at_longest = workload.model_copy(update={"seq_len": TRACE_LENGTHS[-1]})
+    return to_workload(at_longest, LOC, inline=False, lengths=TRACE_LENGTHS)
 
 
 def estimate_pins(body: EstimateRequest) -> Pins:

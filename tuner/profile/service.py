@@ -42,7 +42,8 @@ REMEMBERED_REFUSALS = 256  # bad configs' refusals kept in memory, the most rece
 QUEUE_FULL_RETRY_S = 10  # a slot frees when the oldest queued profile ends: usually seconds, at most limit_s
 
 Refusal = tuple[str, str]  # (field, message): why a config cannot be profiled
-Worker = Callable[[dict[str, Any], int, tuple[str, ...], str | None, str, int], Refusal | None]
+Lengths = int | tuple[int, ...]  # one sequence length, or several traced together in one job
+Worker = Callable[[dict[str, Any], Lengths, tuple[str, ...], str | None, str, int], Refusal | None]
 
 
 class ProfilePending(Exception):
@@ -65,7 +66,7 @@ class ProfileQueueFull(Exception):
 
 def _profile_in_worker(
     config: dict[str, Any],
-    seq_len: int,
+    seq_len: Lengths,
     precisions: tuple[str, ...],
     attention: str | None,
     folder: str,
@@ -74,7 +75,8 @@ def _profile_in_worker(
 ) -> Refusal | None:
     """Compute and cache the profile (in the worker process), of the model as trained with a non-full
     ``trainable`` (its adapter and freeze pattern applied there: torch and peft never load in the server); a
-    refusal comes back as ``(field, message)``."""
+    refusal comes back as ``(field, message)``. Several lengths (a tuple) are traced together: each checkpointing
+    setting's copy of the model built once for all of them (:func:`tuner.profile.describe.lengths_profile`)."""
 
     def expired(signum: int, frame: Any) -> None:
         raise TimeoutError
@@ -82,10 +84,11 @@ def _profile_in_worker(
     signal.signal(signal.SIGALRM, expired)
     signal.alarm(limit_s)
     try:
-        from tuner.profile.describe import model_profile
+        from tuner.profile.describe import lengths_profile
 
+        lengths = seq_len if isinstance(seq_len, tuple) else (seq_len,)
         for precision in precisions:
-            model_profile(config, seq_len, precision, attention, (False, True), ProfileCache(Path(folder)), trainable)
+            lengths_profile(config, lengths, precision, attention, (False, True), ProfileCache(Path(folder)), trainable)
         return None
     except WorkloadError as error:
         return error.field, str(error).removeprefix(f"{error.field}: ")
@@ -110,14 +113,15 @@ def _spawn_pool() -> Executor:
 
 def _job_key(
     config: dict[str, Any],
-    seq_len: int,
+    seq_len: Lengths,
     precisions: tuple[str, ...],
     attention: str | None,
     folder: str,
     trainable: TrainableSpec | None = None,
 ) -> str:
     """A short digest naming one job: what is kept in memory per job, however large the config."""
-    parts = [canonical_config(config), seq_len, list(precisions), attention, folder]
+    parts: list[Any] = [canonical_config(config), list(seq_len) if isinstance(seq_len, tuple) else seq_len]
+    parts += [list(precisions), attention, folder]
     if trainable is not None and not trainable.is_full:
         parts.append(trainable.to_dict())
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
@@ -133,6 +137,24 @@ def _outcome(future: Future[Refusal | None]) -> Refusal | None:
     if isinstance(error, BrokenExecutor):
         return "model", "profiling this model ended its worker process (out of memory?)"
     return "model", f"cannot profile this model: {' '.join(str(error).split())[:300]}"
+
+
+def _cached_lengths(
+    config: dict[str, Any],
+    lengths: tuple[int, ...],
+    precisions: tuple[str, ...],
+    attention: str | None,
+    cache: ProfileCache,
+    trainable: TrainableSpec | None,
+) -> ModelProfile | None:
+    """The cached profile holding every one of ``lengths``' activations, or None when any is missing."""
+    merged: ModelProfile | None = None
+    for length in lengths:
+        found = cached_profile(config, length, precisions, attention, cache=cache, trainable=trainable)
+        if found is None:
+            return None
+        merged = found if merged is None else merged.with_activations(found.activations)
+    return merged
 
 
 class ProfileService:
@@ -184,20 +206,25 @@ class ProfileService:
         precisions: tuple[str, ...],
         attention: str | None,
         trainable: TrainableSpec | None = None,
+        lengths: tuple[int, ...] = (),
     ) -> ModelProfile:
         """The profile for these settings (both checkpointing settings), from the cache or computed; ``attention``
         None: the one transformers resolves for the model (``profile.attention``); a non-full ``trainable``: of the
-        model as trained (peft's adapter and the freeze pattern applied in the worker process).
+        model as trained (peft's adapter and the freeze pattern applied in the worker process). ``lengths``: more
+        sequence lengths the profile holds, traced in the same job (``seq_len: "max"`` asks for three: one job, one
+        wait, instead of one 503 per length).
 
         Raises :class:`ProfilePending` past ``wait_s``, :class:`ProfileQueueFull` for a new profile while the queue
         is full, :class:`WorkloadError` for a config that cannot be profiled."""
         refuse_custom_code(config)
         trainable = None if trainable is None or trainable.is_full else trainable
         cache = self.cache
-        found = cached_profile(config, seq_len, precisions, attention, cache=cache, trainable=trainable)
+        every = tuple(dict.fromkeys((seq_len, *lengths)))
+        job: Lengths = every if len(every) > 1 else seq_len
+        found = _cached_lengths(config, every, precisions, attention, cache, trainable)
         if found is not None:
             return found
-        key = _job_key(config, seq_len, precisions, attention, str(cache.folder), trainable)
+        key = _job_key(config, job, precisions, attention, str(cache.folder), trainable)
         with self._lock:
             self._collect()
             refusal = self._refused.get(key)
@@ -208,7 +235,7 @@ class ProfileService:
             if future is None:
                 if len(self._running) >= self.max_queued:
                     raise ProfileQueueFull(len(self._running))
-                future = self._running[key] = self._submit(config, seq_len, precisions, attention, cache, trainable)
+                future = self._running[key] = self._submit(config, job, precisions, attention, cache, trainable)
         if not wait([future], timeout=self.wait_s).done:
             raise ProfilePending()
         with self._lock:
@@ -217,7 +244,7 @@ class ProfileService:
             raise ProfilePending()
         if refusal is not None:
             raise WorkloadError(*refusal)
-        found = cached_profile(config, seq_len, precisions, attention, cache=cache, trainable=trainable)
+        found = _cached_lengths(config, every, precisions, attention, cache, trainable)
         if found is None:
             raise WorkloadError("model", "the profile could not be read back from the cache")
         return found
@@ -244,7 +271,7 @@ class ProfileService:
     def _submit(
         self,
         config: dict[str, Any],
-        seq_len: int,
+        seq_len: Lengths,
         precisions: tuple[str, ...],
         attention: str | None,
         cache: ProfileCache,

@@ -256,7 +256,7 @@ def _hf_model(
             train = replace(train, attention=described.attention)
         workload = with_profile(Workload(model, train=train), lengths=lengths)
         return workload.model, workload.profile, train
-    profile = default_service().profile(config, train.seq_len, (train.precision,), request.attention)
+    profile = default_service().profile(config, train.seq_len, (train.precision,), request.attention, lengths=lengths)
     return (
         spec_from_profile(config, profile, name),
         profile,
@@ -264,7 +264,7 @@ def _hf_model(
     )
 
 
-def _trained_off_process(workload: Workload) -> Workload:
+def _trained_off_process(workload: Workload, lengths: tuple[int, ...] = ()) -> Workload:
     """The workload with the profile of its model as trained, computed by the profiling service's worker process
     (a server never imports torch, transformers or peft); models without a transformers config are left to
     :func:`with_profile`, which refuses them without importing anything."""
@@ -273,7 +273,8 @@ def _trained_off_process(workload: Workload) -> Workload:
         return with_profile(workload)
     config = json.loads(model.hf_config)
     service = default_service()
-    profile = service.profile(config, train.seq_len, (train.precision,), train.attention, trainable=workload.trainable)
+    trainable = workload.trainable
+    profile = service.profile(config, train.seq_len, (train.precision,), train.attention, trainable, lengths)
     return replace(workload, profile=profile)
 
 
@@ -352,8 +353,9 @@ def to_workload(
     ``config_name`` names the model of an inline ``config`` (the CLI passes the name of ``--model``'s folder);
     by default its ``_name_or_path``, else ``custom``. ``inline=False`` (the API): a missing profile is computed by
     the bounded profiling service, which raises :class:`~tuner.profile.service.ProfilePending` past its wait.
-    ``lengths`` (inline only): more sequence lengths the profile holds, traced together with the request's (a search
-    over the length extrapolates from them: ``dstune estimate --max-seq-len``).
+    ``lengths``: more sequence lengths the profile holds, traced together with the request's, in this process or in
+    one job of the profiling service (a search over the length extrapolates from them: ``dstune estimate
+    --max-seq-len``, ``seq_len: "max"`` on the API).
     """
     check_request(request, loc)
     try:
@@ -393,6 +395,6 @@ def to_workload(
     if trainable.is_full:
         return workload
     try:  # the model as trained: peft builds it on meta, in this process (inline) or the profiling service's
-        return with_profile(workload, lengths=lengths) if inline else _trained_off_process(workload)
+        return with_profile(workload, lengths=lengths) if inline else _trained_off_process(workload, lengths)
     except WorkloadError as error:
         raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
