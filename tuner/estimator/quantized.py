@@ -70,7 +70,7 @@ ZQNW_WHY = (
 
 QWZ_QGZ_WHY = (
     "qwZ/qgZ (zero_quantized_weights, zero_quantized_gradients) need DeepSpeed's QuantizerBuilder, which needs CUDA: "
-    "CPU ranks cannot measure them; their quantized buffers are not in this estimate"
+    "CPU ranks cannot measure them; their int8/int4 buffers are read from DeepSpeed's code, not measured"
 )
 
 

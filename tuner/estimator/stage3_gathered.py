@@ -13,6 +13,7 @@ from __future__ import annotations
 from tuner.estimator.partitions import Stage3Partition, stage3_layout
 from tuner.estimator.phases import Phase, add_bytes
 from tuner.estimator.quantized import quantized_base
+from tuner.estimator.quantized_comm import qwz_staging_bytes
 from tuner.estimator.settings import Settings
 from tuner.estimator.trainable import TrainedParams, frozen_lead, trained_params
 from tuner.workload import Workload
@@ -59,11 +60,15 @@ def add_stage3_gathered(
     kept = min(unpartitioned, max(s.max_live_parameters, largest)) if s.max_reuse_distance >= largest else 0
     if _expert_modules(workload):
         kept = 0
-    working = max(0, min(unpartitioned, largest + s.prefetch_bucket_size) - kept)
+    gathering = min(unpartitioned, largest + s.prefetch_bucket_size)
+    working = max(0, gathering - kept)
     details["gathered_parameters"] = elem * kept
     details["stage3_working_set"] = elem * working
     add_bytes(phases, "gpu", "parameters", elem * kept, ("forward",))
     add_bytes(phases, "gpu", "buffers", elem * working, ("forward",))
+    if s.quantized_weights:  # qwZ: the set being gathered arrives as int8 with its scales (:mod:`.quantized_comm`)
+        details["qwz_staging"] = qwz_staging_bytes(gathering)
+        add_bytes(phases, "gpu", "buffers", details["qwz_staging"], ("forward",))
 
 
 def _expert_modules(workload: Workload) -> bool:

@@ -24,6 +24,7 @@ from tuner.estimator.partitions import stage3_layout, stage3_partition
 from tuner.estimator.phases import Phase, add_bytes, add_transient
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.quantized import quantized_base, quantized_shard_bytes, stage3_view
+from tuner.estimator.quantized_comm import qgz_reduce_transient
 from tuner.estimator.settings import FP32, Settings
 from tuner.estimator.stage3_gathered import add_stage3_gathered
 from tuner.estimator.trainable import TrainedParams, stage3_bytes, trained_params
@@ -76,7 +77,13 @@ def stage3_states(
     add_bytes(phases, "gpu", "buffers", bucket)
     if not model.is_bare:
         gloo = workload.cluster.device == "cpu"
-        add_transient(phases, details, "reduce_copy", "backward", stage3_reduce_copy(params.trainable, s, elem, gloo))
+        if s.quantized_gradients:  # qgZ: tensor by tensor through int4 all-to-alls, no flat bucket (.quantized_comm)
+            largest = max(params.trainable, default=0)
+            local = min(workload.cluster.gpus_per_node, s.zero_ranks)
+            copy = qgz_reduce_transient(largest, local) + elem * largest
+        else:
+            copy = stage3_reduce_copy(params.trainable, s, elem, gloo)
+        add_transient(phases, details, "reduce_copy", "backward", copy)
     return nvme + _optimizer_states(shard, s, phases, details, pins)
 
 

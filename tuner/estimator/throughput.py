@@ -16,6 +16,9 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
   recomputed forward, and reduce-scatters gradients every micro-step.
 * ``hpZ`` (ZeRO++ hierarchical partitioning, ``zero_hpz_partition_size`` = g at ZeRO-3): the gathers from the
   secondary partition run within groups of g ranks, over the node's links (:func:`zero3_gather_seconds`).
+* ``qwZ`` / ``qgZ`` (ZeRO++ quantized weights and gradients at ZeRO-3): the parameter gathers move int8 (about half
+  the 16-bit bytes) and the gradient reduction runs int4 all-to-alls within and across nodes (a quarter of the
+  bytes within the node, a quarter of ``1/L`` across), four calls per gradient tensor (:mod:`.quantized_comm`).
 * ``tensor parallel`` (AutoTP): each rank computes with its shards, ZeRO works over ``world / tp`` ranks, and
   every layer all-reduces its outputs and input gradients within the node (:func:`tensor_parallel_seconds`, in
   ``bandwidth`` and ``latency``).
@@ -60,6 +63,7 @@ from tuner.estimator.flops import (
 )
 from tuner.estimator.hardware import Hardware, hardware_for, table_key
 from tuner.estimator.long_context import all_to_all_bytes, mlp_params
+from tuner.estimator.quantized_comm import QGZ_CALLS_PER_TENSOR, gathered_bytes_per_element, qgz_seconds
 from tuner.estimator.settings import Settings, resolve
 from tuner.estimator.tensor_parallel import tensor_parallel_seconds, tp_workload
 from tuner.estimator.trainable import trained_params
@@ -187,7 +191,6 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
 
     link = hw.inter_bw if nodes > 1 else hw.intra_bw
     ring = (world - 1) / world
-    tensors = len(numels)
     partition = psi if s.stage == 0 else math.ceil(psi / world)
     trained_partition = trained if s.stage == 0 else math.ceil(trained / world)
     reduce_calls = math.ceil(trained / s.reduce_bucket_size)
@@ -204,12 +207,9 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
         step_calls += math.ceil(trained / max(1, s.allgather_bucket_size))
         memory += accum * elem * trained / hw.memory_bw  # gradients copied into the reduce buckets
     else:
-        passes = 2 + (1 if s.activation_checkpointing else 0)
-        gather_seconds = zero3_gather_seconds(workload, s, hw, numels, psi, passes)
-        per_micro_bytes = ring * elem * trained
-        per_micro_calls = passes * tensors + reduce_calls
+        gather_seconds, per_micro_bytes, per_micro_calls = _zero3_comm(workload, s, hw, numels, psi, trained)
         if s.offload_param != "none":
-            memory += accum * passes * elem * partition / hw.host_bw
+            memory += accum * zero3_passes(s) * elem * partition / hw.host_bw
     if s.offload_optimizer != "none":
         memory += trained_partition / hw.cpu_adam_params_s - ADAM_BYTES * trained_partition / hw.memory_bw
         memory += 2 * elem * trained_partition / hw.host_bw  # gradients down, updated parameters up
@@ -221,6 +221,26 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     hideable = (accum * per_micro_bytes / link + gather_seconds) / bandwidth if s.overlap_comm and bandwidth else 0.0
     cover = backward / (forward + backward) * compute if s.overlap_comm else 0.0  # backward's share: 2/3 when all train
     return StepTerms(compute, launch, bandwidth, latency, memory, hideable, cover)
+
+
+def zero3_passes(s: Settings) -> int:
+    """How many times a micro-step gathers ZeRO-3's parameters: forward, backward and a recomputed forward."""
+    return 2 + (1 if s.activation_checkpointing else 0)
+
+
+def _zero3_comm(
+    workload: Workload, s: Settings, hw: Hardware, numels: tuple[int, ...], psi: int, trained: int
+) -> tuple[float, float, float]:
+    """ZeRO-3 per optimizer step: seconds of the parameter gathers (with qgZ's gradient all-to-alls), the bytes one
+    micro-step's gradient reduce-scatter sends (none under qgZ) and one micro-step's collective calls."""
+    passes, world = zero3_passes(s), s.zero_ranks
+    gathers = zero3_gather_seconds(workload, s, hw, numels, psi, passes)
+    if s.quantized_gradients:  # qgZ: int4 all-to-alls within and across nodes, per tensor (.quantized_comm)
+        local = workload.cluster.gpus_per_node
+        qgz = s.grad_accum * qgz_seconds(trained, world, local, hw.intra_bw, hw.inter_bw)
+        return gathers + qgz, 0.0, float((passes + QGZ_CALLS_PER_TENSOR) * len(numels))
+    reduce_calls = math.ceil(trained / s.reduce_bucket_size)
+    return gathers, (world - 1) / world * s.param_bytes * trained, float(passes * len(numels) + reduce_calls)
 
 
 def _micro_batch_flops(model: ModelSpec, workload: Workload, s: Settings, trained: int) -> tuple[float, float]:
@@ -251,7 +271,7 @@ def zero3_gather_seconds(
     """
     world = s.zero_ranks
     persistent = sum(n for n in numels if n <= s.param_persistence_threshold) if world > 1 else 0
-    one_pass = s.param_bytes * (psi - persistent)
+    one_pass = gathered_bytes_per_element(s) * (psi - persistent)  # int8 under qwZ
     every_pass = s.grad_accum * passes * one_pass
     link = hw.inter_bw if workload.cluster.nodes > 1 else hw.intra_bw
     group = min(s.hpz_partition_size, world)
