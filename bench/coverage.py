@@ -16,14 +16,20 @@ sequence 64 and 512, fp32 and bf16, micro-batch 2, and each number is compared w
 reason; ``real`` says whether transformers itself builds and trains that file (a forward and backward on CPU).
 ``no default config``: the config class's own defaults do not validate (no file to write).
 
+Each type is classified in a child process that goes on to the next; a type that kills its process (a native crash,
+heap corruption left by the types before it: once, after 39 types, ``corrupted double-linked list``) is a ``crashed``
+row with the process's last words, and a new child takes the rest.
+
 Run: ``nice -n 15 .venv/bin/python bench/coverage.py [--types llama,gpt2] [--out bench/results/coverage.md]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,12 +119,9 @@ def classify(model_type: str, root: Path, cache: ProfileCache) -> Row:
     return model_type, "estimated", detail, errors, time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--types", default="", help="comma-separated model types (default: all)")
-    parser.add_argument("--out", default="bench/results/coverage.md")
-    args = parser.parse_args()
-    types = [t for t in args.types.split(",") if t] or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+def run_types(types: list[str], folder: Path, rows_file: Path) -> None:
+    """Classify ``types`` in this process, one after the other, each as a JSON line in ``rows_file`` (a ``started``
+    line first, so that the parent knows which type a dying process was on)."""
     warnings.simplefilter("ignore")
     transformers.logging.set_verbosity_error()
 
@@ -126,14 +129,14 @@ def main() -> None:
         raise Expired
 
     signal.signal(signal.SIGALRM, expired)
-    rows: list[Row] = []
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as folder:
-        cache = ProfileCache(Path(folder) / "cache")
+    cache = ProfileCache(folder / "cache")
+    with rows_file.open("a") as out:
         for model_type in types:
+            out.write(json.dumps({"started": model_type}) + "\n")
+            out.flush()
             signal.alarm(LIMIT_S)
             try:
-                row = classify(model_type, Path(folder), cache)
+                row = classify(model_type, folder, cache)
             except Expired:
                 row = (model_type, "crashed", f"took more than {LIMIT_S} s", [], float(LIMIT_S))
             except Exception as error:  # a traceback is a bug of dstune or of the bench: listed as such
@@ -143,9 +146,57 @@ def main() -> None:
                 row = (model_type, "crashed", f"{type(error).__name__} at {where}: {message}", [], 0.0)
             finally:
                 signal.alarm(0)
-            rows.append(row)
-            print(f"{row[0]:32} {row[1]:18} {row[4]:6.1f}s {row[2]}", flush=True)
-            write_table(Path(args.out), rows, time.perf_counter() - started, len(types))
+            out.write(json.dumps({"row": row}) + "\n")
+            out.flush()
+
+
+def sweep(types: list[str], out: Path) -> None:
+    """Classify every type, in child processes: a type that kills its process (a native crash inside torch or
+    transformers, heap corruption left by the types before it) is a ``crashed`` row with the process's last words,
+    and a new process goes on with the rest."""
+    rows: list[Row] = []
+    started = time.perf_counter()
+    remaining = list(types)
+    with tempfile.TemporaryDirectory() as scratch:
+        rows_file, log = Path(scratch) / "rows.jsonl", Path(scratch) / "child.log"
+        while remaining:
+            with log.open("w") as err:
+                command = [sys.executable, __file__, "--child", ",".join(remaining), "--folder", scratch]
+                done = subprocess.run([*command, "--rows", str(rows_file)], stdout=err, stderr=err, check=False)
+            current = None
+            for line in rows_file.read_text().splitlines():
+                entry = json.loads(line)
+                if "started" in entry:
+                    current = entry["started"]
+                elif entry["row"][0] not in {row[0] for row in rows}:
+                    rows.append(tuple(entry["row"]))  # type: ignore[arg-type]
+                    print(f"{rows[-1][0]:32} {rows[-1][1]:18} {rows[-1][4]:6.1f}s {rows[-1][2]}", flush=True)
+                    current = None
+            if done.returncode != 0 and current is not None and current not in {row[0] for row in rows}:
+                words = " ".join(" ".join(log.read_text(errors="replace").splitlines()[-2:]).split())[:160]
+                rows.append((current, "crashed", f"the process died ({done.returncode}): {words}", [], 0.0))
+                print(f"{current:32} crashed            {rows[-1][2]}", flush=True)
+            listed = {row[0] for row in rows}
+            remaining = [t for t in types if t not in listed]
+            write_table(
+                out, sorted(rows, key=lambda row: types.index(row[0])), time.perf_counter() - started, len(types)
+            )
+            if done.returncode != 0 and current is None:
+                break  # died before starting a type: nothing to go on with
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", default="", help="comma-separated model types (default: all)")
+    parser.add_argument("--out", default="bench/results/coverage.md")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        run_types(args.child.split(","), args.folder, args.rows)
+        return
+    sweep([t for t in args.types.split(",") if t] or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), Path(args.out))
 
 
 def write_table(path: Path, rows: list[Row], total: float, planned: int) -> None:
