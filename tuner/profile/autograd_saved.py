@@ -25,6 +25,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
 from tuner.profile.model_parts import decoder_layers, text_config
+from tuner.workload import WorkloadError
 
 OUTSIDE = -1
 
@@ -41,12 +42,20 @@ def _marked_layers(
     ``on_leave(index, layer, arguments)`` is called as each layer returns (its positional and keyword arguments).
 
     Module hooks run outside transformers' gradient checkpointing (it checkpoints ``forward``), so the inputs it
-    saves count as that layer's.
+    saves count as that layer's. A layer entered twice in one forward pass (a looped model) is refused
+    (:class:`WorkloadError`): what it saves cannot be told apart per run.
     """
-    handles = []
+    handles, entered = [], set()
     for index, layer in enumerate(layers):
 
         def enter(module: nn.Module, args: Any, _index: int = index) -> None:
+            if _index in entered:  # a looped model (Dory's recurrent layers): per-layer extrapolation does not hold
+                raise WorkloadError(
+                    "model.model_type",
+                    f"decoder layer {_index} runs more than once per forward pass (looped or shared layers): "
+                    "dstune's per-layer trace cannot count it",
+                )
+            entered.add(_index)
             state["layer"] = _index
 
         def leave(module: nn.Module, args: Any, kwargs: Any, output: Any, _index: int = index) -> None:
@@ -141,12 +150,28 @@ def _unpadded_mask_arguments(*args: Any, **kwargs: Any) -> Any:
     return (early, mask, *rest)
 
 
+_tensor_deepcopy = torch.Tensor.__deepcopy__
+
+
+def _deepcopy_fake_aware(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+    """``Tensor.__deepcopy__`` that copies a fake tensor as a new fake tensor of the same shape and dtype: torch's own
+    copies the storage through a real one and fails (a model that deep-copies its cache layers in forward: Dory), and
+    the failed op can leave the heap corrupt (the process aborted at exit)."""
+    if not is_fake(self):
+        return _tensor_deepcopy(self, memo)
+    if id(self) not in memo:
+        memo[id(self)] = self.detach().clone().requires_grad_(self.requires_grad)
+    return memo[id(self)]
+
+
 @contextlib.contextmanager
 def _fake_safe(model: nn.Module) -> Iterator[None]:
     """transformers sees no packed sequences and no padding (what it finds for real unpacked batches, unreadable on
-    fake ones: :func:`_unpadded_mask_arguments`) and, outside bf16, ``grouped_mm`` is :class:`_GroupedMM` (fake
-    ``grouped_mm`` is bf16-only; the CPU kernel runs fp32 too)."""
+    fake ones: :func:`_unpadded_mask_arguments`), fake tensors deep-copy as fake tensors
+    (:func:`_deepcopy_fake_aware`) and, outside bf16, ``grouped_mm`` is :class:`_GroupedMM` (fake ``grouped_mm`` is
+    bf16-only; the CPU kernel runs fp32 too)."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(torch.Tensor, "__deepcopy__", _deepcopy_fake_aware))
         stack.enter_context(_patched(transformers.masking_utils, "find_packed_sequence_indices", lambda ids: None))
         stack.enter_context(
             _patched(transformers.masking_utils, "_preprocess_mask_arguments", _unpadded_mask_arguments)
