@@ -46,10 +46,17 @@ def sources_digest() -> str:
 
 
 def build_and_install(target: Path, scratch: Path) -> None:
-    """The wheel built from this checkout, installed (without dependencies) into ``target``."""
-    wheels = scratch / "wheels"
+    """The wheel built from this checkout, installed (without dependencies) into ``target``. Built from a copy of
+    what :func:`sources_digest` reads: an in-tree build shares the checkout's ``build/`` folder with any other build
+    and reads the package while other processes write its bytecode (a fast-tier build once failed with ``[Errno 2]``
+    half-way through copying ``build/lib``)."""
+    source, wheels = scratch / "source", scratch / "wheels"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "tuner", source / "tuner", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(source)],
         check=True,
         timeout=600,
     )
