@@ -48,6 +48,7 @@ from tiny_configs import shrunk_config
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from tuner.profile import ProfileCache, model_profile, params_profile
+from tuner.profile.describe import spec_from_profile
 from tuner.profile.hf import quiet
 from tuner.workload import WorkloadError, load_hf_config
 
@@ -99,9 +100,11 @@ def classify(model_type: str, root: Path, cache: ProfileCache) -> Row:
     folder = root / model_type
     try:
         config, _ = load_hf_config(str(folder / "config.json"))
-        params = params_profile(config, cache).n_params
+        described = params_profile(config, cache)
+        params = described.n_params
+        limit = spec_from_profile(config, described).position_limit  # a learned position table's positions
         estimates = {}
-        for seq in SEQS:
+        for seq in sorted({min(seq, limit) if limit else seq for seq in SEQS}):
             for precision in PRECISIONS:
                 traced = model_profile(config, seq, precision, None, (False,), cache)
                 found = traced.activation_bytes(seq, precision, traced.attention, False, BATCH)
@@ -110,9 +113,17 @@ def classify(model_type: str, root: Path, cache: ProfileCache) -> Row:
     except WorkloadError as error:
         detail = f"{error} [trains in transformers: {trains(folder)}]"
         return model_type, "refused", detail, [], time.perf_counter() - start
-    with quiet():
-        real = sum(p.numel() for p in real_model(folder, "meta", torch.float32).parameters())
-        truths = {key: real_saved_bytes(folder, *key) for key in estimates}
+    try:
+        with quiet():
+            real = sum(p.numel() for p in real_model(folder, "meta", torch.float32).parameters())
+            truths = {key: real_saved_bytes(folder, *key) for key in estimates}
+    except Exception as error:  # dstune estimated what the real model cannot run (a position table it missed)
+        message = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+        lengths = sorted({seq for seq, _ in estimates})
+        detail = (
+            f"dstune estimated sequence {lengths} (position limit {limit or 'none'}); the real model fails: {message}"
+        )
+        return model_type, "real model fails", detail, [], time.perf_counter() - start
     errors = [(estimates[key] - truths[key]) / truths[key] * 100 if truths[key] else 0.0 for key in estimates]
     rows = ", ".join(f"{p}@{s} {e:+.2f}%" for (s, p), e in zip(estimates, errors, strict=True))
     detail = f"params {params:,} vs {real:,}{'' if params == real else ' OFF'}; {traced.attention}; {rows}"
@@ -213,8 +224,8 @@ def write_table(path: Path, rows: list[Row], total: float, planned: int) -> None
         f"`bench/coverage.py` on transformers {transformers.__version__}, torch {torch.__version__}, "
         f"{len(rows)} of {planned} types in {total / 60:.1f} min (small configs from each config class's defaults, "
         "written with `save_pretrained` and read back as `dstune estimate` reads a `config.json`; sequence "
-        f"{' and '.join(map(str, SEQS))}, micro-batch {BATCH}, {' and '.join(PRECISIONS)}, the attention "
-        "transformers resolves).",
+        f"{' and '.join(map(str, SEQS))} (at most the positions of a learned position table), micro-batch {BATCH}, "
+        f"{' and '.join(PRECISIONS)}, the attention transformers resolves).",
         "",
         "Truth: parameters of the real model built from the same folder on `meta`; saved bytes of the real model on "
         "CPU in the precision, called as a training loop calls it (saved_tensors_hooks, storages de-duplicated).",

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 from real_saved_bytes import measured_saved_bytes  # noqa: E402
 from tiny_configs import TINY_CONFIGS  # noqa: E402
@@ -361,16 +361,47 @@ def test_which_embeddings_are_tied_and_which_experts_are_modules(tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    ("model_type", "table"), [("gpt2", True), ("opt", True), ("llama", False), ("gpt_neox", False), ("bloom", False)]
+    "model_type",
+    [
+        "gpt2",
+        "opt",
+        "roberta",
+        "blenderbot",
+        "bart",
+        "ctrl",
+        "whisper",
+        "llama",
+        "gpt_neox",
+        "bloom",
+        "xglm",
+        "gemma3n_text",
+    ],
 )
-def test_a_learned_position_table_limits_the_sequence(model_type: str, table: bool) -> None:
-    """GPT-2's ``wpe`` and OPT's offset table (2 rows more) hold ``max_position_embeddings`` positions; rotary and
-    ALiBi models compute theirs, so a longer sequence still runs. Truth: the model transformers builds."""
+def test_a_learned_position_table_limits_the_sequence(model_type: str) -> None:
+    """GPT-2's ``wpe`` and Blenderbot's table hold ``max_position_embeddings`` positions from 0, OPT's and BART's
+    start at their offset (2 rows more), the RoBERTa family's at ``padding_idx + 1`` (2 fewer: 510 of 512); rotary,
+    ALiBi and XGLM's growing sinusoidal table compute theirs, so a longer sequence still runs; CTRL's fixed sinusoidal
+    buffer and Whisper's ``max_target_positions`` table limit it; Gemma-3n's per-layer token table of as many rows in
+    a small config does not. Truth: the model transformers builds runs at the limit and fails one token past it."""
     from tiny_configs import shrunk_config
 
     from tuner.profile.describe import spec_from_profile
 
     config = shrunk_config(model_type, layers=2)
-    spec = spec_from_profile(config, params_profile(config))
-    positions = config.get("n_positions") or config.get("max_position_embeddings")
-    assert spec.position_limit == (positions if table else 0)
+    limit = spec_from_profile(config, params_profile(config)).position_limit
+    positions = config.get("n_positions") or config.get("max_position_embeddings") or config.get("max_target_positions")
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)).eval()
+
+    def runs(length: int) -> bool:
+        ids = torch.full((1, length), 5)
+        try:
+            with torch.no_grad():
+                model(input_ids=ids)
+        except (IndexError, RuntimeError):
+            return False
+        return True
+
+    if limit:
+        assert positions - 2 <= limit <= positions and runs(limit) and not runs(limit + 1)
+    else:
+        assert runs((positions or 512) + 1)  # BLOOM (ALiBi) has no positions in its config

@@ -32,20 +32,41 @@ OTHER_TOWERS = ("vision", "visual", "audio", "image", "encoder", "speech", "patc
 
 
 def position_table(model: Any) -> int:  # a transformers PreTrainedModel
-    """The positions a learned position table holds (GPT-2's ``wpe``; OPT's table, 2 rows longer for its offset): an
-    embedding other than the tokens' with ``max_position_embeddings`` rows, or 0 (rotary, ALiBi: nothing to index)."""
-    positions = config_value(text_config(model.config), "max_position_embeddings")
+    """The positions a learned position table lets a sequence index, or 0 (rotary, ALiBi: nothing to index).
+
+    The table is an embedding other than the tokens' with ``max_position_embeddings`` rows or up to 2 more; a sequence
+    may use its rows less the ones its position ids skip: OPT's and BART's tables start at their ``offset`` (2), the
+    RoBERTa family's count from ``padding_idx + 1`` (2 rows fewer than the table: 510 of 512), GPT-2's ``wpe`` and
+    Blenderbot's from 0. Whisper's decoder names its positions ``max_target_positions``; CTRL keeps a fixed
+    sinusoidal table as a ``[positions, hidden]`` buffer."""
+    config = text_config(model.config)
+    positions = config_value(config, "max_position_embeddings") or config_value(config, "max_target_positions")
     if not isinstance(positions, int) or isinstance(positions, bool) or positions <= 0:
         return 0
     try:
         tokens = model.get_input_embeddings()
     except (AttributeError, NotImplementedError):
         tokens = None
-    for module in model.modules():
+    for name, module in model.named_modules():
         rows = module.num_embeddings if isinstance(module, nn.Embedding) and module is not tokens else 0
-        if positions <= rows <= positions + 2:
+        if positions <= rows <= positions + 2 and _names_positions(name):
+            offset = getattr(module, "offset", None)
+            if not isinstance(offset, int):
+                offset = 0 if module.padding_idx is None else module.padding_idx + 1
+            return rows - offset
+    hidden = config_value(config, "hidden_size")
+    for name, buffer in model.named_buffers():  # a fixed sinusoidal [positions, hidden] table (CTRL's pos_encoding)
+        if buffer.dim() == 2 and tuple(buffer.shape) == (positions, hidden) and _names_positions(name):
             return positions
     return 0
+
+
+def _names_positions(name: str) -> bool:
+    """Whether a module or buffer's own name says it holds positions (``wpe``, ``embed_positions``,
+    ``position_embeddings``, ``pos_encoding``), not another table that happens to have as many rows (Gemma-3n's
+    per-layer token embeddings in a small config)."""
+    last = name.rsplit(".", 1)[-1].lower()
+    return last == "wpe" or "pos" in last
 
 
 def tied_embeddings(model: Any) -> bool:  # a transformers PreTrainedModel

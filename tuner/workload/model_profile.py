@@ -21,7 +21,9 @@ from typing import Any
 # 4: dims carry the learned position table's rows
 # 5: traces see no padding in a mask the model makes itself (BART's decoder); attention is the text model's;
 # states a training call leaves held in its caches and modules count
-PROFILE_FORMAT = 5
+# 6: the position table's limit is the positions a sequence may index (OPT's offset, the RoBERTa family's padding
+# offset: 510 of 512); traces deep-copy fake tensors as fake and refuse a layer that runs twice per forward (Dory)
+PROFILE_FORMAT = 6
 
 
 @dataclass(frozen=True, slots=True)
