@@ -3,6 +3,8 @@ where each ALST piece moves bytes. The estimate against real DeepSpeed runs is t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tuner.estimator import estimate
@@ -136,3 +138,37 @@ def test_offloaded_checkpoints_live_in_host_memory() -> None:
     moved = kept.phases["forward"].gpu["activations"] - offloaded.phases["forward"].gpu["activations"]
     assert moved == (layers - 2) * checkpoint  # the layer recomputed and the next fetched stay on the device
     assert on_device.phases["forward"].gpu["activations"] > kept.phases["forward"].gpu["activations"]
+
+
+def test_a_recomputed_layer_holds_its_worst_backward_moment() -> None:
+    """With checkpointing, the recomputed layer's traced worst moment in backward replaces its saved bytes where
+    larger: all of it without tiling, the moment outside the MLP under a tiled MLP (whose shards replace the MLP's)."""
+    base = load_builtin_model("llama-2-7b")
+    saved, peak, outside_mlp = 10**9, 14 * 10**8, 12 * 10**8  # per sample, at s/sp
+    entry = ActivationProfile(
+        seq_len=SEQ // 2, precision="bf16", attention="sdpa", experts="", checkpointing=True,
+        outside=Linear(0, 1000, 1000), first_extra=Linear(0, 0, 0), layers={"decoder": Linear(0, 4000, 4000)},
+        recompute=Linear(0, saved, saved), backward_peak=Linear(0, peak, peak),
+        backward_peak_outside_mlp=Linear(0, outside_mlp, outside_mlp),
+    )  # fmt: skip
+    profile = ModelProfile(
+        model_type="llama", architecture="LlamaForCausalLM", transformers_version="5", n_params=base.n_params,
+        param_numels=base.param_numels, param_elements_by_dtype={"bf16": base.n_params}, largest_param_name="x",
+        largest_param_numel=base.largest_param, layer_kinds=("decoder",) * base.num_layers, activations=(entry,),
+    )  # fmt: skip
+    model = model_from_hf_config({"model_type": "llama", **_dims(base)}, "traced")
+    model = type(model)(**{**model.to_dict(), "implementation": "transformers", "numels": base.param_numels})
+    work = Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=SEQ), profile=profile)
+
+    def recomputed(**dstune: object) -> int:
+        ds = config(2, **dstune)
+        return estimate(work, TrialConfig(ds, activation_checkpointing=True)).details["recomputed_block"]
+
+    assert recomputed() == peak
+    shard = -(-mlp_saved_bytes(model, SEQ // 2, 2) // 4)
+    assert saved - mlp_saved_bytes(model, SEQ // 2, 2) + shard < outside_mlp
+    assert recomputed(tiled_mlp_shards=4) == outside_mlp
+    # without a traced moment (an older profile, a layer that cannot run alone) the saved bytes stand
+    bare = replace(entry, backward_peak=Linear(), backward_peak_outside_mlp=Linear())
+    work = replace(work, profile=replace(profile, activations=(bare,)))
+    assert recomputed() == saved

@@ -51,9 +51,11 @@ def add_activations(
     if activations is None:
         return None
     seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.long_context`)
-    acts = Activations(activations[0], logits_workspace_bytes(model, s.micro_batch, seq, elem), activations[1])
+    workspace = logits_workspace_bytes(model, s.micro_batch, seq, elem)
+    acts = Activations(activations.saved, workspace, activations.recompute)
+    acts.peak, acts.peak_outside_mlp = activations.peak, activations.peak_outside_mlp
     acts = long_context_terms(workload, s, acts, details)
-    saved, recompute, source = acts.saved, acts.recompute, activations[2]
+    saved, recompute, source = acts.saved, acts.recompute, activations.source
     if workload.cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
         kernel_extra = extra_bytes_per_layer(model, s.micro_batch, train.seq_len, s.precision, train.attention)
         kernel_extra = kernel_extra // (s.sequence_parallel_size * s.tensor_parallel_size)  # a rank's h/(sp·tp) heads

@@ -32,6 +32,8 @@ other models are unknown.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tuner.workload import SUPPORTED_FAMILIES, ModelSpec, Workload
 
 TOKEN_BYTES = 28  # token ids + targets (int64) and per-token loss statistics
@@ -120,6 +122,18 @@ def logits_workspace_bytes(model: ModelSpec, batch: int, seq: int, elem: int) ->
     return max(elem + 4, 2 * 4) * batch * seq * model.vocab_size
 
 
+class LayerActivations(NamedTuple):
+    """One rank's activations: saved after forward, the extra bytes while one block recomputes (its saved tensors),
+    where they come from (``trace`` or ``formula``) and, traced with checkpointing, the recomputed block's worst
+    moments in its backward (all of it; outside its MLP, the MLP's tensors left out), 0 where unknown."""
+
+    saved: int
+    recompute: int
+    source: str
+    peak: int = 0
+    peak_outside_mlp: int = 0
+
+
 def workload_activation_bytes(
     workload: Workload,
     micro_batch: int,
@@ -129,7 +143,7 @@ def workload_activation_bytes(
     adapters: str = "",
     sequence_parallel: int = 1,
     tensor_parallel: int = 1,
-) -> tuple[int, int, str] | None:
+) -> LayerActivations | None:
     """(saved bytes after forward, extra bytes while one block recomputes, source) for ``workload`` at
     ``micro_batch``, with or without activation ``checkpointing``; source ``trace`` (the profile) or ``formula``;
     None when unknown. ``adapters``: the dtype a peft model's adapters run in (``fp32`` under ZeRO-3; the trace with
@@ -152,13 +166,17 @@ def workload_activation_bytes(
                 recompute = entry.recompute.at(micro_batch) // scale
                 layers = saved - (entry.outside.at(micro_batch) + entry.first_extra.at(micro_batch)) // scale
                 whole = tp_whole_layer_bytes(model, micro_batch, seq, elem, traced=True) if tp > 1 else 0
+                peaks = [
+                    tp_local_activations(saved, line.at(micro_batch) // scale, layers, whole, n_layers, True, tp)[1]
+                    for line in (entry.backward_peak, entry.backward_peak_outside_mlp)
+                ]
                 saved, recompute = tp_local_activations(saved, recompute, layers, whole, n_layers, checkpointing, tp)
-                return saved, recompute, "trace"
+                return LayerActivations(saved, recompute, "trace", *peaks)
     if model.implementation == "builtin" or model.family in SUPPORTED_FAMILIES:
         saved, recompute = activation_bytes(model, micro_batch, seq, elem, train.attention, checkpointing)
         if tp > 1:
             layers = n_layers * layer_activation_bytes(model, micro_batch, seq, elem, train.attention)
             whole = tp_whole_layer_bytes(model, micro_batch, seq, elem, traced=False)
             saved, recompute = tp_local_activations(saved, recompute, layers, whole, n_layers, checkpointing, tp)
-        return saved, recompute, "formula"
+        return LayerActivations(saved, recompute, "formula")
     return None

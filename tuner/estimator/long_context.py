@@ -18,6 +18,9 @@ ALST (:class:`tuner.workload.LongContext`):
   forward and saves only the gradient of its input: the fp32 log-softmax of the logits (``4·b·s·V``) leaves the
   saved activations, the gradient ``e·b·s·h`` joins them, and the logits workspace is one shard's, plus that shard's
   fp32 log-softmax.
+* With checkpointing, the recomputed layer holds its saved tensors and then, part-way through its backward, its
+  worst moment (:mod:`tuner.profile.backward_peak`, traced): under a tiled MLP the one outside the MLP (RMSNorm's
+  fp32 gradient temporaries beside attention's saved tensors), else the larger of that and the MLP's own.
 * ``offload_checkpoints`` (with checkpointing): the checkpointed layer inputs live in host memory (pinned on CUDA
   hosts), only the layers in flight on the device: the one recomputed in backward and the next one's input being
   copied back.
@@ -120,6 +123,8 @@ class Activations:
     host: int = 0
     host_count: int = 0  # how many host tensors ``host`` is (one checkpoint per layer), each pinned on CUDA
     transient: int = 0
+    peak: int = 0  # with checkpointing, the recomputed layer's worst moment in its backward (traced; 0: unknown)
+    peak_outside_mlp: int = 0  # the same outside its MLP's backward, the MLP's tensors left out
 
 
 def long_context_terms(workload: Workload, s: Settings, acts: Activations, details: dict[str, int]) -> Activations:
@@ -127,6 +132,7 @@ def long_context_terms(workload: Workload, s: Settings, acts: Activations, detai
     model, elem, batch = workload.model, s.param_bytes, s.micro_batch
     sp, local, layers = s.sequence_parallel_size, local_seq(workload, s), max(1, model.num_layers)
     tokens = batch * local
+    replicated = 0
     if sp > 1:
         replicated = kv_replication_bytes(model, batch, workload.train.seq_len, elem, sp)
         per_layer = replicated if not s.activation_checkpointing else 0
@@ -151,6 +157,11 @@ def long_context_terms(workload: Workload, s: Settings, acts: Activations, detai
         shard_logits = -(-logits // s.tiled_loss_shards)
         acts.workspace = (elem + 2 * FP32) * shard_logits
         details["tiled_loss_shard"] = acts.workspace
+    if s.activation_checkpointing:  # the recomputed layer's worst moment in backward, beyond its saved tensors
+        worst = acts.peak_outside_mlp if s.tiled_mlp_shards > 1 else acts.peak
+        if worst and worst + replicated > acts.recompute:
+            acts.recompute = worst + replicated
+            details["recomputed_backward_peak"] = acts.recompute
     if s.offload_checkpoints and s.activation_checkpointing:
         checkpoint = elem * tokens * model.hidden_size
         acts.host, acts.host_count = layers * checkpoint, layers

@@ -108,6 +108,8 @@ class SeqSizer:
             first_extra=_fit_linear([(e.seq_len, e.first_extra) for e in basis], length),
             layers={kind: _fit_linear([(e.seq_len, e.layers[kind]) for e in basis], length) for kind in kinds},
             recompute=_fit_linear([(e.seq_len, e.recompute) for e in basis], length),
+            backward_peak=_fit_linear([(e.seq_len, e.backward_peak) for e in basis], length),
+            backward_peak_outside_mlp=_fit_linear([(e.seq_len, e.backward_peak_outside_mlp) for e in basis], length),
         )
 
 

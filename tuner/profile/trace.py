@@ -22,6 +22,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tuner.profile.autograd_saved import OUTSIDE, saved_bytes_by_layer, zero3_linear
+from tuner.profile.backward_peak import traced_backward_peaks
 from tuner.profile.quiet_logs import quiet
 from tuner.profile.small_copy import build_copy
 from tuner.workload import ActivationProfile, Linear, TrainableSpec, WorkloadError
@@ -154,6 +155,7 @@ def trace_lengths(
     """
     wanted, lengths = sorted(set(checkpointing)), sorted(set(seq_lens))
     traces: dict[bool, dict[int, list[Parts]]] = {}
+    peaks: dict[int, list[tuple[int, int]] | None] = {}
     experts: dict[bool, str] = {}
     recurrent: list[bool] = []
     for ckpt in (False, True) if True in wanted else (False,):
@@ -165,6 +167,8 @@ def trace_lengths(
             try:
                 with quiet(), zero3_linear() if adapters == "zero3" else contextlib.nullcontext():
                     traces[ckpt] = {n: _traced_parts(model, keep, kinds, n, fake_mode, recurrent) for n in lengths}
+                    if not ckpt and True in wanted and not (recurrent and recurrent[0]):
+                        peaks = {n: _backward_peaks(model, keep, kinds, n, fake_mode) for n in lengths}
                 break
             except WorkloadError:
                 raise
@@ -176,21 +180,13 @@ def trace_lengths(
                     f"{config['model_type']} cannot be traced under fake tensors: {_reason(error)}",
                 ) from None
         experts[ckpt] = str(getattr(model.config, "_experts_implementation", None) or "none")
-    return {
-        n: {
-            ckpt: _activation_profile(
-                {c: by_length[n] for c, by_length in traces.items()},
-                ckpt,
-                n,
-                precision,
-                attention,
-                experts[ckpt],
-                adapters,
-            )
-            for ckpt in wanted
+    profiles: dict[int, dict[bool, ActivationProfile]] = {}
+    for n in lengths:
+        at = {c: by_length[n] for c, by_length in traces.items()}
+        profiles[n] = {
+            c: _activation_profile(at, c, n, precision, attention, experts[c], adapters, peaks.get(n)) for c in wanted
         }
-        for n in lengths
-    }
+    return profiles
 
 
 def _activation_profile(
@@ -201,12 +197,17 @@ def _activation_profile(
     attention: str,
     experts: str,
     adapters: str,
+    peaks: list[tuple[int, int]] | None = None,
 ) -> ActivationProfile:
     """The profile of one checkpointing setting from the traces at micro-batch 1, 2 and 3 (with checkpointing, the
-    largest non-checkpointed layer is what a layer's recomputation holds)."""
+    largest non-checkpointed layer is what a layer's recomputation holds, and ``peaks`` its worst moments in
+    backward)."""
     one, two, three = traces[checkpointing]
     layers = {kind: Linear.through(one[2][kind], two[2][kind], three[2][kind]) for kind in one[2]}
-    recompute = Linear()
+    recompute = peak = peak_outside_mlp = Linear()
+    if checkpointing and peaks:
+        peak = Linear.through(*(both[0] for both in peaks))
+        peak_outside_mlp = Linear.through(*(both[1] for both in peaks))
     if checkpointing:
         plain = traces[False]
         recompute = max(
@@ -224,4 +225,16 @@ def _activation_profile(
         layers=layers,
         recompute=recompute,
         adapters=adapters,
+        backward_peak=peak,
+        backward_peak_outside_mlp=peak_outside_mlp,
     )
+
+
+def _backward_peaks(
+    model: nn.Module, keep: list[int], kinds: tuple[str, ...] | list[str], seq_len: int, fake_mode: FakeTensorMode
+) -> list[tuple[int, int]] | None:
+    """The worst backward moments, at micro-batch 1, 2 and 3, of the first kept layer of each kind (the largest)."""
+    firsts: dict[str, int] = {}
+    for position, index in enumerate(keep):
+        firsts.setdefault(kinds[index], position)
+    return traced_backward_peaks(model, sorted(firsts.values()), seq_len, fake_mode)

@@ -23,7 +23,8 @@ from typing import Any
 # states a training call leaves held in its caches and modules count
 # 6: the position table's limit is the positions a sequence may index (OPT's offset, the RoBERTa family's padding
 # offset: 510 of 512); traces deep-copy fake tensors as fake and refuse a layer that runs twice per forward (Dory)
-PROFILE_FORMAT = 6
+# 7: checkpointing entries carry the recomputed layer's worst moment in its backward (backward_peak)
+PROFILE_FORMAT = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +56,12 @@ class ActivationProfile:
     """Saved-for-backward bytes of one configuration of the model, by part, as functions of the micro-batch.
 
     ``recompute``: with checkpointing, the extra bytes while one layer is recomputed in backward (the largest layer
-    kind's saved bytes without checkpointing); 0 without checkpointing. ``adapters``: for the model as trained
-    (peft, frozen parameters), how it was traced: ``""`` as ZeRO 0-2 train it (adapters cast to the training
-    dtype); ``zero3`` as ZeRO-3 does (peft's fp32 adapters kept, and every Linear saving its input under
+    kind's saved bytes without checkpointing); 0 without checkpointing. ``backward_peak``: with checkpointing, that
+    layer's live bytes at the worst moment of its backward (its saved tensors partly freed, backward's temporaries
+    beside them: :mod:`tuner.profile.backward_peak`); ``backward_peak_outside_mlp`` the same outside its MLP's
+    backward, without the MLP's tensors (the layer under a tiled MLP); both 0 where not traced. ``adapters``: for
+    the model as trained (peft, frozen parameters), how it was traced: ``""`` as ZeRO 0-2 train it (adapters cast to
+    the training dtype); ``zero3`` as ZeRO-3 does (peft's fp32 adapters kept, and every Linear saving its input under
     ``zero.Init``'s memory-efficient linear); ``fp32`` the adapters kept, Linear as torch's.
     """
 
@@ -71,6 +75,8 @@ class ActivationProfile:
     layers: dict[str, Linear]
     recompute: Linear = Linear()
     adapters: str = ""
+    backward_peak: Linear = Linear()
+    backward_peak_outside_mlp: Linear = Linear()
 
     @property
     def key(self) -> tuple[int, str, str, bool, str]:
@@ -105,6 +111,8 @@ class ActivationProfile:
             layers={kind: Linear(**value) for kind, value in data["layers"].items()},
             recompute=Linear(**data.get("recompute", {})),
             adapters=str(data.get("adapters", "")),
+            backward_peak=Linear(**data.get("backward_peak", {})),
+            backward_peak_outside_mlp=Linear(**data.get("backward_peak_outside_mlp", {})),
         )
 
 
