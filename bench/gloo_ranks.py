@@ -136,7 +136,8 @@ def estimate_peak(
 
     cluster = ClusterSpec(gpus_per_node=world, device="cpu", gpu_memory=140 * 2**30)
     train = TrainSpec(seq_len=seq, precision="bf16", attention="sdpa")
-    work = with_profile(Workload(model_from_config(model, name=name), cluster, train))
+    local = seq // int(ds.get("sequence_parallel_size", 1))  # a rank's tokens, traced as the CLI traces them
+    work = with_profile(Workload(model_from_config(model, name=name), cluster, train), lengths=(local,))
     return estimate(work, TrialConfig(ds, activation_checkpointing=checkpointing))
 
 

@@ -95,6 +95,13 @@ def cases() -> list[dict[str, Any]]:
         found.append(
             {"model": "qwen2", "stage": stage, "world": 2, "sp": 2, "mlp": 4, "loss": 16, "ckpt": True, "seq": 8192}
         )
+    # the same without checkpointing (the MoE model too): the first layer's backward on top of every saved tensor
+    for name in MODELS:
+        found.append({"model": name, "stage": 3, "world": 2, "sp": 2, "mlp": 4, "loss": 16, "seq": 8192})
+    # a MoE model's recomputed layer
+    found.append(
+        {"model": "qwen2-moe", "stage": 3, "world": 2, "sp": 2, "mlp": 4, "loss": 16, "ckpt": True, "seq": 8192}
+    )
     return found
 
 

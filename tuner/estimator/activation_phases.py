@@ -71,6 +71,12 @@ def add_activations(
     details["recomputed_block"] = recompute
     phases["forward"].gpu["activations"] += saved
     phases["forward"].gpu["buffers"] += acts.workspace
+    # forward's other moments: before the first layer, and the layers' end with what the model held into them (a
+    # mask it built) while the logits workspace is not yet allocated
+    before = max(activations.pre_layer_peak, saved + activations.pre_layer_held) - saved - acts.workspace
+    if before > 0:
+        details["pre_layer_extra"] = before
+        phases["forward"].gpu["activations"] += before
     phases["backward"].gpu["activations"] += recompute
     if acts.host:  # checkpoints offloaded to host memory (pinned on CUDA), from forward until backward used them
         host = pins.size(acts.host // acts.host_count, True, acts.host_count) if pins else acts.host

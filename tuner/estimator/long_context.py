@@ -19,7 +19,7 @@ ALST (:class:`tuner.workload.LongContext`):
   saved activations, the gradient ``e·b·s·h`` joins them, and the logits workspace is one shard's, plus that shard's
   fp32 log-softmax.
 * With checkpointing, the recomputed layer holds its saved tensors and then, part-way through its backward, its
-  worst moment (:mod:`tuner.profile.backward_peak`, traced): under a tiled MLP the one outside the MLP (RMSNorm's
+  worst moment (:mod:`tuner.profile.working_sets`, traced): under a tiled MLP the one outside the MLP (RMSNorm's
   fp32 gradient temporaries beside attention's saved tensors), else the larger of that and the MLP's own.
 * ``offload_checkpoints`` (with checkpointing): the checkpointed layer inputs live in host memory (pinned on CUDA
   hosts), only the layers in flight on the device: the one recomputed in backward and the next one's input being

@@ -110,6 +110,8 @@ class SeqSizer:
             recompute=_fit_linear([(e.seq_len, e.recompute) for e in basis], length),
             backward_peak=_fit_linear([(e.seq_len, e.backward_peak) for e in basis], length),
             backward_peak_outside_mlp=_fit_linear([(e.seq_len, e.backward_peak_outside_mlp) for e in basis], length),
+            pre_layer_peak=_fit_linear([(e.seq_len, e.pre_layer_peak) for e in basis], length),
+            pre_layer_held=_fit_linear([(e.seq_len, e.pre_layer_held) for e in basis], length),
         )
 
 

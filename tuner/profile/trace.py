@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tuner.profile.autograd_saved import OUTSIDE, saved_bytes_by_layer, zero3_linear
-from tuner.profile.backward_peak import traced_backward_peaks
 from tuner.profile.quiet_logs import quiet
 from tuner.profile.small_copy import build_copy
+from tuner.profile.working_sets import pre_layer_bytes, traced_backward_peaks
 from tuner.workload import ActivationProfile, Linear, TrainableSpec, WorkloadError
 
 
@@ -156,6 +157,7 @@ def trace_lengths(
     wanted, lengths = sorted(set(checkpointing)), sorted(set(seq_lens))
     traces: dict[bool, dict[int, list[Parts]]] = {}
     peaks: dict[int, list[tuple[int, int]] | None] = {}
+    pre: dict[int, list[tuple[int, int]] | None] = {}
     experts: dict[bool, str] = {}
     recurrent: list[bool] = []
     for ckpt in (False, True) if True in wanted else (False,):
@@ -167,6 +169,8 @@ def trace_lengths(
             try:
                 with quiet(), zero3_linear() if adapters == "zero3" else contextlib.nullcontext():
                     traces[ckpt] = {n: _traced_parts(model, keep, kinds, n, fake_mode, recurrent) for n in lengths}
+                    if not ckpt:
+                        pre = {n: _pre_layer(model, n, fake_mode) for n in lengths}
                     if not ckpt and True in wanted and not (recurrent and recurrent[0]):
                         peaks = {n: _backward_peaks(model, keep, kinds, n, fake_mode) for n in lengths}
                 break
@@ -184,7 +188,10 @@ def trace_lengths(
     for n in lengths:
         at = {c: by_length[n] for c, by_length in traces.items()}
         profiles[n] = {
-            c: _activation_profile(at, c, n, precision, attention, experts[c], adapters, peaks.get(n)) for c in wanted
+            c: _with_pre_layer(
+                _activation_profile(at, c, n, precision, attention, experts[c], adapters, peaks.get(n)), pre.get(n)
+            )
+            for c in wanted
         }
     return profiles
 
@@ -228,6 +235,23 @@ def _activation_profile(
         backward_peak=peak,
         backward_peak_outside_mlp=peak_outside_mlp,
     )
+
+
+def _pre_layer(model: nn.Module, seq_len: int, fake_mode: FakeTensorMode) -> list[tuple[int, int]] | None:
+    """:func:`pre_layer_bytes` at micro-batch 1, 2 and 3; None where it cannot be traced (nothing added then)."""
+    try:
+        with fake_mode:
+            return [pre_layer_bytes(model, batch, seq_len) for batch in (1, 2, 3)]
+    except Exception:  # the saved-bytes trace ran; this extra count is not a reason to refuse the model
+        return None
+
+
+def _with_pre_layer(entry: ActivationProfile, pre: list[tuple[int, int]] | None) -> ActivationProfile:
+    """``entry`` with the pre-layer fields of :func:`_pre_layer`'s points."""
+    if not pre:
+        return entry
+    peak = Linear.through(*(point[0] for point in pre))
+    return replace(entry, pre_layer_peak=peak, pre_layer_held=Linear.through(*(point[1] for point in pre)))
 
 
 def _backward_peaks(

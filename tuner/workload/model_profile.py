@@ -24,7 +24,8 @@ from typing import Any
 # 6: the position table's limit is the positions a sequence may index (OPT's offset, the RoBERTa family's padding
 # offset: 510 of 512); traces deep-copy fake tensors as fake and refuse a layer that runs twice per forward (Dory)
 # 7: checkpointing entries carry the recomputed layer's worst moment in its backward (backward_peak)
-PROFILE_FORMAT = 7
+# 8: entries carry what the forward pass holds before the first layer (pre_layer_peak, pre_layer_held)
+PROFILE_FORMAT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +59,10 @@ class ActivationProfile:
     ``recompute``: with checkpointing, the extra bytes while one layer is recomputed in backward (the largest layer
     kind's saved bytes without checkpointing); 0 without checkpointing. ``backward_peak``: with checkpointing, that
     layer's live bytes at the worst moment of its backward (its saved tensors partly freed, backward's temporaries
-    beside them: :mod:`tuner.profile.backward_peak`); ``backward_peak_outside_mlp`` the same outside its MLP's
-    backward, without the MLP's tensors (the layer under a tiled MLP); both 0 where not traced. ``adapters``: for
+    beside them: :mod:`tuner.profile.working_sets`); ``backward_peak_outside_mlp`` the same outside its MLP's
+    backward, without the MLP's tensors (the layer under a tiled MLP); both 0 where not traced. ``pre_layer_peak``,
+    ``pre_layer_held``: the forward pass's worst moment before the first decoder layer and what it still holds then
+    beside the layer's input (masks the model builds), parameters not counted. ``adapters``: for
     the model as trained (peft, frozen parameters), how it was traced: ``""`` as ZeRO 0-2 train it (adapters cast to
     the training dtype); ``zero3`` as ZeRO-3 does (peft's fp32 adapters kept, and every Linear saving its input under
     ``zero.Init``'s memory-efficient linear); ``fp32`` the adapters kept, Linear as torch's.
@@ -77,6 +80,8 @@ class ActivationProfile:
     adapters: str = ""
     backward_peak: Linear = Linear()
     backward_peak_outside_mlp: Linear = Linear()
+    pre_layer_peak: Linear = Linear()
+    pre_layer_held: Linear = Linear()
 
     @property
     def key(self) -> tuple[int, str, str, bool, str]:
@@ -113,6 +118,8 @@ class ActivationProfile:
             adapters=str(data.get("adapters", "")),
             backward_peak=Linear(**data.get("backward_peak", {})),
             backward_peak_outside_mlp=Linear(**data.get("backward_peak_outside_mlp", {})),
+            pre_layer_peak=Linear(**data.get("pre_layer_peak", {})),
+            pre_layer_held=Linear(**data.get("pre_layer_held", {})),
         )
 
 

@@ -1,4 +1,5 @@
-"""A decoder layer's worst moment in its own backward pass, traced under fake tensors (imports torch and transformers).
+"""Moments the saved bytes miss, traced under fake tensors (imports torch and transformers): a decoder layer's worst
+moment in its own backward pass, and what the model holds before its first layer runs.
 
 What autograd saves (:mod:`tuner.profile.autograd_saved`) is what a layer holds when its backward starts; the
 layer's worst moment comes later, part-way through it, with backward's temporaries beside what is left of its saved
@@ -13,6 +14,11 @@ backward with the MLP's tensors left out (what a layer holds when DeepSpeed's ``
 by shard and keeps only its input). The layer's parameters, their gradients, its output and the gradient arriving
 at it are not counted (they are the model states' and the next layer's); saved tensors made outside the layer
 (rotary tables, masks) are, as the saved-bytes trace counts them.
+
+:func:`pre_layer_bytes`: the model's forward pass up to its first decoder layer, with its worst moment and what it
+holds into the layers beside their input: attention masks the model builds (Qwen2-MoE builds a sliding-window mask of
+``s × s`` booleans for no layer, three such tensors at once while it does: measured under Ulysses at 4,096 tokens a
+rank, 48 MiB).
 """
 
 from __future__ import annotations
@@ -67,18 +73,23 @@ class _StorageEvents(TorchDispatchMode):
         return self.serials.get(tensor.untyped_storage()._cdata)
 
 
-def _layer_inputs(model: nn.Module, layer: nn.Module, micro_batch: int, seq_len: int) -> tuple[list[Any], dict]:
-    """The positional and keyword arguments ``layer`` gets in a training forward pass of ``model``."""
+def _layer_inputs(
+    model: nn.Module, layer: nn.Module, micro_batch: int, seq_len: int, events: _StorageEvents | None = None
+) -> tuple[list[Any], dict]:
+    """The positional and keyword arguments ``layer`` gets in a training forward pass of ``model`` (run up to it
+    under ``events`` if given)."""
     captured: dict[str, Any] = {}
 
     def grab(module: nn.Module, args: Any, kwargs: Any) -> None:
         captured.update(args=list(args), kwargs=dict(kwargs))
+        if events is not None:
+            events.where = "layer"  # what follows is the unwinding
         raise _Stop
 
     handle = layer.register_forward_pre_hook(grab, with_kwargs=True)
     try:
         tokens = torch.randint(0, text_config(model.config).vocab_size, (micro_batch, seq_len))
-        with contextlib.suppress(_Stop):
+        with contextlib.suppress(_Stop), events or contextlib.nullcontext():
             model(input_ids=tokens, labels=tokens)
     finally:
         handle.remove()
@@ -172,6 +183,32 @@ def layer_backward_peaks(model: nn.Module, index: int, micro_batch: int, seq_len
     return peak + external, peak_outside + external
 
 
+def pre_layer_bytes(model: nn.Module, micro_batch: int, seq_len: int) -> tuple[int, int]:
+    """(the worst moment's live bytes, the bytes still held when the first decoder layer starts, its hidden-state
+    input left out) of ``model``'s training forward pass before that layer, parameters not counted; inside the
+    model's ``FakeTensorMode``."""
+    model.train()
+    events = _StorageEvents()
+    with _fake_safe(model):
+        args, kwargs = _layer_inputs(model, decoder_layers(model)[0], micro_batch, seq_len, events)
+    kept = [*model.parameters(), *model.buffers(), _hidden_input(args, kwargs)]
+    ignored = {serial for serial in map(events.serial, kept) if serial is not None}
+    live: dict[int, int] = {}
+    total = peak = 0
+    for allocated, serial, nbytes, where in events.events:
+        if where == "layer":
+            break
+        if serial in ignored:
+            continue
+        if allocated:
+            live[serial] = nbytes
+            total += nbytes
+        else:
+            total -= live.pop(serial, 0)
+        peak = max(peak, total)
+    return peak, total
+
+
 def traced_backward_peaks(
     model: nn.Module, positions: list[int], seq_len: int, fake_mode: FakeTensorMode
 ) -> list[tuple[int, int]] | None:
@@ -186,4 +223,4 @@ def traced_backward_peaks(
     return max(by_layer, key=lambda peaks: peaks[1][0]) if by_layer else None
 
 
-__all__ = ["layer_backward_peaks", "traced_backward_peaks"]
+__all__ = ["layer_backward_peaks", "pre_layer_bytes", "traced_backward_peaks"]

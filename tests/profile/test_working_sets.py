@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from tuner.profile.autograd_saved import saved_bytes_by_layer
-from tuner.profile.backward_peak import layer_backward_peaks
+from tuner.profile.working_sets import layer_backward_peaks, pre_layer_bytes
 from tuner.profile.model_parts import decoder_layers
 
 QWEN2 = {
@@ -92,3 +92,55 @@ def test_the_traced_backward_peak_is_the_allocators() -> None:
     assert traced > 1.1 * saved_bytes_by_layer(model, BATCH, SEQ, fake)[0]
     # outside the MLP (a tiled MLP's layer) the worst moment is lower: the gated MLP's intermediates are gone
     assert 0 < outside_mlp < traced
+
+
+QWEN2_MOE = {
+    "model_type": "qwen2_moe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+}
+
+
+def test_what_a_model_builds_before_its_layers_is_the_allocators() -> None:
+    """Qwen2-MoE builds a sliding-window mask of s x s booleans that no layer uses (its window is 0): three such
+    tensors at once while it does, one held through the layers. Truth: the allocator of the same forward pass run
+    for real up to the first layer."""
+    config = AutoConfig.for_model(**QWEN2_MOE)
+    config._attn_implementation = "sdpa"
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with fake:
+        peak, held = pre_layer_bytes(model, BATCH, SEQ)
+    assert peak >= 3 * SEQ * SEQ and held >= SEQ * SEQ  # the mask, while it is built and after
+    real = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).train()
+    layer = decoder_layers(real)[0]
+    def stop(*_: Any) -> None:
+        raise StopIteration
+
+    handle = layer.register_forward_pre_hook(stop)
+    tokens = torch.randint(0, QWEN2_MOE["vocab_size"], (BATCH, SEQ))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        with pytest.raises(StopIteration):
+            real(input_ids=tokens, labels=tokens)
+    handle.remove()
+    live = real_peak = 0
+    for _, nbytes in sorted(
+        (event.start_ns(), event.nbytes())
+        for event in prof.profiler.kineto_results.events()
+        if event.name() == "[memory]" and event.device_type().name == "CPU"
+    ):
+        live += nbytes
+        real_peak = max(real_peak, live)
+    # the allocator also holds the embeddings' output, which the trace leaves to the first layer
+    hidden = BATCH * SEQ * QWEN2_MOE["hidden_size"] * 2
+    assert real_peak - hidden <= peak <= real_peak
