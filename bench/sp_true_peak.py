@@ -218,14 +218,25 @@ Open: the tiled ZeRO-3 MoE rows are over by 4.5 % (2 ranks) and 6.0 % (4 ranks),
 MoE bytes are not alive there is not yet found.
 
 Activation checkpointing (measured 2026-12-03), as ALST trains: at sequence 1024 the four rows (ZeRO 2 and 3, with and
-without tiling) are within 3 % (-0.2 to +3.0 %). At sequence 8192 with tiling (MLP 4, loss 16), where a recomputed
-layer and not the logits sets the peak, the estimate is under: ZeRO-0 -12.2 %, ZeRO-2 -11.1 %, ZeRO-3 -6.7 %. The
-allocator's live tensors at the ZeRO-2 peak (`SP_BENCH_DETAIL="step 1 backward"`) show the moment: the recomputed
-layer part-way through its backward, with RMSNorm's gradient in fp32 (five fp32 [s/sp, h] temporaries, 10 MiB:
-`aten::mul`, `pow`, `div` under `_engine_run_backward`) and the all-to-all's buffers (4 MiB, `_dim_zero_all_to_all`,
-`uattn_wrapper`) beside what is left of its saved tensors. The estimate counts the layer's whole saved set and no
-backward temporaries, 4.1 MiB short in all; adding both temporaries to it would be 10 MiB over. Open: the profile
-should trace a layer's backward working set over time, as it traces what forward saves.
+without tiling) are within 3 % (-0.2 to +3.0 %). At sequence 8192 with tiling (MLP 4, loss 16) a recomputed layer,
+not the logits, sets the peak. The allocator's live tensors there (`SP_BENCH_DETAIL="step 1 backward"`) show the
+layer part-way through its backward: RMSNorm's gradient in fp32 (five fp32 [s/sp, h] temporaries, `aten::mul`, `pow`,
+`div` under `_engine_run_backward`) beside what is left of its saved tensors. Counting the layer's saved bytes alone
+the estimate was under: ZeRO-0 -12.2 %, ZeRO-2 -11.1 %, ZeRO-3 -6.7 %. Since 2026-12-03 the profile traces that
+moment (`tuner/profile/working_sets.py`: the layer run alone under fake tensors, every storage's allocation and free
+followed; the same layer run for real gives the allocator's figure to the byte, `tests/profile/test_working_sets.py`):
+ZeRO-0 +0.2 %, ZeRO-2 +3.7 %, ZeRO-3 +8.3 %. The two ranks of the ZeRO-2 row differ by 1.4 MiB (35.7 and 37.1 MiB;
+the table takes the larger). ZeRO-3 is over by 3 MiB because the estimate's backward phase adds the reduce-scatter
+staging of the first bucket (3 MiB on gloo) to the recomputed layer's moment; in this run the layer's gradients do
+not fill a bucket, so no reduction happens at that moment. Open: the phases add their worst moments, and the
+moments of a checkpointed backward (one layer's temporaries, a bucket's reduction) are not always one.
+
+The rows without checkpointing at 8192 (peak in forward): dense -4.2 %, MoE +3.7 %. The MoE row with checkpointing
+was -35.5 %: transformers' Qwen2-MoE builds a sliding-window mask (window 0, used by no layer) of (s/sp)^2 booleans,
+three such tensors at once while building it (`aten::le`, `aten::__and__`: 48 MiB at 4,096 tokens a rank), one held
+through the layers; the saved-bytes trace never sees it. The profile now keeps the forward pass's worst moment before
+the first layer and what it holds then (`pre_layer_bytes`, checked against the allocator of the same forward run for
+real): +1.3 %.
 """
 
 

@@ -143,7 +143,6 @@ def test_offloaded_checkpoints_live_in_host_memory() -> None:
 def test_a_recomputed_layer_holds_its_worst_backward_moment() -> None:
     """With checkpointing, the recomputed layer's traced worst moment in backward replaces its saved bytes where
     larger: all of it without tiling, the moment outside the MLP under a tiled MLP (whose shards replace the MLP's)."""
-    base = load_builtin_model("llama-2-7b")
     saved, peak, outside_mlp = 10**9, 14 * 10**8, 12 * 10**8  # per sample, at s/sp
     entry = ActivationProfile(
         seq_len=SEQ // 2, precision="bf16", attention="sdpa", experts="", checkpointing=True,
@@ -151,14 +150,9 @@ def test_a_recomputed_layer_holds_its_worst_backward_moment() -> None:
         recompute=Linear(0, saved, saved), backward_peak=Linear(0, peak, peak),
         backward_peak_outside_mlp=Linear(0, outside_mlp, outside_mlp),
     )  # fmt: skip
-    profile = ModelProfile(
-        model_type="llama", architecture="LlamaForCausalLM", transformers_version="5", n_params=base.n_params,
-        param_numels=base.param_numels, param_elements_by_dtype={"bf16": base.n_params}, largest_param_name="x",
-        largest_param_numel=base.largest_param, layer_kinds=("decoder",) * base.num_layers, activations=(entry,),
-    )  # fmt: skip
-    model = model_from_hf_config({"model_type": "llama", **_dims(base)}, "traced")
-    model = type(model)(**{**model.to_dict(), "implementation": "transformers", "numels": base.param_numels})
-    work = Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=SEQ), profile=profile)
+    work = _traced(entry)
+    profile, model = work.profile, work.model
+    assert profile is not None
 
     def recomputed(**dstune: object) -> int:
         ds = config(2, **dstune)
@@ -172,3 +166,45 @@ def test_a_recomputed_layer_holds_its_worst_backward_moment() -> None:
     bare = replace(entry, backward_peak=Linear(), backward_peak_outside_mlp=Linear())
     work = replace(work, profile=replace(profile, activations=(bare,)))
     assert recomputed() == saved
+
+
+def _traced(entry: ActivationProfile) -> Workload:
+    """LLaMA-2-7B on 2 CPU ranks at :data:`SEQ`, carrying a profile of the one activation ``entry``."""
+    base = load_builtin_model("llama-2-7b")
+    profile = ModelProfile(
+        model_type="llama", architecture="LlamaForCausalLM", transformers_version="5", n_params=base.n_params,
+        param_numels=base.param_numels, param_elements_by_dtype={"bf16": base.n_params}, largest_param_name="x",
+        largest_param_numel=base.largest_param, layer_kinds=("decoder",) * base.num_layers, activations=(entry,),
+    )  # fmt: skip
+    model = model_from_hf_config({"model_type": "llama", **_dims(base)}, "traced")
+    model = type(model)(**{**model.to_dict(), "implementation": "transformers", "numels": base.param_numels})
+    return Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=SEQ), profile=profile)
+
+
+def test_forward_holds_its_largest_traced_moment() -> None:
+    """Without checkpointing the forward phase holds the largest of the loss's moment (saved activations and the
+    logits workspace), the first layer's backward on top of every layer's saved tensors (the head's and loss's are
+    freed), and what the model builds before its first layer."""
+    layer, outside = 10**8, 3 * 10**8
+    entry = ActivationProfile(
+        seq_len=SEQ // 2, precision="bf16", attention="sdpa", experts="", checkpointing=False,
+        outside=Linear(0, outside, outside), first_extra=Linear(), layers={"decoder": Linear(0, layer, layer)},
+    )  # fmt: skip
+    work = _traced(entry)
+    n = work.model.num_layers
+    plain = estimate(work, config(2))
+    saved, workspace = plain.phases["forward"].gpu["activations"], plain.details["logits_workspace"]
+    assert saved == n * layer + outside and "forward_moment_extra" not in plain.details
+
+    def forward(**fields: Linear) -> int:
+        est = estimate(replace(work, profile=replace(work.profile, activations=(replace(entry, **fields),))), config(2))
+        return est.phases["forward"].gpu["activations"] + workspace
+
+    excess = outside + workspace + 7 * 10**8  # a layer's backward beyond what it saved (eager scores' gradients)
+    assert forward(backward_excess=Linear(0, excess, excess)) == n * layer + excess
+    small = outside + workspace - 1  # within the loss's moment: nothing added
+    assert forward(backward_excess=Linear(0, small, small)) == saved + workspace
+    mask = saved + workspace + 5 * 10**8  # a mask built before the first layer
+    assert forward(pre_layer_peak=Linear(mask, 0, mask)) == mask
+    held = workspace + 10**8  # a mask held through the layers, larger than the logits workspace
+    assert forward(pre_layer_held=Linear(held, 0, held)) == saved + held

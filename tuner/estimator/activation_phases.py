@@ -11,7 +11,7 @@ reduction (:func:`_add_early_backward`).
 
 from __future__ import annotations
 
-from tuner.estimator.activations import logits_workspace_bytes, workload_activation_bytes
+from tuner.estimator.activations import LayerActivations, logits_workspace_bytes, workload_activation_bytes
 from tuner.estimator.attention import extra_bytes_per_layer
 from tuner.estimator.long_context import Activations, local_seq, long_context_terms
 from tuner.estimator.phases import Phase, add_bytes
@@ -53,7 +53,7 @@ def add_activations(
     seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.long_context`)
     workspace = logits_workspace_bytes(model, s.micro_batch, seq, elem)
     acts = Activations(activations.saved, workspace, activations.recompute)
-    acts.peak, acts.peak_outside_mlp = activations.peak, activations.peak_outside_mlp
+    acts.peak, acts.peak_outside_mlp, acts.outside = activations.peak, activations.peak_outside_mlp, activations.outside
     acts = long_context_terms(workload, s, acts, details)
     saved, recompute, source = acts.saved, acts.recompute, activations.source
     if workload.cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
@@ -71,12 +71,6 @@ def add_activations(
     details["recomputed_block"] = recompute
     phases["forward"].gpu["activations"] += saved
     phases["forward"].gpu["buffers"] += acts.workspace
-    # forward's other moments: before the first layer, and the layers' end with what the model held into them (a
-    # mask it built) while the logits workspace is not yet allocated
-    before = max(activations.pre_layer_peak, saved + activations.pre_layer_held) - saved - acts.workspace
-    if before > 0:
-        details["pre_layer_extra"] = before
-        phases["forward"].gpu["activations"] += before
     phases["backward"].gpu["activations"] += recompute
     if acts.host:  # checkpoints offloaded to host memory (pinned on CUDA), from forward until backward used them
         host = pins.size(acts.host // acts.host_count, True, acts.host_count) if pins else acts.host
@@ -85,7 +79,34 @@ def add_activations(
         _add_early_backward(workload, s, phases, details, saved)
     else:
         _add_frozen_backward(workload, s, phases, details, saved)
+    loss = acts.workspace + details.get("loss_backward", 0)  # the loss's moment: workspace and head gradient
+    _add_forward_moments(s, activations, (saved, acts.outside, loss), phases, details)
     return source
+
+
+def _add_forward_moments(
+    s: Settings,
+    traced: LayerActivations,
+    rank: tuple[int, int, int],
+    phases: dict[str, Phase],
+    details: dict[str, int],
+) -> None:
+    """The forward phase's moments other than the loss's (``saved`` activations beside its ``workspace``),
+    where traced larger: before the first layer (a mask the model builds: ``pre_layer_peak``), the layers' end
+    with what the model held into them (``pre_layer_held``) and, without checkpointing, the first layer's backward
+    on top of every layer's saved tensors (what the head and loss saved is freed by then), its temporaries beyond
+    what it saved (``excess``: eager attention's fp32 score gradients, a gated MLP's). The largest moment's excess
+    over the loss's is added to the phase's activations (``details["forward_moment_extra"]``). ``rank``: (saved,
+    of it outside the layers, the loss's workspace and head gradient) on this rank."""
+    saved, outside, workspace = rank
+    in_layers = saved - outside
+    if not s.activation_checkpointing:
+        in_layers += traced.excess_outside_mlp if s.tiled_mlp_shards > 1 else traced.excess
+    moment = max(traced.pre_layer_peak, saved + traced.pre_layer_held, in_layers)
+    extra = moment - saved - workspace
+    if extra > 0:
+        details["forward_moment_extra"] = extra
+        phases["forward"].gpu["activations"] += extra
 
 
 def _add_frozen_backward(
@@ -94,17 +115,23 @@ def _add_frozen_backward(
     """Backward's worst moments when few parameters train (measured, ``bench/peft_memory.py``): their gradients
     are too small to matter, so the peak comes before them.
 
-    * The loss's backward, before any gradient reaches a weight: beside every saved activation and the logits
-      workspace, one more logits-sized tensor in the training dtype (``e·b·s·V``, the gradient of the logits on
-      its way back through the LM head: ``details["loss_backward"]``), counted in the forward phase.
+    * The loss's backward, before any gradient reaches a weight: beside every saved activation, the fp32 gradient
+      of the log-softmax's input and the gradient of the logits in the training dtype on its way back through the
+      LM head (``(4 + e)·b·s·V``) beside the logits (``e·b·s·V``); what that is beyond the logits workspace
+      (``8·b·s·V``: nothing in bf16, measured) is ``details["loss_backward"]``, counted in the forward phase. Under
+      a tiled loss the head's gradient is made in forward, shard by shard: ``e·b·s·V`` stays counted.
     * The first trainable gradient arrives in the last layer's backward, when ZeRO 1-3 allocate their reduce
       bucket: the saved activations of every other layer are still alive (``(L-1)/L`` of them:
       ``details["early_backward_activations"]``), counted in the backward phase beside the bucket.
     """
     model, elem = workload.model, s.param_bytes
-    head = elem * s.micro_batch * local_seq(workload, s) * model.vocab_size
-    details["loss_backward"] = head
-    phases["forward"].gpu["buffers"] += head
+    logits = s.micro_batch * local_seq(workload, s) * model.vocab_size
+    head = elem * logits
+    if s.tiled_loss_shards <= 1:
+        head = max(0, (2 * elem + 4) * logits - details.get("logits_workspace", 0))
+    if head:
+        details["loss_backward"] = head
+        phases["forward"].gpu["buffers"] += head
     layers = max(1, model.num_layers)
     if s.stage and s.offload_optimizer == "none":
         alive = saved * (layers - 1) // layers

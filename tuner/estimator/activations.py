@@ -125,8 +125,9 @@ def logits_workspace_bytes(model: ModelSpec, batch: int, seq: int, elem: int) ->
 class LayerActivations(NamedTuple):
     """One rank's activations: saved after forward, the extra bytes while one block recomputes (its saved tensors),
     where they come from (``trace`` or ``formula``), traced with checkpointing the recomputed block's worst moments
-    in its backward (all of it; outside its MLP, the MLP's tensors left out), and the forward pass's worst moment
-    before the first layer and what it holds into the layers (masks the model builds); 0 where unknown."""
+    in its backward (all of it; outside its MLP, the MLP's tensors left out), the forward pass's worst moment
+    before the first layer and what it holds into the layers (masks the model builds), and a layer's backward
+    beyond its saved tensors; 0 where unknown."""
 
     saved: int
     recompute: int
@@ -135,6 +136,9 @@ class LayerActivations(NamedTuple):
     peak_outside_mlp: int = 0
     pre_layer_peak: int = 0
     pre_layer_held: int = 0
+    excess: int = 0  # a layer's backward beyond its saved tensors (all of it; outside its MLP)
+    excess_outside_mlp: int = 0
+    outside: int = 0  # of ``saved``, what the embeddings, final norm, LM head and loss save
 
 
 def workload_activation_bytes(
@@ -169,16 +173,25 @@ def workload_activation_bytes(
                 recompute = entry.recompute.at(micro_batch) // scale
                 layers = saved - (entry.outside.at(micro_batch) + entry.first_extra.at(micro_batch)) // scale
                 whole = tp_whole_layer_bytes(model, micro_batch, seq, elem, traced=True) if tp > 1 else 0
-                peak, peak_outside_mlp = (
+                peak, peak_outside_mlp, excess, excess_outside_mlp = (
                     tp_local_activations(saved, line.at(micro_batch) // scale, layers, whole, n_layers, True, tp)[1]
-                    for line in (entry.backward_peak, entry.backward_peak_outside_mlp)
+                    for line in (
+                        entry.backward_peak,
+                        entry.backward_peak_outside_mlp,
+                        entry.backward_excess,
+                        entry.backward_excess_outside_mlp,
+                    )
                 )
                 saved, recompute = tp_local_activations(saved, recompute, layers, whole, n_layers, checkpointing, tp)
                 # before the layers: masks can be s x s, so a profile at s scaled by 1/sp over-counts them (safe)
                 pre_peak, pre_held = (
                     line.at(micro_batch) // scale for line in (entry.pre_layer_peak, entry.pre_layer_held)
                 )
-                return LayerActivations(saved, recompute, "trace", peak, peak_outside_mlp, pre_peak, pre_held)
+                outside = entry.outside.at(micro_batch) // scale
+                return LayerActivations(
+                    saved, recompute, "trace", peak, peak_outside_mlp, pre_peak, pre_held, excess, excess_outside_mlp,
+                    outside,
+                )  # fmt: skip
     if model.implementation == "builtin" or model.family in SUPPORTED_FAMILIES:
         saved, recompute = activation_bytes(model, micro_batch, seq, elem, train.attention, checkpointing)
         if tp > 1:

@@ -125,6 +125,7 @@ class Activations:
     transient: int = 0
     peak: int = 0  # with checkpointing, the recomputed layer's worst moment in its backward (traced; 0: unknown)
     peak_outside_mlp: int = 0  # the same outside its MLP's backward, the MLP's tensors left out
+    outside: int = 0  # of ``saved``, what the model saves outside its layers (embeddings, final norm, head, loss)
 
 
 def long_context_terms(workload: Workload, s: Settings, acts: Activations, details: dict[str, int]) -> Activations:
@@ -154,6 +155,7 @@ def long_context_terms(workload: Workload, s: Settings, acts: Activations, detai
     if s.tiled_loss_shards > 1:
         logits = tokens * model.vocab_size
         acts.saved += elem * tokens * model.hidden_size - FP32 * logits
+        acts.outside = max(0, acts.outside + elem * tokens * model.hidden_size - FP32 * logits)
         shard_logits = -(-logits // s.tiled_loss_shards)
         acts.workspace = (elem + 2 * FP32) * shard_logits
         details["tiled_loss_shard"] = acts.workspace

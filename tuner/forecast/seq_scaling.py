@@ -112,6 +112,10 @@ class SeqSizer:
             backward_peak_outside_mlp=_fit_linear([(e.seq_len, e.backward_peak_outside_mlp) for e in basis], length),
             pre_layer_peak=_fit_linear([(e.seq_len, e.pre_layer_peak) for e in basis], length),
             pre_layer_held=_fit_linear([(e.seq_len, e.pre_layer_held) for e in basis], length),
+            backward_excess=_fit_linear([(e.seq_len, e.backward_excess) for e in basis], length),
+            backward_excess_outside_mlp=_fit_linear(
+                [(e.seq_len, e.backward_excess_outside_mlp) for e in basis], length
+            ),
         )
 
 

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from tuner.profile.autograd_saved import OUTSIDE, saved_bytes_by_layer, zero3_linear
 from tuner.profile.quiet_logs import quiet
 from tuner.profile.small_copy import build_copy
-from tuner.profile.working_sets import pre_layer_bytes, traced_backward_peaks
+from tuner.profile.working_sets import Peaks, pre_layer_bytes, traced_backward_peaks
 from tuner.workload import ActivationProfile, Linear, TrainableSpec, WorkloadError
 
 
@@ -156,7 +156,7 @@ def trace_lengths(
     """
     wanted, lengths = sorted(set(checkpointing)), sorted(set(seq_lens))
     traces: dict[bool, dict[int, list[Parts]]] = {}
-    peaks: dict[int, list[tuple[int, int]] | None] = {}
+    peaks: dict[int, list[Peaks] | None] = {}
     pre: dict[int, list[tuple[int, int]] | None] = {}
     experts: dict[bool, str] = {}
     recurrent: list[bool] = []
@@ -171,7 +171,7 @@ def trace_lengths(
                     traces[ckpt] = {n: _traced_parts(model, keep, kinds, n, fake_mode, recurrent) for n in lengths}
                     if not ckpt:
                         pre = {n: _pre_layer(model, n, fake_mode) for n in lengths}
-                    if not ckpt and True in wanted and not (recurrent and recurrent[0]):
+                    if not ckpt and not (recurrent and recurrent[0]):
                         peaks = {n: _backward_peaks(model, keep, kinds, n, fake_mode) for n in lengths}
                 break
             except WorkloadError:
@@ -204,17 +204,16 @@ def _activation_profile(
     attention: str,
     experts: str,
     adapters: str,
-    peaks: list[tuple[int, int]] | None = None,
+    peaks: list[Peaks] | None = None,
 ) -> ActivationProfile:
     """The profile of one checkpointing setting from the traces at micro-batch 1, 2 and 3 (with checkpointing, the
     largest non-checkpointed layer is what a layer's recomputation holds, and ``peaks`` its worst moments in
     backward)."""
     one, two, three = traces[checkpointing]
     layers = {kind: Linear.through(one[2][kind], two[2][kind], three[2][kind]) for kind in one[2]}
-    recompute = peak = peak_outside_mlp = Linear()
-    if checkpointing and peaks:
-        peak = Linear.through(*(both[0] for both in peaks))
-        peak_outside_mlp = Linear.through(*(both[1] for both in peaks))
+    lines = [Linear.through(*(point[i] for point in peaks)) for i in range(4)] if peaks else [Linear()] * 4
+    recompute = Linear()
+    peak, peak_outside_mlp = (lines[0], lines[2]) if checkpointing else (Linear(), Linear())
     if checkpointing:
         plain = traces[False]
         recompute = max(
@@ -234,6 +233,8 @@ def _activation_profile(
         adapters=adapters,
         backward_peak=peak,
         backward_peak_outside_mlp=peak_outside_mlp,
+        backward_excess=lines[1],
+        backward_excess_outside_mlp=lines[3],
     )
 
 
@@ -256,7 +257,7 @@ def _with_pre_layer(entry: ActivationProfile, pre: list[tuple[int, int]] | None)
 
 def _backward_peaks(
     model: nn.Module, keep: list[int], kinds: tuple[str, ...] | list[str], seq_len: int, fake_mode: FakeTensorMode
-) -> list[tuple[int, int]] | None:
+) -> list[Peaks] | None:
     """The worst backward moments, at micro-batch 1, 2 and 3, of the first kept layer of each kind (the largest)."""
     firsts: dict[str, int] = {}
     for position, index in enumerate(keep):

@@ -152,9 +152,13 @@ def _run(layer: nn.Module, args: list[Any], kwargs: dict, events: _StorageEvents
     return ignored, external, start
 
 
-def layer_backward_peaks(model: nn.Module, index: int, micro_batch: int, seq_len: int) -> tuple[int, int]:
-    """(peak live bytes of decoder layer ``index`` over its backward, the same outside its MLP's backward without
-    the MLP's tensors), run on ``model`` (a fake-tensor copy, called inside its ``FakeTensorMode``)."""
+Peaks = tuple[int, int, int, int]  # the worst moment and its excess over backward's start; outside the MLP, the same
+
+
+def layer_backward_peaks(model: nn.Module, index: int, micro_batch: int, seq_len: int) -> Peaks:
+    """Decoder layer ``index``'s live bytes at the worst moment of its backward, and that moment's excess over what
+    it held when its backward started (its saved tensors); the same two outside its MLP's backward, the MLP's
+    tensors left out. Run on ``model`` (a fake-tensor copy, called inside its ``FakeTensorMode``)."""
     layer = decoder_layers(model)[index]
     model.train()
     with _fake_safe(model):
@@ -164,7 +168,10 @@ def layer_backward_peaks(model: nn.Module, index: int, micro_batch: int, seq_len
         ignored, external, start = _run(layer, args, kwargs, events)
     live: dict[int, tuple[int, bool]] = {}
     total = mlp_alive = peak = peak_outside = 0
+    begin = begin_outside = -1
     for position, (allocated, key, nbytes, where) in enumerate(events.events):
+        if position == start:
+            begin, begin_outside = total, total - mlp_alive
         if key in ignored:
             continue
         if allocated:
@@ -180,7 +187,9 @@ def layer_backward_peaks(model: nn.Module, index: int, micro_batch: int, seq_len
             peak = max(peak, total)
             if where != "mlp_back":
                 peak_outside = max(peak_outside, total - mlp_alive)
-    return peak + external, peak_outside + external
+    if begin < 0:
+        raise RuntimeError("the layer's backward allocated nothing")
+    return peak + external, peak - begin, peak_outside + external, max(0, peak_outside - begin_outside)
 
 
 def pre_layer_bytes(model: nn.Module, micro_batch: int, seq_len: int) -> tuple[int, int]:
@@ -211,7 +220,7 @@ def pre_layer_bytes(model: nn.Module, micro_batch: int, seq_len: int) -> tuple[i
 
 def traced_backward_peaks(
     model: nn.Module, positions: list[int], seq_len: int, fake_mode: FakeTensorMode
-) -> list[tuple[int, int]] | None:
+) -> list[Peaks] | None:
     """:func:`layer_backward_peaks` at micro-batch 1, 2 and 3 for the layer (of those at ``positions``) with the
     largest peak; None where a layer cannot run alone or backward fails under fake tensors (the estimate then keeps
     the saved bytes alone)."""
@@ -223,4 +232,4 @@ def traced_backward_peaks(
     return max(by_layer, key=lambda peaks: peaks[1][0]) if by_layer else None
 
 
-__all__ = ["layer_backward_peaks", "pre_layer_bytes", "traced_backward_peaks"]
+__all__ = ["Peaks", "layer_backward_peaks", "pre_layer_bytes", "traced_backward_peaks"]

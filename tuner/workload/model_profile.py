@@ -25,7 +25,8 @@ from typing import Any
 # offset: 510 of 512); traces deep-copy fake tensors as fake and refuse a layer that runs twice per forward (Dory)
 # 7: checkpointing entries carry the recomputed layer's worst moment in its backward (backward_peak)
 # 8: entries carry what the forward pass holds before the first layer (pre_layer_peak, pre_layer_held)
-PROFILE_FORMAT = 8
+# 9: entries carry a layer's backward excess over its saved tensors (backward_excess)
+PROFILE_FORMAT = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,9 @@ class ActivationProfile:
     kind's saved bytes without checkpointing); 0 without checkpointing. ``backward_peak``: with checkpointing, that
     layer's live bytes at the worst moment of its backward (its saved tensors partly freed, backward's temporaries
     beside them: :mod:`tuner.profile.working_sets`); ``backward_peak_outside_mlp`` the same outside its MLP's
-    backward, without the MLP's tensors (the layer under a tiled MLP); both 0 where not traced. ``pre_layer_peak``,
+    backward, without the MLP's tensors (the layer under a tiled MLP); both 0 where not traced. ``backward_excess``
+    (``_outside_mlp``): that moment's excess over what the layer held when its backward started (its saved tensors),
+    the first layer's backward on top of every saved tensor without checkpointing. ``pre_layer_peak``,
     ``pre_layer_held``: the forward pass's worst moment before the first decoder layer and what it still holds then
     beside the layer's input (masks the model builds), parameters not counted. ``adapters``: for
     the model as trained (peft, frozen parameters), how it was traced: ``""`` as ZeRO 0-2 train it (adapters cast to
@@ -82,6 +85,8 @@ class ActivationProfile:
     backward_peak_outside_mlp: Linear = Linear()
     pre_layer_peak: Linear = Linear()
     pre_layer_held: Linear = Linear()
+    backward_excess: Linear = Linear()
+    backward_excess_outside_mlp: Linear = Linear()
 
     @property
     def key(self) -> tuple[int, str, str, bool, str]:
@@ -120,6 +125,8 @@ class ActivationProfile:
             backward_peak_outside_mlp=Linear(**data.get("backward_peak_outside_mlp", {})),
             pre_layer_peak=Linear(**data.get("pre_layer_peak", {})),
             pre_layer_held=Linear(**data.get("pre_layer_held", {})),
+            backward_excess=Linear(**data.get("backward_excess", {})),
+            backward_excess_outside_mlp=Linear(**data.get("backward_excess_outside_mlp", {})),
         )
 
 
