@@ -106,11 +106,13 @@ Qwen2-MoE and Mixtral: within 0.5 % at ZeRO-1, 2 and 3 with AutoEP 2 on 2 ranks,
 data-parallel runs (+0.05 %), and within 0.9 % on 4 ranks (EP 2 × expert-data-parallel 2: the experts' optimizer
 states and ZeRO-3 shards partitioned over 2 ranks); each rank holds exactly the parameters the estimate gives it.
 AutoEP's layer saves what transformers' block saves (the true peak with ep 2 is 27 KiB below the plain run's on
-Qwen2-MoE). DeepSeek-V2 is 17-20 % low with and without AutoEP alike: at its true peak (loss backward, step 1;
+Qwen2-MoE). DeepSeek-V2 was 17-20 % low with and without AutoEP alike: at its true peak (step 1 backward;
 `EP_BENCH_DETAIL=stack`) each layer's attention probabilities are alive in fp32 (`aten::_softmax`, 2 × 4 MiB:
-4 heads × 512² × 4 B) with the backward's `bmm` and `_softmax_backward_data` beside them: the ranks run its
-attention eagerly, which the profile traced at `sdpa` does not hold. That is the attention's, not AutoEP's, and
-stays open. Losses differ between ranks because each rank trains its own sample; they equal the plain runs' (same
+4 heads × 512² × 4 B) with the backward's `bmm` and `_softmax_backward_data` beside them. MLA's query-key and
+value head sizes differ (192, 128), so CPU SDPA takes its math path; the trace takes it too, and the saved
+bytes were right to 0.1 %, but the first layer's backward temporaries on top of every saved tensor were not
+counted. Since 2026-12-03 the profile traces that moment (`tuner/profile/working_sets.py`): -1.8 to +0.9 %.
+Losses differ between ranks because each rank trains its own sample; they equal the plain runs' (same
 seeds)."""
 
 

@@ -32,7 +32,8 @@ def build_copy(
     trainable: TrainableSpec | None = None,
     adapters: str = "",
     whole: bool = False,
-) -> tuple[nn.Module, list[int], FakeTensorMode]:
+    real: bool = False,
+) -> tuple[nn.Module, list[int], FakeTensorMode | None]:
     """A fake-tensor copy of the model keeping only the representative layers; returns it with their indices.
     ``whole``: every layer kept (a model whose forward pass cannot run on fewer layers than it was built with).
 
@@ -41,7 +42,7 @@ def build_copy(
     naming only layers the copy lacks freezes nothing here). ``adapters=""`` casts every parameter to the training
     dtype, as DeepSpeed's engine does under ZeRO 0-2; ``fp32`` and ``zero3`` keep peft's fp32 adapters (ZeRO-3)."""
     keep = list(range(len(kinds))) if whole else _representatives(kinds)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = None if real else FakeTensorMode(allow_non_fake_inputs=True)
     adapted = trainable is not None and not trainable.is_full
     model, built = _shortest(config, kinds, keep[-1] + 1, precision, attention, fake_mode, adapted)
     layers = decoder_layers(model)
@@ -60,6 +61,8 @@ def build_copy(
         model = apply_trainable(model, trainable, strict=False)
         if not adapters:  # DeepSpeed's engine casts every parameter to the training dtype (ZeRO 0-2)
             model.to(TORCH_DTYPES[precision])
+        if fake_mode is None:
+            raise WorkloadError("model.model_type", "a model as trained (peft, frozen) is traced on fake tensors only")
         with fake_mode:
             model.to_empty(device="cpu")
     return model, keep, fake_mode
@@ -71,7 +74,7 @@ def _shortest(
     built: int,
     precision: str,
     attention: str,
-    fake_mode: FakeTensorMode,
+    fake_mode: FakeTensorMode | None,
     adapted: bool,
 ) -> tuple[Any, int]:
     """The model with its first ``built`` layers (``num_hidden_layers`` and the per-layer lists cut), when
@@ -97,7 +100,7 @@ def _construct(
     config: dict[str, Any],
     precision: str,
     attention: str,
-    fake_mode: FakeTensorMode,
+    fake_mode: FakeTensorMode | None,
     adapted: bool,
     overrides: dict[str, Any],
 ) -> Any:
@@ -106,6 +109,8 @@ def _construct(
     constructed cannot swap a fake parameter: DeepSeek-V4's, HY-V4's hyper-connections), it is built on ``meta``
     and given fake CPU storage; an error there is transformers' own."""
     dtype = TORCH_DTYPES[precision]
+    if fake_mode is None:  # real CPU tensors, random weights (build_copy refuses an adapter here)
+        return build(config, attention=attention, dtype=dtype, **overrides)
     if not adapted:
         try:
             with fake_mode:

@@ -9,6 +9,8 @@ Pitfalls (FIELD_NOTES): the MoE experts implementation is the one training runs 
 ``meta`` device is not fake mode. Composite models (Gemma-3, Qwen3.5...) are traced whole, their text config's
 decoder layers standing for the layer kinds. Recurrent models (their layers step through the sequence, so a trace's
 cost grows with its length) are traced at short lengths and extrapolated where exactly linear (:func:`_traced_parts`).
+A forward pass whose ops read tensors' values (``.item()``, ``nonzero``), which fake tensors cannot run, is traced on
+real CPU tensors with random weights where the copy is small enough and its layers are one list (:func:`_next_attempt`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
 from tuner.profile.autograd_saved import OUTSIDE, saved_bytes_by_layer, zero3_linear
+from tuner.profile.hf import hf_config
+from tuner.profile.model_parts import config_value, decoder_layers, text_config
 from tuner.profile.quiet_logs import quiet
 from tuner.profile.small_copy import build_copy
 from tuner.profile.working_sets import Peaks, pre_layer_bytes, traced_backward_peaks
@@ -61,7 +65,7 @@ def _traced_parts(
     keep: list[int],
     kinds: tuple[str, ...] | list[str],
     seq_len: int,
-    fake_mode: FakeTensorMode,
+    fake_mode: FakeTensorMode | None,
     recurrent: list[bool],
 ) -> list[Parts]:
     """The parts at micro-batch 1, 2 and 3 for ``seq_len``.
@@ -161,28 +165,28 @@ def trace_lengths(
     experts: dict[bool, str] = {}
     recurrent: list[bool] = []
     for ckpt in (False, True) if True in wanted else (False,):
-        for whole in (False, True):
+        whole = real = False
+        while True:
             with quiet():
                 model, keep, fake_mode = build_copy(
-                    config, kinds, precision, attention, ckpt, trainable, adapters, whole
+                    config, kinds, precision, attention, ckpt, trainable, adapters, whole, real
                 )
             try:
                 with quiet(), zero3_linear() if adapters == "zero3" else contextlib.nullcontext():
                     traces[ckpt] = {n: _traced_parts(model, keep, kinds, n, fake_mode, recurrent) for n in lengths}
-                    if not ckpt:
-                        pre = {n: _pre_layer(model, n, fake_mode) for n in lengths}
-                    if not ckpt and not (recurrent and recurrent[0]):
-                        peaks = {n: _backward_peaks(model, keep, kinds, n, fake_mode) for n in lengths}
+                    if not ckpt:  # the moments the saved bytes miss (:mod:`.working_sets`), once
+                        pre, peaks = _working_sets(model, keep, kinds, lengths, fake_mode, recurrent)
                 break
             except WorkloadError:
                 raise
             except Exception as error:
-                if not whole and len(keep) < len(kinds):  # a forward that needs every layer: traced whole
-                    continue
-                raise WorkloadError(
-                    "model.model_type",
-                    f"{config['model_type']} cannot be traced under fake tensors: {_reason(error)}",
-                ) from None
+                following = _next_attempt(error, config, model, keep, kinds, max(lengths), (whole, real), trainable)
+                if following is None:
+                    where = "on real CPU tensors" if real else "under fake tensors"
+                    raise WorkloadError(
+                        "model.model_type", f"{config['model_type']} cannot be traced {where}: {_reason(error)}"
+                    ) from None
+                whole, real = following
         experts[ckpt] = str(getattr(model.config, "_experts_implementation", None) or "none")
     profiles: dict[int, dict[bool, ActivationProfile]] = {}
     for n in lengths:
@@ -194,6 +198,56 @@ def trace_lengths(
             for c in wanted
         }
     return profiles
+
+
+REAL_TRACE_BYTES = 4 * 2**30  # the most a trace on real CPU tensors may hold (the copy's weights and activations)
+
+
+def _next_attempt(
+    error: Exception,
+    config: dict[str, Any],
+    model: nn.Module,
+    keep: list[int],
+    kinds: tuple[str, ...] | list[str],
+    seq_len: int,
+    attempt: tuple[bool, bool],
+    trainable: TrainableSpec | None,
+) -> tuple[bool, bool] | None:
+    """After a trace failed: (whole, real) to try next, or None. A forward pass whose ops read tensors' values
+    (``.item()``, ``nonzero``: JetMoE's and XLM's, LongCat-Flash's routing), which fake tensors cannot run, is
+    traced on real CPU tensors with random weights (byte-equal to fake ones) where the copy is small enough
+    (:data:`REAL_TRACE_BYTES`); a forward pass that needs every layer is traced on the whole model."""
+    whole, real = attempt
+    reads_values = isinstance(error, (DataDependentOutputException, DynamicOutputShapeException))
+    if (
+        reads_values
+        and not real
+        and (trainable is None or trainable.is_full)
+        and _one_list_of_layers(model, kinds, config)
+    ):
+        text = text_config(model.config)
+        weights = sum(param.numel() * param.element_size() for param in model.parameters())
+        width = int(getattr(text, "hidden_size", 0) or 0) * 64 * len(keep) + int(text.vocab_size) * 16
+        if weights + 3 * seq_len * width <= REAL_TRACE_BYTES:
+            return whole, True
+    if not whole and len(keep) < len(kinds):  # a forward that needs every layer: traced whole
+        return True, real
+    return None
+
+
+def _one_list_of_layers(model: nn.Module, kinds: tuple[str, ...] | list[str], config: dict[str, Any]) -> bool:
+    """Whether each decoder layer is one module of one list, as the per-layer trace needs: not layers split over
+    parallel lists (XLM's ``attentions``, ``ffns``...) nor lists of several sublayers each (LongCat-Flash's), which
+    fake tensors cannot run either and a real trace would count as outside the layers."""
+    layers = decoder_layers(model)
+    if len(kinds) != config_value(text_config(hf_config(config)), "num_hidden_layers"):
+        return False
+    for parent in model.modules():
+        children = list(parent.children())
+        if any(child is layers for child in children):
+            lists = [c for c in children if isinstance(c, nn.ModuleList) and len(c) == len(layers)]
+            return len(lists) == 1
+    return False
 
 
 def _activation_profile(
@@ -238,10 +292,26 @@ def _activation_profile(
     )
 
 
-def _pre_layer(model: nn.Module, seq_len: int, fake_mode: FakeTensorMode) -> list[tuple[int, int]] | None:
+def _working_sets(
+    model: nn.Module,
+    keep: list[int],
+    kinds: tuple[str, ...] | list[str],
+    lengths: list[int],
+    fake_mode: FakeTensorMode | None,
+    recurrent: list[bool],
+) -> tuple[dict[int, list[tuple[int, int]] | None], dict[int, list[Peaks] | None]]:
+    """Before the first layer (:func:`_pre_layer`) and the layers' backward (:func:`_backward_peaks`, not for a
+    recurrent model) at each length."""
+    pre = {n: _pre_layer(model, n, fake_mode) for n in lengths}
+    if recurrent and recurrent[0]:
+        return pre, {}
+    return pre, {n: _backward_peaks(model, keep, kinds, n, fake_mode) for n in lengths}
+
+
+def _pre_layer(model: nn.Module, seq_len: int, fake_mode: FakeTensorMode | None) -> list[tuple[int, int]] | None:
     """:func:`pre_layer_bytes` at micro-batch 1, 2 and 3; None where it cannot be traced (nothing added then)."""
     try:
-        with fake_mode:
+        with fake_mode or contextlib.nullcontext():
             return [pre_layer_bytes(model, batch, seq_len) for batch in (1, 2, 3)]
     except Exception:  # the saved-bytes trace ran; this extra count is not a reason to refuse the model
         return None
@@ -256,7 +326,11 @@ def _with_pre_layer(entry: ActivationProfile, pre: list[tuple[int, int]] | None)
 
 
 def _backward_peaks(
-    model: nn.Module, keep: list[int], kinds: tuple[str, ...] | list[str], seq_len: int, fake_mode: FakeTensorMode
+    model: nn.Module,
+    keep: list[int],
+    kinds: tuple[str, ...] | list[str],
+    seq_len: int,
+    fake_mode: FakeTensorMode | None,
 ) -> list[Peaks] | None:
     """The worst backward moments, at micro-batch 1, 2 and 3, of the first kept layer of each kind (the largest)."""
     firsts: dict[str, int] = {}

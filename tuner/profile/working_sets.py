@@ -29,13 +29,18 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tuner.profile.autograd_saved import _fake_safe, _tensors
 from tuner.profile.model_parts import decoder_layers, text_config
 
 Event = tuple[bool, int, int, str]  # (allocated, storage id, bytes, where: "forward", "mlp", "backward", "mlp_back")
+
+
+def _safe(model: nn.Module) -> Any:
+    """:func:`_fake_safe` for a fake-tensor copy; nothing for a real one."""
+    return _fake_safe(model) if is_fake(next(model.parameters())) else contextlib.nullcontext()
 
 
 class _Stop(Exception):
@@ -161,7 +166,7 @@ def layer_backward_peaks(model: nn.Module, index: int, micro_batch: int, seq_len
     tensors left out. Run on ``model`` (a fake-tensor copy, called inside its ``FakeTensorMode``)."""
     layer = decoder_layers(model)[index]
     model.train()
-    with _fake_safe(model):
+    with _safe(model):
         args, kwargs = _layer_inputs(model, layer, micro_batch, seq_len)
         _hidden_input(args, kwargs)
         events = _StorageEvents()
@@ -198,7 +203,7 @@ def pre_layer_bytes(model: nn.Module, micro_batch: int, seq_len: int) -> tuple[i
     model's ``FakeTensorMode``."""
     model.train()
     events = _StorageEvents()
-    with _fake_safe(model):
+    with _safe(model):
         args, kwargs = _layer_inputs(model, decoder_layers(model)[0], micro_batch, seq_len, events)
     kept = [*model.parameters(), *model.buffers(), _hidden_input(args, kwargs)]
     ignored = {serial for serial in map(events.serial, kept) if serial is not None}
@@ -219,13 +224,13 @@ def pre_layer_bytes(model: nn.Module, micro_batch: int, seq_len: int) -> tuple[i
 
 
 def traced_backward_peaks(
-    model: nn.Module, positions: list[int], seq_len: int, fake_mode: FakeTensorMode
+    model: nn.Module, positions: list[int], seq_len: int, fake_mode: FakeTensorMode | None
 ) -> list[Peaks] | None:
     """:func:`layer_backward_peaks` at micro-batch 1, 2 and 3 for the layer (of those at ``positions``) with the
     largest peak; None where a layer cannot run alone or backward fails under fake tensors (the estimate then keeps
     the saved bytes alone)."""
     try:
-        with fake_mode:
+        with fake_mode or contextlib.nullcontext():
             by_layer = [[layer_backward_peaks(model, i, batch, seq_len) for batch in (1, 2, 3)] for i in positions]
     except Exception:  # a layer that cannot run alone: no backward trace, not a refusal of the model
         return None
