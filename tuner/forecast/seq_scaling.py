@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from fractions import Fraction
+from typing import Any
 
 from tuner.workload import ActivationProfile, Linear, Workload
 
@@ -101,21 +102,15 @@ class SeqSizer:
                 return entry
         basis = _basis(group)
         kinds = basis[0].layers.keys()
+        fitted: dict[str, Any] = {
+            name: _fit_linear([(e.seq_len, getattr(e, name)) for e in basis], length)
+            for name in ActivationProfile.linear_fields()
+        }
         return replace(
             basis[0],
             seq_len=length,
-            outside=_fit_linear([(e.seq_len, e.outside) for e in basis], length),
-            first_extra=_fit_linear([(e.seq_len, e.first_extra) for e in basis], length),
             layers={kind: _fit_linear([(e.seq_len, e.layers[kind]) for e in basis], length) for kind in kinds},
-            recompute=_fit_linear([(e.seq_len, e.recompute) for e in basis], length),
-            backward_peak=_fit_linear([(e.seq_len, e.backward_peak) for e in basis], length),
-            backward_peak_outside_mlp=_fit_linear([(e.seq_len, e.backward_peak_outside_mlp) for e in basis], length),
-            pre_layer_peak=_fit_linear([(e.seq_len, e.pre_layer_peak) for e in basis], length),
-            pre_layer_held=_fit_linear([(e.seq_len, e.pre_layer_held) for e in basis], length),
-            backward_excess=_fit_linear([(e.seq_len, e.backward_excess) for e in basis], length),
-            backward_excess_outside_mlp=_fit_linear(
-                [(e.seq_len, e.backward_excess_outside_mlp) for e in basis], length
-            ),
+            **fitted,
         )
 
 

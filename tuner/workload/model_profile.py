@@ -13,7 +13,7 @@ beyond the others (tensors every layer shares, such as rotary tables or masks, s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -110,24 +110,25 @@ class ActivationProfile:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ActivationProfile:
         """Inverse of :meth:`to_dict`."""
+        required = ("outside", "first_extra")  # the rest default to 0 (entries of older formats lack them)
+        lines: dict[str, Any] = {
+            name: Linear(**(data[name] if name in required else data.get(name, {}))) for name in cls.linear_fields()
+        }
         return cls(
             seq_len=int(data["seq_len"]),
             precision=str(data["precision"]),
             attention=str(data["attention"]),
             experts=str(data["experts"]),
             checkpointing=bool(data["checkpointing"]),
-            outside=Linear(**data["outside"]),
-            first_extra=Linear(**data["first_extra"]),
             layers={kind: Linear(**value) for kind, value in data["layers"].items()},
-            recompute=Linear(**data.get("recompute", {})),
             adapters=str(data.get("adapters", "")),
-            backward_peak=Linear(**data.get("backward_peak", {})),
-            backward_peak_outside_mlp=Linear(**data.get("backward_peak_outside_mlp", {})),
-            pre_layer_peak=Linear(**data.get("pre_layer_peak", {})),
-            pre_layer_held=Linear(**data.get("pre_layer_held", {})),
-            backward_excess=Linear(**data.get("backward_excess", {})),
-            backward_excess_outside_mlp=Linear(**data.get("backward_excess_outside_mlp", {})),
+            **lines,
         )
+
+    @classmethod
+    def linear_fields(cls) -> tuple[str, ...]:
+        """The fields that are one :class:`Linear` each (bytes as functions of the micro-batch), ``layers`` aside."""
+        return tuple(item.name for item in fields(cls) if item.type in ("Linear", Linear))
 
 
 @dataclass(frozen=True)
