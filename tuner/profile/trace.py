@@ -29,7 +29,7 @@ from tuner.profile.hf import hf_config
 from tuner.profile.model_parts import config_value, decoder_layers, text_config
 from tuner.profile.quiet_logs import quiet
 from tuner.profile.small_copy import build_copy
-from tuner.profile.working_sets import Peaks, pre_layer_bytes, traced_backward_peaks
+from tuner.profile.working_sets import Peaks, traced_backward_peaks, traced_pre_layer
 from tuner.workload import ActivationProfile, Linear, TrainableSpec, WorkloadError
 
 
@@ -300,25 +300,16 @@ def _working_sets(
     fake_mode: FakeTensorMode | None,
     recurrent: list[bool],
 ) -> tuple[dict[int, list[tuple[int, int]] | None], dict[int, list[Peaks] | None]]:
-    """Before the first layer (:func:`_pre_layer`) and the layers' backward (:func:`_backward_peaks`, not for a
-    recurrent model) at each length."""
-    pre = {n: _pre_layer(model, n, fake_mode) for n in lengths}
+    """Before the first layer (:func:`traced_pre_layer`) and the layers' backward (:func:`_backward_peaks`, not for
+    a recurrent model) at each length."""
+    pre = {n: traced_pre_layer(model, n, fake_mode) for n in lengths}
     if recurrent and recurrent[0]:
         return pre, {}
     return pre, {n: _backward_peaks(model, keep, kinds, n, fake_mode) for n in lengths}
 
 
-def _pre_layer(model: nn.Module, seq_len: int, fake_mode: FakeTensorMode | None) -> list[tuple[int, int]] | None:
-    """:func:`pre_layer_bytes` at micro-batch 1, 2 and 3; None where it cannot be traced (nothing added then)."""
-    try:
-        with fake_mode or contextlib.nullcontext():
-            return [pre_layer_bytes(model, batch, seq_len) for batch in (1, 2, 3)]
-    except Exception:  # the saved-bytes trace ran; this extra count is not a reason to refuse the model
-        return None
-
-
 def _with_pre_layer(entry: ActivationProfile, pre: list[tuple[int, int]] | None) -> ActivationProfile:
-    """``entry`` with the pre-layer fields of :func:`_pre_layer`'s points."""
+    """``entry`` with the pre-layer fields of :func:`traced_pre_layer`'s points."""
     if not pre:
         return entry
     peak = Linear.through(*(point[0] for point in pre))

@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tuner.profile.autograd_saved import _fake_safe, _tensors
 from tuner.profile.model_parts import decoder_layers, text_config
 
-Event = tuple[bool, int, int, str]  # (allocated, storage id, bytes, where: "forward", "mlp", "backward", "mlp_back")
+Event = tuple[bool, int, int, str]  # (allocated, serial, bytes, where: forward, mlp, backward, mlp_back or layer)
 
 
 def _safe(model: nn.Module) -> Any:
@@ -223,6 +223,16 @@ def pre_layer_bytes(model: nn.Module, micro_batch: int, seq_len: int) -> tuple[i
     return peak, total
 
 
+def traced_pre_layer(model: nn.Module, seq_len: int, fake_mode: FakeTensorMode | None) -> list[tuple[int, int]] | None:
+    """:func:`pre_layer_bytes` at micro-batch 1, 2 and 3; None where it cannot be traced (nothing is added then:
+    the saved-bytes trace ran, and this extra count is no reason to refuse the model)."""
+    try:
+        with fake_mode or contextlib.nullcontext():
+            return [pre_layer_bytes(model, batch, seq_len) for batch in (1, 2, 3)]
+    except Exception:
+        return None
+
+
 def traced_backward_peaks(
     model: nn.Module, positions: list[int], seq_len: int, fake_mode: FakeTensorMode | None
 ) -> list[Peaks] | None:
@@ -237,4 +247,4 @@ def traced_backward_peaks(
     return max(by_layer, key=lambda peaks: peaks[1][0]) if by_layer else None
 
 
-__all__ = ["Peaks", "layer_backward_peaks", "pre_layer_bytes", "traced_backward_peaks"]
+__all__ = ["Peaks", "layer_backward_peaks", "pre_layer_bytes", "traced_backward_peaks", "traced_pre_layer"]
