@@ -60,22 +60,14 @@ def test_model_states_shard_over_sp_times_dp_and_gradients_reduce_in_fp32() -> N
 
 def test_profiles_traced_at_s_are_scaled_to_a_rank_tokens() -> None:
     """Without a trace at s/sp, the profile's entry at s scales by 1/sp (saved bytes are linear in the tokens)."""
-    base = load_builtin_model("llama-2-7b")
     entry = ActivationProfile(
         seq_len=SEQ, precision="bf16", attention="sdpa", experts="", checkpointing=False,
         outside=Linear(0, 1000, 1000), first_extra=Linear(0, 0, 0), layers={"decoder": Linear(0, 4000, 4000)},
     )  # fmt: skip
-    profile = ModelProfile(
-        model_type="llama", architecture="LlamaForCausalLM", transformers_version="5", n_params=base.n_params,
-        param_numels=base.param_numels, param_elements_by_dtype={"bf16": base.n_params}, largest_param_name="x",
-        largest_param_numel=base.largest_param, layer_kinds=("decoder",) * base.num_layers, activations=(entry,),
-    )  # fmt: skip
-    model = model_from_hf_config({"model_type": "llama", **_dims(base)}, "traced")
-    model = type(model)(**{**model.to_dict(), "implementation": "transformers", "numels": base.param_numels})
-    work = Workload(model, ClusterSpec(gpus_per_node=4), TrainSpec(seq_len=SEQ), profile=profile)
+    work = _traced(entry, ClusterSpec(gpus_per_node=4))
     est = estimate(work, config(4))
     saved = est.phases["forward"].gpu["activations"] - est.details["attention_kernel_extra"]
-    assert saved == (1000 + base.num_layers * 4000) // 4
+    assert saved == (1000 + work.model.num_layers * 4000) // 4
 
 
 def _dims(model: object) -> dict:
@@ -168,8 +160,9 @@ def test_a_recomputed_layer_holds_its_worst_backward_moment() -> None:
     assert recomputed() == saved
 
 
-def _traced(entry: ActivationProfile) -> Workload:
-    """LLaMA-2-7B on 2 CPU ranks at :data:`SEQ`, carrying a profile of the one activation ``entry``."""
+def _traced(entry: ActivationProfile, cluster: ClusterSpec | None = None) -> Workload:
+    """LLaMA-2-7B at :data:`SEQ` (on 2 CPU ranks unless ``cluster`` says), carrying a profile of the one activation
+    ``entry``."""
     base = load_builtin_model("llama-2-7b")
     profile = ModelProfile(
         model_type="llama", architecture="LlamaForCausalLM", transformers_version="5", n_params=base.n_params,
@@ -178,7 +171,8 @@ def _traced(entry: ActivationProfile) -> Workload:
     )  # fmt: skip
     model = model_from_hf_config({"model_type": "llama", **_dims(base)}, "traced")
     model = type(model)(**{**model.to_dict(), "implementation": "transformers", "numels": base.param_numels})
-    return Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=SEQ), profile=profile)
+    cluster = cluster or ClusterSpec(gpus_per_node=2, device="cpu")
+    return Workload(model, cluster, TrainSpec(seq_len=SEQ), profile=profile)
 
 
 def test_forward_holds_its_largest_traced_moment() -> None:
