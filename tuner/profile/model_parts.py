@@ -28,6 +28,19 @@ def config_value(config_object: Any, name: str) -> Any:
         return reader(name, None) if reader is not None else None
 
 
+DEPTH_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_decoder_layers", "decoder_layers")
+
+
+def depth_field(config_object: Any, layers: int) -> str:
+    """The config field that counts the model's ``layers`` decoder layers: ``num_hidden_layers``, unless that counts
+    something else (LongCat-Flash's is a property, twice ``num_layers``: two attention sublayers per layer, and
+    setting it sets ``num_layers`` to half the value)."""
+    for name in DEPTH_FIELDS:
+        if config_value(config_object, name) == layers:
+            return name
+    return "num_hidden_layers"
+
+
 OTHER_TOWERS = ("vision", "visual", "audio", "image", "encoder", "speech", "patch")
 
 
@@ -37,8 +50,9 @@ def position_table(model: Any) -> int:  # a transformers PreTrainedModel
     The table is an embedding other than the tokens' with ``max_position_embeddings`` rows or up to 2 more; a sequence
     may use its rows less the ones its position ids skip: OPT's and BART's tables start at their ``offset`` (2), the
     RoBERTa family's count from ``padding_idx + 1`` (2 rows fewer than the table: 510 of 512), GPT-2's ``wpe`` and
-    Blenderbot's from 0. Whisper's decoder names its positions ``max_target_positions``; CTRL keeps a fixed
-    sinusoidal table as a ``[positions, hidden]`` buffer."""
+    Blenderbot's from 0. ProphetNet's n-gram predicting streams index one row past the main stream's. Whisper's
+    decoder names its positions ``max_target_positions``; CTRL keeps a fixed sinusoidal table as a
+    ``[positions, hidden]`` buffer."""
     config = text_config(model.config)
     positions = config_value(config, "max_position_embeddings") or config_value(config, "max_target_positions")
     if not isinstance(positions, int) or isinstance(positions, bool) or positions <= 0:
@@ -53,7 +67,8 @@ def position_table(model: Any) -> int:  # a transformers PreTrainedModel
             offset = getattr(module, "offset", None)
             if not isinstance(offset, int):
                 offset = 0 if module.padding_idx is None else module.padding_idx + 1
-            return rows - offset
+            streams_ahead = 1 if isinstance(config_value(config, "ngram"), int) else 0  # ProphetNet's position + 1
+            return rows - offset - streams_ahead
     hidden = config_value(config, "hidden_size")
     for name, buffer in model.named_buffers():  # a fixed sinusoidal [positions, hidden] table (CTRL's pos_encoding)
         if buffer.dim() == 2 and tuple(buffer.shape) == (positions, hidden) and _names_positions(name):

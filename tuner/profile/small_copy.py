@@ -10,7 +10,14 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tuner.profile.hf import TORCH_DTYPES, build, enable_checkpointing, hf_config
-from tuner.profile.model_parts import decoder_layers, layer_kinds, replace_module, text_config
+from tuner.profile.model_parts import (
+    config_value,
+    decoder_layers,
+    depth_field,
+    layer_kinds,
+    replace_module,
+    text_config,
+)
 from tuner.workload import TrainableSpec, WorkloadError
 
 
@@ -50,9 +57,10 @@ def build_copy(
     replace_module(model, layers, kept)
     text = text_config(model.config)
     if len(keep) < len(layers):
+        field = depth_field(text, len(layers))
         _renumber(kept, keep)
         _subset_per_layer(text, keep, built)
-        _set_depth(text, len(keep))
+        _set_depth(text, field, len(keep))
     if checkpointing:
         enable_checkpointing(model)
     if adapted and trainable is not None:
@@ -82,10 +90,11 @@ def _shortest(
     kinds); else the whole model (a config whose other fields count or describe layers too: Gemma-3n's shared-KV
     layers, Dory's input and output layers, ProphetNet's decoder layers...), returned with its layer count."""
     if built < len(kinds):
-        overrides: dict[str, Any] = {"num_hidden_layers": built}
         full = text_config(hf_config(config))
+        field = depth_field(full, len(kinds))
+        overrides: dict[str, Any] = {field: built}
         for name, value in config.items():  # per-layer lists (layer_types...) follow the shorter model
-            if isinstance(value, list) and len(value) == full.num_hidden_layers and name != "architectures":
+            if isinstance(value, list) and len(value) == config_value(full, field) and name != "architectures":
                 overrides[name] = value[:built]
         try:
             model = _construct(config, precision, attention, fake_mode, adapted, overrides)
@@ -126,13 +135,14 @@ def _construct(
     return model
 
 
-def _set_depth(config: Any, layers: int) -> None:
-    """The copy's config says it holds ``layers`` layers; where ``num_hidden_layers`` is a property that cannot be
-    set (ProphetNet's: its depth is ``num_encoder_layers``/``num_decoder_layers``), a subclass answers it."""
+def _set_depth(config: Any, field: str, layers: int) -> None:
+    """The copy's config says (in ``field``, :func:`depth_field`) it holds ``layers`` layers; where that is a
+    property that cannot be set (ProphetNet's ``num_hidden_layers``: its depth is ``num_decoder_layers``), a
+    subclass answers it."""
     try:
-        config.num_hidden_layers = layers
+        setattr(config, field, layers)
     except (AttributeError, NotImplementedError):
-        config.__class__ = type(type(config).__name__, (type(config),), {"num_hidden_layers": layers})
+        config.__class__ = type(type(config).__name__, (type(config),), {field: layers})
 
 
 def _renumber(kept: nn.ModuleList, keep: list[int]) -> None:
