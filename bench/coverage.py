@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,10 +64,18 @@ class Expired(Exception):
 
 
 def real_model(folder: Path, device: str, dtype: torch.dtype) -> Any:
-    """The model transformers builds from the saved folder, as a user's training script would."""
+    """The model transformers builds from the saved folder, as a user's training script would, its parameters in
+    ``dtype`` as DeepSpeed's engine casts them (``module.bfloat16()``), except those transformers keeps in fp32 on
+    purpose (``_keep_in_fp32_modules_strict``); buffers as transformers made them. XLNet's ``torch.FloatTensor``
+    weights, which ``from_config`` leaves in fp32, need the cast to run in bf16 at all."""
     hf = transformers.AutoConfig.from_pretrained(folder)
     with torch.device(device):
-        return transformers.AutoModelForCausalLM.from_config(hf, dtype=dtype)
+        model = transformers.AutoModelForCausalLM.from_config(hf, dtype=dtype)
+    strict = getattr(model, "_keep_in_fp32_modules_strict", None) or ()
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and not any(re.search(rf"(^|\.){re.escape(key)}($|\.)", name) for key in strict):
+            param.data = param.data.to(dtype)
+    return model
 
 
 def real_saved_bytes(folder: Path, seq: int, precision: str) -> int:

@@ -153,3 +153,54 @@ def test_states_a_training_call_leaves_held_are_counted(model_type: str, tmp_pat
     cache makes every layer's entry up front: each is its own layer's), as the instrument counts them."""
     folder = saved_folder(tmp_path, model_type)
     assert described(folder, cache) == truth(folder)
+
+
+def test_layers_counted_by_another_field_are_cut_by_it(tmp_path: Path, cache: ProfileCache) -> None:
+    """LongCat-Flash's ``num_hidden_layers`` is twice ``num_layers`` (two attention sublayers per decoder layer) and
+    setting it halves ``num_layers``: the small copy is cut through ``num_layers``. Before, the copy ran one layer
+    where it meant two and the estimate was 82 % under. Its MoE sends some tokens to zero experts, chosen by the
+    random weights' routing, so the truth and the trace differ by a few tokens' worth (0.05 % at 64 tokens)."""
+    folder = saved_folder(tmp_path, "longcat_flash")
+    (params, estimate), (real_params, real) = described(folder, cache), truth(folder)
+    assert params == real_params and abs(estimate - real) <= 0.002 * real
+
+
+def test_prophetnet_positions_stop_where_its_predicting_stream_does(tmp_path: Path) -> None:
+    """ProphetNet's n-gram predicting streams index the position table one row past the main stream: with 512 rows
+    from ``padding_idx + 1`` a sequence may hold 510 tokens, not 511. Truth: transformers' model trains at 510 and
+    fails at 511."""
+    from tuner.profile import params_profile
+    from tuner.profile.describe import spec_from_profile
+
+    folder = saved_folder(tmp_path, "prophetnet")
+    config, _ = load_hf_config(str(folder / "config.json"))
+    assert spec_from_profile(config, params_profile(config, ProfileCache(tmp_path / "p"))).position_limit == 510
+    with quiet():
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(folder))
+    for length in (510, 511):
+        tokens = torch.randint(0, 500, (1, length))
+        if length == 510:
+            model(input_ids=tokens, labels=tokens).loss.backward()
+        else:
+            with pytest.raises(IndexError):
+                model(input_ids=tokens, labels=tokens)
+
+
+def test_weights_transformers_leaves_in_fp32_are_cast_as_deepspeed_casts_them(
+    tmp_path: Path, cache: ProfileCache
+) -> None:
+    """XLNet makes its attention weights with ``torch.FloatTensor``: ``from_config(dtype=bfloat16)`` leaves them
+    fp32 and the model fails in bf16, while DeepSpeed's engine casts the module (``module.bfloat16()``) and trains
+    it. The profile's copy is cast the same way and estimated in bf16. Truth: transformers' model with every
+    parameter cast by torch, its saved bytes measured in bf16."""
+    folder = saved_folder(tmp_path, "xlnet")
+    config, _ = load_hf_config(str(folder / "config.json"))
+    profile = model_profile(config, SEQ, "bf16", None, (False,), cache)
+    found = profile.activation_bytes(SEQ, "bf16", profile.attention, False, BATCH)
+    torch.manual_seed(0)
+    with quiet():
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(folder))
+        model.train()
+        assert {param.dtype for param in model.to(torch.bfloat16).parameters()} == {torch.bfloat16}
+        real = saved_bytes(model, torch.randint(0, 500, (BATCH, SEQ)))
+    assert found is not None and found[0] == real

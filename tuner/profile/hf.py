@@ -8,6 +8,7 @@ the config field (``model.<key>``).
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -151,7 +152,7 @@ def build(
     if attention is not None:
         kwargs["attn_implementation"] = text_attention(config_object, ATTN_IMPLEMENTATIONS[attention])
     try:
-        return transformers.AutoModelForCausalLM.from_config(config_object, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_config(config_object, **kwargs)
     except WorkloadError:
         raise
     except Exception as error:
@@ -165,6 +166,30 @@ def build(
         raise WorkloadError(
             _rejected_field(config, message), f"transformers cannot build the model: {message}"
         ) from None
+    if dtype is not None:
+        _cast_to_training_dtype(model, dtype)
+    return model
+
+
+def _cast_to_training_dtype(model: nn.Module, dtype: torch.dtype) -> None:
+    """Floating parameters that ``from_config(dtype=...)`` left in another dtype cast to ``dtype``, as DeepSpeed's
+    engine casts the module it trains (``module.bfloat16()``): XLNet's attention weights, made with
+    ``torch.FloatTensor``, stay fp32 in transformers and fail every bf16 matmul until cast. Those transformers keeps in
+    fp32 on purpose (``_keep_in_fp32_modules_strict``: MoE routers, Mamba's ``A_log``) keep their dtype, as the
+    real model built from the same file does."""
+    keep = getattr(model, "_keep_in_fp32_modules_strict", None) or ()
+    kept = re.compile("|".join(rf"(^|\.){re.escape(name)}($|\.)" for name in keep)) if keep else None
+    cast: dict[int, nn.Parameter] = {}  # tied parameters stay one parameter
+    for module_name, module in model.named_modules():
+        for name, param in list(module._parameters.items()):
+            full = f"{module_name}.{name}" if module_name else name
+            if param is None or not param.is_floating_point() or param.dtype == dtype:
+                continue
+            if kept is not None and kept.search(full):
+                continue
+            if id(param) not in cast:
+                cast[id(param)] = nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
+            module._parameters[name] = cast[id(param)]
 
 
 def supports_checkpointing(model: Any) -> bool:  # a transformers PreTrainedModel

@@ -26,7 +26,9 @@ from typing import Any
 # 7: checkpointing entries carry the recomputed layer's worst moment in its backward (backward_peak)
 # 8: entries carry what the forward pass holds before the first layer (pre_layer_peak, pre_layer_held)
 # 9: entries carry a layer's backward excess over its saved tensors (backward_excess)
-PROFILE_FORMAT = 9
+# 10: position tables stop where ProphetNet's predicting stream does; copies cut through the field counting
+#     the decoder layers (LongCat-Flash's num_layers); weights transformers leaves in fp32 cast (XLNet's)
+PROFILE_FORMAT = 10
 
 
 @dataclass(frozen=True, slots=True)
