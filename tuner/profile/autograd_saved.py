@@ -24,7 +24,7 @@ import transformers.masking_utils
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
-from tuner.profile.model_parts import decoder_layers, text_config
+from tuner.profile.model_parts import decoder_layers, layer_runs, text_config
 from tuner.workload import WorkloadError
 
 OUTSIDE = -1
@@ -36,26 +36,30 @@ def _storage_id(tensor: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def _marked_layers(
-    layers: nn.ModuleList, state: dict[str, int], on_leave: Callable[[int, nn.Module, Any], None] | None = None
+    layers: nn.ModuleList,
+    state: dict[str, int],
+    on_leave: Callable[[int, nn.Module, Any], None] | None = None,
+    runs: list[int] | None = None,
 ) -> Iterator[None]:
     """While inside, ``state["layer"]`` is the index of the decoder layer running (``OUTSIDE`` between layers);
     ``on_leave(index, layer, arguments)`` is called as each layer returns (its positional and keyword arguments).
 
     Module hooks run outside transformers' gradient checkpointing (it checkpoints ``forward``), so the inputs it
-    saves count as that layer's. A layer entered twice in one forward pass (a looped model) is refused
-    (:class:`WorkloadError`): what it saves cannot be told apart per run.
+    saves count as that layer's. A layer may run as often as ``runs`` says (:func:`layer_runs`: Dory's looped
+    block), what each run saves counting for it; one entered more often than that (layers shared or looped in a
+    way the config does not say) is refused (:class:`WorkloadError`): the per-kind extrapolation would not hold.
     """
-    handles, entered = [], set()
+    handles, entered = [], [0] * len(layers)
     for index, layer in enumerate(layers):
 
         def enter(module: nn.Module, args: Any, _index: int = index) -> None:
-            if _index in entered:  # a looped model (Dory's recurrent layers): per-layer extrapolation does not hold
+            entered[_index] += 1
+            if entered[_index] > (runs[_index] if runs else 1):
                 raise WorkloadError(
                     "model.model_type",
-                    f"decoder layer {_index} runs more than once per forward pass (looped or shared layers): "
-                    "dstune's per-layer trace cannot count it",
+                    f"decoder layer {_index} runs more often per forward pass than its config says (shared or "
+                    "looped layers): dstune's per-layer trace cannot count it",
                 )
-            entered.add(_index)
             state["layer"] = _index
 
         def leave(module: nn.Module, args: Any, kwargs: Any, output: Any, _index: int = index) -> None:
@@ -220,7 +224,7 @@ def saved_bytes_by_layer(
         tokens = torch.randint(0, text_config(model.config).vocab_size, (micro_batch, seq_len))
         with (
             _fake_safe(model) if fake_mode is not None else contextlib.nullcontext(),
-            _marked_layers(layers, state, leave),
+            _marked_layers(layers, state, leave, layer_runs(text_config(model.config), len(layers))),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         ):
             output = model(input_ids=tokens, labels=tokens)  # as a training loop calls it: the config's use_cache

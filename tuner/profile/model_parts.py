@@ -141,15 +141,38 @@ def replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
 
 
 def layer_kinds(model: Any) -> list[str]:  # a transformers PreTrainedModel
-    """A kind per decoder layer: layers with equal parameter shapes and attention type share a kind (``L<i>``,
-    ``i`` the index of the first layer of that kind)."""
-    layer_types = config_value(text_config(model.config), "layer_types")
+    """A kind per decoder layer: layers with equal parameter shapes, attention type and runs per forward pass
+    (:func:`layer_runs`) share a kind: ``L<i>``, ``i`` the index of the first layer of that kind, or ``L<i>x<n>``
+    for a layer run ``n`` times (a looped block), whose traced bytes are those of its ``n`` runs."""
+    config = text_config(model.config)
+    layer_types = config_value(config, "layer_types")
+    layers = decoder_layers(model)
+    runs = layer_runs(config, len(layers))
     kinds: list[str] = []
     first_of: dict[Any, int] = {}
-    for index, layer in enumerate(decoder_layers(model)):
+    for index, layer in enumerate(layers):
         signature = tuple((name, tuple(p.shape), p.dtype) for name, p in layer.named_parameters())
         attention_type = layer_types[index] if isinstance(layer_types, (list, tuple)) else None
-        key = (signature, attention_type)
+        key = (signature, attention_type, runs[index])
         first_of.setdefault(key, index)
-        kinds.append(f"L{first_of[key]}")
+        kinds.append(f"L{first_of[key]}" if runs[index] == 1 else f"L{first_of[key]}x{runs[index]}")
     return kinds
+
+
+def layer_runs(config_object: Any, layers: int) -> list[int]:
+    """How many times each of the ``layers`` decoder layers runs in one forward pass: once, except the recurrent
+    block of a looped model (Dory's ``n_recurrent_layers`` after its ``n_input_layers``, run ``n_recurrent_loops``
+    times, each run saving its own tensors)."""
+    runs = [1] * layers
+    loops, start, count = (
+        config_value(config_object, name) for name in ("n_recurrent_loops", "n_input_layers", "n_recurrent_layers")
+    )
+    if all(isinstance(value, int) and not isinstance(value, bool) for value in (loops, start, count)) and loops > 1:
+        for index in range(start, min(start + count, layers)):
+            runs[index] = loops
+    return runs
+
+
+def kind_runs(kind: str) -> int:
+    """The runs per forward pass of a layer of ``kind`` (:func:`layer_kinds`' names)."""
+    return int(kind.partition("x")[2] or 1)

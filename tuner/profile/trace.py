@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 
 from tuner.profile.autograd_saved import OUTSIDE, saved_bytes_by_layer, zero3_linear
 from tuner.profile.hf import hf_config
-from tuner.profile.model_parts import config_value, decoder_layers, text_config
+from tuner.profile.model_parts import config_value, decoder_layers, kind_runs, text_config
 from tuner.profile.quiet_logs import quiet
 from tuner.profile.small_copy import build_copy
 from tuner.profile.working_sets import Peaks, traced_backward_peaks, traced_pre_layer
@@ -165,7 +165,8 @@ def trace_lengths(
     experts: dict[bool, str] = {}
     recurrent: list[bool] = []
     for ckpt in (False, True) if True in wanted else (False,):
-        whole = real = False
+        # a looped block runs layers by their index in the config: its copy keeps every layer
+        whole, real = any(kind_runs(kind) > 1 for kind in kinds), False
         while True:
             with quiet():
                 model, keep, fake_mode = build_copy(
@@ -270,8 +271,8 @@ def _activation_profile(
     peak, peak_outside_mlp = (lines[0], lines[2]) if checkpointing else (Linear(), Linear())
     if checkpointing:
         plain = traces[False]
-        recompute = max(
-            (Linear.through(*(trace[2][kind] for trace in plain)) for kind in plain[0][2]),
+        recompute = max(  # one run of a looped layer is recomputed at a time
+            (Linear.through(*(trace[2][kind] // kind_runs(kind) for trace in plain)) for kind in plain[0][2]),
             key=lambda line: line.at(2),
         )
     return ActivationProfile(
