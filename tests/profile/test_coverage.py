@@ -125,13 +125,17 @@ def test_full_size_jamba_at_2048_is_profiled_in_a_minute(tmp_path: Path) -> None
 
 
 def test_a_forward_that_reads_values_is_traced_on_real_tensors(cache: ProfileCache) -> None:
-    """JetMoE's routing and Mixtral's eager experts loop read tensors' values (``.item()``, ``nonzero``), which
-    fake tensors cannot run: traced on real CPU tensors (random weights), equal to the real model's saved bytes.
-    XLM's also reads values, but its layers are split over parallel module lists (attentions, ffns), which a
-    per-layer trace cannot attribute: still refused."""
-    for config in (shrunk_config("jetmoe"), {**shrunk_config("mixtral"), "experts_implementation": "eager"}):
+    """JetMoE's routing, Mixtral's eager experts loop and XLM's length check read tensors' values (``.item()``,
+    ``nonzero``), which fake tensors cannot run: traced on real CPU tensors (random weights), equal to the real
+    model's saved bytes. XLM's layers are split over parallel module lists (``attentions``, ``ffns``...) with
+    dropout between them, each index attributed whole. A copy too large for real tensors is refused."""
+    for config in (
+        shrunk_config("jetmoe"),
+        {**shrunk_config("mixtral"), "experts_implementation": "eager"},
+        shrunk_config("xlm"),
+    ):
         profile = model_profile(config, 64, "bf16", None, (False,), cache)
         estimate, _ = profile.activation_bytes(64, "bf16", profile.attention, False, 2)
         assert estimate == measured_saved_bytes(config, 2, 64, "bf16", None, False), config["model_type"]
     with pytest.raises(WorkloadError, match="cannot be traced under fake tensors"):
-        model_profile(shrunk_config("xlm"), 64, "bf16", None, (False,), cache)
+        model_profile({**shrunk_config("jetmoe"), "vocab_size": 8_000_000}, 64, "bf16", None, (False,), cache)

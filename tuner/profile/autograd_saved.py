@@ -24,7 +24,7 @@ import transformers.masking_utils
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
-from tuner.profile.model_parts import decoder_layers, layer_runs, text_config
+from tuner.profile.model_parts import decoder_layers, layer_runs, parallel_layer_lists, text_config
 from tuner.workload import WorkloadError
 
 OUTSIDE = -1
@@ -36,39 +36,55 @@ def _storage_id(tensor: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def _marked_layers(
-    layers: nn.ModuleList,
+    model: nn.Module,
     state: dict[str, int],
     on_leave: Callable[[int, nn.Module, Any], None] | None = None,
-    runs: list[int] | None = None,
 ) -> Iterator[None]:
     """While inside, ``state["layer"]`` is the index of the decoder layer running (``OUTSIDE`` between layers);
     ``on_leave(index, layer, arguments)`` is called as each layer returns (its positional and keyword arguments).
 
     Module hooks run outside transformers' gradient checkpointing (it checkpoints ``forward``), so the inputs it
-    saves count as that layer's. A layer may run as often as ``runs`` says (:func:`layer_runs`: Dory's looped
-    block), what each run saves counting for it; one entered more often than that (layers shared or looped in a
-    way the config does not say) is refused (:class:`WorkloadError`): the per-kind extrapolation would not hold.
+    saves count as that layer's. A layer split over parallel lists (:func:`parallel_layer_lists`: XLM's) is layer
+    ``i`` from the start of its first part to the start of layer ``i + 1``'s, the last one until the module holding
+    the lists returns: the dropout and masking between its parts are its own. A layer may run as often as
+    :func:`layer_runs` says (Dory's looped block), what each run saves counting for it; one entered more often
+    (layers shared or looped in a way the config does not say) is refused (:class:`WorkloadError`): the per-kind
+    extrapolation would not hold.
     """
+    layers = decoder_layers(model)
+    runs = layer_runs(text_config(model.config), len(layers))
+    body, lists = parallel_layer_lists(model, layers)
+    split = len(lists) > 1 and body is not None
     handles, entered = [], [0] * len(layers)
-    for index, layer in enumerate(layers):
 
-        def enter(module: nn.Module, args: Any, _index: int = index) -> None:
-            entered[_index] += 1
-            if entered[_index] > (runs[_index] if runs else 1):
-                raise WorkloadError(
-                    "model.model_type",
-                    f"decoder layer {_index} runs more often per forward pass than its config says (shared or "
-                    "looped layers): dstune's per-layer trace cannot count it",
-                )
-            state["layer"] = _index
+    def enter(index: int) -> None:
+        entered[index] += 1
+        if entered[index] > runs[index]:
+            raise WorkloadError(
+                "model.model_type",
+                f"decoder layer {index} runs more often per forward pass than its config says (shared or looped "
+                "layers): dstune's per-layer trace cannot count it",
+            )
+        state["layer"] = index
 
-        def leave(module: nn.Module, args: Any, kwargs: Any, output: Any, _index: int = index) -> None:
+    def leave(index: int, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if not split:
             state["layer"] = OUTSIDE
-            if on_leave is not None:
-                on_leave(_index, module, (*args, *kwargs.values()))
+        if on_leave is not None:
+            on_leave(index, module, (*args, *kwargs.values()))
 
-        handles.append(layer.register_forward_pre_hook(enter))
-        handles.append(layer.register_forward_hook(leave, with_kwargs=True, always_call=True))
+    for index, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(lambda m, a, i=index: enter(i)))
+        handles.append(
+            layer.register_forward_hook(
+                lambda m, a, k, o, i=index: leave(i, m, a, k), with_kwargs=True, always_call=True
+            )
+        )
+        for other in lists if split else []:
+            if other is not layers:
+                handles.append(other[index].register_forward_pre_hook(lambda m, a, i=index: state.update(layer=i)))
+    if split and body is not None:
+        handles.append(body.register_forward_hook(lambda m, a, o: state.update(layer=OUTSIDE), always_call=True))
     try:
         yield
     finally:
@@ -203,7 +219,6 @@ def saved_bytes_by_layer(
     the loop holds the output, at the loss, where activations peak). ``counted`` (if given) gets the number of
     tensors saved.
     """
-    layers = decoder_layers(model)
     excluded = {_storage_id(t) for t in (*model.parameters(), *model.buffers())}
     state = {"layer": OUTSIDE}
     records: list[tuple[weakref.ref, int, int, int]] = []
@@ -224,7 +239,7 @@ def saved_bytes_by_layer(
         tokens = torch.randint(0, text_config(model.config).vocab_size, (micro_batch, seq_len))
         with (
             _fake_safe(model) if fake_mode is not None else contextlib.nullcontext(),
-            _marked_layers(layers, state, leave, layer_runs(text_config(model.config), len(layers))),
+            _marked_layers(model, state, leave),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         ):
             output = model(input_ids=tokens, labels=tokens)  # as a training loop calls it: the config's use_cache

@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 
 from tuner.profile.autograd_saved import OUTSIDE, saved_bytes_by_layer, zero3_linear
 from tuner.profile.hf import hf_config
-from tuner.profile.model_parts import config_value, decoder_layers, kind_runs, text_config
+from tuner.profile.model_parts import config_value, depth_field, kind_runs, text_config
 from tuner.profile.quiet_logs import quiet
 from tuner.profile.small_copy import build_copy
 from tuner.profile.working_sets import Peaks, traced_backward_peaks, traced_pre_layer
@@ -220,12 +220,7 @@ def _next_attempt(
     (:data:`REAL_TRACE_BYTES`); a forward pass that needs every layer is traced on the whole model."""
     whole, real = attempt
     reads_values = isinstance(error, (DataDependentOutputException, DynamicOutputShapeException))
-    if (
-        reads_values
-        and not real
-        and (trainable is None or trainable.is_full)
-        and _one_list_of_layers(model, kinds, config)
-    ):
+    if reads_values and not real and (trainable is None or trainable.is_full) and _layers_attributable(kinds, config):
         text = text_config(model.config)
         weights = sum(param.numel() * param.element_size() for param in model.parameters())
         width = int(getattr(text, "hidden_size", 0) or 0) * 64 * len(keep) + int(text.vocab_size) * 16
@@ -236,19 +231,12 @@ def _next_attempt(
     return None
 
 
-def _one_list_of_layers(model: nn.Module, kinds: tuple[str, ...] | list[str], config: dict[str, Any]) -> bool:
-    """Whether each decoder layer is one module of one list, as the per-layer trace needs: not layers split over
-    parallel lists (XLM's ``attentions``, ``ffns``...) nor lists of several sublayers each (LongCat-Flash's), which
-    fake tensors cannot run either and a real trace would count as outside the layers."""
-    layers = decoder_layers(model)
-    if len(kinds) != config_value(text_config(hf_config(config)), "num_hidden_layers"):
-        return False
-    for parent in model.modules():
-        children = list(parent.children())
-        if any(child is layers for child in children):
-            lists = [c for c in children if isinstance(c, nn.ModuleList) and len(c) == len(layers)]
-            return len(lists) == 1
-    return False
+def _layers_attributable(kinds: tuple[str, ...] | list[str], config: dict[str, Any]) -> bool:
+    """Whether the layer list found holds the config's decoder layers, one module each (or one index of parallel
+    lists, XLM's, which :func:`saved_bytes_by_layer` attributes whole), as a real trace needs: not a list of
+    sublayers counted one by one, whose real trace would count the rest as outside the layers."""
+    text = text_config(hf_config(config))
+    return bool(config_value(text, depth_field(text, len(kinds))) == len(kinds))
 
 
 def _activation_profile(
