@@ -332,3 +332,15 @@ def test_a_sequence_past_the_models_learned_positions_is_refused(tmp_path: Path,
     assert result.exit_code == 2, result.output
     assert "seq-len" in result.output and "256 positions" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_sequence_past_the_learned_positions_is_an_estimate_only() -> None:
+    """tiny-gpt2 learned 256 positions (``wpe``): at 4,096 tokens every step would index past the table, which no
+    RoPE scaling extends. The estimate still comes (the bytes are what they are) but says it is an estimate only,
+    naming the limit; at the table's length it does not."""
+    beyond = run_json("--model", "tiny-gpt2", "--seq-len", "4096")
+    assert beyond["estimate_only"] is True and "256 positions" in beyond["estimate_only_why"]
+    within = run_json("--model", "tiny-gpt2", "--seq-len", "256")
+    assert within["estimate_only"] is False
+    shown = runner.invoke(app, ["estimate", "--model", "tiny-gpt2", "--seq-len", "4096"])
+    assert shown.exit_code == 0 and "ESTIMATE ONLY" in shown.output and "--seq-len 256" in shown.output

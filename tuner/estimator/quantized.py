@@ -53,6 +53,7 @@ from functools import lru_cache
 from tuner.estimator.settings import ConfigError
 from tuner.estimator.trainable import TrainedParams
 from tuner.workload import BLOCKSIZE, DTYPE_BYTES, NESTED_BLOCKSIZE, QuantSpec, Workload
+from tuner.workload.measurable import beyond_positions
 
 CODE_TABLE_BYTES = 16 * 4  # get_4bit_type: a 16-entry fp32 table per quantized weight
 DYNAMIC_MAP_BYTES = 256 * 4  # double quant's dynamic map (create_dynamic_map), cached once per device
@@ -75,9 +76,13 @@ QWZ_QGZ_WHY = (
 
 
 def estimate_only_why(workload: Workload, quantized_nontrainable: bool, zero_quantized: bool = False) -> str:
-    """Why no run here can check an estimate of ``workload`` (``""``: one can): a 4-bit base,
+    """Why no run here can check an estimate of ``workload`` (``""``: one can): a sequence longer than the model's
+    learned position table (:func:`beyond_positions`: no run anywhere trains it), a 4-bit base,
     ``zero_quantized_nontrainable_weights`` in force (:attr:`Settings.quantized_nontrainable`), or qwZ/qgZ
     (``zero_quantized``) on CPU ranks."""
+    beyond = beyond_positions(workload)
+    if beyond:
+        return beyond
     if workload.trainable.quantization:
         return QLORA_WHY
     if quantized_nontrainable:

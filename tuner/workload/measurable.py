@@ -20,18 +20,33 @@ def measurement_refusal(workload: Workload) -> tuple[str, str] | None:
         >>> measurement_refusal(Workload(tiny, ClusterSpec(device="cpu"), TrainSpec(seq_len=256))) is None
         True
     """
-    model, seq_len = workload.model, workload.train.seq_len
+    model = workload.model
     if workload.trainable.quantization:
         return "quantization", MEASURED_QUANTIZATION
     if model.is_bare:
         return "params", "a measured run needs a model architecture: use --model"
+    beyond = beyond_positions(workload)
+    return ("seq-len", beyond) if beyond else None
+
+
+def beyond_positions(workload: Workload) -> str:
+    """Why no run can train the workload at its length (``""``: one can): the sequence is longer than the model's
+    learned position table (GPT-2's ``wpe``, OPT's, the RoPE-less models'), which, unlike rotary positions, no
+    scaling extends. An estimate of it is an estimate only (:func:`tuner.estimator.quantized.estimate_only_why`).
+
+    >>> from tuner.workload import ClusterSpec, TrainSpec, load_builtin_model
+    >>> tiny = load_builtin_model("tiny-gpt2")
+    >>> beyond_positions(Workload(tiny, ClusterSpec(), TrainSpec(seq_len=256)))
+    ''
+    """
+    model, seq_len = workload.model, workload.train.seq_len
     limit = model.position_limit
     if 0 < limit < seq_len:
-        return "seq-len", (
+        return (
             f"{seq_len} tokens is longer than the {limit} positions {model.name} learned (its position embedding "
             f"table): every step would index past it; use --seq-len {limit} or less"
         )
-    return None
+    return ""
 
 
-__all__ = ["measurement_refusal"]
+__all__ = ["beyond_positions", "measurement_refusal"]
