@@ -205,7 +205,8 @@ def shrunk_config(model_type: str, layers: int = 6) -> dict[str, Any]:
 def _consistent(config: dict[str, Any]) -> dict[str, Any]:
     """The counts that must agree with the shrunk dimensions made to agree, as a user's small config would: a
     Mamba mixer's heads times head size equal to its inner width, layer counts of parts that sum to the layers,
-    shared-KV layers fewer than the layers."""
+    shared-KV layers fewer than the layers, layer indices the config class derives from the layer kinds
+    (Kolibri-1.1's indexer and KV-source layers) derived again for the shrunk ones."""
     out = dict(config)
     hidden, layers = out.get("hidden_size"), out.get("num_hidden_layers")
     if not isinstance(hidden, int) or not isinstance(layers, int):
@@ -232,6 +233,12 @@ def _consistent(config: dict[str, Any]) -> dict[str, Any]:
     parts = ("n_input_layers", "n_recurrent_layers", "n_output_layers")
     if all(isinstance(out.get(k), int) for k in parts):
         out.update(dict(zip(parts, (layers // 3, layers - 2 * (layers // 3), layers // 3), strict=True)))
+    for key in ("index_layers", "kv_source_layers"):  # None: derived from the shrunk layer_types by the class
+        if isinstance(out.get(key), list):
+            out[key] = None
+    heads, kv_heads = out.get("num_attention_heads"), out.get("num_key_value_heads")
+    if isinstance(out.get("index_num_heads"), int) and isinstance(heads, int) and isinstance(kv_heads, int):
+        out["index_num_heads"] = max(1, min(out["index_num_heads"], heads // kv_heads))  # per key head
     if isinstance(out.get("num_kv_shared_layers"), int):  # the shared layers' kinds among the layers before them
         kinds = out.get("layer_types") or []
         shared = min(out["num_kv_shared_layers"], layers // 3)
