@@ -7,7 +7,7 @@ after the forward pass every storage still alive is counted once (parameters and
 the states each layer leaves held in its caches and modules (:func:`_held`). No attention mask is passed (an all-ones
 mask would be materialised); transformers looks for packed sequences in the position ids and, unable to read fake
 values, would build a causal mask and lose grouped-query SDPA: the count tells it there are none, as for the real
-unpacked batches, and reads a padding mask the model makes itself as none (:func:`_fake_safe`). PyTorch's fake
+unpacked batches, and reads a padding mask the model makes itself as none (:func:`fake_safe`). PyTorch's fake
 ``grouped_mm`` accepts only bf16 (the CPU kernel also runs fp32): other precisions run a stand-in saving what the
 kernel saves (:class:`_GroupedMM`).
 """
@@ -92,7 +92,7 @@ def _marked_layers(
             handle.remove()
 
 
-def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+def tensors_in(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     """Tensors in ``value``: itself, in lists, tuples and dicts, and in the attributes of a transformers object (a
     cache and its layers)."""
     if depth > 8:
@@ -101,13 +101,13 @@ def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
         yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _tensors(item, depth + 1)
+            yield from tensors_in(item, depth + 1)
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _tensors(item, depth + 1)
+            yield from tensors_in(item, depth + 1)
     elif type(value).__module__.startswith("transformers.") and hasattr(value, "__dict__"):
         for item in vars(value).values():
-            yield from _tensors(item, depth + 1)
+            yield from tensors_in(item, depth + 1)
 
 
 def _held(layer: nn.Module, arguments: Any, index: int | None = None) -> Iterator[torch.Tensor]:
@@ -122,7 +122,7 @@ def _held(layer: nn.Module, arguments: Any, index: int | None = None) -> Iterato
         if isinstance(argument, Cache):
             for value in vars(argument).values():
                 per_layer = index is not None and isinstance(value, (list, tuple)) and index < len(value)
-                yield from _tensors(value[index] if per_layer else value)
+                yield from tensors_in(value[index] if per_layer else value)
     for module in layer.modules():
         yield from (value for value in vars(module).values() if isinstance(value, torch.Tensor))
 
@@ -185,7 +185,7 @@ def _deepcopy_fake_aware(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tens
 
 
 @contextlib.contextmanager
-def _fake_safe(model: nn.Module) -> Iterator[None]:
+def fake_safe(model: nn.Module) -> Iterator[None]:
     """transformers sees no packed sequences and no padding (what it finds for real unpacked batches, unreadable on
     fake ones: :func:`_unpadded_mask_arguments`), fake tensors deep-copy as fake tensors
     (:func:`_deepcopy_fake_aware`) and, outside bf16, ``grouped_mm`` is :class:`_GroupedMM` (fake ``grouped_mm`` is
@@ -238,7 +238,7 @@ def saved_bytes_by_layer(
     with fake_mode or contextlib.nullcontext():
         tokens = torch.randint(0, text_config(model.config).vocab_size, (micro_batch, seq_len))
         with (
-            _fake_safe(model) if fake_mode is not None else contextlib.nullcontext(),
+            fake_safe(model) if fake_mode is not None else contextlib.nullcontext(),
             _marked_layers(model, state, leave),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         ):

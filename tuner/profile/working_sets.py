@@ -32,15 +32,15 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tuner.profile.autograd_saved import _fake_safe, _tensors
+from tuner.profile.autograd_saved import fake_safe, tensors_in
 from tuner.profile.model_parts import decoder_layers, text_config
 
 Event = tuple[bool, int, int, str]  # (allocated, serial, bytes, where: forward, mlp, backward, mlp_back or layer)
 
 
 def _safe(model: nn.Module) -> Any:
-    """:func:`_fake_safe` for a fake-tensor copy; nothing for a real one."""
-    return _fake_safe(model) if is_fake(next(model.parameters())) else contextlib.nullcontext()
+    """:func:`fake_safe` for a fake-tensor copy; nothing for a real one."""
+    return fake_safe(model) if is_fake(next(model.parameters())) else contextlib.nullcontext()
 
 
 class _Stop(Exception):
@@ -59,7 +59,7 @@ class _StorageEvents(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        for tensor in _tensors(out):
+        for tensor in tensors_in(out):
             storage = tensor.untyped_storage()
             if storage._cdata not in self.serials:
                 serial = len(self.events)
