@@ -54,7 +54,7 @@ def _marked_layers(
     layers = decoder_layers(model)
     runs = layer_runs(text_config(model.config), len(layers))
     body, lists = parallel_layer_lists(model, layers)
-    split = len(lists) > 1 and body is not None
+    split = len(lists) > 1
     handles, entered = [], [0] * len(layers)
 
     def enter(index: int) -> None:
@@ -80,10 +80,10 @@ def _marked_layers(
                 lambda m, a, k, o, i=index: leave(i, m, a, k), with_kwargs=True, always_call=True
             )
         )
-        for other in lists if split else []:
+        for other in lists:  # XLM's ffns[i], layer_norm2[i]...: still layer i
             if other is not layers:
                 handles.append(other[index].register_forward_pre_hook(lambda m, a, i=index: state.update(layer=i)))
-    if split and body is not None:
+    if split:
         handles.append(body.register_forward_hook(lambda m, a, o: state.update(layer=OUTSIDE), always_call=True))
     try:
         yield

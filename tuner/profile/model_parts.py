@@ -132,15 +132,16 @@ def decoder_layers(model: Any) -> nn.ModuleList:  # a transformers PreTrainedMod
     raise WorkloadError("model.model_type", f"no list of {count} decoder layers found in {type(model).__name__}")
 
 
-def parallel_layer_lists(model: nn.Module, layers: nn.ModuleList) -> tuple[nn.Module | None, list[nn.ModuleList]]:
-    """The module holding ``layers`` and the lists beside it as long as it, in registration order: more than one
-    where each decoder layer is split over parallel lists (XLM's ``attentions``, ``layer_norm1``, ``ffns``,
-    ``layer_norm2``, with functional dropout and masking between them), else ``[layers]``."""
+def parallel_layer_lists(model: nn.Module, layers: nn.ModuleList) -> tuple[nn.Module, list[nn.ModuleList]]:
+    """The module holding ``layers`` (``model`` if none does) and the lists beside it as long as it, in registration
+    order: more than one where each decoder layer is split over parallel lists (XLM's ``attentions``,
+    ``layer_norm1``, ``ffns``, ``layer_norm2``, with functional dropout and masking between them), else
+    ``[layers]``."""
     for parent in model.modules():
         children = list(parent.children())
         if any(child is layers for child in children):
             return parent, [c for c in children if isinstance(c, nn.ModuleList) and len(c) == len(layers)]
-    return None, [layers]
+    return model, [layers]
 
 
 def replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
