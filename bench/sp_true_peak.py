@@ -225,11 +225,12 @@ layer part-way through its backward: RMSNorm's gradient in fp32 (five fp32 [s/sp
 the estimate was under: ZeRO-0 -12.2 %, ZeRO-2 -11.1 %, ZeRO-3 -6.7 %. Since 2026-12-03 the profile traces that
 moment (`tuner/profile/working_sets.py`: the layer run alone under fake tensors, every storage's allocation and free
 followed; the same layer run for real gives the allocator's figure to the byte, `tests/profile/test_working_sets.py`):
-ZeRO-0 +0.2 %, ZeRO-2 +3.7 %, ZeRO-3 +8.3 %. The two ranks of the ZeRO-2 row differ by 1.4 MiB (35.7 and 37.1 MiB;
-the table takes the larger). ZeRO-3 is over by 3 MiB because the estimate's backward phase adds the reduce-scatter
-staging of the first bucket (3 MiB on gloo) to the recomputed layer's moment; in this run the layer's gradients do
-not fill a bucket, so no reduction happens at that moment. Open: the phases add their worst moments, and the
-moments of a checkpointed backward (one layer's temporaries, a bucket's reduction) are not always one.
+ZeRO-0 +0.2 %, ZeRO-2 +3.7 %, ZeRO-3 +8.3 %. ZeRO-3 was over by 3 MiB because the estimate's backward phase added
+the reduce-scatter staging of the first bucket (3 MiB on gloo) to the recomputed layer's worst moment. The two are
+apart: a bucket is reduced in a gradient hook, between autograd ops, the layer's worst moment is inside one. Since
+2026-12-03 (evening) the phase holds the larger of that moment and the layer's saved tensors beside the staging
+(`activation_phases._recompute_beside_staging`): ZeRO-2 +0.96 %, ZeRO-3 +0.08 %, ZeRO-0 unchanged (it all-reduces
+after backward). The two ranks of the ZeRO-2 row differ by 1.4 MiB (35.7 and 37.1 MiB; the table takes the larger).
 
 The rows without checkpointing at 8192 (peak in forward): dense -4.2 %, MoE +3.7 %. The MoE row with checkpointing
 was -35.5 %: transformers' Qwen2-MoE builds a sliding-window mask (window 0, used by no layer) of (s/sp)^2 booleans,

@@ -125,6 +125,7 @@ class Activations:
     transient: int = 0
     peak: int = 0  # with checkpointing, the recomputed layer's worst moment in its backward (traced; 0: unknown)
     peak_outside_mlp: int = 0  # the same outside its MLP's backward, the MLP's tensors left out
+    recompute_saved: int = 0  # with checkpointing, the recomputed layer's saved tensors alone (before its worst moment)
     outside: int = 0  # of ``saved``, what the model saves outside its layers (embeddings, final norm, head, loss)
 
 
@@ -160,6 +161,7 @@ def long_context_terms(workload: Workload, s: Settings, acts: Activations, detai
         acts.workspace = (elem + 2 * FP32) * shard_logits
         details["tiled_loss_shard"] = acts.workspace
     if s.activation_checkpointing:  # the recomputed layer's worst moment in backward, beyond its saved tensors
+        acts.recompute_saved = acts.recompute
         worst = acts.peak_outside_mlp if s.tiled_mlp_shards > 1 else acts.peak
         if worst and worst + replicated > acts.recompute:
             acts.recompute = worst + replicated
