@@ -18,11 +18,24 @@ from tuner.workload import ModelSpec
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}  # dense bf16, datasheets
 
 
+def _passes(model: ModelSpec) -> tuple[float, int]:
+    """(weights one token multiplies through, decoder-layer runs): N and L, except for a looped model, whose looped
+    layers run more than once (:attr:`ModelSpec.layer_passes`), each run taken as an average layer's weights (the
+    non-embedding parameters over L)."""
+    layers, passes = model.num_layers, model.layer_passes
+    if model.is_bare or passes == layers or not layers:
+        return float(model.n_params), layers
+    embeddings = model.vocab_size * model.hidden_size * (1 if model.tie_embeddings else 2)
+    per_layer = max(0, model.n_params - embeddings) / layers
+    return model.n_params + (passes - layers) * per_layer, passes
+
+
 def forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Forward FLOPs per token: 2·N for the weights plus 4·L·h·s for the attention scores (what a recomputed forward
-    costs again under activation checkpointing)."""
-    attention = 4 * model.num_layers * model.hidden_size * seq_len if not model.is_bare else 0
-    return 2.0 * model.n_params + attention
+    costs again under activation checkpointing); a looped model's layers count once per run (:func:`_passes`)."""
+    weights, passes = _passes(model)
+    attention = 4 * passes * model.hidden_size * seq_len if not model.is_bare else 0
+    return 2.0 * weights + attention
 
 
 def backward_flops_per_token(model: ModelSpec, seq_len: int, trainable: int | None = None) -> float:
@@ -32,9 +45,10 @@ def backward_flops_per_token(model: ModelSpec, seq_len: int, trainable: int | No
     With LoRA or frozen layers the backward pass still flows through the frozen weights to reach the adapters, so
     only the weight-gradient half shrinks: 4·N + 2·T in all instead of 6·N (a small error below the lowest trainable
     layer, where activation gradients are not needed either)."""
-    attention = 8 * model.num_layers * model.hidden_size * seq_len if not model.is_bare else 0
-    weights = model.n_params if trainable is None else trainable
-    return 2.0 * model.n_params + 2.0 * weights + attention
+    through, passes = _passes(model)
+    attention = 8 * passes * model.hidden_size * seq_len if not model.is_bare else 0
+    weights = through if trainable is None else trainable
+    return 2.0 * through + 2.0 * weights + attention
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int, trainable: int | None = None) -> float:

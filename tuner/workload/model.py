@@ -96,6 +96,22 @@ class ModelSpec:
         return int(config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts") or 0)
 
     @property
+    def layer_passes(self) -> int:
+        """Decoder-layer runs in one forward pass: ``num_layers``, plus the extra runs of a looped block (Dory's
+        ``n_recurrent_layers`` after its ``n_input_layers``, run ``n_recurrent_loops`` times).
+
+        Example:
+            >>> loop = '{"n_recurrent_loops": 3, "n_input_layers": 1, "n_recurrent_layers": 2}'
+            >>> ModelSpec("m", "dory", num_layers=4, hf_config=loop).layer_passes
+            8
+        """
+        config = self.text_config
+        loops, start, count = (config.get(key) for key in ("n_recurrent_loops", "n_input_layers", "n_recurrent_layers"))
+        if not (type(loops) is int and type(start) is int and type(count) is int) or loops < 2:
+            return self.num_layers
+        return self.num_layers + (loops - 1) * max(0, min(start + count, self.num_layers) - start)
+
+    @property
     def is_bare(self) -> bool:
         """True when only the parameter count is known (no shapes, no activations)."""
         return self.bare_params is not None
