@@ -213,9 +213,14 @@ The MoE rows with the tiled MLP run since 2026-12-03: DeepSpeed's `TiledMLP` han
 bench uses) gives them the batch dimension back. Tiled rows: ZeRO-2 dense -1.3 / -1.6 % (2 / 4 ranks), MoE +2.1 /
 +2.6 %; ZeRO-3 dense +1.9 / +2.5 %.
 
-Open: the tiled ZeRO-3 MoE rows are over by 4.5 % (2 ranks) and 6.0 % (4 ranks), about 1.2 MB in both, against
-0.5 MB for the dense model; the peak is in forward (the tiled loss's head backward), and where the estimate's extra
-MoE bytes are not alive there is not yet found.
+Open: the tiled ZeRO-3 MoE rows are over by 4.5 % (2 ranks) and 6.0 % (4 ranks). Live bytes read from the counter at
+marks inside the tiled loss's shard function (2026-12-03, MoE, 1,024, both stages; each probe gave its row's stored
+peak to the byte) take that moment apart: the peak is a shard's backward with three fp32 shard-logits tensors (12 B
+per element; the estimate counts 10), the head's weight gradient accumulated across shards (not counted at ZeRO-3),
+no whole parameter at all under ZeRO-3 (all NOT_AVAILABLE, persistent ones included; the estimate holds 2.58 MiB),
+ZeRO-2's bucket in bf16 in forward (the estimate: fp32) and 3.73 MiB of saved activations (the estimate: 4.27). With
+the first four applied, 29 of 31 rows are within 3 % (the tiled MoE rows +2.2 to +2.9 %); the 1e6-bucket row (-5.3 %)
+and the dense 8,192 row (-3.7 %) are not. Not applied yet.
 
 Activation checkpointing (measured 2026-12-03), as ALST trains: at sequence 1024 the four rows (ZeRO 2 and 3, with and
 without tiling) are within 3 % (-0.2 to +3.0 %). At sequence 8192 with tiling (MLP 4, loss 16) a recomputed layer,
