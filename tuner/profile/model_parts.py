@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from tuner.workload import WorkloadError
+from tuner.workload.model import layer_runs as loop_runs
 
 
 def text_config(config_object: Any) -> Any:
@@ -172,17 +173,9 @@ def layer_kinds(model: Any) -> list[str]:  # a transformers PreTrainedModel
 
 
 def layer_runs(config_object: Any, layers: int) -> list[int]:
-    """How many times each of the ``layers`` decoder layers runs in one forward pass: once, except the recurrent
-    block of a looped model (Dory's ``n_recurrent_layers`` after its ``n_input_layers``, run ``n_recurrent_loops``
-    times, each run saving its own tensors)."""
-    runs = [1] * layers
-    loops, start, count = (
-        config_value(config_object, name) for name in ("n_recurrent_loops", "n_input_layers", "n_recurrent_layers")
-    )
-    if all(isinstance(value, int) and not isinstance(value, bool) for value in (loops, start, count)) and loops > 1:
-        for index in range(start, min(start + count, layers)):
-            runs[index] = loops
-    return runs
+    """How many times each of the ``layers`` decoder layers of ``config_object`` runs in one forward pass
+    (:func:`tuner.workload.model.layer_runs`: Dory's looped block runs more than once)."""
+    return loop_runs(lambda name: config_value(config_object, name), layers)
 
 
 def kind_runs(kind: str) -> int:

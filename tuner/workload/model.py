@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any, Literal
@@ -28,6 +29,18 @@ OPTIONAL_MODEL_FIELDS = {
     "experts": (),
     "position_table": 0,
 }
+
+
+def layer_runs(value: Callable[[str], Any], layers: int) -> list[int]:
+    """How many times each of the ``layers`` decoder layers runs in one forward pass, the config's fields read
+    through ``value``: once, except the recurrent block of a looped model (Dory's ``n_recurrent_layers`` after its
+    ``n_input_layers``, run ``n_recurrent_loops`` times, each run saving its own tensors)."""
+    runs = [1] * layers
+    loops, start, count = (value(name) for name in ("n_recurrent_loops", "n_input_layers", "n_recurrent_layers"))
+    if all(isinstance(field, int) and not isinstance(field, bool) for field in (loops, start, count)) and loops > 1:
+        for index in range(start, min(start + count, layers)):
+            runs[index] = loops
+    return runs
 
 
 @dataclass(frozen=True)
@@ -105,11 +118,7 @@ class ModelSpec:
             >>> ModelSpec("m", "dory", num_layers=4, hf_config=loop).layer_passes
             8
         """
-        config = self.text_config
-        loops, start, count = (config.get(key) for key in ("n_recurrent_loops", "n_input_layers", "n_recurrent_layers"))
-        if not (type(loops) is int and type(start) is int and type(count) is int) or loops < 2:
-            return self.num_layers
-        return self.num_layers + (loops - 1) * max(0, min(start + count, self.num_layers) - start)
+        return sum(layer_runs(self.text_config.get, self.num_layers))
 
     @property
     def is_bare(self) -> bool:
