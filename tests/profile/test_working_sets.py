@@ -82,7 +82,7 @@ def test_the_traced_backward_peak_is_the_allocators() -> None:
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     model = _model(fake)
     with fake:
-        traced, excess, outside_mlp, _ = layer_backward_peaks(model, 0, BATCH, SEQ)
+        traced, excess, outside_mlp, *_ = layer_backward_peaks(model, 0, BATCH, SEQ)
     real, left_out, tables, weight_grad = _allocator_peak()
     # the allocator holds the output and the incoming gradient beside the layer's own tensors (the trace leaves
     # them to the next layer), not the rotary tables made before (the trace counts what the layer saves); a weight
@@ -147,3 +147,48 @@ def test_what_a_model_builds_before_its_layers_is_the_allocators() -> None:
     # the allocator also holds the embeddings' output, which the trace leaves to the first layer
     hidden = BATCH * SEQ * QWEN2_MOE["hidden_size"] * 2
     assert real_peak - hidden <= peak <= real_peak
+
+
+def _real_mlp_saved(config: dict[str, Any]) -> int:
+    """The allocator's bytes left alive by one real decoder layer's MLP block's forward pass (what it keeps for
+    backward), its output left out."""
+    hf = AutoConfig.for_model(**config)
+    hf._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).train()
+    mlp = decoder_layers(model)[0].mlp
+    captured: list[torch.Tensor] = []
+
+    def grab(module: Any, args: Any) -> None:
+        captured.append(args[0].detach().requires_grad_())
+        raise StopIteration
+
+    handle = mlp.register_forward_pre_hook(grab)
+    tokens = torch.randint(0, config["vocab_size"], (BATCH, SEQ))
+    with pytest.raises(StopIteration):
+        model(input_ids=tokens, labels=tokens)
+    handle.remove()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        output = mlp(captured[0])
+    live = sum(
+        event.nbytes()
+        for event in prof.profiler.kineto_results.events()
+        if event.name() == "[memory]" and event.device_type().name == "CPU"
+    )
+    return live - output.untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize("config", [QWEN2, QWEN2_MOE], ids=["dense", "moe"])
+def test_what_the_mlp_block_saves_is_the_allocators(config: dict[str, Any]) -> None:
+    """What a tiled MLP drops, traced under fake tensors, against the allocator of the real block's forward. The
+    MoE block keeps more than the formula's intermediates (measured: the routed outputs the routing weights scale,
+    the shared expert's output its gate scales), which the estimate's fallback formula does not know."""
+    hf = AutoConfig.for_model(**config)
+    hf._attn_implementation = "sdpa"
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model = AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).train()
+        traced = layer_backward_peaks(model, 0, BATCH, SEQ)[4]
+    assert traced == _real_mlp_saved(config)
+    if config is QWEN2:  # a gated MLP's four intermediate-wide tensors
+        assert traced == 4 * 2 * BATCH * SEQ * QWEN2["intermediate_size"]

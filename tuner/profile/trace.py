@@ -254,7 +254,7 @@ def _activation_profile(
     backward)."""
     one, two, three = traces[checkpointing]
     layers = {kind: Linear.through(one[2][kind], two[2][kind], three[2][kind]) for kind in one[2]}
-    lines = [Linear.through(*(point[i] for point in peaks)) for i in range(4)] if peaks else [Linear()] * 4
+    lines = [Linear.through(*(point[i] for point in peaks)) for i in range(5)] if peaks else [Linear()] * 5
     recompute = Linear()
     peak, peak_outside_mlp = (lines[0], lines[2]) if checkpointing else (Linear(), Linear())
     if checkpointing:
@@ -278,6 +278,7 @@ def _activation_profile(
         backward_peak_outside_mlp=peak_outside_mlp,
         backward_excess=lines[1],
         backward_excess_outside_mlp=lines[3],
+        mlp_saved=lines[4],
     )
 
 

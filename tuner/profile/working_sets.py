@@ -157,13 +157,15 @@ def _run(layer: nn.Module, args: list[Any], kwargs: dict, events: _StorageEvents
     return ignored, external, start
 
 
-Peaks = tuple[int, int, int, int]  # the worst moment and its excess over backward's start; outside the MLP, the same
+# the worst moment and its excess over backward's start; outside the MLP, the same; the MLP block's saved tensors
+Peaks = tuple[int, int, int, int, int]
 
 
 def layer_backward_peaks(model: nn.Module, index: int, micro_batch: int, seq_len: int) -> Peaks:
     """Decoder layer ``index``'s live bytes at the worst moment of its backward, and that moment's excess over what
     it held when its backward started (its saved tensors); the same two outside its MLP's backward, the MLP's
-    tensors left out. Run on ``model`` (a fake-tensor copy, called inside its ``FakeTensorMode``)."""
+    tensors left out; and what its MLP block saved (made in the block's forward, alive when backward starts: what
+    ``TiledMLP`` drops). Run on ``model`` (a fake-tensor copy, called inside its ``FakeTensorMode``)."""
     layer = decoder_layers(model)[index]
     model.train()
     with _safe(model):
@@ -194,7 +196,8 @@ def layer_backward_peaks(model: nn.Module, index: int, micro_batch: int, seq_len
                 peak_outside = max(peak_outside, total - mlp_alive)
     if begin < 0:
         raise RuntimeError("the layer's backward allocated nothing")
-    return peak + external, peak - begin, peak_outside + external, max(0, peak_outside - begin_outside)
+    excess_outside = max(0, peak_outside - begin_outside)
+    return peak + external, peak - begin, peak_outside + external, excess_outside, begin - begin_outside
 
 
 def pre_layer_bytes(model: nn.Module, micro_batch: int, seq_len: int) -> tuple[int, int]:
@@ -237,14 +240,18 @@ def traced_backward_peaks(
     model: nn.Module, positions: list[int], seq_len: int, fake_mode: FakeTensorMode | None
 ) -> list[Peaks] | None:
     """:func:`layer_backward_peaks` at micro-batch 1, 2 and 3 for the layer (of those at ``positions``) with the
-    largest peak; None where a layer cannot run alone or backward fails under fake tensors (the estimate then keeps
-    the saved bytes alone)."""
+    largest peak, with the least any of them saved in its MLP block (what every layer's tiled MLP is taken to drop);
+    None where a layer cannot run alone or backward fails under fake tensors (the estimate then keeps the saved
+    bytes alone)."""
     try:
         with fake_mode or contextlib.nullcontext():
             by_layer = [[layer_backward_peaks(model, i, batch, seq_len) for batch in (1, 2, 3)] for i in positions]
     except Exception:  # a layer that cannot run alone: no backward trace, not a refusal of the model
         return None
-    return max(by_layer, key=lambda peaks: peaks[1][0]) if by_layer else None
+    if not by_layer:
+        return None
+    worst = max(by_layer, key=lambda peaks: peaks[1][0])
+    return [(*peaks[:4], min(layer[batch][4] for layer in by_layer)) for batch, peaks in enumerate(worst)]
 
 
 __all__ = ["Peaks", "layer_backward_peaks", "pre_layer_bytes", "traced_backward_peaks", "traced_pre_layer"]

@@ -28,7 +28,8 @@ from typing import Any
 # 9: entries carry a layer's backward excess over its saved tensors (backward_excess)
 # 10: position tables stop where ProphetNet's predicting stream does; copies cut through the field counting
 #     the decoder layers (LongCat-Flash's num_layers); weights transformers leaves in fp32 cast (XLNet's)
-PROFILE_FORMAT = 10
+# 11: entries carry what a layer's MLP block saves (mlp_saved: what a tiled MLP drops)
+PROFILE_FORMAT = 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,8 @@ class ActivationProfile:
     (``_outside_mlp``): that moment's excess over what the layer held when its backward started (its saved tensors),
     the first layer's backward on top of every saved tensor without checkpointing. ``pre_layer_peak``,
     ``pre_layer_held``: the forward pass's worst moment before the first decoder layer and what it still holds then
-    beside the layer's input (masks the model builds), parameters not counted. ``adapters``: for
+    beside the layer's input (masks the model builds), parameters not counted. ``mlp_saved``: what one layer's MLP
+    block saves for backward (what DeepSpeed's ``TiledMLP`` drops; 0 where not traced). ``adapters``: for
     the model as trained (peft, frozen parameters), how it was traced: ``""`` as ZeRO 0-2 train it (adapters cast to
     the training dtype); ``zero3`` as ZeRO-3 does (peft's fp32 adapters kept, and every Linear saving its input under
     ``zero.Init``'s memory-efficient linear); ``fp32`` the adapters kept, Linear as torch's.
@@ -89,6 +91,7 @@ class ActivationProfile:
     pre_layer_held: Linear = Linear()
     backward_excess: Linear = Linear()
     backward_excess_outside_mlp: Linear = Linear()
+    mlp_saved: Linear = Linear()
 
     @property
     def key(self) -> tuple[int, str, str, bool, str]:
