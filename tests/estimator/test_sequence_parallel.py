@@ -9,7 +9,12 @@ import pytest
 
 from tuner.estimator import estimate
 from tuner.estimator.activations import activation_bytes, logits_workspace_bytes
-from tuner.estimator.long_context import all_to_all_buffers, kv_replication_bytes, mlp_saved_bytes
+from tuner.estimator.long_context import (
+    all_to_all_buffers,
+    attention_output_bytes,
+    kv_replication_bytes,
+    mlp_saved_bytes,
+)
 from tuner.workload import (
     ActivationProfile,
     ClusterSpec,
@@ -43,9 +48,12 @@ def test_activations_are_the_model_at_s_over_sp() -> None:
     one, two = estimate(work, config(1)), estimate(work, config(2))
     saved, _ = activation_bytes(model, 1, SEQ // 2, 2, "sdpa", False)
     kernel = two.details["attention_kernel_extra"]  # CUDA's RNG blocks, a rank's h/sp heads
-    assert two.phases["forward"].gpu["activations"] - kernel == saved  # 32 heads, 32 kv heads: nothing replicated
+    output = two.details["ulysses_attention_output"]  # o_proj's input, a storage of its own under Ulysses
+    assert output == attention_output_bytes(model, 1, SEQ // 2, 2) == 2 * (SEQ // 2) * 4096
+    ulysses = model.num_layers * output
+    assert two.phases["forward"].gpu["activations"] - kernel - ulysses == saved  # 32 kv heads: nothing replicated
     assert two.details["logits_workspace"] == logits_workspace_bytes(model, 1, SEQ // 2, 2)
-    ratio = two.phases["forward"].gpu["activations"] / one.phases["forward"].gpu["activations"]
+    ratio = (two.phases["forward"].gpu["activations"] - ulysses) / one.phases["forward"].gpu["activations"]
     assert ratio == pytest.approx(0.5, abs=1e-3)
 
 
@@ -66,8 +74,9 @@ def test_profiles_traced_at_s_are_scaled_to_a_rank_tokens() -> None:
     )  # fmt: skip
     work = _traced(entry, ClusterSpec(gpus_per_node=4))
     est = estimate(work, config(4))
+    layers = work.model.num_layers
     saved = est.phases["forward"].gpu["activations"] - est.details["attention_kernel_extra"]
-    assert saved == (1000 + work.model.num_layers * 4000) // 4
+    assert saved - layers * est.details["ulysses_attention_output"] == (1000 + layers * 4000) // 4
 
 
 def _dims(model: object) -> dict:
@@ -105,11 +114,31 @@ def test_tiled_mlp_drops_the_mlp_intermediates_and_holds_one_shard_in_backward()
     assert tiled.details["tiled_mlp_shard"] == dropped // 4
 
 
+def test_a_traced_mlp_block_is_what_the_tiled_mlp_drops() -> None:
+    """Where the profile traced what a layer's MLP block saves (an MoE block keeps more than the formula knows: the
+    routed outputs its routing weights scale), the tiled MLP drops that; without it, the formula."""
+    mlp = 3 * 10**8
+    entry = ActivationProfile(
+        seq_len=SEQ // 2, precision="bf16", attention="sdpa", experts="", checkpointing=False,
+        outside=Linear(0, 1000, 1000), first_extra=Linear(), layers={"decoder": Linear(0, 10**9, 10**9)},
+        mlp_saved=Linear(0, mlp, mlp),
+    )  # fmt: skip
+    work = _traced(entry)
+    tiled = estimate(work, config(2, tiled_mlp_shards=4))
+    plain = estimate(work, config(2))
+    dropped = plain.phases["forward"].gpu["activations"] - tiled.phases["forward"].gpu["activations"]
+    assert dropped == work.model.num_layers * mlp and tiled.details["tiled_mlp_shard"] == mlp // 4
+    untraced = replace(work, profile=replace(work.profile, activations=(replace(entry, mlp_saved=Linear()),)))
+    formula = mlp_saved_bytes(work.model, SEQ // 2, 2)
+    assert estimate(untraced, config(2, tiled_mlp_shards=4)).details["tiled_mlp_shard"] == formula // 4
+
+
 def test_tiled_loss_never_holds_the_full_logits() -> None:
     work = llama()
     plain, tiled = estimate(work, config(2)), estimate(work, config(2, tiled_loss_shards=8))
     tokens, vocab, hidden = SEQ // 2, work.model.vocab_size, work.model.hidden_size
-    assert tiled.details["logits_workspace"] == (2 + 8) * tokens * vocab // 8
+    # a shard's backward: three fp32 shard-logits tensors (measured inside the shard function, sp_true_peak)
+    assert tiled.details["logits_workspace"] == 3 * 4 * tokens * vocab // 8
     assert tiled.details["logits_workspace"] < plain.details["logits_workspace"] / 4
     saved = plain.phases["forward"].gpu["activations"] - tiled.phases["forward"].gpu["activations"]
     assert saved == 4 * tokens * vocab - 2 * tokens * hidden  # the fp32 log-softmax out, the input's gradient in
@@ -163,7 +192,7 @@ def test_a_recomputed_layer_holds_its_worst_backward_moment() -> None:
     # without a traced moment (an older profile, a layer that cannot run alone) the saved bytes stand
     bare = replace(entry, backward_peak=Linear(), backward_peak_outside_mlp=Linear())
     work = replace(work, profile=replace(profile, activations=(bare,)))
-    assert recomputed() == saved
+    assert recomputed() == saved + attention_output_bytes(model, 1, SEQ // 2, 2)
 
 
 def test_a_buckets_reduction_is_not_at_the_recomputed_layers_worst_moment() -> None:
@@ -176,7 +205,8 @@ def test_a_buckets_reduction_is_not_at_the_recomputed_layers_worst_moment() -> N
         est = estimate(work, TrialConfig(config(2, stage), activation_checkpointing=True))
         staging = est.details["reduce_copy"]
         assert staging > 0 and est.details["recomputed_block"] == peak
-        assert est.details["recomputed_block_beside_staging"] == max(peak - staging, saved)
+        layer_saved = saved + est.details["ulysses_attention_output"]
+        assert est.details["recomputed_block_beside_staging"] == max(peak - staging, layer_saved)
     # ZeRO-0 all-reduces after backward: no staging inside it, the worst moment stands
     est = estimate(work, TrialConfig(config(2, 0), activation_checkpointing=True))
     assert "reduce_copy" not in est.details and "recomputed_block_beside_staging" not in est.details
@@ -210,6 +240,7 @@ def test_forward_holds_its_largest_traced_moment() -> None:
     n = work.model.num_layers
     plain = estimate(work, config(2))
     saved, workspace = plain.phases["forward"].gpu["activations"], plain.details["logits_workspace"]
+    layer += plain.details["ulysses_attention_output"]
     assert saved == n * layer + outside and "forward_moment_extra" not in plain.details
 
     def forward(**fields: Linear) -> int:

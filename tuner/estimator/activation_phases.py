@@ -17,6 +17,7 @@ from tuner.estimator.long_context import Activations, local_seq, long_context_te
 from tuner.estimator.phases import Phase, add_bytes
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.settings import Settings
+from tuner.estimator.tiled_loss import whole_parameters_apart
 from tuner.estimator.trainable import TrainedParams, trained_params
 from tuner.estimator.transients import bucket_chunks
 from tuner.workload import Workload
@@ -52,9 +53,7 @@ def add_activations(
         return None
     seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.long_context`)
     workspace = logits_workspace_bytes(model, s.micro_batch, seq, elem)
-    acts = Activations(activations.saved, workspace, activations.recompute)
-    acts.peak, acts.peak_outside_mlp, acts.outside = activations.peak, activations.peak_outside_mlp, activations.outside
-    acts = long_context_terms(workload, s, acts, details)
+    acts = long_context_terms(workload, s, Activations.of(activations, workspace), details)
     saved, recompute, source = acts.saved, acts.recompute, activations.source
     if workload.cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
         kernel_extra = extra_bytes_per_layer(model, s.micro_batch, train.seq_len, s.precision, train.attention)
@@ -113,17 +112,21 @@ def _add_forward_moments(
     with what the model held into them (``pre_layer_held``) and, without checkpointing, the first layer's backward
     on top of every layer's saved tensors (what the head and loss saved is freed by then), its temporaries beyond
     what it saved (``excess``: eager attention's fp32 score gradients, a gated MLP's). The largest moment's excess
-    over the loss's is added to the phase's activations (``details["forward_moment_extra"]``). ``rank``: (saved,
+    over the loss's is added to the phase's activations (``details["forward_moment_extra"]``); under ZeRO-3's tiled
+    loss the loss's moment holds no whole parameter (:func:`.tiled_loss.whole_parameters_apart`). ``rank``: (saved,
     of it outside the layers, the loss's workspace and head gradient) on this rank."""
     saved, outside, workspace = rank
     in_layers = saved - outside
     if not s.activation_checkpointing:
         in_layers += traced.excess_outside_mlp if s.tiled_mlp_shards > 1 else traced.excess
     moment = max(traced.pre_layer_peak, saved + traced.pre_layer_held, in_layers)
-    extra = moment - saved - workspace
+    # ALST's tiled loss: the head's accumulated gradient and ZeRO-1/2's first buckets exist only from the loss on
+    loss = workspace + details.get("tiled_loss_head_grad", 0) + details.get("reduce_buckets_forward", 0)
+    extra = moment - saved - loss
     if extra > 0:
         details["forward_moment_extra"] = extra
         phases["forward"].gpu["activations"] += extra
+    whole_parameters_apart(s, details, phases, -extra)  # ZeRO-3's tiled loss holds no whole parameter
 
 
 def _add_frozen_backward(

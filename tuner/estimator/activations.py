@@ -139,6 +139,7 @@ class LayerActivations(NamedTuple):
     excess: int = 0  # a layer's backward beyond its saved tensors (all of it; outside its MLP)
     excess_outside_mlp: int = 0
     outside: int = 0  # of ``saved``, what the embeddings, final norm, LM head and loss save
+    mlp_saved: int = 0  # what one layer's MLP block saves (what a tiled MLP drops; traced)
 
 
 def workload_activation_bytes(
@@ -173,13 +174,14 @@ def workload_activation_bytes(
                 recompute = entry.recompute.at(micro_batch) // scale
                 layers = saved - (entry.outside.at(micro_batch) + entry.first_extra.at(micro_batch)) // scale
                 whole = tp_whole_layer_bytes(model, micro_batch, seq, elem, traced=True) if tp > 1 else 0
-                peak, peak_outside_mlp, excess, excess_outside_mlp = (
+                peak, peak_outside_mlp, excess, excess_outside_mlp, mlp_saved = (
                     tp_local_activations(saved, line.at(micro_batch) // scale, layers, whole, n_layers, True, tp)[1]
                     for line in (
                         entry.backward_peak,
                         entry.backward_peak_outside_mlp,
                         entry.backward_excess,
                         entry.backward_excess_outside_mlp,
+                        entry.mlp_saved,
                     )
                 )
                 saved, recompute = tp_local_activations(saved, recompute, layers, whole, n_layers, checkpointing, tp)
@@ -190,7 +192,7 @@ def workload_activation_bytes(
                 outside = entry.outside.at(micro_batch) // scale
                 return LayerActivations(
                     saved, recompute, "trace", peak, peak_outside_mlp, pre_peak, pre_held, excess, excess_outside_mlp,
-                    outside,
+                    outside, mlp_saved,
                 )  # fmt: skip
     if model.implementation == "builtin" or model.family in SUPPORTED_FAMILIES:
         saved, recompute = activation_bytes(model, micro_batch, seq, elem, train.attention, checkpointing)

@@ -28,6 +28,7 @@ from tuner.estimator.phases import PHASES, Phase, add_bytes, add_transient
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.quantized import quantized_base
 from tuner.estimator.settings import FP32, Settings
+from tuner.estimator.tiled_loss import add_head_gradient
 from tuner.estimator.trainable import TrainedParams, trained_params
 from tuner.estimator.transients import (
     bucket_chunks,
@@ -35,7 +36,7 @@ from tuner.estimator.transients import (
     optimizer_temporaries,
     zero0_allreduce_copy,
 )
-from tuner.workload import ModelSpec, Workload
+from tuner.workload import Workload
 
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
 
@@ -56,6 +57,7 @@ def flat_states(
     if base is not None:  # 4-bit weights: packed data and quant state instead, whole on every rank too
         frozen += base.packed + base.state - elem * base.elements
         details["quantized_weights"] = base.packed + base.state
+    add_head_gradient(workload, s, phases, details)  # ALST's tiled loss: in forward (:mod:`.tiled_loss`)
     if s.stage == 0:
         _stage0_states(params, frozen, s, phases, details)
         return 0
@@ -68,7 +70,6 @@ def flat_states(
     details["partition_elements"] = part
     add_bytes(phases, "gpu", "parameters", elem * flat.padded_total + frozen)
     _add_reduce_buckets(s, phases, details)
-    _add_tiled_loss_head_grad(model, s, phases, details)
     if s.stage == 1:  # ZeRO-1 reduces after backward: every 16-bit gradient is alive first, offloaded or not
         add_bytes(phases, "gpu", "gradients", elem * params.n_trainable, ("backward",))
     if s.offload_optimizer == "none":
@@ -114,28 +115,15 @@ def _add_reduce_buckets(s: Settings, phases: dict[str, Phase], details: dict[str
             copies, bucket_phases = 2, PHASES  # measured: with accumulation this path keeps both between micro-steps
     else:
         copies = 0
-    if s.tiled_loss_shards > 1 and "forward" not in bucket_phases:
-        # ALST's TiledFusedLogitsLoss runs the LM head's backward inside forward: its gradient hook allocates the
-        # buckets there (stage_1_and_2.py process_gradients -> setup_buckets) and they stay until the step
-        bucket_phases = ("forward", *bucket_phases)
     bucket = s.reduce_bucket_size * s.reduce_bytes * copies  # fp32 under Ulysses (Settings.reduce_bytes)
     details["reduce_buckets"] = bucket
     add_bytes(phases, "gpu", "buffers", bucket, bucket_phases)
-
-
-def _add_tiled_loss_head_grad(model: ModelSpec, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> None:
-    """ALST's tiled loss computes the LM head's gradient in forward. It stays a tensor of its own there unless ZeRO
-    copies it into a reduce bucket at once: only a contiguous bucket it fits takes it (``numel > reduce_bucket_size``
-    is reduced on its own, later), and ZeRO-1 without ``overlap_comm`` reduces nothing before backward ends
-    (``stage_1_and_2.py`` ``reduce_independent_p_g_buckets_and_remove_grads``). Measured: ZeRO-2, a 4096 × 128 head
-    past a 5e5-element bucket (``bench/sp_true_peak.py``)."""
-    if s.tiled_loss_shards <= 1 or model.is_bare:
-        return
-    head = model.vocab_size * model.hidden_size
-    bucketed = s.contiguous_gradients and head <= s.reduce_bucket_size and (s.stage == 2 or s.overlap_comm)
-    if not bucketed:
-        details["tiled_loss_head_grad"] = s.param_bytes * head
-        add_bytes(phases, "gpu", "gradients", s.param_bytes * head, ("forward",))
+    if s.tiled_loss_shards > 1 and "forward" not in bucket_phases:
+        # ALST's TiledFusedLogitsLoss runs the LM head's backward inside forward: its gradient hook allocates the
+        # buckets there (stage_1_and_2.py process_gradients -> setup_buckets), in the training dtype (measured:
+        # bf16 under Ulysses too; the reduction's fp32 copy comes only in backward), and they stay until the step
+        details["reduce_buckets_forward"] = s.reduce_bucket_size * s.param_bytes * copies
+        add_bytes(phases, "gpu", "buffers", details["reduce_buckets_forward"], ("forward",))
 
 
 def _offloaded_states(

@@ -6,18 +6,20 @@ MLP, LM head and loss see ``s/sp`` tokens, so what they save for backward is the
 (``h/sp`` query heads, ``kv/sp`` key-value heads): what SDPA saves (query, key, value, output, fp32 log-sum-exp) is
 ``s × h/sp`` elements per tensor, the same bytes as ``s/sp × h``, so the trace at ``s/sp`` counts it, except when
 there are fewer key-value heads than sp: Ulysses then repeats each ``sp/kv`` times and a rank keeps one whole
-key-value head over ``s`` (:func:`kv_replication_bytes`). Inside each layer's forward and backward the all-to-all's
+key-value head over ``s`` (:func:`kv_replication_bytes`), and except the output projection's input, a storage of its
+own under Ulysses (:func:`attention_output_bytes`). Inside each layer's forward and backward the all-to-all's
 input and output buffers live for a moment (:func:`all_to_all_buffers`, a transient of the phase).
 
 ALST (:class:`tuner.workload.LongContext`):
 
 * ``tiled_mlp_shards`` = k: DeepSpeed's ``TiledMLP`` computes each MLP block shard by shard without grad and saves
-  only its input, recomputing one shard at a time in backward: the MLP's intermediates
-  (:func:`mlp_saved_bytes`) leave the saved activations; backward holds one shard's worth again.
+  only its input, recomputing one shard at a time in backward: the MLP's intermediates (traced,
+  :mod:`tuner.profile.working_sets`, else :func:`mlp_saved_bytes`) leave the saved activations; backward holds one
+  shard's worth again.
 * ``tiled_loss_shards`` = k: ``TiledFusedLogitsLoss`` computes logits, loss and their backward shard by shard inside
   forward and saves only the gradient of its input: the fp32 log-softmax of the logits (``4·b·s·V``) leaves the
-  saved activations, the gradient ``e·b·s·h`` joins them, and the logits workspace is one shard's, plus that shard's
-  fp32 log-softmax.
+  saved activations, the gradient ``e·b·s·h`` joins them, and the logits workspace is one shard's at its worst
+  moment (three fp32 shard tensors in its backward, :mod:`.tiled_loss`).
 * With checkpointing, the recomputed layer holds its saved tensors and then, part-way through its backward, its
   worst moment (:mod:`tuner.profile.working_sets`, traced): under a tiled MLP the one outside the MLP (RMSNorm's
   fp32 gradient temporaries beside attention's saved tensors), else the larger of that and the MLP's own.
@@ -33,7 +35,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.estimator.activations import LayerActivations
 from tuner.estimator.settings import FP32, Settings
+from tuner.estimator.tiled_loss import shard_workspace
 from tuner.workload import ModelSpec, Workload, kv_replication
 
 IN_FLIGHT_CHECKPOINTS = 2  # offloaded checkpoints on the device at once: the layer recomputed and the next fetched
@@ -85,6 +89,16 @@ def kv_replication_bytes(model: ModelSpec, batch: int, seq: int, elem: int, sp: 
     return 2 * elem * batch * seq * head_dim * (sp - kv) // sp
 
 
+def attention_output_bytes(model: ModelSpec, batch: int, local: int, elem: int) -> int:
+    """What one layer saves under Ulysses beyond the model's own trace: the attention output gathered back by the
+    all-to-all, ``e·b·(s/sp)·q·d``, which the output projection saves as its input. In the plain model that input
+    is the attention kernel's own output (its ``[b, s, heads, d]`` layout makes the transpose a view), which the
+    kernel saves too: one storage. Under Ulysses they are two (measured: ``bench/sp_true_peak.py``, storages alive
+    after the forward pass by the op that made them, with and without Ulysses at the same tokens per rank)."""
+    head_dim = model.head_dim or model.hidden_size // max(1, model.num_heads)
+    return elem * batch * local * model.num_heads * head_dim
+
+
 def all_to_all_buffers(model: ModelSpec, batch: int, local: int, elem: int, sp: int) -> int:
     """One layer's all-to-all buffers at their worst moment: query, key and value (key-value heads replicated to sp
     when fewer) packed for the exchange and received, ``2·e·b·(s/sp)·d·(q + 2·kv)``."""
@@ -127,6 +141,15 @@ class Activations:
     peak_outside_mlp: int = 0  # the same outside its MLP's backward, the MLP's tensors left out
     recompute_saved: int = 0  # with checkpointing, the recomputed layer's saved tensors alone (before its worst moment)
     outside: int = 0  # of ``saved``, what the model saves outside its layers (embeddings, final norm, head, loss)
+    mlp_saved: int = 0  # what one layer's MLP block saves, traced (0: unknown, :func:`mlp_saved_bytes` then)
+
+    @classmethod
+    def of(cls, traced: LayerActivations, workspace: int) -> Activations:
+        """The model's terms (traced or by formula) with its logits ``workspace``, before Ulysses and ALST."""
+        return cls(
+            traced.saved, workspace, traced.recompute, peak=traced.peak, peak_outside_mlp=traced.peak_outside_mlp,
+            outside=traced.outside, mlp_saved=traced.mlp_saved,
+        )  # fmt: skip
 
 
 def long_context_terms(workload: Workload, s: Settings, acts: Activations, details: dict[str, int]) -> Activations:
@@ -137,15 +160,18 @@ def long_context_terms(workload: Workload, s: Settings, acts: Activations, detai
     replicated = 0
     if sp > 1:
         replicated = kv_replication_bytes(model, batch, workload.train.seq_len, elem, sp)
-        per_layer = replicated if not s.activation_checkpointing else 0
-        acts.saved += layers * per_layer
-        acts.recompute += replicated if s.activation_checkpointing else 0
+        output = attention_output_bytes(model, batch, local, elem)
+        details["ulysses_attention_output"] = output
+        if s.activation_checkpointing:  # the recomputed layer's saved tensors
+            acts.recompute += replicated + output
+        else:
+            acts.saved += layers * (replicated + output)
         acts.transient = all_to_all_buffers(model, batch, local, elem, sp)
         details["all_to_all_buffers"] = acts.transient
         if replicated:
             details["kv_replicated"] = replicated
     if s.tiled_mlp_shards > 1:
-        dropped = mlp_saved_bytes(model, tokens, elem)
+        dropped = acts.mlp_saved or mlp_saved_bytes(model, tokens, elem)
         shard = -(-dropped // s.tiled_mlp_shards)
         if s.activation_checkpointing:
             acts.recompute = max(0, acts.recompute - dropped) + shard
@@ -158,7 +184,7 @@ def long_context_terms(workload: Workload, s: Settings, acts: Activations, detai
         acts.saved += elem * tokens * model.hidden_size - FP32 * logits
         acts.outside = max(0, acts.outside + elem * tokens * model.hidden_size - FP32 * logits)
         shard_logits = -(-logits // s.tiled_loss_shards)
-        acts.workspace = (elem + 2 * FP32) * shard_logits
+        acts.workspace = shard_workspace(elem, shard_logits)
         details["tiled_loss_shard"] = acts.workspace
     if s.activation_checkpointing:  # the recomputed layer's worst moment in backward, beyond its saved tensors
         acts.recompute_saved = acts.recompute
@@ -178,6 +204,7 @@ __all__ = [
     "Activations",
     "all_to_all_buffers",
     "all_to_all_bytes",
+    "attention_output_bytes",
     "kv_replication_bytes",
     "local_seq",
     "long_context_terms",

@@ -27,6 +27,7 @@ from tuner.estimator.quantized import quantized_base, quantized_shard_bytes, sta
 from tuner.estimator.quantized_comm import qgz_reduce_transient
 from tuner.estimator.settings import FP32, Settings
 from tuner.estimator.stage3_gathered import add_stage3_gathered
+from tuner.estimator.tiled_loss import add_head_gradient
 from tuner.estimator.trainable import TrainedParams, stage3_bytes, trained_params
 from tuner.estimator.transients import optimizer_temporaries, stage3_reduce_copy
 from tuner.workload import Workload
@@ -72,6 +73,7 @@ def stage3_states(
         add_bytes(phases, "gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
     elif any(model.replicated):  # AutoTP on tp ranks only: its replicated parameters are partitioned, over tp
         _add_replicated_gathered(workload, params, s, phases, details)
+    add_head_gradient(workload, s, phases, details)  # ALST's tiled loss: in forward (:mod:`.tiled_loss`)
     bucket = s.reduce_bucket_size * s.reduce_bytes if s.contiguous_gradients else 0  # fp32 under Ulysses
     details["reduce_buckets"] = bucket
     add_bytes(phases, "gpu", "buffers", bucket)

@@ -1,0 +1,73 @@
+"""The tiled loss's moment in the forward phase: ALST's ``TiledFusedLogitsLoss`` computes logits, loss and their
+backward shard by shard inside forward (``deepspeed/runtime/sequence_parallel/ulysses_sp.py``), so what backward
+would hold for the LM head and the loss is held in forward, one shard at a time.
+
+Taken apart with the counting allocator's live bytes at marks inside the shard function (``bench/sp_true_peak.py``,
+tiny Qwen2 dense and MoE, 2 ranks, SP2, ZeRO 2 and 3; each probe reproduced its row's true peak to the byte):
+
+* The peak is inside a shard's backward: three fp32 shard-logits tensors are alive (the log-softmax's output,
+  ``nll_loss_backward``'s and ``_log_softmax_backward_data``'s), the 16-bit shard logits already freed
+  (:func:`shard_workspace`).
+* The LM head's weight gradient accumulates across the shards in a tensor of its own: DeepSpeed is told the
+  gradient is not ready (``ds_grad_is_ready = False``) until the last shard, whose gradient hook copies it into a
+  reduce bucket after that shard's peak (:func:`add_head_gradient`), at every ZeRO stage.
+* Under ZeRO-3 no parameter is whole at that moment (all ``NOT_AVAILABLE``, persistent ones included): the whole
+  parameters the forward phase holds for the layers' moments are apart from the loss's (:func:`whole_parameters_apart`).
+"""
+
+from __future__ import annotations
+
+from tuner.estimator.phases import Phase, add_bytes
+from tuner.estimator.settings import FP32, Settings
+from tuner.estimator.trainable import trained_params
+from tuner.workload import Workload
+
+
+def shard_workspace(elem: int, shard_logits: int) -> int:
+    """Bytes of one shard's logits workspace at its worst moment: the shard's logits and their fp32 copy and
+    log-softmax in its forward (``(e + 8)`` per element), three fp32 tensors in its backward (12)."""
+    return max(elem + 2 * FP32, 3 * FP32) * shard_logits
+
+
+def add_head_gradient(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> None:
+    """The LM head's weight gradient (``e·h·V``), accumulated across the loss's shards in forward, beside the
+    shard's workspace; none when the head is frozen (a LoRA model's)."""
+    model = workload.model
+    if s.tiled_loss_shards <= 1 or model.is_bare or not _head_trains(workload):
+        return
+    head = s.param_bytes * model.vocab_size * model.hidden_size
+    details["tiled_loss_head_grad"] = head
+    add_bytes(phases, "gpu", "gradients", head, ("forward",))
+
+
+def _head_trains(workload: Workload) -> bool:
+    """Whether the LM head trains: its weight is the model's last parameter, or its first when tied to the
+    embedding (transformers' order)."""
+    mask = trained_params(workload).mask
+    if not mask:
+        return True
+    return mask[0] if workload.model.tie_embeddings else mask[-1]
+
+
+def whole_parameters_apart(s: Settings, details: dict[str, int], phases: dict[str, Phase], margin: int) -> None:
+    """ZeRO-3 under the tiled loss: take the whole parameters (persistent, kept gathered, the working set being
+    gathered) off the forward phase as far as the loss's moment, which holds none of them, sets the phase.
+
+    ``margin``: how far the loss's moment (saved activations, shard workspace, head gradient) is above the forward
+    phase's other moments (a layer's, which holds the whole parameters). The phase becomes the larger of the loss's
+    moment alone and the other moment with the parameters.
+    """
+    if s.stage != 3 or s.tiled_loss_shards <= 1 or "gathered_parameters" not in details or margin <= 0:
+        return
+    gpu = phases["forward"].gpu
+    gathering = details.get("stage3_working_set", 0) + details.get("qwz_staging", 0)
+    held = details["gathered_parameters"] + s.param_bytes * details.get("persistent_elements", 0)
+    from_buffers = min(gathering, margin)
+    from_parameters = min(held, margin - from_buffers)
+    gpu["buffers"] -= from_buffers
+    gpu["parameters"] -= from_parameters
+    if from_buffers + from_parameters:
+        details["tiled_loss_whole_parameters_apart"] = from_buffers + from_parameters
+
+
+__all__ = ["add_head_gradient", "shard_workspace", "whole_parameters_apart"]
