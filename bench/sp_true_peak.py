@@ -196,53 +196,56 @@ def estimate_case(case: dict[str, Any]) -> Any:
 
 NOTES = """
 Measured 2026-12-02 and -03 on 2 shared AVX2 cores (DeepSpeed 0.19.8, torch 2.13 CPU, transformers 5.24), FusedAdam,
-buckets of 5e5 elements unless the row says otherwise. Untiled Ulysses rows (dense and MoE, ZeRO-2 and -3, SP2 alone
-and SP2 × DP2) are within 1.9 %, all under; the data-parallel baselines within 0.7 %. At these sequence lengths the
-untiled peak is the loss's backward: the saved activations plus two fp32 logits-sized gradients (8·bsV), the
-estimator's logits workspace.
+buckets of 5e5 elements unless the row says otherwise. At sequence 1024 the untiled peak is the loss's backward: the
+saved activations plus two fp32 logits-sized gradients (8·bsV), the estimator's logits workspace.
 
-Tiled MLP + tiled loss under ZeRO-2 (peak in forward) was -14.15 %. `TiledFusedLogitsLoss` runs the LM head's backward
-inside forward: the head's gradient hook allocates ZeRO-2's reduce bucket there (`process_gradients` ->
-`setup_buckets`), and a head larger than the bucket (4096 × 128 = 524,288 > 5e5 elements) stays a gradient tensor of
-its own until backward. With both in the forward phase the row is -1.34 %. The 1e6-bucket row was measured after
-that change, as a check of it: the head then fits the bucket, so no separate gradient is predicted. Estimate -1.48 %,
-against -17.6 % without the change and +2.7 % had the head's gradient been counted anyway.
+Under Ulysses every layer saves one [s/sp, q·d] tensor more than the plain model traced at s/sp: the output
+projection's input. In the plain model it is the attention kernel's own output (its [b, s, heads, d] layout makes
+HF's transpose a view), which the kernel saves too: one storage. Ulysses gathers the output back with an all-to-all
+and reshapes it into a new one. Found on 2026-12-03 by listing the storages alive after the forward pass by the op
+that made them (a dispatch mode in a temporary copy of this bench), with and without Ulysses at the same 4,096 tokens
+a rank: 28.83 against 26.77 MiB, the difference two `aten::clone` [4096, 1, 2, 64] tensors, one per layer
+(`long_context.attention_output_bytes`). Every untiled SP row was under by 0.6 to 1.9 % before; now the dense and
+ZeRO-2 rows are within 0.13 %, the ZeRO-3 MoE ones -1.1 / -1.3 % (the MoE data-parallel baseline is -0.7 %).
 
-The MoE rows with the tiled MLP run since 2026-12-03: DeepSpeed's `TiledMLP` hands the block its shards flattened to
-[tokens, hidden] in backward, which transformers' sparse-MoE blocks cannot take; the runner's `tile_mlps` (which this
-bench uses) gives them the batch dimension back. Tiled rows: ZeRO-2 dense -1.3 / -1.6 % (2 / 4 ranks), MoE +2.1 /
-+2.6 %; ZeRO-3 dense +1.9 / +2.5 %.
+ALST's tiled loss, taken apart with the counter's live bytes at marks inside `TiledFusedLogitsLoss`'s shard
+function (each probe reproduced its row's stored peak to the byte; `tuner/estimator/tiled_loss.py`):
+- the peak is inside a shard's backward with three fp32 shard-logits tensors (log-softmax's output,
+  `nll_loss_backward`'s, `_log_softmax_backward_data`'s): 12 B per shard element, the 16-bit logits already freed;
+- the LM head's weight gradient accumulates across the shards in a tensor of its own at every stage: DeepSpeed is told
+  it is not ready (`ds_grad_is_ready = False`) until the last shard, whose hook copies it into a bucket after that
+  shard's peak. It used to be counted only when the head did not fit ZeRO-2's bucket; the 1e6-bucket row (head fits)
+  was -1.48 % then only because the bucket was counted in fp32;
+- ZeRO-2's buckets are allocated there by the head's first hook in bf16 (`_gradient_reduction_buffer_dtype`): Ulysses'
+  fp32 comes with the reduction, in backward;
+- under ZeRO-3 no parameter is whole at that moment: the counter shows every `param.data` empty from the end of the
+  model's forward on, persistent ones included (DeepSpeed releases them as the layers finish: 0.75 MiB whole at the
+  step's start, 0 after the last layer). The forward phase is the larger of the loss's moment and a layer's (with
+  its whole parameters), not their sum (`tiled_loss.whole_parameters_apart`).
 
-Open: the tiled ZeRO-3 MoE rows are over by 4.5 % (2 ranks) and 6.0 % (4 ranks). Live bytes read from the counter at
-marks inside the tiled loss's shard function (2026-12-03, MoE, 1,024, both stages; each probe gave its row's stored
-peak to the byte) take that moment apart: the peak is a shard's backward with three fp32 shard-logits tensors (12 B
-per element; the estimate counts 10), the head's weight gradient accumulated across shards (not counted at ZeRO-3),
-no whole parameter at all under ZeRO-3 (all NOT_AVAILABLE, persistent ones included; the estimate holds 2.58 MiB),
-ZeRO-2's bucket in bf16 in forward (the estimate: fp32) and 3.73 MiB of saved activations (the estimate: 4.27). With
-the first four applied, 29 of 31 rows are within 3 % (the tiled MoE rows +2.2 to +2.9 %); the 1e6-bucket row (-5.3 %)
-and the dense 8,192 row (-3.7 %) are not. Not applied yet.
+A tiled MLP drops what the MLP block saved. The formula (`long_context.mlp_saved_bytes`) missed 820 B per token a
+layer of Qwen2-MoE's block (4,438 traced against 3,618: the routed outputs the routing weights scale, the shared
+expert's output its gate scales): the tiled ZeRO-3 MoE rows were over by 4.5 % (2 ranks) and 6.0 % (4 ranks). The
+profile now traces it (`working_sets.layer_backward_peaks`: what the block made in its forward and still held when
+backward starts; equal to the allocator's bytes left by the real block's forward, `tests/profile/test_working_sets.py`),
+the formula only where the trace is missing. The MoE rows with the tiled MLP run since 2026-12-03: DeepSpeed's
+`TiledMLP` hands the block its shards flattened to [tokens, hidden] in backward, which transformers' sparse-MoE
+blocks cannot take; the runner's `tile_mlps` (which this bench uses) gives them the batch dimension back.
 
-Activation checkpointing (measured 2026-12-03), as ALST trains: at sequence 1024 the four rows (ZeRO 2 and 3, with and
-without tiling) are within 3 % (-0.2 to +3.0 %). At sequence 8192 with tiling (MLP 4, loss 16) a recomputed layer,
-not the logits, sets the peak. The allocator's live tensors there (`SP_BENCH_DETAIL="step 1 backward"`) show the
-layer part-way through its backward: RMSNorm's gradient in fp32 (five fp32 [s/sp, h] temporaries, `aten::mul`, `pow`,
-`div` under `_engine_run_backward`) beside what is left of its saved tensors. Counting the layer's saved bytes alone
-the estimate was under: ZeRO-0 -12.2 %, ZeRO-2 -11.1 %, ZeRO-3 -6.7 %. Since 2026-12-03 the profile traces that
-moment (`tuner/profile/working_sets.py`: the layer run alone under fake tensors, every storage's allocation and free
-followed; the same layer run for real gives the allocator's figure to the byte, `tests/profile/test_working_sets.py`):
-ZeRO-0 +0.2 %, ZeRO-2 +3.7 %, ZeRO-3 +8.3 %. ZeRO-3 was over by 3 MiB because the estimate's backward phase added
-the reduce-scatter staging of the first bucket (3 MiB on gloo) to the recomputed layer's worst moment. The two are
-apart: a bucket is reduced in a gradient hook, between autograd ops, the layer's worst moment is inside one. Since
-2026-12-03 (evening) the phase holds the larger of that moment and the layer's saved tensors beside the staging
-(`activation_phases._recompute_beside_staging`): ZeRO-2 +0.96 %, ZeRO-3 +0.08 %, ZeRO-0 unchanged (it all-reduces
-after backward). The two ranks of the ZeRO-2 row differ by 1.4 MiB (35.7 and 37.1 MiB; the table takes the larger).
+Activation checkpointing, as ALST trains: at sequence 8192 with tiling (MLP 4, loss 16) a recomputed layer, not the
+logits, sets the peak: part-way through its backward, RMSNorm's gradient in fp32 (five fp32 [s/sp, h] temporaries)
+beside what is left of its saved tensors. Counting the layer's saved bytes alone the estimate was under by 6.7 to 12.2
+%; the profile traces that moment (`tuner/profile/working_sets.py`: the layer run alone under fake tensors; the same
+layer run for real gives the allocator's figure to the byte). A bucket's reduction happens in a gradient hook,
+between autograd ops, never at the layer's worst moment, inside one: the backward phase holds the larger of the two
+(`activation_phases._recompute_beside_staging`; counting both was +8.3 % at ZeRO-3). The two ranks of the ZeRO-2 row
+differ by 1.4 MiB (35.7 and 37.1 MiB; the table takes the larger). The MoE row with checkpointing was -35.5 %:
+transformers' Qwen2-MoE builds a sliding-window mask (window 0, used by no layer) of (s/sp)^2 booleans, three such
+tensors at once while building it (48 MiB at 4,096 tokens a rank); the profile keeps the forward pass's worst moment
+before the first layer (`pre_layer_bytes`, checked against the allocator of the same forward run for real).
 
-The rows without checkpointing at 8192 (peak in forward): dense -4.2 %, MoE +3.7 %. The MoE row with checkpointing
-was -35.5 %: transformers' Qwen2-MoE builds a sliding-window mask (window 0, used by no layer) of (s/sp)^2 booleans,
-three such tensors at once while building it (`aten::le`, `aten::__and__`: 48 MiB at 4,096 tokens a rank), one held
-through the layers; the saved-bytes trace never sees it. The profile now keeps the forward pass's worst moment before
-the first layer and what it holds then (`pre_layer_bytes`, checked against the allocator of the same forward run for
-real): +1.3 %.
+History of the worst row: 14.2 % (tiled ZeRO-2, before the head's gradient in forward), 35.5 % (MoE mask), 12.2 %
+(recomputed layer), 8.3 % (staging beside it), 5.96 % (tiled ZeRO-3 MoE), now 1.34 %.
 """
 
 
