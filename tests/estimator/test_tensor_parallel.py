@@ -79,6 +79,25 @@ def test_a_tied_head_stays_whole_and_an_untied_one_is_sharded() -> None:
     assert len(tied) == len(untied) - 1 and tied[-1] is False  # tied: the final norm is last, whole
 
 
+def test_the_profiles_split_from_the_tp_plan_wins_over_the_shapes() -> None:
+    """A profiled model carries AutoTP's split as its tp_plan gives it (biased column Linears with their biases, a
+    biased head: what the shapes cannot tell); the estimate shards exactly those. Without it, the shapes'."""
+    model = llama()
+    numels = model.param_numels
+    split = tuple(index % 3 == 0 for index in range(len(numels)))  # any split: the profile's is taken as is
+    profile = ModelProfile(
+        model_type="llama", architecture="LlamaForCausalLM", transformers_version="5", n_params=model.n_params,
+        param_numels=numels, param_elements_by_dtype={"bf16": model.n_params}, largest_param_name="x",
+        largest_param_numel=max(numels), layer_kinds=("decoder",) * L, tp_sharded=split,
+    )  # fmt: skip
+    est = estimate(replace(work(model), profile=profile), config(tp=2))
+    assert est.details["tp_local_elements"] == sum(-(-n // 2) if on else n for n, on in zip(numels, split, strict=True))
+    assert est.details["tp_sharded_elements"] == sum(n for n, on in zip(numels, split, strict=True) if on)
+    plain = estimate(replace(work(model), profile=replace(profile, tp_sharded=())), config(tp=2))
+    assert plain.details["tp_sharded_elements"] == sharded_elements(False)
+    assert ModelProfile.from_dict(profile.to_dict()).tp_sharded == split
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_tp2_dp2_halves_the_optimizer_states_of_tp2_again(stage: int) -> None:
     """ZeRO works over the data-parallel world / tp ranks; at ZeRO-3 the parameters AutoTP leaves whole are

@@ -12,10 +12,13 @@ rank. ZeRO then partitions each rank's parameters over the data-parallel group, 
 (:mod:`.stage3_states`; measured). The rank's view of the model (:func:`tp_workload`) says which those are
 (``ModelSpec.replicated``).
 
-Which parameters are the sharded Linears is read from the model's shapes (:func:`shard_mask`), not from names: the
-weights whose element count is one of a layer's Linear shapes (``h × q``, ``h × kv``, ``h × f``, a fused
-``h × (q + 2·kv)``) and that recur once per layer, plus an untied head (the last parameter, ``V × h``). Biases are
-counted whole (a few hidden-sized vectors per layer). A rank's shard of each is ``ceil(n / tp)`` elements.
+Which parameters AutoTP shards is the model's profile's (``ModelProfile.tp_sharded``, read from the built model's
+``tp_plan`` as DeepSpeed reads it, :mod:`tuner.profile.tp_plan`: column-parallel weights with their biases,
+row-parallel weights without); the rank's parameters then equal DeepSpeed's for the tiny LLaMA, the wide one and a
+biased LayerNorm model (Phi), measured. Without a profile (a built-in model) it is read from the shapes
+(:func:`shard_mask`): the weights whose element count is one of a layer's Linear shapes (``h × q``, ``h × kv``,
+``h × f``, a fused ``h × (q + 2·kv)``) and that recur once per layer, plus an untied head (the last parameter,
+``V × h``), biases whole. A rank's shard of each is ``ceil(n / tp)`` elements.
 
 hpZ (``zero_hpz_partition_size`` = g, ZeRO-3): ``_partition_param_sec`` gives a parameter a secondary partition
 over its hpZ group when it is released (partitioned) after use, ``aligned numel / g`` elements in the parameter's
@@ -72,11 +75,18 @@ def shard_mask(model: ModelSpec) -> tuple[bool, ...]:
     return tuple(mask)
 
 
+def sharded(workload: Workload) -> tuple[bool, ...]:
+    """Which of the model's parameters AutoTP shards: the profile's split (read from the model's ``tp_plan``) where
+    it has one for these parameters, else :func:`shard_mask`'s."""
+    profile, numels = workload.profile, workload.model.param_numels
+    split = profile.tp_sharded if profile is not None and profile.param_numels == numels else ()
+    return split or shard_mask(workload.model)
+
+
 @functools.lru_cache(maxsize=256)
-def local_numels(model: ModelSpec, tp: int) -> tuple[int, ...]:
-    """Each parameter's elements on one tensor-parallel rank: ``ceil(n / tp)`` for the sharded ones."""
-    mask = shard_mask(model)
-    return tuple(-(-n // tp) if sharded else n for n, sharded in zip(model.param_numels, mask, strict=True))
+def local_numels(numels: tuple[int, ...], mask: tuple[bool, ...], tp: int) -> tuple[int, ...]:
+    """Each parameter's elements on one tensor-parallel rank: ``ceil(n / tp)`` for the sharded ones (``mask``)."""
+    return tuple(-(-n // tp) if on else n for n, on in zip(numels, mask, strict=True))
 
 
 def tp_workload(workload: Workload, s: Settings, details: dict[str, int] | None = None) -> Workload:
@@ -85,13 +95,12 @@ def tp_workload(workload: Workload, s: Settings, details: dict[str, int] | None 
     tp = s.tensor_parallel_size
     if tp <= 1:
         return workload
-    model = workload.model
-    local = local_numels(model, tp)
+    model, mask = workload.model, sharded(workload)
+    local = local_numels(model.param_numels, mask, tp)
     if details is not None:
-        mask = shard_mask(model)
         details["tp_sharded_elements"] = sum(n for n, on in zip(model.param_numels, mask, strict=True) if on)
         details["tp_local_elements"] = sum(local)
-    return replace(workload, model=replace(model, numels=local, replicated=tuple(not on for on in shard_mask(model))))
+    return replace(workload, model=replace(model, numels=local, replicated=tuple(not on for on in mask)))
 
 
 def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings, kept: int = 0) -> dict[str, int]:
@@ -138,6 +147,7 @@ __all__ = [
     "linear_sizes",
     "local_numels",
     "shard_mask",
+    "sharded",
     "tensor_parallel_seconds",
     "tp_workload",
 ]

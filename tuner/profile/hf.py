@@ -30,6 +30,7 @@ from tuner.profile.model_parts import (
     tied_embeddings,
 )
 from tuner.profile.quiet_logs import quiet
+from tuner.profile.tp_plan import autotp_sharded
 from tuner.workload import ModelProfile, TrainableSpec, WorkloadError
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -238,6 +239,7 @@ def describe(config: dict[str, Any]) -> ModelProfile:
         tied_embeddings=tied_embeddings(model),
         expert_modules=expert_modules(model),
         attention=attention_kind(str(text_config(model.config)._attn_implementation)),  # the decoder layers'
+        tp_sharded=autotp_sharded(model),
     )
 
 
@@ -286,6 +288,7 @@ def describe_trained(config: dict[str, Any], trainable: TrainableSpec) -> ModelP
             "largest_frozen_name": top_frozen[0],
             "largest_frozen_numel": top_frozen[1].numel() if top_frozen[1] is not None else 0,
             "quantized": tuple(id(p) in quantized for _, p in named) if quantized else (),
+            "tp_sharded": (),  # the peft model's names: AutoTP's split not read (the estimator's shapes then)
         }
     )
 

@@ -28,7 +28,8 @@ from typing import Any
 # 9: entries carry a layer's backward excess over its saved tensors (backward_excess)
 # 10: position tables stop where ProphetNet's predicting stream does; copies cut through the field counting
 #     the decoder layers (LongCat-Flash's num_layers); weights transformers leaves in fp32 cast (XLNet's)
-# 11: entries carry what a layer's MLP block saves (mlp_saved: what a tiled MLP drops)
+# 11: entries carry what a layer's MLP block saves (mlp_saved: what a tiled MLP drops); which parameters AutoTP
+#     shards, read from the model's tp_plan (tp_sharded)
 PROFILE_FORMAT = 11
 
 
@@ -158,7 +159,9 @@ class ModelProfile:
     keeps its adapters fp32 beside a 16-bit base); ``trainable_elements_by_dtype`` / ``frozen_elements_by_dtype``
     and the largest trainable and frozen parameters summarise them. With a 4-bit bitsandbytes base
     (``TrainableSpec.quantization``), ``quantized`` says which parameters transformers would replace by 4-bit
-    ``Params4bit`` (empty: none); their ``param_numels`` stay the unquantized element counts.
+    ``Params4bit`` (empty: none); their ``param_numels`` stay the unquantized element counts. ``tp_sharded``: which
+    parameters DeepSpeed's AutoTP shards, read from the model's ``tp_plan`` (:mod:`tuner.profile.tp_plan`; empty:
+    no plan DeepSpeed takes, or the model as trained).
     """
 
     model_type: str
@@ -185,6 +188,7 @@ class ModelProfile:
     largest_frozen_name: str = ""
     largest_frozen_numel: int = 0
     quantized: tuple[bool, ...] = ()
+    tp_sharded: tuple[bool, ...] = ()
 
     @property
     def is_full(self) -> bool:
@@ -254,6 +258,8 @@ class ModelProfile:
             }
             if self.quantized:
                 trained["quantized"] = self.quantized
+        if self.tp_sharded:
+            trained["tp_sharded"] = self.tp_sharded
         return {
             **trained,
             **{
@@ -283,8 +289,9 @@ class ModelProfile:
         if self.trainable:
             data["trainable"] = [int(flag) for flag in self.trainable]
             data["param_dtypes"] = list(self.param_dtypes)
-        if self.quantized:
-            data["quantized"] = [int(flag) for flag in self.quantized]
+        for name in ("quantized", "tp_sharded"):
+            if getattr(self, name):
+                data[name] = [int(flag) for flag in getattr(self, name)]
         data["activations"] = [entry.to_dict() for entry in self.activations]
         return data
 
@@ -318,6 +325,7 @@ class ModelProfile:
             largest_trainable_name=str(data.get("largest_trainable_name", "")),
             largest_trainable_numel=int(data.get("largest_trainable_numel", 0)),
             largest_frozen_name=str(data.get("largest_frozen_name", "")),
+            tp_sharded=tuple(bool(flag) for flag in data.get("tp_sharded", ())),
             largest_frozen_numel=int(data.get("largest_frozen_numel", 0)),
             quantized=tuple(bool(flag) for flag in data.get("quantized", ())),
         )
