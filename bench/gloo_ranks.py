@@ -25,6 +25,21 @@ from typing import Any
 from tuner.measure.op_builds import environment_ninja_path
 
 RESULTS = Path(__file__).parent / "results"
+TINY_QWEN2_MOE = {  # the tiny MoE the true-peak benches train (4 experts, top 2, a shared expert)
+    "model_type": "qwen2_moe",
+    "vocab_size": 4096,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 128,
+    "shared_expert_intermediate_size": 128,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
 Case = dict[str, Any]
 
 

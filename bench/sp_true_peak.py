@@ -36,21 +36,7 @@ QWEN2 = {
     "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
 }
-QWEN2_MOE = {
-    "model_type": "qwen2_moe",
-    "vocab_size": 4096,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "moe_intermediate_size": 128,
-    "shared_expert_intermediate_size": 128,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
+QWEN2_MOE = gloo_ranks.TINY_QWEN2_MOE
 MODELS = {"qwen2": QWEN2, "qwen2-moe": QWEN2_MOE}
 BUCKET = 500_000
 

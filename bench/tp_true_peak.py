@@ -19,6 +19,12 @@ head not found behind its bias) gave each rank 1,252,352 elements where DeepSpee
 +3.6 % (ZeRO-3). The profile now reads AutoTP's split from the model's tp_plan as DeepSpeed does
 (:mod:`tuner.profile.tp_plan`: column-parallel weights with their biases): 987,264 elements, +2.2 % at ZeRO-2 and 3.
 The rest is in the activations: the estimate keeps a LayerNorm model's two norms per layer whole, Phi has one.
+
+An MoE (tiny Qwen2-MoE), measured 2026-12-03 with transformers 5.25: its tp_plan now shards the attention only
+(5.24's carried `moe_tp_experts` and `packed_colwise`, which DeepSpeed refuses), and DeepSpeed trains it with the
+experts and the shared expert whole on every rank, both ranks' losses equal. With the plan read into the profile and
+the MoE block's saved tensors (traced) kept whole: ZeRO-2 and 3, TP 2 and TP 2 × DP 2, each +0.01 %, the rank's
+1,329,280 elements exact.
 """
 
 from __future__ import annotations
@@ -52,7 +58,13 @@ PHI = {  # LayerNorm with biases, biased Linears (the LM head's too), a GELU MLP
     "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
 }
-MODELS = {"llama": LLAMA, "wide": WIDE, "phi": PHI}  # wide: the layers' activations, not the logits, are most of it
+QWEN2_MOE = gloo_ranks.TINY_QWEN2_MOE
+MODELS = {
+    "llama": LLAMA,
+    "wide": WIDE,
+    "phi": PHI,
+    "qwen2-moe": QWEN2_MOE,
+}  # wide: the layers' activations, not the logits, are most of it
 
 
 def ds_config(stage: int, tp: int, hpz: int = 1) -> dict[str, Any]:
@@ -62,15 +74,22 @@ def ds_config(stage: int, tp: int, hpz: int = 1) -> dict[str, Any]:
 
 
 def cases() -> list[dict[str, Any]]:
-    """Both models at ZeRO-2 on 2 ranks, data parallel (the reference) and AutoTP = 2; the tiny LLaMA at ZeRO-1 and
-    ZeRO-3 with AutoTP = 2, and TP 2 × DP 2 on 4 ranks at ZeRO-2 and 3; ZeRO-3 on 4 ranks without and with hpZ
-    groups of 2; the wide one at ZeRO-3 with AutoTP = 2."""
-    found = [{"model": name, "stage": 2, "world": 2, "tp": tp} for name in MODELS for tp in (1, 2)]
+    """The dense models at ZeRO-2 on 2 ranks, data parallel (the reference) and AutoTP = 2; the tiny LLaMA at ZeRO-1
+    and ZeRO-3 with AutoTP = 2, and TP 2 × DP 2 on 4 ranks at ZeRO-2 and 3; ZeRO-3 on 4 ranks without and with hpZ
+    groups of 2; the wide one and Phi at ZeRO-3 with AutoTP = 2; the MoE at ZeRO-2 (DP and TP 2), ZeRO-3 with TP 2
+    and TP 2 × DP 2."""
+    found = [{"model": name, "stage": 2, "world": 2, "tp": tp} for name in ("llama", "wide", "phi") for tp in (1, 2)]
     found += [{"model": "llama", "stage": stage, "world": 2, "tp": 2} for stage in (1, 3)]
     found += [{"model": "llama", "stage": stage, "world": 4, "tp": 2} for stage in (2, 3)]
     found += [{"model": "llama", "stage": 3, "world": 4, "tp": 1, "hpz": hpz} for hpz in (1, 2)]
     found.append({"model": "wide", "stage": 3, "world": 2, "tp": 2})
-    return [*found, {"model": "phi", "stage": 3, "world": 2, "tp": 2}]
+    found.append({"model": "phi", "stage": 3, "world": 2, "tp": 2})
+    found += [{"model": "qwen2-moe", "stage": 2, "world": 2, "tp": tp} for tp in (1, 2)]
+    return [
+        *found,
+        {"model": "qwen2-moe", "stage": 3, "world": 2, "tp": 2},
+        {"model": "qwen2-moe", "stage": 2, "world": 4, "tp": 2},
+    ]
 
 
 def key(case: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from tuner.estimator import estimate
+from tuner.estimator.activations import tp_whole_layer_bytes
 from tuner.estimator.tensor_parallel import linear_sizes, shard_mask
 from tuner.workload import (
     ActivationProfile,
@@ -186,13 +187,40 @@ def test_bad_layouts_are_refused_naming_the_field(
     assert refused.value.field == field and words in refused.value.message
 
 
-def test_autotp_on_an_moe_model_is_refused() -> None:
+def test_autotp_on_an_moe_model_needs_a_tp_plan_deepspeed_takes() -> None:
+    """Refused without the model's plan read into its profile (transformers 5.24's Qwen2-MoE plan had expert styles
+    DeepSpeed rejects); with one (5.25's: attention only) the experts stay whole and their block's activations too."""
     moe = model_from_hf_config(
         {**LLAMA, "model_type": "mistral", "num_local_experts": 4, "num_experts_per_tok": 2}, "moe"
     )
     moe = type(moe)(**{**moe.to_dict(), "hf_config": '{"num_local_experts": 4}'})
-    with pytest.raises(ConfigError, match="MoE"):
+    with pytest.raises(ConfigError, match="MoE") as refused:
         estimate(work(moe), config(tp=2))
+    assert refused.value.field == "tensor_parallel.autotp_size"
+    numels = moe.param_numels
+    split = shard_mask(moe)  # the attention and MLP Linears a plan would name
+    mlp = 10**6  # what one layer's MoE block saves, traced
+    entry = ActivationProfile(
+        seq_len=256, precision="bf16", attention="sdpa", experts="", checkpointing=False,
+        outside=Linear(0, 10**6, 10**6), first_extra=Linear(), layers={"decoder": Linear(0, 5 * mlp, 5 * mlp)},
+        mlp_saved=Linear(0, mlp, mlp),
+    )  # fmt: skip
+    profile = ModelProfile(
+        model_type="mistral", architecture="MixtralForCausalLM", transformers_version="5", n_params=moe.n_params,
+        param_numels=numels, param_elements_by_dtype={"bf16": moe.n_params}, largest_param_name="x",
+        largest_param_numel=max(numels), layer_kinds=("decoder",) * L, tp_sharded=split, activations=(entry,),
+    )  # fmt: skip
+    taken = replace(work(replace(moe, implementation="transformers")), profile=profile)
+    one, two = estimate(taken, config(tp=1)), estimate(taken, config(tp=2))
+    assert two.details["tp_local_elements"] < moe.n_params
+    whole = tp_whole_layer_bytes(moe, 1, 256, 2, traced=True) + mlp  # norms, column inputs and the MoE block
+    kernels = one.details["attention_kernel_extra"] - two.details["attention_kernel_extra"]  # CUDA: a rank's heads
+    saved = one.phases["forward"].gpu["activations"] - two.phases["forward"].gpu["activations"] - kernels
+    assert saved == L * (5 * mlp - whole) // 2
+    both = {**config(tp=2), "expert_parallel": {"enabled": True, "autoep_size": 2}}  # DeepSpeed's folding
+    with pytest.raises(ConfigError, match="AutoEP") as refused:
+        estimate(taken, both)
+    assert refused.value.field == "tensor_parallel.autotp_size"
 
 
 def test_an_unset_mlp_width_is_gpt2s_4h() -> None:

@@ -49,7 +49,7 @@ def test_a_70b_study_on_two_nodes_proposes_tp_and_hpz_with_the_data_parallel_bat
     [
         (workload("llama-3.1-70b", gpus=1, nodes=4), "one GPU per node"),
         (workload("tiny-llama", gpus=2), "a tiny model: ZeRO fits it"),
-        (workload("llama-3.1-70b", hf_config='{"num_local_experts": 8}'), "MoE: DeepSpeed refuses its tp_plan"),
+        (workload("llama-3.1-70b", hf_config='{"num_local_experts": 8}'), "MoE: AutoTP leaves its experts whole"),
         (workload("llama-3.1-70b", impl="builtin"), "the built-in model has no tp_plan"),
     ],
 )

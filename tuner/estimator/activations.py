@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tuner.workload import SUPPORTED_FAMILIES, ModelSpec, Workload
+from tuner.workload import SUPPORTED_FAMILIES, ActivationProfile, ModelSpec, Workload
 
 TOKEN_BYTES = 28  # token ids + targets (int64) and per-token loss statistics
 
@@ -168,32 +168,8 @@ def workload_activation_bytes(
         for traced, scale in ((seq, 1), (train.seq_len, sequence_parallel)):
             for kind in (adapters, "") if adapters else (adapters,):
                 entry = profile.activation(traced, precision, train.attention, checkpointing, kind)
-                if entry is None:
-                    continue
-                saved = entry.saved_bytes(profile.layer_counts, micro_batch) // scale
-                recompute = entry.recompute.at(micro_batch) // scale
-                layers = saved - (entry.outside.at(micro_batch) + entry.first_extra.at(micro_batch)) // scale
-                whole = tp_whole_layer_bytes(model, micro_batch, seq, elem, traced=True) if tp > 1 else 0
-                peak, peak_outside_mlp, excess, excess_outside_mlp, mlp_saved = (
-                    tp_local_activations(saved, line.at(micro_batch) // scale, layers, whole, n_layers, True, tp)[1]
-                    for line in (
-                        entry.backward_peak,
-                        entry.backward_peak_outside_mlp,
-                        entry.backward_excess,
-                        entry.backward_excess_outside_mlp,
-                        entry.mlp_saved,
-                    )
-                )
-                saved, recompute = tp_local_activations(saved, recompute, layers, whole, n_layers, checkpointing, tp)
-                # before the layers: masks can be s x s, so a profile at s scaled by 1/sp over-counts them (safe)
-                pre_peak, pre_held = (
-                    line.at(micro_batch) // scale for line in (entry.pre_layer_peak, entry.pre_layer_held)
-                )
-                outside = entry.outside.at(micro_batch) // scale
-                return LayerActivations(
-                    saved, recompute, "trace", peak, peak_outside_mlp, pre_peak, pre_held, excess, excess_outside_mlp,
-                    outside, mlp_saved,
-                )  # fmt: skip
+                if entry is not None:
+                    return _from_trace(workload, entry, (micro_batch, seq, scale), elem, checkpointing, tp)
     if model.implementation == "builtin" or model.family in SUPPORTED_FAMILIES:
         saved, recompute = activation_bytes(model, micro_batch, seq, elem, train.attention, checkpointing)
         if tp > 1:
@@ -202,3 +178,43 @@ def workload_activation_bytes(
             saved, recompute = tp_local_activations(saved, recompute, layers, whole, n_layers, checkpointing, tp)
         return LayerActivations(saved, recompute, "formula")
     return None
+
+
+def _from_trace(
+    workload: Workload,
+    entry: ActivationProfile,
+    at: tuple[int, int, int],
+    elem: int,
+    checkpointing: bool,
+    tp: int,
+) -> LayerActivations:
+    """:func:`workload_activation_bytes` from the profile's ``entry``, ``at`` (micro-batch, a rank's tokens, the
+    factor a profile traced at the whole sequence is divided by), on one of ``tp`` AutoTP ranks."""
+    model, profile = workload.model, workload.profile
+    micro_batch, seq, scale = at
+    assert profile is not None
+    saved = entry.saved_bytes(profile.layer_counts, micro_batch) // scale
+    recompute = entry.recompute.at(micro_batch) // scale
+    layers = saved - (entry.outside.at(micro_batch) + entry.first_extra.at(micro_batch)) // scale
+    whole = tp_whole_layer_bytes(model, micro_batch, seq, elem, traced=True) if tp > 1 else 0
+    if tp > 1 and model.routed_experts:  # experts stay whole under AutoTP: their block's activations too
+        whole += entry.mlp_saved.at(micro_batch) // scale
+    n_layers = model.num_layers
+    peak, peak_outside_mlp, excess, excess_outside_mlp, mlp_saved = (
+        tp_local_activations(saved, line.at(micro_batch) // scale, layers, whole, n_layers, True, tp)[1]
+        for line in (
+            entry.backward_peak,
+            entry.backward_peak_outside_mlp,
+            entry.backward_excess,
+            entry.backward_excess_outside_mlp,
+            entry.mlp_saved,
+        )
+    )
+    saved, recompute = tp_local_activations(saved, recompute, layers, whole, n_layers, checkpointing, tp)
+    # before the layers: masks can be s x s, so a profile at s scaled by 1/sp over-counts them (safe)
+    pre_peak, pre_held = (line.at(micro_batch) // scale for line in (entry.pre_layer_peak, entry.pre_layer_held))
+    outside = entry.outside.at(micro_batch) // scale
+    return LayerActivations(
+        saved, recompute, "trace", peak, peak_outside_mlp, pre_peak, pre_held, excess, excess_outside_mlp,
+        outside, mlp_saved,
+    )  # fmt: skip

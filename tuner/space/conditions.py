@@ -29,7 +29,8 @@ WORKLOAD_FACTS = {
     "attention and layers, AutoTP its tp_plan; the built-in models refuse them), else 0",
     "gpus_per_node": "the GPUs (ranks) of one node: AutoTP and hpZ groups stay within a node",
     "nodes": "the nodes",
-    "moe_model": "1 when the model has routed experts (DeepSpeed's AutoTP refuses transformers' MoE tp_plans), else 0",
+    "moe_model": "1 when the model has routed experts (AutoTP leaves them whole on every rank: AutoEP shards them), "
+    "else 0",
     "cpu_ranks": "1 when the ranks train on CPU (every step runs on the rank's threads), 0 on CUDA",
 }
 

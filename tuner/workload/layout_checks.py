@@ -4,10 +4,14 @@ naming the field before any work (the Ulysses and ALST checks are :mod:`.long_co
 - ``tensor_parallel.autotp_size`` (tp) must divide the GPUs of a node (AutoTP's all-reduces run every layer, over
   NVLink, never across nodes), the attention heads and the key-value heads (AutoTP shards q/k/v by heads; a rank
   beyond the key-value heads would hold no attention shard: DeepSpeed only warns, and that rank idles).
-- AutoTP on an MoE model is refused: DeepSpeed refuses transformers' MoE ``tp_plan`` styles ``moe_tp_experts`` and
-  ``packed_colwise`` (Qwen2-MoE, measured), and the estimator does not model sharded experts yet.
+- AutoTP on an MoE model needs the model's ``tp_plan`` read into its profile, without styles DeepSpeed rejects:
+  with transformers 5.24 Qwen2-MoE's plan had ``moe_tp_experts`` and ``packed_colwise``, which DeepSpeed refuses
+  (measured); with 5.25 its plan shards the attention only, and DeepSpeed trains it with the experts whole on every
+  rank (measured, ``bench/tp_true_peak.py``).
 - AutoTP with ZeRO-3 trains only from DeepSpeed 0.19.4 on (:func:`autotp_zero3_problem`): the DeepSpeed version is
   the caller's to give (the measured-run boundary reads the installed one); this module imports no DeepSpeed.
+- AutoTP together with AutoEP (DeepSpeed's "folding", ``module_inject/auto_ep_folding.py``) is refused: the
+  estimator does not model it.
 - AutoTP together with Ulysses sequence parallelism is refused: ``DeepSpeedEngine._configure_tensor_parallel_states``
   sets ``self.mpu = groups`` (its own tensor-parallel mesh), dropping the Ulysses mpu the engine was given.
 - ``zero_optimization.zero_hpz_partition_size`` (hpZ) partitions a secondary copy of the 16-bit parameters: it
@@ -41,6 +45,10 @@ HPZ_WITH_TP = (
     "hpZ with AutoTP is refused: DeepSpeed 0.19.8 makes hpZ groups of consecutive ranks, which under AutoTP are one "
     "tensor-parallel group holding different shards (measured: step-0 gradient norm 1 % off the reference)"
 )
+TP_WITH_EP = (
+    "AutoTP with AutoEP (DeepSpeed's folding of expert and tensor parallelism) is not estimated by dstune: "
+    "use one of the two"
+)
 TP_WITH_SP = (
     "AutoTP with Ulysses (sequence_parallel_size > 1) is not supported: DeepSpeed 0.19.8's AutoTP replaces the "
     "engine's mpu (Ulysses' groups) with its own tensor-parallel groups"
@@ -65,9 +73,19 @@ def tensor_parallel_problem(workload: Workload, tp: int) -> str | None:
         return f"tp = {tp} must divide the {heads} attention heads (AutoTP shards q, k and v by heads)"
     if kv and kv % tp:
         return f"tp = {tp} must divide the {kv} key-value heads (a rank beyond them holds no attention shard)"
-    if is_moe(model):
-        return "AutoTP on an MoE model is not supported (DeepSpeed refuses MoE tp_plans such as Qwen2-MoE's)"
+    if is_moe(model) and not tp_plan_taken(workload):
+        return (
+            "AutoTP on an MoE model needs a transformers tp_plan DeepSpeed takes (without expert styles such as "
+            "moe_tp_experts or packed_colwise; the experts then stay whole), and this model's profile has none"
+        )
     return None
+
+
+def tp_plan_taken(workload: Workload) -> bool:
+    """Whether the workload's profile read an AutoTP split DeepSpeed takes from the model's tp_plan for its
+    parameters (:mod:`tuner.profile.tp_plan`)."""
+    profile = workload.profile
+    return profile is not None and bool(profile.tp_sharded) and profile.param_numels == workload.model.param_numels
 
 
 def is_moe(model: ModelSpec) -> bool:
@@ -134,6 +152,8 @@ def check_layout(workload: Workload, trial: TrialConfig, deepspeed_version: str 
         raise ConfigError(TP_KEY, problem)
     if tp > 1 and trial.layout.sequence_parallel > 1:
         raise ConfigError(TP_KEY, TP_WITH_SP)
+    if tp > 1 and trial.layout.expert_parallel > 1:
+        raise ConfigError(TP_KEY, TP_WITH_EP)
     zero = trial.zero
     problem = hpz_problem(zero.stage, zero.hpz_partition_size, workload.cluster.world_size)
     if problem:
@@ -152,6 +172,7 @@ __all__ = [
     "HPZ_KEY",
     "HPZ_WITH_TP",
     "TP_KEY",
+    "TP_WITH_EP",
     "TP_WITH_SP",
     "autotp_zero3_problem",
     "check_layout",
