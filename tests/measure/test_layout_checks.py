@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +67,28 @@ def test_autotp_is_measured_on_the_transformers_model_without_an_adapter() -> No
     assert refused.value.field == "tensor_parallel.autotp_size" and AUTOTP_BUILT_IN in str(refused.value)
     lora = replace(TINY, trainable=TrainableSpec(peft='{"peft_type": "LORA", "r": 4}'))
     assert layout_refusal(lora, trial, "cpu") == ("tensor_parallel.autotp_size", AUTOTP_PEFT)
+
+
+def test_an_moe_run_sent_without_its_profile_is_checked_with_the_models_tp_plan(tmp_path: Path) -> None:
+    """A run's spec carries no profile: the ranks and the summary read AutoTP's split from the model's config
+    again (transformers 5.25's Qwen2-MoE plan: attention only, which DeepSpeed takes), so the MoE run is not
+    refused there after the CLI let it through."""
+    pytest.importorskip("torch")
+    from tuner.measure.layout_checks import with_tp_split
+    from tuner.profile import load_model
+
+    config = {
+        "model_type": "qwen2_moe", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    model = load_model(str(path))
+    bare = Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=64))
+    trial = TrialConfig({"tensor_parallel": {"autotp_size": 2}})
+    assert layout_refusal(bare, trial, "cpu") is not None  # no profile: the plan is unknown, refused
+    checked = with_tp_split(bare, trial)
+    assert checked.profile is not None and any(checked.profile.tp_sharded)
+    assert layout_refusal(checked, trial, "cpu") is None
+    assert with_tp_split(bare, TrialConfig({})) is bare  # nothing to check without AutoTP

@@ -90,6 +90,20 @@ def layout_refusal(
     return None
 
 
+def with_tp_split(workload: Workload, trial: TrialConfig) -> Workload:
+    """``workload`` with its model's parameter facts (AutoTP's split from the ``tp_plan`` among them) where an AutoTP
+    layout needs them checked and none came with it (a run's spec carries no profile): an MoE trains under AutoTP
+    only with a plan DeepSpeed takes (:func:`tuner.workload.tensor_parallel_problem`)."""
+    if trial.layout.tensor_parallel <= 1 or workload.profile is not None or not workload.model.hf_config:
+        return workload
+    import json
+    from dataclasses import replace
+
+    from tuner.profile.hf import describe
+
+    return replace(workload, profile=describe(json.loads(workload.model.hf_config)))
+
+
 __all__ = [
     "AUTOEP_BUILT_IN",
     "AUTOEP_CUDA",
@@ -99,4 +113,5 @@ __all__ = [
     "QUANTIZER_ON_CPU",
     "installed_deepspeed",
     "layout_refusal",
+    "with_tp_split",
 ]

@@ -69,10 +69,11 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
     (:func:`~tuner.measure.long_context_checks.measured_refusal`, as ``invalid_config``)."""
     import torch.distributed as dist
 
+    from tuner.measure.layout_checks import with_tp_split
     from tuner.measure.long_context_checks import measured_refusal
     from tuner.measure.ulysses import LongContextLM, join_sequence_parallel
 
-    refusal = measured_refusal(workload, trial, workload.cluster.device)
+    refusal = measured_refusal(with_tp_split(workload, trial), trial, workload.cluster.device)
     if refusal is not None:
         raise InvalidConfig(f"{refusal[0]}: {refusal[1]}")
     sizes, context, sp = trial.batch_sizes(dist.get_world_size()), trial.long_context, trial.layout.sequence_parallel

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from tuner.estimator import resolve
+from tuner.measure.layout_checks import with_tp_split
 from tuner.measure.measurement import (
     CANCELLED,
     EXCERPT_CHARS,
@@ -97,7 +98,7 @@ def summarize(results: list[RankResult], spec: RunSpec) -> Measurement:
     workload = workload_from_dict(spec.workload)
     samples = 0  # throughput is only computed for runs that DeepSpeed accepted and finished
     if all(result.status == "ok" for result in results):
-        settings = resolve(workload, spec.trial)
+        settings = resolve(with_tp_split(workload, spec.trial), spec.trial)
         samples = settings.global_batch
     measurement = aggregate(results, workload.model, workload.train.seq_len, samples, workload.cluster.world_size)
     measurement.stopped_early = any(result.exception_type == STOPPED_EARLY for result in results)
