@@ -24,7 +24,8 @@ An MoE (tiny Qwen2-MoE), measured 2026-12-03 with transformers 5.25: its tp_plan
 (5.24's carried `moe_tp_experts` and `packed_colwise`, which DeepSpeed refuses), and DeepSpeed trains it with the
 experts and the shared expert whole on every rank, both ranks' losses equal. With the plan read into the profile and
 the MoE block's saved tensors (traced) kept whole: ZeRO-2 and 3, TP 2 and TP 2 × DP 2, each +0.01 %, the rank's
-1,329,280 elements exact.
+1,329,280 elements exact. ZeRO-3 on 4 ranks without and with hpZ = 2: -0.73 / +0.29 % (the same true peak, as the
+LLaMA's: no secondary partition alive at it).
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ def ds_config(stage: int, tp: int, hpz: int = 1) -> dict[str, Any]:
 def cases() -> list[dict[str, Any]]:
     """The dense models at ZeRO-2 on 2 ranks, data parallel (the reference) and AutoTP = 2; the tiny LLaMA at ZeRO-1
     and ZeRO-3 with AutoTP = 2, and TP 2 × DP 2 on 4 ranks at ZeRO-2 and 3; ZeRO-3 on 4 ranks without and with hpZ
-    groups of 2; the wide one and Phi at ZeRO-3 with AutoTP = 2; the MoE at ZeRO-2 (DP and TP 2), ZeRO-3 with TP 2
-    and TP 2 × DP 2."""
+    groups of 2; the wide one and Phi at ZeRO-3 with AutoTP = 2; the MoE at ZeRO-2 (DP and TP 2), ZeRO-3 with TP 2,
+    TP 2 × DP 2, and ZeRO-3 on 4 ranks without and with hpZ groups of 2."""
     found = [{"model": name, "stage": 2, "world": 2, "tp": tp} for name in ("llama", "wide", "phi") for tp in (1, 2)]
     found += [{"model": "llama", "stage": stage, "world": 2, "tp": 2} for stage in (1, 3)]
     found += [{"model": "llama", "stage": stage, "world": 4, "tp": 2} for stage in (2, 3)]
@@ -89,6 +90,8 @@ def cases() -> list[dict[str, Any]]:
         *found,
         {"model": "qwen2-moe", "stage": 3, "world": 2, "tp": 2},
         {"model": "qwen2-moe", "stage": 2, "world": 4, "tp": 2},
+        {"model": "qwen2-moe", "stage": 3, "world": 4, "tp": 1},
+        {"model": "qwen2-moe", "stage": 3, "world": 4, "tp": 1, "hpz": 2},
     ]
 
 
