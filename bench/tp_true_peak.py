@@ -18,7 +18,8 @@ partial rotary), measured 2026-12-03: data-parallel +0.01 %; with AutoTP 2 the s
 head not found behind its bias) gave each rank 1,252,352 elements where DeepSpeed holds 987,264, +7.3 % (ZeRO-2) and
 +3.6 % (ZeRO-3). The profile now reads AutoTP's split from the model's tp_plan as DeepSpeed does
 (:mod:`tuner.profile.tp_plan`: column-parallel weights with their biases): 987,264 elements, +2.2 % at ZeRO-2 and 3.
-The rest is in the activations: the estimate keeps a LayerNorm model's two norms per layer whole, Phi has one.
+The rest (tp 1 is exact) is not taken apart: not the LayerNorm term (the estimate keeps two norms per layer whole
+where Phi has one, but even no whole part could take only 1.0 of the 1.5 MiB off the rank).
 
 An MoE (tiny Qwen2-MoE), measured 2026-12-03 with transformers 5.25: its tp_plan now shards the attention only
 (5.24's carried `moe_tp_experts` and `packed_colwise`, which DeepSpeed refuses), and DeepSpeed trains it with the
