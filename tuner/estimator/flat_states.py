@@ -57,7 +57,7 @@ def flat_states(
     if base is not None:  # 4-bit weights: packed data and quant state instead, whole on every rank too
         frozen += base.packed + base.state - elem * base.elements
         details["quantized_weights"] = base.packed + base.state
-    add_head_gradient(workload, s, phases, details)  # ALST's tiled loss: in forward (:mod:`.tiled_loss`)
+    add_head_gradient(workload, s, phases, details, params.mask)  # ALST's tiled loss: in forward (:mod:`.tiled_loss`)
     if s.stage == 0:
         _stage0_states(params, frozen, s, phases, details)
         return 0

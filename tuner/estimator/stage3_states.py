@@ -73,7 +73,7 @@ def stage3_states(
         add_bytes(phases, "gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
     elif any(model.replicated):  # AutoTP on tp ranks only: its replicated parameters are partitioned, over tp
         _add_replicated_gathered(workload, params, s, phases, details)
-    add_head_gradient(workload, s, phases, details)  # ALST's tiled loss: in forward (:mod:`.tiled_loss`)
+    add_head_gradient(workload, s, phases, details, params.mask)  # ALST's tiled loss: in forward (:mod:`.tiled_loss`)
     bucket = s.reduce_bucket_size * s.reduce_bytes if s.contiguous_gradients else 0  # fp32 under Ulysses
     details["reduce_buckets"] = bucket
     add_bytes(phases, "gpu", "buffers", bucket)

@@ -37,6 +37,7 @@ from tuner.estimator.hardware import Hardware
 from tuner.estimator.partitions import stage3_layout
 from tuner.estimator.settings import Settings
 from tuner.workload import ModelSpec, Workload
+from tuner.workload.layout_checks import tp_plan_split
 
 
 def linear_sizes(model: ModelSpec) -> frozenset[int]:
@@ -76,11 +77,9 @@ def shard_mask(model: ModelSpec) -> tuple[bool, ...]:
 
 
 def sharded(workload: Workload) -> tuple[bool, ...]:
-    """Which of the model's parameters AutoTP shards: the profile's split (read from the model's ``tp_plan``) where
-    it has one for these parameters, else :func:`shard_mask`'s."""
-    profile, numels = workload.profile, workload.model.param_numels
-    split = profile.tp_sharded if profile is not None and profile.param_numels == numels else ()
-    return split or shard_mask(workload.model)
+    """Which of the model's parameters AutoTP shards: the profile's split (read from the model's ``tp_plan``,
+    :func:`tuner.workload.layout_checks.tp_plan_split`) where it has one, else :func:`shard_mask`'s."""
+    return tp_plan_split(workload) or shard_mask(workload.model)
 
 
 @functools.lru_cache(maxsize=256)

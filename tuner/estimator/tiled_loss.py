@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from tuner.estimator.phases import Phase, add_bytes
 from tuner.estimator.settings import FP32, Settings
-from tuner.estimator.trainable import trained_params
 from tuner.workload import Workload
 
 
@@ -29,24 +28,26 @@ def shard_workspace(elem: int, shard_logits: int) -> int:
     return max(elem + 2 * FP32, 3 * FP32) * shard_logits
 
 
-def add_head_gradient(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> None:
+def add_head_gradient(
+    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], trains: tuple[bool, ...]
+) -> None:
     """The LM head's weight gradient (``e·h·V``), accumulated across the loss's shards in forward, beside the
-    shard's workspace; none when the head is frozen (a LoRA model's)."""
+    shard's workspace; none when the head is frozen (a LoRA model's). ``trains``: which parameters train (the
+    model as trained, :attr:`.TrainedParams.mask`; empty: all)."""
     model = workload.model
-    if s.tiled_loss_shards <= 1 or model.is_bare or not _head_trains(workload):
+    if s.tiled_loss_shards <= 1 or model.is_bare or not _head_trains(model.tie_embeddings, trains):
         return
     head = s.param_bytes * model.vocab_size * model.hidden_size
     details["tiled_loss_head_grad"] = head
     add_bytes(phases, "gpu", "gradients", head, ("forward",))
 
 
-def _head_trains(workload: Workload) -> bool:
-    """Whether the LM head trains: its weight is the model's last parameter, or its first when tied to the
+def _head_trains(tied: bool, trains: tuple[bool, ...]) -> bool:
+    """Whether the LM head trains: its weight is the model's last parameter, or its first when ``tied`` to the
     embedding (transformers' order)."""
-    mask = trained_params(workload).mask
-    if not mask:
+    if not trains:
         return True
-    return mask[0] if workload.model.tie_embeddings else mask[-1]
+    return trains[0] if tied else trains[-1]
 
 
 def whole_parameters_apart(s: Settings, details: dict[str, int], phases: dict[str, Phase], margin: int) -> None:

@@ -73,7 +73,7 @@ def tensor_parallel_problem(workload: Workload, tp: int) -> str | None:
         return f"tp = {tp} must divide the {heads} attention heads (AutoTP shards q, k and v by heads)"
     if kv and kv % tp:
         return f"tp = {tp} must divide the {kv} key-value heads (a rank beyond them holds no attention shard)"
-    if is_moe(model) and not tp_plan_taken(workload):
+    if is_moe(model) and not tp_plan_split(workload):
         return (
             "AutoTP on an MoE model needs a transformers tp_plan DeepSpeed takes (without expert styles such as "
             "moe_tp_experts or packed_colwise; the experts then stay whole), and this model's profile has none"
@@ -81,11 +81,11 @@ def tensor_parallel_problem(workload: Workload, tp: int) -> str | None:
     return None
 
 
-def tp_plan_taken(workload: Workload) -> bool:
-    """Whether the workload's profile read an AutoTP split DeepSpeed takes from the model's tp_plan for its
-    parameters (:mod:`tuner.profile.tp_plan`)."""
+def tp_plan_split(workload: Workload) -> tuple[bool, ...]:
+    """Which of the model's parameters AutoTP shards, as the workload's profile read it from the model's tp_plan
+    (:mod:`tuner.profile.tp_plan`); empty without a profile of these parameters or a plan DeepSpeed takes."""
     profile = workload.profile
-    return profile is not None and bool(profile.tp_sharded) and profile.param_numels == workload.model.param_numels
+    return profile.tp_sharded if profile is not None and profile.param_numels == workload.model.param_numels else ()
 
 
 def is_moe(model: ModelSpec) -> bool:
@@ -178,5 +178,6 @@ __all__ = [
     "check_layout",
     "hpz_problem",
     "tensor_parallel_problem",
+    "tp_plan_split",
     "version_tuple",
 ]
