@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, with_plan
 from tuner.measure.measurement import Measurement, StepHook
+from tuner.measure.oom import cgroup_oom_kills, kills_between
 from tuner.measure.rank_outcome import collect_rank, summarize
 from tuner.measure.rank_place import free_port, local_places
 from tuner.measure.rank_process import RankProcess, rank_preloads, start_rank, stop_ranks
@@ -117,6 +118,7 @@ def launch_local(
         places = local_places(cluster.gpus_per_node, cluster.nodes)
         forked, preload = spec.lean, rank_preloads(spec)
         planned = [plan_rank(launch, place, cluster.nodes, os.environ, threads=threads) for place in places]
+        oom_kills = cgroup_oom_kills()  # a rank SIGKILLed meanwhile by the kernel's OOM killer is an ``oom``
         ranks = [
             start_rank(run_dir, place, "127.0.0.1", port, entry, memory_cap, rank_variables(plan), forked, preload)
             for place, plan in zip(places, planned, strict=True)
@@ -125,7 +127,10 @@ def launch_local(
             wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel, on_step=on_step)
         finally:
             stop_ranks(ranks)
-        results = [with_plan(collect_rank(run_dir, rank), plan) for rank, plan in zip(ranks, planned, strict=True)]
+        kills = kills_between(oom_kills, cgroup_oom_kills())
+        results = [
+            with_plan(collect_rank(run_dir, rank, kills), plan) for rank, plan in zip(ranks, planned, strict=True)
+        ]
     measurement = summarize(results, spec)
     measurement.launch = measured_launch(launch, results)
     measurement.set_wall(time.monotonic() - started)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuner.estimator.flops import model_flops_per_token, peak_tflops
+from tuner.measure.oom import follows_peer
 from tuner.workload import ModelSpec
 
 # Tie-breaker between failures at the same moment (the earliest failure explains a job best).
@@ -165,12 +166,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _blame_order(result: RankResult) -> tuple[bool, float, int, int]:
-    """Sort key for the root cause: not a peer the launcher killed, failed first, then by status and rank.
+    """Sort key for the root cause: not a peer the launcher killed nor one whose collective broke when a peer went
+    (:func:`tuner.measure.oom.follows_peer`: a watchdog's abort after a peer's OOM), failed first, then by status
+    and rank.
 
     A rank's crash breaks its peers' collectives a moment later, so the earliest failure is the cause.
     """
     failed_at = result.failed_at if result.failed_at is not None else float("inf")
-    return result.exception_type == PEER_KILLED, failed_at, STATUS_PRIORITY.get(result.status, 3), result.rank
+    follower = result.exception_type == PEER_KILLED or follows_peer(result.error or "")
+    return follower, failed_at, STATUS_PRIORITY.get(result.status, 3), result.rank
 
 
 def aggregate(

@@ -23,6 +23,7 @@ from tuner.measure.measurement import (
     RankResult,
     aggregate,
 )
+from tuner.measure.oom import KILLED, exit_status
 from tuner.measure.rank_place import RankPlace
 from tuner.measure.rank_process import RankProcess
 from tuner.measure.run_protocol import RunSpec, read_progress, result_path, timings_path
@@ -44,9 +45,10 @@ def placed(result: RankResult, place: RankPlace | None) -> RankResult:
     return result
 
 
-def collect_rank(run_dir: Path, rank: RankProcess) -> RankResult:
-    """The rank's own report, or one made from how its process ended, with where it ran."""
-    return placed(_rank_outcome(run_dir, rank), rank.place)
+def collect_rank(run_dir: Path, rank: RankProcess, oom_kills: int = 0) -> RankResult:
+    """The rank's own report, or one made from how its process ended, with where it ran. ``oom_kills``: the OOM
+    kills the kernel counted in the node's memory cgroup while the run lasted (:func:`.oom.exit_status`)."""
+    return placed(_rank_outcome(run_dir, rank, oom_kills), rank.place)
 
 
 STOPPED_BY_LAUNCHER = frozenset({"timeout", "peer", "cancelled", "stopped_early"})
@@ -54,7 +56,7 @@ STOPPED_BY_LAUNCHER = frozenset({"timeout", "peer", "cancelled", "stopped_early"
 MTIME_SLACK_S = 0.02
 
 
-def _rank_outcome(run_dir: Path, rank: RankProcess) -> RankResult:
+def _rank_outcome(run_dir: Path, rank: RankProcess, oom_kills: int = 0) -> RankResult:
     path = result_path(run_dir, rank.rank)
     if path.exists():
         report = RankResult.from_dict(json.loads(path.read_text()))
@@ -86,9 +88,11 @@ def _rank_outcome(run_dir: Path, rank: RankProcess) -> RankResult:
     if lost is not None:
         why = f"its node's fork server was lost mid-run ({lost}); the rank was {how}"
         return RankResult(rank.rank, "error", exception_type=INFRA_LOST, error=why, failed_at=rank.exited_at)
-    return RankResult(
-        rank.rank, "error", exception_type="ProcessExit", error=f"{how}\n{_tail(rank.log)}", failed_at=rank.exited_at
-    )
+    tail = _tail(rank.log)
+    status = exit_status(code, tail, oom_kills)
+    if status == "oom" and code in KILLED:
+        how += " with the kernel's OOM kill counted in its memory cgroup (the host ran out of memory)"
+    return RankResult(rank.rank, status, exception_type="ProcessExit", error=f"{how}\n{tail}", failed_at=rank.exited_at)
 
 
 def summarize(results: list[RankResult], spec: RunSpec) -> Measurement:

@@ -53,6 +53,7 @@ from tuner.measure.launch_plan import (
 )
 from tuner.measure.launcher import Progress, wait_ranks
 from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
+from tuner.measure.oom import cgroup_oom_kills, kills_between
 from tuner.measure.rank_outcome import collect_rank, placed, summarize
 from tuner.measure.rank_place import RankPlace, free_port
 from tuner.measure.rank_process import rank_preloads, start_rank, stop_ranks
@@ -156,6 +157,7 @@ class RankHost:
             threads = run_spec.trial.threads_per_rank
             plan = plan_rank(workload.launch, place, workload.cluster.nodes, inherited, threads=threads)
             variables = rank_variables(plan)
+            oom_kills = cgroup_oom_kills()
             process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, variables, forked, preload)
             try:
                 wait_ranks(
@@ -174,7 +176,8 @@ class RankHost:
                 self.early.wait(EARLY_NOTICE_S)
             if self.early_at is not None and process.killed_for is None:  # ended by the stop, before it was asked
                 process.killed_for, process.signalled_at = "stopped_early", self.early_at
-            result = asdict(with_plan(collect_rank(run_dir, process), plan))
+            kills = kills_between(oom_kills, cgroup_oom_kills())
+            result = asdict(with_plan(collect_rank(run_dir, process, kills), plan))
             self.run_dir = None
             return result
 

@@ -3,9 +3,10 @@
 :class:`TrainingProcess` runs the phases in order and times each (``imports_s``, ``distributed_s``, ``model_s``,
 ``initialize_s``, ``warmup_s``, ``timed_s``); it feeds synthetic token batches, probes memory on one warm-up step
 (:mod:`tuner.measure.memory_probe`) and records the true peak (:mod:`tuner.measure.true_peak`). Failures are
-classified from exception types (:func:`classify`): CUDA out-of-memory, the CPU allocator's failure and
-``MemoryError`` are ``oom``; DeepSpeed's config validation (raised while building its ``DeepSpeedConfig``) is
-``invalid_config``; everything else is ``error``.
+classified from exception types (:func:`classify`): every out-of-memory :mod:`tuner.measure.oom` knows (the caching
+allocator's, NCCL's, cuBLAS', the CUDA runtime's, the CPU allocator's, ``MemoryError``) is ``oom``; DeepSpeed's
+config validation (raised while building its ``DeepSpeedConfig``) is ``invalid_config``; everything else is
+``error``.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from typing import Any
 from tuner.measure.alloc_conf import apply_alloc_conf
 from tuner.measure.measurement import EXCERPT_CHARS, InvalidConfig, RankResult
 from tuner.measure.numerics import NumericsRecorder
+from tuner.measure.oom import oom_error
 from tuner.measure.rank_model import long_context_model, rank_batches, trained_model
 from tuner.measure.run_protocol import RunSpec, progress_path, timings_path, write_json_atomically
 from tuner.workload import Workload
 
-CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"  # torch's CPU allocator has no exception type
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
 # DeepSpeed's global timers (deepspeed.runtime.engine's FORWARD/BACKWARD/STEP_GLOBAL_TIMER) by the name we report
 BREAKDOWN_TIMERS = {"forward_s": "fwd", "backward_s": "bwd", "step_s": "step"}
@@ -66,15 +67,16 @@ def clear_stale_build_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]
 
 
 def classify(error: BaseException) -> str:
-    """Status for an exception raised inside a rank."""
-    import torch
-
+    """Status for an exception raised inside a rank (every kind of out-of-memory: :mod:`tuner.measure.oom`)."""
     if isinstance(error, InvalidConfig):
         return "invalid_config"
-    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
-        return "oom"
-    if isinstance(error, RuntimeError) and CPU_ALLOCATOR_FAILURE in str(error):
-        return "oom"
+    seen: BaseException | None = error
+    for _ in range(8):  # DeepSpeed and torch wrap a CUDA or NCCL failure: its cause says what it was
+        if seen is None:
+            break
+        if isinstance(seen, MemoryError) or oom_error(type(seen).__name__, str(seen)):
+            return "oom"
+        seen = seen.__cause__ or seen.__context__
     return "error"
 
 
