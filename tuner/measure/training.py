@@ -181,10 +181,12 @@ class TrainingProcess:
 
         import deepspeed
 
+        from tuner.measure.group_timeout import every_group_times_out
+
         begin = time.perf_counter()
-        deepspeed.init_distributed(
-            dist_backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=self.spec.collective_timeout_s)
-        )
+        timeout = timedelta(seconds=self.spec.collective_timeout_s)
+        every_group_times_out(timeout)  # ZeRO's cloned world group, the SP/TP/EP/hpZ groups: not torch's 10 minutes
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", timeout=timeout)
         self.result.timings["distributed_s"] = time.perf_counter() - begin
 
     def _engine(self, workload: Workload, cuda: bool) -> Any:
