@@ -677,3 +677,29 @@ def test_a_disk_filling_mid_study_ends_it_as_disk_full_and_a_rerun_loses_nothing
     assert shape(first.submitted[2]) in {shape(t.ds_config) for t in trials if t.status == "ok"}  # not lost
     assert len(trials) == 6 and all(t.status == "ok" for t in trials)
     assert not [t for t in optuna_trials(store) if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def test_cuda_calibration_compares_max_memory_allocated_with_the_estimates_allocated_part(
+    tmp_path: Path, store: Store
+) -> None:
+    """A CUDA run whose max_memory_allocated is exactly the estimate's tensors and cuBLAS workspaces: the ratio learned
+    is 1, not allocated / (allocated + context + NCCL + reserve), which sank the margin to its floor."""
+    work = Workload(
+        load_builtin_model("tiny-gpt2"),
+        ClusterSpec(gpus_per_node=1, gpu_memory=64 * 2**30, device="cuda"),
+        TrainSpec(64),
+    )
+
+    def exact(config: dict[str, Any]) -> Measurement:
+        estimated = estimate(work, TrialConfig(config))
+        allocated = estimated.gpu_total - sum(
+            size for name, size in estimated.overhead_terms.items() if name != "cublas_workspace"
+        )
+        assert allocated < estimated.gpu_total  # the context, NCCL and the reserve are in the total
+        return replace(ok(config), peak_bytes_per_rank=[allocated])
+
+    study = TuningStudy(settings(tmp_path, stages=[0, 1], micros=[1, 2], trials=4, work=work), store)
+    study.run(FakeMeasurer(exact))
+    calibration = store.get_calibration(work.cluster.hardware_key, work.model.family)
+    assert calibration is not None and calibration.stats["ratios"], calibration
+    assert all(abs(ratio - 1.0) < 1e-9 for ratio in calibration.stats["ratios"]), calibration.stats["ratios"]

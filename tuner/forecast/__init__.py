@@ -11,7 +11,7 @@ May import: :mod:`tuner.workload`, :mod:`tuner.estimator`, :mod:`tuner.space`. S
 no SQL here; no Optuna, Ray or torch.
 """
 
-from tuner.forecast.calibration import DEFAULT_MARGIN, MIN_MARGIN, Calibration
+from tuner.forecast.calibration import DEFAULT_MARGIN, MIN_MARGIN, Calibration, allocated_part
 from tuner.forecast.layouts import (
     PREDICTION_TIE,
     Judged,
@@ -80,6 +80,7 @@ __all__ = [
     "SeqSizer",
     "ThroughputFit",
     "ThroughputGuide",
+    "allocated_part",
     "compare_layouts",
     "describe_reason",
     "grid_suggestions",

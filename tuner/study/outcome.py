@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.estimator import MemoryEstimate
-from tuner.forecast import Calibration, ThroughputGuide, throughput_summary
+from tuner.forecast import Calibration, ThroughputGuide, allocated_part, throughput_summary
 from tuner.measure.measurement import INFRA_LOST, Measurement
 from tuner.space import Suggestion, config_key
 from tuner.storage import DuplicateConfig, Store, TrialRecord
@@ -197,7 +197,8 @@ class Recorder:
         rejected = diverged or over_budget
         status = "diverged" if diverged else "oom" if over_budget else measurement.status
         self.store.finish_trial(run.trial_id, status, measurement.to_dict(), error=rejected or measurement.error)
-        estimated_peak = (run.estimate.per_gpu["total"] or 0) + host  # what the measured peak counts
+        # what the measured peak counts: on CUDA max_memory_allocated, so the estimate's allocated part only
+        estimated_peak = allocated_part(run.estimate.gpu_total, run.estimate.overhead_terms) + host
         if measurement.status == "ok" and measurement.stopped_early:
             self._tell_stopped_early(run, measurement)
             return
