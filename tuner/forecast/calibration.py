@@ -33,7 +33,7 @@ def allocated_part(total: int, overhead_terms: Mapping[str, int]) -> int:
     """The bytes of an estimate's per-GPU ``total`` that ``max_memory_allocated`` counts: all but the named device
     terms outside the allocator or reserved only (CPU estimates have none: the total itself).
 
-    >>> allocated_part(10_000, {"cuda_context": 500, "nccl_world": 300, "cublas_workspace": 64, "allocator_reserve": 900})
+    >>> allocated_part(10_000, {"cuda_context": 500, "nccl_dp": 300, "cublas_workspace": 64, "allocator_reserve": 900})
     8300
     """
     return total - sum(size for name, size in overhead_terms.items() if name not in ALLOCATED_TERMS)
