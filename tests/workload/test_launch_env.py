@@ -89,8 +89,8 @@ def test_the_default_launch_keeps_fingerprints_and_another_changes_them() -> Non
     torchrun = Workload(plain.model, plain.cluster, launch=LaunchEnv.of("torchrun", variables={"NCCL_ALGO": "Ring"}))
     assert torchrun.fingerprint() != plain.fingerprint()
     assert workload_from_dict(workload_to_dict(torchrun)) == torchrun
-    reordered = LaunchEnv.of(variables={"B": "1", "A": "2"})
-    assert reordered == LaunchEnv.of(variables={"A": "2", "B": "1"})
+    reordered = LaunchEnv.of(variables={"NCCL_B": "1", "NCCL_A": "2"})
+    assert reordered == LaunchEnv.of(variables={"NCCL_A": "2", "NCCL_B": "1"})
 
 
 def test_the_request_carries_the_launch_and_names_a_bad_variable_by_its_path() -> None:
@@ -135,3 +135,77 @@ def test_ray_reserves_each_ranks_threads_up_to_its_share_of_a_node() -> None:
     assert reserved_cpus(LaunchEnv("torchrun"), 2, 16, {}) == 1
     assert reserved_cpus(LaunchEnv.of(variables={"OMP_NUM_THREADS": "4"}), 2, 16, {}) == 4  # an offload's CPU Adam
     assert reserved_cpus(LaunchEnv(bind_cores=True), 4, 2, {}) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("LD_PRELOAD", "/tmp/x.so"),
+        ("LD_LIBRARY_PATH", "x"),
+        ("PYTHONPATH", "x"),
+        ("PYTHONSTARTUP", "x"),
+        ("PATH", "x"),
+        ("GLIBC_TUNABLES", "x"),
+        ("NCCL_NET_PLUGIN", "x"),
+        ("NCCL_TUNER_PLUGIN", "x"),
+        ("NCCL_PROFILER_PLUGIN", "x"),
+        ("NCCL_ENV_PLUGIN", "x"),
+        ("NCCL_DEBUG_FILE", "x"),
+        ("NCCL_TOPO_FILE", "x"),
+        ("OMP_TOOL_LIBRARIES", "x"),
+        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "x"),
+        ("HF_TOKEN", "x"),
+        ("WANDB_API_KEY", "x"),
+        ("OMP_NUM_THREADS", "99999999999"),
+        ("MKL_NUM_THREADS", "0"),
+        ("NCCL_SOCKET_IFNAME", "/etc/passwd"),
+        ("NCCL_ALGO", "Ring;touch x"),
+        ("NCCL_ALGO", "x" * 257),
+        ("NCCL_SOCKET_IFNAME", "hf_abcdefghijklmnopqrstuvwxyz0123456789"),
+        ("NCCL_IB_HCA", "a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0"),
+        ("NCCL_BUFFSIZE", "9" * 30),
+    ],
+)
+def test_a_launch_variable_outside_the_allow_list_is_refused_naming_it(name: str, value: str) -> None:
+    with pytest.raises(WorkloadError) as error:
+        LaunchEnv.of(variables={name: value})
+    assert error.value.field == "launch-var" and name in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("OMP_NUM_THREADS", "4"),
+        ("KMP_AFFINITY", "granularity=fine,compact,1,0"),
+        ("GOMP_CPU_AFFINITY", "0-3,8-11"),
+        ("MKL_NUM_THREADS", "8"),
+        ("NCCL_SOCKET_IFNAME", "^docker0,lo"),
+        ("NCCL_IB_HCA", "mlx5_0:1,mlx5_1:1"),
+        ("NCCL_P2P_DIRECT_DISABLE", "1"),
+        ("TORCH_NCCL_AVOID_RECORD_STREAMS", "1"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:128"),
+        ("CUDA_DEVICE_MAX_CONNECTIONS", "1"),
+    ],
+)
+def test_what_launchers_set_for_speed_is_allowed(name: str, value: str) -> None:
+    assert LaunchEnv.of(variables={name: value}).overrides == {name: value}
+
+
+def test_the_api_refuses_a_loader_variable_with_422_naming_it() -> None:
+    from tuner.requests import FieldError, WorkloadRequest, to_workload, validated
+
+    body = {"params": 1e9, "gpus": 2, "launch": {"variables": {"LD_PRELOAD": "/tmp/evil.so"}}}
+    with pytest.raises(FieldError) as error:
+        to_workload(validated(WorkloadRequest, body))
+    assert error.value.loc == ("launch", "variables") and "LD_PRELOAD" in error.value.message
+
+
+def test_the_cli_refuses_a_loader_variable_and_says_the_shell_reaches_the_ranks() -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli.app import app
+
+    result = CliRunner().invoke(app, ["estimate", "--params", "1e9", "--launch-var", "PYTHONPATH=/tmp"])
+    assert result.exit_code == 2 and "PYTHONPATH" in result.output and "export it" in result.output
+    result = CliRunner().invoke(app, ["estimate", "--params", "1e9", "--launch-var", "OMP_NUM_THREADS=99999999999"])
+    assert result.exit_code == 2 and "OMP_NUM_THREADS" in result.output and "Traceback" not in result.output

@@ -43,6 +43,7 @@ from tuner.requests import (
 )
 from tuner.space.dsconfig import load_ds_config
 from tuner.workload import TrialConfig, Workload, load_hf_config, read_json_object
+from tuner.workload.launch_vars import allowed_name, allowed_names
 from tuner.workload.plain_data import check_plain_data
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
@@ -299,6 +300,12 @@ def _launch(flags: WorkloadFlags) -> dict[str, Any] | None:
         name, equals, value = item.partition("=")
         if not equals or not name:
             raise InputError("launch-var", f"expected NAME=VALUE, got {item!r}")
+        if not allowed_name(name):  # the allow-list of every launch (tuner.workload.launch_vars), and the way around it
+            raise InputError(
+                "launch-var",
+                f"{name!r} is not a variable a launch may set (allowed: {allowed_names()}); a variable of your own "
+                "shell reaches the ranks dstune starts on this machine: export it before running dstune",
+            )
         variables[name] = value
     if flags.launcher_env == "deepspeed" and not flags.bind_cores and not variables:
         return None

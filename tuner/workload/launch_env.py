@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.workload.errors import WorkloadError
+from tuner.workload.launch_vars import check_variable
 from tuner.workload.vocabulary import LAUNCHER_ENVS
 
 DEFAULT_LAUNCHER = "deepspeed"
@@ -87,8 +88,7 @@ class LaunchEnv:
         for name, value in self.variables:
             if not NAME.fullmatch(name) or name in RESERVED or name.startswith("DSTUNE_"):
                 raise WorkloadError("launch-var", f"{name!r} is not a variable a launch may set")
-            if name == THREADS and _positive(value) is None:
-                raise WorkloadError("launch-var", f"OMP_NUM_THREADS must be a positive integer, got {value!r}")
+            check_variable(name, value)  # the allow-list: nothing that loads code, names a file or holds a secret
 
     @classmethod
     def of(
