@@ -45,6 +45,7 @@ AUTH = {
     403: _answer("A wrong bearer token."),
     503: UNAVAILABLE[503] | {"description": UNAVAILABLE[503]["description"] + " Or the server has no API token."},
 }
+READER = {403: _answer("A wrong bearer token (without one: the public view, tuner.api.readers).")}
 NOT_FOUND = {404: _answer("No such study or job.")}
 
 
@@ -57,4 +58,4 @@ def answers(*groups: dict[int, dict[str, Any]]) -> dict[int | str, dict[str, Any
     return merged
 
 
-__all__ = ["AUTH", "BODY", "NOT_FOUND", "UNAVAILABLE", "ErrorOut", "answers"]
+__all__ = ["AUTH", "BODY", "NOT_FOUND", "READER", "UNAVAILABLE", "ErrorOut", "answers"]

@@ -8,7 +8,8 @@ from typing import Literal
 from fastapi import APIRouter, HTTPException
 
 from tuner.api.deps import Auth, JobId, Limit, Offset, StoreDep, invalid
-from tuner.api.responses import AUTH, BODY, NOT_FOUND, answers
+from tuner.api.readers import FullView, shown_job
+from tuner.api.responses import AUTH, BODY, NOT_FOUND, READER, answers
 from tuner.api.schemas import JobOut
 from tuner.requests import FieldError, JobRequest, check_job
 from tuner.storage import JOB_STATES
@@ -28,19 +29,21 @@ def create_job(body: JobRequest, store: StoreDep) -> JobOut:
     return JobOut.of(store.enqueue_job(study_name, body.model_dump(mode="json")))
 
 
-@router.get("/v1/jobs", response_model=list[JobOut], responses=answers())
-def list_jobs(store: StoreDep, status: JobStatus | None = None, limit: Limit = 100, offset: Offset = 0) -> list[JobOut]:
-    """Jobs, newest first."""
-    return [JobOut.of(job) for job in store.list_jobs(status=status, limit=limit, offset=offset)]
+@router.get("/v1/jobs", response_model=list[JobOut], responses=answers(READER))
+def list_jobs(
+    store: StoreDep, full: FullView, status: JobStatus | None = None, limit: Limit = 100, offset: Offset = 0
+) -> list[JobOut]:
+    """Jobs, newest first (without the token: no launch variables, errors as one line without paths)."""
+    return [shown_job(JobOut.of(job), full) for job in store.list_jobs(status=status, limit=limit, offset=offset)]
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobOut, responses=answers(NOT_FOUND))
-def get_job(job_id: JobId, store: StoreDep) -> JobOut:
-    """A job's status and progress (trials done, best so far)."""
+@router.get("/v1/jobs/{job_id}", response_model=JobOut, responses=answers(READER, NOT_FOUND))
+def get_job(job_id: JobId, store: StoreDep, full: FullView) -> JobOut:
+    """A job's status and progress (trials done, best so far); without the token, as :func:`list_jobs` shows it."""
     job = store.get_job(job_id)
     if job is None:
         raise HTTPException(404, f"no job {job_id}")
-    return JobOut.of(job)
+    return shown_job(JobOut.of(job), full)
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=JobOut, dependencies=[Auth], responses=answers(AUTH, NOT_FOUND))

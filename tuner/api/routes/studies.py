@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Literal
 from fastapi import APIRouter, HTTPException
 
 from tuner.api.deps import Limit, Offset, StoreDep, StudyName
-from tuner.api.responses import NOT_FOUND, answers
+from tuner.api.readers import FullView, public_settings, public_workload, shown_trial
+from tuner.api.responses import NOT_FOUND, READER, answers
 from tuner.api.schemas import StudyDetail, StudyOut, TrialOut, TrialPage
 from tuner.storage import TRIAL_ORDERS, TRIAL_STATUSES, Store, StudyRecord
 from tuner.workload import workload_to_dict
@@ -28,31 +29,38 @@ def _study(store: Store, name: str) -> StudyRecord:
     return record
 
 
-@router.get("/v1/studies", response_model=list[StudyOut], responses=answers())
-def list_studies(store: StoreDep) -> list[StudyOut]:
-    """Every study, newest first."""
-    return [StudyOut.of(record) for record in store.list_studies()]
+@router.get("/v1/studies", response_model=list[StudyOut], responses=answers(READER))
+def list_studies(store: StoreDep, full: FullView) -> list[StudyOut]:
+    """Every study, newest first (without the token: the space file by its name, no other server path)."""
+    return [_shown(StudyOut.of(record), full) for record in store.list_studies()]
 
 
-@router.get("/v1/studies/{name}", response_model=StudyDetail, responses=answers(NOT_FOUND))
-def get_study(name: StudyName, store: StoreDep) -> StudyDetail:
-    """A study: its workload, trial counts by status, pruned reasons and best trial."""
+def _shown(study: StudyOut, full: bool) -> StudyOut:
+    return study if full else study.model_copy(update={"settings": public_settings(study.settings)})
+
+
+@router.get("/v1/studies/{name}", response_model=StudyDetail, responses=answers(READER, NOT_FOUND))
+def get_study(name: StudyName, store: StoreDep, full: FullView) -> StudyDetail:
+    """A study: its workload, trial counts by status, pruned reasons and best trial (without the token: no launch
+    variables, no server path, errors as one line)."""
     record = _study(store, name)
     summary = store.study_summary(record.id)
+    workload = workload_to_dict(store.workload_of(record.id))
     return StudyDetail(
-        study=StudyOut.of(record),
-        workload=workload_to_dict(store.workload_of(record.id)),
+        study=_shown(StudyOut.of(record), full),
+        workload=workload if full else public_workload(workload),
         total=summary.total,
         counts=summary.counts,
         pruned_reasons=summary.pruned_reasons,
-        best=None if summary.best is None else TrialOut.of(summary.best),
+        best=None if summary.best is None else shown_trial(TrialOut.of(summary.best), full),
     )
 
 
-@router.get("/v1/studies/{name}/trials", response_model=TrialPage, responses=answers(NOT_FOUND))
+@router.get("/v1/studies/{name}/trials", response_model=TrialPage, responses=answers(READER, NOT_FOUND))
 def study_trials(
     name: StudyName,
     store: StoreDep,
+    full: FullView,
     status: TrialStatus | None = None,
     order_by: TrialOrder = "number",
     limit: Limit = 100,
@@ -63,4 +71,5 @@ def study_trials(
     summary = store.study_summary(record.id)
     total = summary.total if status is None else summary.counts.get(status, 0)
     items = store.trials(record.id, status=status, order_by=order_by, limit=limit, offset=offset)
-    return TrialPage(items=[TrialOut.of(t) for t in items], total=total, limit=limit, offset=offset)
+    shown = [shown_trial(TrialOut.of(trial), full) for trial in items]
+    return TrialPage(items=shown, total=total, limit=limit, offset=offset)

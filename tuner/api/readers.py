@@ -1,0 +1,112 @@
+"""What a reader without the API token sees of studies, trials and jobs: no launch variables, no stored command line,
+no path of the server's (:func:`public_workload`, :func:`public_request`, :func:`public_error`,
+:func:`public_settings`). A reader with the server's token (or any reader of a server started
+``--insecure-no-auth``) sees the records whole (:func:`full_view`); a wrong token is refused (403) as on the mutating
+endpoints.
+
+Why: a launch variable may hold a setting a team keeps to itself, a stored error can quote a process listing (Ray's
+out-of-memory report names the node's largest processes with their command lines) or a traceback's file paths, and
+a study's settings name the server's search-space file and NVMe folder.
+
+Example:
+    >>> public_error('Traceback (most recent call last):\\n  File "/srv/x.py", line 1\\nRuntimeError: bad /srv/data')
+    'RuntimeError: bad <path>'
+    >>> public_settings({"space": "/srv/spaces/default.yaml", "nvme_path": "/local/nvme", "pins": {}})
+    {'space': 'default.yaml', 'nvme_path': '<path>', 'pins': {}}
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from pathlib import PurePath
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials
+
+from tuner.api.deps import bearer
+from tuner.api.schemas import JobOut, TrialOut
+
+HIDDEN = "<path>"
+# an absolute (or home) path, starting a word, up to a delimiter ("tokens/s" is none)
+PATH = re.compile(r"(?<![\w.~/-])(?:~|[A-Za-z]:)?[/\\][^\s'\",;)\]]+")
+ARGV = re.compile(r"\[(?:\s*'[^']*'\s*,?)+\]")  # a Python list of strings: an argv
+MAX_PUBLIC_ERROR = 300
+
+
+def full_view(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> bool:
+    """True when the reader may see records whole: the server's token, or a server without auth by choice. No token:
+    False (the public view); a wrong one: 403."""
+    expected = request.app.state.token
+    if expected is None:
+        return bool(request.app.state.insecure_no_auth)
+    if credentials is None:
+        return False
+    if not secrets.compare_digest(credentials.credentials.encode(), expected.encode()):
+        raise HTTPException(403, "invalid token")
+    return True
+
+
+FullView = Annotated[bool, Depends(full_view)]
+
+
+def public_error(text: str | None) -> str | None:
+    """An error's one line without command lines or paths: its first line, or a traceback's last (the exception),
+    paths and argv lists replaced, at most :data:`MAX_PUBLIC_ERROR` characters."""
+    if not text or not text.strip():
+        return text
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    line = lines[-1] if lines[0].startswith("Traceback") else lines[0]
+    line = PATH.sub(HIDDEN, ARGV.sub("[<command>]", line))
+    return line[:MAX_PUBLIC_ERROR]
+
+
+def public_workload(workload: dict[str, Any]) -> dict[str, Any]:
+    """A workload dict (stored or as requested) without its launch variables."""
+    launch = workload.get("launch")
+    if not isinstance(launch, dict) or "variables" not in launch:
+        return workload
+    return {**workload, "launch": {key: value for key, value in launch.items() if key != "variables"}}
+
+
+def public_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A job's request without its workload's launch variables."""
+    workload = body.get("workload")
+    return {**body, "workload": public_workload(workload)} if isinstance(workload, dict) else body
+
+
+def public_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A study's settings with the space file by its name and any other server path hidden."""
+    shown: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key == "space" and isinstance(value, str):
+            value = PurePath(value).name
+        elif isinstance(value, str) and PATH.fullmatch(value):
+            value = HIDDEN
+        shown[key] = value
+    return shown
+
+
+def shown_job(job: JobOut, full: bool) -> JobOut:
+    """``job`` as this reader may see it."""
+    if full:
+        return job
+    return job.model_copy(update={"request": public_request(job.request), "error": public_error(job.error)})
+
+
+def shown_trial(trial: TrialOut, full: bool) -> TrialOut:
+    """``trial`` as this reader may see it."""
+    return trial if full else trial.model_copy(update={"error": public_error(trial.error)})
+
+
+__all__ = [
+    "FullView",
+    "full_view",
+    "public_error",
+    "public_request",
+    "public_settings",
+    "public_workload",
+    "shown_job",
+    "shown_trial",
+]
