@@ -152,3 +152,51 @@ def test_bad_settings_are_refused() -> None:
         AnswerCache(-1.0)
     with pytest.raises(ValueError):
         AnswerCache(10.0, max_stale_s=5.0)
+
+
+def test_an_answer_that_took_longer_than_its_ttl_is_fresh_from_when_it_is_known() -> None:
+    clock = Clock()
+    cache = AnswerCache(2.0, max_stale_s=60, clock=clock)
+    calls: list[int] = []
+
+    def slow() -> str:
+        calls.append(1)
+        clock.now += 30  # the computation took 30 s, past the 2 s ttl
+        return "a"
+
+    async def scenario() -> list[str]:
+        first = await cache.get("k", slow)
+        clock.now += 1
+        second = await cache.get("k", slow)
+        await asyncio.sleep(0.1)  # a refresh, had one started, would have called slow again
+        return [first, second]
+
+    assert run(scenario()) == ["a", "a"] and len(calls) == 1  # not stale on arrival: no refresh
+
+
+def test_with_slots_a_miss_without_one_is_busy_before_anything_starts_and_joining_needs_none() -> None:
+    from tuner.api.slots import Busy, Slots
+
+    slots = Slots(per_server=2, per_client=1)
+    cache, held, other = AnswerCache(60.0, slots=slots), Source("held"), Source("other")
+
+    async def scenario() -> None:
+        held.gate.clear()
+        first = asyncio.create_task(cache.get("k1", held, client="a"))
+        await asyncio.sleep(0.05)
+        joined = asyncio.create_task(cache.get("k1", held, client="a"))  # the same answer: no slot needed
+        with pytest.raises(Busy, match="this client"):
+            await cache.get("k2", other, client="a")
+        second = asyncio.create_task(cache.get("k2", other, client="b"))
+        assert await second == "other"
+        other.gate.clear()
+        third = asyncio.create_task(cache.get("k3", other, client="b"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Busy, match="this server"):
+            await cache.get("k4", other, client="c")
+        held.gate.set()
+        other.gate.set()
+        assert await asyncio.gather(first, joined, third) == ["held", "held", "other"]
+
+    run(scenario())
+    assert held.calls == 1 and other.calls == 2 and slots.held == 0

@@ -186,3 +186,37 @@ def test_a_full_profiling_queue_is_503_with_retry_after_and_queues_nothing(
     finally:
         release.set()
         service.close()
+
+
+def test_a_long_seq_len_max_estimate_is_computed_once_and_the_retry_is_answered_from_memory(
+    monkeypatch: pytest.MonkeyPatch, db: Path
+) -> None:
+    real = estimate_route.longest
+    calls: list[int] = []
+    finished, release = threading.Event(), threading.Event()
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        release.wait(120)  # longer than the budget: held until the test has seen the 503s
+        answer = real(*args, **kwargs)
+        finished.set()
+        return answer
+
+    monkeypatch.setattr(estimate_route, "longest", slow)
+    app = create_app(f"sqlite:///{db}", None, recommend_cache_s=0, request_budget_s=0.2)
+    body = {"workload": {"model": "llama-2-7b", "model_impl": "builtin", "gpus": 8, "seq_len": "max"}}
+    other = {"workload": {**body["workload"], "gpus": 4}}
+    with TestClient(app) as client:
+        for _ in range(3):  # retries join the one computation
+            late = client.post("/v1/estimate", json=body)
+            assert late.status_code == 503 and "budget" in late.json()["detail"]
+        busy = client.post("/v1/estimate", json=other)  # another long one from the same client: refused unstarted
+        assert busy.status_code == 503 and "nothing was started" in busy.json()["detail"]
+        assert int(busy.headers["Retry-After"]) > 0
+        release.set()
+        assert finished.wait(120)
+        deadline = time.monotonic() + 120
+        while (answer := client.post("/v1/estimate", json=body)).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert answer.status_code == 200 and answer.json()["max_seq_len"]["seq_len"] > 4096
+        assert len(calls) == 1

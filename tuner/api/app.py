@@ -15,8 +15,12 @@ open on purpose (``insecure_no_auth``). Estimate and recommend are read-only com
 open, like the GET endpoints. Bad input answers 422 with the field's path (FastAPI's ``{"detail": [{"loc", "msg",
 "type"}]}``), unknown studies and jobs 404, bodies over ``max_body_bytes`` 413. An inline config whose profile is
 not cached answers 503 with ``Retry-After`` while it is computed (:mod:`tuner.profile.service`), or at once when the
-profiling queue is full, as does an answer past the request's time budget. Requests carry model specs only
-(preset names, inline config objects, parameter counts), never paths: the API reads no user files and runs no code.
+profiling queue is full, as does an answer past the request's time budget (its computation goes on, and the
+retry is answered from memory), and a ``seq_len: "max"`` request that would start one long computation more than the
+server (2) or its client (1) may run at once (:mod:`tuner.api.slots`). Requests carry model specs only (preset names,
+inline config objects, parameter counts), never paths: the API reads no user files and runs no code, and launch
+variables are an allow-list (:mod:`tuner.workload.launch_vars`). The GET endpoints show records without launch
+variables, command lines or server paths to a reader without the token (:mod:`tuner.api.readers`).
 """
 
 from __future__ import annotations
@@ -37,12 +41,17 @@ from tuner.api.invalid import register as register_invalid
 from tuner.api.methods import register as register_methods
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
+from tuner.api.slots import Busy, Slots
 from tuner.api.unavailable import register as register_unavailable
+from tuner.forecast import NoLengthFits
 from tuner.profile.service import ProfilePending, ProfileQueueFull, default_service
 from tuner.recommend import NoFeasibleConfig
 from tuner.requests import FieldError
 from tuner.storage import Store
 
+# a seq_len "max" answer (seconds to minutes of work) is fresh this long after it is known, then served while one
+# refresh runs (when a slot is free) until it is this old: measured runs change it only through the throughput fit
+EXPENSIVE_TTL_S, EXPENSIVE_STALE_S = 300.0, 3600.0
 WORKER_THREADS = 64  # the blocking parts of /v1/estimate and /v1/recommend (asyncio.to_thread)
 
 
@@ -117,7 +126,13 @@ def create_app(
     app.state.recommend_cache = AnswerCache(
         recommend_cache_s, max_stale_s=max(60.0, recommend_cache_s), cache_errors=(NoFeasibleConfig, FieldError)
     )
-    for retry_later in (ProfilePending, ProfileQueueFull, OverBudget):
+    app.state.expensive_cache = AnswerCache(  # seq_len "max": computed once, kept, a bounded number at once
+        max(EXPENSIVE_TTL_S, recommend_cache_s),
+        max_stale_s=max(EXPENSIVE_STALE_S, recommend_cache_s),
+        cache_errors=(NoFeasibleConfig, FieldError, NoLengthFits),
+        slots=Slots(),
+    )
+    for retry_later in (ProfilePending, ProfileQueueFull, OverBudget, Busy):
         app.add_exception_handler(retry_later, _retry_later)
     register_unavailable(app)  # the database down: 503 with Retry-After, not 500
     register_invalid(app)  # 422 even for input holding NaN or Infinity

@@ -2,7 +2,9 @@
 ``workload.seq_len: "max"``, the longest sequence that fits and the estimate of its config there
 (:mod:`tuner.api.longest`).
 
-The estimate runs in a worker thread within the request's time budget (:mod:`tuner.api.budget`: 503 past it)."""
+The estimate runs in a worker thread within the request's time budget (:mod:`tuner.api.budget`: 503 past it); a
+``seq_len: "max"`` answer is computed once per request and kept (the app's ``expensive_cache``, with a bounded number
+of such computations at once: :mod:`tuner.api.slots`)."""
 
 from __future__ import annotations
 
@@ -41,18 +43,21 @@ def checked_estimate(workload: Workload, trial: TrialConfig, loc: Loc = ("ds_con
 )
 async def estimate_endpoint(body: EstimateRequest, request: Request) -> EstimateResponse:
     """Estimate peak memory per GPU and per node's CPU, by category, for one workload and ds_config."""
+    budget = request.app.state.request_budget_s
     try:
         check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
+        if asks_max(body.workload):  # computed once, kept, and started only with a free slot
+            key, client = f"estimate:{body.model_dump_json()}", request.client.host if request.client else ""
+            cache = request.app.state.expensive_cache
+            return await within(cache.get(key, lambda: _longest_answer(body, request), client), budget)
     except FieldError as error:
         raise invalid(error) from None
-    return await within(asyncio.to_thread(_answer, body, request), request.app.state.request_budget_s)
+    return await within(asyncio.to_thread(_answer, body, request), budget)
 
 
 def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
     """The estimate (blocking: profile service, estimator, database)."""
     store = store_of(request)
-    if asks_max(body.workload):
-        return _longest_answer(body, request)
     try:
         workload = to_workload(body.workload, ("workload",), inline=False)
         asked = TrialRequest(
@@ -77,22 +82,20 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
 
 
 def _longest_answer(body: EstimateRequest, request: Request) -> EstimateResponse:
-    """``seq_len: "max"``: the answer, the estimate of its config at its length and the throughput there."""
+    """``seq_len: "max"``: the answer, the estimate of its config at its length and the throughput there (bad input:
+    :class:`FieldError`, an answer too)."""
     store = store_of(request)
-    try:
-        workload = traced_workload(body.workload)
-        asked = TrialRequest(
-            **body.workload.trial_fields(),
-            stage=body.stage,
-            offload_optimizer=body.offload_optimizer,
-            offload_param=body.offload_param,
-            ds_config=body.ds_config,
-        )
-        checked_estimate(workload, asked.to_trial(workload.train.precision))  # a bad ds_config: 422 at its key
-        fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
-        answer = longest(workload, estimate_pins(body), factors=fit.factors)
-    except FieldError as error:
-        raise invalid(error) from None
+    workload = traced_workload(body.workload)
+    asked = TrialRequest(
+        **body.workload.trial_fields(),
+        stage=body.stage,
+        offload_optimizer=body.offload_optimizer,
+        offload_param=body.offload_param,
+        ds_config=body.ds_config,
+    )
+    checked_estimate(workload, asked.to_trial(workload.train.precision))  # a bad ds_config: 422 at its key
+    fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
+    answer = longest(workload, estimate_pins(body), factors=fit.factors)
     throughput = throughput_summary(answer.workload, answer.trial, fit)
     return EstimateResponse(
         **answer.estimate.to_dict(), ds_config=answer.trial.ds_config, throughput=throughput,

@@ -1,6 +1,7 @@
 """``POST /v1/recommend``: a workload → the best config, ``source`` measured | nearest | estimate
 (:mod:`tuner.recommend`), answered through the app's :class:`tuner.api.answer_cache.AnswerCache`; with
-``workload.seq_len: "max"``, the config that reaches the longest sequence that fits, and ``max_seq_len``."""
+``workload.seq_len: "max"``, the config that reaches the longest sequence that fits, and ``max_seq_len`` (through the
+app's ``expensive_cache``: computed once, kept, a bounded number at once, :mod:`tuner.api.slots`)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ async def recommend_endpoint(body: RecommendRequest, request: Request) -> Respon
 
     try:  # keyed by the request's workload as sent; a bad workload is an answer too (the same 422 each time)
         check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
-        content = await within(
-            request.app.state.recommend_cache.get(body.workload.model_dump_json(), answer),
-            request.app.state.request_budget_s,
-        )
+        key, client = body.workload.model_dump_json(), request.client.host if request.client else ""
+        if asks_max(body.workload):
+            cached = request.app.state.expensive_cache.get(f"recommend:{key}", answer, client)
+        else:
+            cached = request.app.state.recommend_cache.get(key, answer)
+        content = await within(cached, request.app.state.request_budget_s)
     except FieldError as error:
         raise invalid(error) from None
     except NoFeasibleConfig as error:
