@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuner.cli.common import fail, gib, require_local_cuda, require_ray_nodes, size
+from tuner.cli.common import fail, gib, size
+from tuner.cli.local_gpu import checked_here
 from tuner.cli.options import (
     AUTO_DEVICE,
     JsonOpt,
@@ -43,8 +44,7 @@ def measure_command(
 ) -> None:
     """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
     warmup_max = warmup_limit(warmup, warmup_max)
-    require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
-    require_ray_nodes(flags.nodes, launcher, ray_address)
+    flags = checked_here(flags, launcher, ray_address)  # before the workload is built (it loads the model)
     workload, trial = build(flags)
     refusal = measurement_refusal(workload)
     if refusal:

@@ -42,7 +42,7 @@ from tuner.requests import (
     validated,
 )
 from tuner.space.dsconfig import load_ds_config
-from tuner.workload import TrialConfig, Workload, load_hf_config, read_json_object
+from tuner.workload import GpuTypeName, TrialConfig, Workload, load_hf_config, read_json_object
 from tuner.workload.launch_vars import allowed_name, allowed_names
 from tuner.workload.plain_data import check_plain_data
 
@@ -50,7 +50,13 @@ ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or
 ParamsOpt = Annotated[float | None, typer.Option(help="A bare parameter count, e.g. 7.5e9.")]
 GpusOpt = Annotated[int, typer.Option(min=1, help="GPUs per node.")]
 NodesOpt = Annotated[int, typer.Option(min=1, help="Number of nodes.")]
-GpuMemoryOpt = Annotated[str, typer.Option(help="Memory per GPU (80GiB, 512GB or bytes).")]
+GpuMemoryOpt = Annotated[
+    str | None, typer.Option(help="Memory per GPU (80GiB, 512GB or bytes; default: --gpu-type's, else 80GiB).")
+]
+GpuTypeOpt = Annotated[
+    GpuTypeName | None,
+    typer.Option(help="GPU type: its usable memory, CUDA terms and throughput (measure, tune: read from the GPU)."),
+]
 CpuMemoryOpt = Annotated[str, typer.Option(help="CPU memory per node.")]
 SeqLenOpt = Annotated[int, typer.Option(min=1, help="Sequence length.")]
 TuneSeqLenOpt = Annotated[
@@ -117,9 +123,9 @@ WarmupMaxOpt = Annotated[
 # the commands that train default --device to the machine's own (None: cuda if torch sees one)
 AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
 TUNE_FLAGS = (
-    "model", "gpus", "nodes", "gpu_memory", "cpu_memory", "seq_len", "precision", "attention", "device", "model_impl",
-    "peft", "freeze", "quantization", "sequence_parallel", "tensor_parallel", "expert_parallel", "hpz", "tiled_mlp",
-    "tiled_loss", "offload_checkpoints", "launcher_env", "launch_var", "bind_cores",
+    "model", "gpus", "nodes", "gpu_memory", "gpu_type", "cpu_memory", "seq_len", "precision", "attention", "device",
+    "model_impl", "peft", "freeze", "quantization", "sequence_parallel", "tensor_parallel", "expert_parallel", "hpz",
+    "tiled_mlp", "tiled_loss", "offload_checkpoints", "launcher_env", "launch_var", "bind_cores",
 )  # fmt: skip
 # tune pins the long-context and layout flags that are given (unset: searched where the space offers them)
 TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
@@ -157,7 +163,8 @@ class WorkloadFlags:
     params: ParamsOpt = None
     gpus: GpusOpt = 1
     nodes: NodesOpt = 1
-    gpu_memory: GpuMemoryOpt = "80GiB"
+    gpu_memory: GpuMemoryOpt = None
+    gpu_type: GpuTypeOpt = None
     cpu_memory: CpuMemoryOpt = "1TiB"
     seq_len: SeqLenOpt = 2048
     micro_batch: MicroBatchOpt = 1
@@ -278,6 +285,7 @@ def _request(flags: WorkloadFlags) -> tuple[WorkloadRequest, str | None]:
             "gpus": flags.gpus,
             "nodes": flags.nodes,
             "gpu_memory": flags.gpu_memory,
+            "gpu_type": flags.gpu_type,
             "cpu_memory": flags.cpu_memory,
             "seq_len": flags.seq_len,
             "precision": flags.precision,

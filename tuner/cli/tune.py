@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from rich.console import Console
 
-from tuner.cli.common import fail, require_local_cuda, require_ray_nodes, size, write_text_file
+from tuner.cli.common import fail, size, write_text_file
+from tuner.cli.local_gpu import checked_here
 from tuner.cli.options import (
     LONG_CONTEXT_PINS,
     TUNE_FLAGS,
@@ -106,8 +107,7 @@ def tune_command(
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest. With
     --seq-len max: the longest sequence that fits, by measurement from the estimator's answer."""
     warmup_max = warmup_limit(warmup, warmup_max)
-    require_local_cuda(flags.device, launcher, ray_address)  # before the workload is built (it loads the model)
-    require_ray_nodes(flags.nodes, launcher, ray_address)
+    flags = checked_here(flags, launcher, ray_address)  # before the workload is built (it loads the model)
     cap = size(memory_cap, "memory-cap") if memory_cap else None
     dispatch = MeasureOptions(launcher, ray_address, warmup, steps, run_timeout, cap, warmup_max)
     seq_len = seq_len_of(str(flags.seq_len))

@@ -5,7 +5,9 @@ Terms, per rank (sources in brackets; FIELD_NOTES "What a GPU adds beyond tensor
 * ``cuda_context``: the CUDA context, outside PyTorch's caching allocator, as two parts.
   ``local_memory``: CUDA reserves local memory (thread stacks) for every thread that can be resident: SMs × resident
   threads per SM × ``cudaLimitStackSize`` (1 KiB by default) [CUDA C++ Programming Guide, ``cudaDeviceSetLimit``]:
-  216 MiB on an A100 (108 SMs × 2048), 264 MiB on H100/H200 SXM (132 SMs), 296 MiB on B200 (148 SMs).
+  216 MiB on an A100 (108 SMs × 2048), 264 MiB on H100/H200 SXM (132 SMs), 296 MiB on B200 (148 SMs); a
+  ``--gpu-type``'s own SMs and resident threads (:data:`TYPED`: 1,536 per SM on sm86/sm89, so 123 MiB on an RTX
+  3090, 192 MiB on an RTX 4090, 213 MiB on an L40S; 160 MiB on a V100).
   ``modules``: the kernels loaded into it. PyTorch loads modules lazily since 1.13 (``CUDA_MODULE_LOADING=LAZY``:
   287 MB for one small tensor against 667 MB eager [pytorch PR #86509]; maintainers quote 300-400 MB [pytorch
   #107667, #109888]); training loads cuBLAS, attention, NCCL and DeepSpeed kernels: one 80 GB training OOM leaves
@@ -35,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tuner.estimator.nccl import NcclCosts, Parallelism, communicator_bytes, communicators
+from tuner.workload import GPU_TYPES, gpu_type_of
 
 MiB = 2**20
 STACK_BYTES = 1024  # cudaLimitStackSize's default per thread
@@ -86,6 +89,13 @@ KINDS = {
     "H200": DeviceKind("H200", sms=132, nccl=_HOPPER_NCCL, cublas_workspace=32 * MiB),
     "B200": DeviceKind("B200", sms=148, nccl=_HOPPER_NCCL, cublas_workspace=32 * MiB),  # sm100: sizes assumed
 }
+# --gpu-type's kinds: SMs and resident threads from the type, sm90's workspace and NVLS buffers on Hopper
+TYPED = {
+    name: DeviceKind(name, sms=gpu.sms, threads_per_sm=gpu.threads_per_sm)
+    if not gpu.hopper
+    else DeviceKind(name, sms=gpu.sms, threads_per_sm=gpu.threads_per_sm, nccl=_HOPPER_NCCL, cublas_workspace=32 * MiB)
+    for name, gpu in GPU_TYPES.items()
+}
 OTHER = DeviceKind("other")
 HOPPER = KINDS["H100"]
 NAMES = (("GH200", "H200"), ("H200", "H200"), ("H100", "H100"), ("H800", "H100"), ("B200", "B200"), ("A100", "A100"))
@@ -101,4 +111,5 @@ def device_kind(device_name: str | None) -> DeviceKind:
     for marker, key in NAMES:
         if device_name and marker in device_name:
             return KINDS[key]
-    return OTHER
+    typed = gpu_type_of(device_name)
+    return TYPED[typed] if typed else OTHER

@@ -13,9 +13,14 @@ Example:
 
 from __future__ import annotations
 
-from tuner.workload import ModelSpec
+from tuner.workload import GPU_TYPES, ModelSpec
 
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}  # dense bf16, datasheets
+# dense bf16 (fp16 on a V100), datasheets: markers of device names, then the GPU types (tuner.workload.GPU_TYPES)
+PEAK_TFLOPS = {
+    **{"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0},
+    **{"RTX 3090": 71.0, "RTX 4090": 165.2, "V100": 125.0},
+    **{name: gpu.peak_tflops for name, gpu in GPU_TYPES.items()},
+}
 
 
 def _passes(model: ModelSpec) -> tuple[float, int]:

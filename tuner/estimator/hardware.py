@@ -11,6 +11,8 @@ against), so predicted and measured MFU use one table. The other figures, per de
 * A100 SXM4 80GB: 312 TFLOP/s bf16 dense; NVLink 3 at 600 GB/s total, 300 GB/s each way; HBM2e 2.0 TB/s; PCIe Gen4
   x16 at 32 GB/s each way, FP32 19.5 TFLOP/s (NVIDIA A100 datasheet). Inter-node: one 200 Gb/s HDR port per GPU,
   25 GB/s (DGX A100).
+* The GPU types a cluster names (``--gpu-type``: :data:`tuner.workload.GPU_TYPES`, keyed by type name: A100
+  40/80GB, H100, H200, L40S, RTX 3090/4090, V100 16/32GB) carry their own datasheet rates.
 * ``cpu``: DeepSpeed on CPU ranks with gloo. No table can know the host (FIELD_NOTES: bf16 matmuls differ 70×
   between an AVX2-only EPYC and an AMX Xeon); the figures are an AVX2-class two-core guess that the fit replaces
   after a few runs: 50 GFLOP/s, 10 GB/s memory copies, loopback "links" at memory speed.
@@ -38,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.estimator.flops import PEAK_TFLOPS
-from tuner.workload import Workload
+from tuner.workload import GPU_TYPES, GpuType, Workload, gpu_type_of
 
 GB = 1e9
 
@@ -74,6 +76,11 @@ def _gpu(name: str, memory_bw: float, intra: float, inter: float, host: float, f
     )
 
 
+def _typed(gpu: GpuType) -> Hardware:
+    """A ``--gpu-type``'s rates (:mod:`tuner.workload.gpu_types`, datasheets), the assumptions as :func:`_gpu`'s."""
+    return _gpu(gpu.name, gpu.memory_bw, gpu.intra_bw, gpu.inter_bw, gpu.host_bw, gpu.fp32_tflops)
+
+
 TABLE: dict[str, Hardware] = {
     "H200": _gpu("H200", memory_bw=4800 * GB, intra=450 * GB, inter=50 * GB, host=64 * GB, fp32_tflops=67),
     "H100": _gpu("H100", memory_bw=3350 * GB, intra=450 * GB, inter=50 * GB, host=64 * GB, fp32_tflops=67),
@@ -90,18 +97,25 @@ TABLE: dict[str, Hardware] = {
         cpu_adam_params_s=2e8,  # assumption: two cores
         fp32_slowdown=0.5,  # AVX2 hosts multiply fp32 faster than bf16 (FIELD_NOTES); AMX hosts the reverse
     ),
+    **{name: _typed(gpu) for name, gpu in GPU_TYPES.items()},
 }
 
 
 def table_key(workload: Workload, device_name: str | None = None) -> str:
     """The table key for a workload: the GPU named by ``device_name`` (``torch.cuda.get_device_name()``) when known,
-    else guessed from the GPU memory (over 100 GiB: H200; 80 GiB-class: H100; smaller: A100), or ``cpu``."""
+    else the cluster's GPU type (``--gpu-type``), else guessed from the GPU memory (over 100 GiB: H200; 80 GiB-class:
+    H100; smaller: A100), or ``cpu``."""
     if workload.cluster.device == "cpu":
         return "cpu"
     if device_name:
         for key in TABLE:
             if key != "cpu" and key in device_name:
                 return key
+        named = gpu_type_of(device_name)
+        if named:
+            return named
+    if workload.cluster.gpu_type:
+        return workload.cluster.gpu_type
     memory = workload.cluster.gpu_memory
     return "H200" if memory > 100 * 2**30 else "H100" if memory > 60 * 2**30 else "A100"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.estimator.alloc_sequence import simulated_step
-from tuner.estimator.device import KINDS, OTHER, DeviceKind
+from tuner.estimator.device import KINDS, OTHER, TYPED, DeviceKind
 from tuner.estimator.hardware import table_key
 from tuner.estimator.nccl import Parallelism
 from tuner.estimator.phases import Phase
@@ -28,7 +28,8 @@ class Overhead:
 
     ``device``: the CUDA device kind whose named terms (CUDA context, one NCCL term per communicator, cuBLAS
     workspaces, allocator reserve: :mod:`tuner.estimator.device`) a CUDA estimate adds; None: the kind the
-    workload's GPU memory suggests (:func:`tuner.estimator.hardware.table_key`: H200, H100 or A100).
+    cluster's GPU type (``--gpu-type``), else the kind its GPU memory suggests
+    (:func:`tuner.estimator.hardware.table_key`: H200, H100 or A100).
     ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python). CPU runs add no device
     terms.
     """
@@ -38,9 +39,11 @@ class Overhead:
     device: DeviceKind | None = None
 
     def kind_for(self, workload: Workload) -> DeviceKind:
-        """The device kind of a CUDA workload: the one given, else guessed from its GPU memory."""
+        """The device kind of a CUDA workload: the one given, else its GPU type's, else guessed from its memory."""
         if self.device is not None:
             return self.device
+        if workload.cluster.gpu_type:
+            return TYPED[workload.cluster.gpu_type]
         return KINDS.get(table_key(workload), OTHER)
 
 

@@ -44,15 +44,16 @@ from tuner.errors import InputError
 from tuner.profile import ModelProfile, params_profile, with_profile
 from tuner.profile.describe import spec_from_profile
 from tuner.profile.service import default_service
+from tuner.requests.plausible import MAX_PARAMS, check_counted_params
 from tuner.requests.strict import RequestModel
 from tuner.units import parse_bytes
 from tuner.workload import (
     MAX_FREEZE_PATTERN,
     NEEDS_CUDA,
-    SUPPORTED_FAMILIES,
     Attention,
     ClusterSpec,
     Device,
+    GpuTypeName,
     LaunchEnv,
     LauncherEnv,
     ModelImpl,
@@ -63,7 +64,9 @@ from tuner.workload import (
     TrainSpec,
     Workload,
     WorkloadError,
+    bf16_problem,
     check_config_limits,
+    default_gpu_memory,
     model_from_hf_config,
     model_from_param_count,
     preset_config,
@@ -82,7 +85,6 @@ LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 SAMPLERS: tuple[str, ...] = get_args(Sampler)
 
 MAX_BYTES = 2**60  # memory sizes beyond an exbibyte are typos (and overflow BIGINT columns)
-MAX_PARAMS = 10**15
 # Data-parallel ranks (gpus × nodes): several times the largest training jobs run (~100,000 GPUs). The estimator's
 # ZeRO-1/2 partitioning visits every rank (about 0.1 s at this bound), so the bound is its cost's bound too.
 MAX_WORLD_SIZE = 2**17
@@ -145,7 +147,8 @@ class WorkloadRequest(RequestModel):
     )
     gpus: int = Field(1, ge=1, le=4096, description="GPUs per node.")
     nodes: int = Field(1, ge=1, le=4096)
-    gpu_memory: MemorySize = Field("80GiB", description="Per GPU: bytes or a size such as 80GiB.")
+    gpu_memory: MemorySize | None = Field(None, description="Per GPU: bytes or 80GiB; default: gpu_type's, else 80GiB.")
+    gpu_type: GpuTypeName | None = Field(None, description="The GPU: usable memory, CUDA terms, throughput table.")
     cpu_memory: MemorySize = Field("1TiB", description="Per node: bytes or a size such as 1TiB.")
     seq_len: int = Field(2048, ge=1, le=2**20)
     precision: Precision = "bf16"
@@ -208,6 +211,18 @@ def _size(value: int | str, name: str, loc: Loc) -> int:
     if size > MAX_BYTES:
         raise FieldError((*loc, name), f"must be at most {MAX_BYTES} bytes")
     return size
+
+
+def _cluster(request: WorkloadRequest, loc: Loc) -> ClusterSpec:
+    """The request's cluster; memory per GPU: ``gpu_memory``, else the ``gpu_type``'s usable memory, else 80 GiB."""
+    return ClusterSpec(
+        gpus_per_node=request.gpus,
+        nodes=request.nodes,
+        gpu_memory=_size(request.gpu_memory or default_gpu_memory(request.gpu_type), "gpu_memory", loc),
+        cpu_memory=_size(request.cpu_memory, "cpu_memory", loc),
+        device=request.device,
+        gpu_type=request.gpu_type or "",
+    )
 
 
 def _workload_loc(request: WorkloadRequest, field_name: str, loc: Loc) -> Loc:
@@ -278,20 +293,6 @@ def _trained_off_process(workload: Workload, lengths: tuple[int, ...] = ()) -> W
     return replace(workload, profile=profile)
 
 
-def _check_counted_params(config: dict[str, Any]) -> None:
-    """For the families dstune's built-in models count (arithmetic, no torch), refuse an implausible parameter count
-    before the transformers model is described in the profiling service. Other families rely on the dimension
-    limits alone; configs the built-in count rejects are left to transformers' own judgement."""
-    if config.get("model_type") not in SUPPORTED_FAMILIES:
-        return
-    try:
-        counted = model_from_hf_config(config).n_params
-    except (WorkloadError, TypeError, ValueError, ArithmeticError):
-        return
-    if counted > MAX_PARAMS:
-        raise WorkloadError("model", f"implausible parameter count: about {counted:.3g}, at most {MAX_PARAMS:.0e}")
-
-
 def _quantization_field(request: WorkloadRequest) -> str:
     """Where the request's 4-bit base is given: ``quantization``, or the model config's ``quantization_config``."""
     return "quantization" if request.quantization is not None else "model.quantization_config"
@@ -335,7 +336,7 @@ def check_request(request: WorkloadRequest, loc: Loc = ()) -> None:
         return
     try:
         check_config_limits(request.config)
-        _check_counted_params(request.config)
+        check_counted_params(request.config)
     except WorkloadError as error:
         raise FieldError(_workload_loc(request, error.field, loc), error.message) from None
 
@@ -359,13 +360,7 @@ def to_workload(
     """
     check_request(request, loc)
     try:
-        cluster = ClusterSpec(
-            gpus_per_node=request.gpus,
-            nodes=request.nodes,
-            gpu_memory=_size(request.gpu_memory, "gpu_memory", loc),
-            cpu_memory=_size(request.cpu_memory, "cpu_memory", loc),
-            device=request.device,
-        )
+        cluster = _cluster(request, loc)
         train = TrainSpec(
             seq_len=request.seq_len, precision=request.precision, attention=request.attention or DEFAULT_ATTENTION
         )
@@ -373,6 +368,8 @@ def to_workload(
         launch = request.launch.to_launch() if request.launch is not None else LaunchEnv()
         if trainable.quantization and cluster.device != "cuda":
             raise WorkloadError(_quantization_field(request), NEEDS_CUDA)
+        if problem := bf16_problem(cluster.gpu_type, train.precision):
+            raise WorkloadError("precision", problem)
         if not trainable.is_full and request.model_impl == "builtin":
             raise WorkloadError(
                 "peft" if request.peft is not None else "freeze",

@@ -7,6 +7,8 @@
 - ``vocabulary``: the workload's vocabularies (precision, attention, optimizer, device, model implementation), each
   declared once as a ``Literal`` type with its tuple of values;
 - ``errors``: :class:`WorkloadError`;
+- ``gpu_types``: the GPU types a cluster can be made of (:data:`GPU_TYPES`: usable memory, architecture, datasheet
+  rates) and :func:`gpu_type_of`, a device's name to its type;
 - ``launch_env``: the launch environment ranks run in (:class:`LaunchEnv`, each launcher's rules: :func:`rank_env`);
 - ``trial``: what the search decides for one trial (:class:`TrialConfig`);
 - ``model_profile``: what the profile room found out about a transformers model, as plain data (:class:`ModelProfile`);
@@ -23,6 +25,15 @@ Everything above imports from here.
 from tuner.workload.config_values import ConfigError
 from tuner.workload.errors import WorkloadError
 from tuner.workload.expert_checks import EP_KEY, check_expert_parallel, expert_parallel_problem
+from tuner.workload.gpu_types import (
+    GPU_TYPE_NAMES,
+    GPU_TYPES,
+    GpuType,
+    GpuTypeName,
+    bf16_problem,
+    default_gpu_memory,
+    gpu_type_of,
+)
 from tuner.workload.hf_config import (
     SUPPORTED_FAMILIES,
     check_config_limits,
@@ -113,6 +124,8 @@ __all__ = [
     "ENV_SECTION",
     "EP_KEY",
     "GLOBAL_KEY",
+    "GPU_TYPES",
+    "GPU_TYPE_NAMES",
     "LAUNCHER_ENVS",
     "MAX_FREEZE_PATTERN",
     "MEASURED_QUANTIZATION",
@@ -134,6 +147,8 @@ __all__ = [
     "ClusterSpec",
     "ConfigError",
     "Device",
+    "GpuType",
+    "GpuTypeName",
     "LaunchEnv",
     "LauncherEnv",
     "Linear",
@@ -155,12 +170,15 @@ __all__ = [
     "ZeroConfig",
     "accumulation_for",
     "autotp_zero3_problem",
+    "bf16_problem",
     "check_config_limits",
     "check_expert_parallel",
     "check_layout",
     "check_long_context",
     "config_key",
+    "default_gpu_memory",
     "expert_parallel_problem",
+    "gpu_type_of",
     "hpz_problem",
     "kv_replication",
     "launch_command",

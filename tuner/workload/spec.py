@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 from tuner.errors import InputError
 from tuner.workload.errors import WorkloadError
+from tuner.workload.gpu_types import GPU_TYPE_NAMES, bf16_problem
 from tuner.workload.launch_env import LaunchEnv
 from tuner.workload.model import ModelSpec
 from tuner.workload.patterns import compile_pattern
@@ -29,13 +30,15 @@ from tuner.workload.vocabulary import ATTENTION_KINDS, DEVICES, OPTIMIZERS, PREC
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """Where it runs: ``nodes`` × ``gpus_per_node`` data-parallel ranks, memory per GPU and per node's CPU."""
+    """Where it runs: ``nodes`` × ``gpus_per_node`` data-parallel ranks, memory per GPU and per node's CPU, and the
+    GPU type (:data:`tuner.workload.GPU_TYPES`; "": not given, the estimator guesses the kind from the memory)."""
 
     gpus_per_node: int = 1
     nodes: int = 1
     gpu_memory: int = 80 * 2**30
     cpu_memory: int = 1024 * 2**30
     device: Device = "cuda"
+    gpu_type: str = ""
 
     def __post_init__(self) -> None:
         for name in ("gpus_per_node", "nodes", "gpu_memory", "cpu_memory"):
@@ -44,6 +47,10 @@ class ClusterSpec:
                 raise WorkloadError(name.replace("_", "-"), f"must be a positive integer, got {value!r}")
         if self.device not in DEVICES:
             raise WorkloadError("device", f"must be cuda or cpu, got {self.device!r}")
+        if self.gpu_type and self.gpu_type not in GPU_TYPE_NAMES:
+            raise WorkloadError("gpu-type", f"must be one of {', '.join(GPU_TYPE_NAMES)}, got {self.gpu_type!r}")
+        if self.gpu_type and self.device != "cuda":
+            raise WorkloadError("gpu-type", "a GPU type needs device cuda")
 
     @property
     def hardware_key(self) -> str:
@@ -189,6 +196,9 @@ class Workload:
     def __post_init__(self) -> None:
         if self.trainable.quantization and self.cluster.device != "cuda":
             raise WorkloadError("quantization", NEEDS_CUDA)
+        problem = bf16_problem(self.cluster.gpu_type, self.train.precision)
+        if problem:
+            raise WorkloadError("precision", problem)
 
     def fingerprint(self) -> str:
         """A stable hash of everything that decides memory and speed (the model's name is left out).
@@ -206,8 +216,10 @@ class Workload:
 def workload_to_dict(workload: Workload) -> dict[str, Any]:
     """Plain JSON-ready fields of a workload (the inverse of :func:`workload_from_dict`); ``trainable`` only when
     some parameters are frozen, and ``launch`` only when it is not the deepspeed launcher's rules unchanged, so
-    workloads keep the fingerprints they were stored under."""
+    workloads keep the fingerprints they were stored under (the cluster's ``gpu_type`` only when given, likewise)."""
     data = {"model": workload.model.to_dict(), "cluster": asdict(workload.cluster), "train": asdict(workload.train)}
+    if not workload.cluster.gpu_type:
+        del data["cluster"]["gpu_type"]
     if not workload.trainable.is_full:
         data["trainable"] = workload.trainable.to_dict()
     if not workload.launch.is_default:
