@@ -4,7 +4,6 @@ input in one line naming the field (exit 2, 422), and measure/tune reading the t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,17 +54,11 @@ def test_measure_and_tune_read_the_type_from_this_machines_gpu(monkeypatch: pyte
     assert local_gpu.with_local_gpu(WorkloadFlags(), "ray", "10.0.0.1:6379").gpu_type is None  # another machine's
 
 
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    api = create_app(f"sqlite:///{tmp_path / 'api.db'}", "tok", recommend_cache_s=0, request_budget_s=600)
-    with TestClient(api) as test_client:
-        yield test_client
-
-
-def test_the_api_takes_gpu_type_and_refuses_bf16_on_a_v100(client: TestClient) -> None:
+def test_the_api_takes_gpu_type_and_refuses_bf16_on_a_v100(tmp_path: Path) -> None:
     workload = {"model": "gpt2", "model_impl": "builtin", "gpus": 2, "gpu_type": "l40s"}
-    response = client.post("/v1/estimate", json={"workload": workload})
+    with TestClient(create_app(f"sqlite:///{tmp_path / 'api.db'}", "tok", recommend_cache_s=0)) as client:
+        response = client.post("/v1/estimate", json={"workload": workload})
+        bad = client.post("/v1/estimate", json={"workload": {**workload, "gpu_type": "v100-32gb"}})
     assert response.status_code == 200, response.text
     assert response.json()["gpu_memory"] == 45_589 * MiB
-    bad = client.post("/v1/estimate", json={"workload": {**workload, "gpu_type": "v100-32gb"}})
     assert bad.status_code == 422 and "precision" in bad.text and "bf16" in bad.text
