@@ -60,16 +60,16 @@ def _nominal() -> list[tuple]:
 
 
 def test_the_cluster_refuses_an_unknown_type_and_a_type_on_cpu_ranks() -> None:
-    with pytest.raises(WorkloadError, match="^gpu-type: must be one of a100-40gb"):
+    with pytest.raises(WorkloadError, match=r"^gpu-type: must be one of a100-40gb"):
         ClusterSpec(gpu_type="x100")
-    with pytest.raises(WorkloadError, match="^gpu-type: a GPU type needs device cuda"):
+    with pytest.raises(WorkloadError, match=r"^gpu-type: a GPU type needs device cuda"):
         ClusterSpec(gpu_type="h100-80gb", device="cpu")
 
 
 @pytest.mark.parametrize("gpu", ["v100-16gb", "v100-32gb"])
 def test_bf16_on_a_v100_is_refused_naming_precision(gpu: str) -> None:
     model = load_builtin_model("gpt2")
-    with pytest.raises(WorkloadError, match=f"^precision: bf16 needs an Ampere or newer GPU: {gpu} has no bf16"):
+    with pytest.raises(WorkloadError, match=rf"^precision: bf16 needs an Ampere or newer GPU: {gpu} has no bf16"):
         Workload(model, ClusterSpec(gpu_type=gpu))
     Workload(model, ClusterSpec(gpu_type=gpu), TrainSpec(precision="fp16"))  # fp16 trains
 
