@@ -8,12 +8,16 @@ Blocking (profile service, estimator): the routes call these from their worker t
 
 from __future__ import annotations
 
+from typing import Any
+
 from tuner.api.schemas import EstimateRequest, LongestWorkloadInput
 from tuner.forecast import TRACE_LENGTHS, Fits, LongestFit, NoLengthFits, Pins, longest_fit
-from tuner.requests import FieldError, to_workload
+from tuner.requests import FieldError, TrialSettings, to_workload
+from tuner.space.dsconfig import merge_configs
 from tuner.workload import Workload
 
 MAX = "max"
+PINNED_SECTIONS = ("tensor_parallel", "expert_parallel", "hpz_partition_size")  # the length search has no field
 LOC = ("workload",)
 
 
@@ -30,16 +34,28 @@ def traced_workload(workload: LongestWorkloadInput) -> Workload:
 
 
 def estimate_pins(body: EstimateRequest) -> Pins:
-    """The pins of an estimate body: the fields it sets (``ds_config`` merged over every candidate)."""
+    """The pins of an estimate body: the fields it sets (AutoTP, AutoEP and hpZ as their ds_config sections, with
+    ``ds_config`` over them, merged over every candidate)."""
     given, work = body.model_fields_set, body.workload
     work_given = work.model_fields_set
+
+    def pinned(name: str) -> Any:
+        return getattr(body, name) if name in given else None
+
+    layouts = TrialSettings(**{name: getattr(body, name) for name in PINNED_SECTIONS if name in given})
+    sections = merge_configs(layouts.layout_config(), body.ds_config or {})
     return Pins(
-        stage=body.stage if "stage" in given else None,
-        offload_optimizer=body.offload_optimizer if "offload_optimizer" in given else None,
-        offload_param=body.offload_param if "offload_param" in given else None,
+        stage=pinned("stage"),
+        offload_optimizer=pinned("offload_optimizer"),
+        offload_param=pinned("offload_param"),
         activation_checkpointing=work.activation_checkpointing if "activation_checkpointing" in work_given else None,
         micro_batch=work.micro_batch,
-        ds_config=body.ds_config,
+        sequence_parallel=pinned("sequence_parallel"),
+        tiled_mlp_shards=pinned("tiled_mlp_shards"),
+        tiled_loss_shards=pinned("tiled_loss_shards"),
+        offload_checkpoints=pinned("offload_checkpoints"),
+        ds_config=sections or None,
+        nvme_path=body.nvme_path,
     )
 
 

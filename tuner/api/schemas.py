@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from tuner.requests import Offload, RequestModel, WorkloadInput
+from tuner.requests import RequestModel, TrialRequest, TrialSettings, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 
 MAX_SEQ_LEN = 2**20  # WorkloadRequest's bound on a given length
@@ -93,24 +93,18 @@ class MaxSeqLenOut(BaseModel):
     estimates: int = Field(description="Estimates the search made.")
 
 
-class EstimateRequest(RequestModel):
-    """A workload and the ds_config to estimate: the shortcut fields, with ``ds_config`` merged over them (it wins),
-    as ``dstune estimate`` does with ``--ds-config``. With ``workload.seq_len: "max"``, the longest sequence that
-    fits, the fields given (``stage``, ``offload_*``, ``workload.micro_batch``, ``workload.activation_checkpointing``,
-    ``ds_config``) pinning what they set, and the estimate of the config that reaches it at that length."""
+class EstimateRequest(TrialSettings):
+    """A workload and the ds_config to estimate: every trial field ``dstune estimate`` takes (ZeRO stage, offloads,
+    the layouts: Ulysses, AutoTP, AutoEP, hpZ, ALST's tiling and checkpoint offload; the micro-batch, accumulation and
+    checkpointing in ``workload``), with ``ds_config`` merged over them (it wins), as ``dstune estimate`` does with
+    ``--ds-config``. With ``workload.seq_len: "max"``, the longest sequence that fits, the fields given pinning what
+    they set, and the estimate of the config that reaches it at that length."""
 
     workload: LongestWorkloadInput
-    stage: int = Field(0, ge=0, le=3)
-    offload_optimizer: Offload = "none"
-    offload_param: Offload = "none"
-    sequence_parallel: int = Field(1, ge=1, le=2**16, description="Ulysses degree (sequence_parallel_size).")
-    expert_parallel: int = Field(
-        1, ge=1, le=2**16, description="AutoEP degree (expert_parallel.autoep_size, enabled); MoE models only."
-    )
-    tiled_mlp_shards: int = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards.")
-    tiled_loss_shards: int = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards.")
-    offload_checkpoints: bool = Field(False, description="Checkpointed layer inputs in host memory.")
-    ds_config: dict[str, Any] | None = None
+
+    def trial_request(self) -> TrialRequest:
+        """The trial config asked for: this body's trial fields and its workload object's."""
+        return TrialRequest(**self.workload.trial_fields(), **self.model_dump(exclude={"workload"}))
 
 
 class PhaseBytes(BaseModel):
@@ -168,6 +162,14 @@ class RecommendRequest(RequestModel):
     margin, and the config that reaches it (source ``estimate``)."""
 
     workload: LongestWorkloadInput
+    global_batch: int | None = Field(
+        None,
+        ge=1,
+        le=2**24,
+        description="Samples per optimizer step you train at (train_batch_size; a multiple of the ranks, as for "
+        "`dstune tune --global-batch`): every config compared trains it. Null: the recommender picks the micro-batch, "
+        "each layout judged at the global batch data parallelism trains at that micro-batch.",
+    )
 
 
 class ConsideredLayout(BaseModel):
@@ -194,7 +196,9 @@ class ConsideredLayout(BaseModel):
     activation_checkpointing: bool
     offload_optimizer: str
     offload_param: str
-    configs: int = Field(description="Configs of the grid with this layout that were judged.")
+    configs: int = Field(
+        description="Configs of the grid with this layout that were judged at the recommended config's global batch."
+    )
     fitting: int = Field(description="Of which fit with the margin.")
 
 
@@ -204,13 +208,32 @@ class RecommendResponse(BaseModel):
         "model on another workload that the estimator says fits this one; estimate: nothing measured, the fitting "
         "config with the best predicted throughput (predicted_tokens_per_s, prediction)."
     )
-    ds_config: dict[str, Any]
+    ds_config: dict[str, Any] = Field(
+        description="The config as dstune best exports it: what DeepSpeed gets (no dstune section, no no-op keys)."
+    )
     activation_checkpointing: bool
     tokens_per_s: float | None = Field(description="Measured throughput (on measured_on's workload); null: estimate.")
     peak_bytes: int | None = Field(description="Measured peak per GPU; null for estimate.")
     estimated_peak_bytes: int | None
-    trial_id: int | None
+    trial_id: int | None = Field(
+        description="The measured trial's database id (GET /v1/studies/{name}/trials); null: estimate."
+    )
+    trial_number: int | None = Field(
+        None, description="The measured trial's number in its study, from 0, as dstune best and the dashboard show it."
+    )
     study: str | None
+    global_batch: int = Field(description="Samples per optimizer step of the answer (micro × accumulation × dp).")
+    measured_global_batch: int | None = Field(
+        None,
+        description="Samples per step the trial was measured at (tokens_per_s, peak_bytes); where it differs from "
+        "global_batch the answer keeps its micro-batch and accumulates to the asked global batch, re-checked by the "
+        "estimator.",
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What goes with ds_config, as dstune best prints it (TrainingArguments, Ulysses and ALST's "
+        "training code, AutoTP, the peft LoraConfig...).",
+    )
     workload_fingerprint: str
     measured_on: str | None = Field(description="Fingerprint of the workload the trial was measured on.")
     margin: float = Field(description="The calibrated safety margin used for the fit check.")

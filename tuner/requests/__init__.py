@@ -10,7 +10,7 @@ validation and the shortcut ds_config), :mod:`tuner.measure.options` (the measur
 from tuner.requests.job import JobRequest, check_job, tuning_workload
 from tuner.requests.names import NAME_PATTERN, check_study_name, default_study_name, is_study_name, readable_name
 from tuner.requests.strict import RequestModel
-from tuner.requests.trial import TrialRequest, WorkloadInput
+from tuner.requests.trial import TrialRequest, TrialSettings, WorkloadInput
 from tuner.requests.workload import (
     LAUNCHERS,
     MAX_BYTES,
@@ -62,6 +62,7 @@ __all__ = [
     "RequestModel",
     "Sampler",
     "TrialRequest",
+    "TrialSettings",
     "WorkloadInput",
     "WorkloadRequest",
     "check_job",

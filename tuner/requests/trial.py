@@ -48,12 +48,11 @@ OFFLOAD_CHECKPOINTS = Field(
 )
 
 
-class TrialRequest(RequestModel):
-    """One trial config by its shortcut fields, with ``ds_config`` merged over them (it wins)."""
+class TrialSettings(RequestModel):
+    """A trial config's shortcut fields other than the batch split and checkpointing (which the API's and the job
+    queue's ``workload`` object carries: :class:`WorkloadInput`), with ``ds_config``: the API's estimate body takes
+    these beside its workload."""
 
-    micro_batch: int = MICRO_BATCH
-    grad_accum: int = GRAD_ACCUM
-    activation_checkpointing: bool = CHECKPOINTING
     stage: int = Field(0, ge=0, le=3, description="ZeRO stage.")
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
@@ -67,6 +66,32 @@ class TrialRequest(RequestModel):
     offload_checkpoints: bool = OFFLOAD_CHECKPOINTS
     ds_config: dict[str, Any] | None = Field(None, description="A ds_config merged over the shortcut fields.")
 
+    def layout_config(self) -> dict[str, Any]:
+        """The ds_config keys of the layout fields off their defaults (Ulysses and ALST's pieces, AutoTP, AutoEP,
+        hpZ).
+
+        >>> TrialSettings(tensor_parallel=2, hpz_partition_size=4).layout_config()
+        {'tensor_parallel': {'autotp_size': 2}, 'zero_optimization': {'zero_hpz_partition_size': 4}}
+        """
+        config = long_context_config(
+            self.sequence_parallel, self.tiled_mlp_shards, self.tiled_loss_shards, self.offload_checkpoints
+        )
+        if self.tensor_parallel > 1:
+            config = merge_configs(config, {"tensor_parallel": {"autotp_size": self.tensor_parallel}})
+        if self.expert_parallel > 1:
+            config = merge_configs(config, {"expert_parallel": {"enabled": True, "autoep_size": self.expert_parallel}})
+        if self.hpz_partition_size > 1:
+            config = merge_configs(config, {"zero_optimization": {"zero_hpz_partition_size": self.hpz_partition_size}})
+        return config
+
+
+class TrialRequest(TrialSettings):
+    """One trial config by its shortcut fields, with ``ds_config`` merged over them (it wins)."""
+
+    micro_batch: int = MICRO_BATCH
+    grad_accum: int = GRAD_ACCUM
+    activation_checkpointing: bool = CHECKPOINTING
+
     def to_trial(self, precision: str) -> TrialConfig:
         """The trial config: the shortcut fields' ds_config in ``precision`` (the workload's), ``ds_config`` over it."""
         config = shortcut_config(
@@ -78,17 +103,7 @@ class TrialRequest(RequestModel):
             self.offload_param,
             self.nvme_path,
         )
-        long_context = long_context_config(
-            self.sequence_parallel, self.tiled_mlp_shards, self.tiled_loss_shards, self.offload_checkpoints
-        )
-        if long_context:
-            config = merge_configs(config, long_context)
-        if self.tensor_parallel > 1:
-            config = merge_configs(config, {"tensor_parallel": {"autotp_size": self.tensor_parallel}})
-        if self.expert_parallel > 1:
-            config = merge_configs(config, {"expert_parallel": {"enabled": True, "autoep_size": self.expert_parallel}})
-        if self.hpz_partition_size > 1:
-            config = merge_configs(config, {"zero_optimization": {"zero_hpz_partition_size": self.hpz_partition_size}})
+        config = merge_configs(config, self.layout_config())
         if self.ds_config is not None:
             config = merge_configs(config, self.ds_config)
         return TrialConfig(config, self.activation_checkpointing)
@@ -120,4 +135,4 @@ class WorkloadInput(WorkloadRequest):
         }
 
 
-__all__ = ["TrialRequest", "WorkloadInput"]
+__all__ = ["TrialRequest", "TrialSettings", "WorkloadInput"]

@@ -19,7 +19,7 @@ from tuner.api.responses import BODY, answers
 from tuner.api.schemas import EstimateRequest, EstimateResponse, MaxSeqLenOut
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.forecast import load_fit, throughput_summary
-from tuner.requests import FieldError, Loc, TrialRequest, check_request, to_workload
+from tuner.requests import FieldError, Loc, check_request, to_workload
 from tuner.workload import TrialConfig, Workload
 
 router = APIRouter(tags=["estimate"])
@@ -60,19 +60,7 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
     store = store_of(request)
     try:
         workload = to_workload(body.workload, ("workload",), inline=False)
-        asked = TrialRequest(
-            **body.workload.trial_fields(),  # the workload object's micro_batch, grad_accum, checkpointing
-            stage=body.stage,
-            offload_optimizer=body.offload_optimizer,
-            offload_param=body.offload_param,
-            sequence_parallel=body.sequence_parallel,
-            expert_parallel=body.expert_parallel,
-            tiled_mlp_shards=body.tiled_mlp_shards,
-            tiled_loss_shards=body.tiled_loss_shards,
-            offload_checkpoints=body.offload_checkpoints,
-            ds_config=body.ds_config,
-        )
-        trial = asked.to_trial(workload.train.precision)
+        trial = body.trial_request().to_trial(workload.train.precision)
         est = checked_estimate(workload, trial)
     except FieldError as error:
         raise invalid(error) from None
@@ -86,14 +74,8 @@ def _longest_answer(body: EstimateRequest, request: Request) -> EstimateResponse
     :class:`FieldError`, an answer too)."""
     store = store_of(request)
     workload = traced_workload(body.workload)
-    asked = TrialRequest(
-        **body.workload.trial_fields(),
-        stage=body.stage,
-        offload_optimizer=body.offload_optimizer,
-        offload_param=body.offload_param,
-        ds_config=body.ds_config,
-    )
-    checked_estimate(workload, asked.to_trial(workload.train.precision))  # a bad ds_config: 422 at its key
+    trial = body.trial_request().to_trial(workload.train.precision)
+    checked_estimate(workload, trial)  # a bad ds_config: 422 at its key
     fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
     answer = longest(workload, estimate_pins(body), factors=fit.factors)
     throughput = throughput_summary(answer.workload, answer.trial, fit)
