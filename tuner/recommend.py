@@ -33,6 +33,7 @@ workload and margin.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -53,12 +54,14 @@ from tuner.forecast import (
     simplest,
 )
 from tuner.space import default_space_path, load_space
-from tuner.storage import Store
+from tuner.space.dsconfig import export_config
+from tuner.storage import MeasuredTrial, Store
 from tuner.workload import TrialConfig, Workload
 
 Source = Literal["measured", "nearest", "estimate"]
 NEAREST_WORKLOADS = 10
 NEAREST_PER_WORKLOAD = 3
+MEASURED_CANDIDATES = 10  # the workload's fastest measured trials tried, for one that trains the asked global batch
 # offload: without it no layout of a 70B-class model fits 16 × 80 GB (ZeRO-3's states alone are 16 B per parameter
 # over the ranks); the layouts: what the space offers the workload (AutoTP from 1e9 parameters on multi-GPU nodes,
 # hpZ at ZeRO-3 across nodes, AutoEP for transformers MoE models on 2+ ranks), by its own conditions
@@ -99,42 +102,56 @@ class Recommendation:
     estimate_only_why: str | None = None
     considered: tuple[LayoutChoice, ...] | None = None  # source estimate: the best config of each layout
     why: str | None = None  # source estimate: why the winner's layout wins, in one line
+    trial_number: int | None = None  # the measured trial's number in its study, as the CLI and dashboard show it
+    measured_global_batch: int | None = None  # the measured trial's own samples per step
+    global_batch: int | None = None  # the answer's samples per optimizer step
+    exported: tuple[dict[str, Any], tuple[str, ...]] | None = None  # what ``dstune best`` writes: config, notes
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as the API shows them: the trial config as ``ds_config`` and ``activation_checkpointing``,
-        each considered layout as a dict."""
+        """The fields as the API shows them: the trial config as ``dstune best`` exports it (``ds_config``, with its
+        ``notes``) and ``activation_checkpointing``, each considered layout as a dict."""
         fields = dict(self.__dict__)
-        trial = fields.pop("trial")
+        trial, exported = fields.pop("trial"), fields.pop("exported")
+        config, notes = exported if exported is not None else (trial.ds_config, ())
         considered = fields.pop("considered")
         fields["considered"] = None if considered is None else [choice.to_dict() for choice in considered]
-        return {"source": fields.pop("source"), "ds_config": trial.ds_config,
+        return {"source": fields.pop("source"), "ds_config": config, "notes": list(notes),
                 "activation_checkpointing": trial.activation_checkpointing, **fields}  # fmt: skip
 
 
-def recommend(store: Store, workload: Workload) -> Recommendation:
-    """The best config for ``workload``: measured, else nearest re-checked, else estimated (module docstring)."""
+def recommend(store: Store, workload: Workload, global_batch: int | None = None) -> Recommendation:
+    """The best config for ``workload``: measured, else nearest re-checked, else estimated (module docstring); with
+    ``global_batch``, one that trains that many samples per optimizer step (a measured config's accumulation
+    re-derived for it and re-checked by the estimator).
+
+    Raises:
+        tuner.estimator.ConfigError: ``global_batch`` is not a multiple of the ranks (field ``global_batch``).
+        NoFeasibleConfig: nothing fits.
+    """
+    world = workload.cluster.world_size
+    if global_batch is not None and (global_batch < 1 or global_batch % world):
+        raise ConfigError("global_batch", f"{global_batch} is not a positive multiple of the {world} ranks")
     fingerprint = workload.fingerprint()
     calibration = store.get_calibration(workload.cluster.hardware_key, workload.model.family)
     margin = calibration.margin if calibration is not None else Calibration().margin
-    best = store.best_measured_trial(fingerprint)
-    if best is not None:
-        return Recommendation(
-            "measured",
-            best.trial,
-            best.tokens_per_s,
-            best.peak_bytes,
-            best.estimated_peak_bytes,
-            best.trial_id,
-            best.study,
-            fingerprint,
-            fingerprint,
-            margin,
-        )
-    nearest = _nearest(store, workload, fingerprint, margin)
-    if nearest is not None:
-        return _marked(workload, nearest)
-    fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
-    return _marked(workload, _estimated(workload, fingerprint, margin, fit))
+    own = store.best_measured_trials(fingerprint, MEASURED_CANDIDATES)
+    found = _measured("measured", own, workload, fingerprint, margin, global_batch) or _nearest(
+        store, workload, fingerprint, margin, global_batch
+    )
+    if found is None:
+        fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
+        found = _marked(workload, _estimated(workload, fingerprint, margin, fit, global_batch))
+    return _exported(workload, found)
+
+
+def _exported(workload: Workload, found: Recommendation) -> Recommendation:
+    """``found`` with its global batch and the config ``dstune best`` would export for it
+    (:func:`tuner.space.dsconfig.export_config`: the ds_config DeepSpeed gets and the notes that go with it)."""
+    train = workload.train
+    config, notes = export_config(found.trial, "deepspeed", train.attention, workload.trainable, train.seq_len)
+    return replace(
+        found, global_batch=found.trial.global_batch(workload.cluster.world_size), exported=(config, tuple(notes))
+    )
 
 
 def recommend_longest(store: Store, workload: Workload) -> tuple[Recommendation, LongestFit]:
@@ -169,7 +186,7 @@ def recommend_longest(store: Store, workload: Workload) -> tuple[Recommendation,
         predicted_tokens_per_s=prediction["tokens_per_s"],
         prediction=prediction,
     )
-    return _marked(answer.workload, found), answer
+    return _exported(answer.workload, _marked(answer.workload, found)), answer
 
 
 def _marked(workload: Workload, found: Recommendation) -> Recommendation:
@@ -178,8 +195,9 @@ def _marked(workload: Workload, found: Recommendation) -> Recommendation:
     return replace(found, estimate_only=True, estimate_only_why=why) if why else found
 
 
-def _nearest(store: Store, workload: Workload, fingerprint: str, margin: float) -> Recommendation | None:
-    calibration = Calibration(margin=margin)
+def _nearest(
+    store: Store, workload: Workload, fingerprint: str, margin: float, global_batch: int | None
+) -> Recommendation | None:
     candidates = store.nearest_measured_trials(
         workload.model.family,
         workload.model.n_params,
@@ -187,36 +205,72 @@ def _nearest(store: Store, workload: Workload, fingerprint: str, margin: float) 
         workloads=NEAREST_WORKLOADS,
         per_workload=NEAREST_PER_WORKLOAD,
     )
+    return _measured("nearest", candidates, workload, fingerprint, margin, global_batch)
+
+
+def _measured(
+    source: Source,
+    candidates: Sequence[MeasuredTrial],
+    workload: Workload,
+    fingerprint: str,
+    margin: float,
+    global_batch: int | None,
+) -> Recommendation | None:
+    """The first of ``candidates`` (fastest first) that trains ``workload``: as measured (``measured``, at its own
+    global batch or none asked), else adapted to the workload's ranks and ``global_batch`` and fitting by the
+    estimator with the margin."""
+    world = workload.cluster.world_size
     for candidate in candidates:
-        checked = _recheck(workload, candidate.trial, calibration)
-        if checked is None:
-            continue
-        trial, est = checked
+        measured_batch = _global_batch(candidate.trial, world)
+        if source == "measured" and global_batch in (None, measured_batch):
+            trial, peak = candidate.trial, candidate.estimated_peak_bytes
+        else:
+            checked = _recheck(workload, candidate.trial, Calibration(margin=margin), global_batch)
+            if checked is None:
+                continue
+            trial, peak = checked[0], checked[1].gpu_total
         return Recommendation(
-            "nearest",
+            source,
             trial,
             candidate.tokens_per_s,
             candidate.peak_bytes,
-            est.gpu_total,
+            peak,
             candidate.trial_id,
             candidate.study,
             fingerprint,
             candidate.workload_fingerprint,
             margin,
+            trial_number=candidate.number,
+            measured_global_batch=measured_batch,
         )
     return None
 
 
+def _global_batch(trial: TrialConfig, world: int) -> int | None:
+    """``trial``'s samples per step on ``world`` ranks (None where its config cannot say)."""
+    try:
+        return trial.global_batch(world)
+    except (ConfigError, ValueError, TypeError, ArithmeticError):
+        return None
+
+
 def _recheck(
-    workload: Workload, measured: TrialConfig, calibration: Calibration
+    workload: Workload, measured: TrialConfig, calibration: Calibration, global_batch: int | None = None
 ) -> tuple[TrialConfig, MemoryEstimate] | None:
-    """The measured config adapted to ``workload`` (its global batch follows the world size) and its estimate, when
-    it fits with the margin; else None."""
+    """The measured config adapted to ``workload`` (its micro-batch kept; its accumulation kept, or derived for
+    ``global_batch``; the global batch follows the world size) and its estimate, when it fits with the margin; else
+    None."""
     micro, accum = (1 if value is None else value for value in measured.batch)
     if not (isinstance(micro, int) and isinstance(accum, int)) or micro < 1 or accum < 1:
         return None
     try:
-        trial = measured.with_batch(micro, accum, workload.cluster.world_size)
+        world = workload.cluster.world_size
+        if global_batch is not None:
+            per_step = micro * measured.layout.data_parallel(world)
+            if global_batch % per_step:
+                return None
+            accum = global_batch // per_step
+        trial = measured.with_batch(micro, accum, world)
         est = estimate(workload, trial)
     except (ConfigError, ValueError, TypeError, ArithmeticError):
         return None
@@ -230,14 +284,22 @@ def _grid_space() -> Any:
     return load_space(default_space_path()).restricted(list(GRID))
 
 
-def _estimated(workload: Workload, fingerprint: str, margin: float, fit: ThroughputFit | None = None) -> Recommendation:
+def _estimated(
+    workload: Workload,
+    fingerprint: str,
+    margin: float,
+    fit: ThroughputFit | None = None,
+    global_batch: int | None = None,
+) -> Recommendation:
     fit = fit or ThroughputFit()
-    found = _estimated_cached(workload, margin, tuple(sorted(fit.factors.items())), len(fit.runs), fit.median_error())
+    factors = tuple(sorted(fit.factors.items()))
+    found = _estimated_cached(workload, margin, factors, len(fit.runs), fit.median_error(), global_batch)
     if found is None:
+        at = "" if global_batch is None else f" at global batch {global_batch}"
         raise NoFeasibleConfig(
             f"no config of the default search space (stage × micro-batch × checkpointing × offload × layout) fits "
             f"{workload.model.name} on {workload.cluster.world_size} × {workload.cluster.gpu_memory} B with margin "
-            f"{margin:.3f}"
+            f"{margin:.3f}{at}"
         )
     trial, peak, prediction, considered, why = found
     return Recommendation(
@@ -260,11 +322,18 @@ def _estimated(workload: Workload, fingerprint: str, margin: float, fit: Through
 
 @functools.lru_cache(maxsize=1024)
 def _estimated_cached(
-    workload: Workload, margin: float, factors: tuple[tuple[str, float], ...], fit_runs: int, error: float | None
+    workload: Workload,
+    margin: float,
+    factors: tuple[tuple[str, float], ...],
+    fit_runs: int,
+    error: float | None,
+    global_batch: int | None = None,
 ) -> tuple[TrialConfig, int, dict[str, Any], tuple[LayoutChoice, ...], str] | None:
-    judged = judge_grid(
-        _grid_space(), workload, Calibration(margin=margin), ThroughputFit(dict(factors)), GRID, equal_batch=True
-    )
+    """The grid judged (at ``global_batch``, else each layout at data parallelism's global batch for its
+    micro-batch) and the simplest of the fastest fitting configs, with the layouts compared."""
+    fit = ThroughputFit(dict(factors))
+    calibration = Calibration(margin=margin)
+    judged = judge_grid(_grid_space(), workload, calibration, fit, GRID, global_batch is None, global_batch)
     fitting = [j for j in judged if j.fits]
     if not fitting:
         return None

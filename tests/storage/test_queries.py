@@ -46,6 +46,7 @@ def test_best_measured_trial_is_the_fastest_ok_trial_over_every_study_of_the_wor
         tokens_per_s=300.0,
         peak_bytes=8,
         estimated_peak_bytes=1234,
+        number=0,
     )
 
 

@@ -115,13 +115,15 @@ def judge_grid(
     fit: ThroughputFit | None = None,
     names: Iterable[str] = COARSE,
     equal_batch: bool = False,
+    global_batch: int | None = None,
 ) -> list[Judged]:
     """Every config of ``space``'s grid over ``names`` the estimator accepts, judged against the margin; only the
     fitting ones are predicted (a prediction is all the cost a non-fitting config would add). With ``equal_batch``
-    every layout trains the global batch of data parallelism at the same micro-batch (:func:`same_global_batch`)."""
+    every layout trains the global batch of data parallelism at the same micro-batch (:func:`same_global_batch`);
+    with ``global_batch`` every config trains that many samples per step (the space derives the accumulation)."""
     fit = fit or ThroughputFit()
     judged: list[Judged] = []
-    for suggestion in grid_suggestions(space, workload, names):
+    for suggestion in grid_suggestions(space, workload, names, global_batch):
         if equal_batch:
             suggestion = same_global_batch(suggestion, workload.cluster.world_size)
         try:
@@ -200,11 +202,15 @@ def _shortfall(judged: Judged) -> tuple[float, int]:
 def compare_layouts(
     judged: Sequence[Judged], winner: Judged, world_size: int, tie: float = PREDICTION_TIE
 ) -> tuple[list[LayoutChoice], str]:
-    """The best config of each layout in ``judged`` (``winner`` for its own), fitting layouts fastest predicted
-    first, then the others closest to fitting first; and why ``winner`` wins, in one line."""
+    """The best config of each layout in ``judged`` (``winner`` for its own) at the winner's global batch (where a
+    layout has a config there), fitting layouts fastest predicted first, then the others closest to fitting first;
+    and why ``winner`` wins, in one line."""
+    target = winner.trial.global_batch(world_size)
     groups: dict[Layout, list[Judged]] = {}
     for one in judged:
         groups.setdefault(one.layout, []).append(one)
+    for layout, members in groups.items():
+        groups[layout] = [j for j in members if j.trial.global_batch(world_size) == target] or members
     choices = []
     for layout, members in groups.items():
         fitting = [j for j in members if j.fits]

@@ -24,6 +24,7 @@ _COLUMNS = (  # in the field order of MeasuredTrial
     TrialRow.tokens_per_s,
     TrialRow.peak_bytes,
     TrialRow.estimated_peak_bytes,
+    TrialRow.number,
 )
 
 
@@ -39,24 +40,29 @@ class RecommenderQueries(Database):
     """Measured ok trials by workload, for the recommender."""
 
     def best_measured_trial(self, fingerprint: str) -> MeasuredTrial | None:
-        """The fastest ok trial over every study of the workload with this fingerprint, or None.
+        """The fastest ok trial over every study of the workload with this fingerprint, or None."""
+        best = self.best_measured_trials(fingerprint, 1)
+        return best[0] if best else None
+
+    def best_measured_trials(self, fingerprint: str, limit: int) -> list[MeasuredTrial]:
+        """The ``limit`` fastest ok trials over every study of the workload with this fingerprint, fastest first.
 
         Two indexed lookups: the workload by its unique fingerprint, then the trials by (study, status, tokens/s).
         """
         with self.session(write=False) as session:
             workload_id = session.scalar(sa.select(WorkloadRow.id).where(WorkloadRow.fingerprint == fingerprint))
             if workload_id is None:
-                return None
+                return []
             studies = sa.select(StudyRow.id).where(StudyRow.workload_id == workload_id).scalar_subquery()
-            row = session.execute(
+            rows = session.execute(
                 sa.select(*_COLUMNS)
                 .join(StudyRow, StudyRow.id == TrialRow.study_id)
                 .join(WorkloadRow, WorkloadRow.id == StudyRow.workload_id)
                 .where(TrialRow.study_id.in_(studies), *_ok())
                 .order_by(TrialRow.tokens_per_s.desc(), TrialRow.id)
-                .limit(1)
-            ).first()
-            return None if row is None else _measured(row)
+                .limit(limit)
+            ).all()
+            return [_measured(row) for row in rows]
 
     def nearest_measured_trials(
         self, model_family: str, n_params: int, exclude_fingerprint: str, *, workloads: int, per_workload: int

@@ -150,6 +150,7 @@ class MeasuredTrial:
     tokens_per_s: float
     peak_bytes: int | None
     estimated_peak_bytes: int | None
+    number: int  # the trial's number in its study (from 0), as the CLI and the dashboard show it
 
     @property
     def trial(self) -> TrialConfig:

@@ -270,12 +270,14 @@ class TrialConfig:
 
         A trial of the space's degree 1 (``tensor_parallel: {autotp_size: 1}``, no AutoTP) hands DeepSpeed no
         ``tensor_parallel`` section: any ``autotp_size`` above 0 sets DeepSpeed's AutoTP training mode. Nor, for
-        the space's AutoEP degree 1, an ``expert_parallel: {autoep_size: 1}`` section (AutoEP off without ``enabled``).
+        the space's AutoEP degree 1, an ``expert_parallel: {autoep_size: 1}`` section (AutoEP off without ``enabled``),
+        nor its Ulysses degree 1 (``sequence_parallel_size: 1``, DeepSpeed's default).
 
         >>> TrialConfig({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
         ...              "tensor_parallel": {"autotp_size": 2}}).deepspeed_config(world_size=4)
         {'train_micro_batch_size_per_gpu': 2, 'gradient_accumulation_steps': 2, 'tensor_parallel': {'autotp_size': 2}}
-        >>> TrialConfig({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 1}}).deepspeed_config()
+        >>> TrialConfig({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 1},
+        ...              "sequence_parallel_size": 1}).deepspeed_config()
         {'train_batch_size': 8}
         """
         config = {key: value for key, value in self.ds_config.items() if key != ENV_SECTION}
@@ -283,6 +285,8 @@ class TrialConfig:
             del config["tensor_parallel"]  # switch DeepSpeed into AutoTP's training mode (deepspeed/__init__.py)
         if config.get("expert_parallel") == {"autoep_size": 1}:
             del config["expert_parallel"]
+        if config.get("sequence_parallel_size") == 1:  # DeepSpeed's default: the space's "no Ulysses"
+            del config["sequence_parallel_size"]
         if self.layout.tensor_parallel <= 1 or GLOBAL_KEY not in config:
             return config
         if world_size is not None:

@@ -12,11 +12,13 @@ from tuner.api.deps import invalid, store_of
 from tuner.api.longest import LOC, asks_max, traced_workload
 from tuner.api.responses import BODY, answers
 from tuner.api.schemas import MaxSeqLenOut, RecommendRequest, RecommendResponse
+from tuner.estimator import ConfigError
 from tuner.forecast import NoLengthFits
 from tuner.recommend import NoFeasibleConfig, recommend, recommend_longest
 from tuner.requests import FieldError, check_request, to_workload
 
 router = APIRouter(tags=["recommend"])
+NOT_WITH_MAX = 'not with seq_len "max": the length search trains micro-batch 1 without accumulation'
 UNFIT = "Bad workload, or no config of the default space fits it (seq_len max: not even the shortest length fits)."
 
 
@@ -35,11 +37,17 @@ async def recommend_endpoint(body: RecommendRequest, request: Request) -> Respon
             response = RecommendResponse(**found.to_dict(), max_seq_len=MaxSeqLenOut.model_validate(longest.to_dict()))
             return response.model_dump_json().encode()
         workload = to_workload(body.workload, ("workload",), inline=False)
-        return RecommendResponse(**recommend(store, workload).to_dict()).model_dump_json().encode()
+        try:
+            found = recommend(store, workload, body.global_batch)
+        except ConfigError as error:
+            raise FieldError((error.field,), error.message) from None
+        return RecommendResponse(**found.to_dict()).model_dump_json().encode()
 
-    try:  # keyed by the request's workload as sent; a bad workload is an answer too (the same 422 each time)
+    try:  # keyed by the request as sent; a bad workload is an answer too (the same 422 each time)
         check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
-        key, client = body.workload.model_dump_json(), request.client.host if request.client else ""
+        if asks_max(body.workload) and body.global_batch is not None:
+            raise FieldError(("global_batch",), NOT_WITH_MAX)
+        key, client = body.model_dump_json(), request.client.host if request.client else ""
         if asks_max(body.workload):
             cached = request.app.state.expensive_cache.get(f"recommend:{key}", answer, client)
         else:
