@@ -99,3 +99,23 @@ def test_tune_checks_hpz_against_the_ranks_before_any_run_and_pins_it(tmp_path: 
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "zero_optimization.zero_hpz_partition_size" in result.stderr, result.output
     assert "must divide the 2 ranks" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "pin", "why"),
+    [
+        (["--model-impl", "builtin", "--tensor-parallel", "2"], "tensor_parallel", "needs the transformers model"),
+        (["--pin", "zero_optimization.zero_quantized_weights=true"], "quantized_weights", "QuantizerBuilder needs"),
+    ],
+)
+def test_a_pin_no_run_can_measure_exits_2_at_start_naming_it(tmp_path: Path, flags: list, pin: str, why: str) -> None:
+    """A pin overrides the space's conditions on the workload; one that no run of the workload can measure is refused
+    before the study writes anything, naming the pin, not every trial pruned with the space's condition."""
+    from tuner.storage import Store
+
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    args = ["tune", "--model", "tiny-llama", "--gpus", "2", "--device", "cpu", "--seq-len", "64", "--study", "s"]
+    result = runner.invoke(app, [*args, "--storage", storage, *flags])
+    assert result.exit_code == 2, result.output
+    assert f"pins.{pin}: pinned to" in result.stderr and why in result.stderr
+    assert Store.open(storage).get_study("s") is None

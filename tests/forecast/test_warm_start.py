@@ -81,7 +81,10 @@ class _Answers:
         self.defaults = {p.name: p.searchable_default() for p in space.parameters}  # type: ignore[attr-defined]
 
     def suggest_categorical(self, name: str, choices: list) -> object:
-        return self.values.get(name, self.defaults[name])
+        value = self.values.get(name, self.defaults[name])
+        if value not in choices:  # a point the study's Optuna distributions would refuse
+            raise InfeasibleConfig(f"{name} {value!r} is not offered")
+        return value
 
     def suggest_int(self, name: str, *args: object, **kwargs: object) -> object:
         return self.values.get(name, self.defaults[name])

@@ -82,3 +82,33 @@ def test_hpz_with_tp_is_pruned_naming_the_field() -> None:
     hpz = load_space(default_space_path(), pins={"stage": 3, "tensor_parallel": 1, "hpz_partition_size": 8})
     config = hpz.suggest(optuna.create_study().ask(), workload("llama-3.1-70b", nodes=2)).trial.ds_config
     assert config["zero_optimization"]["zero_hpz_partition_size"] == 8
+
+
+def test_a_pinned_tp_overrides_the_spaces_size_condition_and_offers_the_dp_share_of_micro_batches() -> None:
+    """The default space offers AutoTP from 1e9 trainable parameters; pinned on the tiny model it applies anyway
+    (the pin asks for it), and under tp 2 on 2 ranks (one data-parallel rank) a global batch of 8 offers micro-batch
+    8: a config queued with it (an earlier study's best, warm-started) is proposed, not a ValueError from Optuna."""
+    work = workload("tiny-llama", gpus=2)
+    space = load_space(default_space_path(), pins={"tensor_parallel": 2})
+    study = optuna.create_study()
+    study.enqueue_trial({"stage": 0, "micro_batch": 8})
+    config = space.suggest(study.ask(), work, global_batch=8).trial.ds_config
+    assert config["tensor_parallel"] == {"autotp_size": 2}
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (8, 1)
+    trial = optuna.create_study().ask()
+    space.suggest(trial, work, global_batch=8)
+    assert list(trial.distributions["micro_batch"].choices) == [1, 2, 4, 8]
+
+
+def test_a_queued_value_the_study_does_not_offer_is_pruned_with_its_reason() -> None:
+    """Searched tp: the micro-batches offered divide global / world (one set for the study); a queued micro-batch 8
+    is pruned naming it, never a ValueError that leaves Optuna's trial running."""
+    from tuner.forecast.warm_start import _Fixed
+
+    work = workload("tiny-llama", gpus=2)
+    study = optuna.create_study()
+    study.enqueue_trial({"stage": 0, "micro_batch": 8})
+    with pytest.raises(InfeasibleConfig, match=r"micro_batch: the queued value is not offered here \('8' not in"):
+        SPACE.suggest(study.ask(), work, global_batch=8)
+    with pytest.raises(InfeasibleConfig, match="micro_batch 8 is not among the choices"):  # the warm start's check
+        SPACE.suggest(_Fixed({"micro_batch": 8}, {p.name: p.searchable_default() for p in SPACE.parameters}), work, 8)

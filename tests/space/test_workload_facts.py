@@ -50,12 +50,25 @@ def test_optimizer_state_size_decides_whether_offload_is_searched(tmp_path) -> N
     )
 
 
-def test_a_parameter_pinned_where_the_workload_rules_it_out_is_infeasible(tmp_path) -> None:
+def test_a_pin_overrides_the_spaces_condition_on_the_workload(tmp_path) -> None:
+    """The space's ``when`` on the workload says where a search offers a value; a pin asks for it: the pinned offload
+    is written although 12 MB of Adam states is under the space's 1 GiB (a condition on another parameter still
+    holds: pinned off it, the trial is infeasible, naming the value that rules it out)."""
     from tuner.space import InfeasibleConfig
 
-    space = load_space(space_with(tmp_path, "optimizer_state_bytes >= 1GiB"), pins={"stage": 2, "offload": "cpu"})
-    with pytest.raises(InfeasibleConfig, match="optimizer_state_bytes >= 1073741824"):
-        space.suggest(optuna.create_study().ask(), Workload(model_from_param_count(1e6), ClusterSpec()))
+    path = space_with(tmp_path, '["stage >= 1", "optimizer_state_bytes >= 1GiB"]')
+    small = Workload(model_from_param_count(1e6), ClusterSpec())
+    space = load_space(path, pins={"stage": 2, "offload": "cpu"})
+    config = space.suggest(optuna.create_study().ask(), small).trial.ds_config
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    unpinned = load_space(path, pins={"stage": 2})  # searched: not offered at this size
+    assert "offload_optimizer" not in unpinned.suggest(optuna.create_study().ask(), small).trial.ds_config.get(
+        "zero_optimization", {}
+    )
+    with pytest.raises(
+        InfeasibleConfig, match=r"offload is pinned to .cpu., which applies only when stage >= 1 \(stage = 0\)$"
+    ):
+        load_space(path, pins={"stage": 0, "offload": "cpu"}).suggest(optuna.create_study().ask(), small)
 
 
 @pytest.mark.parametrize(

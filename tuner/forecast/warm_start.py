@@ -79,7 +79,10 @@ class _Fixed:
         return self.values.get(name, self.defaults[name])
 
     def suggest_categorical(self, name: str, choices: Any) -> Any:
-        return self._answer(name)
+        value = self._answer(name)
+        if value not in choices:  # Optuna would refuse it when the config is enqueued: this study does not offer it
+            raise InfeasibleConfig(f"{name} {value!r} is not among the choices offered here {tuple(choices)}")
+        return value
 
     def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
         return self._answer(name)

@@ -17,7 +17,7 @@ COMPARE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|>=|<=|>|<)\s*(\S.*)")
 MEMBER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s+(not\s+in|in)\s+(\S.*)")
 # what a condition may test about the workload (numbers; ``*_bytes`` also read sizes like 64MiB); no parameter may
 # take these names. The values come from :func:`tuner.space.facts.workload_facts`.
-WORKLOAD_FACTS = {
+WORKLOAD_FACTS: dict[str, str] = {
     "trainable_params": "parameters that train (all of them without a peft adapter or a freeze pattern)",
     "frozen_params": "parameters that do not train (0 for full fine-tuning)",
     "optimizer_state_bytes": "fp32 master and Adam moments of the trainable parameters, 12 B each, before ZeRO "
@@ -89,6 +89,11 @@ class Condition:
             self.op, current < self.value
         )
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The name the clause tests."""
+        return frozenset((self.name,))
+
     def __str__(self) -> str:
         return f"{self.name} {self.op} {json.dumps(self.value)}"
 
@@ -108,6 +113,11 @@ class AnyOf:
     def holds(self, values: Mapping[str, Any]) -> bool:
         """Whether any alternative holds for ``values``."""
         return any(option.holds(values) for option in self.options)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The names its alternatives test."""
+        return frozenset(option.name for option in self.options)
 
     def __str__(self) -> str:
         return " or ".join(str(option) for option in self.options)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import yaml
 
 from tuner.space.conditions import AnyOf, Condition, is_number, member
-from tuner.space.errors import SpaceError
+from tuner.space.errors import InfeasibleConfig, SpaceError
 
 MAX_GRID = 64  # values a linear int range may expand to for the grid baseline
 # A float like 1e7 that YAML 1.1 reads as a string.
@@ -124,9 +124,23 @@ class Parameter:
             return self.choices[0]
         return self.rounded(int(self.low)) if self.kind == "int" else self.low  # type: ignore[arg-type]
 
-    def active(self, values: Mapping[str, Any]) -> bool:
-        """Whether every ``when`` clause holds for the active ``values`` (and the workload facts among them)."""
-        return all(condition.holds(values) for condition in self.when)
+    def active(self, values: Mapping[str, Any], overridden: Collection[str] = ()) -> bool:
+        """Whether every ``when`` clause holds for the active ``values`` (and the workload facts among them); a clause
+        naming only ``overridden`` names counts as holding (a pin overrides the space's conditions on the workload).
+
+        Example:
+            >>> tp = Parameter("tp", "categorical", "t", None, 1, choices=(1, 2), when=(Condition("seq_len", ">", 9),))
+            >>> tp.active({"seq_len": 4}), tp.active({"seq_len": 4}, overridden={"seq_len"})
+            (False, True)
+        """
+        return all(condition.names <= set(overridden) or condition.holds(values) for condition in self.when)
+
+    def failing(self, values: Mapping[str, Any], overridden: Collection[str] = ()) -> str:
+        """The ``when`` clauses that fail for ``values`` (those naming only ``overridden`` names aside), each with the
+        values it tested: ``stage >= 1 (stage = 0)``."""
+        failed = [c for c in self.when if not c.names <= set(overridden) and not c.holds(values)]
+        tested = (", ".join(f"{name} = {json.dumps(values.get(name))}" for name in sorted(c.names)) for c in failed)
+        return " and ".join(f"{condition} ({seen})" for condition, seen in zip(failed, tested, strict=True))
 
     @property
     def when_text(self) -> str:
@@ -158,9 +172,17 @@ class Parameter:
         raise ValueError(f"give `grid: [...]` for {self.name}: its range has no natural grid")
 
     def suggest(self, trial: TrialLike, choices: Sequence[Any] | None = None) -> Any:
-        """Ask ``trial`` for a value (``choices`` overrides the categorical choices)."""
+        """Ask ``trial`` for a value (``choices`` overrides the categorical choices).
+
+        Raises:
+            InfeasibleConfig: A config queued in the trial (a retry, a warm start) holds a value not among them.
+        """
         if self.kind == "categorical":
-            return trial.suggest_categorical(self.name, list(self.choices if choices is None else choices))
+            offered = list(self.choices if choices is None else choices)
+            try:
+                return trial.suggest_categorical(self.name, offered)
+            except ValueError as error:  # Optuna: "'8' not in (1, 2, 4)."
+                raise InfeasibleConfig(f"{self.name}: the queued value is not offered here ({error})") from None
         if self.kind == "int":
             return trial.suggest_int(self.name, self.low, self.high, step=self.step or 1, log=self.log)  # type: ignore[arg-type]
         return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)  # type: ignore[arg-type]

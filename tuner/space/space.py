@@ -10,7 +10,8 @@ from typing import Any
 
 from tuner.estimator import resolve
 from tuner.space.assemble import assemble
-from tuner.space.conditions import is_positive_int, member, same
+from tuner.space.choices import MODEL_PARALLEL_KEYS, layout_choices, micro_choices, study_data_parallel
+from tuner.space.conditions import WORKLOAD_FACTS, is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.facts import workload_facts
 from tuner.space.parameters import Parameter, TrialLike, check_value
@@ -25,17 +26,9 @@ from tuner.workload import (
     TrialConfig,
     Workload,
     accumulation_for,
-    expert_parallel_problem,
-    hpz_problem,
-    sequence_parallel_problem,
-    tensor_parallel_problem,
 )
-from tuner.workload.expert_checks import EP_KEY
-from tuner.workload.layout_checks import HPZ_KEY, TP_KEY
-from tuner.workload.long_context_checks import SP_KEY
 
 _UNSET = object()
-LAYOUT_PROBLEMS = {SP_KEY: sequence_parallel_problem, TP_KEY: tensor_parallel_problem, EP_KEY: expert_parallel_problem}
 
 
 class SearchSpace:
@@ -243,20 +236,30 @@ class SearchSpace:
         asking = _Asking(trial, workload, global_batch, bool(nvme_path))
         facts = workload_facts(workload)
         for parameter in self._parameters:
-            if not parameter.active({**facts, **asking.values}):
-                self._check_inactive_pin(parameter, asking.values)
+            if not parameter.active({**facts, **asking.values}, self._overridden(parameter)):
+                self._check_inactive_pin(parameter, {**facts, **asking.values})
                 continue
             asking.values[parameter.name] = self._value(parameter, asking)
             if parameter.name == self._micro and global_batch is not None:
                 self._derive_accum(asking.values, workload, global_batch)  # prune now, before asking for more values
         return self._build(workload, asking.values, asking.suggested, asking.fixed, global_batch, nvme_path)
 
+    def _overridden(self, parameter: Parameter) -> frozenset[str]:
+        """The names whose ``when`` clauses a pin overrides: the workload facts, for a parameter pinned off its
+        default (the space's conditions on the workload say where a search offers it; a pin asks for it)."""
+        pinned = self._pins.get(parameter.name, _UNSET)
+        return (
+            frozenset(WORKLOAD_FACTS) if pinned is not _UNSET and not same(pinned, parameter.default) else frozenset()
+        )
+
     def _check_inactive_pin(self, parameter: Parameter, values: Mapping[str, Any]) -> None:
         """A pin of a parameter that does not apply to this trial's values must be its default."""
         pinned = self._pins.get(parameter.name, _UNSET)
         if pinned is not _UNSET and not same(pinned, parameter.default):
             raise InfeasibleConfig(
-                f"{parameter.name} is pinned to {pinned!r} but applies only when {parameter.when_text}", values
+                f"{parameter.name} is pinned to {pinned!r}, which applies only when "
+                f"{parameter.failing(values, self._overridden(parameter))}",
+                values,
             )
 
     def _value(self, parameter: Parameter, asking: _Asking) -> Any:
@@ -285,25 +288,20 @@ class SearchSpace:
         return parameter.rounded(asking.suggested[name]) if parameter.kind == "int" else asking.suggested[name]
 
     def _choices(self, parameter: Parameter, asking: _Asking) -> list[Any] | None:
-        """A categorical parameter's choices for this trial (micro-batches that divide a fixed global batch's share
-        per rank); None for numeric parameters."""
+        """A categorical parameter's choices for this trial: the layout degrees the workload can run and, with a fixed
+        global batch, the micro-batches dividing every data-parallel rank's share (one set for the whole study, as
+        Optuna needs: :mod:`tuner.space.choices`); None for numeric parameters."""
         if parameter.kind != "categorical":
             return None
-        choices = list(parameter.all_choices(asking.nvme))
-        # the micro-batches dividing the global batch's share of every rank also divide that of each data-parallel
-        # rank under sequence parallelism (world / sp ranks): one set of choices for the whole study, as Optuna needs
+        choices = layout_choices(parameter, parameter.all_choices(asking.nvme), asking.workload)
         global_batch, world = asking.global_batch, asking.workload.cluster.world_size
-        # the degrees Ulysses (ranks, heads, sequence), AutoTP (GPUs of a node, heads, no MoE), AutoEP (experts, ranks)
-        if problem := LAYOUT_PROBLEMS.get(parameter.key or ""):  # can run on this workload
-            choices = [c for c in choices if problem(asking.workload, c) is None]
-        if parameter.key == HPZ_KEY:  # hpZ groups within a node (its all-gathers stay on the node's links)
-            cluster = asking.workload.cluster
-            choices = [c for c in choices if cluster.gpus_per_node % c == 0 and not hpz_problem(3, c, world)]
         if parameter.name == self._micro and global_batch is not None:
-            choices = [c for c in choices if (global_batch // world) % c == 0]
+            data_parallel = study_data_parallel(self._parameters, self._pins, world)
+            choices = micro_choices(choices, global_batch, data_parallel)
             if not choices:
                 raise InfeasibleConfig(
-                    f"no micro-batch choice divides global batch {global_batch} / world size {world}", asking.values
+                    f"no micro-batch choice divides global batch {global_batch} / {data_parallel} data-parallel ranks",
+                    asking.values,
                 )
         return choices
 
@@ -321,7 +319,9 @@ class SearchSpace:
     def _data_parallel(self, values: Mapping[str, Any], workload: Workload) -> int:
         """The data-parallel ranks of the values so far: the world over the sequence- and tensor-parallel degrees,
         when the space has them (suggested before the batch)."""
-        degrees = [values.get(p.name) or 1 for p in self._parameters if p.key in (SP_KEY, TP_KEY) and p.name in values]
+        degrees = [
+            values.get(p.name) or 1 for p in self._parameters if p.key in MODEL_PARALLEL_KEYS and p.name in values
+        ]
         model_parallel = 1
         for degree in degrees:
             model_parallel *= degree

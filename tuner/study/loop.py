@@ -34,6 +34,7 @@ from tuner.study.gate import Verdict, answered_by_record, judge
 from tuner.study.measurer import Measurer
 from tuner.study.optuna_storage import RetryingRDBStorage
 from tuner.study.outcome import Recorder, Run, load_calibration
+from tuner.study.pin_checks import refuse_unmeasurable_pins
 from tuner.study.proposer import Proposer
 from tuner.study.resume import TRIAL_LEASE_S, Holding
 from tuner.study.samplers import GRID_PARAMETERS, make_sampler
@@ -51,6 +52,7 @@ class TuningStudy:
         self.settings, self.store, self.on_event = settings, store, on_event or (lambda event: None)
         self.space = _study_space(settings)
         workload = settings.workload
+        refuse_unmeasurable_pins(self.space, workload)  # before anything is written
         hardware = workload.cluster.hardware_key
         calibration = load_calibration(store, hardware, workload.model.family)
         _refuse_another_workload(store, settings)  # before anything is written

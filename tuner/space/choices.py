@@ -1,0 +1,67 @@
+"""The choices a categorical parameter offers a study's trials: the layout degrees the workload can run (Ulysses,
+AutoTP, AutoEP, hpZ groups) and, with a fixed global batch, the micro-batches that divide every data-parallel rank's
+share of it.
+
+Optuna needs one set of choices per parameter for the whole study, so the micro-batches are those dividing the share
+of the study's data-parallel ranks: the world over the sequence- and tensor-parallel degrees the study pins, or the
+whole world when it searches them (a micro-batch dividing global / world also divides global / dp for every dp that
+divides the world).
+
+Example:
+    >>> micro_choices([1, 2, 4, 8], global_batch=8, data_parallel=1), micro_choices([1, 2, 4, 8], 8, 2)
+    ([1, 2, 4, 8], [1, 2, 4])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner.space.parameters import Parameter
+from tuner.workload import (
+    Workload,
+    expert_parallel_problem,
+    hpz_problem,
+    sequence_parallel_problem,
+    tensor_parallel_problem,
+)
+from tuner.workload.expert_checks import EP_KEY
+from tuner.workload.layout_checks import HPZ_KEY, TP_KEY
+from tuner.workload.long_context_checks import SP_KEY
+
+LAYOUT_PROBLEMS = {SP_KEY: sequence_parallel_problem, TP_KEY: tensor_parallel_problem, EP_KEY: expert_parallel_problem}
+MODEL_PARALLEL_KEYS = (SP_KEY, TP_KEY)  # the degrees that divide the world into data-parallel ranks
+
+
+def layout_choices(parameter: Parameter, choices: Sequence[Any], workload: Workload) -> list[Any]:
+    """The degrees of a layout parameter the workload can run (all ``choices`` for any other parameter)."""
+    if problem := LAYOUT_PROBLEMS.get(parameter.key or ""):
+        return [c for c in choices if problem(workload, c) is None]
+    if parameter.key == HPZ_KEY:  # hpZ groups within a node (its all-gathers stay on the node's links)
+        cluster = workload.cluster
+        return [c for c in choices if cluster.gpus_per_node % c == 0 and not hpz_problem(3, c, cluster.world_size)]
+    return list(choices)
+
+
+def micro_choices(choices: Sequence[Any], global_batch: int, data_parallel: int) -> list[Any]:
+    """The micro-batches of ``choices`` dividing ``global_batch`` over ``data_parallel`` ranks."""
+    return [c for c in choices if (global_batch // data_parallel) % c == 0]
+
+
+def study_data_parallel(parameters: Sequence[Parameter], pins: Mapping[str, Any], world: int) -> int:
+    """The data-parallel ranks every trial of a study shares: ``world`` over the pinned sequence- and
+    tensor-parallel degrees (a searched degree counts as 1: the micro-batches offered then divide global / world).
+
+    Example:
+        >>> tp = Parameter("tp", "categorical", TP_KEY, None, 1, choices=(1, 2))
+        >>> study_data_parallel([tp], {"tp": 2}, 4), study_data_parallel([tp], {}, 4)
+        (2, 4)
+    """
+    model_parallel = 1
+    for parameter in parameters:
+        if parameter.key in MODEL_PARALLEL_KEYS and isinstance(pins.get(parameter.name), int):
+            model_parallel *= pins[parameter.name]
+    return max(1, world // model_parallel)
+
+
+__all__ = ["LAYOUT_PROBLEMS", "MODEL_PARALLEL_KEYS", "layout_choices", "micro_choices", "study_data_parallel"]
