@@ -8,7 +8,9 @@ runs it, :func:`tuner.measure.run.run_measurement`), global batch 8, in fp32 and
 precision's ZeRO-0 micro-4 run (the reference a study would take).
 
 Run: ``PYTHONPATH=. DS_ACCELERATOR=cpu .venv/bin/python bench/numerics_noise.py [--world 2] [--splits 4x1,2x2,1x4]``
-(about 25 runs, 5-20 s each on two shared cores).
+(about 25 runs, 5-20 s each on two shared cores). ``--model tiny-llama --peft adapter_config.json`` measures the
+README's LoRA example instead (the transformers model, torch's AdamW: the study's own optimizer is DeepSpeed's) and
+writes ``numerics_noise_<model>[_lora].md``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,19 @@ def run(workload: Workload, trial: TrialConfig) -> dict:
     return {"status": "ok", **measured.numerics}
 
 
+def bench_workload(model: str, peft: str | None, world: int) -> tuple[Workload, Path]:
+    """The tiny built-in GPT (the guard's first measurement), or a preset's transformers model with an optional
+    LoRA adapter, on ``world`` CPU ranks at 64 tokens; and where its results go."""
+    if model == "tiny-gpt2" and not peft:
+        cluster = ClusterSpec(gpus_per_node=world, device="cpu")
+        return Workload(load_builtin_model(model), cluster, TrainSpec(seq_len=64)), OUT
+    from tuner.requests import WorkloadRequest, to_workload
+
+    adapter = json.loads(Path(peft).read_text()) if peft else None
+    request = WorkloadRequest(model=model, gpus=world, device="cpu", seq_len=64, gpu_memory="1GiB", peft=adapter)
+    return to_workload(request), OUT.with_name(f"numerics_noise_{model}{'_lora' if peft else ''}.md")
+
+
 def rel(a: float | None, b: float | None) -> float | None:
     """|a − b| / |b|."""
     return None if a is None or b is None else abs(a - b) / abs(b)
@@ -60,15 +75,16 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--stages", default="0,1,2,3")
     parser.add_argument("--no-fault", action="store_true", help="leave out the run with the fault switch")
+    parser.add_argument("--model", default="tiny-gpt2", help="a preset; other than tiny-gpt2: the transformers model")
+    parser.add_argument("--peft", help="a peft adapter_config.json (LoRA)")
     args = parser.parse_args()
-    workload = Workload(
-        load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=args.world, device="cpu"), TrainSpec(seq_len=64)
-    )
+    workload, out = bench_workload(args.model, args.peft, args.world)
     splits = [tuple(int(x) for x in s.split("x")) for s in args.splits.split(",")]
     lines = [
         "# Numerics guard: step-0 noise between equivalent configs",
         "",
-        f"tiny-gpt2, seq 64, {args.world} gloo CPU ranks, DeepSpeed as installed, global batch "
+        f"{args.model}{' with the LoRA adapter ' + Path(args.peft).name if args.peft else ''}, seq 64, "
+        f"{args.world} gloo CPU ranks, DeepSpeed as installed, global batch "
         f"{splits[0][0] * splits[0][1] * args.world}; measured by `bench/numerics_noise.py` (real runs, the runner's "
         "`first_step_numerics`). Relative differences are against the first row of each precision.",
         "",
@@ -103,8 +119,8 @@ def main() -> None:
                 f"{found['step0_grad_norm']:.7f} | {d_loss:.2e} | {d_norm:.2e} |"
             )
         lines.append(f"| {precision} | **largest** (faults excluded) | | | | **{worst[0]:.2e}** | **{worst[1]:.2e}** |")
-    OUT.write_text("\n".join(lines) + "\n")
-    OUT.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
     print("\n".join(lines))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,13 +36,34 @@ def test_ops_needed(device: str, config: dict, ops: list[str]) -> None:
     assert ops_needed(device, config) == ops
 
 
-def test_extensions_dir_follows_torch(tmp_path: Path) -> None:
+def test_extensions_dir_follows_torch_with_a_folder_per_environment(tmp_path: Path) -> None:
+    """Torch's default folder is shared by every virtualenv of a user, and two environments' builds invalidate each
+    other's (README command 1 took 24 minutes beside a second dstune virtualenv): without ``TORCH_EXTENSIONS_DIR``
+    each environment builds in a folder of its own below it."""
     assert extensions_dir({"TORCH_EXTENSIONS_DIR": str(tmp_path)}) == tmp_path
     python = f"py{sys.version_info.major}{sys.version_info.minor}{sys.abiflags}"
-    assert (
-        extensions_dir({"XDG_CACHE_HOME": str(tmp_path)}, "cu128") == tmp_path / "torch_extensions" / f"{python}_cu128"
+    default = tmp_path / ".cache" / "torch_extensions" / f"{python}_cpu"
+    one, other = (extensions_dir({"HOME": str(tmp_path)}, "cpu", str(tmp_path / name / ".venv")) for name in "ab")
+    assert one.parent == other.parent == default and one != other and one.name.startswith("dstune-.venv-")
+    assert extensions_dir({"XDG_CACHE_HOME": str(tmp_path)}, "cu128").parent == tmp_path / "torch_extensions" / (
+        f"{python}_cu128"
     )
-    assert extensions_dir({"HOME": str(tmp_path)}, "cpu") == tmp_path / ".cache" / "torch_extensions" / f"{python}_cpu"
+
+
+def test_a_command_that_measures_builds_in_its_environments_folder(tmp_path: Path) -> None:
+    """What every rank, fork server and local Ray worker of ``dstune measure|tune|worker`` inherits; a folder given
+    is kept."""
+    code = (
+        "from tuner.measure.op_builds import use_environment_builds as use; use(); import os; "
+        "print(os.environ['TORCH_EXTENSIONS_DIR'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"} | {"HOME": str(tmp_path)}
+    env.pop("XDG_CACHE_HOME", None)
+    found = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert Path(found.strip()) == extensions_dir(env) and Path(found.strip()).parent.name.startswith("py")
+    given = subprocess.run([sys.executable, "-c", code], env={**env, "TORCH_EXTENSIONS_DIR": str(tmp_path)},
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert given.strip() == str(tmp_path)
 
 
 def built(root: Path, op: str) -> None:

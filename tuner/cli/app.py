@@ -59,6 +59,9 @@ def main(
     if ctx.invoked_subcommand in MEASURING_COMMANDS:
         atexit.unregister(_release_fork_servers)  # once, however often the app runs in one process
         atexit.register(_release_fork_servers)
+        from tuner.measure.op_builds import use_environment_builds
+
+        use_environment_builds()  # this environment's op builds, for every rank, fork server and local Ray worker
 
 
 app.command("estimate")(estimate_command)

@@ -1,8 +1,13 @@
 """Which of DeepSpeed's compiled ops a run will build first, so a face can say so before a silent minute or three.
 
 DeepSpeed compiles its C++ ops on first use (``torch.utils.cpp_extension.load``) into torch's extensions folder,
-``TORCH_EXTENSIONS_DIR`` or else ``~/.cache/torch_extensions/py311_cpu`` (Python and torch build tags), one folder per
-op holding ``<op>.so``, and reuses them afterwards. On CPU every run needs ``deepspeed_shm_comm``
+``TORCH_EXTENSIONS_DIR``, one folder per op holding ``<op>.so``, and reuses them afterwards. Torch's own default,
+``~/.cache/torch_extensions/py311_cpu``, is shared by every environment of a user: two virtualenvs (two torch or
+DeepSpeed copies, two ninjas) each read the other's build as stale and rebuild it, minutes per op on every alternation.
+So dstune's processes build into a folder of their own environment, ``py311_cpu/dstune-<env>-<hash of its prefix>``
+below that default (:func:`use_environment_builds`), unless ``TORCH_EXTENSIONS_DIR`` says otherwise.
+
+On CPU every run needs ``deepspeed_shm_comm``
 (``init_distributed``); DeepSpeed's Adam needs ``cpu_adam`` with optimizer offload and ``fused_adam`` otherwise, unless
 the config asks for torch's Adam (``"torch_adam": true``). Nothing here imports torch or DeepSpeed.
 
@@ -14,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import runpy
@@ -73,14 +79,19 @@ def use_environment_ninja() -> None:
     os.environ["PATH"] = environment_ninja_path(os.environ.get("PATH", os.defpath))
 
 
-def extensions_dir(env: Mapping[str, str] | None = None, build_tag: str | None = None) -> Path:
-    """Where torch builds extensions: ``TORCH_EXTENSIONS_DIR``, else its cache folder with a Python/torch subfolder.
+def extensions_dir(
+    env: Mapping[str, str] | None = None, build_tag: str | None = None, prefix: str | None = None
+) -> Path:
+    """Where dstune's runs build extensions: ``TORCH_EXTENSIONS_DIR``, else this environment's own folder below torch's
+    default (its Python/torch subfolder), named after the environment's ``prefix`` (default ``sys.prefix``).
 
     Example:
         >>> extensions_dir({"TORCH_EXTENSIONS_DIR": "/cache/ext"})
         PosixPath('/cache/ext')
-        >>> extensions_dir({"XDG_CACHE_HOME": "/c"}, build_tag="cu128").parent
+        >>> extensions_dir({"XDG_CACHE_HOME": "/c"}, build_tag="cu128").parent.parent
         PosixPath('/c/torch_extensions')
+        >>> extensions_dir({"HOME": "/h"}, "cpu", "/work/a/.venv") != extensions_dir({"HOME": "/h"}, "cpu", "/b/.venv")
+        True
     """
     env = os.environ if env is None else env
     if env.get("TORCH_EXTENSIONS_DIR"):
@@ -88,7 +99,25 @@ def extensions_dir(env: Mapping[str, str] | None = None, build_tag: str | None =
     cache = env.get("XDG_CACHE_HOME", str(Path(env.get("HOME") or Path.home()) / ".cache"))
     python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
     root = Path(os.path.realpath(Path(cache) / "torch_extensions"))
-    return root / f"{python}_{build_tag or torch_build_tag()}"
+    return root / f"{python}_{build_tag or torch_build_tag()}" / environment_name(prefix or sys.prefix)
+
+
+def environment_name(prefix: str) -> str:
+    """The build folder's name for the environment at ``prefix``: its folder's name and a hash of its real path.
+
+    >>> environment_name("/work/dstune/.venv")
+    'dstune-.venv-7ddae6fa'
+    """
+    real = os.path.realpath(prefix)
+    return f"dstune-{Path(real).name}-{hashlib.sha256(real.encode()).hexdigest()[:8]}"
+
+
+def use_environment_builds() -> None:
+    """This process's (and its children's) DeepSpeed op builds in this environment's own folder
+    (:func:`extensions_dir`; a ``TORCH_EXTENSIONS_DIR`` given is kept), checked with its own ninja
+    (:func:`use_environment_ninja`)."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(extensions_dir())
+    use_environment_ninja()
 
 
 def torch_build_tag() -> str:

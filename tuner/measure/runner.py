@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tuner.measure.op_builds import use_environment_ninja
+from tuner.measure.op_builds import use_environment_builds
 from tuner.measure.run_protocol import SPAWNED_AT, RunSpec, result_path, write_json_atomically
 from tuner.measure.training import Terminated, TrainingProcess
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = argv or sys.argv[1:]
     run_dir, rank = Path(args[0]), int(args[1])
     signal.signal(signal.SIGTERM, _raise_terminated)
-    use_environment_ninja()  # DeepSpeed builds or checks its ops with the ninja every other process uses
+    use_environment_builds()  # DeepSpeed builds or checks its ops where, and with the ninja, every other process does
     try:
         process = TrainingProcess(RunSpec.read(run_dir), rank, run_dir)
         spawned = os.environ.get(SPAWNED_AT)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tuner.measure.forkserver.protocol import exit_code, socket_inode
 from tuner.measure.forkserver.server import Server, load_built_ops, preload
-from tuner.measure.op_builds import use_environment_ninja
+from tuner.measure.op_builds import use_environment_builds
 
 PRELOAD = (
     "torch",
@@ -88,7 +88,7 @@ def _daemon(path: Path, ready: int) -> int:
         from tuner.measure.lean import cache_cpu_info
 
         cache_cpu_info()
-    use_environment_ninja()
+    use_environment_builds()
     load_built_ops()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
