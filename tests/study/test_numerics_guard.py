@@ -119,3 +119,22 @@ def test_expert_parallel_runs_are_judged_against_the_data_parallel_reference() -
     assert reference_class(trial(**ep), WORLD) == reference_class(trial(), WORLD)
     dropped = figures(loss=7.3)  # tokens routed to the other rank's experts lost
     assert guard.judge(3, trial(**ep), dropped) is not None and dropped["check"] == "diverged"
+
+
+def test_another_split_of_the_readme_lora_batch_is_not_diverged_and_a_broken_average_is() -> None:
+    """The README's LoRA study (tiny LLaMA, bf16, 2 ranks, global batch 8): the step-0 gradient norms measured by
+    bench/numerics_noise.py. ZeRO-0 micro 1 × 4 was called diverged against micro 4 × 1 (2.04e-2 > 2e-2); another
+    split is judged within what 16-bit partial sums explain, the same split keeps the precision's tolerance, and a
+    loss average broken by a factor 2 is still diverged."""
+    loss = 6.963196
+    guard = NumericsGuard(WORLD)
+    guard.judge(0, trial(stage=0, micro=4, accum=1), figures(loss, 0.24322930))
+    for number, (micro, accum, norm) in enumerate(((1, 4, 0.23826293), (2, 2, 0.23722361)), start=1):
+        run = figures(loss, norm)
+        assert guard.judge(number, trial(stage=0, micro=micro, accum=accum), run) is None, run
+        assert run["check"] == "ok" and run["tolerance"] == pytest.approx(0.0625)
+    same_split = figures(loss, 0.23826293)  # at the reference's own split, that difference is not noise
+    assert guard.judge(3, trial(stage=2, micro=4, accum=1), same_split) is not None
+    broken = figures(loss, 0.24322930 / 2)
+    assert guard.judge(4, trial(stage=2, micro=1, accum=4, dstune={"fault_loss_scale": 0.5}), broken) is not None
+    assert broken["check"] == "diverged"

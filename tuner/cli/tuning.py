@@ -60,6 +60,8 @@ def run_with_progress(tuning: TuningStudy, console: Console) -> StudyReport:
         def on_event(event: Event) -> None:
             if event.status == "running":
                 return
+            if not console.is_terminal:  # a file, a pipe, a journal: no live bar there, one line per trial instead
+                console.print(event.line(), highlight=False, soft_wrap=True, markup=False)
             if event.status == "ok" and (event.tokens_per_s or 0) > best["tokens"]:
                 best["tokens"] = event.tokens_per_s or 0.0
             progress.update(

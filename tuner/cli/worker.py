@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Annotated
 
 import typer
@@ -10,6 +11,18 @@ import typer
 from tuner.cli.common import fail
 from tuner.cli.options import StorageOpt
 from tuner.requests import Launcher
+
+
+def log_to_stderr() -> None:
+    """dstune's own log lines (each job started and ended, each trial's outcome) on stderr, one a line: what a
+    terminal, a file or systemd's journal shows of a worker."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("tuner")
+    if not any(getattr(h, "dstune_worker", False) for h in logger.handlers):
+        handler.dstune_worker = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def worker_command(
@@ -36,6 +49,7 @@ def worker_command(
     from tuner.storage import Store, StoreError
     from tuner.worker import run_job, run_study_job, submit_loop, work
 
+    log_to_stderr()
     url = storage_url(storage)
     store = Store.open(url)
     if submit:

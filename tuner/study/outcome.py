@@ -139,7 +139,7 @@ class Recorder:
         """A config the estimator says cannot fit: recorded pruned with its reason, told PRUNED, never run."""
         self.record(trial, suggestion, est, "pruned", reason)
         self.tell(trial, TrialState.PRUNED)
-        self.emit(Event(trial.number, "pruned", reason=reason))
+        self.emit(Event(trial.number, "pruned", reason=reason, config=suggestion.trial.summary()))
 
     def tell_previous(self, trial: optuna.Trial, previous: TrialRecord) -> None:
         """Tell Optuna the recorded outcome of an identical config without running it again. A config another
@@ -159,7 +159,7 @@ class Recorder:
             self.tell(trial, TrialState.PRUNED)
         else:
             self.tell(trial, TrialState.FAIL)
-        self.emit(Event(trial.number, "duplicate", previous.tokens_per_s))
+        self.emit(Event(trial.number, "duplicate", previous.tokens_per_s, config=previous.trial.summary()))
 
     def _host_share(self, run: Run) -> int:
         """On CPU ranks, the bytes of a rank's measured peak that a GPU would not hold: its share of the states
@@ -208,7 +208,7 @@ class Recorder:
                 self._save_calibration()
             trial.set_constraint("memory", 1.0 if over_budget and not diverged else constraint)
             self.tell(trial, TrialState.FAIL)
-            self.emit(Event(trial.number, status, measurement.tokens_per_s, rejected))
+            self.emit(Event(trial.number, status, measurement.tokens_per_s, rejected, run.suggestion.trial.summary()))
             return
         if measurement.status == "ok":
             if peak:
@@ -227,7 +227,8 @@ class Recorder:
                 constraint = 1.0  # infeasible, whatever the estimate said
             trial.set_constraint("memory", constraint)
             self.tell(trial, TrialState.FAIL)
-        self.emit(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error))
+        summary = run.suggestion.trial.summary()
+        self.emit(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error, summary))
 
     def fail(self, run: Run, reason: str) -> None:
         """A run killed before it ended: recorded failed with ``reason`` and told FAIL."""
@@ -243,7 +244,7 @@ class Recorder:
         run.trial.set_constraint("memory", run.constraint)
         self.tell(run.trial, TrialState.FAIL)
         note = "queued to run again" if self.proposer.queue_retry(record) else "not retried again"
-        self.emit(Event(run.trial.number, "failed", None, f"{measurement.error} ({note})"))
+        self.emit(Event(run.trial.number, "failed", None, f"{measurement.error} ({note})", run.suggestion.trial.summary()))
 
     def _tell_stopped_early(self, run: Run, measurement: Measurement) -> None:
         """A run stopped for being clearly slow: each timed step's throughput reported to Optuna, then PRUNED.
@@ -260,7 +261,7 @@ class Recorder:
         trial.set_constraint("memory", run.constraint)
         self.tell(trial, TrialState.PRUNED)
         self.guide.after_run(run.suggestion, p50, tokens)
-        self.emit(Event(trial.number, "stopped_early", tokens, "stopped early: clearly slower than the best"))
+        self.emit(Event(trial.number, "stopped_early", tokens, "clearly slower than the best", run.suggestion.trial.summary()))
 
     def _save_calibration(self) -> None:
         self.guide.recalibrate(self.calibration)  # its picks from now on fit with the margin learned

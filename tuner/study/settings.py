@@ -54,6 +54,20 @@ class Event:
     status: str
     tokens_per_s: float | None = None
     reason: str | None = None
+    config: str | None = None  # the trial's config in one line (TrialConfig.summary)
+
+    def line(self) -> str:
+        """The event in one line, for logs and output that is not a terminal.
+
+        >>> Event(3, "ok", 11285.4, config="ZeRO-2 · micro 4 × accum 2").line()
+        'trial 3: ok, 11,285 tokens/s · ZeRO-2 · micro 4 × accum 2'
+        >>> Event(4, "pruned", reason="needs 1.97 GiB of 64.0 MiB", config="ZeRO-0").line()
+        'trial 4: pruned · ZeRO-0 · needs 1.97 GiB of 64.0 MiB'
+        """
+        head = f"trial {self.number}: {self.status}"
+        if self.tokens_per_s:
+            head += f", {self.tokens_per_s:,.0f} tokens/s"
+        return " · ".join(part for part in (head, self.config, (self.reason or "").strip()) if part)
 
 
 @dataclass

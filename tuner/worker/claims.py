@@ -28,6 +28,7 @@ def run_claimed(store: Store, job: JobRecord, executor: Executor, lease_s: float
     """Run a job this worker holds (status running) and record how it ended; returns that status, or ``"lost"``
     (another worker took the job over; nothing recorded) or ``"unavailable"`` (the database went away; the job is
     left to its lease). A job claimed with a lease has it renewed by a :class:`Heartbeat` (every ``lease_s / 4``)."""
+    _log.info("job %s: started, study %s", job.id, job.study_name)
     heartbeat = None
     if job.lease_expires_at is not None and job.worker:
         heartbeat = Heartbeat(store, job.id, job.worker, lease_s or default_lease_s())
@@ -70,6 +71,7 @@ def _finish(store: Store, job_id: int, status: str, error: str | None, holder: s
         if lost.field != "worker":
             raise
         return "lost"
+    _log.info("job %s: %s%s", job_id, status, f" ({error})" if error else "")
     return status
 
 

@@ -8,6 +8,7 @@ stays recorded, and the job ends ``cancelled``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from tuner.measure.options import MeasureOptions
@@ -15,6 +16,8 @@ from tuner.requests import JobRequest, tuning_workload
 from tuner.storage import JobRecord, Store
 from tuner.study import Event, StudySettings, TuningStudy
 from tuner.worker.lease import JobHandle
+
+_log = logging.getLogger(__name__)
 
 
 def study_settings(
@@ -53,6 +56,8 @@ def run_study_job(
     state: dict[str, Any] = {"best_tokens_per_s": None}
 
     def on_event(event: Event) -> None:
+        if event.status != "running":
+            _log.info("job %s: %s", job.id, event.line())
         if event.status == "ok" and (event.tokens_per_s or 0) > (state["best_tokens_per_s"] or 0):
             state["best_tokens_per_s"] = event.tokens_per_s
         handle.report(
