@@ -244,7 +244,9 @@ class Recorder:
         run.trial.set_constraint("memory", run.constraint)
         self.tell(run.trial, TrialState.FAIL)
         note = "queued to run again" if self.proposer.queue_retry(record) else "not retried again"
-        self.emit(Event(run.trial.number, "failed", None, f"{measurement.error} ({note})", run.suggestion.trial.summary()))
+        self.emit(
+            Event(run.trial.number, "failed", None, f"{measurement.error} ({note})", run.suggestion.trial.summary())
+        )
 
     def _tell_stopped_early(self, run: Run, measurement: Measurement) -> None:
         """A run stopped for being clearly slow: each timed step's throughput reported to Optuna, then PRUNED.
@@ -261,7 +263,9 @@ class Recorder:
         trial.set_constraint("memory", run.constraint)
         self.tell(trial, TrialState.PRUNED)
         self.guide.after_run(run.suggestion, p50, tokens)
-        self.emit(Event(trial.number, "stopped_early", tokens, "clearly slower than the best", run.suggestion.trial.summary()))
+        self.emit(
+            Event(trial.number, "stopped_early", tokens, "clearly slower than the best", run.suggestion.trial.summary())
+        )
 
     def _save_calibration(self) -> None:
         self.guide.recalibrate(self.calibration)  # its picks from now on fit with the margin learned
