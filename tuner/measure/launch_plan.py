@@ -13,6 +13,7 @@ from tuner.measure.measurement import RankResult
 from tuner.measure.rank_launch import CORES_VARIABLE, THREADS_VARIABLE
 from tuner.measure.rank_place import RankPlace
 from tuner.workload import LaunchEnv, RankEnv, rank_env
+from tuner.workload.launch_env import speed_variable
 
 
 def physical_cores() -> int:
@@ -43,6 +44,21 @@ def plan_rank(
     )
 
 
+def node_inherited(driver: Mapping[str, str], node: Mapping[str, str]) -> dict[str, str]:
+    """The user's environment for a rank on a Ray node: the driver's, with the node's own ``NCCL_*``,
+    ``PYTORCH_CUDA_ALLOC_CONF``, ``CUDA_DEVICE_MAX_CONNECTIONS`` and ``MKL_NUM_THREADS`` over it (a node's network
+    interface, its NCCL plugin or allocator settings are the node's; the driver, maybe a laptop or a CPU pod, must not
+    override every node's). ``OMP_NUM_THREADS`` stays the driver's: a Ray worker's own is Ray's (its CPUs), not the
+    node's. A workload's ``--launch-var`` still wins over both (:func:`tuner.workload.rank_env`).
+
+    >>> node_inherited({"NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "4"}, {"NCCL_SOCKET_IFNAME": "ib0",
+    ...     "OMP_NUM_THREADS": "1", "HOME": "/root"})
+    {'NCCL_SOCKET_IFNAME': 'ib0', 'OMP_NUM_THREADS': '4'}
+    """
+    own = {name: value for name, value in node.items() if speed_variable(name) and name != "OMP_NUM_THREADS"}
+    return {**driver, **own}
+
+
 def rank_variables(planned: RankEnv) -> dict[str, str]:
     """The variables the rank's process starts with: the planned ones, and the launcher-to-rank protocol's."""
     variables = {**planned.variables, THREADS_VARIABLE: str(planned.threads)}
@@ -52,14 +68,24 @@ def rank_variables(planned: RankEnv) -> dict[str, str]:
 
 
 def reserved_cpus(
-    launch: LaunchEnv, ranks_per_node: int, node_cpus: int, inherited: Mapping[str, str], threads: int | None = None
+    launch: LaunchEnv,
+    ranks_per_node: int,
+    node_cpus: int,
+    inherited: Mapping[str, str],
+    threads: int | None = None,
+    node_gpus: int = 0,
 ) -> int:
     """CPUs Ray reserves for each rank: the threads it will run (an offload trial's CPU Adam steps on them), at most
     its share of a node (a launcher whose rule oversubscribes the cores, as DeepSpeed's default does, cannot be
-    reserved beyond the node)."""
+    reserved beyond the node). On a node with ``node_gpus`` GPUs a rank's share is the node's CPUs over its GPUs,
+    not over the trial's ranks: a trial of 4 of 8 GPUs reserves half the node and leaves the rest to another.
+
+    >>> reserved_cpus(LaunchEnv(), 4, 64, {}, node_gpus=8), reserved_cpus(LaunchEnv(), 4, 64, {})
+    (8, 16)
+    """
     place = RankPlace(0, ranks_per_node, 0, ranks_per_node)
     wanted = plan_rank(launch, place, 1, inherited, cores=node_cpus, threads=threads).threads
-    return max(1, min(wanted, node_cpus // max(1, ranks_per_node)))
+    return max(1, min(wanted, node_cpus // max(1, ranks_per_node, node_gpus)))
 
 
 def with_plan(result: RankResult, planned: RankEnv) -> RankResult:

@@ -13,9 +13,11 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from tuner.measure.gpu_lease import TooFewDevices, node_leases
 from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, with_plan
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.oom import cgroup_oom_kills, kills_between
@@ -103,19 +105,17 @@ def launch_local(
     """
     workload = workload_from_dict(spec.workload)
     cluster, launch, threads = workload.cluster, workload.launch, spec.trial.threads_per_rank
-    if spec.device == "cuda" and cluster.nodes > 1:
-        return Measurement(
-            status="error",
-            exception_type="InvalidLayout",
-            error=f"the local launcher runs one node; --nodes {cluster.nodes} on CUDA needs the Ray launcher",
-        )
-    with tempfile.TemporaryDirectory(prefix="dstune-run-") as scratch:
-        run_dir = keep_dir or Path(scratch)
+    with ExitStack() as held:
+        try:
+            visible = held.enter_context(_run_devices(spec, cluster.gpus_per_node, cluster.nodes, cancel))
+        except TooFewDevices as error:
+            return Measurement(status="error", exception_type=error.kind, error=str(error))
+        run_dir = keep_dir or Path(held.enter_context(tempfile.TemporaryDirectory(prefix="dstune-run-")))
         run_dir.mkdir(parents=True, exist_ok=True)
         spec.write(run_dir)
         port = free_port()
         started = time.monotonic()
-        places = local_places(cluster.gpus_per_node, cluster.nodes)
+        places = local_places(cluster.gpus_per_node, cluster.nodes, visible)
         forked, preload = spec.lean, rank_preloads(spec)
         planned = [plan_rank(launch, place, cluster.nodes, os.environ, threads=threads) for place in places]
         oom_kills = cgroup_oom_kills()  # a rank SIGKILLed meanwhile by the kernel's OOM killer is an ``oom``
@@ -135,3 +135,17 @@ def launch_local(
     measurement.launch = measured_launch(launch, results)
     measurement.set_wall(time.monotonic() - started)
     return measurement
+
+
+@contextmanager
+def _run_devices(spec: RunSpec, gpus: int, nodes: int, cancel: threading.Event | None) -> Iterator[str | None]:
+    """The ``CUDA_VISIBLE_DEVICES`` of a CUDA run's ranks while it runs: ``gpus`` of this node's GPUs no other run
+    holds (:mod:`tuner.measure.gpu_lease`); None on CPU (the variable left as this process has it)."""
+    if spec.device != "cuda":
+        yield None
+        return
+    if nodes > 1:
+        why = f"the local launcher runs one node; --nodes {nodes} on CUDA needs the Ray launcher"
+        raise TooFewDevices(why, kind="InvalidLayout")
+    with node_leases().lease(gpus, cancel) as devices:
+        yield ",".join(devices)

@@ -58,7 +58,11 @@ class RankPlace:
         return env
 
 
-def local_places(gpus_per_node: int, nodes: int) -> list[RankPlace]:
-    """The layout ``nodes`` × ``gpus_per_node`` on this machine: rank r is local rank r mod G of node r div G."""
+def local_places(gpus_per_node: int, nodes: int, visible: str | None = None) -> list[RankPlace]:
+    """The layout ``nodes`` × ``gpus_per_node`` on this machine: rank r is local rank r mod G of node r div G;
+    ``visible``: the run's ``CUDA_VISIBLE_DEVICES`` (None: as this process has it)."""
     world, host = gpus_per_node * nodes, socket.gethostname()
-    return [RankPlace(r, world, r % gpus_per_node, gpus_per_node, r // gpus_per_node, None, host) for r in range(world)]
+    return [
+        RankPlace(r, world, r % gpus_per_node, gpus_per_node, r // gpus_per_node, None, host, visible)
+        for r in range(world)
+    ]

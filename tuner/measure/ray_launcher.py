@@ -46,6 +46,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tuner.measure.launch_plan import (
     measured_launch,
+    node_inherited,
     plan_rank,
     rank_variables,
     reserved_cpus,
@@ -57,6 +58,7 @@ from tuner.measure.oom import cgroup_oom_kills, kills_between
 from tuner.measure.rank_outcome import collect_rank, placed, summarize
 from tuner.measure.rank_place import RankPlace, free_port
 from tuner.measure.rank_process import rank_preloads, start_rank, stop_ranks
+from tuner.measure.ray_placement import assign_places, node_bundle, node_shape, why_unplaced
 from tuner.measure.run_protocol import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
@@ -155,6 +157,7 @@ class RankHost:
             forked, preload = run_spec.lean, rank_preloads(run_spec)
             workload = workload_from_dict(run_spec.workload)
             threads = run_spec.trial.threads_per_rank
+            inherited = node_inherited(inherited, os.environ)  # the node's own NCCL_* and allocator settings win
             plan = plan_rank(workload.launch, place, workload.cluster.nodes, inherited, threads=threads)
             variables = rank_variables(plan)
             oom_kills = cgroup_oom_kills()
@@ -182,89 +185,6 @@ class RankHost:
             return result
 
 
-def node_bundle(gpus_per_node: int, cuda: bool, cpus_per_rank: int = 1) -> dict[str, float]:
-    """The resources one node gives the job: ``cpus_per_rank`` CPUs per rank, and a GPU per rank on CUDA."""
-    cpus = float(gpus_per_node * cpus_per_rank)
-    return {"CPU": cpus, "GPU": float(gpus_per_node)} if cuda else {"CPU": cpus}
-
-
-def _node_cpus() -> int:
-    """The CPUs of the smallest alive node of the cluster (Ray's count), which every rank's reservation must fit."""
-    counts = [int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")]
-    return max(1, min((count for count in counts if count > 0), default=os.cpu_count() or 1))
-
-
-def missing_resources(bundle: dict[str, float], nodes: int, cluster: list[dict[str, Any]]) -> str | None:
-    """Why no ``nodes`` distinct alive nodes of ``cluster`` (``ray.nodes()``) can each hold ``bundle``, or None."""
-    alive = [node for node in cluster if node.get("Alive")]
-    short: dict[str, dict[str, float]] = {}
-    for node in alive:
-        total = node.get("Resources", {})
-        lacking = {key: need - total.get(key, 0.0) for key, need in bundle.items() if total.get(key, 0.0) < need}
-        if lacking:
-            short[node["NodeID"]] = lacking
-    able = len(alive) - len(short)
-    if able >= nodes:
-        return None
-    shortfalls = "; ".join(
-        f"node {node_id[:12]} lacks " + ", ".join(f"{key} {amount:g}" for key, amount in lacking.items())
-        for node_id, lacking in short.items()
-    )
-    return (
-        f"the layout needs {nodes} node(s) with {_resources(bundle)} each; the cluster has {able} such node(s) of "
-        f"{len(alive)} alive, missing {nodes - able} node(s) with {_resources(bundle)}"
-        + (f" ({shortfalls})" if short else "")
-    )
-
-
-def _why_unplaced(bundle: dict[str, float], nodes: int, waited: float) -> str:
-    """The error of a layout Ray did not place in time: what the cluster lacks, or what other jobs hold."""
-    prefix = f"Ray could not place {nodes} node(s) with {_resources(bundle)} each within {waited:.0f} s: "
-    missing = missing_resources(bundle, nodes, ray.nodes())
-    if missing:
-        return prefix + missing
-    available = ray.available_resources()
-    free = _resources({key: available.get(key, 0.0) for key in bundle})
-    return prefix + f"free in the cluster now {free}; other jobs hold the rest"
-
-
-def _resources(bundle: dict[str, float]) -> str:
-    return "{" + ", ".join(f"{key}: {amount:g}" for key, amount in bundle.items()) + "}"
-
-
-def assign_places(nodes: list[list[dict[str, Any]]], cuda: bool) -> list[list[RankPlace]]:
-    """Ranks for the actors of each node (``nodes[node_rank]`` = the ``describe()`` of its actors, in start order).
-
-    Within a node, actors are ordered by their first GPU id (start order on CPU): that order is the local rank.
-    Returns the places in the same shape as ``nodes``.
-    """
-    per_node = len(nodes[0])
-    world = per_node * len(nodes)
-    places: list[list[RankPlace]] = []
-    for node_rank, actors in enumerate(nodes):
-        order = sorted(range(len(actors)), key=lambda i: ([int(g) for g in actors[i]["gpu_ids"]], i))
-        visible = None
-        if cuda:
-            visible = ",".join(str(g) for g in sorted({int(g) for actor in actors for g in actor["gpu_ids"]}))
-        local_ranks = {index: local_rank for local_rank, index in enumerate(order)}
-        places.append(
-            [
-                RankPlace(
-                    rank=node_rank * per_node + local_ranks[index],
-                    world_size=world,
-                    local_rank=local_ranks[index],
-                    local_world_size=per_node,
-                    node_rank=node_rank,
-                    node_id=actor["node_id"],
-                    hostname=actor["hostname"],
-                    visible_devices=visible,
-                )
-                for index, actor in enumerate(actors)
-            ]
-        )
-    return places
-
-
 def _unavailable(error: str) -> Measurement:
     return Measurement(status="error", exception_type=UNAVAILABLE, error=error)
 
@@ -287,7 +207,8 @@ def launch_ray(
     cuda = spec.device == "cuda"
     launch, inherited = workload_from_dict(spec.workload).launch, dict(os.environ)
     threads = spec.trial.threads_per_rank
-    cpus = reserved_cpus(launch, cluster.gpus_per_node, _node_cpus(), inherited, threads)
+    node_cpus, node_gpus = node_shape(ray.nodes(), cuda)
+    cpus = reserved_cpus(launch, cluster.gpus_per_node, node_cpus, inherited, threads, node_gpus if cuda else 0)
     bundle = node_bundle(cluster.gpus_per_node, cuda, cpus)
     started = time.monotonic()
     group = placement_group([bundle] * cluster.nodes, strategy="STRICT_SPREAD")
@@ -295,7 +216,7 @@ def launch_ray(
         ray.get(group.ready(), timeout=placement_timeout)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
-        return _unavailable(_why_unplaced(bundle, cluster.nodes, placement_timeout))
+        return _unavailable(why_unplaced(bundle, cluster.nodes, placement_timeout))
     hosts = [
         [
             RankHost.options(  # type: ignore[attr-defined]  # ray.remote made it an actor class
