@@ -36,6 +36,11 @@ from tuner.measure.forkserver.protocol import (
 )
 
 START_TIMEOUT_S = 300.0  # importing torch and DeepSpeed on a loaded 2-core host
+# a server that failed to start (on a GPU node: one whose forked children could not use CUDA) is not started again
+# for this long: each try costs its whole preload, and the ranks of a run start one after another, rank 0 waiting for
+# the others in its rendezvous
+NO_RESTART_S = 300.0
+_failed_starts: dict[str, tuple[float, str]] = {}  # server key -> (when its start failed, why)
 STAT_START_TIME, STAT_EXIT_CODE = 22, 52  # /proc/PID/stat's fields (proc(5)): start time, a zombie's wait status
 ANSWER_TIMEOUT_S = 30.0  # a server silent this long on a poll is stopped or hung (it answers in milliseconds)
 START_ANSWER_TIMEOUT_S = 120.0  # a start may first import a model's module (seconds on a loaded host)
@@ -245,6 +250,9 @@ def _connect_or_start(key: str, env: Mapping[str, str] | None) -> socket.socket:
     sock = _connect(path)
     if sock is not None:
         return sock
+    failed = _failed_starts.get(key)
+    if failed is not None and time.monotonic() - failed[0] < NO_RESTART_S:
+        raise ForkServerUnavailable(f"{failed[1]} (not started again for {NO_RESTART_S:.0f} s)")
     with path.with_suffix(".lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one launcher starts the server; the others wait and connect
         sock = _connect(path)
@@ -263,9 +271,12 @@ def _connect_or_start(key: str, env: Mapping[str, str] | None) -> socket.socket:
             code = starter.wait(timeout=START_TIMEOUT_S)  # it exits once its daemon listens (or failed to)
         except subprocess.TimeoutExpired:
             starter.kill()
-            raise ForkServerUnavailable(f"the fork server did not listen within {START_TIMEOUT_S:.0f} s") from None
+            _failed_starts[key] = (time.monotonic(), f"the fork server did not listen within {START_TIMEOUT_S:.0f} s")
+            raise ForkServerUnavailable(_failed_starts[key][1]) from None
         sock = _connect(path) if code == 0 else None
         if sock is None:
-            tail = log.read_text(errors="replace")[-1500:]
-            raise ForkServerUnavailable(f"the fork server did not start (code {code}):\n{tail}")
+            why = f"the fork server did not start (code {code}):\n{log.read_text(errors='replace')[-1500:]}"
+            _failed_starts[key] = (time.monotonic(), why)
+            raise ForkServerUnavailable(why)
+        _failed_starts.pop(key, None)
         return sock
