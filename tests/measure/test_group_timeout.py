@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tuner.measure.rank_place import free_port
 
 RANK = Path(__file__).with_name("group_timeout_rank.py")
 
 
+@pytest.mark.slow
 def test_every_group_gets_the_runs_collective_timeout(tmp_path: Path) -> None:
     """Before, the default group had the run's 42 s and ZeRO's cloned world group and a DeepSpeed new_group gloo's
     30-minute default (NCCL's 10 minutes on CUDA)."""

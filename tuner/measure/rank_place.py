@@ -25,6 +25,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_taken(error: str) -> bool:
+    """True when a run failed because its rendezvous port was taken between :func:`free_port` and rank 0's bind
+    (torch's TCPStore: ``EADDRINUSE``): another process's luck, not the config's; the run is started again on a new
+    port.
+
+    >>> port_taken("The server socket has failed to listen on any local network address. port: 29500, useIpv6: "
+    ...            "false, code: -98, name: EADDRINUSE, message: address already in use")
+    True
+    """
+    return "EADDRINUSE" in error or "address already in use" in error.lower()
+
+
 @dataclass(frozen=True)
 class RankPlace:
     """Where one rank of a job runs: its global rank, its node, and its index among the job's ranks on that node.

@@ -12,6 +12,7 @@ from tuner.measure.launcher import launch_local
 from tuner.measure.long_context_checks import measured_refusal
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
+from tuner.measure.rank_place import port_taken
 from tuner.measure.run_protocol import RunSpec
 from tuner.workload import MEASURED_QUANTIZATION, TrialConfig, Workload, workload_to_dict
 
@@ -52,11 +53,15 @@ def run_measurement(
         extra=dict(extra or {}),
     )
     launch = dict(timeout=options.timeout, memory_cap=options.memory_cap, progress=progress, cancel=cancel)
+    launcher: Any = launch_local
     if options.launcher == "ray":
         from tuner.measure.ray_launcher import launch_ray
 
-        return launch_ray(spec, address=options.ray_address, on_step=on_step, **launch)
-    return launch_local(spec, on_step=on_step, **launch)
+        launcher, launch["address"] = launch_ray, options.ray_address
+    measurement = launcher(spec, on_step=on_step, **launch)
+    if measurement.status == "error" and port_taken(measurement.error or ""):  # free at free_port(), then taken
+        measurement = launcher(spec, on_step=on_step, **launch)
+    return measurement
 
 
 def measure(
