@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -60,3 +61,12 @@ def test_no_gpu_is_refused_by_device_files_or_by_torch(monkeypatch: pytest.Monke
     with pytest.raises(typer.Exit) as refused:
         require_local_cuda("cuda", "local", "10.0.0.1:6379")  # an address does not help ranks started here
     assert refused.value.exit_code == 2
+
+
+def test_cuda_with_ds_accelerator_cpu_left_in_the_shell_is_refused_on_one_line(tmp_path: Path) -> None:
+    """The ranks inherit DS_ACCELERATOR: with ``cpu`` DeepSpeed would train every 'cuda' run on the CPU."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    done = subprocess.run([DSTUNE, "measure", *WORKLOAD], capture_output=True, text=True, timeout=300, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    assert lines[0].startswith("error: device:") and "DS_ACCELERATOR=cpu" in lines[0], lines

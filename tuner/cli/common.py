@@ -129,6 +129,9 @@ def require_local_cuda(device: str | None, launcher: str, ray_address: str | Non
     machine's own."""
     if device != "cuda" or (launcher == "ray" and (ray_address or os.environ.get("RAY_ADDRESS"))):
         return
+    accelerator = os.environ.get("DS_ACCELERATOR", "cuda")
+    if accelerator != "cuda":  # the ranks inherit it: DeepSpeed would train on its accelerator, not the GPUs
+        fail("device", f"cuda, but DS_ACCELERATOR={accelerator} in this environment: unset it or set it to cuda")
     if gpu_device_files():
         import torch
 
