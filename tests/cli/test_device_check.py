@@ -70,3 +70,14 @@ def test_cuda_with_ds_accelerator_cpu_left_in_the_shell_is_refused_on_one_line(t
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
     assert lines[0].startswith("error: device:") and "DS_ACCELERATOR=cpu" in lines[0], lines
+
+
+def test_a_memory_cap_on_cuda_is_refused_on_one_line(tmp_path: Path) -> None:
+    """RLIMIT_AS breaks cuInit (CUDA reserves the device's address space): every capped CUDA rank failed to start."""
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
+    ray = ["--launcher", "ray", "--ray-address", "127.0.0.1:1"]  # ranks elsewhere: no local GPU needed to get there
+    args = [DSTUNE, "measure", *WORKLOAD, *ray, "--memory-cap", "8GiB"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    assert lines[0].startswith("error: memory-cap:") and "cuInit" in lines[0], lines

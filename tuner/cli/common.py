@@ -140,6 +140,16 @@ def require_local_cuda(device: str | None, launcher: str, ray_address: str | Non
     fail("device", "cuda, but this machine has no GPU torch can use: use --device cpu, or --ray-address of a cluster")
 
 
+def memory_cap_bytes(memory_cap: str | None, device: str | None) -> int | None:
+    """``--memory-cap`` in bytes; refused (exit 2 naming ``memory-cap``) on CUDA, where an address-space cap
+    (``RLIMIT_AS``) breaks ``cuInit``: CUDA reserves virtual address space for the whole device and more."""
+    if not memory_cap:
+        return None
+    if device == "cuda":
+        fail("memory-cap", "an address-space cap breaks CUDA's initialisation (cuInit): use it with --device cpu")
+    return size(memory_cap, "memory-cap")
+
+
 def require_ray_nodes(nodes: int, launcher: str, ray_address: str | None) -> None:
     """Refuse at once (exit 2 naming ``nodes``) a layout of several nodes on the local Ray this command would start:
     it is one node, so every run would wait for nodes that never join and end in an error."""
@@ -170,6 +180,7 @@ __all__ = [
     "default_device",
     "fail",
     "gib",
+    "memory_cap_bytes",
     "require_local_cuda",
     "size",
     "write_text_file",

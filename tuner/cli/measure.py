@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuner.cli.common import fail, gib, size
+from tuner.cli.common import fail, gib, memory_cap_bytes
 from tuner.cli.local_gpu import checked_here
 from tuner.cli.options import (
     AUTO_DEVICE,
@@ -49,7 +49,7 @@ def measure_command(
     refusal = measurement_refusal(workload)
     if refusal:
         fail(*refusal)
-    cap = size(memory_cap, "memory-cap") if memory_cap else None
+    cap = memory_cap_bytes(memory_cap, flags.device)
     from tuner.measure.run import measure
 
     if not as_json and (launcher == "local" or ray_address is None):  # the ranks build DeepSpeed's ops here

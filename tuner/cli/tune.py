@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from rich.console import Console
 
-from tuner.cli.common import fail, size, write_text_file
+from tuner.cli.common import fail, memory_cap_bytes, write_text_file
 from tuner.cli.local_gpu import checked_here
 from tuner.cli.options import (
     LONG_CONTEXT_PINS,
@@ -108,7 +108,7 @@ def tune_command(
     --seq-len max: the longest sequence that fits, by measurement from the estimator's answer."""
     warmup_max = warmup_limit(warmup, warmup_max)
     flags = checked_here(flags, launcher, ray_address)  # before the workload is built (it loads the model)
-    cap = size(memory_cap, "memory-cap") if memory_cap else None
+    cap = memory_cap_bytes(memory_cap, flags.device)
     dispatch = MeasureOptions(launcher, ray_address, warmup, steps, run_timeout, cap, warmup_max)
     seq_len = seq_len_of(str(flags.seq_len))
     if seq_len is None:

@@ -38,6 +38,8 @@ def run_measurement(
     cannot measure of the long-context settings (:func:`~tuner.measure.long_context_checks.measured_refusal`)."""
     if workload.trainable.quantization:
         raise InputError("quantization", MEASURED_QUANTIZATION)
+    if options.memory_cap and workload.cluster.device == "cuda":  # RLIMIT_AS breaks cuInit
+        raise InputError("memory-cap", "an address-space cap breaks CUDA's initialisation (cuInit): CPU runs only")
     refusal = measured_refusal(workload, trial, workload.cluster.device)
     if refusal is not None:
         raise InputError(*refusal)
