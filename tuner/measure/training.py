@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tuner.measure.adam_choice import adam_fallback, with_torch_adam
 from tuner.measure.alloc_conf import apply_alloc_conf
 from tuner.measure.measurement import EXCERPT_CHARS, InvalidConfig, RankResult
 from tuner.measure.numerics import NumericsRecorder
@@ -202,6 +203,9 @@ class TrainingProcess:
         timings["model_s"] = time.perf_counter() - begin
         begin = time.perf_counter()
         config = spec.trial.deepspeed_config(workload.cluster.world_size)
+        fallback = adam_fallback(spec.device, config)  # no compiler for DeepSpeed's fused op: torch's Adam trains
+        if fallback:
+            config, self.result.launch["adam"] = with_torch_adam(config), f"torch (fallback: {fallback})"
         if spec.trial.layout.expert_parallel > 1:  # AutoEP must find the MoE blocks in the wrapper (.autoep)
             from tuner.measure.autoep import expose_moe_layers
 
