@@ -46,7 +46,7 @@ HOSTILE: list[tuple[str, dict[str, Any], list[str | int]]] = [
     ),
     ("/v1/recommend", {"model": "llama-2-7b", "seq_len": 2**20, "gpus": 4096, "nodes": 4096}, ["nodes"]),
     ("/v1/recommend", {"config": {**LLAMA, "num_hidden_layers": 10**9}}, ["config", "num_hidden_layers"]),
-    ("/v1/recommend", {"model": "llama-2-7b", "seq_len": 2**21}, ["seq_len"]),
+    ("/v1/recommend", {"model": "llama-2-7b", "seq_len": 2**26 + 1}, ["seq_len"]),
 ]
 
 

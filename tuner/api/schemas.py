@@ -15,8 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from tuner.requests import RequestModel, TrialRequest, TrialSettings, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
-
-MAX_SEQ_LEN = 2**20  # WorkloadRequest's bound on a given length
+from tuner.workload import MAX_SEQ_LEN  # WorkloadRequest's bound on a given length
 
 
 class LongestWorkloadInput(WorkloadInput):

@@ -32,9 +32,9 @@ from tuner.estimator.memory_estimate import CPU_VIEWS
 from tuner.estimator.throughput import predict
 from tuner.forecast.seq_candidates import Candidate, Pins, candidates
 from tuner.forecast.seq_scaling import SeqSizer
-from tuner.workload import TrialConfig, Workload
+from tuner.workload import MAX_SEQ_LEN, TrialConfig, Workload
 
-SEARCH_CAP = 2**26  # tokens: 67M, beyond any published run
+SEARCH_CAP = MAX_SEQ_LEN  # tokens: 67M, beyond any published run; --seq-len's own bound
 Fits = Callable[[MemoryEstimate], bool]
 
 

@@ -49,6 +49,7 @@ from tuner.requests.strict import RequestModel
 from tuner.units import parse_bytes
 from tuner.workload import (
     MAX_FREEZE_PATTERN,
+    MAX_SEQ_LEN,
     NEEDS_CUDA,
     Attention,
     ClusterSpec,
@@ -150,7 +151,7 @@ class WorkloadRequest(RequestModel):
     gpu_memory: MemorySize | None = Field(None, description="Per GPU: bytes or 80GiB; default: gpu_type's, else 80GiB.")
     gpu_type: GpuTypeName | None = Field(None, description="The GPU: usable memory, CUDA terms, throughput table.")
     cpu_memory: MemorySize = Field("1TiB", description="Per node: bytes or a size such as 1TiB.")
-    seq_len: int = Field(2048, ge=1, le=2**20)
+    seq_len: int = Field(2048, ge=1, le=MAX_SEQ_LEN)
     precision: Precision = "bf16"
     attention: Attention | None = Field(
         None,

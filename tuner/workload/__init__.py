@@ -67,6 +67,7 @@ from tuner.workload.quantization import (
 )
 from tuner.workload.spec import (
     MAX_FREEZE_PATTERN,
+    MAX_SEQ_LEN,
     ClusterSpec,
     TrainableSpec,
     TrainSpec,
@@ -128,6 +129,7 @@ __all__ = [
     "GPU_TYPE_NAMES",
     "LAUNCHER_ENVS",
     "MAX_FREEZE_PATTERN",
+    "MAX_SEQ_LEN",
     "MEASURED_QUANTIZATION",
     "MICRO_KEY",
     "MODEL_IMPLS",

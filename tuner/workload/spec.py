@@ -95,6 +95,7 @@ class TrainSpec:
 LEGACY_TRAIN: dict[str, Any] = {"micro_batch": 1, "grad_accum": 1, "activation_checkpointing": False}
 
 MAX_FREEZE_PATTERN = 1024  # characters of a --freeze regular expression
+MAX_SEQ_LEN = 2**26  # tokens: the longest length the estimator answers (67M, beyond any published run)
 
 
 @dataclass(frozen=True)
