@@ -703,3 +703,17 @@ def test_cuda_calibration_compares_max_memory_allocated_with_the_estimates_alloc
     calibration = store.get_calibration(work.cluster.hardware_key, work.model.family)
     assert calibration is not None and calibration.stats["ratios"], calibration
     assert all(abs(ratio - 1.0) < 1e-9 for ratio in calibration.stats["ratios"]), calibration.stats["ratios"]
+
+
+def test_a_training_command_failing_on_its_own_stops_the_study_at_its_first_trial(tmp_path: Path, store: Store) -> None:
+    """An import error, a missing data file, a bad flag: no config can fix it, so the study stops with its line
+    instead of recording every config failed."""
+    from tuner.measure.script.failures import SCRIPT_FAILED, ScriptFailed
+
+    line = "FileNotFoundError: [Errno 2] No such file or directory: 'data.jsonl'"
+    fake = FakeMeasurer(lambda config: Measurement(status="error", exception_type=SCRIPT_FAILED, error=line))
+    study = TuningStudy(settings(tmp_path, micros=[1, 2], trials=4), store)
+    with pytest.raises(ScriptFailed) as stopped:
+        study.run(fake)
+    assert stopped.value.message == line and len(fake.submitted) == 1
+    assert {k: v for k, v in store.study_summary(study.study_id).counts.items() if v} == {"error": 1}

@@ -22,6 +22,14 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
+from tuner.cli.script_options import (
+    ArgMappingOpt,
+    CommandArg,
+    DsConfigAtOpt,
+    script_command,
+    script_flags,
+    script_trial,
+)
 from tuner.cli.study_view import describe_launch
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher
@@ -41,12 +49,21 @@ def measure_command(
     ray_address: Annotated[str | None, typer.Option(help="Existing Ray cluster (with --launcher ray).")] = None,
     memory_cap: Annotated[str | None, typer.Option(help="Address-space cap per rank (CPU runs).")] = None,
     as_json: JsonOpt = False,
+    ds_config_at: DsConfigAtOpt = None,
+    arg_mapping: ArgMappingOpt = None,
+    command: CommandArg = None,
 ) -> None:
-    """Run a short real DeepSpeed training job and report throughput and peak memory per rank."""
+    """Run a short real DeepSpeed training job and report throughput and peak memory per rank. After --: your own
+    training command, measured with its own ds_config."""
     warmup_max = warmup_limit(warmup, warmup_max)
     flags = checked_here(flags, launcher, ray_address)  # before the workload is built (it loads the model)
+    script = script_command(command, ds_config_at, arg_mapping)
+    if script is not None:
+        flags = script_flags(flags, script)
     workload, trial = build(flags)
-    refusal = measurement_refusal(workload)
+    if script is not None:
+        trial = script_trial(script, flags, workload.cluster.world_size)
+    refusal = measurement_refusal(workload) if script is None else None  # a command trains its own model
     if refusal:
         fail(*refusal)
     cap = memory_cap_bytes(memory_cap, flags.device)
@@ -58,7 +75,7 @@ def measure_command(
         notice = build_notice(workload.cluster.device, [trial.ds_config])[0]
         if notice:
             Console().print(notice, highlight=False, soft_wrap=True, markup=False)
-    options = MeasureOptions(launcher, ray_address, warmup, steps, timeout, cap, warmup_max)
+    options = MeasureOptions(launcher, ray_address, warmup, steps, timeout, cap, warmup_max, script)
     result = measure(workload, trial, options, show_progress=not as_json)
     if as_json:
         typer.echo(json.dumps(result))
@@ -92,4 +109,14 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
     measured_in = describe_launch(result.get("launch"))
     if measured_in:
         console.print("launch: " + measured_in, highlight=False, soft_wrap=True, markup=False)
-    console.print(f"estimated peak per GPU: {gib(result['estimate']['per_gpu']['total'])} GiB")
+    script = result.get("script") or {}
+    if script:
+        console.print(
+            f"the figures are your command's: {script['command']}", highlight=False, soft_wrap=True, markup=False
+        )
+    if result.get("estimate"):
+        console.print(f"estimated peak per GPU: {gib(result['estimate']['per_gpu']['total'])} GiB")
+    if result.get("estimate_assumes"):
+        console.print(
+            f"the estimate assumes {result['estimate_assumes']}", highlight=False, soft_wrap=True, markup=False
+        )

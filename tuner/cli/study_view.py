@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from tuner.cli.script_view import render_script_best
 from tuner.units import GiB, format_duration
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
     console.print("trials by status: " + (counts or "none yet"), highlight=False)
     render_pruned(store, study_id, console)
     best = store.best_trial(study_id)
+    if best is not None and render_script_best(best, console):
+        return
     if best is not None:
         console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:", highlight=False)
         console.print_json(json.dumps(best.trial.deepspeed_config()))  # as DeepSpeed gets it (dstune best exports it)

@@ -30,6 +30,16 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
+from tuner.cli.script_options import (
+    ArgMappingOpt,
+    CommandArg,
+    DsConfigAtOpt,
+    script_command,
+    script_flags,
+    script_pins,
+    script_study_name,
+)
+from tuner.cli.script_view import export_script_best
 from tuner.cli.study_view import launch_notes
 from tuner.cli.tune_max import SearchOptions, seq_len_of, tune_max
 from tuner.cli.tuning import run_tune
@@ -41,6 +51,7 @@ from tuner.workload.layout_checks import HPZ_KEY
 from tuner.workload.measurable import measurement_refusal
 
 if TYPE_CHECKING:
+    from tuner.measure.script.command import ScriptCommand
     from tuner.study import StudySettings
     from tuner.workload import Workload
 
@@ -103,23 +114,26 @@ def tune_command(
     nvme_path: NvmePathOpt = None,
     search_threads: SearchThreadsOpt = False,
     cores_per_node: CoresPerNodeOpt = None,
+    ds_config_at: DsConfigAtOpt = None,
+    arg_mapping: ArgMappingOpt = None,
+    command: CommandArg = None,
 ) -> None:
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest. With
     --seq-len max: the longest sequence that fits, by measurement from the estimator's answer."""
-    warmup_max = warmup_limit(warmup, warmup_max)
-    flags = checked_here(flags, launcher, ray_address)  # before the workload is built (it loads the model)
-    cap = memory_cap_bytes(memory_cap, flags.device)
-    dispatch = MeasureOptions(launcher, ray_address, warmup, steps, run_timeout, cap, warmup_max)
+    script = script_command(command, ds_config_at, arg_mapping)
+    flags, dispatch = _measure_options(
+        flags, launcher, ray_address, (warmup, warmup_max, steps), run_timeout, memory_cap
+    )
+    dispatch = replace(dispatch, script=script)
     seq_len = seq_len_of(str(flags.seq_len))
+    if script is not None:
+        flags, study, pin = _script_study(flags, script, study, space, pin, seq_len)
     if seq_len is None:
         search = SearchOptions(dispatch, study, storage, trials, _pins(pin or []), nvme_path)
         raise typer.Exit(tune_max(ctx, flags, search))
     flags = replace(flags, seq_len=seq_len)
-    workload = tuning_workload(flags)
-    try:
-        seconds = parse_duration(timeout) if timeout else None
-    except ValueError as error:
-        fail("timeout", str(error))
+    workload = tuning_workload(flags, script)
+    seconds = _study_timeout(timeout)
     budget = thread_budget(search_threads, cores_per_node, workload.cluster.gpus_per_node)
     settings = tune_settings(
         workload,
@@ -139,15 +153,53 @@ def tune_command(
     raise typer.Exit(run_tune(settings, storage))
 
 
-def tuning_workload(flags: WorkloadFlags) -> Workload:
-    """The workload a study tunes, refused (exit 2) when no run of it can be measured."""
+def _measure_options(
+    flags: WorkloadFlags,
+    launcher: Launcher,
+    ray_address: str | None,
+    steps: tuple[int, int | None, int],
+    run_timeout: float,
+    memory_cap: str | None,
+) -> tuple[WorkloadFlags, MeasureOptions]:
+    """How each run is measured (``steps``: warm-up, its cap, timed), checked against the launcher and this machine
+    before the workload is built (it loads the model)."""
+    warmup, warmup_max, timed = steps
+    warmup_max = warmup_limit(warmup, warmup_max)
+    flags = checked_here(flags, launcher, ray_address)
+    cap = memory_cap_bytes(memory_cap, flags.device)
+    return flags, MeasureOptions(launcher, ray_address, warmup, timed, run_timeout, cap, warmup_max)
+
+
+def _study_timeout(timeout: str | None) -> float | None:
+    """``--timeout`` in seconds (exit 2 when it does not read as a duration)."""
+    try:
+        return parse_duration(timeout) if timeout else None
+    except ValueError as error:
+        fail("timeout", str(error))
+
+
+def _script_study(
+    flags: WorkloadFlags, script: ScriptCommand, study: str | None, space: str, pin: list[str] | None, seq_len: Any
+) -> tuple[WorkloadFlags, str, list[str]]:
+    """A script study's flags (its ds_config's precision), name (the workload's marked with the command) and pins
+    (what the command decides for itself)."""
+    if seq_len is None:
+        fail("seq-len", "--seq-len max measures dstune's own trainer, not a training command")
+    flags = script_flags(flags, script)
+    name = study or script_study_name(default_study_name(tuning_workload(flags, script)), script)
+    return flags, name, [*script_pins(space), *(pin or [])]
+
+
+def tuning_workload(flags: WorkloadFlags, script: ScriptCommand | None = None) -> Workload:
+    """The workload a study tunes, refused (exit 2) when no run of it can be measured (by dstune's trainer: a
+    training command trains its own model)."""
     # micro-batch, accumulation, stage and offload are what the search decides: --hpz is checked against the ranks
     # here (its pin pins stage 3, tuner.space.pins), the rest of the layout in build
     workload, _ = build(replace(flags, hpz=1))
     hpz_wrong = hpz_problem(3, flags.hpz or 1, workload.cluster.world_size)
     if hpz_wrong:
         fail(HPZ_KEY, hpz_wrong)
-    refusal = measurement_refusal(workload)
+    refusal = measurement_refusal(workload) if script is None else None
     if refusal:
         fail(*refusal)
     return workload
@@ -216,6 +268,8 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     best = store.best_trial(record.id)
     if best is None:
         fail("study", f"study {study!r} has no successfully measured trial yet")
+    if export_script_best(best, out):  # the command's own config, as it trained with it
+        return
     workload = store.workload_of(record.id)
     world = workload.cluster.world_size
     try:

@@ -49,6 +49,7 @@ def run_with_progress(tuning: TuningStudy, console: Console) -> StudyReport:
     """Run the study through the dispatcher, with a progress bar (configs recorded, best tokens/s so far)."""
     from tuner.measure.dispatch import Dispatcher
     from tuner.measure.op_builds import AnnounceBuilds
+    from tuner.measure.script.failures import ScriptFailed
     from tuner.study import Event, Measurer
 
     settings = tuning.settings
@@ -80,6 +81,9 @@ def run_with_progress(tuning: TuningStudy, console: Console) -> StudyReport:
             )
         try:
             return tuning.run(measurer)
+        except ScriptFailed as failed:  # the command failed on its own at its first trial: the study stops
+            progress.stop()
+            fail(failed.field, failed.message)
         finally:
             dispatcher.close(wait=False)
 

@@ -8,10 +8,10 @@ calls in a thread pool: the Ray actors do the work.
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from tuner.measure.backends.launchers import launcher_for
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
@@ -24,26 +24,13 @@ class Dispatcher:
     def __init__(self, options: MeasureOptions, device: str, world_size: int) -> None:
         self.options = options
         # A CPU run's ranks use every core of the machine: two at once would measure each other, not the config.
-        self.slots = 1 if device == "cpu" else max(1, self._capacity(device) // world_size)
-        if device == "cpu" and options.launcher == "ray":
-            self._capacity(device)  # still connect to Ray up front, so a bad address fails before any trial
+        capacity = self._capacity(device)  # connects to Ray up front where it is used: a bad address fails at once
+        self.slots = 1 if device == "cpu" else max(1, capacity // world_size)
         self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="dstune-run")
         self.cancelled = threading.Event()
 
     def _capacity(self, device: str) -> int:
-        resource = "GPU" if device == "cuda" else "CPU"
-        if self.options.launcher == "ray":
-            import ray
-
-            from tuner.measure.ray_launcher import ensure_ray
-
-            ensure_ray(self.options.ray_address)
-            return int(ray.cluster_resources().get(resource, 0))
-        if device == "cuda":
-            import torch
-
-            return torch.cuda.device_count()
-        return os.cpu_count() or 1
+        return launcher_for(self.options).capacity(device)
 
     def submit(self, workload: Workload, trial: TrialConfig, on_step: StepHook | None = None) -> Future[Measurement]:
         """Start measuring ``trial`` on ``workload``; the future holds the measurement. ``on_step`` sees rank 0's

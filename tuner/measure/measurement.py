@@ -78,6 +78,7 @@ class RankResult:
     local_params: int | None = None  # parameter elements the rank holds after AutoTP shards them (ZeRO-3: ds_numel)
     tokens_per_micro_batch: int | None = None
     launch: dict[str, Any] = field(default_factory=dict)  # threads, affinity, variables (tuner.measure.rank_launch)
+    script: dict[str, Any] = field(default_factory=dict)  # a training command's rank: what it fed and its engine's
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
@@ -123,6 +124,8 @@ class Measurement:
     # the step-0 loss and gradient norm and the losses (tuner.measure.numerics); the study adds its verdict
     numerics: dict[str, Any] = field(default_factory=dict)
     launch: dict[str, Any] = field(default_factory=dict)  # the launch it ran in (tuner.measure.launch_plan)
+    # the user's training command measured instead of dstune's trainer (tuner.measure.backends.script): its figures
+    script: dict[str, Any] = field(default_factory=dict)
 
     def set_wall(self, wall_s: float) -> None:
         """Record the run's wall time and derive :attr:`cost` from it (:func:`trial_cost`)."""

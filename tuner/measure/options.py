@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.measure.script.command import ScriptCommand
+
 
 @dataclass(frozen=True)
 class MeasureOptions:
@@ -25,6 +27,8 @@ class MeasureOptions:
         timeout: Seconds before every rank of the run is killed (the run is then ``timeout``).
         memory_cap: Address-space cap per rank in bytes (CPU runs), None for none.
         warmup_max: Past ``warmup``, warm up until the last step times settle, up to this many warm-up steps in all.
+        script: The user's own training command to measure instead of dstune's trainer
+            (:mod:`tuner.measure.backends`); None measures with the built-in trainer.
     """
 
     launcher: str = "ray"
@@ -34,6 +38,7 @@ class MeasureOptions:
     timeout: float = 600.0
     memory_cap: int | None = None
     warmup_max: int | None = None
+    script: ScriptCommand | None = None
 
 
 MEASURE_DEFAULTS = MeasureOptions()

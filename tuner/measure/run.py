@@ -8,13 +8,9 @@ from typing import Any
 
 from tuner.errors import InputError
 from tuner.estimator import estimate
-from tuner.measure.launcher import launch_local
-from tuner.measure.long_context_checks import measured_refusal
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
-from tuner.measure.rank_place import port_taken
-from tuner.measure.run_protocol import RunSpec
-from tuner.workload import MEASURED_QUANTIZATION, TrialConfig, Workload, workload_to_dict
+from tuner.workload import TrialConfig, Workload
 
 
 def run_measurement(
@@ -28,42 +24,21 @@ def run_measurement(
     profiler_overhead: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> Measurement:
-    """Run ``trial`` on ``workload`` (its cluster's device and world size, its model as its ``ModelSpec`` says:
-    transformers' built from its config, or the built-in one) as ``options`` say, and return the measurement.
+    """Run ``trial`` on ``workload`` (its cluster's device and world size) as ``options`` say, through the measuring
+    backend they name (:mod:`tuner.measure.backends`: dstune's own trainer, its model as the ``ModelSpec`` says, or
+    the user's own training command), and return the measurement.
     Setting ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``);
     ``on_step`` may stop a run early (:func:`tuner.measure.launcher.launch_local`). ``profiler_overhead`` times one
     more step under the true-peak instrument; ``extra`` goes to the ranks as ``RunSpec.extra``
     (``allocation_detail``: what is alive at the peak). A 4-bit bitsandbytes base is refused (:class:`InputError`
     naming ``quantization``): the ranks would train the unquantized model, not the one asked for; so is what a run
     cannot measure of the long-context settings (:func:`~tuner.measure.long_context_checks.measured_refusal`)."""
-    if workload.trainable.quantization:
-        raise InputError("quantization", MEASURED_QUANTIZATION)
     if options.memory_cap and workload.cluster.device == "cuda":  # RLIMIT_AS breaks cuInit
         raise InputError("memory-cap", "an address-space cap breaks CUDA's initialisation (cuInit): CPU runs only")
-    refusal = measured_refusal(workload, trial, workload.cluster.device)
-    if refusal is not None:
-        raise InputError(*refusal)
-    spec = RunSpec(
-        workload_to_dict(workload),
-        trial.ds_config,
-        activation_checkpointing=trial.activation_checkpointing,
-        device=workload.cluster.device,
-        warmup=options.warmup,
-        steps=options.steps,
-        warmup_max=options.warmup_max,
-        profiler_overhead=profiler_overhead,
-        extra=dict(extra or {}),
-    )
-    launch = dict(timeout=options.timeout, memory_cap=options.memory_cap, progress=progress, cancel=cancel)
-    launcher: Any = launch_local
-    if options.launcher == "ray":
-        from tuner.measure.ray_launcher import launch_ray
+    from tuner.measure.backends import RunControls, backend_for
 
-        launcher, launch["address"] = launch_ray, options.ray_address
-    measurement = launcher(spec, on_step=on_step, **launch)
-    if measurement.status == "error" and port_taken(measurement.error or ""):  # free at free_port(), then taken
-        measurement = launcher(spec, on_step=on_step, **launch)
-    return measurement
+    controls = RunControls(progress, cancel, on_step, profiler_overhead, dict(extra or {}))
+    return backend_for(options).measure(workload, trial, options, controls)
 
 
 def measure(
@@ -82,7 +57,12 @@ def measure(
 
         measurement = run_measurement(workload, trial, options, progress=report)
     result = measurement.to_dict()
-    result["estimate"] = estimate(workload, trial).to_dict()
+    if options.script is None:
+        result["estimate"] = estimate(workload, trial).to_dict()
+        return result
+    from tuner.measure.script.estimate_note import script_estimate
+
+    result["estimate"], result["estimate_assumes"] = script_estimate(workload, trial)
     return result
 
 

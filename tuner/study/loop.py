@@ -28,6 +28,7 @@ import optuna
 
 from tuner.forecast import Calibration, ThroughputGuide
 from tuner.measure.measurement import CANCELLED, Measurement
+from tuner.measure.script.failures import SCRIPT_FAILED, ScriptFailed
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, load_space
 from tuner.storage import DuplicateConfig, Store, StoreError, StudyStatus, TrialRecord
 from tuner.study.gate import Verdict, answered_by_record, judge
@@ -237,6 +238,8 @@ class TuningStudy:
         except Exception as error:  # the dispatcher itself failed (Ray unreachable...): record, never lose it
             measurement = Measurement(status="error", exception_type=type(error).__name__, error=str(error))
         self.recorder.finish(run, measurement)
+        if measurement.exception_type == SCRIPT_FAILED:  # the user's command failed on its own: no config can help
+            raise ScriptFailed(measurement.error or "the training command failed")
 
     def _stop_in_flight(self, dispatcher: Measurer, reason: str, wait_s: float) -> None:
         """Kill the runs in flight, wait up to ``wait_s`` for them to end, and record each failed with ``reason``;

@@ -43,6 +43,7 @@ class StudySettings:
             "nvme_path": self.nvme_path,
             "thread_budget": self.thread_budget,
             "early_stop": None if self.early_stop is None else vars(self.early_stop),
+            **({"script": self.dispatch.script.to_dict()} if self.dispatch.script else {}),
         }
 
 
