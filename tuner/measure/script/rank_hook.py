@@ -286,6 +286,7 @@ def _write_error(error: BaseException) -> None:
         "at": time.time(),
     }
     _write(_state.run_dir / f"error-{os.getpid()}.json", record)
+    _state.done = True  # its error record says how it ended
 
 
 def _at_exit() -> None:

@@ -1,0 +1,205 @@
+"""The user's own training command measured and tuned unchanged, on 2 CPU ranks: the example scripts users read
+(``examples/scripts``: a raw ``deepspeed.initialize`` loop, an HF Trainer script, an accelerate loop), a script that
+crashes, one that hangs, and a config over a memory cap. Each run is made once (module fixtures) and read by the
+tests that need it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("deepspeed")
+pytest.importorskip("accelerate")
+
+pytestmark = pytest.mark.deepspeed
+BIN = Path(sys.executable).parent
+DSTUNE = str(BIN / "dstune")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
+CPU2 = ["--model", "tiny-llama", "--gpus", "2", "--device", "cpu", "--seq-len", "64"]
+RAW = [str(BIN / "deepspeed"), "--num_gpus", "2", "raw_deepspeed.py", "--deepspeed", "--deepspeed_config"]
+
+
+def dstune(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([DSTUNE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the example scripts (a run writes nothing beside them, but the tests add their own)."""
+    folder = tmp_path_factory.mktemp("scripts")
+    for path in EXAMPLES.iterdir():
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def raw_study(scripts: Path) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], str]:
+    """A 2-trial study of the raw DeepSpeed loop, and ``dstune best`` of it."""
+    db = f"sqlite:///{scripts / 'raw.db'}"
+    pins = ["--pin", "offload_optimizer=none", "--pin", "offload_param=none"]
+    tune = dstune(
+        "tune",
+        *CPU2,
+        "--global-batch",
+        "8",
+        "--trials",
+        "2",
+        "--launcher",
+        "local",
+        "--storage",
+        db,
+        "--study",
+        "raw",
+        *pins,
+        "--",
+        *RAW,
+        "ds_config.json",
+        cwd=scripts,
+    )
+    best = dstune("best", "--study", "raw", "--storage", db, "--out", "best.json", cwd=scripts)
+    return tune, best, db
+
+
+def measure(scripts: Path, *args: str) -> dict:
+    done = dstune("measure", *CPU2, "--json", *args, cwd=scripts)
+    assert done.stdout, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_raw_deepspeed_loop_tunes_with_memory_and_throughput_for_every_trial(raw_study, scripts: Path) -> None:
+    tune, best, db = raw_study
+    assert tune.returncode == 0, tune.stdout + tune.stderr
+    from tuner.storage import Store
+
+    store = Store.open(db)
+    study = store.get_study("raw")
+    assert study is not None
+    trials = store.trials(study.id)
+    measured = [t for t in trials if t.status == "ok"]
+    assert measured, [(t.status, t.error) for t in trials]
+    for trial in measured:
+        figures = trial.measurement or {}
+        assert figures["script"]["backend"] == "script"
+        if not figures.get("stopped_early"):
+            assert all(peak and peak > 0 for peak in figures["peak_bytes_per_rank"])
+            assert figures["tokens_per_s"] > 0 and figures["script"]["tokens_from"].startswith("the token ids")
+    # best: the user's optimizer and scheduler kept, the command filled in
+    config = json.loads((scripts / "best.json").read_text())
+    assert config["scheduler"]["type"] == "WarmupLR" and config["optimizer"]["params"]["torch_adam"] is True
+    assert "--deepspeed_config best.json" in best.stderr, best.stderr
+    assert "figures are your training command's" in best.stderr
+
+
+def test_an_hf_trainer_script_is_measured_with_its_batch_flags(scripts: Path) -> None:
+    result = measure(
+        scripts,
+        "--micro-batch",
+        "2",
+        "--",
+        str(BIN / "deepspeed"),
+        "--num_gpus",
+        "2",
+        "hf_trainer.py",
+        "--deepspeed",
+        "ds_config_hf.json",
+        "--output_dir",
+        str(scripts / "out"),
+        "--max_steps",
+        "20",
+        "--use_cpu",
+        "--report_to",
+        "none",
+    )
+    assert result["status"] == "ok", result["error"]
+    assert result["script"]["micro_batch_fed"] == 2 and result["script"]["samples_per_step"] == 4
+    assert all(rank["true_peak"]["peak_source"] == "allocator" for rank in result["ranks"])
+    assert result["step_time_s"]["p50"] > 0
+
+
+def test_an_accelerate_script_is_measured(scripts: Path) -> None:
+    result = measure(
+        scripts,
+        "--micro-batch",
+        "2",
+        "--",
+        str(BIN / "accelerate"),
+        "launch",
+        "--num_processes",
+        "2",
+        "--use_deepspeed",
+        "--deepspeed_config_file",
+        "ds_config_accelerate.json",
+        "accelerate_loop.py",
+    )
+    assert result["status"] == "ok", result["error"]
+    assert result["script"]["micro_batch_fed"] == 2  # the loader's batch came from the autotuning arg_mappings
+
+
+def test_a_script_crashing_on_its_own_stops_the_study_at_its_first_trial(scripts: Path) -> None:
+    (scripts / "crash.py").write_text("import json\njson.load(open('missing_data.jsonl'))\n")
+    db = f"sqlite:///{scripts / 'crash.db'}"
+    done = dstune(
+        "tune",
+        "--model",
+        "tiny-llama",
+        "--gpus",
+        "1",
+        "--device",
+        "cpu",
+        "--seq-len",
+        "64",
+        "--trials",
+        "3",
+        "--launcher",
+        "local",
+        "--storage",
+        db,
+        "--study",
+        "crash",
+        "--",
+        sys.executable,
+        "crash.py",
+        "--deepspeed",
+        "ds_config_hf.json",
+        cwd=scripts,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "No such file or directory: 'missing_data.jsonl'" in done.stderr.splitlines()[-1]
+    from tuner.storage import Store
+
+    store = Store.open(db)
+    study = store.get_study("crash")
+    assert study is not None and len(store.trials(study.id)) == 1
+
+
+def test_a_hanging_script_is_ended_at_the_timeout_with_no_process_left(scripts: Path) -> None:
+    hang = scripts / "hang.py"
+    hang.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    result = measure(
+        scripts,
+        "--timeout",
+        "20",
+        "--",
+        str(BIN / "torchrun"),
+        "--nproc_per_node",
+        "2",
+        "hang.py",
+        "--deepspeed_config",
+        "ds_config.json",
+    )
+    assert result["status"] == "timeout" and "had not reached deepspeed.initialize" in result["error"]
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(hang) in " ".join(p.info["cmdline"] or [])]
+    left += [p.pid for p in psutil.process_iter(["cmdline"]) if "hang.py" in (p.info["cmdline"] or [])]
+    assert not left
+
+
+def test_a_config_over_a_memory_cap_is_recorded_oom(scripts: Path) -> None:
+    """ZeRO-1's default reduce bucket (5e8 fp32 elements, 2 GB) cannot be allocated under a 1.5 GiB address space."""
+    result = measure(scripts, "--memory-cap", "1536MiB", "--", *RAW, "ds_config.json")
+    assert result["status"] == "oom", result["error"]
