@@ -10,9 +10,7 @@ the group and to each of them, then SIGKILL to whatever is left after a grace pe
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import resource
 import signal
 import subprocess
 import threading
@@ -24,21 +22,12 @@ from pathlib import Path
 import psutil
 
 from tuner.measure.measurement import StepHook
+from tuner.measure.rank_process import _rank_preexec
 from tuner.measure.run_protocol import read_progress
 
 POLL_S = 0.2
 TERM_GRACE_S = 3.0
 PEER_GRACE_S = 10.0  # a rank failed: its peers get this long to end before they are taken as hung
-PR_SET_PDEATHSIG = 1
-
-
-def _preexec(memory_cap: int | None) -> Callable[[], None]:
-    def setup() -> None:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if memory_cap:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
-
-    return setup
 
 
 @dataclass
@@ -101,7 +90,7 @@ def start(argv: list[str], cwd: str, env: dict[str, str], run_dir: Path, memory_
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_preexec(memory_cap),
+            preexec_fn=_rank_preexec(memory_cap),  # dies with dstune; the cap on CPU runs,
         )
     return Running(process, log)
 
