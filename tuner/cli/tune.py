@@ -121,10 +121,8 @@ def tune_command(
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest. With
     --seq-len max: the longest sequence that fits, by measurement from the estimator's answer."""
     script = script_command(command, ds_config_at, arg_mapping)
-    flags, dispatch = _measure_options(
-        flags, launcher, ray_address, (warmup, warmup_max, steps), run_timeout, memory_cap
-    )
-    dispatch = replace(dispatch, script=script)
+    timing = (warmup, warmup_max, steps, run_timeout)
+    flags, dispatch = _measure_options(flags, launcher, ray_address, timing, memory_cap, script)
     seq_len = seq_len_of(str(flags.seq_len))
     if script is not None:
         flags, study, pin = _script_study(flags, script, study, space, pin, seq_len)
@@ -157,17 +155,17 @@ def _measure_options(
     flags: WorkloadFlags,
     launcher: Launcher,
     ray_address: str | None,
-    steps: tuple[int, int | None, int],
-    run_timeout: float,
+    timing: tuple[int, int | None, int, float],
     memory_cap: str | None,
+    script: ScriptCommand | None,
 ) -> tuple[WorkloadFlags, MeasureOptions]:
-    """How each run is measured (``steps``: warm-up, its cap, timed), checked against the launcher and this machine
-    before the workload is built (it loads the model)."""
-    warmup, warmup_max, timed = steps
+    """How each run is measured (``timing``: warm-up steps, their cap, timed steps, the run's timeout), checked
+    against the launcher and this machine before the workload is built (it loads the model)."""
+    warmup, warmup_max, timed, run_timeout = timing
     warmup_max = warmup_limit(warmup, warmup_max)
     flags = checked_here(flags, launcher, ray_address)
     cap = memory_cap_bytes(memory_cap, flags.device)
-    return flags, MeasureOptions(launcher, ray_address, warmup, timed, run_timeout, cap, warmup_max)
+    return flags, MeasureOptions(launcher, ray_address, warmup, timed, run_timeout, cap, warmup_max, script)
 
 
 def _study_timeout(timeout: str | None) -> float | None:
