@@ -1,0 +1,43 @@
+"""The published GPU runs ``bench/published_gpu.py`` scores (``bench/data/published_gpu.yaml``): every row names its
+source and quotes it, says what was measured and in which unit, and describes a config dstune can estimate (a known
+GPU type, a model the bench finds, an outcome of fits or oom); the bench turns a row into ``dstune estimate``'s flags
+(ALST's tiling as ArcticTraining runs it)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+from bench_module import BENCH, load_bench
+
+from tuner.workload import GPU_TYPES, preset_names
+
+ROWS = yaml.safe_load((BENCH / "data" / "published_gpu.yaml").read_text())
+KINDS = {"allocated", "reserved", "nvidia-smi", "unspecified", "none"}
+
+
+def test_at_least_thirty_rows_with_unique_ids() -> None:
+    assert len(ROWS) >= 30
+    assert len({row["id"] for row in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row["id"] for row in ROWS])
+def test_each_row_is_sourced_and_estimable(row: dict) -> None:
+    assert row["url"].startswith("https://") and row["quote"] and row["source"]
+    assert row["gpu_type"] in GPU_TYPES and row["outcome"] in ("fits", "oom")
+    assert row["measured"] in KINDS
+    assert (row["figure"] is None) == (row["unit"] is None) == (row["measured"] == "none")
+    assert (BENCH / "configs" / row["model"]).exists() or row["model"] in preset_names()
+    assert row["seq_len"] % row["sequence_parallel"] == 0
+    assert row["gpus"] * row["nodes"] % row["sequence_parallel"] == 0
+
+
+def test_alst_tiling_as_arctic_training_runs_it() -> None:
+    bench = load_bench("published_gpu")
+    row = next(row for row in ROWS if row["id"] == "run-h100-sp8-llama-8b-3800000")
+    flags = bench.flags_of(row, None)
+    local = 3_800_000 // 8
+    assert flags.tiled_mlp == math.ceil(local / 4096)  # DeepSpeed's ALST tutorial: ceil(seqlen / hidden)
+    assert flags.tiled_loss == math.ceil(local * 128_256 * 4 / 2**30)  # 1 GiB of fp32 logits per shard
+    assert (flags.gpu_type, flags.sequence_parallel, flags.offload_checkpoints) == ("h100-80gb", 8, True)
