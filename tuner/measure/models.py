@@ -187,7 +187,7 @@ class TransformersCausalLM(nn.Module):
         super().__init__()
         from tuner.profile.hf import build, enable_checkpointing
 
-        self.model = build(hf_config, attention=attention)  # the same model the profile traces
+        self.model = build(hf_config, attention=attention, bounded=False)  # the model the profile traces, real
         if checkpointing:
             enable_checkpointing(self.model)
 

@@ -7,6 +7,7 @@ the config field (``model.<key>``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any
@@ -20,6 +21,7 @@ from torch import nn
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from tuner.profile.build_bound import build_bound
 from tuner.profile.config_checks import refuse_custom_code
 from tuner.profile.model_parts import (
     config_value,
@@ -140,9 +142,15 @@ def _model_class_name(config_object: Any) -> str:
 
 
 def build(
-    config: dict[str, Any], attention: str | None = None, dtype: torch.dtype | None = None, **overrides: Any
+    config: dict[str, Any],
+    attention: str | None = None,
+    dtype: torch.dtype | None = None,
+    bounded: bool = True,
+    **overrides: Any,
 ) -> nn.Module:
-    """``AutoModelForCausalLM.from_config`` with random weights on the current device (or fake/meta mode).
+    """``AutoModelForCausalLM.from_config`` with random weights on the current device (or fake/meta mode), within
+    :func:`tuner.profile.build_bound.build_bound` unless not ``bounded`` (a measured rank's real model: its host
+    memory is checked before the run, :mod:`tuner.measure.host_memory`).
 
     ``attention`` None: the implementation transformers resolves for the config (SDPA where the class supports it,
     else eager); else the decoder layers' (:func:`text_attention`). A kind the class cannot run is refused
@@ -153,7 +161,8 @@ def build(
     if attention is not None:
         kwargs["attn_implementation"] = text_attention(config_object, ATTN_IMPLEMENTATIONS[attention])
     try:
-        model = transformers.AutoModelForCausalLM.from_config(config_object, **kwargs)
+        with build_bound() if bounded else contextlib.nullcontext():
+            model = transformers.AutoModelForCausalLM.from_config(config_object, **kwargs)
     except WorkloadError:
         raise
     except Exception as error:

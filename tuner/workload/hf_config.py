@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputError
+from tuner.workload.config_bounds import pattern_limit
 from tuner.workload.errors import WorkloadError
 from tuner.workload.model import ModelSpec
 from tuner.workload.plain_data import MAX_DEPTH, check_plain_data
@@ -62,13 +63,16 @@ def check_config_limits(config: Any, path: str = "model", depth: int = 0) -> Non
         if isinstance(value, dict):
             check_config_limits(value, f"{path}.{key}", depth + 1)
             continue
-        limit = CONFIG_LIMITS.get(key)
-        if limit is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        limit = CONFIG_LIMITS.get(key) or pattern_limit(key)  # the usual names, then every name by its shape
+        if limit is None:
             continue
-        if not value <= limit:  # NaN fails too
-            raise WorkloadError(f"{path}.{key}", f"must be at most {limit}, got {value!r}")
-        if value < 0:  # refused here, in pure Python, rather than by building the model off the request path
-            raise WorkloadError(f"{path}.{key}", f"must not be negative, got {value!r}")
+        for item in value if isinstance(value, list) else [value]:  # hidden_sizes: [...] per stage
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                continue
+            if not item <= limit:  # NaN fails too
+                raise WorkloadError(f"{path}.{key}", f"must be at most {limit}, got {item!r}")
+            if item < 0 and key in CONFIG_LIMITS:  # refused here, in pure Python, rather than by building the model
+                raise WorkloadError(f"{path}.{key}", f"must not be negative, got {item!r}")
 
 
 def _get(config: dict[str, Any], *names: str, default: Any = None) -> Any:
