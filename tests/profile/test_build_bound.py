@@ -17,9 +17,9 @@ from tuner.workload import WorkloadError
 
 def test_a_build_past_its_memory_bound_is_refused_naming_the_model_and_the_limit_is_restored() -> None:
     before = resource.getrlimit(resource.RLIMIT_AS)
-    with pytest.raises(WorkloadError, match=r"model: building this model takes more than"):
-        with build_bound(extra_bytes=256 * 2**20):
-            bytearray(2 * 2**30)
+    refused = pytest.raises(WorkloadError, match=r"model: building this model takes more than")
+    with refused, build_bound(extra_bytes=256 * 2**20):
+        bytearray(2 * 2**30)
     assert resource.getrlimit(resource.RLIMIT_AS) == before
     bytearray(512 * 2**20)  # allowed again
 
@@ -29,11 +29,11 @@ def test_a_build_past_its_time_bound_is_refused_and_an_outer_alarm_survives_it()
     saved = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))
     try:
         signal.alarm(30)
-        with pytest.raises(WorkloadError, match=r"model: building this model takes longer than 1 s"):
-            with build_bound(limit_s=1):
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:  # a build that would not end
-                    sum(range(1000))
+        refused = pytest.raises(WorkloadError, match=r"model: building this model takes longer than 1 s")
+        with refused, build_bound(limit_s=1):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # a build that would not end
+                sum(range(1000))
         left = signal.alarm(0)
         assert 0 < left <= 30 and not fired  # the outer alarm is set again, not spent
     finally:
