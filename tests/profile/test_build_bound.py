@@ -4,7 +4,6 @@ alarm, restored after."""
 from __future__ import annotations
 
 import json
-import resource
 import signal
 import time
 from pathlib import Path
@@ -15,13 +14,16 @@ from tuner.profile.build_bound import build_bound
 from tuner.workload import WorkloadError
 
 
-def test_a_build_past_its_memory_bound_is_refused_naming_the_model_and_the_limit_is_restored() -> None:
-    before = resource.getrlimit(resource.RLIMIT_AS)
-    refused = pytest.raises(WorkloadError, match=r"model: building this model takes more than")
-    with refused, build_bound(extra_bytes=256 * 2**20):
-        bytearray(2 * 2**30)
-    assert resource.getrlimit(resource.RLIMIT_AS) == before
-    bytearray(512 * 2**20)  # allowed again
+def test_a_build_past_its_memory_bound_is_refused_naming_the_model_and_the_handler_is_restored() -> None:
+    before = signal.getsignal(signal.SIGALRM)
+    held: list[bytearray] = []
+    refused = pytest.raises(WorkloadError, match=r"model: building this model takes more than 64.0 MiB")
+    with refused, build_bound(extra_bytes=64 * 2**20):
+        for _ in range(64):  # a build growing 16 MiB at a time, up to 1 GiB
+            held.append(bytearray(16 * 2**20))
+            time.sleep(0.02)
+    assert len(held) < 64 and signal.getsignal(signal.SIGALRM) == before
+    held.clear()
 
 
 def test_a_build_past_its_time_bound_is_refused_and_an_outer_alarm_survives_it() -> None:
@@ -46,9 +48,9 @@ def test_the_cli_builds_within_the_bound(tmp_path: Path, monkeypatch: pytest.Mon
     from tuner.cli.app import app
     from tuner.profile import build_bound as bound_module
 
-    monkeypatch.setattr(bound_module, "BUILD_BYTES", 1)  # no build fits one byte more
+    monkeypatch.setattr(bound_module, "BUILD_BYTES", 1)  # no build of 64 layers fits one byte more
     monkeypatch.setenv("DSTUNE_PROFILE_CACHE", str(tmp_path / "profiles"))
-    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 64,
               "num_attention_heads": 4, "vocab_size": 1000}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
     result = CliRunner().invoke(app, ["estimate", "--model", str(tmp_path / "config.json"), "--device", "cpu"])
