@@ -8,6 +8,7 @@ from typing import ClassVar
 from tuner.errors import InputError
 from tuner.measure.backends.base import RunControls
 from tuner.measure.backends.launchers import launcher_for
+from tuner.measure.host_memory import run_refusal
 from tuner.measure.long_context_checks import measured_refusal
 from tuner.measure.measurement import Measurement
 from tuner.measure.options import MeasureOptions
@@ -27,12 +28,16 @@ class BuiltinTrainer:
         """One run of the rank program on the launcher ``options`` names. A 4-bit bitsandbytes base is refused
         (:class:`InputError` naming ``quantization``): the ranks would train the unquantized model, not the one asked
         for; so is what a run cannot measure of the long-context settings
-        (:func:`~tuner.measure.long_context_checks.measured_refusal`)."""
+        (:func:`~tuner.measure.long_context_checks.measured_refusal`); a run on this host that would not fit its
+        memory is not started (``oom``, :mod:`tuner.measure.host_memory`)."""
         if workload.trainable.quantization:
             raise InputError("quantization", MEASURED_QUANTIZATION)
         refusal = measured_refusal(workload, trial, workload.cluster.device)
         if refusal is not None:
             raise InputError(*refusal)
+        too_big = run_refusal(workload, trial, options)  # this host's memory and CPUs (tuner.measure.host_memory)
+        if too_big is not None:
+            return too_big
         spec = RunSpec(
             workload_to_dict(workload),
             trial.ds_config,

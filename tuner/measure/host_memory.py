@@ -1,0 +1,86 @@
+"""A measured run's host memory, estimated against the host it runs on and refused before it starts when it would
+not fit (:func:`host_refusal`), and a cap on the CPU ranks one host runs (:func:`check_cpu_ranks`).
+
+On CPU ranks the "device" is the host: each rank's estimated peak (``gpu_total``, what ``--gpu-memory`` bounds) lives
+in the host's memory beside what the estimator puts in the node's CPU memory (offloaded states, pinned buffers, the
+processes themselves: ``cpu_per_node``). On GPUs the host holds the latter only: what offload puts there. A run whose
+sum exceeds the memory the host has available now is not started: it would be killed by the kernel or Ray's memory
+monitor, and other users' processes with it. Such a run ends ``oom`` (``HostMemory``): it does not fit here, and a
+length search goes down from it as from a measured overflow.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tuner.errors import InputError
+from tuner.estimator import MemoryEstimate, estimate
+from tuner.measure.measurement import Measurement
+from tuner.measure.options import MeasureOptions
+from tuner.units import format_bytes
+from tuner.workload import TrialConfig, Workload
+
+HOST_MEMORY = "HostMemory"
+CPU_RANKS_PER_CPU = 4  # CPU ranks one host may run, per logical CPU (each rank is a whole interpreter and torch)
+
+
+def available_memory() -> int:
+    """The memory this host has available now (bytes, the kernel's MemAvailable)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def host_bytes(workload: Workload, estimate: MemoryEstimate) -> int:
+    """What the run's ranks on this host need: every node's CPU memory (the local launcher, and Ray on this machine
+    alone, run every node here) and, on CPU ranks, every rank's device peak."""
+    cluster = workload.cluster
+    need = cluster.nodes * int(estimate.cpu_per_node.get("total", 0))
+    if cluster.device == "cpu":
+        need += cluster.world_size * estimate.gpu_total
+    return need
+
+
+def host_refusal(workload: Workload, estimate: MemoryEstimate, available: int | None = None) -> Measurement | None:
+    """The ``oom`` measurement of a run that would not fit this host's ``available`` memory (default: now), or None."""
+    need = host_bytes(workload, estimate)
+    available = available_memory() if available is None else available
+    if need <= available:
+        return None
+    cluster = workload.cluster
+    ranks = f"{cluster.world_size} CPU ranks × {format_bytes(estimate.gpu_total)} + " if cluster.device == "cpu" else ""
+    parts = f"{ranks}{format_bytes(int(estimate.cpu_per_node.get('total', 0)))} of CPU memory per node"
+    return Measurement(
+        status="oom",
+        exception_type=HOST_MEMORY,
+        error=f"not started: the run needs about {format_bytes(need)} of this host's memory ({parts}), and "
+        f"{format_bytes(available)} is available",
+    )
+
+
+def run_refusal(workload: Workload, trial: TrialConfig, options: MeasureOptions) -> Measurement | None:
+    """For ranks that run on this host (the local launcher, Ray without an address): refuse more CPU ranks than
+    :func:`check_cpu_ranks` takes, and give the ``oom`` measurement of a run that would not fit the host's memory
+    (None when it fits, or cannot be estimated: the run itself then says what is wrong)."""
+    if options.launcher != "local" and options.ray_address is not None:
+        return None
+    check_cpu_ranks(workload)
+    try:
+        planned = estimate(workload, trial)
+    except (InputError, ValueError, KeyError, TypeError, ArithmeticError):
+        return None
+    return host_refusal(workload, planned)
+
+
+def check_cpu_ranks(workload: Workload, cpus: int | None = None) -> None:
+    """Refuse more CPU ranks on this host than :data:`CPU_RANKS_PER_CPU` per logical CPU (:class:`InputError` naming
+    ``gpus``)."""
+    cluster = workload.cluster
+    cap = CPU_RANKS_PER_CPU * (cpus or os.cpu_count() or 1)
+    if cluster.device == "cpu" and cluster.world_size > cap:
+        raise InputError(
+            "gpus", f"{cluster.world_size} CPU ranks on this host's {cap // CPU_RANKS_PER_CPU} CPUs: at most {cap}"
+        )
+
+
+__all__ = ["CPU_RANKS_PER_CPU", "HOST_MEMORY", "available_memory", "check_cpu_ranks", "host_bytes", "host_refusal"]
