@@ -62,3 +62,23 @@ def test_cpu_ranks_are_capped_per_cpu() -> None:
     with pytest.raises(InputError, match=r"gpus: 9 CPU ranks on this host's 2 CPUs: at most 8"):
         check_cpu_ranks(_workload(256, gpus=9), cpus=2)
     check_cpu_ranks(_workload(256, gpus=64, device="cuda"), cpus=2)  # GPU ranks: not capped here
+
+
+def test_a_length_search_on_cpu_ranks_starts_within_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.cli.tune_max import SearchOptions, _within_host
+    from tuner.forecast import Pins, longest_fit
+    from tuner.measure import host_memory
+    from tuner.measure.host_memory import host_share
+
+    workload = _workload(256)  # --gpu-memory 80GiB, the default
+    answer = longest_fit(workload, Pins())
+    assert answer.seq_len > 10**7  # what the estimator answers for 80 GiB per rank
+    shared = host_share(workload, available=24 * 2**30)
+    assert shared is not None and shared.cluster.gpu_memory == 12 * 2**30
+    assert host_share(workload, available=400 * 2**30) is None  # a host larger than --gpu-memory says
+    assert host_share(_workload(256, device="cuda"), available=1) is None
+    monkeypatch.setattr(host_memory, "available_memory", lambda: 24 * 2**30)
+    options = SearchOptions(MeasureOptions(), None, None, 8, {}, None)
+    within = _within_host(workload, Pins(), 2**26, options, answer)
+    assert within.seq_len < answer.seq_len
+    assert host_refusal(within.workload, within.estimate, available=24 * 2**30) is None

@@ -97,6 +97,7 @@ def tune_max(ctx: typer.Context, flags: WorkloadFlags, options: SearchOptions) -
     except NoLengthFits as error:
         typer.echo(f"error: seq-len: the estimator finds no length that fits: {error}", err=True)
         return 1
+    answer = _within_host(workload, pins, cap, options, answer)
     base = _base_name(options.study, workload, cap)
     refused = measured_refusal(answer.workload, answer.trial, workload.cluster.device)
     if refused:
@@ -112,6 +113,40 @@ def tune_max(ctx: typer.Context, flags: WorkloadFlags, options: SearchOptions) -
     found = _measure(workload, answer, pins, base, cap, options, console)
     render_search(found, answer, workload, console, time.monotonic() - started)
     return 0 if found.longest is not None else 1
+
+
+def _within_host(workload: Workload, pins: Pins, cap: int, options: SearchOptions, answer: LongestFit) -> LongestFit:
+    """CPU ranks on this host: the search starts at the longest length that fits the host, when that is shorter
+    (``--gpu-memory`` may say more than the host holds; a run past the host is refused: tuner.measure.host_memory).
+    The ranks' share and the node's part compete for the one memory: the share shrinks until both fit."""
+    from tuner.measure.host_memory import available_memory, host_bytes, host_share
+
+    if options.dispatch.launcher != "local" and options.dispatch.ray_address is not None:
+        return answer
+    available = budget = available_memory()
+    for _ in range(HOST_TRIES):
+        shared = host_share(workload, budget)
+        if shared is None:
+            return answer
+        try:
+            within = longest_fit(shared, pins, cap=cap)
+        except NoLengthFits:
+            return answer
+        need = host_bytes(within.workload, within.estimate)
+        if need <= available:
+            break
+        budget = budget * available // need - (need - available)  # past the steps a length moves in
+    else:
+        return answer
+    if within.seq_len >= answer.seq_len:
+        return answer
+    typer.echo(
+        f"note: {answer.seq_len:,} tokens would need more memory than this host has for "
+        f"{workload.cluster.world_size} CPU ranks ({format_bytes(available)} available); starting from "
+        f"{within.seq_len:,}",
+        err=True,
+    )
+    return within
 
 
 def check_pins(pins: dict[str, Any]) -> None:
@@ -157,6 +192,9 @@ def search_cap(workload: Workload) -> int:
     search cap."""
     limit = workload.model.position_limit
     return min(SEARCH_CAP, limit) if limit > 0 else SEARCH_CAP
+
+
+HOST_TRIES = 6  # shares tried for a length search's start on CPU ranks (_within_host)
 
 
 def _base_name(study: str | None, workload: Workload, cap: int) -> str:

@@ -4,7 +4,7 @@ not fit (:func:`host_refusal`), and a cap on the CPU ranks one host runs (:func:
 On CPU ranks the "device" is the host: each rank's estimated peak (``gpu_total``, what ``--gpu-memory`` bounds) lives
 in the host's memory beside what the estimator puts in the node's CPU memory (offloaded states, pinned buffers, the
 processes themselves: ``cpu_per_node``). On GPUs the host holds the latter only: what offload puts there. A run whose
-sum exceeds the memory the host has available now is not started: it would be killed by the kernel or Ray's memory
+sum exceeds what the host has available now (:data:`HOST_FRACTION` of it) is not started: it would be killed by the kernel or Ray's memory
 monitor, and other users' processes with it. Such a run ends ``oom`` (``HostMemory``): it does not fit here, and a
 length search goes down from it as from a measured overflow.
 """
@@ -12,6 +12,7 @@ length search goes down from it as from a measured overflow.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from tuner.errors import InputError
 from tuner.estimator import MemoryEstimate, estimate
@@ -21,14 +22,16 @@ from tuner.units import format_bytes
 from tuner.workload import TrialConfig, Workload
 
 HOST_MEMORY = "HostMemory"
+HOST_FRACTION = 0.8  # of the available memory a run may take: the host's other processes grow too
 CPU_RANKS_PER_CPU = 4  # CPU ranks one host may run, per logical CPU (each rank is a whole interpreter and torch)
 
 
 def available_memory() -> int:
-    """The memory this host has available now (bytes, the kernel's MemAvailable)."""
+    """The memory a run may take on this host now: :data:`HOST_FRACTION` of what the kernel says is available
+    (bytes, MemAvailable)."""
     import psutil
 
-    return int(psutil.virtual_memory().available)
+    return int(psutil.virtual_memory().available * HOST_FRACTION)
 
 
 def host_bytes(workload: Workload, estimate: MemoryEstimate) -> int:
@@ -72,6 +75,20 @@ def run_refusal(workload: Workload, trial: TrialConfig, options: MeasureOptions)
     return host_refusal(workload, planned)
 
 
+def host_share(workload: Workload, available: int | None = None) -> Workload | None:
+    """On CPU ranks, ``workload`` with each rank's memory no more than its share of ``available`` (default: this
+    host's, now) and the node's CPU memory no more than all of it: what a length search starts from
+    (``--gpu-memory`` says nothing of the host). None when it is already within it, or the ranks are GPUs."""
+    cluster = workload.cluster
+    if cluster.device != "cpu":
+        return None
+    available = available_memory() if available is None else available
+    share = available // cluster.world_size
+    if share >= cluster.gpu_memory:
+        return None
+    return replace(workload, cluster=replace(cluster, gpu_memory=share, cpu_memory=min(cluster.cpu_memory, available)))
+
+
 def check_cpu_ranks(workload: Workload, cpus: int | None = None) -> None:
     """Refuse more CPU ranks on this host than :data:`CPU_RANKS_PER_CPU` per logical CPU (:class:`InputError` naming
     ``gpus``)."""
@@ -83,4 +100,13 @@ def check_cpu_ranks(workload: Workload, cpus: int | None = None) -> None:
         )
 
 
-__all__ = ["CPU_RANKS_PER_CPU", "HOST_MEMORY", "available_memory", "check_cpu_ranks", "host_bytes", "host_refusal"]
+__all__ = [
+    "CPU_RANKS_PER_CPU",
+    "HOST_MEMORY",
+    "available_memory",
+    "check_cpu_ranks",
+    "host_bytes",
+    "host_refusal",
+    "host_share",
+    "run_refusal",
+]
