@@ -4,9 +4,9 @@ not fit (:func:`host_refusal`), and a cap on the CPU ranks one host runs (:func:
 On CPU ranks the "device" is the host: each rank's estimated peak (``gpu_total``, what ``--gpu-memory`` bounds) lives
 in the host's memory beside what the estimator puts in the node's CPU memory (offloaded states, pinned buffers, the
 processes themselves: ``cpu_per_node``). On GPUs the host holds the latter only: what offload puts there. A run whose
-sum exceeds what the host has available now (:data:`HOST_FRACTION` of it) is not started: it would be killed by the kernel or Ray's memory
-monitor, and other users' processes with it. Such a run ends ``oom`` (``HostMemory``): it does not fit here, and a
-length search goes down from it as from a measured overflow.
+sum exceeds what the host has available now (:data:`HOST_FRACTION` of it) is not started: it would be killed by the
+kernel or Ray's memory monitor, and other users' processes with it. Such a run ends ``oom`` (``HostMemory``): it does
+not fit here, and a length search goes down from it as from a measured overflow.
 """
 
 from __future__ import annotations
