@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from tuner.estimator.memo import per_workload
 from tuner.workload import SUPPORTED_FAMILIES, ActivationProfile, ModelSpec, Workload
 
 TOKEN_BYTES = 28  # token ids + targets (int64) and per-token loss statistics
@@ -142,6 +143,7 @@ class LayerActivations(NamedTuple):
     mlp_saved: int = 0  # what one layer's MLP block saves (what a tiled MLP drops; traced)
 
 
+@per_workload
 def workload_activation_bytes(
     workload: Workload,
     micro_batch: int,

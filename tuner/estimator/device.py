@@ -34,6 +34,7 @@ A kind's numbers are defaults for calibration: :func:`dataclasses.replace` a fie
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from tuner.estimator.nccl import NcclCosts, Parallelism, communicator_bytes, communicators
@@ -73,13 +74,20 @@ class DeviceKind:
         ``simulated_reserve``: the simulated allocator's reserved-beyond-allocated bytes, used unless the kind
         sets a flat ``allocator_share``.
         """
-        terms = {"cuda_context": self.context}
-        for group in communicators(parallelism):
-            terms[f"nccl_{group.name}"] = communicator_bytes(group, self.nccl)
-        terms["cublas_workspace"] = self.gemm_handles * self.cublas_workspace
+        terms = dict(_outside_allocator(self, parallelism))
         share = self.allocator_share
         terms["allocator_reserve"] = int(share * peak) if share is not None else simulated_reserve
         return terms
+
+
+@functools.lru_cache(maxsize=256)
+def _outside_allocator(kind: DeviceKind, parallelism: Parallelism) -> tuple[tuple[str, int], ...]:
+    """The terms of :meth:`DeviceKind.overhead` before the allocator's, which depend on the kind and the groups only."""
+    terms = [("cuda_context", kind.context)]
+    for group in communicators(parallelism):
+        terms.append((f"nccl_{group.name}", communicator_bytes(group, kind.nccl)))
+    terms.append(("cublas_workspace", kind.gemm_handles * kind.cublas_workspace))
+    return tuple(terms)
 
 
 _HOPPER_NCCL = NcclCosts(nvls=256 * MiB)

@@ -47,6 +47,7 @@ NCCL >= 2.22 connects each algorithm at its first collective, so all of this app
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 MiB = 2**20
@@ -107,8 +108,13 @@ def communicators(p: Parallelism) -> list[Communicator]:
         >>> [(c.name, c.size, c.local) for c in communicators(Parallelism(16, 8, tensor_parallel=4))][1:]
         [('tensor_parallel', 4, 4), ('data_parallel', 4, 2)]
     """
+    return list(_communicators(p))
+
+
+@functools.lru_cache(maxsize=256)
+def _communicators(p: Parallelism) -> tuple[Communicator, ...]:
     if p.world <= 1:
-        return []
+        return ()
     gpn = p.gpus_per_node
     groups = [Communicator("world", p.world, _consecutive(p.world, gpn))]
     sp = p.sequence_parallel if p.world % p.sequence_parallel == 0 else 1
@@ -133,7 +139,7 @@ def communicators(p: Parallelism) -> list[Communicator]:
         nodes = max(1, p.world // gpn)
         groups.append(Communicator("quantized_all_to_all_local", min(gpn, p.world), min(gpn, p.world), True))
         groups.append(Communicator("quantized_all_to_all_global", nodes, 1, all_to_all=True))
-    return [group for group in groups if group.size > 1]
+    return tuple(group for group in groups if group.size > 1)
 
 
 def communicator_bytes(group: Communicator, costs: NcclCosts) -> int:

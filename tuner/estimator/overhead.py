@@ -9,6 +9,7 @@ workspaces and the caching allocator's reserve. The reserve is simulated on the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tuner.estimator.alloc_sequence import simulated_step
@@ -70,15 +71,15 @@ def _device_terms(
     allocation sequence (:mod:`.alloc_sequence`) unless the kind sets a flat share. The simulation gets the GPU
     memory the context and NCCL leave as its capacity, so it releases cached segments where the real allocator
     would (before an out-of-memory error) rather than reporting a reserve no run could hold."""
-    parallelism = Parallelism(
-        world=s.world_size,
-        gpus_per_node=workload.cluster.gpus_per_node,
-        stage=s.stage,
-        hpz=s.hpz_partition_size,
-        sequence_parallel=s.sequence_parallel_size,
-        tensor_parallel=s.tensor_parallel_size,
-        expert_parallel=s.expert_parallel_size,
-        quantized_gradients=s.quantized_gradients,
+    parallelism = _parallelism(
+        s.world_size,
+        workload.cluster.gpus_per_node,
+        s.stage,
+        s.hpz_partition_size,
+        s.sequence_parallel_size,
+        s.tensor_parallel_size,
+        s.expert_parallel_size,
+        s.quantized_gradients,
     )
     reserve = 0
     if kind.allocator_share is None:
@@ -99,3 +100,20 @@ def _device_terms(
         details["allocator_cache_releases"] = simulated.releases
         reserve = simulated.reserve
     return kind.overhead(peak, parallelism, reserve)
+
+
+@functools.lru_cache(maxsize=256)
+def _parallelism(
+    world: int, gpus_per_node: int, stage: int, hpz: int, sp: int, tp: int, ep: int, quantized_gradients: bool
+) -> Parallelism:
+    """The groups' :class:`~tuner.estimator.nccl.Parallelism`, one object per distinct layout (built once)."""
+    return Parallelism(
+        world=world,
+        gpus_per_node=gpus_per_node,
+        stage=stage,
+        hpz=hpz,
+        sequence_parallel=sp,
+        tensor_parallel=tp,
+        expert_parallel=ep,
+        quantized_gradients=quantized_gradients,
+    )

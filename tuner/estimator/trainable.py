@@ -28,7 +28,9 @@ Full fine-tuning takes the model's own numbers, so its estimates are unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
+from tuner.estimator.memo import per_workload
 from tuner.estimator.partitions import stage3_layout
 from tuner.estimator.settings import FP32
 from tuner.workload import Workload, WorkloadError
@@ -57,25 +59,26 @@ class TrainedParams:
         """True when every parameter trains."""
         return not self.mask
 
-    @property
+    @cached_property
     def n_params(self) -> int:
         """All elements."""
         return sum(self.numels)
 
-    @property
+    @cached_property
     def n_trainable(self) -> int:
         """Trainable elements."""
         return sum(self.trainable)
 
-    @property
+    @cached_property
     def n_frozen(self) -> int:
         """Frozen elements."""
         return self.n_params - self.n_trainable
 
 
+@per_workload
 def trained_params(workload: Workload) -> TrainedParams:
     """The workload's parameters as trained: the model's own for full fine-tuning, else from the profile of the
-    model as trained (:mod:`tuner.profile`), which an adapter or a freeze pattern needs."""
+    model as trained (:mod:`tuner.profile`), which an adapter or a freeze pattern needs (once per workload)."""
     model = workload.model
     if workload.trainable.is_full:
         return TrainedParams(model.param_numels, model.param_numels, model.largest_param)

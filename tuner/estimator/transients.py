@@ -28,6 +28,7 @@ real run show them (``tuner.measure.true_peak``, ``live_at_peak``: which op allo
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from tuner.estimator.settings import FP32
@@ -42,6 +43,11 @@ def allreduce_chunks(numels: tuple[int, ...] | list[int], limit: int) -> list[in
     >>> allreduce_chunks([3, 3, 3, 1], 5)
     [6, 4]
     """
+    return list(_allreduce_chunks(tuple(numels), limit))
+
+
+@lru_cache(maxsize=256)
+def _allreduce_chunks(numels: tuple[int, ...], limit: int) -> tuple[int, ...]:
     chunks, filled = [], 0
     for numel in numels:
         filled += numel
@@ -50,7 +56,7 @@ def allreduce_chunks(numels: tuple[int, ...] | list[int], limit: int) -> list[in
             filled = 0
     if filled:
         chunks.append(filled)
-    return chunks
+    return tuple(chunks)
 
 
 def bucket_chunks(numels: tuple[int, ...] | list[int], bucket: int) -> list[int]:
@@ -60,6 +66,11 @@ def bucket_chunks(numels: tuple[int, ...] | list[int], bucket: int) -> list[int]
     >>> bucket_chunks([4, 4, 4], 9)
     [8, 4]
     """
+    return list(_bucket_chunks(tuple(numels), bucket))
+
+
+@lru_cache(maxsize=1024)
+def _bucket_chunks(numels: tuple[int, ...], bucket: int) -> tuple[int, ...]:
     chunks, filled = [], 0
     for numel in reversed(numels):
         if filled and filled + numel > bucket:
@@ -68,7 +79,7 @@ def bucket_chunks(numels: tuple[int, ...] | list[int], bucket: int) -> list[int]
         filled += numel
     if filled:
         chunks.append(filled)
-    return chunks
+    return tuple(chunks)
 
 
 def zero0_allreduce_copy(numels: tuple[int, ...], elem: int) -> int:

@@ -34,6 +34,28 @@ def section(config: Mapping[str, Any], key: str, prefix: str = "") -> dict[str, 
     return value
 
 
+SCALARS = (str, int, float, bool, type(None))
+
+
+def content_key(value: Any) -> tuple[Any, ...] | None:
+    """A hashable key of a JSON value that equals another's only when both read the same: each scalar with its exact
+    type (``1``, ``1.0`` and ``true`` are equal in Python, not to DeepSpeed), objects key by key in order; None for
+    anything else (not worth keying).
+
+    >>> content_key({"stage": 1}) == content_key({"stage": True}), content_key({"a": [1]})
+    (False, None)
+    """
+    if type(value) is not dict:
+        return (type(value), value) if type(value) in SCALARS else None
+    items = []
+    for key, item in value.items():
+        inner = (type(item), item) if type(item) in SCALARS else content_key(item)
+        if inner is None or type(key) is not str:
+            return None
+        items.append((key, inner))
+    return tuple(items)
+
+
 def read_int(values: Mapping[str, Any], key: str, default: int, prefix: str, minimum: int = 0) -> int:
     """An integer at ``key`` (a float with an integer value counts, as DeepSpeed's ``int`` fields take ``5e8``)."""
     value = values.get(key, default)

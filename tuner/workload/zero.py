@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from tuner.workload.config_values import ConfigError, read_bool, read_int, section
+from tuner.workload.config_values import ConfigError, content_key, read_bool, read_int, section
 
 PREFIX = "zero_optimization."
 # Field names and aliases of DeepSpeedZeroConfig and its offload configs in DeepSpeed 0.19.
@@ -104,6 +104,7 @@ GATHER_ON_SAVE_KEYS = (
     "stage3_gather_fp16_weights_on_model_save",
 )
 DEFAULT_BUCKET = 500_000_000  # DeepSpeed's reduce and all-gather bucket sizes, in elements
+MAX_READ = 4096  # distinct sections kept read (:meth:`ZeroConfig.of`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,16 @@ class ZeroConfig:
             ConfigError: an unknown key, a bad value or a combination DeepSpeed refuses, naming its key.
         """
         zero = section(ds_config, "zero_optimization")
+        key = content_key(zero)  # a search repeats few sections over many configs: each is read once
+        found = _READ.get(key) if key is not None else None
+        if found is None:
+            found = cls._read(zero)
+            if key is not None and len(_READ) < MAX_READ:
+                _READ[key] = found
+        return found
+
+    @classmethod
+    def _read(cls, zero: dict[str, Any]) -> ZeroConfig:
         stage = _stage(zero)
         overlap = zero.get("overlap_comm")
         optimizer = _offload(zero, "offload_optimizer", OFFLOAD_OPTIMIZER_KEYS, 4)
@@ -247,6 +258,8 @@ class ZeroConfig:
             multi_rank_bucket_allreduce=read_bool(zero, "use_multi_rank_bucket_allreduce", True, PREFIX),
         )
 
+
+_READ: dict[tuple[Any, ...], ZeroConfig] = {}  # content_key of a section -> the section read
 
 __all__ = [
     "OFFLOAD_DEVICES",
