@@ -11,15 +11,25 @@ an API request for a new cluster or a study's first proposal does.
 
 Run: ``.venv/bin/python bench/estimator_speed.py [--model mixtral-8x7b]`` (prints the median of 5 timed passes and
 the spread).
+
+``--baseline REF`` (a commit or tag, e.g. the previous release) compares instead: REF is checked out in a temporary
+git worktree, and two child processes, one per tree (each with its ``tuner`` on ``PYTHONPATH``, the same grid and
+profile), time the grid pass by pass, alternating which goes first, so that load from elsewhere on the host falls on
+both alike. Printed (and written to ``--out``, default ``bench/results/estimator_speed.md``): the median estimates
+per second of each, by wall clock and by the process's CPU time, the current/baseline ratio, and the host's load.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from tuner.estimator import estimate, partitions
 from tuner.profile import load_model, with_profile
@@ -103,19 +113,112 @@ def world_scaling(workload: Workload, grid: list[dict], world_sizes: list[int], 
             print(f"{world:>6} {stage:>5} {statistics.median(rates):>12,.0f} {statistics.median(cold) * 1e3:>26.3f}")
 
 
+def bench_workload(model: str, implementation: str) -> Workload:
+    """The grid's workload: ``model`` on 2 nodes of 8 GPUs at sequence 4,096, its profile traced in bf16 and fp32."""
+    workload = Workload(
+        load_model(model, implementation=implementation), ClusterSpec(gpus_per_node=8, nodes=2), TrainSpec(seq_len=4096)
+    )
+    return with_profile(workload, precisions=("bf16", "fp32"))  # the grid trains in both
+
+
+def child(model: str, implementation: str) -> None:
+    """One tree's timer: ready once the workload is built and the caches warm, then for each line on stdin one timed
+    pass of the grid, answered as a JSON line (wall and CPU estimates per second)."""
+    workload, grid = bench_workload(model, implementation), config_grid()
+    for config in grid:
+        estimate(workload, config)
+    print(json.dumps({"ready": True}), flush=True)
+    for _ in sys.stdin:
+        wall, cpu = time.perf_counter(), time.process_time()
+        for config in grid:
+            estimate(workload, config)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        print(json.dumps({"wall": len(grid) / wall, "cpu": len(grid) / cpu}), flush=True)
+
+
+def compare(ref: str, args: argparse.Namespace) -> None:
+    """The grid timed in this tree and in ``ref``'s, pass by pass, alternating which goes first; medians, ratios."""
+    from baseline_tree import commit_of, load_line, tree_env, worktree
+
+    command = [sys.executable, __file__, "--child", "--model", args.model, "--model-impl", args.model_impl]
+    rates: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
+    loads = [load_line()]
+    with worktree(ref) as tree:
+        trees = {"baseline": tree, "current": Path(__file__).resolve().parents[1]}
+        children = {
+            name: subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=tree_env(path)
+            )
+            for name, path in trees.items()
+        }
+        try:
+            for proc in children.values():
+                assert proc.stdout is not None and json.loads(proc.stdout.readline())["ready"]
+            for index in range(args.passes):
+                for name in ("baseline", "current") if index % 2 == 0 else ("current", "baseline"):
+                    proc = children[name]
+                    assert proc.stdin is not None and proc.stdout is not None
+                    proc.stdin.write("pass\n")
+                    proc.stdin.flush()
+                    rates[name].append(json.loads(proc.stdout.readline()))
+        finally:
+            for proc in children.values():
+                proc.kill()
+    loads.append(load_line())
+    report(ref, commit_of(ref), commit_of("HEAD"), rates, loads, args)
+
+
+def report(
+    ref: str, base: str, head: str, rates: dict[str, list[dict[str, float]]], loads: list[str], args: argparse.Namespace
+) -> None:
+    """Print and write the side-by-side medians and the current/baseline ratios."""
+    medians = {
+        name: {k: statistics.median(r[k] for r in runs) for k in ("wall", "cpu")} for name, runs in rates.items()
+    }
+    spread = {name: (min(r["wall"] for r in runs), max(r["wall"] for r in runs)) for name, runs in rates.items()}
+    lines = [
+        "| tree | estimates/s (wall, median) | wall min-max | estimates/s (CPU time, median) |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {name} ({base if name == 'baseline' else head}) | {medians[name]['wall']:,.0f} | "
+            f"{spread[name][0]:,.0f}-{spread[name][1]:,.0f} | {medians[name]['cpu']:,.0f} |"
+            for name in ("baseline", "current")
+        ),
+        f"| current / baseline | {medians['current']['wall'] / medians['baseline']['wall']:.2f}x | | "
+        f"{medians['current']['cpu'] / medians['baseline']['cpu']:.2f}x |",
+    ]
+    text = (
+        "# Estimator speed against a previous release\n\n"
+        f"`.venv/bin/python bench/estimator_speed.py --baseline {ref} --passes {args.passes}` "
+        f"({args.model}, {args.model_impl}; 10,000 configs on 2 x 8 GPUs, sequence 4,096), "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: the two trees' passes interleaved, "
+        f"{args.passes} each. Host {loads[0]} at the start, {loads[1]} at the end: other work was running, "
+        "so compare the ratio, not the absolute rates. Target: 20,000 estimates/s.\n\n" + "\n".join(lines) + "\n"
+    )
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-3-8b")
     parser.add_argument("--model-impl", choices=("transformers", "builtin"), default="transformers")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 512, 4096], metavar="N")
+    parser.add_argument("--baseline", metavar="REF", help="compare with this commit or tag, interleaved")
+    parser.add_argument("--passes", type=int, default=10, help="timed passes per tree with --baseline")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "estimator_speed.md")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.model, args.model_impl)
+        return
+    if args.baseline:
+        compare(args.baseline, args)
+        return
     started = time.perf_counter()
-    workload = Workload(
-        load_model(args.model, implementation=args.model_impl),
-        ClusterSpec(gpus_per_node=8, nodes=2),
-        TrainSpec(seq_len=4096),
-    )
-    workload = with_profile(workload, precisions=("bf16", "fp32"))  # the grid trains in both
+    workload = bench_workload(args.model, args.model_impl)
     print(f"model {args.model} ({args.model_impl}): profile ready in {time.perf_counter() - started:.2f} s")
     grid = config_grid()
     estimate(workload, grid[0])  # warm the partition caches once, as a long study does
