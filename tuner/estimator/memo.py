@@ -50,7 +50,7 @@ def per_workload(function: Callable[..., T]) -> Callable[..., T]:
         memo = memo_of(workload)
         key = (function, args, tuple(kwargs.items()))
         try:
-            return memo[key]  # type: ignore[no-any-return]
+            return memo[key]
         except KeyError:
             value = memo[key] = function(workload, *args, **kwargs)
             return value
