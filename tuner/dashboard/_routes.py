@@ -12,6 +12,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from tuner.dashboard import _views as views
+from tuner.dashboard._searches import length_searches, search_name
 from tuner.errors import InputError
 from tuner.forecast import describe_reason
 from tuner.requests import readable_name
@@ -62,7 +63,10 @@ def home(request: Request) -> HTMLResponse:
     """Every workload with its best measured config over all its studies."""
     store = _store(request)
     rows: dict[int, views.WorkloadSummary] = {}
-    for study in store.list_studies():
+    listed = store.list_studies()
+    for study in listed:
+        if search_name(study) is not None:  # one length of a --seq-len max search: shown with its search
+            continue
         row = rows.get(study.workload_id)
         if row is None:
             row = rows[study.workload_id] = views.WorkloadSummary(store.get_workload(study.workload_id))
@@ -74,11 +78,12 @@ def home(request: Request) -> HTMLResponse:
         best = summary.best
         if best is not None and (row.best is None or (best.tokens_per_s or 0) > (row.best.tokens_per_s or 0)):
             row.best, row.best_study = best, study
-    ordered = sorted(rows.values(), key=lambda r: r.workload.model_name)
-    studies = {study.name for study in store.list_studies()}
+    ordered = sorted(rows.values(), key=lambda r: (r.workload.model_name, r.workload.id))
+    studies = {study.name for study in listed}
     jobs = [views.JobView(job, job.study_name in studies) for job in store.list_jobs(limit=JOBS_SHOWN)]
     active = any(view.job.status in ACTIVE_JOB_STATUSES for view in jobs)
-    context = {"title": "dstune", "rows": ordered, "jobs": jobs, "refresh_s": REFRESH_S if active else None}
+    context = {"title": "dstune", "rows": ordered, "jobs": jobs, "refresh_s": REFRESH_S if active else None,
+               "searches": length_searches(store, listed)}  # fmt: skip
     return _page(request, "home.html", context)
 
 

@@ -46,8 +46,9 @@ def describe_config(config: dict[str, Any]) -> str:
     return TrialConfig(config).summary()
 
 
-def describe_workload(workload: WorkloadRecord) -> str:
-    """``gpt2 (GPT2LMHeadModel) · 124M params · 2 × 24.00 GiB cuda · seq 1024`` (the architecture when known)."""
+def describe_workload(workload: WorkloadRecord, with_length: bool = True) -> str:
+    """``gpt2 (GPT2LMHeadModel) · 124M params · 2 × 24.00 GiB cuda · seq 1024`` (the architecture when known; the
+    launch environment where it is not the default)."""
     train = workload.workload.get("train", {})
     architecture = workload.workload.get("model", {}).get("architecture")
     parts = [
@@ -55,9 +56,22 @@ def describe_workload(workload: WorkloadRecord) -> str:
         f"{format_params(workload.n_params)} params",
         f"{workload.world_size} × {format_bytes(workload.gpu_memory)} {workload.device}",
     ]
-    if "seq_len" in train:
+    if "seq_len" in train and with_length:
         parts.append(f"seq {train['seq_len']}")
-    return " · ".join(parts)
+    return " · ".join(parts + describe_launch(workload.workload.get("launch")))
+
+
+def describe_launch(launch: dict[str, Any] | None) -> list[str]:
+    """The launch environment where it is not the deepspeed launcher's rules unchanged: the launcher, bound cores,
+    the names of the variables set (their values are the API token holder's to see, as in ``/v1/studies``).
+
+    >>> describe_launch({"launcher": "torchrun", "bind_cores": True, "variables": {"OMP_NUM_THREADS": "1"}})
+    ['launch torchrun', 'cores bound', 'sets OMP_NUM_THREADS']
+    """
+    if not launch:
+        return []
+    parts = [f"launch {launch.get('launcher', 'deepspeed')}"] + ["cores bound"] * bool(launch.get("bind_cores"))
+    return parts + [f"sets {', '.join(sorted(launch['variables']))}"] * bool(launch.get("variables"))
 
 
 def headroom(trial: TrialRecord | None, gpu_memory: int) -> int | None:

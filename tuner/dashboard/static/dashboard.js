@@ -24,12 +24,29 @@
     plugins: { tooltip: { callbacks: { label: trialLabel } }, legend: { position: "bottom" } },
   };
 
-  function scatter(id, datasets, xTitle, yTitle, xExtra) {
+  function scatter(id, datasets, xTitle, yTitle, xExtra, yExtra) {
+    const y = axis(yTitle, Object.assign({ beginAtZero: true }, yExtra || {}));
     return makeChart(id, {
       type: "scatter",
       data: { datasets: datasets },
-      options: Object.assign({}, common, { scales: { x: axis(xTitle, xExtra), y: axis(yTitle, { beginAtZero: true }) } }),
+      options: Object.assign({}, common, { scales: { x: axis(xTitle, xExtra), y: y } }),
     });
+  }
+
+  // One range for both axes of a measured-against-predicted chart, so that its diagonal is the 45-degree line
+  // from corner to corner: the values' span, padded by 5 % (never below zero).
+  function sameRange(values) {
+    if (!values.length) return {};
+    const lo = Math.min.apply(null, values), hi = Math.max.apply(null, values);
+    const pad = (hi - lo) * 0.05 || Math.abs(hi) * 0.05 || 1;
+    return { min: Math.max(0, lo - pad), max: hi + pad, beginAtZero: false };
+  }
+
+  // The dashed line y = x across the values' span.
+  function diagonal(values, label) {
+    const lo = Math.min.apply(null, values), hi = Math.max.apply(null, values);
+    return { label: label, data: [{ x: lo, y: lo }, { x: hi, y: hi }], showLine: true,
+      pointRadius: 0, borderDash: [6, 4], borderColor: COLORS.grey, backgroundColor: COLORS.grey, borderWidth: 1 };
   }
 
   function makeChart(id, config) {
@@ -57,7 +74,7 @@
       { label: "Measured trial", data: data.progress.trials, backgroundColor: COLORS.ok, borderColor: COLORS.ok },
       { label: "Best so far", data: data.progress.best, showLine: true, stepped: "after", pointRadius: 0,
         borderColor: COLORS.best, backgroundColor: COLORS.best, borderWidth: 2 },
-    ], "Trial number", "Tokens/s");
+    ], "Trial number", "Tokens/s", { ticks: { precision: 0 } });  // trials are whole numbers
 
     drawn.pareto = scatter("chart-pareto", [
       { label: "Measured trial", data: data.pareto.trials, backgroundColor: COLORS.ok, borderColor: COLORS.ok },
@@ -72,12 +89,9 @@
       const color = COLORS[status] || (status === "ok" ? COLORS.ok : COLORS.other);
       return { label: status, data: byStatus[status], backgroundColor: color, borderColor: color };
     });
-    if (values.length) {
-      const lo = Math.min.apply(null, values), hi = Math.max.apply(null, values);
-      datasets.push({ label: "measured = estimated", data: [{ x: lo, y: lo }, { x: hi, y: hi }], showLine: true,
-        pointRadius: 0, borderDash: [6, 4], borderColor: COLORS.grey, backgroundColor: COLORS.grey, borderWidth: 1 });
-    }
-    drawn.estimate = scatter("chart-estimate", datasets, "Estimated peak per GPU (GiB)", "Measured peak per GPU (GiB)");
+    if (values.length) datasets.push(diagonal(values, "measured = estimated"));
+    drawn.estimate = scatter("chart-estimate", datasets, "Estimated peak per GPU (GiB)", "Measured peak per GPU (GiB)",
+      sameRange(values), sameRange(values));
 
     const measured = data.throughput.trials.filter(function (p) { return !p.stopped_early; });
     const stopped = data.throughput.trials.filter(function (p) { return p.stopped_early; });
@@ -87,12 +101,9 @@
       { label: "Stopped early (partial)", data: stopped, pointStyle: "triangle", pointRadius: 5,
         backgroundColor: COLORS.other, borderColor: COLORS.other },
     ];
-    if (rates.length) {
-      const lo = Math.min.apply(null, rates), hi = Math.max.apply(null, rates);
-      throughput.push({ label: "measured = predicted", data: [{ x: lo, y: lo }, { x: hi, y: hi }], showLine: true,
-        pointRadius: 0, borderDash: [6, 4], borderColor: COLORS.grey, backgroundColor: COLORS.grey, borderWidth: 1 });
-    }
-    drawn.throughput = scatter("chart-throughput", throughput, "Predicted tokens/s", "Measured tokens/s");
+    if (rates.length) throughput.push(diagonal(rates, "measured = predicted"));
+    drawn.throughput = scatter("chart-throughput", throughput, "Predicted tokens/s", "Measured tokens/s",
+      sameRange(rates), sameRange(rates));
 
     drawn.reasons = makeChart("chart-reasons", {
       type: "bar",

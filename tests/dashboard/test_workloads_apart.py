@@ -1,0 +1,151 @@
+"""The home page tells workloads apart as a user needs to: the same model and cluster in two launch environments are
+two rows that say which is which, and the lengths of one ``dstune tune --seq-len max`` search are one search (its
+lengths in order, how each run ended, the longest that trained), not unrelated workloads. Then, in a headless
+chromium, the study page's charts: whole trial numbers on the progress axis and one range on both axes of the
+measured-against-estimated memory chart (its diagonal from corner to corner)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from browser import chrome, serve, severe_logs
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from tuner.dashboard import router
+from tuner.estimator import estimate
+from tuner.forecast import throughput_summary
+from tuner.space.dsconfig import shortcut_config
+from tuner.storage import Store
+from tuner.study.length_runs import length_study_name
+from tuner.units import GiB
+from tuner.workload import ClusterSpec, LaunchEnv, TrainSpec, Workload, load_builtin_model
+
+SEARCH = "tiny-lengths"
+LENGTHS = {1024: ("ok", 9000.0), 2048: ("ok", 8000.0), 4096: ("oom", None)}
+LAUNCHES = {"deepspeed": LaunchEnv(), "torchrun": LaunchEnv.of("torchrun", variables={"OMP_NUM_THREADS": "1"})}
+TOKENS = {"deepspeed": 1504.0, "torchrun": 11285.0}
+
+
+def workload(seq_len: int = 1024, launch: LaunchEnv | None = None) -> Workload:
+    cluster = ClusterSpec(gpus_per_node=2, gpu_memory=GiB, device="cpu")
+    return Workload(load_builtin_model("tiny-llama"), cluster, TrainSpec(seq_len), launch=launch or LaunchEnv())
+
+
+def measured(store: Store, study: str, work: Workload, trials: list[tuple[str, float | None]], **settings) -> None:
+    """A study of ``work`` whose trials 0, 1... ended ``(status, tokens/s)``, each a real config, estimate and
+    throughput prediction."""
+    record = store.get_or_create_study(study, store.upsert_workload(work), "tpe", settings)
+    for number, (status, tokens) in enumerate(trials):
+        config = shortcut_config(1 + number, 1, "bf16", 2, "none", "none")
+        est = {**estimate(work, config).to_dict(), "throughput": throughput_summary(work, config)}
+        trial_id = store.add_trial(record.id, number, f"k{number}", config, None, False, est)
+        store.start_trial(trial_id)
+        peak = int(est["per_gpu"]["total"] * (1.02 + 0.03 * number))
+        store.finish_trial(trial_id, status, {"tokens_per_s": tokens, "peak_bytes_per_rank": [peak, peak]})
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> FastAPI:
+    url = f"sqlite:///{tmp_path_factory.mktemp('apart')}/dstune.db"
+    app = FastAPI()
+    app.state.store = store = Store.open(url)
+    app.include_router(router)
+    for name, launch in LAUNCHES.items():
+        trials = [("ok", TOKENS[name] * (0.5 + 0.2 * n)) for n in range(2)] + [("ok", TOKENS[name])]
+        measured(store, f"launch-{name}", workload(launch=launch), trials)
+    for seq_len, (status, tokens) in LENGTHS.items():  # as tune --seq-len max records each length it measures
+        settings = {"seq_len_search": SEARCH, "seq_len": seq_len, "candidate": {}}
+        measured(store, length_study_name(SEARCH, seq_len), workload(seq_len), [(status, tokens)], **settings)
+    yield app
+    store.close()
+
+
+def rows(page: str, table: str) -> list[str]:
+    body = page[page.index(f'id="{table}"') :]
+    body = body[: body.index("</table>")]
+    return body.split("<tr")[2:]  # past the header
+
+
+def test_workloads_differing_only_by_launch_environment_are_told_apart(app: FastAPI) -> None:
+    page = TestClient(app).get("/").text
+    workloads = rows(page, "workloads")
+    assert len(workloads) == 2
+    (plain,) = [row for row in workloads if "1,504" in row]
+    (torchrun,) = [row for row in workloads if "11,285" in row]
+    assert "launch torchrun" in torchrun and "sets OMP_NUM_THREADS" in torchrun and "launch " not in plain
+    assert "OMP_NUM_THREADS=1" not in page  # the variables' values are the API token holder's
+    fingerprints = {workload(launch=launch).fingerprint()[:8] for launch in LAUNCHES.values()}
+    assert all(any(f in row for f in fingerprints) for row in workloads) and len(fingerprints) == 2
+
+
+def test_a_length_search_is_one_search_with_its_lengths_in_order(app: FastAPI) -> None:
+    page = TestClient(app).get("/").text
+    assert not any(SEARCH in row for row in rows(page, "workloads"))
+    (search,) = rows(page, "length-searches")
+    assert search.index("1,024") < search.index("2,048") < search.index("4,096")
+    assert search.count("s-ok") == 2 and search.count("s-oom") == 1
+    assert 'class="num longest">2,048<' in search and "8,000" in search  # the longest that trained, its speed
+    assert f'href="/studies/{SEARCH}%3A4096"' in search and " · seq " not in search
+
+
+def test_only_a_length_search_is_not_an_empty_home(tmp_path: Path) -> None:
+    app = FastAPI()
+    app.state.store = store = Store.open(f"sqlite:///{tmp_path}/one.db")
+    app.include_router(router)
+    try:
+        settings = {"seq_len_search": SEARCH, "seq_len": 1024, "candidate": {}}
+        measured(store, length_study_name(SEARCH, 1024), workload(1024), [("ok", 9000.0)], **settings)
+        page = TestClient(app).get("/").text
+    finally:
+        store.close()
+    assert "No studies yet" not in page and 'id="length-searches"' in page and 'id="workloads"' not in page
+
+
+# ----------------------------------------------------------------------------------------------------------- browser
+
+
+@pytest.fixture(scope="module")
+def live(app: FastAPI) -> str:
+    with serve(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def driver():
+    with chrome() as driver:
+        yield driver
+
+
+def charts(driver, live: str, study: str) -> None:
+    driver.get(f"{live}/studies/{study}")
+    deadline = time.monotonic() + 15
+    while not driver.execute_script("return window.dstuneCharts !== undefined"):
+        assert time.monotonic() < deadline, "charts not drawn"
+        time.sleep(0.1)
+
+
+def test_browser_trial_ticks_are_whole_numbers_and_the_memory_axes_share_one_range(driver, live: str) -> None:
+    severe_logs(driver)
+    charts(driver, live, "launch-torchrun")  # trials 0-2: Chart.js would tick the progress axis at 0.2, 0.4...
+    ticks = driver.execute_script("return window.dstuneCharts.progress.scales.x.ticks.map(t => t.value)")
+    assert len(ticks) > 2 and all(float(tick).is_integer() for tick in ticks), ticks
+    for name in ("estimate", "throughput"):
+        x, y = driver.execute_script(
+            "const s = window.dstuneCharts[arguments[0]].scales; return [[s.x.min, s.x.max], [s.y.min, s.y.max]]",
+            name,
+        )
+        assert x == y, f"{name}: x spans {x}, y spans {y}"
+    assert severe_logs(driver) == []
+
+
+def test_browser_home_shows_the_length_search_and_both_launches(driver, live: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{live}/")
+    lengths = [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#length-searches td.lengths a")]
+    assert lengths == ["1,024", "2,048", "4,096"]
+    described = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#workloads tbody tr td:first-child")]
+    assert len(set(described)) == 2 and sum("launch torchrun" in text for text in described) == 1
