@@ -201,22 +201,32 @@ def counted_engine(
 
 
 def train_and_report(
-    engine: Any, tracker: Any, loss: Callable[[], Any], out: Path, extra: dict[str, Any] | None = None
+    engine: Any,
+    tracker: Any,
+    loss: Callable[[], Any],
+    out: Path,
+    extra: dict[str, Any] | None = None,
+    accumulation: int = 1,
 ) -> None:
-    """Two training steps of ``loss()`` (the counter marked ``"step N forward"``, ``"backward"``, ``"step"``), then
-    this rank's report (the counted peak, the losses and ``extra``) to ``out/rank{RANK}.json``; waits for the rest."""
+    """Two training steps of ``loss()``, each of ``accumulation`` micro-steps (the counter marked ``"step N
+    forward"``, ``"backward"``, ``"step"``; ``"step N micro M forward"``... with accumulation), then this rank's report
+    (the counted peak, the losses and ``extra``) to ``out/rank{RANK}.json``; waits for the rest."""
     import torch
 
     losses = []
-    for step in range(2):
-        tracker.mark(f"step {step} forward")
+    for micro_step in range(2 * accumulation):
+        step, micro = divmod(micro_step, accumulation)
+        label = f"step {step}" + (f" micro {micro}" if accumulation > 1 else "")
+        tracker.mark(f"{label} forward")
         value = loss()
-        tracker.mark(f"step {step} backward")
+        tracker.mark(f"{label} backward")
         engine.backward(value)
-        tracker.mark(f"step {step} step")
+        tracker.mark(f"{label} step")
         engine.step()
         losses.append(float(value))
     report = tracker.stop()
     report.update(losses=losses, **(extra or {}))
+    if accumulation > 1:  # where each micro-step's high-water mark fell
+        report["phase_peaks"] = tracker.phase_peaks
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(report, default=str))
     torch.distributed.barrier()

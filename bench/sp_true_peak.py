@@ -48,9 +48,11 @@ def model_config(case: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def ds_config(stage: int, sp: int, mlp: int, loss: int, bucket: int = BUCKET) -> dict[str, Any]:
-    """bf16, ZeRO ``stage``, small buckets, Ulysses degree ``sp`` and the tiling in dstune's section."""
+def ds_config(stage: int, sp: int, mlp: int, loss: int, bucket: int = BUCKET, accum: int = 1) -> dict[str, Any]:
+    """bf16, ZeRO ``stage``, small buckets, Ulysses degree ``sp``, the tiling in dstune's section, ``accum``
+    micro-steps per optimizer step."""
     config = {**gloo_ranks.small_bucket_config(stage, MICRO, bucket), "sequence_parallel_size": sp}
+    config["gradient_accumulation_steps"] = accum
     if mlp > 1 or loss > 1:
         config["dstune"] = {"tiled_mlp_shards": mlp, "tiled_loss_shards": loss}
     return config
@@ -88,12 +90,30 @@ def cases() -> list[dict[str, Any]]:
     found.append(
         {"model": "qwen2-moe", "stage": 3, "world": 2, "sp": 2, "mlp": 4, "loss": 16, "ckpt": True, "seq": 8192}
     )
+    return found + accumulation_cases()
+
+
+def accumulation_cases() -> list[dict[str, Any]]:
+    """Gradient accumulation (the second table): every micro-step after a step's first holds what the earlier ones
+    accumulated."""
+    found = []
+    for stage in (2, 3):
+        for tiles in (1, 4):
+            found.append(
+                {"model": "qwen2", "stage": stage, "world": 2, "sp": 2, "mlp": tiles, "loss": tiles, "accum": 2}
+            )
+    found.append({"model": "qwen2", "stage": 2, "world": 2, "sp": 1, "mlp": 1, "loss": 1, "accum": 2})
+    found.append({"model": "qwen2", "stage": 2, "world": 2, "sp": 2, "mlp": 4, "loss": 4, "accum": 4})
+    for stage in (0, 1):  # with the same without accumulation (not in the first table) beside them
+        for accum in (1, 2):
+            found.append({"model": "qwen2", "stage": stage, "world": 2, "sp": 2, "mlp": 4, "loss": 4, "accum": accum})
     return found
 
 
 def key(case: dict[str, Any]) -> str:
     bucket = f"/b{case['bucket']}" if case.get("bucket", BUCKET) != BUCKET else ""
     ckpt = ("/ckpt" if case.get("ckpt") else "") + (f"/s{case['seq']}" if case.get("seq", SEQ) != SEQ else "")
+    ckpt += f"/acc{case['accum']}" if case.get("accum", 1) != 1 else ""
     return (
         f"{case['model']}/z{case['stage']}/w{case['world']}/sp{case['sp']}/mlp{case['mlp']}/loss{case['loss']}{bucket}"
         + ckpt
@@ -132,7 +152,7 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
 
     rank, sp, seq = gloo_ranks.join(), case["sp"], case.get("seq", SEQ)
     config = model_config(case)
-    ds = ds_config(case["stage"], sp, case["mlp"], case["loss"], case.get("bucket", BUCKET))
+    ds = ds_config(case["stage"], sp, case["mlp"], case["loss"], case.get("bucket", BUCKET), case.get("accum", 1))
     mpu = None
     if sp > 1:
         holder = type("Holder", (), {"config": hf_config(config)})()
@@ -162,7 +182,7 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
             return compute(engine.module, ids, positions, labels)
         return engine(input_ids=ids, position_ids=positions, labels=labels, shift_labels=labels).loss
 
-    gloo_ranks.train_and_report(engine, tracker, loss, out)
+    gloo_ranks.train_and_report(engine, tracker, loss, out, accumulation=case.get("accum", 1))
 
 
 def measure(case: dict[str, Any], timeout: float = 3000) -> dict[str, Any]:
@@ -173,7 +193,9 @@ def measure(case: dict[str, Any], timeout: float = 3000) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------------------------- estimate
 def estimate_case(case: dict[str, Any]) -> Any:
     """dstune's estimate of ``case`` (the workload carries the model's traced profile at the case's sequence)."""
-    config = ds_config(case["stage"], case["sp"], case["mlp"], case["loss"], case.get("bucket", BUCKET))
+    config = ds_config(
+        case["stage"], case["sp"], case["mlp"], case["loss"], case.get("bucket", BUCKET), case.get("accum", 1)
+    )
     seq = case.get("seq", SEQ)
     return gloo_ranks.estimate_peak(
         model_config(case), case["model"], case["world"], seq, config, bool(case.get("ckpt"))
@@ -235,10 +257,35 @@ History of the worst row: 14.2 % (tiled ZeRO-2, before the head's gradient in fo
 """
 
 
-def render(measured: dict[str, dict[str, Any]]) -> str:
-    """The Markdown table: estimate, worst rank's true peak, error."""
+ACCUMULATION_NOTES = """
+Measured 2026-12-06 on 2 shared cores, as above, each step of `accumulation` micro-steps (DeepSpeed's
+`gradient_accumulation_steps`; the bench's ranks call `engine.backward` and `engine.step` once per micro-step), the
+peak over two optimizer steps. ZeRO-2 keeps what the earlier micro-steps reduced in `grads_in_partition` (the
+gradients of the parameters its partition holds, whole where one straddles the boundary, in the training dtype: the
+accumulation dtype must be it, `tuner/estimator/settings.py`) until the step: a later micro-step's forward holds it
+beside its own activations. With the tiled loss the peak is there, at the loss's moment inside forward, and the
+estimate was 5.9 % under (22.68 against 24.10 MiB); untiled, the start of the loss's backward (the estimate's
+forward phase) holds it too (41.60 against 43.02 MiB, -3.3 %). `flat_states.accumulated` counts it in the forward
+phase from two micro-steps on; four hold what two do. ZeRO-0 and ZeRO-1 reduce at the step only: a later
+micro-step's forward holds every 16-bit gradient (the tiled loss's head gradient among them: it accumulates into
+the head's own), ZeRO-1 -7.2 % before (22.68 against 24.44 MiB), ZeRO-0 31.74 against 31.75 MiB in that forward
+now. ZeRO-3 measured the same with accumulation as without (its gradient partition is held from the first step on
+and already counted).
+
+The ZeRO-0 rows are under by 11 % with and without accumulation, at the step of the second rank only (rank 0
+33.04 MiB, the estimate's figure): the bf16 optimizer's gradient norm under Ulysses' mpu masks, on a model-parallel
+rank above 0, the parameters it counts as duplicates (`deepspeed/runtime/utils.py`, `get_flattened_grad_norm`: a
+zeros tensor and its cumsum over the flat fp32 gradient, n + 1 elements each, then the masked copy), found with the
+counter's allocation sites at that rank's peak (`SP_BENCH_DETAIL=ops`). The estimate does not model that moment yet.
+"""
+
+
+def _rows(
+    measured: dict[str, dict[str, Any]], found: list[dict[str, Any]], accum: bool
+) -> tuple[list[str], list[float]]:
+    """Each measured case's table row (with its accumulation steps where ``accum``) and its |error|."""
     rows, errors = [], []
-    for case in cases():
+    for case in found:
         data = measured.get(key(case))
         if data is None:
             continue
@@ -252,6 +299,7 @@ def render(measured: dict[str, dict[str, Any]]) -> str:
             case["mlp"],
             case["loss"],
             ckpt,
+            *([case["accum"]] if accum else []),
         )
         label = "| " + " | ".join(str(part) for part in (*shape, f"{case.get('bucket', BUCKET):.0e}")) + " |"
         if data["status"] != "ok":
@@ -263,11 +311,24 @@ def render(measured: dict[str, dict[str, Any]]) -> str:
         errors.append(abs(error))
         during = max(data["ranks"], key=lambda r: r["peak_bytes"]).get("peak_during")
         rows.append(f"{label} {est.per_gpu['total'] / 2**20:.2f} | {true / 2**20:.2f} | {error:+.2%} | {during} |")
+    return rows, errors
+
+
+def render(measured: dict[str, dict[str, Any]]) -> str:
+    """The Markdown tables (without, then with gradient accumulation): estimate, worst rank's true peak, error."""
+    rows, errors = _rows(measured, [case for case in cases() if "accum" not in case], accum=False)
     header = (
         "| model | sequence | ZeRO | ranks | sp | tiled MLP | tiled loss | checkpointing | buckets | estimate MiB "
         "| true peak MiB | error | peak during |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     summary = f"\n\n{len(errors)} rows; worst |error| {max(errors, default=0.0):.2%}.\n"
+    accumulated, accumulated_errors = _rows(measured, accumulation_cases(), accum=True)
+    accumulation = (
+        "\n## With gradient accumulation\n\n| model | sequence | ZeRO | ranks | sp | tiled MLP | tiled loss | "
+        "checkpointing | accumulation | buckets | estimate MiB | true peak MiB | error | peak during |\n"
+        + "|---" * 14
+        + "|"
+    )
     return (
         "# Ulysses SP: the estimate against the true peak (CPU ranks, bf16)\n\n"
         + header
@@ -275,6 +336,11 @@ def render(measured: dict[str, dict[str, Any]]) -> str:
         + "\n".join(rows)
         + summary
         + NOTES
+        + accumulation
+        + "\n"
+        + "\n".join(accumulated)
+        + f"\n\n{len(accumulated_errors)} rows; worst |error| {max(accumulated_errors, default=0.0):.2%}.\n"
+        + ACCUMULATION_NOTES
     )
 
 

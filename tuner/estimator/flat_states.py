@@ -72,10 +72,11 @@ def flat_states(
     _add_reduce_buckets(s, phases, details)
     if s.stage == 1:  # ZeRO-1 reduces after backward: every 16-bit gradient is alive first, offloaded or not
         add_bytes(phases, "gpu", "gradients", elem * params.n_trainable, ("backward",))
+        _held_between_micro_steps(s, phases, details, elem * params.n_trainable)
     if s.offload_optimizer == "none":
         add_bytes(phases, "gpu", "optimizer_states", (FP32 + ADAM_STATE_BYTES) * part)
         if s.stage == 2:  # ZeRO-2 reduces as gradients arrive, into this rank's partition
-            add_bytes(phases, "gpu", "gradients", elem * worst_grads, ("backward",))
+            add_bytes(phases, "gpu", "gradients", elem * worst_grads, accumulated(s))
         add_bytes(phases, "gpu", "gradients", FP32 * part, ("step",))
         add_transient(phases, details, "reduce_copy", "backward", _reduce_copy(workload, s, numels, elem * worst_grads))
         add_transient(
@@ -84,6 +85,21 @@ def flat_states(
     else:
         _offloaded_states(params, part, s, phases, details, pins)
     return 0
+
+
+def accumulated(s: Settings) -> tuple[str, ...]:
+    """The phases a micro-step's gradient partition is alive in: backward, and with gradient accumulation every later
+    micro-step's forward too (ZeRO-2's ``grads_in_partition`` holds what the earlier micro-steps reduced until the
+    step; counting allocator: ``bench/results/sp_true_peak.md``, accumulation)."""
+    return ("forward", "backward") if s.grad_accum > 1 else ("backward",)
+
+
+def _held_between_micro_steps(s: Settings, phases: dict[str, Phase], details: dict[str, int], grads: int) -> None:
+    """ZeRO-0 and ZeRO-1 reduce at the step only: with gradient accumulation every 16-bit gradient (``grads``
+    bytes) is alive in a later micro-step's forward, the tiled loss's head gradient among them (it accumulates into
+    the head's own, :func:`.add_head_gradient` counted it)."""
+    if s.grad_accum > 1:
+        add_bytes(phases, "gpu", "gradients", grads - details.get("tiled_loss_head_grad", 0), ("forward",))
 
 
 def _stage0_states(
@@ -95,6 +111,7 @@ def _stage0_states(
     add_bytes(phases, "gpu", "parameters", elem * n + frozen)
     add_bytes(phases, "gpu", "optimizer_states", (FP32 * n if mixed else 0) + ADAM_STATE_BYTES * n)
     add_bytes(phases, "gpu", "gradients", elem * n, ("backward", "step"))
+    _held_between_micro_steps(s, phases, details, elem * n)
     if mixed:  # FP16_Optimizer builds fp32 gradients beside the 16-bit ones for the step
         add_bytes(phases, "gpu", "gradients", FP32 * n, ("step",))
     add_transient(phases, details, "allreduce_copy", "backward", zero0_allreduce_copy(params.trainable, elem))
