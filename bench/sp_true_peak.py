@@ -270,7 +270,9 @@ phase from two micro-steps on; four hold what two do. ZeRO-0 and ZeRO-1 reduce a
 micro-step's forward holds every 16-bit gradient (the tiled loss's head gradient among them: it accumulates into
 the head's own), ZeRO-1 -7.2 % before (22.68 against 24.44 MiB), ZeRO-0 31.74 against 31.75 MiB in that forward
 now. ZeRO-3 measured the same with accumulation as without (its gradient partition is held from the first step on
-and already counted).
+and already counted). The runner's own count agrees: `dstune measure --model tiny-llama --gpus 2 --device cpu
+--seq-len 1024 --sequence-parallel 2 --tiled-mlp 4 --tiled-loss 4 --grad-accum 2` at ZeRO-2 with 5e5-element
+buckets peaked at 17.99 MiB, estimated 17.96 (16.99 before, -5.6 %).
 
 The ZeRO-0 rows are under by 11 % with and without accumulation, at the step of the second rank only (rank 0
 33.04 MiB, the estimate's figure): the bf16 optimizer's gradient norm under Ulysses' mpu masks, on a model-parallel
