@@ -207,10 +207,12 @@ def train_and_report(
     out: Path,
     extra: dict[str, Any] | None = None,
     accumulation: int = 1,
+    after: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     """Two training steps of ``loss()``, each of ``accumulation`` micro-steps (the counter marked ``"step N
     forward"``, ``"backward"``, ``"step"``; ``"step N micro M forward"``... with accumulation), then this rank's report
-    (the counted peak, the losses and ``extra``) to ``out/rank{RANK}.json``; waits for the rest."""
+    (the counted peak, the losses, ``extra`` and what ``after()`` reads once the steps are done) to
+    ``out/rank{RANK}.json``; waits for the rest."""
     import torch
 
     losses = []
@@ -225,7 +227,7 @@ def train_and_report(
         engine.step()
         losses.append(float(value))
     report = tracker.stop()
-    report.update(losses=losses, **(extra or {}))
+    report.update(losses=losses, **(extra or {}), **(after() if after is not None else {}))
     if accumulation > 1:  # where each micro-step's high-water mark fell
         report["phase_peaks"] = tracker.phase_peaks
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(report, default=str))

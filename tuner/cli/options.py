@@ -24,6 +24,7 @@ from typing import Annotated, Any, get_type_hints
 import typer
 
 from tuner.cli.common import default_device, fail
+from tuner.cli.numerics_flags import Bf16MasterOpt, Bf16StatesOpt, ChunkedLossOpt, OptimizerOpt
 from tuner.errors import InputError
 from tuner.estimator import estimate, resolve
 from tuner.profile import with_profile
@@ -182,6 +183,10 @@ class WorkloadFlags:
     tiled_mlp: TiledMlpOpt = 1
     tiled_loss: TiledLossOpt = 1
     offload_checkpoints: OffloadCheckpointsOpt = False
+    bf16_master_weights: Bf16MasterOpt = False
+    bf16_optimizer_states: Bf16StatesOpt = False
+    optimizer: OptimizerOpt = "adamw"
+    chunked_loss: ChunkedLossOpt = False
     attention: AttentionOpt = None
     device: DeviceOpt = "cuda"  # None (measure, tune): the machine's own
     ds_config: DsConfigOpt = None
@@ -349,6 +354,10 @@ def _with_trial(flags: WorkloadFlags, workload: Workload, lengths: tuple[int, ..
             "tiled_mlp_shards": flags.tiled_mlp or 1,
             "tiled_loss_shards": flags.tiled_loss or 1,
             "offload_checkpoints": bool(flags.offload_checkpoints),
+            "bf16_master_weights": flags.bf16_master_weights,
+            "bf16_optimizer_states": flags.bf16_optimizer_states,
+            "optimizer": flags.optimizer,
+            "chunked_loss": flags.chunked_loss,
             "ds_config": ds_config_file(flags.ds_config),
         },
     ).to_trial(workload.train.precision)

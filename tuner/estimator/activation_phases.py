@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from tuner.estimator.activations import LayerActivations, logits_workspace_bytes, workload_activation_bytes
 from tuner.estimator.attention import extra_bytes_per_layer
+from tuner.estimator.chunked_loss import chunked_loss_terms
 from tuner.estimator.long_context import Activations, local_seq, long_context_terms
 from tuner.estimator.phases import Phase, add_bytes
 from tuner.estimator.pinned import HostPins
@@ -53,6 +54,8 @@ def add_activations(
         return None
     seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.long_context`)
     workspace = logits_workspace_bytes(model, s.micro_batch, seq, elem)
+    if s.chunked_loss:  # DeepSpeed's chunked cross-entropy instead of Hugging Face's loss (:mod:`.chunked_loss`)
+        activations, workspace = _chunked_loss(workload, s, activations, details)
     acts = long_context_terms(workload, s, Activations.of(activations, workspace), details)
     saved, recompute, source = acts.saved, acts.recompute, activations.source
     if workload.cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
@@ -81,6 +84,18 @@ def add_activations(
     loss = acts.workspace + details.get("loss_backward", 0)  # the loss's moment: workspace and head gradient
     _add_forward_moments(s, activations, (saved, acts.outside, loss), phases, details)
     return source
+
+
+def _chunked_loss(
+    workload: Workload, s: Settings, activations: LayerActivations, details: dict[str, int]
+) -> tuple[LayerActivations, int]:
+    """The model's activations and the loss's workspace with DeepSpeed's chunked loss (:mod:`.chunked_loss`): its
+    saved tensors instead of the fp32 log-softmax, its blocks and logits gradient instead of the fp32 workspace."""
+    tokens = s.micro_batch * local_seq(workload, s)
+    changed, workspace = chunked_loss_terms(tokens, workload.model.vocab_size, s.param_bytes, workload.cluster.device)
+    details["chunked_loss_saved"] = changed
+    saved, outside = activations.saved + changed, activations.outside + changed
+    return activations._replace(saved=saved, outside=outside), workspace
 
 
 def _recompute_beside_staging(s: Settings, worst: int, layer_saved: int, details: dict[str, int]) -> int:

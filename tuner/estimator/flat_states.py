@@ -23,6 +23,8 @@ in the training dtype, outside the flat groups (4-bit weights as their packed da
 from __future__ import annotations
 
 from tuner.estimator.expert_parallel import ep_flat_partition
+from tuner.estimator.master_states import state_bytes
+from tuner.estimator.muon import muon_flat_partition, muon_states, muon_update_transient
 from tuner.estimator.partitions import round_robin_order
 from tuner.estimator.phases import PHASES, Phase, add_bytes, add_transient
 from tuner.estimator.pinned import HostPins
@@ -64,7 +66,7 @@ def flat_states(
     numels, experts = params.trainable, model.experts  # AutoEP: expert groups over world / ep (.expert_parallel)
     if s.round_robin_gradients and s.zero_ranks > 1 and not any(experts):
         numels = round_robin_order(numels, s.zero_ranks)
-    flat = ep_flat_partition(numels, experts, s)
+    flat = muon_flat_partition(model, numels, s) if s.muon else ep_flat_partition(numels, experts, s)
     part = flat.partition
     worst_grads = part if model.is_bare else flat.worst_rank_grads
     details["partition_elements"] = part
@@ -73,11 +75,16 @@ def flat_states(
     if s.stage == 1:  # ZeRO-1 reduces after backward: every 16-bit gradient is alive first, offloaded or not
         add_bytes(phases, "gpu", "gradients", elem * params.n_trainable, ("backward",))
         _held_between_micro_steps(s, phases, details, elem * params.n_trainable)
+    held = state_bytes(s)  # fp32 or bf16 master and moments (.master_states)
     if s.offload_optimizer == "none":
-        add_bytes(phases, "gpu", "optimizer_states", (FP32 + ADAM_STATE_BYTES) * part)
+        states = muon_states(model, numels, s, held.master, elem) if s.muon else held.states * part
+        add_bytes(phases, "gpu", "optimizer_states", states)
+        if s.muon:  # Newton-Schulz on one whole gradient at a time, at the end of backward (.muon)
+            muon_update = muon_update_transient(model, numels, workload.cluster.device)
+            add_transient(phases, details, "muon_update", "backward", muon_update)
         if s.stage == 2:  # ZeRO-2 reduces as gradients arrive, into this rank's partition
             add_bytes(phases, "gpu", "gradients", elem * worst_grads, accumulated(s))
-        add_bytes(phases, "gpu", "gradients", FP32 * part, ("step",))
+        add_bytes(phases, "gpu", "gradients", held.master * part, ("step",))
         add_transient(phases, details, "reduce_copy", "backward", _reduce_copy(workload, s, numels, elem * worst_grads))
         add_transient(
             phases, details, "optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, part, part)
@@ -148,11 +155,11 @@ def _offloaded_states(
 ) -> None:
     """ZeRO-1/2 with optimizer offload: the fp32 master, moments and gradient partition on the host, with the
     staging buffers that carry gradients out and 16-bit parameters back (``part``: the partition's elements)."""
-    elem, largest = s.param_bytes, params.largest_trainable
+    elem, largest, held = s.param_bytes, params.largest_trainable, state_bytes(s)
     pin = s.offload_optimizer_pin
-    master = pins.size(FP32 * part, pin)  # the fp32 master partition; Adam's moments are pageable
-    add_bytes(phases, "cpu", "optimizer_states", master + ADAM_STATE_BYTES * part)
-    add_bytes(phases, "cpu", "gradients", pins.size(FP32 * part, pin))  # fp32 gradient partition, always allocated
+    master = pins.size(held.master * part, pin)  # the master partition; Adam's moments are pageable
+    add_bytes(phases, "cpu", "optimizer_states", master + held.moments * part)
+    add_bytes(phases, "cpu", "gradients", pins.size(held.master * part, pin))  # its gradient, always allocated
     staging = pins.size(elem * part, pin) + pins.size(elem * largest, pin)  # 16-bit param copy-back, grad staging
     add_bytes(phases, "cpu", "buffers", staging)
     add_bytes(phases, "gpu", "buffers", elem * largest)  # device-side gradient staging buffer

@@ -9,7 +9,7 @@ naming the key. Pure Python and fast (the tuner resolves tens of thousands of co
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tuner.workload import ConfigError, TrialConfig, Workload, check_layout, check_long_context
@@ -64,6 +64,10 @@ class Settings:
     tiled_mlp_shards: int = 1  # ALST's pieces (tuner.workload.LongContext)
     tiled_loss_shards: int = 1
     offload_checkpoints: bool = False
+    bf16_master: bool = False  # bf16.bf16_master_weights_and_grads (tuner.workload.Numerics)
+    bf16_optimizer_states: bool = False
+    muon: bool = False  # optimizer.type "muon": Muon for the matrices, Adam for the rest (.muon)
+    chunked_loss: bool = False  # dstune.chunked_loss: DeepSpeed's chunked cross-entropy (.chunked_loss)
 
     @property
     def param_bytes(self) -> int:
@@ -143,6 +147,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         tiled_mlp_shards=context.tiled_mlp_shards,
         tiled_loss_shards=context.tiled_loss_shards,
         offload_checkpoints=context.offload_checkpoints,
+        **asdict(trial.numerics),  # bf16_master, bf16_optimizer_states, muon, chunked_loss
     )
 
 
@@ -152,6 +157,7 @@ def _check(workload: Workload, trial: TrialConfig, precision: str) -> None:
     _refuse_unmodelled(trial, precision)
     _refuse_unmodelled_tp(trial, workload)
     _refuse_unmodelled_ep(trial, workload)
+    _refuse_unmodelled_numerics(trial, workload)
     check_long_context(workload, trial)
     check_layout(workload, trial)
     _check_trainable_dtypes(trial.zero.stage, precision, workload)
@@ -212,8 +218,8 @@ def _check_trainable_dtypes(stage: int, precision: str, workload: Workload) -> N
 def _refuse_unmodelled(trial: TrialConfig, precision: str) -> None:
     """Refuse what DeepSpeed trains but the estimator does not model (yet), naming the key."""
     kind = trial.optimizer_type
-    if not isinstance(kind, str) or kind.lower() not in ADAM_FAMILY:
-        raise ConfigError("optimizer.type", f"the estimator models Adam-family optimizers, got {kind!r}")
+    if not isinstance(kind, str) or kind.lower() not in ADAM_FAMILY | {"muon"}:
+        raise ConfigError("optimizer.type", f"the estimator models Adam-family optimizers and Muon, got {kind!r}")
     if trial.grad_accum_dtype not in (None, precision):
         raise ConfigError(
             "data_types.grad_accum_dtype",
@@ -253,6 +259,24 @@ def _refuse_unmodelled_ep(trial: TrialConfig, workload: Workload) -> None:
         raise ConfigError(key, "AutoEP with Ulysses is not modelled by the estimator yet")
     if trial.long_context.tiled_mlp_shards > 1:
         raise ConfigError("dstune.tiled_mlp_shards", "TiledMLP with AutoEP is not modelled by the estimator yet")
+
+
+def _refuse_unmodelled_numerics(trial: TrialConfig, workload: Workload) -> None:
+    """The chunked loss replaces the model's own loss (not a tiled loss or Ulysses' loss, which are their own).
+    Muon is estimated at ZeRO-1/2 on the whole model (its Muon/Adam split is read from the model's shapes), without
+    optimizer offload, AutoTP or AutoEP."""
+    numerics, context = trial.numerics, trial.long_context
+    if numerics.chunked_loss and (context.tiled_loss_shards > 1 or trial.layout.sequence_parallel > 1):
+        raise ConfigError("dstune.chunked_loss", "not with a tiled loss or Ulysses: their loss is their own")
+    if not numerics.muon:
+        return
+    key = "optimizer.type"
+    if trial.zero.offload_optimizer.on:
+        raise ConfigError(key, "Muon with optimizer offload is not modelled by the estimator yet")
+    if not workload.trainable.is_full:
+        raise ConfigError(key, "Muon with a peft adapter or frozen parameters is not modelled by the estimator yet")
+    if trial.layout.tensor_parallel > 1 or trial.layout.expert_parallel > 1:
+        raise ConfigError(key, "Muon with AutoTP or AutoEP is not modelled by the estimator yet")
 
 
 __all__ = ["ADAM_FAMILY", "FP32", "OPTIMIZER_IMPLS", "ConfigError", "Settings", "optimizer_impl", "resolve"]

@@ -19,7 +19,7 @@ NVMe), its gradient partition, optimizer states and reduce bucket, as DeepSpeed 
 
 from __future__ import annotations
 
-from tuner.estimator.flat_states import ADAM_STATE_BYTES
+from tuner.estimator.master_states import state_bytes
 from tuner.estimator.partitions import stage3_layout, stage3_partition
 from tuner.estimator.phases import Phase, add_bytes, add_transient
 from tuner.estimator.pinned import HostPins
@@ -118,13 +118,13 @@ def _optimizer_states(
 ) -> int:
     """The trainable ``shard``'s gradient partitions and optimizer states (on the device, or offloaded to the host
     or NVMe); returns their NVMe bytes."""
-    elem = s.param_bytes
-    states = (FP32 + ADAM_STATE_BYTES) * shard
+    elem, held = s.param_bytes, state_bytes(s)  # fp32 or bf16 master and moments (.master_states)
+    states = held.states * shard
     group = min(shard, s.sub_group_size) if s.sub_group_size else shard
     if s.offload_optimizer == "none":
         add_bytes(phases, "gpu", "optimizer_states", states)
         add_bytes(phases, "gpu", "gradients", elem * shard)  # the flat gradient partition buffer is permanent
-        add_bytes(phases, "gpu", "gradients", FP32 * group, ("step",))
+        add_bytes(phases, "gpu", "gradients", held.master * group, ("step",))
         add_transient(
             phases, details, "optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, group, shard)
         )
@@ -154,11 +154,13 @@ def _quantized_nontrainable_saving(params: TrainedParams, s: Settings, elem: int
 
 
 def _sub_group_grads(shard: int, s: Settings, pins: HostPins) -> int:
-    """Host bytes of ZeRO-3's fp32 gradient buffers with optimizer offload: one per sub-group of ``sub_group_size``
-    elements (the shard cut into equal sub-groups, as the step's fp32 gradients are sized), each pinned alone."""
+    """Host bytes of ZeRO-3's master-dtype gradient buffers with optimizer offload: one per sub-group of
+    ``sub_group_size`` elements (the shard cut into equal sub-groups, as the step's gradients are sized), each
+    pinned alone."""
     group = min(shard, s.sub_group_size) if s.sub_group_size else shard
     if group == 0:
         return 0
     full, rest = divmod(shard, group)
     pin = s.offload_optimizer_pin and s.offload_optimizer == "cpu"  # NVMe steps swapped sub-groups in one buffer
-    return pins.size(FP32 * group, pin, count=full) + pins.size(FP32 * rest, pin)
+    master = state_bytes(s).master
+    return pins.size(master * group, pin, count=full) + pins.size(master * rest, pin)

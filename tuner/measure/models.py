@@ -123,6 +123,7 @@ class CausalLM(nn.Module):
         if spec.is_bare:
             raise ValueError("model: a bare parameter count has no architecture to build")
         self.spec, self.checkpointing = spec, checkpointing
+        self.chunked_loss = False  # DeepSpeed's chunked cross-entropy (tuner.measure.chunked_loss)
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.positions = nn.Embedding(spec.max_positions, spec.hidden_size) if spec.learned_positions else None
         self.blocks = nn.ModuleList(Block(spec, attention) for _ in range(spec.num_layers))
@@ -162,6 +163,10 @@ class CausalLM(nn.Module):
             else:
                 x = block(x, rope)
         logits = self.head(self.norm(x))
+        if self.chunked_loss:  # DeepSpeed's chunked cross-entropy: fp32 maths, no fp32 [tokens, vocab] tensors
+            from deepspeed.runtime.chunked_cross_entropy import chunked_cross_entropy
+
+            return chunked_cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 

@@ -100,6 +100,10 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
         from tuner.measure.alst import offload_checkpoints
 
         offload_checkpoints(model.model)
+    if trial.numerics.chunked_loss:
+        from tuner.measure.chunked_loss import use_chunked_loss
+
+        use_chunked_loss(model)
     transformers_model = getattr(model, "model", None)
     if sp > 1 or context.tiled_loss_shards > 1:
         model = LongContextLM(model, shard, trial.stage, context.tiled_loss_shards, sizes.accum)

@@ -22,14 +22,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from tuner.requests.strict import RequestModel
 from tuner.requests.workload import Offload, WorkloadRequest
 from tuner.space.dsconfig import merge_configs, shortcut_config
-from tuner.workload import TrialConfig, long_context_config
+from tuner.workload import TrialConfig, long_context_config, numerics_config
 
 MICRO_BATCH = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
 GRAD_ACCUM = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
@@ -43,6 +43,16 @@ EXPERT_PARALLEL = Field(
 HPZ = Field(1, ge=1, le=2**16, description="ZeRO++ hpZ group size (zero_optimization.zero_hpz_partition_size).")
 TILED_MLP = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards (dstune.tiled_mlp_shards).")
 TILED_LOSS = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards (dstune.tiled_loss_shards).")
+BF16_MASTER = Field(
+    False,
+    description="bf16 master weights and gradients (ds_config bf16.bf16_master_weights_and_grads); "
+    "changes the numerics.",
+)
+BF16_STATES = Field(
+    False, description="bf16 optimizer states (ds_config bf16.bf16_optimizer_states); changes the numerics."
+)
+OPTIMIZER: Any = Field("adamw", description="adamw, or muon (ds_config optimizer.type; ZeRO-1/2; changes the numerics).")
+CHUNKED_LOSS = Field(False, description="DeepSpeed's chunked cross-entropy loss (dstune.chunked_loss).")
 OFFLOAD_CHECKPOINTS = Field(
     False, description="Checkpointed layer inputs in host memory (dstune.offload_checkpoints; needs checkpointing)."
 )
@@ -64,6 +74,10 @@ class TrialSettings(RequestModel):
     tiled_mlp_shards: int = TILED_MLP
     tiled_loss_shards: int = TILED_LOSS
     offload_checkpoints: bool = OFFLOAD_CHECKPOINTS
+    bf16_master_weights: bool = BF16_MASTER
+    bf16_optimizer_states: bool = BF16_STATES
+    optimizer: Literal["adamw", "muon"] = OPTIMIZER
+    chunked_loss: bool = CHUNKED_LOSS
     ds_config: dict[str, Any] | None = Field(None, description="A ds_config merged over the shortcut fields.")
 
     def layout_config(self) -> dict[str, Any]:
@@ -104,6 +118,9 @@ class TrialRequest(TrialSettings):
             self.nvme_path,
         )
         config = merge_configs(config, self.layout_config())
+        choices = numerics_config(self.bf16_master_weights, self.bf16_optimizer_states, self.optimizer, self.chunked_loss)
+        if choices:
+            config = merge_configs(config, choices)
         if self.ds_config is not None:
             config = merge_configs(config, self.ds_config)
         return TrialConfig(config, self.activation_checkpointing)

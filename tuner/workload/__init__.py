@@ -57,6 +57,7 @@ from tuner.workload.long_context import LongContext, long_context_config
 from tuner.workload.long_context_checks import check_long_context, kv_replication, sequence_parallel_problem
 from tuner.workload.model import ModelSpec, model_from_param_count
 from tuner.workload.model_profile import PROFILE_FORMAT, ActivationProfile, Linear, ModelProfile
+from tuner.workload.numerics import Numerics, numerics_config
 from tuner.workload.quantization import (
     BLOCKSIZE,
     DTYPE_BYTES,
@@ -158,6 +159,7 @@ __all__ = [
     "ModelImpl",
     "ModelProfile",
     "ModelSpec",
+    "Numerics",
     "Offload",
     "Optimizer",
     "ParallelLayout",
@@ -189,6 +191,7 @@ __all__ = [
     "long_context_config",
     "model_from_hf_config",
     "model_from_param_count",
+    "numerics_config",
     "preset_config",
     "preset_names",
     "rank_env",

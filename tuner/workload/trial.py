@@ -11,6 +11,7 @@ read-only views; nothing else parses a ds_config. Pure Python.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple
 from tuner.workload.config_values import ConfigError, enabled, read_bool, section
 from tuner.workload.layout import ParallelLayout
 from tuner.workload.long_context import LongContext
+from tuner.workload.numerics import Numerics
 from tuner.workload.zero import ZeroConfig
 
 MICRO_KEY = "train_micro_batch_size_per_gpu"
@@ -213,6 +215,11 @@ class TrialConfig:
         params = section(self.ds_config, "optimizer").get("params") or {}
         return params if isinstance(params, dict) else {}
 
+    @cached_property
+    def numerics(self) -> Numerics:
+        """The numerics-changing choices: bf16 master weights, bf16 optimizer states, Muon (:mod:`.numerics`)."""
+        return Numerics.of(self.ds_config)
+
     @property
     def grad_accum_dtype(self) -> str | None:
         """``data_types.grad_accum_dtype`` as given."""
@@ -313,6 +320,8 @@ class TrialConfig:
         if micro is not None:
             parts.append(f"micro {micro}" + (f" × accum {accum}" if accum is not None else ""))
         parts += [name for name in PRECISION_SECTIONS if (self.ds_config.get(name) or {}).get("enabled")]
+        with contextlib.suppress(ConfigError):  # read leniently, as below
+            parts += self.numerics.labels()
         for key, label in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
             device = (zero.get(key) or {}).get("device", "none")
             if device != "none":

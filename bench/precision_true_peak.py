@@ -1,0 +1,226 @@
+"""bf16 master weights, bf16 optimizer states and Muon: the estimate against what DeepSpeed holds, on 2 CPU ranks.
+
+Truth, two instruments: the model states DeepSpeed holds per rank after ``deepspeed.initialize`` and after two
+steps, read from its optimizer's own tensors (the 16-bit parameters or shards, the master partition, every tensor
+of the optimizer's state, ZeRO-3's gradient partition; elements and dtype each), and the true peak of live tensor
+bytes (the counting allocator, :mod:`tuner.measure.counting_allocator`, from before the model is built to the end
+of the second step). The ranks are standalone gloo CPU ranks (:mod:`gloo_ranks`): a small LLaMA built by
+transformers with random weights, bf16, small buckets, ZeRO 1-3 with and without optimizer offload to the CPU;
+``bf16.bf16_master_weights_and_grads`` with and without ``bf16.bf16_optimizer_states`` (without offload DeepSpeed
+0.19.8 takes the first only with the second), the fp32-master reference beside, and ``optimizer.type: "muon"``
+at ZeRO-1/2. Seq 256, micro-batch 1.
+
+Run: ``python bench/precision_true_peak.py [--only KEY] [--remeasure]``; results in
+``bench/results/precision_true_peak.json`` and ``.md`` (rendered with the current estimator).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gloo_ranks
+
+SEQ, SHORT, MICRO, BUCKET = 256, 32, 1, 500_000
+LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+LOSS_SEQ = 2048  # two of the chunked loss's blocks at this vocabulary (2^26 // 65,536 = 1,024 rows each)
+WIDE_VOCAB = {  # the loss's moment is the peak: [tokens, vocab] logits dwarf the rest
+    **LLAMA,
+    "vocab_size": 65536,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+}
+PRECISIONS: dict[str, dict[str, Any]] = {
+    "fp32-master": {},
+    "bf16-master": {"bf16_master_weights_and_grads": True},
+    "bf16-master+states": {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+}
+
+
+def ds_config(case: dict[str, Any]) -> dict[str, Any]:
+    """bf16 at ZeRO ``case["stage"]`` with small buckets, the case's master precision, optimizer and offload."""
+    zero: dict[str, Any] = {}
+    if case.get("offload"):
+        zero["offload_optimizer"] = {"device": "cpu"}
+    config = gloo_ranks.small_bucket_config(case["stage"], MICRO, BUCKET, **zero)
+    config["bf16"] = {"enabled": True, **PRECISIONS[case["precision"]]}
+    if case.get("optimizer") == "muon":
+        config["optimizer"] = {"type": "Muon", "params": {"lr": 1e-3, "momentum": 0.95}}
+    if case.get("chunked"):
+        config["dstune"] = {"chunked_loss": True}  # estimated from the config; the ranks install it themselves
+    return config
+
+
+def model_config(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's transformers config."""
+    return WIDE_VOCAB if case.get("model") == "wide" else LLAMA
+
+
+def cases() -> list[dict[str, Any]]:
+    """Each stage with and without offload, at each master precision DeepSpeed takes there; Muon at ZeRO-1/2."""
+    found = []
+    for stage in (1, 2, 3):
+        for offload in (False, True):
+            for precision in PRECISIONS:
+                if precision == "bf16-master" and not offload:
+                    continue  # DeepSpeed 0.19.8: bf16 master weights without offload need bf16 optimizer states
+                found.append({"stage": stage, "offload": offload, "precision": precision, "world": 2})
+    found += [
+        {"stage": stage, "offload": False, "precision": "fp32-master", "world": 2, "optimizer": "muon"}
+        for stage in (1, 2)
+    ]
+    # short sequences: the model states, not the loss, set the peak (in backward or the step)
+    short = [(2, False, "bf16-master+states"), (3, False, "bf16-master+states"), (2, True, "bf16-master"),
+             (3, True, "bf16-master"), (1, True, "bf16-master+states")]  # fmt: skip
+    found += [{"stage": st, "offload": off, "precision": p, "world": 2, "seq": SHORT} for st, off, p in short]
+    found.append(
+        {"stage": 1, "offload": False, "precision": "fp32-master", "world": 2, "optimizer": "muon", "seq": SHORT}
+    )
+    return found
+
+
+def key(case: dict[str, Any]) -> str:
+    optimizer = f"/{case['optimizer']}" if case.get("optimizer") else ""
+    seq = f"/seq{case['seq']}" if case.get("seq", SEQ) != SEQ else ""
+    if "model" in case:
+        return f"loss/{case['model']}/{'chunked' if case['chunked'] else 'hf'}/z{case['stage']}{seq}"
+    return f"z{case['stage']}/{'offload' if case['offload'] else 'device'}/{case['precision']}{optimizer}{seq}"
+
+
+def held_states(engine: Any) -> dict[str, dict[str, int]]:
+    """The model states DeepSpeed's optimizer holds on this rank: name -> dtype -> elements."""
+    import torch
+
+    opt, held = engine.optimizer, {}
+
+    def add(name: str, tensors: Any) -> None:
+        for tensor in tensors:
+            if torch.is_tensor(tensor) and tensor.numel() > 1:
+                by_dtype = held.setdefault(name, {})
+                by_dtype[str(tensor.dtype)] = by_dtype.get(str(tensor.dtype), 0) + tensor.numel()
+
+    add("bit16", getattr(opt, "bit16_groups_flat", []))
+    add("bit16", [p.ds_tensor for p in engine.module.parameters() if hasattr(p, "ds_tensor")])
+    add(
+        "master",
+        getattr(opt, "single_partition_of_fp32_groups", None) or getattr(opt, "fp32_partitioned_groups_flat", []),
+    )
+    for state in opt.optimizer.state.values():
+        for name, value in state.items():
+            add(name, [value])
+    add("grad_partition", [getattr(opt, "grad_partitions_flat_buffer", None)])
+    add("muon_momentum", list(getattr(opt, "muon_momentum_buffer_partitioned_groups_flat", {}).values()))
+    return held
+
+
+def rank_main(case: dict[str, Any], out: Path) -> None:
+    """One rank of ``case``: build, initialise, note the states and live bytes, two steps, write the report."""
+    import torch
+
+    rank = gloo_ranks.join()
+    ds = {key: value for key, value in ds_config(case).items() if key != "dstune"}
+
+    def adapt(model: Any) -> None:
+        if case.get("chunked"):
+            from deepspeed.runtime.chunked_cross_entropy import install_chunked_causal_lm_loss
+
+            install_chunked_causal_lm_loss(model)
+
+    engine, tracker = gloo_ranks.counted_engine(ds, model_config(case), "PRECISION_BENCH_DETAIL", adapt=adapt)
+    initialised = held_states(engine)
+    live_after_init = tracker.counter.live - tracker.baseline if tracker.counter is not None else None
+    seq = case.get("seq", SEQ)
+    vocab = model_config(case)["vocab_size"]
+    tokens = torch.randint(0, vocab, (MICRO, seq), generator=torch.Generator().manual_seed(rank))
+    extra = {"states_after_init": initialised, "live_after_init": live_after_init}
+
+    def loss() -> Any:
+        return engine(input_ids=tokens, labels=tokens).loss
+
+    # the states after two steps too: Muon's momentum appears in the first step
+    gloo_ranks.train_and_report(
+        engine, tracker, loss, out, extra, after=lambda: {"states_after_steps": held_states(engine)}
+    )
+
+
+def measure(case: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    """Start the case's ranks and collect their reports (:func:`gloo_ranks.run_ranks`)."""
+    return gloo_ranks.run_ranks(__file__, case, timeout)
+
+
+def estimate_case(case: dict[str, Any]) -> Any:
+    """dstune's estimate of ``case`` (the workload carries the model's traced profile at ``SEQ``)."""
+    name = case.get("model", "llama")
+    return gloo_ranks.estimate_peak(model_config(case), name, case["world"], case.get("seq", SEQ), ds_config(case))
+
+
+def process_peak(est: Any) -> int:
+    """A CPU rank's estimated peak: device and host bytes are one process's memory there, so the largest phase sum
+    of both."""
+    return max(phase.gpu_total + phase.cpu_total for phase in est.phases.values())
+
+
+def expected_states(case: dict[str, Any], est: Any) -> dict[str, dict[str, int]]:
+    """The states the estimate says a rank's optimizer holds after its steps, as :func:`held_states` reads them:
+    elements by dtype of the master partition and of each Adam moment (Muon's two groups are compared in bytes)."""
+    from tuner.estimator.master_states import state_bytes
+    from tuner.estimator.settings import resolve
+    from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, model_from_hf_config
+
+    cluster = ClusterSpec(gpus_per_node=case["world"], device="cpu")
+    work = Workload(model_from_hf_config(LLAMA, "llama"), cluster, TrainSpec(seq_len=case.get("seq", SEQ)))
+    held = state_bytes(resolve(work, TrialConfig(ds_config(case))))
+    dtype = {2: "torch.bfloat16", 4: "torch.float32"}
+    part = est.details["partition_elements"]
+    states = {"master": {dtype[held.master]: part}}
+    if case.get("optimizer") != "muon":
+        moment = dtype[held.moments // 2]
+        states.update(exp_avg={moment: part}, exp_avg_sq={moment: part})
+    return states
+
+
+def state_bytes_held(states: dict[str, dict[str, int]]) -> int:
+    """Bytes of the master partition and the optimizer's state tensors in ``states``."""
+    size = {"torch.bfloat16": 2, "torch.float32": 4}
+    return sum(
+        size[d] * n for name, by in states.items() if name not in ("bit16", "grad_partition") for d, n in by.items()
+    )
+
+
+def main() -> None:
+    args, measured = gloo_ranks.bench_args(__doc__, "precision_true_peak", rank_main)
+    for case, case_key, _ in gloo_ranks.measured_cases(cases(), key, measure, measured, args):
+        data = measured[case_key]
+        if data["status"] != "ok":
+            print(case_key, "error", data["error"][-3000:], flush=True)
+            continue
+        est = estimate_case(case)
+        true = max(r["peak_bytes"] for r in data["ranks"])
+        predicted = process_peak(est)
+        worst = max(data["ranks"], key=lambda r: r["peak_bytes"])
+        held = [r["states_after_steps"] for r in data["ranks"]]
+        print(
+            f"{case_key}: estimate {predicted / 2**20:.2f} MiB, true peak {true / 2**20:.2f} MiB "
+            f"({predicted / true - 1:+.2%}), during {worst['peak_during']} (estimated {est.peak_phase}); "
+            f"states held {[state_bytes_held(h) for h in held]} B, estimated "
+            f"{est.phases['step'].gpu['optimizer_states'] + est.phases['step'].cpu['optimizer_states']} B; "
+            f"held {held[0]} expected {expected_states(case, est)}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
