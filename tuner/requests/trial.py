@@ -51,7 +51,9 @@ BF16_MASTER = Field(
 BF16_STATES = Field(
     False, description="bf16 optimizer states (ds_config bf16.bf16_optimizer_states); changes the numerics."
 )
-OPTIMIZER: Any = Field("adamw", description="adamw, or muon (ds_config optimizer.type; ZeRO-1/2; changes the numerics).")
+OPTIMIZER: Any = Field(
+    "adamw", description="adamw, or muon (ds_config optimizer.type; ZeRO-1/2; changes the numerics)."
+)
 CHUNKED_LOSS = Field(False, description="DeepSpeed's chunked cross-entropy loss (dstune.chunked_loss).")
 OFFLOAD_CHECKPOINTS = Field(
     False, description="Checkpointed layer inputs in host memory (dstune.offload_checkpoints; needs checkpointing)."
@@ -118,7 +120,9 @@ class TrialRequest(TrialSettings):
             self.nvme_path,
         )
         config = merge_configs(config, self.layout_config())
-        choices = numerics_config(self.bf16_master_weights, self.bf16_optimizer_states, self.optimizer, self.chunked_loss)
+        choices = numerics_config(
+            self.bf16_master_weights, self.bf16_optimizer_states, self.optimizer, self.chunked_loss
+        )
         if choices:
             config = merge_configs(config, choices)
         if self.ds_config is not None:
