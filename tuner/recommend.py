@@ -56,6 +56,7 @@ from tuner.forecast import (
 from tuner.space import default_space_path, load_space
 from tuner.space.dsconfig import export_config
 from tuner.storage import MeasuredTrial, Store
+from tuner.units import format_bytes
 from tuner.workload import TrialConfig, Workload
 
 Source = Literal["measured", "nearest", "estimate"]
@@ -298,8 +299,8 @@ def _estimated(
         at = "" if global_batch is None else f" at global batch {global_batch}"
         raise NoFeasibleConfig(
             f"no config of the default search space (stage × micro-batch × checkpointing × offload × layout) fits "
-            f"{workload.model.name} on {workload.cluster.world_size} × {workload.cluster.gpu_memory} B with margin "
-            f"{margin:.3f}{at}"
+            f"{workload.model.name} on {workload.cluster.world_size} × {format_bytes(workload.cluster.gpu_memory)} "
+            f"with margin {margin:.3f}{at}"
         )
     trial, peak, prediction, considered, why = found
     return Recommendation(

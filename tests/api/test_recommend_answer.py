@@ -159,3 +159,12 @@ def test_the_estimate_asks_for_autotp_and_hpz(client: TestClient) -> None:
     tp = client.post("/v1/estimate", json={"workload": LLAMA_8B, "stage": 2, "tensor_parallel": 2}).json()
     plain = client.post("/v1/estimate", json={"workload": LLAMA_8B, "stage": 2}).json()
     assert tp["per_gpu"]["parameters"] < plain["per_gpu"]["parameters"]
+
+
+def test_nothing_fitting_at_the_global_batch_says_so_in_units(client: TestClient) -> None:
+    body = {"workload": {**GPT2, "gpu_memory": "2GiB"}, "global_batch": 4096}
+    response = client.post("/v1/recommend", json=body)
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "workload"]
+    assert "on 2 × 2.00 GiB with margin" in error["msg"] and error["msg"].endswith("at global batch 4096")
