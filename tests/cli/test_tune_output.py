@@ -163,3 +163,32 @@ def test_a_cpu_study_whose_runs_will_be_slow_says_so_up_front(
         assert "--global-batch" in out
     else:
         assert out == ""
+
+
+def test_configs_differing_only_by_layout_show_it_and_a_mib_budget_reads_in_mib(tmp_path: Path) -> None:
+    """Two runs that differ only by Ulysses or ALST's tiling printed as identical rows, and under a 64 MiB budget
+    every free figure read 0.00 GiB: a layout column appears when a row has a layout, and a budget below 1 GiB is
+    shown in MiB."""
+    work = Workload(
+        load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=2, gpu_memory=2**26, device="cpu"), TrainSpec(64)
+    )
+    plain = shortcut_config(1, 1, "bf16", 2, "none", "none")
+    layouts = ({}, {"sequence_parallel_size": 2}, {"dstune": {"tiled_mlp_shards": 4}})
+    with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as store:
+        study = store.get_or_create_study("layouts", store.upsert_workload(work), "tpe", {})
+        for number, extra in enumerate(layouts):
+            trial_id = store.add_trial(
+                study.id, number, f"k{number}", {**plain, **extra}, {}, False, estimate(work, plain)
+            )
+            store.start_trial(trial_id)
+            peak = [40 * 2**20 + number * 2**20]
+            store.finish_trial(
+                trial_id, "ok", {"status": "ok", "tokens_per_s": 1000.0 - number, "peak_bytes_per_rank": peak}
+            )
+        console = Console(record=True, width=100)
+        render_study(store, study.id, "layouts", console)
+    table = console.export_text().split("trials by status")[0]
+    assert "peak MiB" in table and "free MiB" in table and "layout" in table
+    rows = {line.split()[0]: line for line in table.splitlines() if line[:8].strip().isdigit()}
+    assert "40.0" in rows["0"] and "24.0" in rows["0"]  # 64 - 40 MiB free
+    assert "SP 2" in rows["1"] and "tiled MLP 4" in rows["2"] and "SP" not in rows["0"]

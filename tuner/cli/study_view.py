@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.script_view import render_script_best
-from tuner.units import GiB, format_duration
+from tuner.units import GiB, MiB, format_duration
+from tuner.workload import TrialConfig
 
 if TYPE_CHECKING:
     from tuner.storage import Store
@@ -46,14 +47,30 @@ STOPPED_EARLY_NOTE = "stopped"
 
 
 TOP_COLUMNS = ("trial", "tokens/s", "peak GiB", "free GiB", "ZeRO", "micro", "accum", "offload", "ckpt")
+WORDS = ("offload", "layout", "note")  # the columns of words (left-aligned, may wrap); the rest are figures
+
+
+def layout_text(config: TrialConfig) -> str:
+    """What a config adds to data parallelism, for the table: ``SP 2 · tiled MLP 4 · hpZ 2`` (empty for none).
+
+    >>> layout_text(TrialConfig({"sequence_parallel_size": 2, "dstune": {"tiled_mlp_shards": 4}}))
+    'SP 2 · tiled MLP 4'
+    """
+    hpz = config.zero.hpz_partition_size
+    parts = [config.layout.summary(), config.long_context.summary(), f"hpZ {hpz}" if hpz > 1 else ""]
+    return " · ".join(part for part in parts if part)
 
 
 def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> tuple[Table, bool]:
-    """The top measured configs as a table whose figures never fold or shrink (headers wrap instead, and the note
-    column appears only when a run was stopped early); and whether any row is partial."""
+    """The top measured configs as a table whose figures never fold or shrink (headers wrap instead; the layout
+    column appears when a config has Ulysses, AutoTP, AutoEP, ALST's tiling or hpZ, the note column when a run was
+    stopped early; memory in MiB under a budget below 1 GiB); and whether any row is partial."""
     rows: list[list[str]] = []
     partial = False
-    for trial in store.trials(study_id, status="ok", order_by="-tokens_per_s", limit=top):
+    found = store.trials(study_id, status="ok", order_by="-tokens_per_s", limit=top)
+    budget = max(((trial.estimate or {}).get("gpu_memory") or 0 for trial in found), default=0)
+    unit, scale = ("MiB", MiB) if 0 < budget < GiB else ("GiB", GiB)
+    for trial in found:
         config = trial.trial
         gpu_memory = (trial.estimate or {}).get("gpu_memory", 0)
         peak = trial.peak_bytes
@@ -65,29 +82,33 @@ def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> t
             [
                 str(trial.number),
                 f"{trial.tokens_per_s:,.0f}",
-                "-" if peak is None else f"{peak / GiB:.3f}",
-                "-" if peak is None else f"{(gpu_memory - peak) / GiB:.2f}",
+                "-" if peak is None else f"{peak / scale:.{3 if unit == 'GiB' else 1}f}",
+                "-" if peak is None else f"{(gpu_memory - peak) / scale:.{2 if unit == 'GiB' else 1}f}",
                 str(config.stage),
                 str(micro),
                 str(accum),
                 "/".join(offload) if offload[1] != "none" else offload[0],
                 "yes" if trial.activation_checkpointing else "no",
+                layout_text(config),
+                STOPPED_EARLY_NOTE if stopped else "",
             ]
-            + ([STOPPED_EARLY_NOTE] if stopped else [""])
         )
-    columns = TOP_COLUMNS + (("note",) if partial else ())
+    layouts = any(row[-2] for row in rows)
+    columns = [c.replace("GiB", unit) for c in TOP_COLUMNS] + ["layout"] * layouts + ["note"] * partial
+    keep = [*range(len(TOP_COLUMNS)), *([len(TOP_COLUMNS)] if layouts else []), *([-1] if partial else [])]
+    rows = [[row[index] for index in keep] for row in rows]
     # no vertical rules: ten columns of figures fit in 80 columns; numbers keep their width, words may wrap
     table = Table(
         title=f"study {name}: top configs", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False
     )
     for index, column in enumerate(columns):
-        numeric = column not in ("offload", "note")
+        numeric = column not in WORDS
         words = [word for text in (column, *(row[index] for row in rows)) for word in text.split()]
         table.add_column(
             column, justify="right" if numeric else "left", min_width=max(map(len, words)), overflow="fold"
         )
     for row in rows:
-        table.add_row(*row[: len(columns)])
+        table.add_row(*row)
     return table, partial
 
 
