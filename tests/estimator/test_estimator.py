@@ -131,6 +131,8 @@ def test_tight_gpu_memory_does_not_fit_and_says_why() -> None:
     )
     assert not est.fits and est.headroom < 0
     assert "GPU memory short" in est.overflow_reason()
+    # in the units the rest of the output reads (it said "short by 10891115804 bytes")
+    assert f"short by {-est.headroom / 2**30:.2f} GiB at the" in est.overflow_reason()
 
 
 def test_bare_count_has_no_activations() -> None:

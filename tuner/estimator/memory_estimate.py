@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.estimator.phases import CATEGORIES, Phase
+from tuner.units import format_bytes
 
 CPU_VIEWS = frozenset({"total", "pinned"})  # cpu_per_node entries that are not categories of their own
 
@@ -72,12 +73,12 @@ class MemoryEstimate:
         if self.headroom < 0:
             largest = max(CATEGORIES, key=lambda name: self.per_gpu[name] or 0)
             return (
-                f"GPU memory short by {-self.headroom} bytes at the {self.peak_phase} phase "
+                f"GPU memory short by {format_bytes(-self.headroom)} at the {self.peak_phase} phase "
                 f"(largest category: {largest})"
             )
         if self.cpu_headroom < 0:
             largest = max((k for k in self.cpu_per_node if k not in CPU_VIEWS), key=self.cpu_per_node.__getitem__)
-            return f"CPU memory per node short by {-self.cpu_headroom} bytes (largest: {largest})"
+            return f"CPU memory per node short by {format_bytes(-self.cpu_headroom)} (largest: {largest})"
         return None
 
     def to_dict(self) -> dict[str, Any]:
