@@ -52,6 +52,9 @@ def _parts(
             extra += saved - per_kind[kind]
         else:
             per_kind[kind] = saved
+    if len(keep) == len(kinds):  # every layer traced: their own sum, whatever differs between them (a freeze pattern)
+        traced = sum(by_layer.get(position, 0) for position in range(len(keep)))
+        extra = traced - sum(saved * list(kinds).count(kind) for kind, saved in per_kind.items())
     return by_layer.get(OUTSIDE, 0), extra, per_kind
 
 
@@ -166,7 +169,9 @@ def trace_lengths(
     recurrent: list[bool] = []
     for ckpt in (False, True) if True in wanted else (False,):
         # a looped block runs layers by their index in the config: its copy keeps every layer
-        whole, real = any(kind_runs(kind) > 1 for kind in kinds), False
+        # so does a freeze pattern: it may freeze some layers of a kind and not others (only the last ones trained)
+        frozen = trainable is not None and trainable.freeze is not None
+        whole, real = frozen or any(kind_runs(kind) > 1 for kind in kinds), False
         while True:
             with quiet():
                 model, keep, fake_mode = build_copy(

@@ -164,8 +164,8 @@ def add_adapter(model: torch.nn.Module, adapter: dict[str, Any]) -> torch.nn.Mod
 
 def freeze_matching(model: torch.nn.Module, pattern: str, strict: bool = True) -> None:
     """Freeze the parameters whose names ``pattern`` matches (``re.search``, run by RE2: linear time); refused when
-    it matches none or leaves nothing trainable (``strict=False``: a pattern matching nothing is let be, for a
-    profile's copy that keeps only some layers)."""
+    it matches none or leaves nothing trainable (``strict=False``: either is let be, for a profile's copy that keeps
+    only some layers: the whole model is checked where its parameters are counted)."""
     try:
         regex = compile_pattern(pattern, "freeze")
     except InputError as error:
@@ -177,7 +177,7 @@ def freeze_matching(model: torch.nn.Module, pattern: str, strict: bool = True) -
         raise WorkloadError("freeze", f"{pattern!r} matches no parameter name (names look like {example})")
     for param in matched:
         param.requires_grad_(False)
-    if not any(param.requires_grad for _, param in named):
+    if strict and not any(param.requires_grad for _, param in named):
         raise WorkloadError("freeze", f"{pattern!r} leaves no parameter trainable")
 
 
