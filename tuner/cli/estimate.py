@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli.common import gib
+from tuner.cli.common import fail, gib
 from tuner.cli.max_seq_len import max_seq_len_command
 from tuner.cli.options import JsonOpt, WorkloadFlags, build, workload_options
 from tuner.estimator import MemoryEstimate, estimate
@@ -64,17 +64,47 @@ def render(est: MemoryEstimate, title: str, console: Console | None = None) -> N
         )
 
 
+def margin_of(text: str | None) -> float:
+    """``5%`` or ``0.05`` as a fraction in [0, 0.5); exits 2 naming ``margin`` otherwise.
+
+    >>> margin_of("5%"), margin_of("0.05"), margin_of(None)
+    (0.05, 0.05, 0.0)
+    """
+    if text is None:
+        return 0.0
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        fail("margin", f"expected a fraction such as 0.05 or a percentage such as 5%, got {text!r}")
+    if not 0 <= value < 0.5:
+        fail("margin", f"must be at least 0 and below 50%, got {text!r}")
+    return value
+
+
 @workload_options()
 def estimate_command(
     ctx: typer.Context,
     flags: WorkloadFlags,
     max_seq_len: MaxSeqLenOpt = False,
     as_json: JsonOpt = False,
+    out: Annotated[
+        str | None, typer.Option(help="With --max-seq-len: write the answer's ds_config to this file.")
+    ] = None,
+    margin: Annotated[
+        str | None,
+        typer.Option(
+            help="With --max-seq-len: GPU memory to leave free, 5% or 0.05 (/v1/recommend keeps its calibrated "
+            "margin, 5% by default; default here: none)."
+        ),
+    ] = None,
 ) -> None:
     """Estimate peak memory per GPU and per node's CPU for one training configuration."""
     if max_seq_len:
-        max_seq_len_command(ctx, flags, as_json, render)
+        max_seq_len_command(ctx, flags, as_json, render, out, margin_of(margin))
         return
+    for name, given in (("out", out), ("margin", margin)):
+        if given is not None:
+            fail(name, "only with --max-seq-len (an estimate of one length writes no config)")
     workload, trial = build(flags)
     est = estimate(workload, trial)
     throughput = predict(workload, trial).to_dict()  # the hardware table's constants: no store here

@@ -21,14 +21,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli.common import fail, gib
+from tuner.cli.common import fail, gib, write_text_file
 from tuner.cli.options import WorkloadFlags, build, ds_config_file
 from tuner.estimator import MemoryEstimate
 from tuner.estimator.throughput import predict
 from tuner.forecast import TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
+from tuner.space.dsconfig import export_config
 from tuner.workload import Workload
 
 RenderEstimate = Callable[[MemoryEstimate, str, Console | None], None]  # tuner.cli.estimate.render
+CHECKPOINTING = "activation checkpointing: model.gradient_checkpointing_enable() before deepspeed.initialize"
 NO_LENGTH_EXIT = 1  # a valid question whose answer is "nothing fits": not bad input
 
 
@@ -65,24 +67,61 @@ def traced_workload(flags: WorkloadFlags) -> Workload:
     return build(replace(flags, seq_len=TRACE_LENGTHS[-1]), lengths=TRACE_LENGTHS)[0]
 
 
-def max_seq_len_command(ctx: typer.Context, flags: WorkloadFlags, as_json: bool, render: RenderEstimate) -> None:
-    """Answer ``--max-seq-len``: a table (then the estimate's, by ``render``), or the estimate's JSON with a
-    ``max_seq_len`` object beside it."""
+def max_seq_len_command(
+    ctx: typer.Context,
+    flags: WorkloadFlags,
+    as_json: bool,
+    render: RenderEstimate,
+    out: str | None = None,
+    margin: float = 0.0,
+) -> None:
+    """Answer ``--max-seq-len``: a table (then the estimate's, by ``render``, and the config to train with), or the
+    estimate's JSON with a ``max_seq_len`` object and the ``export`` beside it; ``out``: the config written there.
+    ``margin``: the fraction of GPU memory the answer leaves free (the API's ``/v1/recommend`` keeps its calibrated
+    margin, 5 % by default)."""
     if flag_given(ctx, "seq_len"):
         fail("seq-len", "not with --max-seq-len: the length is what it searches")
     pins = pins_of(ctx, flags)
     workload = traced_workload(flags)
+    fits = (lambda est: est.gpu_total * (1 + margin) <= est.gpu_memory and est.cpu_headroom >= 0) if margin else None
     try:
-        answer = longest_fit(workload, pins)
+        answer = longest_fit(workload, pins, fits)
     except NoLengthFits as error:
         typer.echo(f"error: max-seq-len: {error}", err=True)
         raise typer.Exit(NO_LENGTH_EXIT) from None
     throughput = predict(answer.workload, answer.trial).to_dict()
+    config, notes = export_config(
+        answer.trial, "deepspeed", answer.workload.train.attention, answer.workload.trainable, answer.seq_len
+    )
+    if answer.trial.activation_checkpointing:  # a model setting: no ds_config key says it
+        notes.insert(0, CHECKPOINTING)
+    if out:
+        write_text_file(out, json.dumps(config, indent=2) + "\n")
     if as_json:
+        export = {"ds_config": config, "notes": notes, "margin": margin}
         body = {**answer.estimate.to_dict(), "throughput": throughput, "max_seq_len": answer.to_dict()}
-        typer.echo(json.dumps(body))
+        typer.echo(json.dumps({**body, "export": export}))
         return
-    render_longest(answer, workload.model.name, render)
+    console = Console()
+    render_longest(answer, workload.model.name, render, console)
+    if margin:
+        console.print(f"with a margin of {margin:.0%} of GPU memory left free", highlight=False)
+    render_export(config, notes, out, console)
+
+
+def render_export(config: dict[str, Any], notes: list[str], out: str | None, console: Console) -> None:
+    """The answer's ds_config as DeepSpeed takes it (written to ``out`` when given), and what the training code must
+    apply beside it: the ``dstune`` keys of the answer (ALST's tiled MLP and loss, checkpoint offload) are not
+    DeepSpeed's, so they are left out of the config and said here."""
+    if out:
+        console.print(f"wrote {out}: the ds_config to train with", highlight=False, markup=False)
+    else:
+        console.print("the ds_config to train with:", highlight=False)
+        console.print_json(json.dumps(config))
+    if notes:
+        console.print("the training code applies, beside it (not DeepSpeed keys):", highlight=False)
+    for note in notes:
+        console.print(f"- {note}", highlight=False, soft_wrap=True, markup=False)
 
 
 def render_longest(answer: LongestFit, name: str, render: RenderEstimate, console: Console | None = None) -> None:
@@ -100,7 +139,7 @@ def render_longest(answer: LongestFit, name: str, render: RenderEstimate, consol
         ("config", answer.trial.summary()),
         ("per GPU", f"{gib(answer.estimate.gpu_total)} GiB, {gib(answer.estimate.headroom)} GiB headroom"),
         ("predicted", f"{answer.tokens_per_s:,.0f} tokens/s" if answer.tokens_per_s else "unknown"),
-        ("next limit", _limit_text(limit.seq_len, limit.memory, limit.category, limit.short_by)),
+        ("next limit", _limit_text(limit.seq_len, limit.memory, limit.category, limit.short_by, limit.reason)),
         ("searched", f"{answer.candidates} configs ({answer.refused} refused), {answer.estimates} estimates"),
     )
     for key, value in rows:
@@ -111,12 +150,14 @@ def render_longest(answer: LongestFit, name: str, render: RenderEstimate, consol
     render(answer.estimate, f"its estimate at {answer.seq_len:,} tokens", console)
 
 
-def _limit_text(seq_len: int, memory: str, category: str | None, short_by: int) -> str:
+def _limit_text(seq_len: int, memory: str, category: str | None, short_by: int, reason: str = "") -> str:
     if memory == "cap":
         return f"the search's cap ({seq_len:,} tokens)"
     if memory == "refused":
         return f"{seq_len:,} tokens refused by the estimator"
-    return f"at {seq_len:,} tokens {memory.upper()} memory runs out ({category} grows most; {gib(short_by)} GiB short)"
+    why = reason.partition("; ")[2]  # beyond the overflow itself (a pinned buffer that doubles)
+    text = f"at {seq_len:,} tokens {memory.upper()} memory runs out ({category} grows most; {gib(short_by)} GiB short)"
+    return text + (f": {why}" if why else "")
 
 
 __all__ = [

@@ -32,6 +32,7 @@ from tuner.estimator.memory_estimate import CPU_VIEWS
 from tuner.estimator.throughput import predict
 from tuner.forecast.seq_candidates import Candidate, Pins, candidates
 from tuner.forecast.seq_scaling import SeqSizer
+from tuner.units import format_bytes
 from tuner.workload import MAX_SEQ_LEN, TrialConfig, Workload
 
 SEARCH_CAP = MAX_SEQ_LEN  # tokens: 67M, beyond any published run; --seq-len's own bound
@@ -289,7 +290,14 @@ def _next_limit(search: _Search, winner: Candidate, best: int, est: MemoryEstima
     host = [n for n in after.cpu_per_node if n not in CPU_VIEWS]
     grown = {n: after.cpu_per_node[n] - est.cpu_per_node.get(n, 0) for n in host}
     category = max(grown, key=grown.__getitem__)
-    return NextLimit(nxt, "cpu", category, None, -after.cpu_headroom, after.overflow_reason() or "")
+    reason = after.overflow_reason() or ""
+    pinned = after.cpu_per_node.get("pinned", 0) - est.cpu_per_node.get("pinned", 0)
+    if pinned > -after.cpu_headroom:  # the step itself costs more than what was left: a pinned buffer doubled
+        reason += (
+            f"; {winner.multiple} more tokens pin {format_bytes(pinned)} more host memory: CUDA's pinned allocator "
+            "rounds each buffer up to a power of two"
+        )
+    return NextLimit(nxt, "cpu", category, None, -after.cpu_headroom, reason)
 
 
 def _nothing_fits(search: _Search, pool: list[Candidate]) -> str:
