@@ -1,0 +1,49 @@
+"""The docs agree with the tool on every figure they quote from it: each quoted command in the README and
+``docs/*.md`` written as ```dstune estimate ...` answers N tokens`` (or ``N trainable parameters``) is run and its
+answer compared (estimates only: the profile of each model is traced once and cached for the session)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+QUOTE = re.compile(r"`(dstune estimate [^`]+)`\s+answers\s+([\d,]+)\s+(tokens|trainable parameters)")
+
+
+def quotes() -> list[tuple[str, str, int, str]]:
+    """(file, command, figure, what) for every quoted answer in the docs (a command may wrap over lines)."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = " ".join(path.read_text().split())
+        for command, figure, what in QUOTE.findall(text):
+            found.append((path.name, command, int(figure.replace(",", "")), what))
+    return found
+
+
+def test_the_docs_quote_the_headline_answers() -> None:
+    """The headline figures are quoted in the checked form (a doc that drops the form drops the check)."""
+    files = {file for file, *_ in quotes()}
+    assert {"memory-model.md", "long-context-runs.md", "README.md"} <= files, files
+
+
+@pytest.mark.parametrize(("file", "command", "figure", "what"), quotes(), ids=lambda v: str(v)[:60])
+def test_a_quoted_answer_is_what_the_tool_answers(
+    file: str, command: str, figure: int, what: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    adapter = re.search(r"cat > adapter_config.json <<'JSON'\n(.*?)\nJSON", (ROOT / "README.md").read_text(), re.S)
+    assert adapter is not None
+    (tmp_path / "adapter_config.json").write_text(adapter.group(1))  # the README's worked example's file
+    result = CliRunner().invoke(app, [*shlex.split(command)[1:], "--json"])
+    assert result.exit_code == 0, (file, command, result.output)
+    answer = json.loads(result.stdout)
+    found = answer["max_seq_len"]["seq_len"] if what == "tokens" else answer["trainable_params"]
+    assert found == figure, f"{file}: `{command}` answers {found:,} {what}, the doc says {figure:,}"
