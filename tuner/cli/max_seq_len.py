@@ -114,7 +114,7 @@ def render_export(config: dict[str, Any], notes: list[str], out: str | None, con
     apply beside it: the ``dstune`` keys of the answer (ALST's tiled MLP and loss, checkpoint offload) are not
     DeepSpeed's, so they are left out of the config and said here."""
     if out:
-        console.print(f"wrote {out}: the ds_config to train with", highlight=False, markup=False)
+        console.print(f"wrote {out}: the ds_config to train with", highlight=False, markup=False, soft_wrap=True)
     else:
         console.print("the ds_config to train with:", highlight=False)
         console.print_json(json.dumps(config))

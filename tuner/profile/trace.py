@@ -142,6 +142,12 @@ def trace_activations(
     return trace_lengths(config, kinds, (seq_len,), precision, attention, checkpointing, trainable, adapters)[seq_len]
 
 
+def _keeps_every_layer(kinds: tuple[str, ...] | list[str], trainable: TrainableSpec | None) -> bool:
+    """Whether the copy keeps every layer: a looped block runs layers by their index in the config, and a freeze
+    pattern may freeze some layers of a kind and not others (only the last ones trained)."""
+    return (trainable is not None and trainable.freeze is not None) or any(kind_runs(kind) > 1 for kind in kinds)
+
+
 def trace_lengths(
     config: dict[str, Any],
     kinds: tuple[str, ...] | list[str],
@@ -168,10 +174,7 @@ def trace_lengths(
     experts: dict[bool, str] = {}
     recurrent: list[bool] = []
     for ckpt in (False, True) if True in wanted else (False,):
-        # a looped block runs layers by their index in the config: its copy keeps every layer
-        # so does a freeze pattern: it may freeze some layers of a kind and not others (only the last ones trained)
-        frozen = trainable is not None and trainable.freeze is not None
-        whole, real = frozen or any(kind_runs(kind) > 1 for kind in kinds), False
+        whole, real = _keeps_every_layer(kinds, trainable), False
         while True:
             with quiet():
                 model, keep, fake_mode = build_copy(
