@@ -53,6 +53,7 @@ from tuner.forecast import (
     longest_fit,
     simplest,
 )
+from tuner.measure.script.answer import script_answer
 from tuner.space import default_space_path, load_space
 from tuner.space.dsconfig import export_config
 from tuner.storage import MeasuredTrial, Store
@@ -142,7 +143,20 @@ def recommend(store: Store, workload: Workload, global_batch: int | None = None)
     if found is None:
         fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
         found = _marked(workload, _estimated(workload, fingerprint, margin, fit, global_batch))
-    return _exported(workload, found)
+    return _script_figures(store, _exported(workload, found))
+
+
+def _script_figures(store: Store, found: Recommendation) -> Recommendation:
+    """A measured answer from a study of the user's own training command: its figures are the command's, said in a
+    note with the command filled in, and (measured as it is) the config is the one the command got."""
+    record = store.get_trial(found.trial_id) if found.trial_id is not None else None
+    answer = script_answer(((record.measurement if record else None) or {}).get("script"))
+    if answer is None or record is None or found.exported is None:
+        return found
+    config, notes = found.exported
+    if record.trial.key == found.trial.key:
+        config = answer["ds_config"]
+    return replace(found, exported=(config, (*notes, f"{answer['note']}: {answer['command']}")))
 
 
 def _exported(workload: Workload, found: Recommendation) -> Recommendation:

@@ -203,3 +203,30 @@ def test_a_config_over_a_memory_cap_is_recorded_oom(scripts: Path) -> None:
     """ZeRO-1's default reduce bucket (5e8 fp32 elements, 2 GB) cannot be allocated under a 1.5 GiB address space."""
     result = measure(scripts, "--memory-cap", "1536MiB", "--", *RAW, "ds_config.json")
     assert result["status"] == "oom", result["error"]
+
+
+def test_recommend_and_the_dashboard_say_the_figures_are_the_commands(raw_study) -> None:
+    """/v1/recommend's answer and the dashboard's pages for a script study: the command's config and a note."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from tuner.dashboard import router
+    from tuner.recommend import recommend
+    from tuner.storage import Store
+
+    _, _, db = raw_study
+    store = Store.open(db)
+    study = store.get_study("raw")
+    assert study is not None
+    answer = recommend(store, store.workload_of(study.id)).to_dict()
+    assert answer["source"] == "measured" and answer["ds_config"]["scheduler"]["type"] == "WarmupLR"
+    assert any("figures are your training command's" in note for note in answer["notes"]), answer["notes"]
+    app = FastAPI()
+    app.state.store = store
+    app.include_router(router)
+    client = TestClient(app)
+    assert "figures are your training command&#39;s" in client.get("/studies/raw").text
+    best = store.best_trial(study.id)
+    assert best is not None
+    download = client.get(f"/studies/raw/trials/{best.number}/ds_config.json").json()
+    assert download["optimizer"]["params"]["torch_adam"] is True

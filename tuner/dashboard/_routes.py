@@ -15,6 +15,7 @@ from tuner.dashboard import _views as views
 from tuner.dashboard._searches import length_searches, search_name
 from tuner.errors import InputError
 from tuner.forecast import describe_reason
+from tuner.measure.script.answer import script_answer
 from tuner.requests import readable_name
 from tuner.storage import Store, StudyRecord, TrialRecord
 from tuner.units import format_bytes
@@ -120,8 +121,9 @@ def download_ds_config(request: Request, name: str, number: int) -> Response:
     if not trial.ds_config:
         return _not_found(request, f"Trial {number} has no ds_config: the search space rejected its parameters.")
     filename = f"ds_config_{quote(study.name, safe='')}_trial{number}.json"
+    script = _script(trial)  # a training command's trial: the config the command got, its own sections included
     return Response(
-        json.dumps(trial.trial.deepspeed_config(), indent=2, sort_keys=True) + "\n",
+        json.dumps(script["ds_config"] if script else trial.trial.deepspeed_config(), indent=2, sort_keys=True) + "\n",
         media_type="application/json",
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )
@@ -144,8 +146,14 @@ def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
         "numerics": views.numerics_rows(trial.measurement),
         "numerics_check": ((trial.measurement or {}).get("numerics") or {}),
         "stopped_early": views.stopped_early(trial),
+        "script": _script(trial),
     }
     return _page(request, "trial.html", context)
+
+
+def _script(trial: TrialRecord | None) -> dict[str, Any] | None:
+    """The answer of a trial measured with the user's training command (None for dstune's own trainer)."""
+    return script_answer(((trial.measurement if trial else None) or {}).get("script"))
 
 
 @router.get("/studies/{name:path}", response_class=HTMLResponse, name="dashboard_study")
@@ -168,6 +176,7 @@ def study_page(request: Request, name: str) -> HTMLResponse:
         "counts": {status: count for status, count in summary.counts.items() if count},
         "best": summary.best,
         "best_headroom": views.headroom(summary.best, workload.gpu_memory),
+        "script": _script(summary.best),
         "trials": trials,
         "quality": views.estimate_quality(trials),
         "throughput": views.throughput_accuracy(trials),
