@@ -10,6 +10,7 @@ from rich.console import Console
 
 from tuner.cli.common import write_text_file
 from tuner.measure.script.answer import script_answer
+from tuner.measure.script.estimate_note import assumption
 
 if TYPE_CHECKING:
     from tuner.storage import TrialRecord
@@ -27,6 +28,9 @@ def render_script_best(best: TrialRecord, console: Console) -> bool:
     )
     console.print_json(json.dumps(answer["ds_config"]))
     _print_command(answer, console)
+    console.print(
+        f"the winner's estimate assumes {assumption(best.trial)}", highlight=False, soft_wrap=True, markup=False
+    )
     return True
 
 

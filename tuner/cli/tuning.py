@@ -75,7 +75,8 @@ def run_with_progress(tuning: TuningStudy, console: Console) -> StudyReport:
         cluster, options = settings.workload.cluster, settings.dispatch
         dispatcher = Dispatcher(options, cluster.device, cluster.world_size)
         measurer: Measurer = dispatcher
-        if options.launcher == "local" or options.ray_address is None:  # the ranks, and so the builds, run here
+        # the ranks, and so the builds, run here (a training command builds what its own optimizer needs)
+        if (options.launcher == "local" or options.ray_address is None) and options.script is None:
             measurer = AnnounceBuilds(
                 dispatcher, lambda line: console.print(line, highlight=False, soft_wrap=True, markup=False)
             )

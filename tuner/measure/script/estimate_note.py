@@ -28,10 +28,30 @@ def assumption(trial: TrialConfig) -> str:
     return ZERO_INIT if stage == 3 else WHOLE
 
 
+def without_auto(config: dict[str, Any], precision: str) -> dict[str, Any]:
+    """``config`` with the HF Trainer's ``"auto"`` values left to DeepSpeed's defaults, and its precision sections
+    set by the workload's precision (what the Trainer fills them from).
+
+    >>> without_auto({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}},
+    ...              "bf16")
+    {'bf16': {'enabled': True}, 'zero_optimization': {'stage': 2}}
+    """
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key in ("bf16", "fp16") and isinstance(value, dict) and value.get("enabled") == "auto":
+            out[key] = {**without_auto(value, precision), "enabled": key == precision}
+        elif isinstance(value, dict):
+            out[key] = without_auto(value, precision)
+        elif value != "auto":
+            out[key] = value
+    return out
+
+
 def script_estimate(workload: Workload, trial: TrialConfig) -> tuple[dict[str, Any] | None, str]:
-    """The estimate of ``trial`` (None where the command's config leaves what it reads to ``auto``) and what it
-    assumes of the model's construction."""
+    """The estimate of ``trial`` (its ``auto`` values as :func:`without_auto` reads them; None where the config
+    still cannot be estimated) and what it assumes of the model's construction."""
+    readable = TrialConfig(without_auto(trial.ds_config, workload.train.precision), trial.activation_checkpointing)
     try:
-        return estimate(workload, trial).to_dict(), assumption(trial)
+        return estimate(workload, readable).to_dict(), assumption(readable)
     except (ConfigError, TypeError, ValueError) as error:
         return None, f"no estimate: {error}"
