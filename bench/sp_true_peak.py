@@ -274,11 +274,12 @@ and already counted). The runner's own count agrees: `dstune measure --model tin
 --seq-len 1024 --sequence-parallel 2 --tiled-mlp 4 --tiled-loss 4 --grad-accum 2` at ZeRO-2 with 5e5-element
 buckets peaked at 17.99 MiB, estimated 17.96 (16.99 before, -5.6 %).
 
-The ZeRO-0 rows are under by 11 % with and without accumulation, at the step of the second rank only (rank 0
-33.04 MiB, the estimate's figure): the bf16 optimizer's gradient norm under Ulysses' mpu masks, on a model-parallel
-rank above 0, the parameters it counts as duplicates (`deepspeed/runtime/utils.py`, `get_flattened_grad_norm`: a
-zeros tensor and its cumsum over the flat fp32 gradient, n + 1 elements each, then the masked copy), found with the
-counter's allocation sites at that rank's peak (`SP_BENCH_DETAIL=ops`). The estimate does not model that moment yet.
+The ZeRO-0 rows were under by 11 % with and without accumulation, at the step of the second rank only (rank 0
+33.04 MiB, the estimate's figure then): FP16_Optimizer's gradient norm under Ulysses' mpu masks, on a
+model-parallel rank above 0, the parameters it counts as duplicates (all of them; `deepspeed/runtime/utils.py`,
+`get_flattened_grad_norm`: a zeros tensor, its cumsum and their bool over the flat fp32 gradient's n + 1 elements,
+9 B an element at once, the 16-bit gradients already released), found with the counter's allocation sites at that
+rank's peak (`SP_BENCH_DETAIL=ops`); `flat_states._masked_norm` counts it.
 """
 
 

@@ -255,3 +255,13 @@ def test_forward_holds_its_largest_traced_moment() -> None:
     assert forward(pre_layer_peak=Linear(mask, 0, mask)) == mask
     held = workspace + 10**8  # a mask held through the layers, larger than the logits workspace
     assert forward(pre_layer_held=Linear(held, 0, held)) == saved + held
+
+
+def test_zero0s_step_on_an_sp_rank_above_0_holds_the_norms_duplicate_mask() -> None:
+    """FP16_Optimizer's gradient norm masks every parameter as a model-parallel duplicate on sp ranks above 0: a
+    zeros tensor, its cumsum and their bool over the flat fp32 gradient (9 B an element at once), the 16-bit
+    gradients released; the counting allocator's step peak of such a rank (sp_true_peak.md's ZeRO-0 rows)."""
+    n = llama().model.n_params
+    plain, ulysses = estimate(llama(), config(1, stage=0)), estimate(llama(), config(2, stage=0))
+    assert plain.details["step_temporaries"] == 4 * n  # the fp32 copies concatenated
+    assert ulysses.details["step_temporaries"] == 9 * (n + 1) - 2 * n

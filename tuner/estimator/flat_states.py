@@ -126,7 +126,18 @@ def _stage0_states(
     step = optimizer_temporaries(s.optimizer_impl, largest, n)
     if mixed:  # FP16_Optimizer.step: every p.grad.to(fp32) alive in a list while they are concatenated
         step = max(step, FP32 * n)
+        if s.sequence_parallel_size > 1:  # the norm on an sp rank above 0 (the worst rank)
+            step = max(step, _masked_norm(n, elem))
     add_transient(phases, details, "step_temporaries", "step", step)
+
+
+def _masked_norm(n: int, elem: int) -> int:
+    """FP16_Optimizer's gradient norm on a model-parallel rank above 0 of Ulysses' mpu, beyond what the step phase
+    holds: it masks the parameters it counts as duplicates (all of them) with a zeros tensor, its cumsum and their
+    bool over the flat fp32 gradient's n + 1 elements (9 B each at once; ``deepspeed/runtime/utils.py``
+    ``get_flattened_grad_norm``), the 16-bit gradients already released (counting allocator:
+    ``bench/results/sp_true_peak.md``, the ZeRO-0 rows)."""
+    return 9 * (n + 1) - elem * n
 
 
 def _add_reduce_buckets(s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> None:
