@@ -86,6 +86,23 @@ def attention_name(attention: str) -> str:
     return {"flash": "flash_attention_2"}.get(attention, attention)
 
 
+def hf_problem(trial: TrialConfig) -> str | None:
+    """Why the Hugging Face Trainer would not train ``trial`` as it was measured (None: it would): with Ulysses below
+    ZeRO-3 its loss reduction over the sequence-parallel group gives sp times the gradient (DeepSpeed 0.19.8 sums
+    the group's gradients below ZeRO-3), and clipping then acts at 1/sp of its threshold. ZeRO-3 is exact.
+
+    >>> hf_problem(TrialConfig({"sequence_parallel_size": 2, "zero_optimization": {"stage": 2}}))
+    "trains 2x the gradient under the Trainer's sequence-parallel loss reduction at ZeRO-2 (exact at ZeRO-3)"
+    >>> hf_problem(TrialConfig({"sequence_parallel_size": 2, "zero_optimization": {"stage": 3}})) is None
+    True
+    """
+    sp = trial.layout.sequence_parallel
+    if sp == 1 or trial.stage == 3:
+        return None
+    reduction = "the Trainer's sequence-parallel loss reduction"
+    return f"trains {sp}x the gradient under {reduction} at ZeRO-{trial.stage} (exact at ZeRO-3)"
+
+
 def hf_snippet(trial: TrialConfig, attention: str, seq_len: int | None) -> str | None:
     """Python that trains ``trial``'s sequence parallelism with the transformers Trainer (None without it).
 
@@ -129,4 +146,4 @@ def hf_snippet(trial: TrialConfig, attention: str, seq_len: int | None) -> str |
     )
 
 
-__all__ = ["alst_notes", "deepspeed_notes", "hf_snippet"]
+__all__ = ["alst_notes", "deepspeed_notes", "hf_problem", "hf_snippet"]

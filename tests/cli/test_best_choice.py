@@ -1,0 +1,57 @@
+"""What ``dstune best`` exports where the fastest config is not the answer for the target: ``--format hf`` on a
+Ulysses study (the Trainer's loss reduction gives sp times the gradient below ZeRO-3) and a ``--seq-len max``
+search's name without its length. Studies written to the store directly (no run)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.space.dsconfig import shortcut_config
+from tuner.storage import Store
+from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+
+runner = CliRunner()
+
+
+def study_of(store: Store, name: str, stages_tokens: list[tuple[int, float]]) -> None:
+    """A study of the transformers tiny LLaMA on 2 CPU ranks whose ok trials run Ulysses 2 at these stages."""
+    model = replace(load_builtin_model("tiny-llama"), implementation="transformers")
+    work = Workload(model, ClusterSpec(gpus_per_node=2, device="cpu"), TrainSpec(seq_len=256))
+    study = store.get_or_create_study(name, store.upsert_workload(work), "tpe", {})
+    for number, (stage, tokens) in enumerate(stages_tokens):
+        config = {**shortcut_config(1, 1, "bf16", stage, "none", "none"), "sequence_parallel_size": 2}
+        config["train_batch_size"] = 1
+        trial_id = store.add_trial(study.id, number, f"k{number}", config, {}, False, None)
+        store.start_trial(trial_id)
+        store.finish_trial(trial_id, "ok", {"status": "ok", "tokens_per_s": tokens, "peak_bytes_per_rank": [2**20]})
+
+
+def test_hf_export_of_a_ulysses_study_takes_the_fastest_config_the_trainer_trains_right(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    with Store.open(url) as store:
+        study_of(store, "sp", [(2, 900.0), (3, 700.0)])
+        study_of(store, "sp-zero2", [(1, 900.0), (2, 800.0)])
+    out = tmp_path / "ds.json"
+    result = runner.invoke(app, ["best", "--study", "sp", "--format", "hf", "--storage", url, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["zero_optimization"]["stage"] == 3
+    assert "exported trial 1" in result.stderr and "trains 2x the gradient" in result.stderr
+    plain = runner.invoke(app, ["best", "--study", "sp", "--storage", url])  # DeepSpeed's own loop: the fastest
+    assert plain.exit_code == 0 and json.loads(plain.stdout)["zero_optimization"]["stage"] == 2
+    none = runner.invoke(app, ["best", "--study", "sp-zero2", "--format", "hf", "--storage", url])
+    assert none.exit_code == 1 and "no measured config of this study is right for the HF Trainer" in none.stderr
+    assert "--pin stage=3" in none.stderr and none.stderr.count("\n") == 1
+
+
+def test_a_length_searchs_name_points_to_its_lengths(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    with Store.open(url) as store:
+        for length in (2304, 2560):
+            study_of(store, f"lc5:{length}", [(2, 900.0)])
+    result = runner.invoke(app, ["best", "--study", "lc5", "--storage", url])
+    assert result.exit_code == 2 and "lc5:2560, lc5:2304 (e.g. --study lc5:2560)" in result.stderr, result.output
