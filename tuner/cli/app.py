@@ -24,6 +24,7 @@ app = typer.Typer(
     help="Auto-tuning search for DeepSpeed training configurations.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's help: option names and help wrap at any width, never cut at 80 columns
 )
 
 

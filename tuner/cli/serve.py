@@ -63,10 +63,11 @@ def serve_command(
     workers: WorkersOpt = 1,
     recommend_cache: RecommendCacheOpt = None,
 ) -> None:
-    """Serve the HTTP API (estimate, recommend, studies, jobs) on the tuner's database.
+    """Serve the HTTP API (estimate, recommend, studies, jobs) and the dashboard on the tuner's database.
 
-    Each setting is its flag, else its ``DSTUNE_*`` variable (:mod:`tuner.env`), else the default, with one worker or
-    many (the worker processes read the resolved values from the environment this command sets)."""
+    Each setting is its flag, else its DSTUNE_* variable, else the default, with one worker process or many.
+    \f
+    The worker processes read the resolved values (:mod:`tuner.env`) from the environment this command sets."""
     token = _api_token(token_file)
     no_auth = insecure_no_auth or current_env().insecure_no_auth
     if token is None and not no_auth:
