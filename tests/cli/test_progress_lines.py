@@ -4,6 +4,7 @@ file or systemd's journal holds. Studies whose every config the estimator prunes
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -42,3 +43,16 @@ def test_the_worker_logs_each_job_and_each_trial(tmp_path: Path) -> None:
     assert f"job {job.id}: started, study " in log
     assert log.count(f"job {job.id}: trial ") == 2 and ": pruned · ZeRO-" in log, log
     assert f"job {job.id}: done" in log and "ran 1 job(s)" in result.stdout
+
+
+def test_a_job_is_queued_from_the_cli_and_a_bad_field_is_named(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    job = tmp_path / "job.json"
+    body = {"workload": {"model": "tiny-gpt2", "device": "cpu", "gpu_memory": "1MiB", "seq_len": 64}, "trials": 2}
+    job.write_text(json.dumps({**body, "study": "queued"}))
+    result = runner.invoke(app, ["queue", str(job), "--storage", url])
+    assert result.exit_code == 0 and "queued job 1 (study queued)" in result.stdout, result.output
+    assert Store.open(url).get_job(1).status == "queued"
+    job.write_text(json.dumps({**body, "trials": 0}))
+    bad = runner.invoke(app, ["queue", str(job), "--storage", url])
+    assert bad.exit_code == 2 and "error: trials:" in bad.stderr and bad.stderr.count("\n") == 1, bad.output

@@ -109,8 +109,10 @@ def test_the_export_says_how_to_launch_what_was_measured() -> None:
 
     workload = Workload(model_from_param_count(1e9), ClusterSpec(gpus_per_node=2, device="cpu"))
     record = {"launcher": "deepspeed", "threads_per_rank": [2, 2], "affinity_per_rank": [[0, 1], [0, 1]]}
-    measured, command = launch_notes(workload, record, "best.json")
+    measured, crowded, command = launch_notes(workload, record, "best.json")
     assert measured.startswith("measured in: deepspeed launcher, threads per rank 2, 2")
+    # 4 threads on 2 cores (the deepspeed launcher's default on a small machine): the export flags it
+    assert crowded.startswith("oversubscribed: 2 ranks × 2 threads on 2 cores") and "--launcher-env torchrun" in crowded
     assert command == "launch it as measured: OMP_NUM_THREADS=2 deepspeed --num_gpus 2 train.py --deepspeed best.json"
     unmeasured = launch_notes(Workload(workload.model, workload.cluster, launch=LaunchEnv("torchrun")), None, "c.json")
     assert unmeasured == ["launch it as measured: torchrun --nproc_per_node 2 train.py --deepspeed c.json"]

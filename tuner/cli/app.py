@@ -15,6 +15,7 @@ import typer
 from tuner.cli.common import OneLineErrorGroup
 from tuner.cli.estimate import estimate_command
 from tuner.cli.measure import measure_command
+from tuner.cli.queue_job import queue_command
 from tuner.cli.serve import serve_command
 from tuner.cli.tune import best_command, tune_command
 from tuner.cli.worker import worker_command
@@ -71,5 +72,6 @@ app.command("tune")(tune_command)
 app.command("best")(best_command)
 app.command("serve")(serve_command)
 app.command("worker")(worker_command)
+app.command("queue")(queue_command)
 
 __all__ = ["app"]

@@ -178,7 +178,28 @@ def launch_notes(workload: Workload, launch: dict[str, Any] | None, config_file:
     cluster = workload.cluster
     command = launch_command(workload.launch, cluster.gpus_per_node, cluster.nodes, threads, config_file)
     notes = [f"measured in: {measured}"] if measured else []
-    return [*notes, f"launch it as measured: {command}"]
+    crowded = oversubscribed(launch)
+    return [*notes, *([crowded] if crowded else []), f"launch it as measured: {command}"]
+
+
+def oversubscribed(launch: dict[str, Any] | None) -> str | None:
+    """A warning when the ranks' threads outnumber the cores they could run on (the ``deepspeed`` launcher's rule
+    gives each rank every physical core), or None.
+
+    >>> launch = {"threads_per_rank": [2, 2], "affinity_per_rank": [[0, 1], [0, 1]], "launcher": "deepspeed"}
+    >>> oversubscribed(launch).split(" (")[0], oversubscribed({**launch, "threads_per_rank": [1, 1]})
+    ('oversubscribed: 2 ranks × 2 threads on 2 cores', None)
+    """
+    threads = [count for count in (launch or {}).get("threads_per_rank") or [] if count]
+    cores = {core for affinity in (launch or {}).get("affinity_per_rank") or [] for core in affinity or []}
+    if not threads or not cores or sum(threads) <= len(cores):
+        return None
+    return (
+        f"oversubscribed: {len(threads)} ranks × {max(threads)} threads on {len(cores)} cores (the "
+        f"{(launch or {}).get('launcher')} launcher's rule): the ranks' threads contend, so this winner may not be "
+        "the winner under a launch that gives each rank its own cores (--launcher-env torchrun, --bind-cores, or "
+        "--launch-var OMP_NUM_THREADS=N)"
+    )
 
 
 def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5) -> None:
