@@ -269,8 +269,26 @@ def load_hf_config(source: str) -> tuple[dict[str, Any], str]:
     if path.is_dir():
         path = path / "config.json"
     if path.suffix == ".json" or path.exists() or "/" in source:
-        return read_json_object(path, "model", tagged_floats=True), path.parent.name or path.stem
+        config = read_json_object(path, "model", tagged_floats=True)
+        return config, config_label(config, path.parent.resolve().name)
     return preset_config(source), source
+
+
+def config_label(config: dict[str, Any], folder: str) -> str:
+    """A ``config.json`` model's name for tables and study names: its ``_name_or_path`` (the last part), else its
+    folder's name where that names the model type, else the model type (a folder such as ``cfg`` or ``.`` says
+    nothing of the model).
+
+    >>> config_label({"model_type": "llama"}, "llama-3.1-8b"), config_label({"model_type": "llama"}, "cfg")
+    ('llama-3.1-8b', 'llama')
+    >>> config_label({"model_type": "llama", "_name_or_path": "meta-llama/Llama-3.1-8B"}, "cfg")
+    'Llama-3.1-8B'
+    """
+    named = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
+    model_type = str(config.get("model_type") or "model")
+    if named:
+        return named[:64]
+    return folder if folder and model_type.lower() in folder.lower() else model_type
 
 
 def load_builtin_model(source: str) -> ModelSpec:
