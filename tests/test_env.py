@@ -39,7 +39,14 @@ def test_defaults_and_types() -> None:
 
 def test_every_variable_read_anywhere_is_a_setting_or_a_launcher_protocol_variable() -> None:
     """No module reads a ``DSTUNE_*`` variable behind the settings object's back."""
-    protocol = {"DSTUNE_THREADS_PER_RANK", "DSTUNE_BIND_CORES", "DSTUNE_SPAWNED_AT", "DSTUNE_FORKSERVER_ROOM"}
+    protocol = {
+        "DSTUNE_THREADS_PER_RANK",
+        "DSTUNE_BIND_CORES",
+        "DSTUNE_SPAWNED_AT",
+        "DSTUNE_FORKSERVER_ROOM",
+        "DSTUNE_SCRIPT_RUN",  # the run folder dstune's hook in a training command's ranks writes to
+        "DSTUNE_SCRIPT_ROOT",  # where that hook imports dstune from
+    }
     declared = {env.PREFIX + name.upper() for name in env.DstuneEnv.model_fields}
     for path in set((ROOT / "tuner").rglob("*.py")) - {ROOT / "tuner" / "env.py"}:
         text = path.read_text()

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.cli import app
+from tuner.workload import MAX_SEQ_LEN
 
 runner = CliRunner()
 CONTRACT_KEYS = {"n_params", "per_gpu", "cpu_per_node", "gpu_memory", "fits", "headroom"}
@@ -280,7 +281,9 @@ def test_cli_builds_the_same_workload_as_the_api() -> None:
 
 def test_cli_shares_the_schema_bounds() -> None:
     assert_usage_error(runner.invoke(app, ["estimate", "--model", "tiny-gpt2", "--gpus", "5000"]), "gpus")
-    assert_usage_error(runner.invoke(app, ["estimate", "--model", "tiny-gpt2", "--seq-len", str(2**21)]), "seq-len")
+    assert_usage_error(
+        runner.invoke(app, ["estimate", "--model", "tiny-gpt2", "--seq-len", str(MAX_SEQ_LEN + 1)]), "seq-len"
+    )
     assert_usage_error(
         runner.invoke(app, ["estimate", "--model", "tiny-gpt2", "--gpu-memory", str(2**61)]), "gpu-memory"
     )
