@@ -131,3 +131,15 @@ def test_the_answer_fills_the_command_in(folder: Path) -> None:
         "python t.py --deepspeed best.json --per_device_train_batch_size 4 --gradient_accumulation_steps 2"
     )
     assert script_answer({"status": "ok"}) is None
+
+
+def test_a_script_run_without_a_model_says_dstune_cannot_prune(folder: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli.app import app
+
+    (folder / "t.py").write_text("")
+    args = ["tune", "--gpus", "2", "--device", "cpu", "--storage", f"sqlite:///{folder / 'x.db'}", "--",
+            "python", str(folder / "t.py"), "--deepspeed", str(folder / "ds.json")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "cannot prune" in result.output

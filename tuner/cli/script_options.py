@@ -40,6 +40,10 @@ ArgMappingOpt = Annotated[
         "train_micro_batch_size_per_gpu=--batch_size, gradient_accumulation_steps=--accum (repeatable)."
     ),
 ]
+NO_MODEL = (
+    "give --model (the config.json your script trains, or a preset): without it dstune cannot prune configs before "
+    "they run nor put an estimate beside each measured peak"
+)
 # space parameters a training command decides for itself: dstune's trainer applies them, a script does not
 SCRIPT_PINS = {
     "activation_checkpointing": False,
@@ -78,7 +82,10 @@ def user_ds_config(script: ScriptCommand) -> dict[str, Any]:
 
 def script_flags(flags: WorkloadFlags, script: ScriptCommand) -> WorkloadFlags:
     """The workload flags with the precision the command's ds_config trains in (its ``bf16``/``fp16`` sections;
-    HF's ``auto`` leaves ``--precision``)."""
+    HF's ``auto`` leaves ``--precision``). Without a model (``--model``, or ``--params`` for ``measure``) it exits 2
+    saying so: dstune cannot prune nor estimate without one."""
+    if flags.model is None and flags.params is None:
+        fail("model", NO_MODEL)
     config = user_ds_config(script)
     found = [name for name in ("bf16", "fp16") if isinstance(config.get(name), dict) and "enabled" in config[name]]
     values = {name: config[name]["enabled"] for name in found}
