@@ -173,7 +173,8 @@ def test_bad_space_file_is_named(tmp_path) -> None:
     assert "mine.yaml" in done.stderr and "parameters.stage" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_ctrl_c_stops_after_recording_what_finished(tmp_path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])  # SIGTERM: timeout, systemd, docker stop
+def test_ctrl_c_stops_after_recording_what_finished(tmp_path, stop: signal.Signals) -> None:
     """Interrupted once a run finished and another is in flight: it stops, says so, and what finished is recorded.
     Its output goes to files, not pipes nobody reads while it runs (a full pipe would block the tuner), and every wait
     is on a condition: the moment to interrupt, then the tuner's exit (bounded generously for a loaded host). Its
@@ -202,13 +203,14 @@ def test_ctrl_c_stops_after_recording_what_finished(tmp_path) -> None:
             wait_until_measuring_after_a_result(storage, "ctrlc", process)
         except AssertionError as error:
             raise AssertionError(f"{error}\n{output()}") from None
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=900)
+        process.send_signal(stop)
+        code = process.wait(timeout=900)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     assert "interrupted" in out.read_text(), output()
+    assert stop == signal.SIGINT or (code == 143 and "terminated (SIGTERM)" in err.read_text()), output()
     trials = trials_of(storage, "ctrlc")
     assert any(t.status == "ok" for t in trials)
     assert not [t for t in trials if t.status in ("running", "pending")]

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
+from tuner.cli import terminate
 from tuner.errors import InputError
 from tuner.units import GiB, parse_bytes
 
@@ -60,6 +61,7 @@ class OneLineErrorGroup(TyperGroup):
         kwargs["standalone_mode"] = False  # click raises; this method decides how errors look
         if not standalone_mode:
             return super().main(*args, **kwargs)
+        terminate.install()  # SIGTERM stops as Ctrl-C does, and exits 143
         try:
             result = super().main(*args, **kwargs)
         except ClickException as error:
@@ -72,11 +74,11 @@ class OneLineErrorGroup(TyperGroup):
             sys.exit(USAGE_EXIT)
         except typer.Abort:
             typer.echo("Aborted!", err=True)
-            sys.exit(1)
+            sys.exit(terminate.exit_code(1))
         except Exception as error:  # the environment (database, disk, a path), or a bug: the traceback stays
             _exit_for_environment(error)
             raise
-        sys.exit(result if isinstance(result, int) else 0)
+        sys.exit(terminate.exit_code(result if isinstance(result, int) else 0))
 
 
 def _exit_for_environment(error: BaseException) -> None:
