@@ -19,9 +19,8 @@ from tuner.cli import app
 from tuner.requests import WorkloadRequest, to_workload
 from tuner.storage import Store
 
+BAD_URLS = [("mongodb://db.example/dstune", "mongodb"), ("not a url", "parse")]  # input: exit 2
 BAD_STORAGE = [
-    ("mongodb://db.example/dstune", "mongodb"),
-    ("not a url", "unparsable"),
     ("sqlite:////no/such/folder/dstune.db", "/no/such/folder"),
     ("sqlite:////proc/dstune.db", "/proc/dstune.db"),
     ("postgresql+psycopg://u:secret@no-such-host.invalid/dstune", "no-such-host.invalid"),
@@ -57,6 +56,15 @@ def test_storage_that_cannot_be_used_is_one_line_at_once(url: str, where: str, c
     assert seconds < AT_ONCE_S  # not the retry window
 
 
+@pytest.mark.parametrize(("url", "where"), BAD_URLS)
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_a_storage_url_of_no_dialect_is_bad_input_exit_2(url: str, where: str, command: list[str]) -> None:
+    code, stderr, _ = _run([*command, "--storage", url])
+    assert code == 2, stderr
+    assert stderr.startswith("error: storage: ") and len(stderr.strip().splitlines()) == 1, stderr
+    assert where in stderr and "Traceback" not in stderr
+
+
 def _help(command: str) -> str:
     return CliRunner().invoke(app, [command, "--help"]).stdout
 
@@ -80,13 +88,13 @@ def test_a_database_refusing_at_start_up_is_one_error_line_at_once() -> None:
     assert time.monotonic() - started < AT_ONCE_S  # not the retry window
 
 
-def test_serve_with_bad_storage_is_one_line_exit_1(tmp_path: Path) -> None:
+def test_serve_with_bad_storage_is_one_line_exit_2(tmp_path: Path) -> None:
     dstune = str(Path(sys.executable).with_name("dstune"))
     env = {**os.environ, "DSTUNE_API_TOKEN": "x"}
     done = subprocess.run(
         [dstune, "serve", "--storage", "mongodb://db/x"], capture_output=True, text=True, env=env, timeout=120
     )
-    _one_line_exit_1(done.returncode, done.stderr, "mongodb")
+    assert done.returncode == 2 and done.stderr.startswith("error: storage: ") and "mongodb" in done.stderr
 
 
 @pytest.fixture
@@ -103,3 +111,11 @@ def test_best_out_that_cannot_be_written_is_one_line(measured: str, tmp_path: Pa
         pytest.skip("no /dev/full here")
     code, stderr, _ = _run(["best", "--study", "s", "--storage", measured, "--out", out])
     _one_line_exit_1(code, stderr, where)
+
+
+def test_best_out_naming_the_studys_database_leaves_it_whole(measured: str) -> None:
+    database = measured.removeprefix("sqlite:///")
+    before = Path(database).read_bytes()
+    code, stderr, _ = _run(["best", "--study", "s", "--storage", measured, "--out", database])
+    assert code == 2 and stderr.startswith("error: out: ") and "SQLite database" in stderr, stderr
+    assert Path(database).read_bytes() == before

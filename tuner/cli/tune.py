@@ -31,6 +31,7 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
+from tuner.cli.out_guard import refuse_database_out
 from tuner.cli.script_options import (
     ArgMappingOpt,
     CommandArg,
@@ -260,6 +261,8 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     from tuner.space.dsconfig import export_config, validate_with_deepspeed
     from tuner.storage import Store
 
+    if out:
+        refuse_database_out(out)  # the study's own database named by mistake
     store = Store.open(storage_url(storage))
     record = store.get_study(readable_name(study, "study"))
     if record is None:

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tuner import env
 from tuner.env import DEFAULT_DB_FILE
+from tuner.errors import InputError
 from tuner.storage.environment import StorageUnusable, is_permanent
 from tuner.storage.errors import DatabaseUnavailable, StoreError
 from tuner.storage.tables import VERSION_TABLE
@@ -220,7 +221,10 @@ class Database:
         (``alembic upgrade head``)."""
         try:
             database = cls(url, echo=echo, retry_s=retry_s)
-        except (sa.exc.ArgumentError, ImportError) as error:  # no such dialect or driver
+        except sa.exc.ArgumentError as error:  # no such dialect, or no URL at all: the flag's input (exit 2, 422)
+            shown, detail = _shown(url or env.storage_url()), " ".join(str(error).split())
+            raise InputError("storage", f"{shown}: not a database URL dstune can use ({detail})") from None
+        except ImportError as error:  # a dialect whose driver is not installed here: the environment's
             raise StorageUnusable(_shown(url or env.storage_url()), " ".join(str(error).split())) from error
         try:
             database.probe()
