@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -60,3 +61,13 @@ def test_tune_refuses_the_bomb_before_any_study_row(tmp_path: Path) -> None:
             tables = [t for (t,) in connection.execute("select name from sqlite_master where type='table'")]
             for table in (t for t in tables if t.startswith("dstune_") and t != "dstune_alembic_version"):
                 assert connection.execute(f"select count(*) from {table}").fetchone() == (0,), table
+
+
+def test_a_long_string_aliased_thousands_of_times_is_refused_by_its_bytes(tmp_path) -> None:
+    """Under 400 KB of YAML expanding to 3.6 GB: few nodes (under the node bound), each alias the whole long string."""
+    long = "x" * 360_000
+    text = f"a: &a {long}\nb: [{', '.join(['*a'] * 10_000)}]\n"
+    assert len(text) < 400_000  # 3.6 GB expanded
+    with pytest.raises(yaml.YAMLError, match=r"expand past \d+ bytes"):
+        load_bounded(text)
+    assert load_bounded(f"a: &a {long}\nb: [*a, *a]\n")["b"][1] == long  # a few aliases of it: fine
