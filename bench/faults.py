@@ -46,6 +46,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_exten
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import hostile  # noqa: E402  (bench/hostile.py)
+import security  # noqa: E402  (bench/security.py)
 import sqlalchemy as sa  # noqa: E402
 from faultkit import MARKER_ENV, PrivatePostgres, marked_processes, pruned_job_request, rank_processes, wait_for  # noqa: E402
 
@@ -369,6 +370,7 @@ def matrix(server: PrivatePostgres) -> list[tuple[str, str, bool, Callable[[], O
             lambda: worker_fault(server, signal.SIGSTOP),
         ),
         *hostile.rows(),  # issue 24: hostile input and broken environments
+        *security.rows(),  # issue 39: no code through a job, no secret to a reader, bounded cost
     ]
 
 

@@ -112,7 +112,8 @@ def _one_line(code: int, stderr: str, expected: int) -> bool:
 
 
 def bad_environment() -> Any:
-    """Storage and paths that cannot be used, from every command: one line, exit 1, at once."""
+    """Storage and paths that cannot be used, from every command: one line, at once; exit 2 for a URL of no dialect
+    (the flag's input), exit 1 for the rest (the environment)."""
     folder = Path(tempfile.mkdtemp())
     cases = [
         ["best", "--study", "x", "--storage", "mongodb://db/x"],
@@ -122,9 +123,10 @@ def bad_environment() -> Any:
         ["serve", "--storage", "not a url"],
     ]
     results = [_cli(args, DSTUNE_DB_RETRY_S="30", DSTUNE_API_TOKEN="x", HOME=str(folder)) for args in cases]
-    good = sum(_one_line(code, err, 1) and seconds < 25 for code, err, seconds in results)
+    expected = [2, 1, 1, 1, 2]
+    good = sum(_one_line(code, err, want) and s < 25 for (code, err, s), want in zip(results, expected, strict=True))
     slowest = max(seconds for _, _, seconds in results)
-    return _outcome(recovered=good == len(cases), recover_s=slowest, note=f"{good}/{len(cases)} one line, exit 1")
+    return _outcome(recovered=good == len(cases), recover_s=slowest, note=f"{good}/{len(cases)} one line, exit 2 / 1")
 
 
 def unreachable_database() -> Any:
@@ -153,8 +155,8 @@ def disk_full() -> Any:
     return _outcome(recovered=ok, note=f"answers {sorted(set(codes))}, healthz {health}")
 
 
-def out_unwritable() -> Any:
-    """``best --out`` to /dev/full and to a read-only path: one line naming the path, exit 1."""
+def measured_study() -> str:
+    """The URL of a new SQLite database holding study ``s`` with one measured trial."""
     from tuner.estimator import estimate
     from tuner.requests import WorkloadRequest, to_workload
     from tuner.storage import Store
@@ -168,6 +170,12 @@ def out_unwritable() -> Any:
         trial = store.add_trial(study.id, 0, "k0", config, {}, False, estimate(workload, config))
         store.start_trial(trial)
         store.finish_trial(trial, "ok", {"tokens_per_s": 100.0, "peak_bytes_per_rank": [2**30, 2**30]})
+    return url
+
+
+def out_unwritable() -> Any:
+    """``best --out`` to /dev/full and to a read-only path: one line naming the path, exit 1."""
+    url = measured_study()
     results = [_cli(["best", "--study", "s", "--storage", url, "--out", out]) for out in ("/dev/full", "/proc/x")]
     good = sum(_one_line(code, err, 1) for code, err, _ in results)
     return _outcome(recovered=good == 2, note=f"{good}/2 one line, exit 1")
@@ -206,7 +214,7 @@ def rows() -> list[tuple[str, str, bool, Any]]:
         ("serve SIGKILL: profiling worker", "no child left 10 s after", False, lambda: serve_stop(signal.SIGKILL)),
         ("backtracking patterns (API)", "answered < 30 s, /healthz < 1 s", False, hostile_patterns),
         ("NaN/Infinity/1e400 (API)", "422 naming the field", False, non_finite),
-        ("bad storage URL / path (CLI)", "one line, exit 1, < 25 s", False, bad_environment),
+        ("bad storage URL / path (CLI)", "one line, exit 2 (URL) / 1, < 25 s", False, bad_environment),
         ("PostgreSQL unreachable (CLI)", "one error line, exit 1", False, unreachable_database),
         ("disk full (API, SQLite)", "503 + degraded, no 500", False, disk_full),
         ("best --out unwritable", "one line, exit 1", False, out_unwritable),
