@@ -64,7 +64,7 @@ class Event:
         'trial 3: ok, 11,285 tokens/s · ZeRO-2 · micro 4 × accum 2'
         >>> Event(4, "pruned", reason="needs 1.97 GiB of 64.0 MiB", config="ZeRO-0").line()
         'trial 4: pruned · ZeRO-0 · needs 1.97 GiB of 64.0 MiB'
-        >>> Event(5, "error", reason="Traceback ...\n  File x\nImportError: no fused_adam.so\n").line()
+        >>> Event(5, "error", reason="Traceback ...\\n  File x\\nImportError: no fused_adam.so").line()
         'trial 5: error · ImportError: no fused_adam.so'
         """
         head = f"trial {self.number}: {self.status}"
