@@ -105,3 +105,13 @@ def test_zero3_estimate_tracks_the_worst_rank_true_peak(tmp_path: Path) -> None:
     worst = max(rank.true_peak_bytes or 0 for rank in run.ranks)
     predicted = estimate(workload, config).gpu_total
     assert abs(predicted / worst - 1) < 0.03, (predicted, [rank.true_peak_bytes for rank in run.ranks])
+
+
+def test_nvml_bytes_are_found_in_a_container_where_nvml_lists_host_pids() -> None:
+    """Inside a container NVML reports the host's PID for this rank: its bytes were lost (None). A rank holds its GPU
+    alone, so the device's one process is the rank; with several and none ours, nothing is guessed."""
+    from tuner.measure.true_peak import own_process_bytes
+
+    assert own_process_bytes([(2_345_678, 812 * 2**20)], 17) == 812 * 2**20
+    assert own_process_bytes([(17, 5), (2_345_678, 9)], 17) == 5
+    assert own_process_bytes([(2_345_678, 9), (2_345_679, 7)], 17) is None

@@ -272,28 +272,42 @@ def cuda_peaks(device_index: int | None = None) -> dict[str, Any]:
 def nvml_process_bytes(device_index: int) -> int | None:
     """Device memory NVML charges to this process on GPU ``device_index`` (None without pynvml or visibility).
 
-    ``device_index`` is torch's; with ``CUDA_VISIBLE_DEVICES`` set it is mapped to the physical index NVML uses.
+    ``device_index`` is torch's; with ``CUDA_VISIBLE_DEVICES`` set it is mapped to the device NVML names: a physical
+    index, or a ``GPU-…`` / ``MIG-…`` UUID. In a container NVML lists host PIDs, never this process's own
+    (:func:`own_process_bytes`).
     """
     try:
         import pynvml
     except ImportError:
         return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    physical = device_index
-    if visible:
-        names = [name.strip() for name in visible.split(",") if name.strip()]
-        if device_index < len(names) and names[device_index].isdigit():
-            physical = int(names[device_index])
+    visible = [name.strip() for name in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if name.strip()]
+    name = visible[device_index] if device_index < len(visible) else str(device_index)
     try:
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
-            pid = os.getpid()
-            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if process.pid == pid and process.usedGpuMemory is not None:
-                    return int(process.usedGpuMemory)
-            return None
+            if name.isdigit():
+                handle = pynvml.nvmlDeviceGetHandleByIndex(int(name))
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(name)
+            processes = [(p.pid, p.usedGpuMemory) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+            return own_process_bytes(processes, os.getpid())
         finally:
             pynvml.nvmlShutdown()
     except pynvml.NVMLError:
         return None
+
+
+def own_process_bytes(processes: list[tuple[int, int | None]], pid: int) -> int | None:
+    """This process's bytes among NVML's ``(pid, used bytes)`` of one device: its own PID's; in a container, where
+    NVML lists host PIDs, the one process on the device when there is just one (a rank holds its GPU alone); else
+    None.
+
+    >>> own_process_bytes([(41, 2**30)], 41), own_process_bytes([(90211, 2**30)], 41), own_process_bytes([], 41)
+    (1073741824, 1073741824, None)
+    """
+    mine = [used for found, used in processes if found == pid and used is not None]
+    if mine:
+        return int(mine[0])
+    if len(processes) == 1 and processes[0][1] is not None:
+        return int(processes[0][1])
+    return None
