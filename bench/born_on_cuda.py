@@ -2,29 +2,34 @@
 
 Runs qwen2-1.5b (built-in model, bf16, one rank) at ZeRO-2 and ZeRO-3 and prints, per run, the rank's resident-set
 growth while building the model (the old fp32 host build added 4·Ψ = 6.2 GB), after ``deepspeed.initialize``, the
-device peak and the estimate. Usage: ``python3 bench/born_on_cuda.py OUT.json`` (``bench/gpu_validation.sh`` calls it).
+device peak and the estimate. Usage: ``python3 bench/born_on_cuda.py OUT.json [--dry-run]`` (``bench/gpu_validation.sh``
+calls it; ``--dry-run``: the tiny LLaMA on one CPU rank at ZeRO-3, the script's path only).
 """
 
 import json
 import sys
 
+from tuner.measure.options import MeasureOptions
 from tuner.measure.run import measure
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 
 def main() -> None:
+    dry = "--dry-run" in sys.argv[2:]
     rows = []
-    for stage in (2, 3):
+    for stage in (3,) if dry else (2, 3):
+        cluster = ClusterSpec(gpus_per_node=1, gpu_memory=140 * 2**30, device="cpu" if dry else "cuda")
         work = Workload(
-            load_builtin_model("qwen2-1.5b"), ClusterSpec(gpus_per_node=1, gpu_memory=140 * 2**30), TrainSpec(512)
+            load_builtin_model("tiny-llama" if dry else "qwen2-1.5b"), cluster, TrainSpec(64 if dry else 512)
         )
         config = {
             "train_micro_batch_size_per_gpu": 1,
-            "bf16": {"enabled": True},
-            "zero_optimization": {"stage": stage},
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": stage, **({"reduce_bucket_size": 50_000} if dry else {})},
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+            **({} if dry else {"bf16": {"enabled": True}}),
         }
-        result = measure(work, config, warmup=1, steps=2, timeout=400, launcher="local")
+        result = measure(work, TrialConfig(config), MeasureOptions("local", warmup=1, steps=2, timeout=400))
         rank = result["ranks"][0] if result["ranks"] else {}
         rss = rank.get("rss_bytes") or {}
         rows.append(

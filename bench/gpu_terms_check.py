@@ -39,6 +39,7 @@ from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_b
 
 MiB = 2**20
 H200_MEMORY = 143_771 * MiB
+CARD = {"bytes": H200_MEMORY}  # the card the cases are estimated for (bench/gpu_validation.py sets the device's)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Case:
 
     def workload(self) -> Workload:
         train = TrainSpec(seq_len=self.seq_len, precision=self.precision)
-        cluster = ClusterSpec(gpus_per_node=1, gpu_memory=H200_MEMORY, device=self.device)  # type: ignore[arg-type]
+        cluster = ClusterSpec(gpus_per_node=1, gpu_memory=CARD["bytes"], device=self.device)  # type: ignore[arg-type]
         return Workload(load_builtin_model(self.model), cluster, train)
 
     def trial(self) -> TrialConfig:
@@ -80,6 +81,15 @@ class Case:
         if self.expandable:
             config["dstune"] = {"expandable_segments": True}
         return config
+
+
+def stage_cases(card_bytes: int, cpu: bool) -> list[Case]:
+    """ZeRO-0..3 on a model sized to the card: qwen2-1.5b (24 GB of states in bf16 at one rank) from 40 GB, else
+    gpt2; on CPU (a dry run) the tiny LLaMA at stages 0 and 3."""
+    if cpu:
+        return [Case("tiny-llama", stage, 2, precision="fp32", seq_len=64, device="cpu") for stage in (0, 3)]
+    model = "qwen2-1.5b" if card_bytes >= 40 * 2**30 else "gpt2"
+    return [Case(model, stage, 4) for stage in (0, 1, 2, 3)]
 
 
 def cases() -> list[Case]:
@@ -142,6 +152,7 @@ class Row:
     seconds: float = 0.0
     error: str = ""
     terms: dict[str, int] = field(default_factory=dict)
+    measured_phases: dict[str, int] = field(default_factory=dict)  # live bytes at the end of each phase (the rank's)
 
     @property
     def tensors(self) -> int:
@@ -177,6 +188,11 @@ class Row:
             "tokens_s": self.tokens_s,
             "seconds": round(self.seconds, 1),
             "error": self.error,
+            "phases": {
+                name: {"estimated": phase.gpu_total, "measured": self.measured_phases.get(name)}
+                for name, phase in self.estimate.phases.items()
+            },
+            "peak_phase": self.estimate.peak_phase,
         }
 
 
@@ -203,6 +219,7 @@ def measure_row(row: Row, timeout: float) -> Row:
         rank = run.ranks[0]
         row.device_name, row.peak_allocated = rank.device_name, rank.peak_allocated
         row.peak_reserved = rank.peak_reserved
+        row.measured_phases = {name: sum(parts.values()) for name, parts in rank.snapshots.items()}
         if rank.device_name:  # re-estimate for the GPU the run saw
             fresh = judge(row.case, rank.device_name)
             row.estimate, row.predicted_tokens_s, row.terms = fresh.estimate, fresh.predicted_tokens_s, fresh.terms
