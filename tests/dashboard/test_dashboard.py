@@ -489,3 +489,19 @@ def test_browser_downloads_valid_ds_config(driver, live: str, downloads: Path) -
     assert config["zero_optimization"]["stage"] == 3
     validate_with_deepspeed(config, WORLD_SIZE)
     assert severe_logs(driver) == []
+
+
+def test_the_open_pages_show_no_command_lines_or_paths_of_an_error(tmp_path: Path) -> None:
+    app = make_app(f"sqlite:///{tmp_path}/errors.db")
+    store: Store = app.state.store
+    try:
+        body = {"workload": {"model": "gpt2", "gpus": WORLD_SIZE, "seq_len": 1024}, "trials": 2}
+        job = store.enqueue_job("oom-night", JobRequest.model_validate(body).model_dump(mode="json"))
+        store.claim_next_job("host-a:1:1")
+        listing = "4242\t7.70\t/usr/bin/python -m other_user.train --api-key abc /home/other/secret.yaml"
+        store.finish_job(job.id, "failed", f"Task was killed due to the node running low on memory.\n{listing}")
+        response = TestClient(app).get("/")
+    finally:
+        store.close()
+    assert response.status_code == 200 and "running low on memory" in response.text
+    assert "/home/other" not in response.text and "other_user.train" not in response.text

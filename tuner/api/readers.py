@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 import secrets
 from pathlib import PurePath
 from typing import Annotated, Any
@@ -27,12 +26,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 
 from tuner.api.deps import bearer
 from tuner.api.schemas import JobOut, TrialOut
-
-HIDDEN = "<path>"
-# an absolute (or home) path, starting a word, up to a delimiter ("tokens/s" is none)
-PATH = re.compile(r"(?<![\w.~/-])(?:~|[A-Za-z]:)?[/\\][^\s'\",;)\]]+")
-ARGV = re.compile(r"\[(?:\s*'[^']*'\s*,?)+\]")  # a Python list of strings: an argv
-MAX_PUBLIC_ERROR = 300
+from tuner.storage.public import HIDDEN, PATH, public_error
 
 
 def full_view(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> bool:
@@ -49,17 +43,6 @@ def full_view(request: Request, credentials: Annotated[HTTPAuthorizationCredenti
 
 
 FullView = Annotated[bool, Depends(full_view)]
-
-
-def public_error(text: str | None) -> str | None:
-    """An error's one line without command lines or paths: its first line, or a traceback's last (the exception),
-    paths and argv lists replaced, at most :data:`MAX_PUBLIC_ERROR` characters."""
-    if not text or not text.strip():
-        return text
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    line = lines[-1] if lines[0].startswith("Traceback") else lines[0]
-    line = PATH.sub(HIDDEN, ARGV.sub("[<command>]", line))
-    return line[:MAX_PUBLIC_ERROR]
 
 
 def public_workload(workload: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from tuner.forecast import describe_reason
 from tuner.measure.script.answer import script_answer
 from tuner.requests import readable_name
 from tuner.storage import Store, StudyRecord, TrialRecord
+from tuner.storage.public import public_error
 from tuner.units import format_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -36,6 +37,7 @@ templates.env.filters.update(
     config=views.describe_config,
     sortval=views.sort_value,
     reason=describe_reason,
+    public=public_error,  # the pages are open: errors as one line, no command lines, no paths
     urlpart=lambda value: quote(str(value), safe=""),
 )
 
