@@ -99,7 +99,7 @@ def preflight(out: Path, dry: bool) -> None:
         python=platform.python_version(),
         torch=torch.__version__,
         cuda=torch.version.cuda,
-        nccl=".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+        nccl=str(torch.cuda.nccl.version()) if torch.cuda.is_available() else None,  # a tuple or an int by version
         versions={name_: _version(name_) for name_ in ("deepspeed", "transformers", "pydantic", "typing-extensions")},
         imports=imports,
         nvcc=_tool([nvcc, "--version"]) if nvcc and Path(nvcc).exists() else None,
