@@ -16,6 +16,10 @@ EXCERPT_CHARS = 1500
 # A trial's phases in order, as ranks time them (seconds; the slowest rank's): process start up to the rank's main,
 # importing torch and DeepSpeed, the process group, building the model, deepspeed.initialize, warm-up, timed steps.
 COST_PHASES = ("start_s", "imports_s", "distributed_s", "model_s", "initialize_s", "warmup_s", "timed_s")
+# what the warm-up is made of (a rank's timings, slowest rank each): its first step, the memory probe's step and the
+# probe's sweeps within it, garbage collected before steps while the true peak is counted, the step-0 numerics, and
+# the true peak's read-back after warm-up (outside warmup_s)
+WARMUP_PARTS = ("warmup_first_s", "warmup_probe_s", "probe_sweeps_s", "warmup_gc_s", "numerics_s", "peak_readback_s")
 PEER_KILLED = "KilledAfterPeerFailure"  # a rank the launcher stopped because another rank failed first
 CANCELLED = "Cancelled"  # a rank the launcher killed because the study was stopped (not the config's fault)
 # a rank's node, Ray actor, launcher or fork server died mid-run: the infrastructure's fault, not the config's, so the

@@ -10,6 +10,7 @@ else alive (``other``: the batch, counters, library state).
 from __future__ import annotations
 
 import gc
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -182,6 +183,7 @@ class PhaseRecorder:
         self.engine = engine
         self.snapshots: dict[str, dict[str, int]] = {}
         self.activation_bytes = 0
+        self.sweeps_s = 0.0  # seconds spent classifying live storages (what the probe adds to its step)
         self._armed = False
         wrapper = engine.optimizer
         # ZeRO-1 reduces all gradients after backward (reduce_gradients); ZeRO-1/2 release their buckets at the
@@ -194,10 +196,16 @@ class PhaseRecorder:
         if inner is not None:
             inner.register_step_pre_hook(self._on_step)
 
+    def _sweep(self) -> dict[str, int]:
+        tick = time.perf_counter()
+        snapshot = classify_engine_memory(self.engine)
+        self.sweeps_s += time.perf_counter() - tick
+        return snapshot
+
     def _snapshot_before(self, method: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             if self._armed:
-                snapshot = classify_engine_memory(self.engine)
+                snapshot = self._sweep()
                 held = self.snapshots.get("backward")
                 if held is None or _held_bytes(snapshot) > _held_bytes(held):
                     self.snapshots["backward"] = snapshot
@@ -207,7 +215,7 @@ class PhaseRecorder:
 
     def _on_step(self, *_: Any) -> None:
         if self._armed and "step" not in self.snapshots:
-            self.snapshots["step"] = classify_engine_memory(self.engine)
+            self.snapshots["step"] = self._sweep()
 
     def train_step(
         self,
@@ -226,12 +234,12 @@ class PhaseRecorder:
         if loss_hook is not None:
             loss = loss_hook(loss)
         self.activation_bytes = saved["bytes"]
-        self.snapshots["forward"] = classify_engine_memory(self.engine)
+        self.snapshots["forward"] = self._sweep()
         if mark:
             mark(f"step {step} probed backward")
         self.engine.backward(loss)
         if "backward" not in self.snapshots:
-            self.snapshots["backward"] = classify_engine_memory(self.engine)
+            self.snapshots["backward"] = self._sweep()
         if mark:
             mark(f"step {step} probed step")
         self.engine.step()

@@ -139,7 +139,9 @@ class TrainingProcess:
         begin = time.perf_counter()
         self._warm_up(engine, batches, cuda)
         timings["warmup_s"] = time.perf_counter() - begin
+        begin = time.perf_counter()
         self._stop_allocator()
+        timings["peak_readback_s"] = time.perf_counter() - begin
         partial = {"timings": dict(timings), "launch": self.result.launch}
         write_json_atomically(timings_path(self.run_dir, self.rank), partial)
         begin = time.perf_counter()
@@ -305,8 +307,12 @@ class TrainingProcess:
             self._train_step(engine, batches, probe=step == probe_step)
             if cuda:
                 torch.cuda.synchronize()
+            elapsed = time.perf_counter() - tick
             if step != probe_step:
-                times.append(time.perf_counter() - tick)
+                times.append(elapsed)
+            part = "warmup_probe_s" if step == probe_step else "warmup_first_s" if step == 0 else ""
+            if part:
+                self.result.timings[part] = elapsed
             step += 1
         self.result.warmup_steps = step
 
@@ -348,7 +354,9 @@ class TrainingProcess:
         """One optimizer step: a forward and backward per micro-batch, then DeepSpeed's step at the boundary."""
         recorder = None
         if self.allocator.running:  # garbage of the last step's reference cycles would add to this one's peak
+            tick = time.perf_counter()
             gc.collect()
+            self._add_time("warmup_gc_s", tick)
         if probe:
             from tuner.measure.memory_probe import PhaseRecorder
 
@@ -369,16 +377,25 @@ class TrainingProcess:
             if mark:
                 mark(f"step {self.steps_done} micro {index} step")
             if index == len(batches) - 1:
+                tick = time.perf_counter()
                 numerics.before_step(engine)
+                self._add_time("numerics_s", tick)
             engine.step()
+        tick = time.perf_counter()
         numerics.after_step(engine)
+        self._add_time("numerics_s", tick)
         self.steps_done += 1
         if recorder is not None:
+            self.result.timings["probe_sweeps_s"] = recorder.sweeps_s
             self.result.snapshots = recorder.snapshots
             self.result.activation_bytes = recorder.activation_bytes
             self.result.model_state_bytes = max(
                 sum(v for k, v in snapshot.items() if k != "other") for snapshot in recorder.snapshots.values()
             )
+
+    def _add_time(self, part: str, since: float) -> None:
+        """Add the seconds since ``since`` to the timing ``part`` (a part of a phase: :data:`WARMUP_PARTS`)."""
+        self.result.timings[part] = self.result.timings.get(part, 0.0) + time.perf_counter() - since
 
     def _memory_peaks(self) -> None:
         """The run's high-water marks: the allocator's (a run that failed mid-warm-up reports its peak so far), the
