@@ -124,7 +124,9 @@ class Tree:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), str(path / "bench")]), "TMPDIR": str(temp)}
         command = [sys.executable, __file__, "--child", "--launcher", launcher]
         self.name = name
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(  # in the tree: ranks and fork servers start with ``-m``, from the cwd
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=path
+        )
         assert self.proc.stdout is not None
         json.loads(self.proc.stdout.readline())
 
