@@ -159,7 +159,7 @@ def dump(sets: list[str], out: Path) -> None:
 def run_dump(tree: Path, sets: list[str], out: Path) -> None:
     """This script's ``--out`` in a child process whose ``tuner`` and ``bench`` modules are ``tree``'s."""
     command = [sys.executable, __file__, "--out", str(out), "--sets", ",".join(sets), "--tree", str(tree)]
-    subprocess.run(command, env=tree_env(tree), check=True)
+    subprocess.run(command, env=tree_env(tree), check=True, cwd=tree)
 
 
 def compare(baseline: Path, current: Path, show: int = 5) -> int:

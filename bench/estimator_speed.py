@@ -147,7 +147,7 @@ def compare(ref: str, args: argparse.Namespace) -> None:
         trees = {"baseline": tree, "current": Path(__file__).resolve().parents[1]}
         children = {
             name: subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=tree_env(path)
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=tree_env(path), cwd=path
             )
             for name, path in trees.items()
         }

@@ -52,6 +52,12 @@ def assert_ok(result, world: int) -> None:
         assert len(rank.step_times) == 3
         assert rank.model_state_bytes > 0 and rank.peak_rss_bytes > rank.model_state_bytes
         assert {"imports_s", "initialize_s", "warmup_s", "timed_s"} <= set(rank.timings)
+        # the warm-up taken apart: its cold step and probed step within it, the probe's sweeps within that step
+        assert {"warmup_first_s", "warmup_probe_s", "probe_sweeps_s", "numerics_s", "peak_readback_s"} <= set(
+            rank.timings
+        )
+        assert rank.timings["warmup_first_s"] + rank.timings["warmup_probe_s"] <= rank.timings["warmup_s"]
+        assert rank.timings["probe_sweeps_s"] <= rank.timings["warmup_probe_s"]
         assert set(rank.breakdown) == {"forward_s", "backward_s", "step_s"}  # DeepSpeed's wall_clock_breakdown
         assert all(seconds > 0 for seconds in rank.breakdown.values())
     assert set(COST_PHASES) | {"wall_s", "overhead_s", "other_s"} == set(result.cost)
