@@ -28,24 +28,12 @@ from tuner.measure.numerics import NumericsRecorder
 from tuner.measure.oom import oom_error
 from tuner.measure.rank_model import long_context_model, rank_batches, trained_model
 from tuner.measure.run_protocol import RunSpec, progress_path, timings_path, write_json_atomically
+from tuner.measure.settling import agree_settled, settled
 from tuner.workload import Workload
 
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
 # DeepSpeed's global timers (deepspeed.runtime.engine's FORWARD/BACKWARD/STEP_GLOBAL_TIMER) by the name we report
 BREAKDOWN_TIMERS = {"forward_s": "fwd", "backward_s": "bwd", "step_s": "step"}
-
-
-def settled(times: list[float], count: int, tolerance: float) -> bool:
-    """True when the last ``count`` step times agree within ``tolerance`` of their median.
-
-    >>> settled([3.0, 1.02, 1.0], 2, 0.1), settled([3.0, 1.5, 1.0], 2, 0.1), settled([1.0], 2, 0.1)
-    (True, False, False)
-    """
-    if count < 1 or len(times) < count:
-        return False
-    last = sorted(times[-count:])
-    middle = last[len(last) // 2]
-    return middle > 0 and (last[-1] - last[0]) <= tolerance * middle
 
 
 def clear_stale_build_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
@@ -299,7 +287,7 @@ class TrainingProcess:
         times: list[float] = []
         step = 0
         while step < limit:
-            if step >= spec.warmup and self._agree_settled(settled(times, spec.settle_steps, spec.settle_tolerance)):
+            if step >= spec.warmup and agree_settled(settled(times, spec.settle_steps, spec.settle_tolerance), cuda):
                 break
             if cuda:
                 torch.cuda.synchronize()
@@ -315,17 +303,6 @@ class TrainingProcess:
                 self.result.timings[part] = elapsed
             step += 1
         self.result.warmup_steps = step
-
-    def _agree_settled(self, mine: bool) -> bool:
-        """True when every rank's warm-up settled (a MIN all-reduce: one rank still moving keeps them all going)."""
-        import torch
-        import torch.distributed as dist
-
-        flag = torch.tensor([1 if mine else 0], dtype=torch.int32)
-        if self.spec.device == "cuda":
-            flag = flag.cuda()
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
 
     def _add_breakdown(self, engine: Any, steps: int) -> None:
         """Add one timed step's share of DeepSpeed's forward / backward / step time to the per-step means.
