@@ -16,13 +16,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, NamedTuple
 
 from tuner.workload.config_values import ConfigError, enabled, read_bool, section
 from tuner.workload.layout import ParallelLayout
 from tuner.workload.long_context import LongContext
 from tuner.workload.numerics import Numerics
+from tuner.workload.views import cached_property
 from tuner.workload.zero import ZeroConfig
 
 MICRO_KEY = "train_micro_batch_size_per_gpu"
