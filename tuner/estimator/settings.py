@@ -9,12 +9,13 @@ naming the key. Pure Python and fast (the tuner resolves tens of thousands of co
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from tuner.workload import ConfigError, TrialConfig, Workload, check_layout, check_long_context
+from tuner.workload import ConfigError, Numerics, TrialConfig, Workload, check_layout, check_long_context
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
+NUMERICS_FIELDS = tuple(item.name for item in fields(Numerics))  # bf16_master, bf16_optimizer_states, muon...
 ADAM_FAMILY = frozenset({"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"})
 
 
@@ -147,7 +148,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         tiled_mlp_shards=context.tiled_mlp_shards,
         tiled_loss_shards=context.tiled_loss_shards,
         offload_checkpoints=context.offload_checkpoints,
-        **asdict(trial.numerics),  # bf16_master, bf16_optimizer_states, muon, chunked_loss
+        **{name: getattr(trial.numerics, name) for name in NUMERICS_FIELDS},  # not asdict: it deep-copies each
     )
 
 
