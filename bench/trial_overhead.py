@@ -11,7 +11,8 @@ server (``run_measurement``'s path), in two launch environments:
   every rank: on a 2-core host 2 ranks × 2 threads oversubscribe the cores.
 
 Each tree runs in a child process of its own (its ``tuner`` on ``PYTHONPATH``, its own temporary folder and so its
-own fork server), which first runs one untimed trial per environment (the fork server's start is the node's, not a
+own fork server; this tree as committed, HEAD, from a temporary worktree too), which first runs one untimed trial
+per environment (the fork server's start is the node's, not a
 trial's); then the trials go config by config, environment by environment, the trees alternating which goes
 first, so that load from elsewhere on the host falls on both alike. ``--baseline REF`` adds REF's tree (a temporary
 git worktree); ``--fresh`` adds fresh rank processes of this tree (``RunSpec.lean`` off).
@@ -223,11 +224,17 @@ def main(argv: list[str] | None = None) -> int:
         child(args.launcher)
         return 0
     args.out = args.out or Path(__file__).parent / "results" / f"trial_overhead_{args.launcher}.md"
-    from baseline_tree import ROOT, commit_of, load_line, worktree
+    from baseline_tree import commit_of, load_line, worktree
 
     started, loads = time.monotonic(), [load_line()]
-    with tempfile.TemporaryDirectory() as scratch, worktree(args.baseline) if args.baseline else nullcontext() as old:
-        trees = [Tree("current", ROOT, Path(scratch), args.launcher)]
+    # the current tree runs from a snapshot of HEAD: its fork servers import it as it is when they start, so an
+    # edit while the bench runs must not reach them
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        worktree("HEAD") as head,
+        worktree(args.baseline) if args.baseline else nullcontext() as old,
+    ):
+        trees = [Tree("current", head, Path(scratch), args.launcher)]
         if old is not None:
             trees.insert(0, Tree("baseline", old, Path(scratch), args.launcher))
         try:
