@@ -12,10 +12,10 @@ server (``run_measurement``'s path), in two launch environments:
 
 Each tree runs in a child process of its own (its ``tuner`` on ``PYTHONPATH``, its own temporary folder and so its
 own fork server; this tree as committed, HEAD, from a temporary worktree too), which first runs one untimed trial
-per environment (the fork server's start is the node's, not a
-trial's); then the trials go config by config, environment by environment, the trees alternating which goes
-first, so that load from elsewhere on the host falls on both alike. ``--baseline REF`` adds REF's tree (a temporary
-git worktree); ``--fresh`` adds fresh rank processes of this tree (``RunSpec.lean`` off).
+per environment (the fork server's start is the node's, not a trial's); then the trials go config by config,
+environment by environment, the trees alternating which goes first, so that load from elsewhere on the host falls
+on both alike. ``--baseline REF`` adds REF's tree (a temporary git worktree); ``--fresh`` adds fresh rank processes
+of this tree (``RunSpec.lean`` off).
 
 Printed and written (``--out``, default ``bench/results/trial_overhead_local.md``): the median per variant of the wall
 time, the timed steps, the overhead (wall − timed), each phase (:data:`tuner.measure.measurement.COST_PHASES`) and the
