@@ -289,15 +289,17 @@ def test_cli_shares_the_schema_bounds() -> None:
     )
 
 
-def test_model_file_is_named_by_its_folder(tmp_path: Path) -> None:
-    """``--model`` reads the file and names the model after its folder, whatever its ``_name_or_path`` says."""
-    folder = tmp_path / "mymodel"
-    folder.mkdir()
+def test_model_file_is_named_by_its_folder_where_that_names_the_model(tmp_path: Path) -> None:
+    """``--model`` reads the file and names the model after its folder where the folder names the model type, whatever
+    its ``_name_or_path`` says; a folder that does not (the hub cache's snapshot hash) gives way to ``_name_or_path``."""
     config = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "_name_or_path": "hub/other"}
-    (folder / "config.json").write_text(json.dumps(config))
-    result = runner.invoke(app, ["estimate", "--model", str(folder)])
-    assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("mymodel (GPT2LMHeadModel): ")  # the folder's name, the architecture
+    for name, label in (("my-gpt2", "my-gpt2"), ("0e9e39f2", "other")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        result = runner.invoke(app, ["estimate", "--model", str(folder)])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.startswith(f"{label} (GPT2LMHeadModel): ")  # the label, the architecture
 
 
 def test_bad_value_in_model_file_names_the_model_key(tmp_path: Path) -> None:

@@ -275,20 +275,20 @@ def load_hf_config(source: str) -> tuple[dict[str, Any], str]:
 
 
 def config_label(config: dict[str, Any], folder: str) -> str:
-    """A ``config.json`` model's name for tables and study names: its ``_name_or_path`` (the last part), else its
-    folder's name where that names the model type, else the model type (a folder such as ``cfg`` or ``.`` says
-    nothing of the model).
+    """A ``config.json`` model's name for tables and study names: its folder's name where that names the model type
+    (a folder the user named: ``llama-3.1-8b``), else its ``_name_or_path`` (the last part: a folder such as the hub
+    cache's ``snapshots/<hash>``, ``cfg`` or ``.`` says nothing of the model), else the model type.
 
     >>> config_label({"model_type": "llama"}, "llama-3.1-8b"), config_label({"model_type": "llama"}, "cfg")
     ('llama-3.1-8b', 'llama')
-    >>> config_label({"model_type": "llama", "_name_or_path": "meta-llama/Llama-3.1-8B"}, "cfg")
+    >>> config_label({"model_type": "llama", "_name_or_path": "meta-llama/Llama-3.1-8B"}, "0e9e39f2")
     'Llama-3.1-8B'
     """
-    named = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
     model_type = str(config.get("model_type") or "model")
-    if named:
-        return named[:64]
-    return folder if folder and model_type.lower() in folder.lower() else model_type
+    if folder and model_type.lower() in folder.lower():
+        return folder
+    named = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
+    return named[:64] if named else model_type
 
 
 def load_builtin_model(source: str) -> ModelSpec:
