@@ -291,7 +291,8 @@ def test_cli_shares_the_schema_bounds() -> None:
 
 def test_model_file_is_named_by_its_folder_where_that_names_the_model(tmp_path: Path) -> None:
     """``--model`` reads the file and names the model after its folder where the folder names the model type, whatever
-    its ``_name_or_path`` says; a folder that does not (the hub cache's snapshot hash) gives way to ``_name_or_path``."""
+    its ``_name_or_path`` says; a folder that does not (the hub cache's snapshot hash) gives way to
+    ``_name_or_path``."""
     config = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "_name_or_path": "hub/other"}
     for name, label in (("my-gpt2", "my-gpt2"), ("0e9e39f2", "other")):
         folder = tmp_path / name
