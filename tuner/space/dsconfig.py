@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.workload import ConfigError, TrainableSpec, TrialConfig
+from tuner.workload.numerics import numerics_notes
 from tuner.workload.trial import PRECISION_SECTIONS
 
 DEFAULT_LR = 1e-4
@@ -293,4 +294,5 @@ def export_config(
         notes.extend(trainable_notes(trainable))
     if trial.expandable_segments:
         notes.append("run it with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    notes.extend(numerics_notes(trial.numerics))
     return config, notes

@@ -71,7 +71,7 @@ def can_be_reference(trial: TrialConfig, numerics: Mapping[str, Any]) -> bool:
     False
     """
     layout = trial.layout
-    plain = layout.model_parallel == 1 and layout.expert_parallel == 1
+    plain = layout.model_parallel == 1 and layout.expert_parallel == 1 and not trial.numerics.changes_numerics
     return plain and trial.fault_loss_scale == 1.0 and numerics.get(LOSS) is not None
 
 
@@ -137,6 +137,28 @@ def compare(
     return Verdict(diverged, loss_rel, norm_rel, tolerance)
 
 
+def changed_numerics(trial: TrialConfig, verdict: Verdict, numerics: dict[str, Any]) -> Verdict:
+    """A run whose config changes the numerics (bf16 master weights and optimizer states, Muon: never a reference)
+    against the fp32-master Adam reference: its choices are recorded beside the differences (``numerics["changes"]``),
+    and the differences within the precision's tolerance are what bf16 explains. Step 0's loss comes before any
+    update, so it is judged as any run's; under Muon DeepSpeed's gradient norm is the norm of Muon's orthogonalised
+    update for the matrices, not of the gradient, so it is reported and not judged.
+
+    >>> trial = TrialConfig({"bf16": {"enabled": True}, "optimizer": {"type": "Muon"},
+    ...                      "zero_optimization": {"stage": 1}})
+    >>> figures = {}
+    >>> changed_numerics(trial, Verdict(True, 0.0, 3.0, 0.02), figures).diverged, figures["changes"]
+    (False, ['Muon optimizer'])
+    """
+    if not trial.numerics.changes_numerics:
+        return verdict
+    numerics["changes"] = [label for label in trial.numerics.labels() if label != "chunked cross-entropy loss"]
+    if not trial.numerics.muon:
+        return verdict
+    loss_diverged = verdict.loss_rel is not None and not verdict.loss_rel <= verdict.tolerance
+    return Verdict(loss_diverged, verdict.loss_rel, verdict.grad_norm_rel, verdict.tolerance)
+
+
 @dataclass
 class Reference:
     """A class's reference run: its trial number and numerics."""
@@ -178,6 +200,7 @@ class NumericsGuard:
             numerics["check"] = "reference" if self.learn(number, trial, numerics) else "unchecked"
             return None
         verdict = compare(numerics, reference.numerics, trial.precision, self.split(trial) != reference.split)
+        verdict = changed_numerics(trial, verdict, numerics)
         numerics.update(
             check="diverged" if verdict.diverged else "ok",
             reference={

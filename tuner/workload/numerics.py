@@ -119,6 +119,25 @@ def _builds_cpu_adam(ds_config: Mapping[str, Any], offload: bool) -> bool:
     return offload and isinstance(kind, str) and kind.lower() in ("adam", "adamw") and not torch_adam
 
 
+def numerics_notes(choices: Numerics) -> list[str]:
+    """What an exported config's user must know: the numerics-changing choices it makes, and how to train with the
+    chunked loss (a code change, not a ds_config key).
+
+    >>> numerics_notes(Numerics(bf16_master=True, bf16_optimizer_states=True))
+    ['changes the numerics against fp32-master Adam: bf16 master weights and gradients, bf16 optimizer states']
+    """
+    notes = []
+    if choices.changes_numerics:
+        changed = [label for label in choices.labels() if label != "chunked cross-entropy loss"]
+        notes.append("changes the numerics against fp32-master Adam: " + ", ".join(changed))
+    if choices.chunked_loss:
+        notes.append(
+            "uses DeepSpeed's chunked cross-entropy: call deepspeed.runtime.chunked_cross_entropy."
+            "install_chunked_causal_lm_loss(model) on the transformers model before training"
+        )
+    return notes
+
+
 def numerics_config(
     bf16_master: bool = False, bf16_optimizer_states: bool = False, optimizer: str = "adamw", chunked_loss: bool = False
 ) -> dict[str, Any]:
@@ -147,4 +166,4 @@ def numerics_config(
     return config
 
 
-__all__ = ["MASTER_KEY", "STATES_KEY", "Numerics", "check_numerics", "numerics_config"]
+__all__ = ["MASTER_KEY", "STATES_KEY", "Numerics", "check_numerics", "numerics_config", "numerics_notes"]

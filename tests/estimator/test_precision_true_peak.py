@@ -1,0 +1,26 @@
+"""bf16 master weights and optimizer states against a real DeepSpeed run (slow): 2 gloo CPU ranks, ZeRO-2 with
+optimizer offload, a small LLaMA trained by ``bench/precision_true_peak.py``'s ranks. Truth: the tensors DeepSpeed's
+optimizer holds (elements and dtype) and the counting allocator's peak of live CPU tensor bytes (every thread), not
+the estimator's own arithmetic. One run; the bench has every stage with and without offload."""
+
+from __future__ import annotations
+
+import pytest
+from bench_module import load_bench
+
+CASE = {"stage": 2, "offload": True, "precision": "bf16-master+states", "world": 2}
+
+
+@pytest.mark.slow
+def test_bf16_master_and_states_are_held_as_estimated() -> None:
+    bench = load_bench("precision_true_peak")
+    data = bench.measure(CASE, timeout=1800)
+    assert data["status"] == "ok", data["error"]
+    est = bench.estimate_case(CASE)
+    expected = bench.expected_states(CASE, est)
+    assert expected["master"] == {"torch.bfloat16": est.details["partition_elements"]}
+    for rank in data["ranks"]:
+        held = {name: by for name, by in rank["states_after_steps"].items() if name in expected}
+        assert held == expected  # the bf16 master and both bf16 moments, to the element
+    true = max(rank["peak_bytes"] for rank in data["ranks"])
+    assert bench.process_peak(est) == pytest.approx(true, rel=0.01)
