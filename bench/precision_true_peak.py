@@ -83,7 +83,7 @@ def cases() -> list[dict[str, Any]]:
         for stage in (1, 2)
     ]
     # short sequences: the model states, not the loss, set the peak (in backward or the step)
-    short = [(2, False, "bf16-master+states"), (3, False, "bf16-master+states"), (2, True, "bf16-master"),
+    short = [(2, False, "fp32-master"), (2, False, "bf16-master+states"), (3, False, "bf16-master+states"), (2, True, "bf16-master"),
              (3, True, "bf16-master"), (1, True, "bf16-master+states")]  # fmt: skip
     found += [{"stage": st, "offload": off, "precision": p, "world": 2, "seq": SHORT} for st, off, p in short]
     found.append(
@@ -200,26 +200,45 @@ def state_bytes_held(states: dict[str, dict[str, int]]) -> int:
     )
 
 
+def row(case: dict[str, Any], case_key: str, data: dict[str, Any]) -> str:
+    """One Markdown row: the estimate against the worst rank's true peak, and the states held against the
+    estimate's (bytes of master and optimizer state; elements and dtypes where Adam's moments are compared)."""
+    if data["status"] != "ok":
+        return f"| {case_key} | {data['status']} | | | | | |"
+    est = estimate_case(case)
+    true = max(r["peak_bytes"] for r in data["ranks"])
+    predicted = process_peak(est)
+    worst = max(data["ranks"], key=lambda r: r["peak_bytes"])
+    held = [state_bytes_held(r["states_after_steps"]) for r in data["ranks"]]
+    step = est.phases["step"]
+    states = step.gpu["optimizer_states"] + step.cpu["optimizer_states"]
+    expected = expected_states(case, est)
+    exact = all({k: v for k, v in r["states_after_steps"].items() if k in expected} == expected for r in data["ranks"])
+    if case.get("optimizer") == "muon":  # the staged momentum (its size) lives outside the optimizer's state
+        momenta = [2 * sum(r["states_after_steps"]["momentum_buffer"].values()) for r in data["ranks"]]
+        exact = all(h + momentum == states for h, momentum in zip(held, momenta, strict=True))
+    return (
+        f"| {case_key} | {predicted / 2**20:.2f} | {true / 2**20:.2f} | {predicted / true - 1:+.2%} | "
+        f"{worst['peak_during']} ({est.peak_phase}) | {held[0]:,} / {states:,} | {'yes' if exact else 'no'} |"
+    )
+
+
 def main() -> None:
-    args, measured = gloo_ranks.bench_args(__doc__, "precision_true_peak", rank_main)
-    for case, case_key, _ in gloo_ranks.measured_cases(cases(), key, measure, measured, args):
-        data = measured[case_key]
-        if data["status"] != "ok":
-            print(case_key, "error", data["error"][-3000:], flush=True)
-            continue
-        est = estimate_case(case)
-        true = max(r["peak_bytes"] for r in data["ranks"])
-        predicted = process_peak(est)
-        worst = max(data["ranks"], key=lambda r: r["peak_bytes"])
-        held = [r["states_after_steps"] for r in data["ranks"]]
-        print(
-            f"{case_key}: estimate {predicted / 2**20:.2f} MiB, true peak {true / 2**20:.2f} MiB "
-            f"({predicted / true - 1:+.2%}), during {worst['peak_during']} (estimated {est.peak_phase}); "
-            f"states held {[state_bytes_held(h) for h in held]} B, estimated "
-            f"{est.phases['step'].gpu['optimizer_states'] + est.phases['step'].cpu['optimizer_states']} B; "
-            f"held {held[0]} expected {expected_states(case, est)}",
-            flush=True,
-        )
+    args, measured = gloo_ranks.bench_args(__doc__, "precision_true_peak", rank_main, md=True)
+    rows = [row(case, case_key, measured[case_key]) for case, case_key, _ in gloo_ranks.measured_cases(
+        cases(), key, measure, measured, args)]  # fmt: skip
+    for line in rows:
+        print(line, flush=True)
+    header = (
+        "| case | estimate MiB | true peak MiB | error | true peak during (estimated phase) | "
+        "state bytes held / estimated | elements and dtypes as estimated |\n|---|---|---|---|---|---|---|"
+    )
+    text = f"# bf16 master weights, Muon and the chunked loss on 2 CPU ranks\n\n{__doc__.split(chr(10) * 2)[1]}\n\n"
+    args.md.write_text(text + header + "\n" + "\n".join(rows) + "\n" + NOTES)
+
+
+NOTES = """
+"""
 
 
 if __name__ == "__main__":

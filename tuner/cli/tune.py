@@ -84,13 +84,6 @@ SearchThreadsOpt = Annotated[
     bool,
     typer.Option(help="Also search OpenMP threads per rank (offload's CPU Adam, CPU ranks), within --cores-per-node."),
 ]
-AllowNumericsOpt = Annotated[
-    bool,
-    typer.Option(
-        help="Also search choices that change the numerics or the loss's code path: bf16 master weights and "
-        "optimizer states, DeepSpeed's chunked cross-entropy (recorded with the study; best says which were used)."
-    ),
-]
 CoresPerNodeOpt = Annotated[
     int | None,
     typer.Option(min=1, help="Cores per node the ranks' threads may use together (default: this machine's)."),
@@ -122,7 +115,6 @@ def tune_command(
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     nvme_path: NvmePathOpt = None,
     search_threads: SearchThreadsOpt = False,
-    allow_numerics_changes: AllowNumericsOpt = False,
     cores_per_node: CoresPerNodeOpt = None,
     ds_config_at: DsConfigAtOpt = None,
     arg_mapping: ArgMappingOpt = None,
@@ -157,7 +149,6 @@ def tune_command(
         seed=seed,
         nvme_path=nvme_path,
         thread_budget=budget,
-        allow_numerics_changes=allow_numerics_changes,
     )
     raise typer.Exit(run_tune(settings, storage))
 

@@ -32,7 +32,6 @@ WORKLOAD_FACTS: dict[str, str] = {
     "moe_model": "1 when the model has routed experts (AutoTP leaves them whole on every rank: AutoEP shards them), "
     "else 0",
     "cpu_ranks": "1 when the ranks train on CPU (every step runs on the rank's threads), 0 on CUDA",
-    "bf16_training": "1 when the workload trains in bf16 (bf16 master weights need it), else 0",
 }
 
 

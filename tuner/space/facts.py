@@ -21,7 +21,7 @@ def workload_facts(workload: Workload) -> dict[str, int]:
         >>> workload_facts(Workload(model_from_param_count(1e6)))
         {'trainable_params': 1000000, 'frozen_params': 0, 'optimizer_state_bytes': 12000000, 'seq_len': 2048, \
 'world_size': 1, 'attention_heads': 0, 'transformers_model': 0, 'gpus_per_node': 1, 'nodes': 1, \
-'moe_model': 0, 'cpu_ranks': 0, 'bf16_training': 1}
+'moe_model': 0, 'cpu_ranks': 0}
     """
     trained = trainable_params(workload)
     facts = {
@@ -36,7 +36,6 @@ def workload_facts(workload: Workload) -> dict[str, int]:
         "nodes": workload.cluster.nodes,
         "moe_model": int(is_moe(workload.model)),
         "cpu_ranks": int(workload.cluster.device == "cpu"),
-        "bf16_training": int(workload.train.precision == "bf16"),
     }
     assert set(facts) == set(WORKLOAD_FACTS), "every documented fact has a value"
     return facts

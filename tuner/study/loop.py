@@ -264,12 +264,7 @@ def _study_space(settings: StudySettings) -> SearchSpace:
     if settings.workload.cluster.device == "cpu" and "expandable_segments" in space.searched:
         space = space.with_pins({"expandable_segments": None})  # a CUDA allocator setting: nothing to try on CPU
     space = _thread_choices(space, settings)
-    if not settings.allow_numerics_changes:  # the reference numerics: nothing written (tune --allow-numerics-changes)
-        space = space.with_pins({name: None for name in NUMERICS_PARAMETERS if name in space.searched})
     return space.restricted(list(GRID_PARAMETERS)) if settings.sampler == "grid" else space
-
-
-NUMERICS_PARAMETERS = ("bf16_master_weights", "bf16_optimizer_states", "chunked_loss")  # the default space's
 
 
 def _thread_choices(space: SearchSpace, settings: StudySettings) -> SearchSpace:
