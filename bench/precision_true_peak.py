@@ -83,7 +83,8 @@ def cases() -> list[dict[str, Any]]:
         for stage in (1, 2)
     ]
     # short sequences: the model states, not the loss, set the peak (in backward or the step)
-    short = [(2, False, "fp32-master"), (2, False, "bf16-master+states"), (3, False, "bf16-master+states"), (2, True, "bf16-master"),
+    short = [(2, False, "fp32-master"), (2, False, "bf16-master+states"), (3, False, "bf16-master+states"),
+             (2, True, "bf16-master"),
              (3, True, "bf16-master"), (1, True, "bf16-master+states")]  # fmt: skip
     found += [{"stage": st, "offload": off, "precision": p, "world": 2, "seq": SHORT} for st, off, p in short]
     found.append(
