@@ -17,8 +17,7 @@ blocks of ``r = 2^26 // V`` rows (``_block_rows``):
 
 Measured on CPU with the counting allocator (a 1-layer LLaMA, bf16): at 1,024 tokens and V = 65,536 (one block)
 12.05 and 12.05 bytes per logit for the two losses, at 8,192 tokens and V = 16,384 (two blocks) 12.19 with
-Hugging Face's and 10.19 with the chunked loss; the 0.05-0.19 is the layers' saved activations. Real runs:
-``bench/precision_true_peak.py``.
+Hugging Face's and 10.19 with the chunked loss; the 0.05-0.19 is the layers' saved activations.
 """
 
 from __future__ import annotations
