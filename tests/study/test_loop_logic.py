@@ -279,7 +279,10 @@ def test_a_run_whose_measured_peak_exceeds_the_target_gpu_is_oom_and_never_best(
     by_shape = {shape(t.ds_config): t for t in store.trials(study.study_id)}
     over = by_shape[(1, 2)]
     assert over.status == "oom" and over.tokens_per_s == 2002.0 and over.peak_bytes == budget + 1
-    assert "exceeds the 64.00 GiB the study targets (--gpu-memory) by 1 bytes" in (over.error or "")
+    assert "exceeds the 64.00 GiB the study targets (--gpu-memory) by 1 B:" in (over.error or "")
+    from tuner.study.outcome import measured_over
+
+    assert "by 9.7 MiB: a GPU" in (measured_over(64 * 2**20 + 10_216_368, 64 * 2**20) or "")  # not 10,216,368 bytes
     assert optuna_trials(store)[over.number].constraints == {"memory": 1.0}
     best = store.best_trial(study.study_id)
     assert best is not None and shape(best.ds_config) == (1, 1)

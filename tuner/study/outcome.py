@@ -281,7 +281,9 @@ def measured_over(peak: int | None, gpu_memory: int, host: int = 0) -> str | Non
     if peak is None or peak - host <= gpu_memory:
         return None
     offloaded = f" beside the {format_bytes(host)} it offloads to the CPU" if host else ""
+    over = peak - host - gpu_memory
+    by = format_bytes(over) if over >= 2**20 // 10 else f"{over:,} B"  # in the units of the rest of the line
     return (
         f"measured peak {format_bytes(peak - host)} per GPU{offloaded} exceeds the {format_bytes(gpu_memory)} the "
-        f"study targets (--gpu-memory) by {peak - host - gpu_memory:,} bytes: a GPU of that size runs out of memory"
+        f"study targets (--gpu-memory) by {by}: a GPU of that size runs out of memory"
     )
