@@ -114,6 +114,9 @@ def child(launcher: str) -> None:
         threads = [rank.launch.get("threads") for rank in run.ranks] if run.ranks else []
         answer = {"status": run.status, "error": (run.error or "")[-800:], "timings": run.timings, "threads": threads}
         print(json.dumps(answer), flush=True)
+    from tuner.measure.forkserver import release_node_servers
+
+    release_node_servers()  # the fork servers leave now, not after their idle timeout
 
 
 class Tree:
@@ -130,6 +133,15 @@ class Tree:
         )
         assert self.proc.stdout is not None
         json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        """End the child (it releases its fork servers), killing it if it does not end."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
     def run(self, index: int, env: str, lean: bool = True) -> dict[str, Any]:
         """One measured run; stops the bench when it failed."""
@@ -241,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = measure(args, trees)
         finally:
             for tree in trees:
-                tree.proc.kill()
+                tree.close()
     loads.append(load_line())
     threads = {env: runs.pop(f"threads {env}")[0]["threads"] for env in ENVS}
     medians = {
