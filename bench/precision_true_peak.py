@@ -8,7 +8,8 @@ of the second step). The ranks are standalone gloo CPU ranks (:mod:`gloo_ranks`)
 transformers with random weights, bf16, small buckets, ZeRO 1-3 with and without optimizer offload to the CPU;
 ``bf16.bf16_master_weights_and_grads`` with and without ``bf16.bf16_optimizer_states`` (without offload DeepSpeed
 0.19.8 takes the first only with the second), the fp32-master reference beside, and ``optimizer.type: "muon"``
-at ZeRO-1/2. Seq 256, micro-batch 1.
+at ZeRO-1/2. Seq 256 (and 32, where the model states set the peak), micro-batch 1; the loss's moment with Hugging
+Face's and DeepSpeed's chunked loss at 2,048 tokens and a 65,536-token vocabulary.
 
 Run: ``python bench/precision_true_peak.py [--only KEY] [--remeasure]``; results in
 ``bench/results/precision_true_peak.json`` and ``.md`` (rendered with the current estimator).
@@ -90,6 +91,8 @@ def cases() -> list[dict[str, Any]]:
     found.append(
         {"stage": 1, "offload": False, "precision": "fp32-master", "world": 2, "optimizer": "muon", "seq": SHORT}
     )
+    loss = {"stage": 2, "offload": False, "precision": "fp32-master", "world": 2, "seq": LOSS_SEQ, "model": "wide"}
+    found += [{**loss, "chunked": chunked} for chunked in (False, True)]  # the loss's moment with either loss
     return found
 
 

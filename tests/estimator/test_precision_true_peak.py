@@ -24,3 +24,18 @@ def test_bf16_master_and_states_are_held_as_estimated() -> None:
         assert held == expected  # the bf16 master and both bf16 moments, to the element
     true = max(rank["peak_bytes"] for rank in data["ranks"])
     assert bench.process_peak(est) == pytest.approx(true, rel=0.01)
+
+
+CHUNKED = {"stage": 2, "offload": False, "precision": "fp32-master", "world": 2, "seq": 2048, "model": "wide",
+           "chunked": True}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_chunked_loss_moment_is_within_1_percent() -> None:
+    """DeepSpeed's chunked cross-entropy at 2,048 tokens and a 65,536-token vocabulary (two blocks): the loss's
+    moment, where the peak is, within 1 % of the counting allocator's true peak."""
+    bench = load_bench("precision_true_peak")
+    data = bench.measure(CHUNKED, timeout=1800)
+    assert data["status"] == "ok", data["error"]
+    true = max(rank["peak_bytes"] for rank in data["ranks"])
+    assert bench.process_peak(bench.estimate_case(CHUNKED)) == pytest.approx(true, rel=0.01)
