@@ -1,7 +1,7 @@
 """The trace under fake tensors with models that do unusual things in forward: a fake tensor deep-copied (Dory copies
 its cache layers) stays fake, and a model whose decoder layers run more than once per forward (Dory's recurrent
 loops) is estimated, each run's saved tensors counted, as the real ``dstune`` process runs it (it aborted with a
-corrupt heap once, and was refused in one line until stop 37)."""
+corrupt heap once, and was refused in one line before)."""
 
 from __future__ import annotations
 
