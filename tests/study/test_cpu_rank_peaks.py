@@ -40,5 +40,5 @@ def test_the_gpu_budget_is_judged_without_what_a_gpu_would_not_hold() -> None:
     budget, host = 64 * 2**20, 6 * 2**20
     assert measured_over(budget + host, budget, host) is None
     reason = measured_over(budget + host + 1, budget, host)
-    assert reason is not None and "offloads to the CPU" in reason and "by 1 bytes" in reason
+    assert reason is not None and "offloads to the CPU" in reason and "by 1 B" in reason
     assert measured_over(budget + 1, budget) is not None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from rich.console import Console
 
+from tuner.cli.best_choice import best_for_format, lengths_hint
 from tuner.cli.common import fail, memory_cap_bytes, write_text_file
 from tuner.cli.local_gpu import checked_here
 from tuner.cli.options import (
@@ -30,6 +31,7 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
+from tuner.cli.out_guard import refuse_database_out
 from tuner.cli.script_options import (
     ArgMappingOpt,
     CommandArg,
@@ -259,13 +261,16 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     from tuner.space.dsconfig import export_config, validate_with_deepspeed
     from tuner.storage import Store
 
+    if out:
+        refuse_database_out(out)  # the study's own database named by mistake
     store = Store.open(storage_url(storage))
     record = store.get_study(readable_name(study, "study"))
     if record is None:
-        fail("study", f"no study named {study!r} in {store.url}")
+        fail("study", f"no study named {study!r} in {store.url}{lengths_hint(store, study)}")
     best = store.best_trial(record.id)
     if best is None:
         fail("study", f"study {study!r} has no successfully measured trial yet")
+    best, chosen = best_for_format(store, record.id, best, format)
     if export_script_best(best, out):  # the command's own config, as it trained with it
         return
     workload = store.workload_of(record.id)
@@ -278,6 +283,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
         best.trial, format, workload.train.attention, workload.trainable, workload.train.seq_len
     )
     notes += launch_notes(workload, (best.measurement or {}).get("launch"), out or "ds_config.json")
+    notes += [chosen] if chosen else []
     text = json.dumps(config, indent=2) + "\n"
     if out:
         write_text_file(out, text)

@@ -64,11 +64,14 @@ class Event:
         'trial 3: ok, 11,285 tokens/s · ZeRO-2 · micro 4 × accum 2'
         >>> Event(4, "pruned", reason="needs 1.97 GiB of 64.0 MiB", config="ZeRO-0").line()
         'trial 4: pruned · ZeRO-0 · needs 1.97 GiB of 64.0 MiB'
+        >>> Event(5, "error", reason="Traceback ...\\n  File x\\nImportError: no fused_adam.so").line()
+        'trial 5: error · ImportError: no fused_adam.so'
         """
         head = f"trial {self.number}: {self.status}"
         if self.tokens_per_s:
             head += f", {self.tokens_per_s:,.0f} tokens/s"
-        return " · ".join(part for part in (head, self.config, (self.reason or "").strip()) if part)
+        last = ((self.reason or "").strip().splitlines() or [""])[-1].strip()  # a traceback's last line says it
+        return " · ".join(part for part in (head, self.config, last) if part)
 
 
 @dataclass
