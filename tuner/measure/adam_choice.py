@@ -11,8 +11,9 @@ says so in its report (``launch["adam"]``). A node that can build the op builds 
 says what a node needs for the fused ops.
 
 Example:
-    >>> nothing = lambda name: None  # a node with no compiler on its PATH
-    >>> adam_fallback("cuda", {"optimizer": {"type": "AdamW"}}, env={"CUDA_HOME": "/none"}, prebuilt=(), which=nothing)
+    >>> nothing = lambda name: None  # a node with no compiler on its PATH, and no op built in its extensions folder
+    >>> bare = {"CUDA_HOME": "/none", "TORCH_EXTENSIONS_DIR": "/none"}
+    >>> adam_fallback("cuda", {"optimizer": {"type": "AdamW"}}, env=bare, prebuilt=(), which=nothing)
     'fused_adam is not built and this node lacks nvcc (CUDA_HOME), a C++ compiler (g++), ninja to build it'
 """
 
