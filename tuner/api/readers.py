@@ -44,6 +44,9 @@ def full_view(request: Request, credentials: Annotated[HTTPAuthorizationCredenti
 
 FullView = Annotated[bool, Depends(full_view)]
 
+# The schema's word for a reader's token: optional (``{}``: none is a valid request, answered with the public view)
+OPTIONAL_TOKEN: dict[str, Any] = {"security": [{}]}  # beside the bearer scheme FastAPI lists
+
 
 def public_workload(workload: dict[str, Any]) -> dict[str, Any]:
     """A workload dict (stored or as requested) without its launch variables."""

@@ -8,7 +8,7 @@ from typing import Literal
 from fastapi import APIRouter, HTTPException
 
 from tuner.api.deps import Auth, JobId, Limit, Offset, StoreDep, invalid
-from tuner.api.readers import FullView, shown_job
+from tuner.api.readers import OPTIONAL_TOKEN, FullView, shown_job
 from tuner.api.responses import AUTH, BODY, NOT_FOUND, READER, answers
 from tuner.api.schemas import JobOut
 from tuner.requests import FieldError, JobRequest, check_job
@@ -29,7 +29,7 @@ def create_job(body: JobRequest, store: StoreDep) -> JobOut:
     return JobOut.of(store.enqueue_job(study_name, body.model_dump(mode="json")))
 
 
-@router.get("/v1/jobs", response_model=list[JobOut], responses=answers(READER))
+@router.get("/v1/jobs", response_model=list[JobOut], responses=answers(READER), openapi_extra=OPTIONAL_TOKEN)
 def list_jobs(
     store: StoreDep, full: FullView, status: JobStatus | None = None, limit: Limit = 100, offset: Offset = 0
 ) -> list[JobOut]:
@@ -37,7 +37,9 @@ def list_jobs(
     return [shown_job(JobOut.of(job), full) for job in store.list_jobs(status=status, limit=limit, offset=offset)]
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobOut, responses=answers(READER, NOT_FOUND))
+@router.get(
+    "/v1/jobs/{job_id}", response_model=JobOut, responses=answers(READER, NOT_FOUND), openapi_extra=OPTIONAL_TOKEN
+)
 def get_job(job_id: JobId, store: StoreDep, full: FullView) -> JobOut:
     """A job's status and progress (trials done, best so far); without the token, as :func:`list_jobs` shows it."""
     job = store.get_job(job_id)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from fastapi import APIRouter, HTTPException
 
 from tuner.api.deps import Limit, Offset, StoreDep, StudyName
-from tuner.api.readers import FullView, public_settings, public_workload, shown_trial
+from tuner.api.readers import OPTIONAL_TOKEN, FullView, public_settings, public_workload, shown_trial
 from tuner.api.responses import NOT_FOUND, READER, answers
 from tuner.api.schemas import StudyDetail, StudyOut, TrialOut, TrialPage
 from tuner.storage import TRIAL_ORDERS, TRIAL_STATUSES, Store, StudyRecord
@@ -29,7 +29,7 @@ def _study(store: Store, name: str) -> StudyRecord:
     return record
 
 
-@router.get("/v1/studies", response_model=list[StudyOut], responses=answers(READER))
+@router.get("/v1/studies", response_model=list[StudyOut], responses=answers(READER), openapi_extra=OPTIONAL_TOKEN)
 def list_studies(store: StoreDep, full: FullView) -> list[StudyOut]:
     """Every study, newest first (without the token: the space file by its name, no other server path)."""
     return [_shown(StudyOut.of(record), full) for record in store.list_studies()]
@@ -39,7 +39,9 @@ def _shown(study: StudyOut, full: bool) -> StudyOut:
     return study if full else study.model_copy(update={"settings": public_settings(study.settings)})
 
 
-@router.get("/v1/studies/{name}", response_model=StudyDetail, responses=answers(READER, NOT_FOUND))
+@router.get(
+    "/v1/studies/{name}", response_model=StudyDetail, responses=answers(READER, NOT_FOUND), openapi_extra=OPTIONAL_TOKEN
+)
 def get_study(name: StudyName, store: StoreDep, full: FullView) -> StudyDetail:
     """A study: its workload, trial counts by status, pruned reasons and best trial (without the token: no launch
     variables, no server path, errors as one line)."""
@@ -56,7 +58,12 @@ def get_study(name: StudyName, store: StoreDep, full: FullView) -> StudyDetail:
     )
 
 
-@router.get("/v1/studies/{name}/trials", response_model=TrialPage, responses=answers(READER, NOT_FOUND))
+@router.get(
+    "/v1/studies/{name}/trials",
+    response_model=TrialPage,
+    responses=answers(READER, NOT_FOUND),
+    openapi_extra=OPTIONAL_TOKEN,
+)
 def study_trials(
     name: StudyName,
     store: StoreDep,
