@@ -16,14 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import InputError
+from tuner.measure.oom import OOM_TYPES
 
 SCRIPT_FAILED = "ScriptFailed"  # not the config's fault: the study stops with the line
 NO_DEEPSPEED = (
     "the command ended without reaching deepspeed.initialize (nor the HF Trainer's or accelerate's DeepSpeed path): "
     "dstune measures DeepSpeed training only"
 )
-# how an out-of-memory failure reads in an exception's type or message, whichever library raised it
-OOM_TYPES = frozenset({"OutOfMemoryError", "MemoryError"})
+# how an out-of-memory failure reads in an exception's message, whichever library raised it (the types are the
+# built-in runs' own, :data:`tuner.measure.oom.OOM_TYPES`)
 OOM_TEXT = re.compile(
     r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|DefaultCPUAllocator: can't allocate memory"
     r"|ncclSystemError.*(?:alloc|memory)|Failed to allocate|CUDNN_STATUS_(?:NOT_INITIALIZED|ALLOC_FAILED)",
