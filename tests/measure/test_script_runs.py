@@ -5,10 +5,13 @@ tests that need it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -96,26 +99,37 @@ def test_a_raw_deepspeed_loop_tunes_with_memory_and_throughput_for_every_trial(r
     assert "figures are your training command's" in best.stderr
 
 
+@contextlib.contextmanager
+def default_port_taken() -> Iterator[None]:
+    """torch's default rendezvous port 29500 held by another process (or already held: the same for the test)."""
+    with socket.socket() as holder:
+        with contextlib.suppress(OSError):
+            holder.bind(("127.0.0.1", 29500))
+            holder.listen()
+        yield
+
+
 def test_an_hf_trainer_script_is_measured_with_its_batch_flags(scripts: Path) -> None:
-    result = measure(
-        scripts,
-        "--micro-batch",
-        "2",
-        "--",
-        str(BIN / "deepspeed"),
-        "--num_gpus",
-        "2",
-        "hf_trainer.py",
-        "--deepspeed",
-        "ds_config_hf.json",
-        "--output_dir",
-        str(scripts / "out"),
-        "--max_steps",
-        "20",
-        "--use_cpu",
-        "--report_to",
-        "none",
-    )
+    with default_port_taken():  # another job on the host: the launcher is given a free port of its own
+        result = measure(
+            scripts,
+            "--micro-batch",
+            "2",
+            "--",
+            str(BIN / "deepspeed"),
+            "--num_gpus",
+            "2",
+            "hf_trainer.py",
+            "--deepspeed",
+            "ds_config_hf.json",
+            "--output_dir",
+            str(scripts / "out"),
+            "--max_steps",
+            "20",
+            "--use_cpu",
+            "--report_to",
+            "none",
+        )
     assert result["status"] == "ok", result["error"]
     assert result["script"]["micro_batch_fed"] == 2 and result["script"]["samples_per_step"] == 4
     assert all(rank["true_peak"]["peak_source"] == "allocator" for rank in result["ranks"])

@@ -15,16 +15,19 @@ from tuner.measure.backends.base import RunControls
 from tuner.measure.backends.launchers import launcher_for
 from tuner.measure.measurement import Measurement
 from tuner.measure.options import MeasureOptions
+from tuner.measure.rank_place import free_port, port_taken
 from tuner.measure.script import launch
 from tuner.measure.script.answer import answer_record
 from tuner.measure.script.command import ScriptCommand
 from tuner.measure.script.placement import ConfigSlot, batch_targets, find_slot, place, trial_config, user_config
 from tuner.measure.script.rank_hook import HOOK_FILE
 from tuner.measure.script.readback import read_back
+from tuner.measure.script.rendezvous import with_port
 from tuner.workload import TrialConfig, Workload, workload_from_dict, workload_to_dict
 
 HOOK_DIR = Path(__file__).resolve().parents[1] / "script" / "hook"
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder holding the tuner package
+PORT_ATTEMPTS = 3
 
 
 class ScriptBackend:
@@ -72,11 +75,31 @@ def run_script(
     if workload.cluster.device == "cpu":
         _build_counter()
     started = time.monotonic()
+    for _attempt in range(PORT_ATTEMPTS):
+        measurement, ours = _run_once(script, slot, config, workload, options, controls)
+        if not (ours and measurement.status == "error" and port_taken(measurement.error or "")):
+            break  # the port dstune chose was taken between its choice and rank 0's bind: another process's luck
+    targets = batch_targets(script, slot, user_config(script, slot))
+    measurement.script = {**measurement.script, **answer_record(script, slot, targets, config)}
+    measurement.set_wall(time.monotonic() - started)
+    return measurement
+
+
+def _run_once(
+    script: ScriptCommand,
+    slot: ConfigSlot,
+    config: dict[str, Any],
+    workload: Workload,
+    options: MeasureOptions,
+    controls: RunControls,
+) -> tuple[Measurement, bool]:
+    """One start of the command on a free rendezvous port; whether dstune chose that port (the user did not)."""
     with tempfile.TemporaryDirectory(prefix="dstune-script-") as scratch:
         run_dir = Path(scratch)
         (run_dir / HOOK_FILE).write_text(json.dumps({"warmup": options.warmup, "steps": options.steps}))
-        argv = place(script, slot, config, run_dir)
-        running = launch.start(argv, script.cwd, hook_environment(run_dir), run_dir, options.memory_cap)
+        env = hook_environment(run_dir)
+        meeting = with_port(place(script, slot, config, run_dir), env, free_port())
+        running = launch.start(meeting.argv, script.cwd, {**env, **meeting.env}, run_dir, options.memory_cap)
         try:
             launch.wait(
                 running,
@@ -91,10 +114,7 @@ def run_script(
         finally:
             running.stop(None)
         measurement = read_back(run_dir, workload, running.killed_for, running.process.returncode, options.timeout)
-    targets = batch_targets(script, slot, user_config(script, slot))
-    measurement.script = {**measurement.script, **answer_record(script, slot, targets, config)}
-    measurement.set_wall(time.monotonic() - started)
-    return measurement
+    return measurement, not meeting.chosen_by_user
 
 
 def _build_counter() -> None:
