@@ -5,8 +5,10 @@ unspecified).
 
 How a row becomes an estimate (what the sources leave implicit is decided here, once):
 
-* The model is ``bench/configs/<model>/config.json`` when that folder exists (the transformers model, traced), else
-  a preset; GPT-2 configs of Megatron-LM's shape use dstune's built-in GPT-2 (``--model-impl builtin``).
+* The model is ``bench/configs/<model>/config.json`` or ``bench/configs/<model>.json`` when it exists (the
+  transformers model, traced), else a preset; GPT-2 configs of Megatron-LM's shape use dstune's built-in GPT-2
+  (``--model-impl builtin``). A row's ``optimizer``, ``bf16_master_weights``, ``bf16_optimizer_states`` and
+  ``attention`` are the flags of those names.
 * ALST's tiling as ArcticTraining runs it: a tiled MLP in ``ceil(s/sp / hidden)`` shards (DeepSpeed's ALST
   tutorial), and Liger's fused linear cross-entropy as a tiled loss whose shards hold at most 1 GiB of fp32 logits.
 * ArcticTraining trains with activation checkpointing (its checkpoint offload needs it).
@@ -127,13 +129,13 @@ class Scored:
 def flags_of(row: dict[str, Any], ds_config: str | None) -> WorkloadFlags:
     """The ``dstune estimate`` flags of a row (module docstring for what is decided here)."""
     model = row["model"]
-    folder = CONFIGS / model
-    config = json.loads((folder / "config.json").read_text()) if folder.exists() else {}
+    path = CONFIGS / model / "config.json" if (CONFIGS / model).is_dir() else CONFIGS / f"{model}.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
     hidden = config.get("hidden_size") or config.get("n_embd") or 4096
     vocab = config.get("vocab_size", 128_256)
     local = row["seq_len"] // row["sequence_parallel"]
     return WorkloadFlags(
-        model=str(folder / "config.json") if folder.exists() else model,
+        model=str(path) if path.exists() else model,
         gpus=row["gpus"],
         nodes=row["nodes"],
         gpu_type=row["gpu_type"],
@@ -151,6 +153,10 @@ def flags_of(row: dict[str, Any], ds_config: str | None) -> WorkloadFlags:
         offload_checkpoints=row["offload_checkpoints"],
         model_impl="builtin" if model in BUILTIN else "transformers",
         ds_config=ds_config,
+        optimizer=row.get("optimizer", "adamw"),
+        bf16_master_weights=row.get("bf16_master_weights", False),
+        bf16_optimizer_states=row.get("bf16_optimizer_states", False),
+        attention=row.get("attention"),
     )
 
 

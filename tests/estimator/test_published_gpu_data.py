@@ -28,7 +28,12 @@ def test_each_row_is_sourced_and_estimable(row: dict) -> None:
     assert row["gpu_type"] in GPU_TYPES and row["outcome"] in ("fits", "oom")
     assert row["measured"] in KINDS
     assert (row["figure"] is None) == (row["unit"] is None) == (row["measured"] == "none")
-    assert (BENCH / "configs" / row["model"]).exists() or row["model"] in preset_names()
+    configs = BENCH / "configs"
+    assert (
+        (configs / row["model"]).is_dir()
+        or (configs / f"{row['model']}.json").exists()
+        or row["model"] in preset_names()
+    )
     assert row["seq_len"] % row["sequence_parallel"] == 0
     assert row["gpus"] * row["nodes"] % row["sequence_parallel"] == 0
 
@@ -41,3 +46,12 @@ def test_alst_tiling_as_arctic_training_runs_it() -> None:
     assert flags.tiled_mlp == math.ceil(local / 4096)  # DeepSpeed's ALST tutorial: ceil(seqlen / hidden)
     assert flags.tiled_loss == math.ceil(local * 128_256 * 4 / 2**30)  # 1 GiB of fp32 logits per shard
     assert (flags.gpu_type, flags.sequence_parallel, flags.offload_checkpoints) == ("h100-80gb", 8, True)
+
+
+def test_a_rows_optimizer_and_master_weights_reach_the_flags() -> None:
+    bench = load_bench("published_gpu")
+    rows = {row["id"]: row for row in ROWS}
+    full = bench.flags_of(rows["deepspeedexamples-bf16-master-weight-6.86b-bf16-full"], None)
+    assert full.bf16_master_weights and full.bf16_optimizer_states and full.model.endswith("bf16_master_weight_7b.json")
+    muon = bench.flags_of(rows["deepspeed-muon-blog-qwen2.5-3b-muon"], None)
+    assert (muon.optimizer, muon.attention, muon.bf16_master_weights) == ("muon", "flash", False)
