@@ -43,7 +43,7 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def raw_study(scripts: Path) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], str]:
-    """A 2-trial study of the raw DeepSpeed loop, and ``dstune best`` of it."""
+    """A 2-trial study of the raw DeepSpeed loop (its winner confirmed by a third run), and ``dstune best`` of it."""
     db = f"sqlite:///{scripts / 'raw.db'}"
     pins = ["--pin", "offload_optimizer=none", "--pin", "offload_param=none"]
     tune = dstune(
@@ -92,6 +92,15 @@ def test_a_raw_deepspeed_loop_tunes_with_memory_and_throughput_for_every_trial(r
         if not figures.get("stopped_early"):
             assert all(peak and peak > 0 for peak in figures["peak_bytes_per_rank"])
             assert figures["tokens_per_s"] > 0 and figures["script"]["tokens_from"].startswith("the token ids")
+    # the winner confirmed by an independent run of the same command (tune's default for a command), recorded
+    # beside the trial and printed by tune and best
+    winner = store.best_trial(study.id)
+    assert winner is not None
+    confirmation = (winner.measurement or {})["confirmation"]
+    assert confirmation["status"] == "ok" and confirmation["tokens_per_s"] > 0, confirmation
+    assert confirmation["ratio"] == confirmation["tokens_per_s"] / winner.tokens_per_s
+    assert "by an independent run" in tune.stdout or "independent run measured" in tune.stdout, tune.stdout
+    assert "independent run" in best.stderr, best.stderr
     # best: the user's optimizer and scheduler kept, the command filled in
     config = json.loads((scripts / "best.json").read_text())
     assert config["scheduler"]["type"] == "WarmupLR" and config["optimizer"]["params"]["torch_adam"] is True

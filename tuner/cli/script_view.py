@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from tuner.cli.common import write_text_file
+from tuner.cli.confirm_view import print_confirmation
 from tuner.measure.script.answer import script_answer
 from tuner.measure.script.estimate_note import assumption
 
@@ -27,6 +28,7 @@ def render_script_best(best: TrialRecord, console: Console) -> bool:
         soft_wrap=True,
     )
     console.print_json(json.dumps(answer["ds_config"]))
+    print_confirmation(best, console)
     _print_command(answer, console)
     console.print(
         f"the winner's estimate assumes {assumption(best.trial)}", highlight=False, soft_wrap=True, markup=False
@@ -48,6 +50,7 @@ def export_script_best(best: TrialRecord, out: str | None) -> bool:
     else:
         print(text, end="")
     err.print(answer["note"], highlight=False, soft_wrap=True, markup=False)
+    print_confirmation(best, err)
     _print_command(answer, err)
     return True
 

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from tuner.cli.best_choice import best_for_format, lengths_hint
 from tuner.cli.common import fail, memory_cap_bytes, write_text_file
+from tuner.cli.confirm_view import ConfirmOpt, confirmation_notes
 from tuner.cli.local_gpu import checked_here
 from tuner.cli.options import (
     LONG_CONTEXT_PINS,
@@ -118,6 +119,7 @@ def tune_command(
     cores_per_node: CoresPerNodeOpt = None,
     ds_config_at: DsConfigAtOpt = None,
     arg_mapping: ArgMappingOpt = None,
+    confirm: ConfirmOpt = None,
     command: CommandArg = None,
 ) -> None:
     """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest. With
@@ -133,7 +135,6 @@ def tune_command(
         raise typer.Exit(tune_max(ctx, flags, search))
     flags = replace(flags, seq_len=seq_len)
     workload = tuning_workload(flags, script)
-    seconds = _study_timeout(timeout)
     budget = thread_budget(search_threads, cores_per_node, workload.cluster.gpus_per_node)
     settings = tune_settings(
         workload,
@@ -144,13 +145,13 @@ def tune_command(
         global_batch=global_batch,
         sampler=sampler,
         trials=trials,
-        timeout_s=seconds,
+        timeout_s=_study_timeout(timeout),
         pareto=pareto,
         seed=seed,
         nvme_path=nvme_path,
         thread_budget=budget,
     )
-    raise typer.Exit(run_tune(settings, storage))
+    raise typer.Exit(run_tune(settings, storage, confirm))
 
 
 def _measure_options(
@@ -284,6 +285,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     )
     notes += launch_notes(workload, (best.measurement or {}).get("launch"), out or "ds_config.json")
     notes += [chosen] if chosen else []
+    notes += confirmation_notes(best)
     text = json.dumps(config, indent=2) + "\n"
     if out:
         write_text_file(out, text)

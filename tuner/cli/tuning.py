@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.cli.common import fail
+from tuner.cli.confirm_view import confirm_winner
 from tuner.cli.study_view import render_study, warn_slow_runs
 
 if TYPE_CHECKING:
@@ -16,13 +17,19 @@ if TYPE_CHECKING:
     from tuner.study import StudyReport, StudySettings, TuningStudy
 
 
-def run_tune(settings: StudySettings, storage: str | None) -> int:
-    """Run a study to its budget and print the top configs; 0 when a config was measured, 1 otherwise."""
+def run_tune(settings: StudySettings, storage: str | None, confirm: bool | None = False) -> int:
+    """Run a study to its budget, confirm its winner with an independent run (``confirm``; None: for a training
+    command's study; never after an interruption) and print the top configs; 0 when a config was measured, 1
+    otherwise."""
     console = Console()
     store, tuning = open_study(settings, storage)
     if settings.workload.cluster.device == "cpu":
         warn_slow_runs(tuning, settings.dispatch.warmup, settings.dispatch.steps, console)
     report = run_with_progress(tuning, console)
+    if confirm is None:
+        confirm = settings.dispatch.script is not None
+    if confirm and not (report.interrupted or report.stopped):
+        confirm_winner(settings, store, tuning.study_id, console)
     render_study(store, tuning.study_id, settings.name, console)
     say_how_it_ended(tuning, report, console)
     return 0 if store.best_trial(tuning.study_id) is not None else 1

@@ -224,6 +224,17 @@ class TrialStore(Database):
             session.flush()
             return to_record(TrialRecord, row)
 
+    def record_confirmation(self, trial_id: int, confirmation: dict[str, Any]) -> TrialRecord:
+        """Keep what an independent run of a measured trial's config measured (:mod:`tuner.study.confirm`) under its
+        measurement's ``confirmation`` key; the trial's own figures stay as they were."""
+        with self.session() as session:
+            row = existing(session, TrialRow, trial_id, "trial")
+            if row.status != TrialStatus.OK:
+                raise StoreError("status", f"trial {trial_id} is {row.status}, not a measured trial to confirm")
+            row.measurement = {**(row.measurement or {}), "confirmation": dict(confirmation)}
+            session.flush()
+            return to_record(TrialRecord, row)
+
     def mark_stale_running_failed(self, study_id: int, older_than: timedelta | None = None) -> list[int]:
         """Mark the study's running trials that nobody holds failed (their process died); returns their ids.
 

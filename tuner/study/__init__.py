@@ -4,7 +4,8 @@ before? fits?), the stopper (``stopper``: budget, timeout, early stop), the reco
 with ``numerics_guard`` judging each run's step-0 figures against the study's reference) and the holding of trials
 across processes (``resume``). ``length_search`` and ``length_runs`` find the longest sequence that fits by
 measurement (``dstune tune --seq-len max``): the estimator's answer bracketed and bisected with measured runs, each
-length recorded in a study of its own. It measures through :class:`Measurer`, which the real dispatcher satisfies;
+length recorded in a study of its own. ``confirm`` runs a study's winner once more and records that independent run
+beside it. It measures through :class:`Measurer`, which the real dispatcher satisfies;
 what it predicts and learns (the memory margin, the throughput fit, the warm start, prune
 reasons) comes from :mod:`tuner.forecast`.
 
@@ -13,6 +14,7 @@ runs go through :class:`Measurer`), :mod:`tuner.requests` (names), :mod:`tuner.s
 :mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
 """
 
+from tuner.study.confirm import Confirmation, confirm_best, recorded_confirmation
 from tuner.study.early_stop import SlowRunStopper
 from tuner.study.gate import capacity_reason
 from tuner.study.length_runs import LengthRuns, Measured, default_base_name, length_study_name, longest_name_fits
@@ -25,6 +27,7 @@ from tuner.study.settings import Event, StudyReport, StudySettings
 __all__ = [
     "GRID_PARAMETERS",
     "AskTellGridSampler",
+    "Confirmation",
     "Event",
     "LengthRuns",
     "LengthSearch",
@@ -36,9 +39,11 @@ __all__ = [
     "StudySettings",
     "TuningStudy",
     "capacity_reason",
+    "confirm_best",
     "default_base_name",
     "length_study_name",
     "longest_name_fits",
     "make_sampler",
+    "recorded_confirmation",
     "search_length",
 ]
