@@ -166,6 +166,21 @@ def test_ray_reserves_each_ranks_threads_up_to_its_share_of_a_node() -> None:
         ("NCCL_SOCKET_IFNAME", "hf_abcdefghijklmnopqrstuvwxyz0123456789"),
         ("NCCL_IB_HCA", "a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0"),
         ("NCCL_BUFFSIZE", "9" * 30),
+        ("NCCL_COMM_ID", "203.0.113.9:4000"),
+        ("NCCL_RAS_ADDR", "0.0.0.0:28028"),
+        ("ld_preload", "x"),
+        ("BASH_ENV", "x"),
+        ("ENV", "x"),
+        ("LD_AUDIT", "x"),
+        ("GCONV_PATH", "x"),
+        ("TORCH_EXTENSIONS_DIR", "x"),
+        ("TRITON_CACHE_DIR", "x"),
+        ("\u039fMP_NUM_THREADS", "4"),
+        ("NCCL_ALGO", "wJalrXUtnFEMI+K7MDENG+bPxRfiCYEXAMPLEKEY"),
+        ("NCCL_ALGO", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.abc"),
+        ("NCCL_ALGO", "sk_live_abcdefghijklmnopqrstuvwx"),
+        ("NCCL_ALGO", "ya29.a0AfH6SMBx-abcdefGHIJKLmnop"),
+        ("NCCL_ALGO", "abcdefghijklmnopqrstuvwxyzABCDEF"),
     ],
 )
 def test_a_launch_variable_outside_the_allow_list_is_refused_naming_it(name: str, value: str) -> None:
@@ -187,6 +202,9 @@ def test_a_launch_variable_outside_the_allow_list_is_refused_naming_it(name: str
         ("TORCH_NCCL_AVOID_RECORD_STREAMS", "1"),
         ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:128"),
         ("CUDA_DEVICE_MAX_CONNECTIONS", "1"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6,roundup_power2_divisions:4"),
+        ("NCCL_PROTO", "LL,LL128,Simple"),
+        ("NCCL_DEBUG_SUBSYS", "INIT,COLL,P2P,NET"),
     ],
 )
 def test_what_launchers_set_for_speed_is_allowed(name: str, value: str) -> None:

@@ -42,19 +42,28 @@ NAMED = frozenset(
         "TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT",
     }
 )
-# words of a name (split at _) that load code, name a file or a folder, or reach a library: refused under any prefix
+# words of a name (split at _) that load code, name a file or a folder, reach a library or another host: refused
+# under any prefix (NCCL_COMM_ID and NCCL_RAS_ADDR point a rank's bootstrap or its listener at an address)
 REFUSED_PARTS = frozenset(
     {"PLUGIN", "FILE", "PATH", "DIR", "LIB", "LIBRARY", "LIBRARIES", "TOOL", "TOOLS", "PRELOAD", "DUMP", "SO"}
+    | {"ADDR"}
 )
+REFUSED_NAMES = frozenset({"NCCL_COMM_ID"})
 VALUE = re.compile(r"[A-Za-z0-9_.,:=+^-]*")
 MAX_VALUE = 256
 MAX_THREADS = 1024  # threads per rank: several times the cores of the largest nodes
 MAX_NUMBER = 2**40  # any other number (NCCL_BUFFSIZE bytes, timeouts): beyond it a typo, or an overflow
 THREAD_NAMES = re.compile(r".*(NUM_THREADS|THREAD_LIMIT|NTHREADS|MAX_CONNECTIONS|NCHANNELS)")
 # what API tokens look like: a known prefix, or a long run of letters and digits mixed
-SECRET_SHAPES = re.compile(r"(?:hf_|ghp_|gho_|ghs_|github_pat_|sk-|xox[abprs]-|AKIA|ASIA|glpat-)[A-Za-z0-9]")
+SECRET_SHAPES = re.compile(
+    r"(?:hf_|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|sk-|sk_live_|sk_test_|rk_live_|xox[abprs]-|AKIA|ASIA|glpat-|ya29\.|"
+    r"AIza|npm_|pypi-|dapi|eyJ)[A-Za-z0-9]"
+)
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE|AUTH")
 LONG_RUN = re.compile(r"[A-Za-z0-9]{20,}")
+# a piece between , : = ; of a key's alphabet (base64, base64url, a JWT's dots)
+PIECE = re.compile(r"[A-Za-z0-9+/_.-]{20,}")
+CLASSES = (re.compile(r"[a-z]"), re.compile(r"[A-Z]"), re.compile(r"\d"))
 
 
 def allowed_name(name: str) -> bool:
@@ -63,21 +72,31 @@ def allowed_name(name: str) -> bool:
     >>> [allowed_name(n) for n in ("NCCL_ALGO", "NCCL_NET_PLUGIN", "PYTHONPATH", "PYTORCH_CUDA_ALLOC_CONF")]
     [True, False, False, True]
     """
-    if SECRET_NAME.search(name) or REFUSED_PARTS.intersection(name.split("_")):
+    if SECRET_NAME.search(name) or name in REFUSED_NAMES or REFUSED_PARTS.intersection(name.split("_")):
         return False
     return name in NAMED or name.startswith(PREFIXES)
 
 
 def looks_secret(value: str) -> bool:
-    """Whether ``value`` looks like a credential: a token's known prefix, or 20 or more letters and digits in a row
-    holding both (``expandable_segments`` and ``mlx5_0`` do not; a hex or base62 key does).
+    """Whether ``value`` looks like a credential: a token's known prefix (``ghp_``, ``hf_``, ``AKIA``, a JWT's
+    ``eyJ``...), 20 or more letters and digits in a row holding both, or as many of a key's alphabet (base64 with ``+``,
+    base64url, a JWT) holding lower case, upper case and digits, or 32 letters in a row of both cases
+    (``expandable_segments`` and ``mlx5_0`` are none of these; a hex, base62 or base64 key is).
 
     >>> looks_secret("hf_" + "a1" * 17), looks_secret("expandable_segments:True"), looks_secret("^docker0,lo")
     (True, False, False)
+    >>> looks_secret("wJalrXUtnFEMI+K7MDENG+bPxRfiCYEXAMPLEKEY"), looks_secret("max_split_size_mb:128")
+    (True, False)
     """
     if SECRET_SHAPES.search(value):
         return True
-    return any(re.search(r"\d", run) and re.search(r"[A-Za-z]", run) for run in LONG_RUN.findall(value))
+    if any(re.search(r"\d", run) and re.search(r"[A-Za-z]", run) for run in LONG_RUN.findall(value)):
+        return True
+    for piece in PIECE.findall(value):
+        classes = sum(1 for pattern in CLASSES if pattern.search(piece))
+        if classes == 3 or (classes == 2 and re.search(r"[A-Za-z]{32}", piece)):
+            return True
+    return False
 
 
 def allowed_names() -> str:
