@@ -1,7 +1,9 @@
-"""SIGTERM handled as Ctrl-C (:func:`install`): what ``timeout``, systemd and ``docker stop`` send stops a command as
-Ctrl-C does (a study records what finished and marks nothing left running, a worker gives its job back, the node's
-fork servers are released at exit), says so in one line, and the command exits 143 (128 + SIGTERM), as a shell
-reports a process that SIGTERM ended (:func:`exit_code`). A second SIGTERM, like a second Ctrl-C, stops at once.
+"""The signals that end a process by default handled as Ctrl-C (:func:`install`): SIGTERM (what ``timeout``,
+systemd and ``docker stop`` send), SIGHUP (the terminal or the SSH session closed), SIGQUIT (Ctrl-\\), SIGUSR1 and
+SIGUSR2 stop a command as Ctrl-C does (a study records what finished and marks nothing left running, a worker gives
+its job back, the node's fork servers are released at exit), say so in one line, and the command exits 128 + the
+signal's number (143 for SIGTERM), as a shell reports a process that signal ended (:func:`exit_code`). A second
+signal, like a second Ctrl-C, stops at once.
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ from typing import Any
 
 import typer
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 TERM_EXIT = 128 + signal.SIGTERM
 _terminated = threading.Event()
+_first: list[int] = []  # the first stop signal's number
 
 
 def _as_ctrl_c(signum: int, frame: Any) -> None:
-    """Hand SIGTERM to whatever handles Ctrl-C now (Python's KeyboardInterrupt, or a study's deferred stop)."""
+    """Hand a stop signal to whatever handles Ctrl-C now (Python's KeyboardInterrupt, or a study's deferred stop)."""
     if not _terminated.is_set():
-        typer.echo("terminated (SIGTERM): stopping as on Ctrl-C", err=True)
+        _first.append(signum)
+        typer.echo(f"terminated ({signal.Signals(signum).name}): stopping as on Ctrl-C", err=True)
     _terminated.set()
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
@@ -29,19 +34,24 @@ def _as_ctrl_c(signum: int, frame: Any) -> None:
 
 
 def install() -> None:
-    """Handle SIGTERM as Ctrl-C from now on in this process (the main thread only: signals are delivered there)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _as_ctrl_c)
+    """Handle the stop signals as Ctrl-C from now on in this process (the main thread only: signals are delivered
+    there). A signal ignored when the command started (``nohup`` ignores SIGHUP) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        if signum == signal.SIGTERM or signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _as_ctrl_c)
 
 
 def terminated() -> bool:
-    """Whether a SIGTERM arrived."""
+    """Whether a stop signal arrived."""
     return _terminated.is_set()
 
 
 def exit_code(code: int) -> int:
-    """The command's exit code: :data:`TERM_EXIT` after a SIGTERM, else ``code``."""
-    return TERM_EXIT if terminated() else code
+    """The command's exit code: 128 + the first stop signal's number after one (:data:`TERM_EXIT` for SIGTERM), else
+    ``code``."""
+    return 128 + _first[0] if _first else code
 
 
-__all__ = ["TERM_EXIT", "exit_code", "install", "terminated"]
+__all__ = ["STOP_SIGNALS", "TERM_EXIT", "exit_code", "install", "terminated"]
