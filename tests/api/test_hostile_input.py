@@ -108,6 +108,23 @@ def test_absurd_nesting_is_refused_not_500(client: TestClient) -> None:
     assert response.status_code == 422, response.text
 
 
+@pytest.mark.parametrize("depth", [500, 900, 5000])
+@pytest.mark.parametrize("place", ["ds_config", "pins", "config"])
+def test_nesting_hundreds_deep_is_422_at_its_field_in_one_answer(client: TestClient, depth: int, place: str) -> None:
+    """Past the 64 levels a free-form object may hold: the 422's echo of the input used to exceed Python's recursion
+    limit (a 500), and past the JSON parser's own limit FastAPI answered a bare 400."""
+    nested = '{"a":' * depth + "1" + "}" * depth
+    path, body = {
+        "ds_config": ("/v1/estimate", f'{{"workload": {json.dumps(WORKLOAD)}, "ds_config": {nested}}}'),
+        "pins": ("/v1/jobs", f'{{"workload": {json.dumps(WORKLOAD)}, "pins": {nested}}}'),
+        "config": ("/v1/recommend", f'{{"workload": {{"config": {{"model_type": "gpt2", "x": {nested}}}}}}}'),
+    }[place]
+    response = client.post(path, content=body, headers={"content-type": "application/json", **AUTH})
+    assert response.status_code == 422, response.text
+    where = response.json()["detail"][0]["loc"]
+    assert where == ["body"] if depth > 990 else place in where, response.text
+
+
 def test_the_database_never_stores_a_refused_value(client: TestClient, tmp_path: Path) -> None:
     """gradient_clipping NaN used to come back 200 with null: now nothing is estimated from it."""
     body = f'{{"workload": {json.dumps(WORKLOAD)}, "ds_config": {{"gradient_clipping": NaN}}}}'

@@ -9,6 +9,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
+from tuner.api.invalid import unparsable_body
+
 
 def allowed_methods(app: FastAPI, path: str) -> list[str]:
     """The methods the schema's operations on ``path`` answer (the schema lists every route of the API)."""
@@ -21,6 +23,9 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
 
 async def _http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
+    unparsable = unparsable_body(error)  # a body nested past the JSON parser's limit: 422, as other bad input
+    if unparsable is not None:
+        return unparsable
     headers = dict(error.headers or {})
     if error.status_code == 405:
         headers["Allow"] = ", ".join(allowed_methods(request.app, request.url.path)) or headers.get("Allow", "")
