@@ -81,3 +81,15 @@ def test_best_study_names_outside_storage_exit_2(tmp_path: Path, name: str) -> N
     assert code == 2
     assert stderr.startswith("error: study: ")
     json.dumps(stderr)
+
+
+@pytest.mark.parametrize(
+    "command", [["estimate", "--model"], ["estimate", "--model", "tiny-gpt2", "--ds-config"], ["queue"]]
+)
+def test_a_file_nested_past_the_json_parsers_limit_is_one_line_exit_2(tmp_path: Path, command: list[str]) -> None:
+    """A config.json or a queued job nested 5,000 deep made Python's json raise RecursionError: a traceback, exit 1."""
+    path = tmp_path / "deep.json"
+    path.write_text('{"a":' * 5000 + "1" + "}" * 5000)
+    storage = ["--storage", f"sqlite:///{tmp_path / 'q.db'}"] if command == ["queue"] else []
+    code, err, _ = _run([*command, str(path), *storage])
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err, err

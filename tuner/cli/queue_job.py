@@ -30,7 +30,7 @@ def queue_command(
         body = json.loads(job.read_text())
     except OSError as error:
         fail("job", f"cannot read {job}: {error.strerror}")
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, RecursionError) as error:  # RecursionError: nested past the parser's limit
         fail("job", f"{job} is not JSON: {error}")
     if not isinstance(body, dict):
         fail("job", f"{job} must hold a JSON object (the body of POST /v1/jobs)")

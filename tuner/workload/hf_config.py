@@ -250,7 +250,12 @@ def read_json_object(
         raise WorkloadError(field_name, f"no such file: {path}")
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (
+        OSError,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        RecursionError,
+    ) as error:  # RecursionError: nested too deep
         raise WorkloadError(field_name, f"cannot read {path} as JSON: {error}") from None
     if not isinstance(data, dict):
         raise WorkloadError(field_name, f"{path} must hold a JSON object")
