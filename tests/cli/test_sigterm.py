@@ -1,5 +1,6 @@
-"""SIGTERM (what timeout, systemd and docker stop send), SIGHUP (a closed terminal), SIGQUIT, SIGUSR1 and SIGUSR2 stop
-a command as Ctrl-C does: one line, the command's own Ctrl-C path, exit 128 + the signal (tuner.cli.terminate). The study-level reproduction (no trial left running) is
+"""SIGTERM (what timeout, systemd and docker stop send), SIGHUP (a closed terminal), SIGQUIT, SIGUSR1 and SIGUSR2 stop a
+command as Ctrl-C does: one line, the command's own Ctrl-C path, exit 128 + the signal (tuner.cli.terminate). The
+study-level reproduction (no trial left running) is
 tests/cli/test_tune.py::test_ctrl_c_stops_after_recording_what_finished, run with SIGTERM too."""
 
 from __future__ import annotations
