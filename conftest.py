@@ -7,9 +7,9 @@ imported. Test modules themselves are collected as usual.
 
 collect_ignore = [
     "tuner/storage/migrations",
-    "tuner/measure/models.py",
-    "tuner/measure/memory_probe.py",
-    "tuner/measure/ray_launcher.py",
+    "tuner/measure/rank/models.py",
+    "tuner/measure/rank/memory_probe.py",
+    "tuner/measure/driver/ray_launcher.py",
     "tests/prebuild_ops.py",
     "tests/saved_bytes.py",
 ]

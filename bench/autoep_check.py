@@ -42,7 +42,8 @@ MIXTRAL = {**TINY_CONFIGS["mixtral"], **TWO_MOE_LAYERS, "intermediate_size": 48}
 MODELS = {"qwen2_moe": QWEN2_MOE, "deepseek_v2": DEEPSEEK_V2, "mixtral": MIXTRAL}
 
 # world 1 holds both samples in one micro-batch; world 2 gives rank r sample r
-# shim: make transformers' output-capture registry take DeepSpeed's calls (tuner.measure.autoep.registry_shim)
+# shim: make transformers' output-capture registry take DeepSpeed's calls
+# (tuner.measure.rank.layouts.autoep.registry_shim)
 CASES: list[dict[str, Any]] = [
     {"key": "ep2/w2/z2/as-installed", "world": 2, "stage": 2, "ep": 2, "shim": False},
     {"key": "ref/w1/z2", "world": 1, "stage": 2, "ep": 0},
@@ -93,7 +94,7 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     report: dict[str, Any] = {"rank": rank, "phase": "build"}
     if case.get("shim"):
-        from tuner.measure.autoep import registry_shim  # the runner's own shim
+        from tuner.measure.rank.layouts.autoep import registry_shim  # the runner's own shim
 
         registry_shim()
     try:

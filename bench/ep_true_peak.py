@@ -1,12 +1,12 @@
 """The estimate against the true peak of live tensor bytes under AutoEP expert parallelism, per rank, on CPU ranks.
 
-Truth: the counting allocator (:mod:`tuner.measure.counting_allocator`, live CPU tensor bytes counted at torch's CPU
-allocator on every thread), from before the model is built to the end of the second training step, on gloo CPU
+Truth: the counting allocator (:mod:`tuner.measure.rank.counting_allocator`, live CPU tensor bytes counted at torch's
+CPU allocator on every thread), from before the model is built to the end of the second training step, on gloo CPU
 ranks started by this script (:mod:`gloo_ranks`). The ranks are standalone, like ``bench/tp_true_peak.py``: the
-transformers model built where it trains (:mod:`tuner.measure.birth`: under ``zero.Init`` at ZeRO-3) and handed to
+transformers model built where it trains (:mod:`tuner.measure.rank.birth`: under ``zero.Init`` at ZeRO-3) and handed to
 ``deepspeed.initialize`` as it is, with ``expert_parallel: {enabled, autoep_size}`` (DeepSpeed 0.19.8 swaps each MoE
 block for an ``AutoEPMoELayer`` inside the engine). The Qwen2-MoE and Mixtral presets need the runner's registry
-shim under transformers 5.24 (:func:`tuner.measure.autoep.registry_shim`); DeepSeek-V2 runs as installed.
+shim under transformers 5.24 (:func:`tuner.measure.rank.layouts.autoep.registry_shim`); DeepSeek-V2 runs as installed.
 
 Models: the three of ``bench/autoep_check.py`` (the tests' tiny configs, 2 layers, every layer MoE with 4 experts
 top-2, an untied head), bf16, seq 512, micro-batch 1, small buckets; each rank its own seeded sample (EP shares the
@@ -61,7 +61,7 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
     """One rank of ``case``: build, initialise (AutoEP inside), two steps, write the counted peak."""
     import torch
 
-    from tuner.measure.autoep import registry_shim
+    from tuner.measure.rank.layouts.autoep import registry_shim
 
     rank = gloo_ranks.join()
     registry_shim()

@@ -1,8 +1,8 @@
 """Estimated against measured memory over a matrix of configs, written as a Markdown table.
 
 CPU (here): every config runs on real DeepSpeed CPU ranks; bytes are counted by category from live tensor storages
-at each phase of a step (``tuner.measure.memory_probe``) and compared with the estimate's same phase, on the worst rank.
-CUDA (a GPU machine): the peak estimate (overhead excluded) is compared with ``torch.cuda.max_memory_allocated``.
+at each phase of a step (``tuner.measure.rank.memory_probe``) and compared with the estimate's same phase, on the worst
+rank. CUDA (a GPU machine): the peak estimate (overhead excluded) is compared with ``torch.cuda.max_memory_allocated``.
 
 ``--suite transformers`` measures real transformers models (random weights, every preset architecture at small
 dimensions, ``tests/tiny_configs.py``): parameter counts against the built model; activations (the estimate's

@@ -1,7 +1,7 @@
 """The estimate against the true peak of live tensor bytes, per rank, on 2 CPU ranks.
 
-Truth is the allocator's own count (:mod:`tuner.measure.true_peak`: live tensor bytes counted at torch's CPU
-allocator on every thread, :mod:`tuner.measure.counting_allocator`, from before the model is built to the end of
+Truth is the allocator's own count (:mod:`tuner.measure.rank.true_peak`: live tensor bytes counted at torch's CPU
+allocator on every thread, :mod:`tuner.measure.rank.counting_allocator`, from before the model is built to the end of
 warm-up), not the phase snapshots the estimator was first fitted to. Three architectures
 of 100M+ parameters (a Pythia-160M-shaped GPT-NeoX and a LLaMA-style model built by dstune, a Mixtral-shaped MoE
 built by transformers), ZeRO stages 0-3, bf16 and fp32, DeepSpeed's default buckets and the Adam it picks on CPU
@@ -141,7 +141,7 @@ of every run now read the same peak to the byte.
   a record, staying alive in the running sum. The stored ZeRO-3 peaks were 0.2-0.6 GiB high (LLaMA-125M bf16: 2.59
   to 2.69 GiB in four runs, now 2.370 GiB on both ranks), which the estimate had been fitted to as "gathered
   parameters still alive in backward" and "gloo's staging on the rank still inside an all-gather". The true peak is
-  now counted at torch's CPU allocator on every thread (:mod:`tuner.measure.counting_allocator`). Stages 0-2 read
+  now counted at torch's CPU allocator on every thread (:mod:`tuner.measure.rank.counting_allocator`). Stages 0-2 read
   as before (their collectives free on the calling thread).
 * **What ZeRO-3 holds at its backward peak** (the last reduce-scatter, with ``--detail`` whose replay now also
   drops a block whose address the allocator hands out again): the reduce bucket, Adam's moments and fp32 partition,
@@ -152,7 +152,7 @@ of every run now read the same peak to the byte.
 * **Mixtral-140M** (transformers 5 fuses its experts into one module that runs every step) behaves as the dense
   models do. Its ZeRO-3 rows were once NaN runs: transformers creates experts and router with ``torch.empty`` and
   under ``zero.Init`` its ``_init_weights`` saw empty partitions; measured runs now initialise each module's
-  gathered parameters (``tuner.measure.birth.initialise_partitioned``).
+  gathered parameters (``tuner.measure.rank.birth.initialise_partitioned``).
 
 The profiler overhead could not be resolved from the noise of 2 cores shared with other work (one timed step per
 run; negative medians mean the profiled step happened to be faster); the counting allocator runs without the

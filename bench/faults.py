@@ -103,7 +103,7 @@ def orphans_after(marker: str, since: float) -> tuple[int, float]:
 def rank_fault(fault: str) -> Outcome:
     from test_process_faults import ENTRY, run_spec
 
-    from tuner.measure.launcher import launch_local
+    from tuner.measure.driver.local_launcher import launch_local
 
     marker = new_marker()
     timeout = 90.0
@@ -180,7 +180,7 @@ def ray_node_removed() -> Outcome:
     from ray.cluster_utils import Cluster
     from test_process_faults import run_spec
 
-    from tuner.measure.ray_launcher import launch_ray
+    from tuner.measure.driver.ray_launcher import launch_ray
 
     marker = new_marker()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})

@@ -176,15 +176,15 @@ def counted_engine(
     adapt: Callable[[Any], None] | None = None,
 ) -> tuple[Any, Any]:
     """The DeepSpeed engine of the transformers model ``model`` (sdpa) under ``ds``, and the counting allocator
-    (:class:`~tuner.measure.true_peak.CpuAllocatorPeak`; with the environment variable ``detail_env`` set, the
+    (:class:`~tuner.measure.rank.true_peak.CpuAllocatorPeak`; with the environment variable ``detail_env`` set, the
     allocation sites alive at the peak too) started before the model is built. Seed 0; the model built where it
-    trains (:mod:`tuner.measure.birth`), handed to ``adapt`` where given, initialised with ``mpu``; the counter is
+    trains (:mod:`tuner.measure.rank.birth`), handed to ``adapt`` where given, initialised with ``mpu``; the counter is
     marked ``"steps"`` on return."""
     import deepspeed
     import torch
 
-    from tuner.measure.birth import born_on_device, initialise_partitioned
-    from tuner.measure.true_peak import CpuAllocatorPeak
+    from tuner.measure.rank.birth import born_on_device, initialise_partitioned
+    from tuner.measure.rank.true_peak import CpuAllocatorPeak
     from tuner.profile.hf import build
 
     torch.manual_seed(0)

@@ -230,7 +230,7 @@ def nvml(out: Path, dry: bool) -> None:
         return
     import torch
 
-    from tuner.measure.true_peak import nvml_process_bytes
+    from tuner.measure.rank.true_peak import nvml_process_bytes
 
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
@@ -261,7 +261,7 @@ def transformers_path(out: Path, dry: bool, budget: float) -> None:
 
 def fused_adam(out: Path, dry: bool, budget: float) -> None:
     """DeepSpeed's fused Adam built on this node (where compilers are), then a run that trains with it."""
-    from tuner.measure.adam_choice import toolchain_missing
+    from tuner.measure.rank.adam_choice import toolchain_missing
 
     lacking = toolchain_missing("fused_adam", device(dry))
     if lacking:

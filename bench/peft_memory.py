@@ -1,17 +1,18 @@
 """LoRA under DeepSpeed: the estimate against the true peak of live tensor bytes and against the model states
 DeepSpeed holds, per ZeRO stage, on 2 CPU ranks (gloo, bf16).
 
-Truth: the allocator's own count (:class:`tuner.measure.true_peak.CpuAllocatorPeak`: live tensor bytes counted at
+Truth: the allocator's own count (:class:`tuner.measure.rank.true_peak.CpuAllocatorPeak`: live tensor bytes counted at
 torch's CPU allocator on every thread, started before the model is built, over two steps) for the peak; the
-engine's and optimizer's live storages after the second step (:func:`tuner.measure.memory_probe.classify_engine_memory`:
-parameters + optimizer states + gradients) for the model states. The model is built as a measured run builds it
-(:func:`tuner.measure.birth.born_on_device`: under ``zero.Init`` for ZeRO-3), then the adapter is added with the real
-peft library (:func:`apply_trainable`, outside ``zero.Init``, as the HF Trainer adds it to a loaded model) and only
-the trainable parameters go to the optimizer (as the HF Trainer's optimizer takes them). A tiny LLaMA-style model
-and a tiny Mixtral-shaped MoE, LoRA r=8 on q_proj and v_proj (and, in the ``modules_to_save`` rows, the LM head
-trained whole), seq 64, micro-batch 2, DeepSpeed's default or small buckets and the Adam it picks on CPU.
+engine's and optimizer's live storages after the second step
+(:func:`tuner.measure.rank.memory_probe.classify_engine_memory`: parameters + optimizer states + gradients) for the
+model states. The model is built as a measured run builds it (:func:`tuner.measure.rank.birth.born_on_device`: under
+``zero.Init`` for ZeRO-3), then the adapter is added with the real peft library (:func:`apply_trainable`, outside
+``zero.Init``, as the HF Trainer adds it to a loaded model) and only the trainable parameters go to the optimizer (as
+the HF Trainer's optimizer takes them). A tiny LLaMA-style model and a tiny Mixtral-shaped MoE, LoRA r=8 on q_proj and
+v_proj (and, in the ``modules_to_save`` rows, the LM head trained whole), seq 64, micro-batch 2, DeepSpeed's default or
+small buckets and the Adam it picks on CPU.
 
-This bench has its own small launcher (one process per rank): measured runs (:mod:`tuner.measure.runner`) learn
+This bench has its own small launcher (one process per rank): measured runs (:mod:`tuner.measure.rank.runner`) learn
 peft separately. ``tests/estimator/test_peft_deepspeed.py`` runs the same rank function as the slow-tier check.
 
 Run: ``python bench/peft_memory.py`` (about 2 minutes on 2 cores) writes ``bench/results/peft_memory.{json,md}``.
@@ -108,10 +109,10 @@ def rank_main(rank: int, port: int, spec: dict[str, Any], out: str) -> None:
     import deepspeed
     import torch
 
-    from tuner.measure.birth import born_on_device, initialise_partitioned
-    from tuner.measure.memory_probe import classify_engine_memory
-    from tuner.measure.models import build_transformers_model, synthetic_batch
-    from tuner.measure.true_peak import CpuAllocatorPeak
+    from tuner.measure.rank.birth import born_on_device, initialise_partitioned
+    from tuner.measure.rank.memory_probe import classify_engine_memory
+    from tuner.measure.rank.models import build_transformers_model, synthetic_batch
+    from tuner.measure.rank.true_peak import CpuAllocatorPeak
     from tuner.profile.trainable import apply_trainable
     from tuner.workload import TrainableSpec, workload_from_dict
 
@@ -288,7 +289,7 @@ ZeRO-3 with small buckets, and how it was closed (it was 4-8 % under on tiny LLa
 * **The instrument over-counted.** ``torch.profiler`` records allocations and frees on the threads it profiles
   only; gloo frees ZeRO-3's all-gather buffers on its own worker threads, so they stayed alive in its sum (2.1-2.4
   MiB of a 12 MiB peak, found as live addresses the allocator handed out again), differently on each rank and run.
-  The true peak is now counted at torch's CPU allocator on every thread (:mod:`tuner.measure.counting_allocator`):
+  The true peak is now counted at torch's CPU allocator on every thread (:mod:`tuner.measure.rank.counting_allocator`):
   both ranks' peaks agree to the byte, run after run.
 * **transformers 5 fuses an MoE's experts into one module** that runs every step, so DeepSpeed's trace of module
   order is complete from the second step and forward keeps every gathered parameter it will reuse (DeepSpeed's own

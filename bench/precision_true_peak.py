@@ -3,7 +3,7 @@
 Truth, two instruments: the model states DeepSpeed holds per rank after ``deepspeed.initialize`` and after two
 steps, read from its optimizer's own tensors (the 16-bit parameters or shards, the master partition, every tensor
 of the optimizer's state, ZeRO-3's gradient partition; elements and dtype each), and the true peak of live tensor
-bytes (the counting allocator, :mod:`tuner.measure.counting_allocator`, from before the model is built to the end
+bytes (the counting allocator, :mod:`tuner.measure.rank.counting_allocator`, from before the model is built to the end
 of the second step). The ranks are standalone gloo CPU ranks (:mod:`gloo_ranks`): a small LLaMA built by
 transformers with random weights, bf16, small buckets, ZeRO 1-3 with and without optimizer offload to the CPU;
 ``bf16.bf16_master_weights_and_grads`` with and without ``bf16.bf16_optimizer_states`` (without offload DeepSpeed

@@ -1,7 +1,7 @@
 """The estimate against the true peak of live tensor bytes under Ulysses sequence parallelism, per rank, on CPU ranks.
 
-Truth: the counting allocator (:mod:`tuner.measure.counting_allocator`, live CPU tensor bytes counted at torch's CPU
-allocator on every thread), from before the model is built to the end of the second training step, on gloo CPU
+Truth: the counting allocator (:mod:`tuner.measure.rank.counting_allocator`, live CPU tensor bytes counted at torch's
+CPU allocator on every thread), from before the model is built to the end of the second training step, on gloo CPU
 ranks started by this script. The runner does not train with Ulysses yet, so the ranks here are standalone: DeepSpeed
 0.19.8's ``UlyssesSPAttentionHF.register_with_transformers`` (sdpa) with its mpu passed to ``deepspeed.initialize``,
 the batch split along the sequence by hand as ``UlyssesSPDataLoaderAdapter`` splits it (input ids, position ids and
@@ -10,7 +10,7 @@ and ``TiledFusedLogitsLoss`` over the LM head when asked. Each rank backpropagat
 depend on how the shares are averaged).
 
 Models: a tiny Qwen2 (dense, grouped-query heads) and a tiny Qwen2-MoE (4 experts, shared expert), built by
-transformers with random weights in bf16 (:mod:`tuner.measure.birth`: sharded under ZeRO-3's ``zero.Init``),
+transformers with random weights in bf16 (:mod:`tuner.measure.rank.birth`: sharded under ZeRO-3's ``zero.Init``),
 seq 1024, micro-batch 1, small buckets so that activations are most of the peak.
 
 Measurements are kept in ``bench/results/sp_true_peak.json``; the table is rendered with the current estimator.
@@ -165,7 +165,7 @@ def rank_main(case: dict[str, Any], out: Path) -> None:
             model.train()
             enable_checkpointing(model)
         if case["mlp"] > 1:
-            from tuner.measure.alst import tile_mlps  # the runner's own tiling
+            from tuner.measure.rank.layouts.alst import tile_mlps  # the runner's own tiling
 
             tile_mlps(model, case["mlp"])
 

@@ -1,7 +1,7 @@
 """The estimate against the true peak of live tensor bytes under AutoTP tensor parallelism, per rank, on CPU ranks.
 
-Truth: the counting allocator (:mod:`tuner.measure.counting_allocator`, live CPU tensor bytes counted at torch's CPU
-allocator on every thread), from before the model is built to the end of the second training step, on gloo CPU
+Truth: the counting allocator (:mod:`tuner.measure.rank.counting_allocator`, live CPU tensor bytes counted at torch's
+CPU allocator on every thread), from before the model is built to the end of the second training step, on gloo CPU
 ranks started by this script. The ranks are standalone (the runner's path is not used): a tiny LLaMA built by
 transformers with random weights in bf16, ``deepspeed.initialize`` with ``tensor_parallel.autotp_size`` (DeepSpeed
 0.19.8 applies AutoTP inside the engine, from the model's ``tp_plan``), each tensor-parallel group fed the same batch

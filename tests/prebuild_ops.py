@@ -13,8 +13,10 @@ for name in ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder"):
     get_accelerator().create_op_builder(name).load(verbose=False)
     print(f"DeepSpeed op ready: {name}")
 
-from tuner.measure.counting_allocator import counting_allocator  # noqa: E402  (after the ops: same build folder)
+from tuner.measure.rank.counting_allocator import counting_allocator  # noqa: E402  (after the ops: same build folder)
 
 if counting_allocator() is None:
-    raise SystemExit("the counting allocator (tuner/measure/counting_allocator.cpp) did not build: true peaks need it")
+    raise SystemExit(
+        "the counting allocator (tuner/measure/rank/counting_allocator.cpp) did not build: true peaks need it"
+    )
 print("Counting allocator ready")

@@ -1,4 +1,4 @@
-"""The rooms' import rules (DESIGN.md): imports run only downwards, and no modules import each other in a loop.
+"""The rooms' import rules: imports run only downwards, and no modules import each other in a loop.
 
 Every import counts, at module level, inside functions and under ``TYPE_CHECKING``: a loop or an upward import there
 is still a knot in the design, whatever Python's import order lets through.
@@ -144,3 +144,21 @@ def test_other_rooms_use_the_study_through_its_package() -> None:
         if _room(module) != "tuner.study" and target.startswith("tuner.study.")
     ]
     assert not reaching, "\n".join(reaching)
+
+
+def test_the_measure_room_is_split_by_the_process_boundary() -> None:
+    """What runs inside a rank (:mod:`tuner.measure.rank`) and what runs around it (:mod:`tuner.measure.driver`)
+    never import each other: the driver starts a rank by its module path and reads what it wrote; the two share
+    only the room's top-level modules (the run protocol, the measurement)."""
+    sides = ("tuner.measure.rank", "tuner.measure.driver")
+
+    def side(module: str) -> str | None:
+        return next((name for name in sides if module == name or module.startswith(name + ".")), None)
+
+    crossing = [
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if side(module) and side(target) and side(module) != side(target)
+    ]
+    assert not crossing, "\n".join(crossing)

@@ -145,7 +145,7 @@ def test_bad_input_from_the_wheel_is_one_line(installed: Path, tmp_path: Path) -
 
 @pytest.mark.deepspeed
 def test_tune_from_the_wheel_measures_a_trial(installed: Path, tmp_path: Path) -> None:
-    """A measured run from the installed wheel: ranks start as ``python -m tuner.measure.runner`` from it."""
+    """A measured run from the installed wheel: ranks start as ``python -m tuner.measure.rank.runner`` from it."""
     env_cache = os.environ.get("TORCH_EXTENSIONS_DIR")
     assert env_cache, "conftest sets TORCH_EXTENSIONS_DIR"
     result = _run(

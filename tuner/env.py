@@ -18,8 +18,9 @@ the built-in default. A bad value fails with one line naming the variable (:clas
 - ``DSTUNE_FORKSERVER_IDLE_S`` (300): how long an idle fork server lives.
 
 Launchers also pass ``DSTUNE_THREADS_PER_RANK``, ``DSTUNE_BIND_CORES`` and ``DSTUNE_SPAWNED_AT`` to the ranks they
-start: a protocol between a launcher and its ranks (:mod:`tuner.measure.runner`, :mod:`tuner.measure.rank_launch`),
-not settings; a rank's threads are the workload's launch environment's (``--launcher-env``, ``--launch-var``).
+start: a protocol between a launcher and its ranks (:mod:`tuner.measure.rank.runner`,
+:mod:`tuner.measure.rank.launch_env`), not settings; a rank's threads are the workload's launch environment's
+(``--launcher-env``, ``--launch-var``).
 
 Example:
     >>> import os

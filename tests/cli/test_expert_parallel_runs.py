@@ -1,8 +1,9 @@
 """AutoEP measured through ``dstune measure``: a tiny Qwen2-MoE (4 experts top-2, every layer MoE, fp32) trained with
 ``--expert-parallel 2`` on 2 gloo CPU ranks against one rank holding both samples (the same seeded global batch of
-2). The Qwen2-MoE preset needs the runner's registry shim with transformers 5.24 (:mod:`tuner.measure.autoep`), and
-the runner must let DeepSpeed find the MoE blocks inside its wrapper: without either, the run fails or trains with
-every expert on every rank, which the per-rank parameter count tells apart."""
+2). The Qwen2-MoE preset needs the runner's registry shim with transformers 5.24
+(:mod:`tuner.measure.rank.layouts.autoep`), and the runner must let DeepSpeed find the MoE blocks inside its wrapper:
+without either, the run fails or trains with every expert on every rank, which the per-rank parameter count tells
+apart."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from tests.cli.test_cli import assert_usage_error
 from tuner.api import create_app
 from tuner.cli import app, local_gpu
 from tuner.cli.options import WorkloadFlags
-from tuner.measure.local_gpu import LocalGpu
+from tuner.measure.driver.local_gpu import LocalGpu
 
 runner = CliRunner()
 GPT2 = ["--model", "gpt2", "--model-impl", "builtin", "--gpus", "2", "--stage", "2"]
@@ -43,7 +43,7 @@ def test_bad_gpu_types_exit_2_naming_the_field(args: list[str], field: str) -> N
 def test_measure_and_tune_read_the_type_from_this_machines_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     read = LocalGpu("NVIDIA GeForce RTX 4090", 24_000 * MiB, "rtx-4090")
     monkeypatch.setattr(local_gpu, "gpu_device_files", lambda: True)
-    monkeypatch.setattr("tuner.measure.local_gpu.local_gpu", lambda: read)
+    monkeypatch.setattr("tuner.measure.driver.local_gpu.local_gpu", lambda: read)
     flags = local_gpu.with_local_gpu(WorkloadFlags(device=None), "local", None)
     assert (flags.gpu_type, flags.gpu_memory) == ("rtx-4090", str(24_000 * MiB))  # the device's own bytes
     given = local_gpu.with_local_gpu(WorkloadFlags(gpu_type="h200"), "local", None)

@@ -1,7 +1,7 @@
 """The estimator against real DeepSpeed training on CPU ranks (gloo), byte by byte.
 
-Each case runs two warm-up steps in fresh rank processes (``tuner.measure.launcher``), the second recorded by
-``tuner.measure.memory_probe.PhaseRecorder``, and compares, at
+Each case runs two warm-up steps in fresh rank processes (``tuner.measure.driver.local_launcher``), the second recorded
+by ``tuner.measure.rank.memory_probe.PhaseRecorder``, and compares, at
 each phase of the step (forward, backward, optimizer step) and for the worst rank:
 model states (parameters + gradients + optimizer states) within 2 %, buffers (communication buckets, offload
 staging) within 5 %, and activations saved for backward within 10 %.
@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from tuner.estimator import estimate
-from tuner.measure.launcher import launch_local
+from tuner.measure.driver.local_launcher import launch_local
 from tuner.measure.run_protocol import RunSpec
 from tuner.space.dsconfig import merge_configs, shortcut_config
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model, workload_to_dict

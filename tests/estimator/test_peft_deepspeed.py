@@ -4,8 +4,8 @@ Each case trains a tiny LLaMA-style model (or, at ZeRO-3, the tiny Mixtral-shape
 and v_proj for two steps (the rank function of ``bench/peft_memory.py``: the adapter added after the base is built,
 only trainable parameters given to the optimizer) and compares, for the worst rank: the trainable count with
 DeepSpeed's, the model states the engine and optimizer hold (live storages,
-:func:`tuner.measure.memory_probe.classify_engine_memory`) within 1 %, and the true peak of live tensor bytes
-(counted at torch's CPU allocator, :mod:`tuner.measure.true_peak`) within 5 %. Small reduce buckets, so that states
+:func:`tuner.measure.rank.memory_probe.classify_engine_memory`) within 1 %, and the true peak of live tensor bytes
+(counted at torch's CPU allocator, :mod:`tuner.measure.rank.true_peak`) within 5 %. Small reduce buckets, so that states
 and activations, not a 1 GB bucket, set the peak.
 """
 

@@ -33,8 +33,8 @@ SCRIPT = textwrap.dedent(
 
     import deepspeed, torch
 
-    from tuner.measure.birth import born_on_device
-    from tuner.measure.models import build_model
+    from tuner.measure.rank.birth import born_on_device
+    from tuner.measure.rank.models import build_model
     from tuner.workload import load_builtin_model
 
     model_name, config, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]

@@ -1,4 +1,5 @@
-"""A rank program for the fault tests: the real ``tuner.measure.runner``, with one fault in one rank's training step.
+"""A rank program for the fault tests: the real ``tuner.measure.rank.runner``, with one fault in one rank's training
+step.
 
 Usage (as a launcher entry): ``python fault_entry.py FAULT RANK_WITH_FAULT RUN_DIR RANK``. FAULT is ``sigkill`` (the
 rank is SIGKILLed mid-step: no report, no cleanup) or ``sigstop`` (the rank is stopped mid-step: a hang that no
@@ -9,7 +10,7 @@ import os
 import signal
 import sys
 
-from tuner.measure import runner
+from tuner.measure.rank import runner
 
 FAULTED = "faulted-rank-"  # a file RUN_DIR/faulted-rank-N marks that rank N reached its faulty step
 

@@ -51,14 +51,14 @@ def marked_processes(marker: str, *, exclude: int | None = None) -> list[Any]:
 
 
 def rank_processes(processes: list[Any]) -> list[Any]:
-    """The measured-run ranks (``tuner.measure.runner`` or the fault entry) among ``processes``."""
+    """The measured-run ranks (``tuner.measure.rank.runner`` or the fault entry) among ``processes``."""
     out = []
     for process in processes:
         try:
             line = " ".join(process.cmdline())
         except Exception:  # gone meanwhile
             continue
-        if "tuner.measure.runner" in line or "fault_rank.py" in line:
+        if "tuner.measure.rank.runner" in line or "fault_rank.py" in line:
             out.append(process)
     return out
 

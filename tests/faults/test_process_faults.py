@@ -21,7 +21,7 @@ pytest.importorskip("psutil")
 from fault_entry import FAULTED
 from faultkit import MARKER_ENV, marked_processes, rank_processes, wait_for
 
-from tuner.measure.launcher import launch_local
+from tuner.measure.driver.local_launcher import launch_local
 from tuner.measure.measurement import INFRA_LOST, PEER_KILLED, Measurement
 from tuner.measure.run_protocol import RunSpec
 from tuner.storage import Store
@@ -149,7 +149,7 @@ def test_a_ray_node_removed_mid_run_fails_the_run_cleanly_and_the_rest_of_the_cl
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    from tuner.measure.ray_launcher import launch_ray
+    from tuner.measure.driver.ray_launcher import launch_ray
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})

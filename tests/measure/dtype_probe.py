@@ -11,9 +11,9 @@ from pathlib import Path
 import deepspeed
 import torch
 
-from tuner.measure.birth import born_on_device, initialise_partitioned
-from tuner.measure.models import build_model, build_transformers_model
-from tuner.measure.rank_place import free_port
+from tuner.measure.driver.places import free_port
+from tuner.measure.rank.birth import born_on_device, initialise_partitioned
+from tuner.measure.rank.models import build_model, build_transformers_model
 from tuner.workload import load_builtin_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder, for its shared helpers

@@ -1,4 +1,4 @@
-"""A rank program for launcher tests: the real ``tuner.measure.runner``, with one fault injected into one rank.
+"""A rank program for launcher tests: the real ``tuner.measure.rank.runner``, with one fault injected into one rank.
 
 Usage (as a launcher entry): ``python tests/fault_rank.py FAULT RANK_WITH_FAULT MARKER RUN_DIR RANK`` where FAULT is
 ``crash`` (an exception in the first training step), ``exit`` (the process dies without a report) or ``hang`` (the rank
@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from tuner.measure import runner
+from tuner.measure.rank import runner
 
 HUNG = "hung-rank-"  # a file RUN_DIR/hung-rank-N marks that rank N reached its hanging step
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from tuner.measure.rank.training import TrainingProcess
 from tuner.measure.run_protocol import RunSpec
-from tuner.measure.training import TrainingProcess
 from tuner.workload import ClusterSpec, TrainSpec, Workload, workload_to_dict
 from tuner.workload.model import model_from_param_count
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.measure.adam_choice import adam_fallback, toolchain_missing, with_torch_adam
+from tuner.measure.rank.adam_choice import adam_fallback, toolchain_missing, with_torch_adam
 
 ADAMW = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "zero_optimization": {"stage": 2}}
 OFFLOAD = {**ADAMW, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}

@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 
 from tiny_configs import TINY_CONFIGS
 
-from tuner.measure.autoep import expose_moe_layers, registry_shim
 from tuner.measure.layout_checks import AUTOEP_BUILT_IN, AUTOEP_CUDA, AUTOEP_PEFT, layout_refusal
+from tuner.measure.rank.layouts.autoep import expose_moe_layers, registry_shim
 from tuner.workload import ClusterSpec, ModelSpec, TrainableSpec, TrialConfig, Workload
 
 EP = {"enabled": True, "autoep_size": 2}
@@ -41,7 +41,7 @@ def test_what_a_cpu_run_cannot_measure_is_refused(workload: Workload, extra: dic
 
 
 def test_the_wrapper_gets_the_config_and_a_prefixed_pattern() -> None:
-    from tuner.measure.models import build_transformers_model
+    from tuner.measure.rank.models import build_transformers_model
 
     config = {**TINY_CONFIGS["mixtral"], "num_hidden_layers": 1}
     model = build_transformers_model(config, "sdpa")

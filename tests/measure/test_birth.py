@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from tuner.measure.launcher import launch_local
+from tuner.measure.driver.local_launcher import launch_local
 from tuner.measure.run_protocol import RunSpec
 from tuner.workload import ClusterSpec, TrainSpec, Workload, model_from_hf_config, workload_to_dict
 

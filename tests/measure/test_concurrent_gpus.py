@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner.measure import gpu_lease
-from tuner.measure.gpu_lease import DeviceLeases, TooFewDevices, node_devices
-from tuner.measure.launch_plan import node_inherited, reserved_cpus
-from tuner.measure.launcher import launch_local
+from tuner.measure.driver import gpu_lease
+from tuner.measure.driver.gpu_lease import DeviceLeases, TooFewDevices, node_devices
+from tuner.measure.driver.launch_env import node_inherited, reserved_cpus
+from tuner.measure.driver.local_launcher import launch_local
+from tuner.measure.driver.ray_placement import assign_places, node_shape
 from tuner.measure.measurement import Measurement
-from tuner.measure.ray_placement import assign_places, node_shape
 from tuner.measure.run_protocol import RunSpec
 from tuner.workload import ClusterSpec, LaunchEnv, TrainSpec, Workload, load_builtin_model, workload_to_dict
 
@@ -112,7 +112,7 @@ def test_two_2_gpu_trials_are_placed_side_by_side_on_a_4_gpu_ray_node(
     """A local Ray node with 4 logical GPUs and 4 CPUs: both trials placed at once, on disjoint GPUs (before, the
     first trial's bundle took every CPU and the second waited out its placement)."""
     ray = pytest.importorskip("ray")
-    from tuner.measure.ray_launcher import ensure_ray, launch_ray
+    from tuner.measure.driver.ray_launcher import ensure_ray, launch_ray
 
     if ray.is_initialized():
         ray.shutdown()

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tuner.measure.counting_allocator import CountingAllocator, counting_allocator, library_path  # noqa: E402
+from tuner.measure.rank.counting_allocator import CountingAllocator, counting_allocator, library_path  # noqa: E402
 
 
 @pytest.fixture(scope="module")

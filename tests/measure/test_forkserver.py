@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tuner.measure.driver.processes import rank_preloads
 from tuner.measure.forkserver import ForkServerUnavailable, node_client, server_key
-from tuner.measure.rank_process import rank_preloads
 from tuner.measure.run_protocol import RunSpec
 
 

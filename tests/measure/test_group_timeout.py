@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.measure.rank_place import free_port
+from tuner.measure.driver.places import free_port
 
 RANK = Path(__file__).with_name("group_timeout_rank.py")
 

@@ -1,4 +1,4 @@
-"""A measured run's host memory against this host (tuner.measure.host_memory): a run that would not fit is not
+"""A measured run's host memory against this host (tuner.measure.driver.host_memory): a run that would not fit is not
 started (``oom`` / HostMemory, at once, no rank), and CPU ranks are capped per CPU."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from tuner.errors import InputError
 from tuner.estimator import estimate
-from tuner.measure.host_memory import HOST_MEMORY, check_cpu_ranks, host_bytes, host_refusal
+from tuner.measure.driver.host_memory import HOST_MEMORY, check_cpu_ranks, host_bytes, host_refusal
 from tuner.measure.options import MeasureOptions
 from tuner.measure.run import run_measurement
 from tuner.requests import WorkloadRequest, to_workload
@@ -67,8 +67,8 @@ def test_cpu_ranks_are_capped_per_cpu() -> None:
 def test_a_length_search_on_cpu_ranks_starts_within_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.cli.tune_max import SearchOptions, _within_host
     from tuner.forecast import Pins, longest_fit
-    from tuner.measure import host_memory
-    from tuner.measure.host_memory import host_share
+    from tuner.measure.driver import host_memory
+    from tuner.measure.driver.host_memory import host_share
 
     workload = _workload(256)  # --gpu-memory 80GiB, the default
     answer = longest_fit(workload, Pins())

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from tuner.measure.launch_plan import physical_cores
-from tuner.measure.launcher import launch_local
+from tuner.measure.driver.launch_env import physical_cores
+from tuner.measure.driver.local_launcher import launch_local
 from tuner.measure.run_protocol import RunSpec
 from tuner.workload import (
     ClusterSpec,

@@ -10,9 +10,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from tuner.measure.driver.outcomes import collect_rank
+from tuner.measure.driver.processes import RankProcess, stop_ranks
 from tuner.measure.measurement import CANCELLED, INFRA_LOST, STOPPED_EARLY, RankResult
-from tuner.measure.rank_outcome import collect_rank
-from tuner.measure.rank_process import RankProcess, stop_ranks
 from tuner.measure.run_protocol import progress_path, result_path, timings_path
 
 
@@ -120,8 +120,8 @@ def test_a_rank_lost_with_its_fork_server_is_lost_infrastructure_unless_it_repor
 def test_a_run_with_a_rank_lost_to_its_infrastructure_is_lost_whatever_its_peers_said() -> None:
     """Either launcher: one rank's node, actor or fork server died, so its peers' broken collectives and the peer the
     launcher stopped follow from it; the run is InfraLost (which the study retries) and says which rank and why."""
+    from tuner.measure.driver.outcomes import summarize
     from tuner.measure.measurement import PEER_KILLED
-    from tuner.measure.rank_outcome import summarize
     from tuner.measure.run_protocol import RunSpec
     from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict
 

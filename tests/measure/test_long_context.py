@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 from tiny_configs import SP_LLAMA as LLAMA
 from tiny_configs import TINY_CONFIGS
 
-from tuner.measure.launcher import launch_local
+from tuner.measure.driver.local_launcher import launch_local
 from tuner.measure.run_protocol import RunSpec
 from tuner.profile.describe import model_from_config
 from tuner.workload import ClusterSpec, TrainSpec, Workload, workload_to_dict
@@ -71,7 +71,7 @@ def runs() -> dict:
 
 
 def first_steps(result) -> list[dict]:
-    """Each rank's step-0 loss and global gradient norm (:func:`tuner.measure.numerics.first_step_numerics`)."""
+    """Each rank's step-0 loss and global gradient norm (:func:`tuner.measure.rank.numerics.first_step_numerics`)."""
     return [
         {"loss": rank.numerics["step0_loss"], "grad_norm": rank.numerics["step0_grad_norm"]} for rank in result.ranks
     ]

@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tuner.measure.models import build_model, synthetic_batch  # noqa: E402
+from tuner.measure.rank.models import build_model, synthetic_batch  # noqa: E402
 from tuner.workload import load_builtin_model, model_from_hf_config  # noqa: E402
 
 

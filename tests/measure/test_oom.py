@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tuner.measure.driver.outcomes import collect_rank
+from tuner.measure.driver.processes import RankProcess
 from tuner.measure.measurement import RankResult, aggregate
 from tuner.measure.oom import cgroup_oom_kills, exit_status, follows_peer, kills_between, oom_error
-from tuner.measure.rank_outcome import collect_rank
-from tuner.measure.rank_process import RankProcess
-from tuner.measure.training import classify
+from tuner.measure.rank.training import classify
 from tuner.workload.model import model_from_param_count
 
 ALLOCATOR = (

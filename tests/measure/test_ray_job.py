@@ -21,7 +21,7 @@ pytest.importorskip("deepspeed")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 
-from tuner.measure.ray_launcher import UNAVAILABLE, launch_ray  # noqa: E402
+from tuner.measure.driver.ray_launcher import UNAVAILABLE, launch_ray  # noqa: E402
 from tuner.measure.run_protocol import RunSpec  # noqa: E402
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict  # noqa: E402
 

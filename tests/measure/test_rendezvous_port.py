@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.measure import launcher, rank_process
+from tuner.measure.driver import local_launcher, processes
+from tuner.measure.driver.places import free_port
 from tuner.measure.options import MeasureOptions
-from tuner.measure.rank_place import free_port
 from tuner.measure.run import run_measurement
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
@@ -24,8 +24,8 @@ def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_tried_again(monkeypat
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)  # another process got the port between free_port() and rank 0's bind
         ports = iter([taken.getsockname()[1]])
-        monkeypatch.setattr(launcher, "free_port", lambda: next(ports, None) or free_port())
-        monkeypatch.setattr(rank_process, "default_entry", lambda: [sys.executable, str(STORE_RANK)])
+        monkeypatch.setattr(local_launcher, "free_port", lambda: next(ports, None) or free_port())
+        monkeypatch.setattr(processes, "default_entry", lambda: [sys.executable, str(STORE_RANK)])
         workload = Workload(load_builtin_model("tiny-gpt2"), ClusterSpec(gpus_per_node=1, device="cpu"), TrainSpec(64))
         config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {}}
         measurement = run_measurement(workload, TrialConfig(config), MeasureOptions(launcher="local", timeout=120))

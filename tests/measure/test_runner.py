@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("deepspeed")
 psutil = pytest.importorskip("psutil")
 
-from tuner.measure.launcher import launch_local  # noqa: E402
+from tuner.measure.driver.local_launcher import launch_local  # noqa: E402
 from tuner.measure.measurement import CANCELLED, COST_PHASES, PEER_KILLED, STOPPED_EARLY  # noqa: E402
 from tuner.measure.run_protocol import RunSpec  # noqa: E402
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, workload_to_dict  # noqa: E402
@@ -111,7 +111,7 @@ def test_a_run_stopped_early_keeps_its_partial_steps_and_leaves_no_rank_behind(
     run_dir = tmp_path / f"stopped-{uuid.uuid4().hex}"
     if launcher == "ray":
         request.getfixturevalue("local_ray")
-        from tuner.measure.ray_launcher import launch_ray
+        from tuner.measure.driver.ray_launcher import launch_ray
 
         result = launch_ray(spec, timeout=300, on_step=on_step)
     else:
@@ -131,7 +131,7 @@ def test_a_run_stopped_early_keeps_its_partial_steps_and_leaves_no_rank_behind(
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
-    from tuner.measure.ray_launcher import ensure_ray
+    from tuner.measure.driver.ray_launcher import ensure_ray
 
     ensure_ray(num_cpus=2)
     yield ray
@@ -151,7 +151,7 @@ def test_ensure_ray_starts_its_own_ray_whatever_cluster_ray_recorded() -> None:
         root = str(Path(__file__).resolve().parents[2])
         env.update(RAY_TMPDIR=str(temp), PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
         code = (
-            "import ray\nfrom tuner.measure.ray_launcher import ensure_ray\n"
+            "import ray\nfrom tuner.measure.driver.ray_launcher import ensure_ray\n"
             "ensure_ray(num_cpus=1)\nprint(ray.get_runtime_context().gcs_address)"
         )
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -163,13 +163,13 @@ def test_ensure_ray_starts_its_own_ray_whatever_cluster_ray_recorded() -> None:
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_ray_launcher_measures(local_ray, world: int) -> None:
-    from tuner.measure.ray_launcher import launch_ray
+    from tuner.measure.driver.ray_launcher import launch_ray
 
     assert_ok(launch_ray(run_spec(world), timeout=300), world)
 
 
 def test_ray_launcher_reports_a_crash(local_ray) -> None:
-    from tuner.measure.ray_launcher import launch_ray
+    from tuner.measure.driver.ray_launcher import launch_ray
 
     entry = [sys.executable, str(FAULT_RANK), "crash", "1", "unused"]
     result = launch_ray(run_spec(2), timeout=300, entry=entry)
@@ -235,7 +235,7 @@ def test_cancel_kills_every_rank_at_once(request, launcher: str) -> None:
     cancel = threading.Event()
     if launcher == "ray":
         request.getfixturevalue("local_ray")
-        from tuner.measure.ray_launcher import launch_ray as launch
+        from tuner.measure.driver.ray_launcher import launch_ray as launch
     else:
         launch = launch_local
     outcome: list = []
@@ -275,7 +275,7 @@ def test_transformers_model_from_config_trains() -> None:
 def test_stale_build_locks_are_cleared(tmp_path, monkeypatch) -> None:
     import os
 
-    from tuner.measure.training import clear_stale_build_locks
+    from tuner.measure.rank.training import clear_stale_build_locks
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     stale, fresh = tmp_path / "py311_cpu" / "fused_adam" / "lock", tmp_path / "py311_cpu" / "cpu_adam" / "lock"

@@ -1,6 +1,6 @@
 """AutoTP tensor parallelism in measured runs through the product's runner: real DeepSpeed on 2 and 4 gloo CPU ranks
-(the local launcher, :mod:`tuner.measure.training`) against one rank on the same seeded data (the independent truth:
-the single-rank run's own loss and DeepSpeed's gradient norm).
+(the local launcher, :mod:`tuner.measure.rank.training`) against one rank on the same seeded data (the independent
+truth: the single-rank run's own loss and DeepSpeed's gradient norm).
 
 ZeRO++ hpZ (``zero_hpz_partition_size``) is plain data parallelism with a secondary 16-bit partition inside each
 node: its run is checked the same way.
@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 from tiny_configs import SP_LLAMA
 
-from tuner.measure.launcher import launch_local
+from tuner.measure.driver.local_launcher import launch_local
 from tuner.measure.run_protocol import RunSpec
 from tuner.profile.describe import model_from_config
 from tuner.study.numerics_guard import compare

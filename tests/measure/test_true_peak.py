@@ -110,7 +110,7 @@ def test_zero3_estimate_tracks_the_worst_rank_true_peak(tmp_path: Path) -> None:
 def test_nvml_bytes_are_found_in_a_container_where_nvml_lists_host_pids() -> None:
     """Inside a container NVML reports the host's PID for this rank: its bytes were lost (None). A rank holds its GPU
     alone, so the device's one process is the rank; with several and none ours, nothing is guessed."""
-    from tuner.measure.true_peak import own_process_bytes
+    from tuner.measure.rank.true_peak import own_process_bytes
 
     assert own_process_bytes([(2_345_678, 812 * 2**20)], 17) == 812 * 2**20
     assert own_process_bytes([(17, 5), (2_345_678, 9)], 17) == 5

@@ -5,7 +5,7 @@ import optuna
 import pytest
 
 from tuner.estimator import ConfigError, estimate, resolve
-from tuner.measure.alloc_conf import alloc_conf
+from tuner.measure.rank.alloc_conf import alloc_conf
 from tuner.space import default_space_path, load_space
 from tuner.workload import ClusterSpec, TrialConfig, Workload, load_builtin_model
 

@@ -131,7 +131,7 @@ def test_the_cli_refuses_a_bad_launch_variable_in_one_line() -> None:
 
 
 def test_ray_reserves_each_ranks_threads_up_to_its_share_of_a_node() -> None:
-    from tuner.measure.launch_plan import reserved_cpus
+    from tuner.measure.driver.launch_env import reserved_cpus
 
     assert reserved_cpus(LaunchEnv(), 2, 16, {}) == 8  # deepspeed's default wants 16 each: capped at the share
     assert reserved_cpus(LaunchEnv("torchrun"), 2, 16, {}) == 1

@@ -1,5 +1,5 @@
 """``measure`` and ``tune`` on this machine's GPU: the GPU type and memory read from the device
-(:func:`tuner.measure.local_gpu.local_gpu`) where the flags leave them out."""
+(:func:`tuner.measure.driver.local_gpu.local_gpu`) where the flags leave them out."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def with_local_gpu(flags: WorkloadFlags, launcher: str, ray_address: str | None)
         return flags
     if launcher == "ray" and (ray_address or os.environ.get("RAY_ADDRESS")):
         return flags
-    from tuner.measure.local_gpu import local_gpu
+    from tuner.measure.driver.local_gpu import local_gpu
 
     gpu = local_gpu()
     if gpu is None:

@@ -218,7 +218,7 @@ def thread_budget(search: bool, cores_per_node: int | None, ranks_per_node: int)
             fail("cores-per-node", "only with --search-threads (the budget of the threads it searches)")
         return None
     if cores_per_node is None:
-        from tuner.measure.launch_plan import physical_cores
+        from tuner.measure.driver.launch_env import physical_cores
 
         cores_per_node = physical_cores()
     if cores_per_node < ranks_per_node:

@@ -117,9 +117,10 @@ def tune_max(ctx: typer.Context, flags: WorkloadFlags, options: SearchOptions) -
 
 def _within_host(workload: Workload, pins: Pins, cap: int, options: SearchOptions, answer: LongestFit) -> LongestFit:
     """CPU ranks on this host: the search starts at the longest length that fits the host, when that is shorter
-    (``--gpu-memory`` may say more than the host holds; a run past the host is refused: tuner.measure.host_memory).
-    The ranks' share and the node's part compete for the one memory: the share shrinks until both fit."""
-    from tuner.measure.host_memory import available_memory, host_bytes, host_share
+    (``--gpu-memory`` may say more than the host holds; a run past the host is refused:
+    tuner.measure.driver.host_memory). The ranks' share and the node's part compete for the one memory: the share
+    shrinks until both fit."""
+    from tuner.measure.driver.host_memory import available_memory, host_bytes, host_share
 
     if options.dispatch.launcher != "local" and options.dispatch.ray_address is not None:
         return answer

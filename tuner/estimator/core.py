@@ -145,7 +145,7 @@ def _cpu_per_node(
     ranks = cluster.gpus_per_node
     cpu_per_node, node_peak = _node_host(phases, ranks, gathered)
     cpu_per_node["processes"] = ranks * process
-    # Building the model adds no host bytes: measured runs build it where it trains (tuner.measure.birth). ZeRO-3
+    # Building the model adds no host bytes: measured runs build it where it trains (tuner.measure.rank.birth). ZeRO-3
     # builds under deepspeed.zero.Init (each module's parameters created on the rank's device in the training dtype,
     # partitioned as soon as the module exists: the device briefly holds one module whole, the host nothing; with
     # offload_param the shards land in host memory the parameter phases already count), stages 0-2 directly on the

@@ -1,8 +1,8 @@
 """Transient buffers: what DeepSpeed 0.19 allocates for a moment inside a phase and frees before its end.
 
 Phase snapshots (live storages when forward, backward and the step end) miss these; the allocator's records of a
-real run show them (``tuner.measure.true_peak``, ``live_at_peak``: which op allocated what, alive with what). Found on
-2 CPU ranks (Pythia-160M shape, fp32 and bf16) and confirmed in DeepSpeed's code:
+real run show them (``tuner.measure.rank.true_peak``, ``live_at_peak``: which op allocated what, alive with what). Found
+on 2 CPU ranks (Pythia-160M shape, fp32 and bf16) and confirmed in DeepSpeed's code:
 
 * ZeRO-0 all-reduces gradients after backward through ``engine.allreduce_no_retain``: it flattens them into chunks
   (tensors added until a chunk holds more than ``MEMORY_OPT_ALLREDUCE_SIZE`` = 5e8 elements, whatever the config's

@@ -4,11 +4,12 @@ installed DeepSpeed's version is read from its package metadata, DeepSpeed itsel
 - The layout (:func:`tuner.workload.check_layout`): tp against the GPUs of a node and the heads, hpZ against the
   stage and the ranks, and AutoTP with ZeRO-3 against the DeepSpeed that will train (0.19.4 or newer).
 - AutoTP on the built-in model or under a peft adapter: the runner hands DeepSpeed the transformers model's
-  ``tp_plan`` (:mod:`tuner.measure.autotp`); the built-in model has none, and an adapter renames the Linears the plan
-  names (``q_proj.base_layer``), so DeepSpeed would shard by its name heuristics, not as the estimate says.
+  ``tp_plan`` (:mod:`tuner.measure.rank.layouts.autotp`); the built-in model has none, and an adapter renames the
+  Linears the plan names (``q_proj.base_layer``), so DeepSpeed would shard by its name heuristics, not as the estimate
+  says.
 - AutoEP on the built-in model or under a peft adapter: DeepSpeed finds the MoE blocks of a transformers model by
-  its preset (:mod:`tuner.measure.autoep`); the estimator does not model AutoEP with an adapter. CUDA-only AutoEP
-  paths on CPU ranks: ``comm_backend: "deepep"`` (DeepEP over NVSHMEM) and ``async_split_plan`` ("requires CUDA
+  its preset (:mod:`tuner.measure.rank.layouts.autoep`); the estimator does not model AutoEP with an adapter. CUDA-only
+  AutoEP paths on CPU ranks: ``comm_backend: "deepep"`` (DeepEP over NVSHMEM) and ``async_split_plan`` ("requires CUDA
   tensors", ``auto_ep_layer.py``).
 - qwZ and qgZ (``zero_quantized_weights``, ``zero_quantized_gradients``) at ZeRO-3 on CPU ranks: DeepSpeed's
   quantizer kernels are built by ``QuantizerBuilder``, which has no CPU implementation; the estimate stands alone.

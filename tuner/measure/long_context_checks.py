@@ -1,10 +1,11 @@
 """What a measured run refuses of a trial's long-context settings, before any rank starts (pure Python).
 
 Ulysses sequence parallelism, ALST's tiled MLP and tiled loss are applied by the runner to a transformers model
-(:mod:`tuner.measure.ulysses`, :mod:`tuner.measure.alst`); the built-in model (:mod:`tuner.measure.models`) has no
-Ulysses attention and is refused for them. Checkpoint offload keeps the checkpointed layer inputs in pinned host
-memory, which needs CUDA: on CPU ranks it is estimated, not measured (DeepSpeed's ``cpu_checkpointing`` empties the
-tensor that ``.to('cpu')`` returns unchanged on CPU, and pinning needs a GPU).
+(:mod:`tuner.measure.rank.layouts.ulysses`, :mod:`tuner.measure.rank.layouts.alst`); the built-in model
+(:mod:`tuner.measure.rank.models`) has no Ulysses attention and is refused for them. Checkpoint offload keeps the
+checkpointed layer inputs in pinned host memory, which needs CUDA: on CPU ranks it is estimated, not measured
+(DeepSpeed's ``cpu_checkpointing`` empties the tensor that ``.to('cpu')`` returns unchanged on CPU, and pinning needs a
+GPU).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class RankResult:
     ``local_rank`` (its index among the job's ranks on that node), filled in by the launcher. ``rss_bytes`` is the
     rank's resident set at ``before_model``, ``after_model`` and ``after_initialize``; ``peak_rss_bytes`` its peak.
 
-    ``true_peak_bytes`` is the allocator's own peak of live tensor bytes (:mod:`tuner.measure.true_peak`: CPU
+    ``true_peak_bytes`` is the allocator's own peak of live tensor bytes (:mod:`tuner.measure.rank.true_peak`: CPU
     profiler memory events from before the model is built to the end of warm-up; CUDA ``max_memory_allocated``),
     transients included; ``true_peak`` says how it was measured and carries the OS high-water mark (``vm_hwm_bytes``,
     ``ru_maxrss_bytes``), on CUDA the reserved peak, allocator counters and NVML's process bytes. ``snapshots``
@@ -74,14 +74,16 @@ class RankResult:
     true_peak_bytes: int | None = None
     true_peak: dict[str, Any] = field(default_factory=dict)
     trainable_params: int | None = None  # with an adapter or frozen parameters: the elements that train
-    numerics: dict[str, Any] = field(default_factory=dict)  # tuner.measure.numerics.first_step_numerics (all ranks')
+    numerics: dict[str, Any] = field(
+        default_factory=dict
+    )  # tuner.measure.rank.numerics.first_step_numerics (all ranks')
     # the rank's place in the layout (sequence_parallel, sp_rank, data_parallel, dp_rank; with AutoTP also
     # tensor_parallel, tp_rank) and the tokens it trains on per micro-batch (s/sp × micro-batch: under Ulysses each
     # rank holds its share of a sample)
     layout: dict[str, int] = field(default_factory=dict)
     local_params: int | None = None  # parameter elements the rank holds after AutoTP shards them (ZeRO-3: ds_numel)
     tokens_per_micro_batch: int | None = None
-    launch: dict[str, Any] = field(default_factory=dict)  # threads, affinity, variables (tuner.measure.rank_launch)
+    launch: dict[str, Any] = field(default_factory=dict)  # threads, affinity, variables (tuner.measure.rank.launch_env)
     script: dict[str, Any] = field(default_factory=dict)  # a training command's rank: what it fed and its engine's
 
     @classmethod
@@ -125,9 +127,9 @@ class Measurement:
     cost: dict[str, float] = field(default_factory=dict)
     breakdown: dict[str, float] = field(default_factory=dict)
     stopped_early: bool = False
-    # the step-0 loss and gradient norm and the losses (tuner.measure.numerics); the study adds its verdict
+    # the step-0 loss and gradient norm and the losses (tuner.measure.rank.numerics); the study adds its verdict
     numerics: dict[str, Any] = field(default_factory=dict)
-    launch: dict[str, Any] = field(default_factory=dict)  # the launch it ran in (tuner.measure.launch_plan)
+    launch: dict[str, Any] = field(default_factory=dict)  # the launch it ran in (tuner.measure.driver.launch_env)
     # the user's training command measured instead of dstune's trainer (tuner.measure.backends.script): its figures
     script: dict[str, Any] = field(default_factory=dict)
 

@@ -28,8 +28,8 @@ def run_measurement(
     backend they name (:mod:`tuner.measure.backends`: dstune's own trainer, its model as the ``ModelSpec`` says, or
     the user's own training command), and return the measurement.
     Setting ``cancel`` kills the run's ranks at once (the measurement is then ``error`` / ``Cancelled``);
-    ``on_step`` may stop a run early (:func:`tuner.measure.launcher.launch_local`). ``profiler_overhead`` times one
-    more step under the true-peak instrument; ``extra`` goes to the ranks as ``RunSpec.extra``
+    ``on_step`` may stop a run early (:func:`tuner.measure.driver.local_launcher.launch_local`). ``profiler_overhead``
+    times one more step under the true-peak instrument; ``extra`` goes to the ranks as ``RunSpec.extra``
     (``allocation_detail``: what is alive at the peak). A 4-bit bitsandbytes base is refused (:class:`InputError`
     naming ``quantization``): the ranks would train the unquantized model, not the one asked for; so is what a run
     cannot measure of the long-context settings (:func:`~tuner.measure.long_context_checks.measured_refusal`)."""

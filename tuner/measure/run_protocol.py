@@ -18,6 +18,9 @@ from tuner.measure.options import MEASURE_DEFAULTS
 from tuner.workload import TrialConfig
 
 SPAWNED_AT = "DSTUNE_SPAWNED_AT"  # the launcher's time.monotonic() when it started this rank (the clock is system-wide)
+# the launch environment the launcher planned for a rank, applied inside it (tuner.measure.rank.launch_env)
+THREADS_VARIABLE = "DSTUNE_THREADS_PER_RANK"
+CORES_VARIABLE = "DSTUNE_BIND_CORES"
 
 
 @dataclass
@@ -44,8 +47,8 @@ class RunSpec:
     settle_steps: int = 2  # the last this many warm-up steps must agree ...
     settle_tolerance: float = 0.1  # ... within this fraction of their median
     wall_clock_breakdown: bool = True
-    lean: bool = True  # skip start-up and shut-down work that measures nothing (:mod:`tuner.measure.lean`)
-    true_peak: bool = True  # CPU: record every allocation through the warm-up (:mod:`tuner.measure.true_peak`)
+    lean: bool = True  # skip start-up and shut-down work that measures nothing (:mod:`tuner.measure.rank.lean`)
+    true_peak: bool = True  # CPU: record every allocation through the warm-up (:mod:`tuner.measure.rank.true_peak`)
     profiler_overhead: bool = False  # CPU: time one more step under the profiler, after the timed steps
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -150,7 +150,7 @@ def build(
 ) -> nn.Module:
     """``AutoModelForCausalLM.from_config`` with random weights on the current device (or fake/meta mode), within
     :func:`tuner.profile.build_bound.build_bound` unless not ``bounded`` (a measured rank's real model: its host
-    memory is checked before the run, :mod:`tuner.measure.host_memory`).
+    memory is checked before the run, :mod:`tuner.measure.driver.host_memory`).
 
     ``attention`` None: the implementation transformers resolves for the config (SDPA where the class supports it,
     else eager); else the decoder layers' (:func:`text_attention`). A kind the class cannot run is refused

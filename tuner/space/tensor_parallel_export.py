@@ -25,7 +25,7 @@ passes the config through, so the HF Trainer gets AutoEP from this config alone;
 setting of its own (``ParallelismConfig`` has no ep dimension; transformers' ``enable_expert_parallel`` is
 transformers' own expert parallelism, not DeepSpeed's). Read from accelerate's source, not measured through the
 Trainer. With transformers 5.24 the Mixtral and Qwen MoE presets fail in ``deepspeed.initialize`` unless the
-output-capture registry shim runs first (:func:`tuner.measure.autoep.registry_shim`).
+output-capture registry shim runs first (:func:`tuner.measure.rank.layouts.autoep.registry_shim`).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def expert_parallel_notes(trial: TrialConfig, format: str) -> list[str]:
         return []
     shim = (
         "with transformers 5.24 the Mixtral and Qwen MoE presets fail in deepspeed.initialize (TypeError at "
-        "auto_ep_presets/base.py:326) unless tuner.measure.autoep.registry_shim() runs first in every rank"
+        "auto_ep_presets/base.py:326) unless tuner.measure.rank.layouts.autoep.registry_shim() runs first in every rank"
     )
     where = (
         "the HF Trainer takes it as is: accelerate's DeepSpeed path hands deepspeed.initialize the transformers model "

@@ -1,9 +1,9 @@
 """The numerics guard: a measured run whose step-0 loss or global gradient norm differs from the study's reference
 beyond its precision's tolerance is ``diverged`` (pure logic; the figures come from
-:func:`tuner.measure.numerics.first_step_numerics`).
+:func:`tuner.measure.rank.numerics.first_step_numerics`).
 
 Which runs are compared. Every run of a study trains on the same seeded global batch, whatever its micro-batch,
-accumulation and layout (:mod:`tuner.measure.numerics`), so step 0 must agree between any two configs with the same
+accumulation and layout (:mod:`tuner.measure.rank.numerics`), so step 0 must agree between any two configs with the same
 global batch and the same initial weights. The reference is a plain data-parallel run (no sequence, tensor or expert
 parallelism; the fault switch off): the first such ``ok`` run of the study with the same :func:`reference_class`,
 measured before the run it judges. Runs are grouped by

@@ -246,7 +246,7 @@ class TrialConfig:
     def fault_loss_scale(self) -> float:
         """Fault injection, for tests only (``dstune.fault_loss_scale``, default 1): the runner multiplies the loss each
         rank backpropagates by it, a broken loss average that the numerics guard must catch
-        (:mod:`tuner.measure.numerics`)."""
+        (:mod:`tuner.measure.rank.numerics`)."""
         value = section(self.ds_config, ENV_SECTION).get("fault_loss_scale", 1.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ConfigError(f"{ENV_SECTION}.fault_loss_scale", f"must be a positive number, got {value!r}")

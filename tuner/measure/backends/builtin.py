@@ -1,5 +1,5 @@
 """The built-in trainer: dstune's own rank program trains the workload's model (transformers' built from its config,
-or the built-in one) on synthetic token batches, one process per rank (:mod:`tuner.measure.runner`)."""
+or the built-in one) on synthetic token batches, one process per rank (:mod:`tuner.measure.rank.runner`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import ClassVar
 from tuner.errors import InputError
 from tuner.measure.backends.base import RunControls
 from tuner.measure.backends.launchers import launcher_for
-from tuner.measure.host_memory import run_refusal
+from tuner.measure.driver.host_memory import run_refusal
+from tuner.measure.driver.places import port_taken
 from tuner.measure.long_context_checks import measured_refusal
 from tuner.measure.measurement import Measurement
 from tuner.measure.options import MeasureOptions
-from tuner.measure.rank_place import port_taken
 from tuner.measure.run_protocol import RunSpec
 from tuner.workload import MEASURED_QUANTIZATION, TrialConfig, Workload, workload_to_dict
 
@@ -29,13 +29,15 @@ class BuiltinTrainer:
         (:class:`InputError` naming ``quantization``): the ranks would train the unquantized model, not the one asked
         for; so is what a run cannot measure of the long-context settings
         (:func:`~tuner.measure.long_context_checks.measured_refusal`); a run on this host that would not fit its
-        memory is not started (``oom``, :mod:`tuner.measure.host_memory`)."""
+        memory is not started (``oom``, :mod:`tuner.measure.driver.host_memory`)."""
         if workload.trainable.quantization:
             raise InputError("quantization", MEASURED_QUANTIZATION)
         refusal = measured_refusal(workload, trial, workload.cluster.device)
         if refusal is not None:
             raise InputError(*refusal)
-        too_big = run_refusal(workload, trial, options)  # this host's memory and CPUs (tuner.measure.host_memory)
+        too_big = run_refusal(
+            workload, trial, options
+        )  # this host's memory and CPUs (tuner.measure.driver.host_memory)
         if too_big is not None:
             return too_big
         spec = RunSpec(

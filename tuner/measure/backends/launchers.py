@@ -58,7 +58,7 @@ class _Launcher:
 
 
 class LocalLauncher(_Launcher):
-    """Processes on this machine (:func:`tuner.measure.launcher.launch_local`)."""
+    """Processes on this machine (:func:`tuner.measure.driver.local_launcher.launch_local`)."""
 
     name: ClassVar[str] = "local"
 
@@ -70,7 +70,7 @@ class LocalLauncher(_Launcher):
         return os.cpu_count() or 1
 
     def launch_ranks(self, spec: RunSpec, controls: RunControls) -> Measurement:
-        from tuner.measure.launcher import launch_local
+        from tuner.measure.driver.local_launcher import launch_local
 
         return launch_local(spec, **_launch_options(self.options, controls))
 
@@ -81,27 +81,27 @@ class LocalLauncher(_Launcher):
 
 
 class RayLauncher(_Launcher):
-    """Ray actors placed per node (:func:`tuner.measure.ray_launcher.launch_ray`)."""
+    """Ray actors placed per node (:func:`tuner.measure.driver.ray_launcher.launch_ray`)."""
 
     name: ClassVar[str] = "ray"
 
     def capacity(self, device: str) -> int:
         import ray
 
-        from tuner.measure.ray_launcher import ensure_ray
+        from tuner.measure.driver.ray_launcher import ensure_ray
 
         ensure_ray(self.options.ray_address)
         return int(ray.cluster_resources().get("GPU" if device == "cuda" else "CPU", 0))
 
     def launch_ranks(self, spec: RunSpec, controls: RunControls) -> Measurement:
-        from tuner.measure.ray_launcher import launch_ray
+        from tuner.measure.driver.ray_launcher import launch_ray
 
         return launch_ray(spec, address=self.options.ray_address, **_launch_options(self.options, controls))
 
     def call(
         self, run: Callable[..., Measurement], args: tuple[Any, ...], world: int, device: str, controls: RunControls
     ) -> Measurement:
-        from tuner.measure.ray_call import call_on_ray
+        from tuner.measure.driver.ray_call import call_on_ray
 
         return call_on_ray(run, args, world, device, controls.cancel, self.options.ray_address)
 

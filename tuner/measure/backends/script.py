@@ -119,8 +119,8 @@ def _run_once(
 
 def _build_counter() -> None:
     """Build the counting allocator once, here, before the ranks load it (two ranks must not build it at once)."""
-    from tuner.measure.counting_allocator import build, library_path
     from tuner.measure.op_builds import extensions_dir
+    from tuner.measure.rank.counting_allocator import build, library_path
 
     target = library_path(extensions_dir())
     if not target.exists():

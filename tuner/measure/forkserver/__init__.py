@@ -6,7 +6,7 @@ node starts ``python -m tuner.measure.forkserver SOCKET`` detached (:mod:`~tuner
 server imports everything a rank needs (plus the modelling module a run names), moves what it imported to the
 collector's permanent generation, and then forks one child per rank it is asked for
 (:mod:`~tuner.measure.forkserver.server`). Each child becomes the rank the launcher would have started
-(:mod:`~tuner.measure.forkserver.rank`).
+(:mod:`~tuner.measure.rank.forked`).
 
 Nothing of one run reaches the next: the server never builds a model, touches a tensor or initialises CUDA, and every
 rank is a fresh fork of that pristine process, so one trial's allocations, process group or engine never exist in the
@@ -18,8 +18,8 @@ allocator's and OpenMP's variables, ``LD_PRELOAD``, the accelerator...: a forked
 installed code (a changed dstune, torch or DeepSpeed gets a new server): :mod:`~tuner.measure.forkserver.protocol`.
 What a launcher holds, and how it tells a lost server from a failed rank: :mod:`~tuner.measure.forkserver.client`.
 
-May import: the standard library, :mod:`tuner.env`, :mod:`tuner.measure.op_builds` (torch and DeepSpeed only in the
-server, to preload them).
+May import: the standard library, :mod:`tuner.env`, :mod:`tuner.measure.op_builds`, the forked child's side
+(:mod:`tuner.measure.rank.forked`; torch and DeepSpeed only in the server, to preload them).
 """
 
 from tuner.measure.forkserver.client import (

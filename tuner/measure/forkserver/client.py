@@ -245,7 +245,7 @@ def _connect(path: Path) -> socket.socket | None:
 def _connect_or_start(key: str, env: Mapping[str, str] | None) -> socket.socket:
     """A connection to the node's server for ``key``, started first (by one launcher, under the start lock) when
     none listens: ``python -m tuner.measure.forkserver`` with its command line and environment padded for its ranks'
-    own (:func:`tuner.measure.forkserver.rank.retitle`)."""
+    own (:func:`tuner.measure.rank.forked.retitle`)."""
     path = socket_path(key)
     sock = _connect(path)
     if sock is not None:

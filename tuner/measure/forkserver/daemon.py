@@ -30,12 +30,12 @@ PRELOAD = (
     "deepspeed.runtime.zero.stage3",
     "deepspeed.ops.adam",
     "transformers",
-    "tuner.measure.runner",
-    "tuner.measure.training",
-    "tuner.measure.birth",
-    "tuner.measure.models",
-    "tuner.measure.memory_probe",
-    "tuner.measure.lean",
+    "tuner.measure.rank.runner",
+    "tuner.measure.rank.training",
+    "tuner.measure.rank.birth",
+    "tuner.measure.rank.models",
+    "tuner.measure.rank.memory_probe",
+    "tuner.measure.rank.lean",
 )
 
 
@@ -85,7 +85,7 @@ def _daemon(path: Path, ready: int) -> int:
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # torch.cuda.is_available() without initialising the driver
     preload(PRELOAD)
     with contextlib.suppress(Exception):
-        from tuner.measure.lean import cache_cpu_info
+        from tuner.measure.rank.lean import cache_cpu_info
 
         cache_cpu_info()
     use_environment_builds()
@@ -98,7 +98,7 @@ def _daemon(path: Path, ready: int) -> int:
         print("a child forked after the imports cannot use CUDA (the driver was initialised)", file=sys.stderr)
         return 3
     gc.collect()
-    gc.freeze()  # what the imports made is never garbage: the ranks' collections skip it (tuner.measure.lean)
+    gc.freeze()  # what the imports made is never garbage: the ranks' collections skip it (tuner.measure.rank.lean)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a dead server's socket (the starting launcher holds the start lock)

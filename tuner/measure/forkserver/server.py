@@ -22,7 +22,7 @@ from typing import Any
 
 from tuner import env
 from tuner.measure.forkserver.protocol import decode, encode, exit_code
-from tuner.measure.forkserver.rank import run_rank
+from tuner.measure.rank.forked import run_rank
 
 IDLE_S = env.current().forkserver_idle_s
 TERM_GRACE_S = 3.0  # between SIGTERM and SIGKILL for the ranks of a launcher that went away
@@ -184,7 +184,7 @@ class Server:
                 self.codes[pid] = (owner, exit_code(status))
 
     def _fork(self, message: dict[str, Any]) -> int:
-        """Fork the rank ``message`` asks for (:mod:`tuner.measure.forkserver.rank`); its pid."""
+        """Fork the rank ``message`` asks for (:mod:`tuner.measure.rank.forked`); its pid."""
         argv = [str(arg) for arg in message["argv"]]
         if len(argv) < 2 or argv[0] != sys.executable:
             raise ValueError(f"the fork server runs {sys.executable} entries, not {argv[:1]}")

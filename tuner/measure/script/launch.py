@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
+from tuner.measure.driver.processes import _rank_preexec
 from tuner.measure.measurement import StepHook
-from tuner.measure.rank_process import _rank_preexec
 from tuner.measure.run_protocol import read_progress
 
 POLL_S = 0.2

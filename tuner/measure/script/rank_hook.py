@@ -3,8 +3,8 @@ memory, and write what this rank measured into the run's folder (``DSTUNE_SCRIPT
 
 Installed at start-up by dstune's ``sitecustomize`` (:mod:`tuner.measure.script`); it imports nothing heavy itself:
 when the process imports ``torch`` it starts counting CPU tensor bytes at the allocator
-(:mod:`tuner.measure.counting_allocator`, the instrument of the built-in runs), and when it imports ``deepspeed`` it
-wraps ``deepspeed.initialize`` (the HF Trainer and accelerate call it too). The engine it returns has its ``step``
+(:mod:`tuner.measure.rank.counting_allocator`, the instrument of the built-in runs), and when it imports ``deepspeed``
+it wraps ``deepspeed.initialize`` (the HF Trainer and accelerate call it too). The engine it returns has its ``step``
 and ``forward`` wrapped: each optimizer step (``global_steps`` moving) is timed from the end of the one before, data
 loading included; after the warm-up the next steps are timed; then the rank writes ``rank-N.json`` (a
 :class:`~tuner.measure.measurement.RankResult`), waits for its peers and exits 0, as DeepSpeed's autotuner makes a
@@ -109,7 +109,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 def _on_torch(torch: ModuleType) -> None:
     assert _state is not None
     try:
-        from tuner.measure.counting_allocator import counting_allocator
+        from tuner.measure.rank.counting_allocator import counting_allocator
 
         _state.counter = counting_allocator()
     except Exception:  # no compiler, another allocator: the run reports its OS high-water mark only
@@ -202,7 +202,7 @@ def _stepped() -> None:
 
 
 def _memory() -> dict[str, Any]:
-    from tuner.measure.true_peak import cuda_peaks, os_high_water
+    from tuner.measure.rank.true_peak import cuda_peaks, os_high_water
 
     assert _state is not None
     import torch

@@ -2,7 +2,7 @@
 
 :class:`TrainingProcess` runs the phases in order and times each (``imports_s``, ``distributed_s``, ``model_s``,
 ``initialize_s``, ``warmup_s``, ``timed_s``); it feeds synthetic token batches, probes memory on one warm-up step
-(:mod:`tuner.measure.memory_probe`) and records the true peak (:mod:`tuner.measure.true_peak`). Failures are
+(:mod:`tuner.measure.rank.memory_probe`) and records the true peak (:mod:`tuner.measure.rank.true_peak`). Failures are
 classified from exception types (:func:`classify`): every out-of-memory :mod:`tuner.measure.oom` knows (the caching
 allocator's, NCCL's, cuBLAS', the CUDA runtime's, the CPU allocator's, ``MemoryError``) is ``oom``; DeepSpeed's
 config validation (raised while building its ``DeepSpeedConfig``) is ``invalid_config``; everything else is
@@ -21,14 +21,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.measure.adam_choice import adam_fallback, with_torch_adam
-from tuner.measure.alloc_conf import apply_alloc_conf
 from tuner.measure.measurement import EXCERPT_CHARS, InvalidConfig, RankResult
-from tuner.measure.numerics import NumericsRecorder
 from tuner.measure.oom import oom_error
-from tuner.measure.rank_model import long_context_model, rank_batches, trained_model
+from tuner.measure.rank.adam_choice import adam_fallback, with_torch_adam
+from tuner.measure.rank.alloc_conf import apply_alloc_conf
+from tuner.measure.rank.numerics import NumericsRecorder
+from tuner.measure.rank.settling import agree_settled, settled
+from tuner.measure.rank.trained_model import long_context_model, rank_batches, trained_model
 from tuner.measure.run_protocol import RunSpec, progress_path, timings_path, write_json_atomically
-from tuner.measure.settling import agree_settled, settled
 from tuner.workload import Workload
 
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
@@ -84,7 +84,7 @@ class TrainingProcess:
     """One rank's DeepSpeed engine on synthetic data, with timing and memory accounting."""
 
     def __init__(self, spec: RunSpec, rank: int, run_dir: Path) -> None:
-        from tuner.measure.true_peak import CpuAllocatorPeak
+        from tuner.measure.rank.true_peak import CpuAllocatorPeak
 
         self.spec, self.rank, self.run_dir = spec, rank, run_dir
         self.result = RankResult(rank=rank, status="ok")
@@ -143,22 +143,22 @@ class TrainingProcess:
     def _start_up(self, started: float) -> None:
         """The ``imports_s`` phase, from ``started``: import the training stack (a fresh rank's imports are this
         phase), clear stale build locks and, in a lean run, cache the CPU's description and freeze the imports."""
-        for module in ("deepspeed", "torch", "tuner.measure.birth"):
+        for module in ("deepspeed", "torch", "tuner.measure.rank.birth"):
             importlib.import_module(module)
         clear_stale_build_locks()
         if self.spec.lean:
-            from tuner.measure.lean import cache_cpu_info, freeze_imports
+            from tuner.measure.rank.lean import cache_cpu_info, freeze_imports
 
             cache_cpu_info()
             freeze_imports()
         self.result.timings["imports_s"] = time.perf_counter() - started
 
     def _use_device(self, cuda: bool) -> None:
-        """Bind the rank's cores and set its threads (:mod:`tuner.measure.rank_launch`), then pick its GPU (the
+        """Bind the rank's cores and set its threads (:mod:`tuner.measure.rank.launch_env`), then pick its GPU (the
         ds_config's allocator settings first)."""
         import torch
 
-        from tuner.measure.rank_launch import apply_launch
+        from tuner.measure.rank.launch_env import apply_launch
 
         self.result.launch = apply_launch()
         if cuda:
@@ -172,7 +172,7 @@ class TrainingProcess:
 
         import deepspeed
 
-        from tuner.measure.group_timeout import every_group_times_out
+        from tuner.measure.rank.group_timeout import every_group_times_out
 
         begin = time.perf_counter()
         timeout = timedelta(seconds=self.spec.collective_timeout_s)
@@ -184,7 +184,7 @@ class TrainingProcess:
         """The ``model_s`` and ``initialize_s`` phases: the model built where it trains, then DeepSpeed's engine."""
         import deepspeed
 
-        from tuner.measure.birth import rss_bytes
+        from tuner.measure.rank.birth import rss_bytes
 
         spec, timings = self.spec, self.result.timings
         begin = time.perf_counter()
@@ -197,7 +197,7 @@ class TrainingProcess:
         if fallback:
             config, self.result.launch["adam"] = with_torch_adam(config), f"torch (fallback: {fallback})"
         if spec.trial.layout.expert_parallel > 1:  # AutoEP must find the MoE blocks in the wrapper (.autoep)
-            from tuner.measure.autoep import expose_moe_layers
+            from tuner.measure.rank.layouts.autoep import expose_moe_layers
 
             config = expose_moe_layers(model, config)
         if spec.wall_clock_breakdown:  # DeepSpeed's forward / backward / step timers (:meth:`_add_breakdown`)
@@ -206,7 +206,7 @@ class TrainingProcess:
         trained = [param for param in model.parameters() if param.requires_grad]
         engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config, mpu=self.shard.mpu)
         timings["initialize_s"] = time.perf_counter() - begin
-        from tuner.measure.autotp import local_elements
+        from tuner.measure.rank.layouts.autotp import local_elements
 
         self.result.local_params = local_elements(engine.module)
         self.result.rss_bytes["after_initialize"] = rss_bytes()
@@ -214,9 +214,9 @@ class TrainingProcess:
 
     def _batches(self, engine: Any, workload: Workload, cuda: bool) -> list[Any]:
         """One token batch per micro-step of an optimizer step (the same every step): this rank's share of the
-        workload's seeded global batch (:func:`tuner.measure.numerics.seeded_batches`); under Ulysses each rank keeps
-        its share of its group's sample (:func:`rank_batches`)."""
-        from tuner.measure.numerics import feeder_of, seeded_batches
+        workload's seeded global batch (:func:`tuner.measure.rank.numerics.seeded_batches`); under Ulysses each rank
+        keeps its share of its group's sample (:func:`rank_batches`)."""
+        from tuner.measure.rank.numerics import feeder_of, seeded_batches
 
         feeder = feeder_of(self.rank, workload.cluster.world_size, self.spec.trial)
         micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
@@ -245,7 +245,7 @@ class TrainingProcess:
 
     def _stop_allocator(self) -> None:
         """Stop recording allocations (if recording) and report the true peak with the OS high-water mark."""
-        from tuner.measure.true_peak import os_high_water
+        from tuner.measure.rank.true_peak import os_high_water
 
         if not self.allocator.running:
             return
@@ -259,7 +259,7 @@ class TrainingProcess:
         """One more step under the true-peak tracker: its time against the median timed step is the overhead the
         instrument adds to a step while on (its start and analysis included)."""
         from tuner.measure.measurement import percentile
-        from tuner.measure.true_peak import CpuAllocatorPeak
+        from tuner.measure.rank.true_peak import CpuAllocatorPeak
 
         tracker = CpuAllocatorPeak()
         tick = time.perf_counter()
@@ -335,7 +335,7 @@ class TrainingProcess:
             gc.collect()
             self._add_time("warmup_gc_s", tick)
         if probe:
-            from tuner.measure.memory_probe import PhaseRecorder
+            from tuner.measure.rank.memory_probe import PhaseRecorder
 
             recorder = PhaseRecorder(engine)
         mark = self.allocator.mark if self.allocator.running else None
@@ -385,7 +385,7 @@ class TrainingProcess:
             import torch
 
             if torch.cuda.is_available() and torch.cuda.is_initialized():
-                from tuner.measure.true_peak import cuda_peaks, os_high_water
+                from tuner.measure.rank.true_peak import cuda_peaks, os_high_water
 
                 peaks = cuda_peaks()
                 self.result.peak_allocated = self.result.true_peak_bytes = peaks.pop("peak_bytes")

@@ -1,6 +1,6 @@
 // dstune's CPU allocator shim: torch's own CPU allocator, wrapped so that every allocation and every free is counted,
 // whichever thread makes it (torch.profiler records only the threads it profiles: gloo's worker threads free
-// all-gather buffers it never sees). Built and loaded by tuner/measure/counting_allocator.py; plain C entry points.
+// all-gather buffers it never sees). Built and loaded by tuner/measure/rank/counting_allocator.py; plain C entry points.
 //
 // The wrapped allocator keeps torch's contract for raw allocations (the context is the data pointer, and one raw
 // deleter frees any of them), so a size table keyed by the pointer tells each free's bytes.

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 from tuner.estimator import resolve
+from tuner.measure.driver.places import RankPlace
+from tuner.measure.driver.processes import RankProcess
 from tuner.measure.layout_checks import with_tp_split
 from tuner.measure.measurement import (
     CANCELLED,
@@ -24,8 +26,6 @@ from tuner.measure.measurement import (
     aggregate,
 )
 from tuner.measure.oom import KILLED, exit_status
-from tuner.measure.rank_place import RankPlace
-from tuner.measure.rank_process import RankProcess
 from tuner.measure.run_protocol import RunSpec, read_progress, result_path, timings_path
 from tuner.workload import workload_from_dict
 

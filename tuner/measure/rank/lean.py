@@ -6,7 +6,7 @@ Measured on the README's study (2 CPU ranks, tiny LLaMA), per rank:
   answers by running a Python subprocess: about 1.2 s per op on a busy 2-core host, twice per run. The answer cannot
   change while the machine is up, so it is cached per node and boot in ``TORCH_EXTENSIONS_DIR`` (where the ops
   themselves are cached once per node): :func:`cache_cpu_info`.
-* The CPU memory probe (:mod:`tuner.measure.memory_probe`) collects garbage before each of its four sweeps; with
+* The CPU memory probe (:mod:`tuner.measure.rank.memory_probe`) collects garbage before each of its four sweeps; with
   torch, DeepSpeed and torch's compiler stack imported that is 0.6 s each, spent walking module objects that can never
   be garbage. :func:`freeze_imports` imports the lazily loaded compiler stack up front (``torch.optim`` loads it on the
   first optimizer anyway) and moves everything alive after the imports to the collector's permanent generation

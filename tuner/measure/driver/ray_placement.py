@@ -1,10 +1,10 @@
 """Where a Ray run's ranks go: the placement bundle one node gives a run, a rank's share of a node, why a layout
 cannot be placed, and the rank each placed actor runs (:func:`assign_places`). Read by
-:mod:`tuner.measure.ray_launcher`.
+:mod:`tuner.measure.driver.ray_launcher`.
 
 A rank reserves the threads its launch environment gives it, at most its share of a node
-(:func:`tuner.measure.launch_plan.reserved_cpus`): on CUDA the node's CPUs over its GPUs, so a trial of G of a node's
-N GPUs holds G/N of its CPUs and N/G trials run side by side (before, each rank took the node's CPUs over the
+(:func:`tuner.measure.driver.launch_env.reserved_cpus`): on CUDA the node's CPUs over its GPUs, so a trial of G of a
+node's N GPUs holds G/N of its CPUs and N/G trials run side by side (before, each rank took the node's CPUs over the
 trial's ranks, every CPU of the node, and a second trial waited out its placement timeout).
 
 Example:
@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from tuner.measure.rank_place import RankPlace
+from tuner.measure.driver.places import RankPlace
 
 
 def device_key(device: object) -> tuple[int, int, str]:

@@ -1,8 +1,8 @@
 """Run a measured job's ranks as processes of their own on this machine, and never leave one behind.
 
-:func:`launch_local` writes the run's spec, starts one process per rank (:mod:`tuner.measure.rank_process`, at the
-places :func:`~tuner.measure.rank_place.local_places` gives), waits for them (:func:`wait_ranks`, shared with the Ray
-launcher) and collects what their ends say (:mod:`tuner.measure.rank_outcome`). When one rank fails, its peers would
+:func:`launch_local` writes the run's spec, starts one process per rank (:mod:`tuner.measure.driver.processes`, at the
+places :func:`~tuner.measure.driver.places.local_places` gives), waits for them (:func:`wait_ranks`, shared with the Ray
+launcher) and collects what their ends say (:mod:`tuner.measure.driver.outcomes`). When one rank fails, its peers would
 wait in a collective: they get a short grace period, then they are killed; a hard timeout kills every rank with
 everything it started. On this machine a ``--gpus G --nodes M`` layout is emulated on CPU ranks; on CUDA it needs one
 node (M nodes' local ranks would share this machine's device indices): use the Ray launcher."""
@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from tuner.measure.gpu_lease import TooFewDevices, node_leases
-from tuner.measure.launch_plan import measured_launch, plan_rank, rank_variables, with_plan
+from tuner.measure.driver.gpu_lease import TooFewDevices, node_leases
+from tuner.measure.driver.launch_env import measured_launch, plan_rank, rank_variables, with_plan
+from tuner.measure.driver.outcomes import collect_rank, summarize
+from tuner.measure.driver.places import free_port, local_places
+from tuner.measure.driver.processes import RankProcess, rank_preloads, start_rank, stop_ranks
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.oom import cgroup_oom_kills, kills_between
-from tuner.measure.rank_outcome import collect_rank, summarize
-from tuner.measure.rank_place import free_port, local_places
-from tuner.measure.rank_process import RankProcess, rank_preloads, start_rank, stop_ranks
 from tuner.measure.run_protocol import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
@@ -89,14 +89,14 @@ def launch_local(
     on_step: StepHook | None = None,
 ) -> Measurement:
     """Run ``spec`` on this machine with one process per rank and return the job's measurement. Each rank runs in
-    the workload's launch environment (:mod:`tuner.measure.launch_plan`: its launcher's threads, core binding and
+    the workload's launch environment (:mod:`tuner.measure.driver.launch_env`: its launcher's threads, core binding and
     variables, this process's environment standing for the user's shell); the measurement says which (``launch``).
 
     Args:
         spec: what to run; its workload's cluster gives the world size.
         timeout: seconds for the whole run, process start included; then every rank is killed.
         memory_cap: optional address-space limit per rank (bytes), to emulate a smaller memory.
-        entry: the rank command (default ``python -m tuner.measure.runner``).
+        entry: the rank command (default ``python -m tuner.measure.rank.runner``).
         progress: called with (timed steps done on rank 0, timed steps) while waiting.
         keep_dir: write the run's files there instead of a temporary folder.
         cancel: once set, every rank is killed and the run ends ``error`` / ``Cancelled``.
@@ -140,7 +140,7 @@ def launch_local(
 @contextmanager
 def _run_devices(spec: RunSpec, gpus: int, nodes: int, cancel: threading.Event | None) -> Iterator[str | None]:
     """The ``CUDA_VISIBLE_DEVICES`` of a CUDA run's ranks while it runs: ``gpus`` of this node's GPUs no other run
-    holds (:mod:`tuner.measure.gpu_lease`); None on CPU (the variable left as this process has it)."""
+    holds (:mod:`tuner.measure.driver.gpu_lease`); None on CPU (the variable left as this process has it)."""
     if spec.device != "cuda":
         yield None
         return

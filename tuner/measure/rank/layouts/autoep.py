@@ -6,7 +6,7 @@ DeepSpeed 0.19.8 applies AutoEP inside ``deepspeed.initialize`` when ``expert_pa
 ``autoep_size`` > 1 (``DeepSpeedEngine._configure_expert_parallel``). It picks the preset from the module's
 ``config.model_type`` (``auto_ep_presets/registry.py`` ``resolve_preset_candidates``) and replaces each module whose
 *full* name matches the preset's ``moe_layer_pattern`` (``model\\.layers\\.\\d+\\.mlp``; ``auto_ep.py`` ``ep_parser``
-uses ``fullmatch``). The runner trains a :class:`~tuner.measure.models.TransformersCausalLM` wrapper: it has no
+uses ``fullmatch``). The runner trains a :class:`~tuner.measure.rank.models.TransformersCausalLM` wrapper: it has no
 ``config`` and its blocks are named ``model.model.layers.N.mlp``, so DeepSpeed would find nothing and train without
 experts sharded, silently. :func:`expose_moe_layers` gives the wrapper the inner model's config and returns the
 pattern with the wrapper's prefix, which the ds_config handed to DeepSpeed carries (``moe_layer_pattern`` overrides

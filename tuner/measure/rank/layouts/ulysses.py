@@ -82,7 +82,7 @@ class LongContextLM(nn.Module):
     share scaled as its ZeRO stage needs (module docstring).
 
     Args:
-        lm: the :class:`~tuner.measure.models.TransformersCausalLM` (its ``model`` is the transformers model or
+        lm: the :class:`~tuner.measure.rank.models.TransformersCausalLM` (its ``model`` is the transformers model or
             its peft wrapper).
         shard: the rank's place (:func:`join_sequence_parallel`).
         stage: the ZeRO stage (3 scales the backpropagated share by sp).

@@ -1,7 +1,7 @@
 """One rank's process on this machine: started in a new session (its own process group, so a hard stop takes
 everything it started), forked from the node's fork server or a fresh interpreter, and stopped SIGTERM first.
 
-Each rank is ``python -m tuner.measure.runner RUN_DIR RANK`` (:func:`default_entry`). Lean runs fork it from the
+Each rank is ``python -m tuner.measure.rank.runner RUN_DIR RANK`` (:func:`default_entry`). Lean runs fork it from the
 node's fork server, which imported torch and DeepSpeed once (:mod:`tuner.measure.forkserver`); otherwise (or when no
 fork server can serve) it is a fresh interpreter. Ranks die with their launcher either way (``PR_SET_PDEATHSIG`` on a
 spawned rank; the server stops a forked rank whose launcher's connection closed), so a killed launcher leaves no
@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.measure.driver.places import RankPlace
 from tuner.measure.forkserver import ForkedProcess, ForkServerUnavailable, forget_client, node_client
-from tuner.measure.rank_place import RankPlace
 from tuner.measure.run_protocol import SPAWNED_AT, RunSpec
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ PR_SET_PDEATHSIG = 1
 
 def default_entry() -> list[str]:
     """The command that runs one rank (followed by RUN_DIR and RANK)."""
-    return [sys.executable, "-m", "tuner.measure.runner"]
+    return [sys.executable, "-m", "tuner.measure.rank.runner"]
 
 
 def _rank_preexec(memory_cap: int | None) -> Callable[[], None]:
@@ -113,7 +113,7 @@ def start_rank(
     launch environment) are set over this process's own."""
     env = dict(os.environ)
     env.update(place.env(master_addr, master_port))
-    env.update(variables or {})  # the launch environment (tuner.measure.launch_plan.rank_variables)
+    env.update(variables or {})  # the launch environment (tuner.measure.driver.launch_env.rank_variables)
     env["PYTHONUNBUFFERED"] = "1"
     rank = place.rank
     log = run_dir / f"rank-{rank}.log"

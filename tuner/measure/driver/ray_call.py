@@ -9,8 +9,8 @@ from typing import Any
 
 import ray
 
+from tuner.measure.driver.ray_launcher import LOST, ensure_ray
 from tuner.measure.measurement import CANCELLED, INFRA_LOST, Measurement
-from tuner.measure.ray_launcher import LOST, ensure_ray
 
 POLL_S = 0.5
 

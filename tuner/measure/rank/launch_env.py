@@ -12,10 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tuner.measure.run_protocol import CORES_VARIABLE, THREADS_VARIABLE
 from tuner.workload.launch_env import speed_variable
-
-THREADS_VARIABLE = "DSTUNE_THREADS_PER_RANK"
-CORES_VARIABLE = "DSTUNE_BIND_CORES"
 
 
 def apply_launch() -> dict[str, Any]:

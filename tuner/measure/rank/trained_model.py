@@ -1,5 +1,5 @@
-"""The model a rank trains: built where it trains (:mod:`tuner.measure.birth`), the built-in one or the transformers
-one, with its trainable part applied as the HF Trainer gets it (a peft adapter, frozen patterns)."""
+"""The model a rank trains: built where it trains (:mod:`tuner.measure.rank.birth`), the built-in one or the
+transformers one, with its trainable part applied as the HF Trainer gets it (a peft adapter, frozen patterns)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from tuner.workload import TrainableSpec, TrialConfig, Workload
 
 
 def trained_model(spec: RunSpec, workload: Workload, result: RankResult) -> Any:
-    """Build the model sharded (ZeRO-3) or on the device in the training dtype (``tuner.measure.birth``),
+    """Build the model sharded (ZeRO-3) or on the device in the training dtype (``tuner.measure.rank.birth``),
     recording the resident bytes it added on the host in ``result``, then make its trainable part
     (:func:`_with_trainable`)."""
-    from tuner.measure.birth import born_on_device, initialise_partitioned, rss_bytes
+    from tuner.measure.rank.birth import born_on_device, initialise_partitioned, rss_bytes
 
     rss = result.rss_bytes
     rss["before_model"] = rss_bytes()
@@ -52,26 +52,27 @@ def _build_model(workload: Workload, checkpointing: bool) -> Any:
     """The model as ``workload`` names it (not yet trainable-filtered), in the current device and dtype context."""
     train = workload.train
     if workload.model.implementation == "transformers":
-        from tuner.measure.models import build_transformers_model
+        from tuner.measure.rank.models import build_transformers_model
 
         return build_transformers_model(json.loads(workload.model.hf_config), train.attention, checkpointing)
-    from tuner.measure.models import build_model
+    from tuner.measure.rank.models import build_model
 
     return build_model(workload.model, attention=train.attention, checkpointing=checkpointing)
 
 
 def long_context_model(trial: TrialConfig, workload: Workload, model: Any, result: RankResult) -> tuple[Any, Any]:
     """``model`` as the trial's layout and long-context settings train it, and the rank's
-    :class:`~tuner.measure.ulysses.SequenceShard` (its mpu goes to ``deepspeed.initialize``): Ulysses registered
-    for sp > 1, tiled MLPs, checkpoint offload, the :class:`~tuner.measure.ulysses.LongContextLM` loss for
-    sequence parallelism or a tiled loss, and the transformers ``tp_plan`` exposed on what DeepSpeed is handed for
-    AutoTP (:mod:`tuner.measure.autotp`). What cannot be measured is refused
-    (:func:`~tuner.measure.long_context_checks.measured_refusal`, as ``invalid_config``)."""
+    :class:`~tuner.measure.rank.layouts.ulysses.SequenceShard` (its mpu goes to ``deepspeed.initialize``): Ulysses
+    registered for sp > 1, tiled MLPs, checkpoint offload, the
+    :class:`~tuner.measure.rank.layouts.ulysses.LongContextLM` loss for sequence parallelism or a tiled loss, and the
+    transformers ``tp_plan`` exposed on what DeepSpeed is handed for AutoTP (:mod:`tuner.measure.rank.layouts.autotp`).
+    What cannot be measured is refused (:func:`~tuner.measure.long_context_checks.measured_refusal`, as
+    ``invalid_config``)."""
     import torch.distributed as dist
 
     from tuner.measure.layout_checks import with_tp_split
     from tuner.measure.long_context_checks import measured_refusal
-    from tuner.measure.ulysses import LongContextLM, join_sequence_parallel
+    from tuner.measure.rank.layouts.ulysses import LongContextLM, join_sequence_parallel
 
     refusal = measured_refusal(with_tp_split(workload, trial), trial, workload.cluster.device)
     if refusal is not None:
@@ -80,35 +81,35 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
     shard = join_sequence_parallel(model.model, sp, sizes.micro, workload.train.seq_len) if sp > 1 else None
     tp, rank = trial.layout.tensor_parallel, dist.get_rank()
     if shard is None:
-        from tuner.measure.ulysses import SequenceShard
+        from tuner.measure.rank.layouts.ulysses import SequenceShard
 
         shard = SequenceShard(dp_rank=rank // tp)  # an AutoTP group's ranks are consecutive and share a sample
     result.layout = shard.layout(trial.layout.data_parallel(dist.get_world_size()))
     if tp > 1:
-        from tuner.measure.autotp import place
+        from tuner.measure.rank.layouts.autotp import place
 
         result.layout.update(place(rank, sp, tp))
     if trial.layout.expert_parallel > 1:
-        from tuner.measure.autoep import place as expert_place
+        from tuner.measure.rank.layouts.autoep import place as expert_place
 
         result.layout.update(expert_place(rank, trial.layout.expert_parallel))
     if context.tiled_mlp_shards > 1:
-        from tuner.measure.alst import tile_mlps
+        from tuner.measure.rank.layouts.alst import tile_mlps
 
         tile_mlps(model.model, context.tiled_mlp_shards)
     if context.offload_checkpoints:
-        from tuner.measure.alst import offload_checkpoints
+        from tuner.measure.rank.layouts.alst import offload_checkpoints
 
         offload_checkpoints(model.model)
     if trial.numerics.chunked_loss:
-        from tuner.measure.chunked_loss import use_chunked_loss
+        from tuner.measure.rank.chunked_loss import use_chunked_loss
 
         use_chunked_loss(model)
     transformers_model = getattr(model, "model", None)
     if sp > 1 or context.tiled_loss_shards > 1:
         model = LongContextLM(model, shard, trial.stage, context.tiled_loss_shards, sizes.accum)
     if tp > 1:
-        from tuner.measure.autotp import expose_tp_plan
+        from tuner.measure.rank.layouts.autotp import expose_tp_plan
 
         expose_tp_plan(model, transformers_model)
     return model, shard
@@ -118,10 +119,10 @@ def rank_batches(
     trial: TrialConfig, workload: Workload, shard: Any, seeded: list[Any], device: Any, result: RankResult
 ) -> list[Any]:
     """The rank's (tokens, targets) per micro-step, from its data feeder's ``seeded`` batches
-    (:func:`tuner.measure.numerics.seeded_batches`): as they are, or, when the model is a
-    :class:`~tuner.measure.ulysses.LongContextLM`, this rank's share of each sample's sequence (its input ids and
-    shifted labels); records the tokens a rank trains on per micro-batch (s/sp × micro-batch)."""
-    from tuner.measure.ulysses import shard_batch
+    (:func:`tuner.measure.rank.numerics.seeded_batches`): as they are, or, when the model is a
+    :class:`~tuner.measure.rank.layouts.ulysses.LongContextLM`, this rank's share of each sample's sequence (its input
+    ids and shifted labels); records the tokens a rank trains on per micro-batch (s/sp × micro-batch)."""
+    from tuner.measure.rank.layouts.ulysses import shard_batch
 
     sharded = trial.layout.sequence_parallel > 1 or trial.long_context.tiled_loss_shards > 1
     batches = [shard_batch(tokens, shard) if sharded else (tokens, targets) for tokens, targets in seeded]

@@ -123,7 +123,7 @@ class CausalLM(nn.Module):
         if spec.is_bare:
             raise ValueError("model: a bare parameter count has no architecture to build")
         self.spec, self.checkpointing = spec, checkpointing
-        self.chunked_loss = False  # DeepSpeed's chunked cross-entropy (tuner.measure.chunked_loss)
+        self.chunked_loss = False  # DeepSpeed's chunked cross-entropy (tuner.measure.rank.chunked_loss)
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.positions = nn.Embedding(spec.max_positions, spec.hidden_size) if spec.learned_positions else None
         self.blocks = nn.ModuleList(Block(spec, attention) for _ in range(spec.num_layers))

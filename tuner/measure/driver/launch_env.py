@@ -9,9 +9,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tuner.measure.driver.places import RankPlace
 from tuner.measure.measurement import RankResult
-from tuner.measure.rank_launch import CORES_VARIABLE, THREADS_VARIABLE
-from tuner.measure.rank_place import RankPlace
+from tuner.measure.run_protocol import CORES_VARIABLE, THREADS_VARIABLE
 from tuner.workload import LaunchEnv, RankEnv, rank_env
 from tuner.workload.launch_env import speed_variable
 

@@ -3,7 +3,7 @@
 
 A transformers model gets DeepSpeed's own ``install_chunked_causal_lm_loss`` (its stock ``ForCausalLMLoss``
 replaced); the built-in model calls ``chunked_cross_entropy`` on its logits instead of ``F.cross_entropy``. The loss
-of a tiled loss or Ulysses (:class:`tuner.measure.ulysses.LongContextLM`) is its own: not combined.
+of a tiled loss or Ulysses (:class:`tuner.measure.rank.layouts.ulysses.LongContextLM`) is its own: not combined.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from typing import Any
 
 
 def use_chunked_loss(model: Any) -> None:
-    """Make ``model`` (a :class:`~tuner.measure.models.TransformersCausalLM` or built-in
-    :class:`~tuner.measure.models.CausalLM`) compute its training loss with DeepSpeed's chunked cross-entropy.
+    """Make ``model`` (a :class:`~tuner.measure.rank.models.TransformersCausalLM` or built-in
+    :class:`~tuner.measure.rank.models.CausalLM`) compute its training loss with DeepSpeed's chunked cross-entropy.
 
     Raises:
         ValueError: the model's loss is not one this replaces (a transformers model without the stock loss).
     """
     from deepspeed.runtime.chunked_cross_entropy import install_chunked_causal_lm_loss
 
-    from tuner.measure.models import CausalLM
+    from tuner.measure.rank.models import CausalLM
 
     if isinstance(model, CausalLM):
         model.chunked_loss = True

@@ -1,9 +1,10 @@
-"""The short measured run inside one rank's process: ``python -m tuner.measure.runner RUN_DIR RANK``.
+"""The short measured run inside one rank's process: ``python -m tuner.measure.rank.runner RUN_DIR RANK``.
 
-A launcher (``tuner.measure.launcher`` or ``tuner.measure.ray_launcher``) writes ``RUN_DIR/spec.json`` (a
+A launcher (``tuner.measure.driver.local_launcher`` or ``tuner.measure.driver.ray_launcher``) writes
+``RUN_DIR/spec.json`` (a
 :class:`~tuner.measure.run_protocol.RunSpec`), sets torchrun's environment (``MASTER_ADDR``, ``MASTER_PORT``,
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``), and starts one process per rank. Each
-rank trains (:class:`~tuner.measure.training.TrainingProcess`: the model built where it trains, synthetic token
+rank trains (:class:`~tuner.measure.rank.training.TrainingProcess`: the model built where it trains, synthetic token
 batches, ``deepspeed.initialize``, warm-up steps and timed steps) and writes ``RUN_DIR/rank-N.json`` (a
 :class:`tuner.measure.measurement.RankResult`; the files: :mod:`tuner.measure.run_protocol`). A SIGTERM from the
 launcher unwinds the rank and leaves no result: the launcher says why it stopped it. The runner knows nothing of
@@ -20,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.measure.op_builds import use_environment_builds
+from tuner.measure.rank.training import Terminated, TrainingProcess
 from tuner.measure.run_protocol import SPAWNED_AT, RunSpec, result_path, write_json_atomically
-from tuner.measure.training import Terminated, TrainingProcess
 
 _terminated: list[int] = []  # the signal, once received: a report written while unwinding from it is not the config's
 

@@ -1,7 +1,7 @@
 """The true peak of one rank: the allocator's own high-water mark, not a snapshot at phase ends.
 
 CPU: every CPU tensor allocation and free is counted at torch's CPU allocator, on every thread
-(:mod:`tuner.measure.counting_allocator`, a small C++ shim installed when the tracker starts, before the model is
+(:mod:`tuner.measure.rank.counting_allocator`, a small C++ shim installed when the tracker starts, before the model is
 built): the high-water mark of live tensor bytes, transients included (bucket copies, fp32 conversions, optimizer
 temporaries, gloo's all-gather buffers). The marks split the run into phases (``step 1 backward``), each with its
 own high-water mark, so the report says in which the peak fell. ``torch.profiler`` (``profile_memory=True``) runs
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.measure.counting_allocator import CountingAllocator, counting_allocator
+from tuner.measure.rank.counting_allocator import CountingAllocator, counting_allocator
 
 # memory_stats() counters worth keeping (the full dict has hundreds of entries)
 CUDA_STATS = (

@@ -1,10 +1,10 @@
 """Run a measured run's ranks on Ray as a multi-node job: ``--gpus G --nodes M`` is G ranks on each of M nodes.
 
 Placement: one placement-group bundle per node (G ranks' CPUs, plus G GPUs on CUDA; a rank reserves the threads its
-launch environment gives it, at most its share of a node: :func:`tuner.measure.launch_plan.reserved_cpus`),
+launch environment gives it, at most its share of a node: :func:`tuner.measure.driver.launch_env.reserved_cpus`),
 ``STRICT_SPREAD`` so that the M bundles land on M distinct nodes, and G rank actors in each bundle. Node rank = bundle
 index; within a node, local ranks follow the GPU ids Ray assigned (as Ray Train orders them); rank = node rank × G +
-local rank. Every rank gets torchrun's environment (:class:`tuner.measure.rank_place.RankPlace`): ``MASTER_ADDR`` is
+local rank. Every rank gets torchrun's environment (:class:`tuner.measure.driver.places.RankPlace`): ``MASTER_ADDR`` is
 rank 0's node address, ``LOCAL_RANK`` 0..G-1 within its node, and on CUDA every rank of a node sees all the GPUs the
 job holds there (``CUDA_VISIBLE_DEVICES`` shared, as Ray Train does), so NCCL can use NVLink/P2P and the rank picks
 its device by ``LOCAL_RANK``. Its launch environment is planned on its node, with the driver's environment as the
@@ -21,8 +21,8 @@ Why not Ray Train's worker group (``ray.train.torch.TorchTrainer``, read for its
 * ``ScalingConfig`` reserves one bundle per worker with ``PACK`` or ``SPREAD``, which cannot promise exactly G ranks
   on each of M nodes;
 * it runs the training function inside the actor process, while a measured run needs each rank in a fresh process
-  that the launcher kills with its process group at the deadline or when a peer fails (``tuner.measure.launcher``),
-  and its controller adds seconds to every short run.
+  that the launcher kills with its process group at the deadline or when a peer fails
+  (``tuner.measure.driver.local_launcher``), and its controller adds seconds to every short run.
 
 Each actor starts its rank with the local launcher's machinery, so Ray adds placement, not new failure modes.
 Retries are off everywhere: Ray's defaults would silently re-run a crashed rank.
@@ -44,7 +44,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from tuner.measure.launch_plan import (
+from tuner.measure.driver.launch_env import (
     measured_launch,
     node_inherited,
     plan_rank,
@@ -52,13 +52,13 @@ from tuner.measure.launch_plan import (
     reserved_cpus,
     with_plan,
 )
-from tuner.measure.launcher import Progress, wait_ranks
+from tuner.measure.driver.local_launcher import Progress, wait_ranks
+from tuner.measure.driver.outcomes import collect_rank, placed, summarize
+from tuner.measure.driver.places import RankPlace, free_port
+from tuner.measure.driver.processes import rank_preloads, start_rank, stop_ranks
+from tuner.measure.driver.ray_placement import assign_places, node_bundle, node_shape, why_unplaced
 from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
 from tuner.measure.oom import cgroup_oom_kills, kills_between
-from tuner.measure.rank_outcome import collect_rank, placed, summarize
-from tuner.measure.rank_place import RankPlace, free_port
-from tuner.measure.rank_process import rank_preloads, start_rank, stop_ranks
-from tuner.measure.ray_placement import assign_places, node_bundle, node_shape, why_unplaced
 from tuner.measure.run_protocol import RunSpec, read_progress
 from tuner.workload import workload_from_dict
 
@@ -201,7 +201,7 @@ def launch_ray(
     on_step: StepHook | None = None,
 ) -> Measurement:
     """Run ``spec`` as a ``nodes`` × ``gpus_per_node`` job of Ray actors; same result as
-    :func:`tuner.measure.launcher.launch_local` (``cancel`` and ``on_step`` included)."""
+    :func:`tuner.measure.driver.local_launcher.launch_local` (``cancel`` and ``on_step`` included)."""
     ensure_ray(address)
     cluster = workload_from_dict(spec.workload).cluster
     cuda = spec.device == "cuda"
