@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 from tuner.errors import InputError
 from tuner.measure.backends.base import RunControls
 from tuner.measure.backends.launchers import launcher_for
+from tuner.measure.driver.places import free_port, port_taken
 from tuner.measure.measurement import Measurement
 from tuner.measure.options import MeasureOptions
-from tuner.measure.rank_place import free_port, port_taken
 from tuner.measure.script import launch
 from tuner.measure.script.answer import answer_record
 from tuner.measure.script.command import ScriptCommand
