@@ -5,35 +5,36 @@ Activations come from the workload's model profile when it carries one (traced f
 :mod:`tuner.profile`; plain data here, no torch), else from the built-in models' formulas
 (:mod:`tuner.estimator.activations`). ``forward`` holds them with the logits workspace; ``backward`` the recomputed
 block when checkpointing. With a peft adapter or frozen parameters backward's worst moments come before the weight
-gradients (:func:`_add_frozen_backward`); otherwise, with more than one reduce bucket, at the first bucket's
-reduction (:func:`_add_early_backward`).
+gradients (:func:`_frozen_backward`); otherwise, with more than one reduce bucket, at the first bucket's
+reduction (:func:`_early_backward`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tuner.estimator.activations import LayerActivations, logits_workspace_bytes, workload_activation_bytes
 from tuner.estimator.attention import extra_bytes_per_layer
 from tuner.estimator.chunked_loss import chunked_loss_terms
-from tuner.estimator.long_context import Activations, local_seq, long_context_terms
-from tuner.estimator.phases import Phase, add_bytes
+from tuner.estimator.long_context import local_seq, long_context_terms
+from tuner.estimator.phases import Phase
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.settings import Settings
+from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held
 from tuner.estimator.tiled_loss import whole_parameters_apart
 from tuner.estimator.trainable import TrainedParams, trained_params
 from tuner.estimator.transients import bucket_chunks
 from tuner.workload import Workload
 
+FORWARD, BACKWARD = ("forward",), ("backward",)
 
-def add_activations(
-    workload: Workload,
-    s: Settings,
-    phases: dict[str, Phase],
-    details: dict[str, int],
-    params: TrainedParams,
-    pins: HostPins | None = None,
-) -> str | None:
-    """Add the activations and the logits workspace of the model as trained (``params``) to the phases; returns
-    where their sizes come from (``trace`` or ``formula``), None when unknown (a bare parameter count)."""
+
+def activation_terms(
+    workload: Workload, s: Settings, params: TrainedParams, recorded: Mapping[str, int], phases: Mapping[str, Phase]
+) -> tuple[str | None, Contribution]:
+    """The activations and the logits workspace of the model as trained (``params``): (where their sizes come from,
+    ``trace`` or ``formula``, None when unknown (a bare parameter count); their contribution). ``recorded`` and
+    ``phases``: what the model states recorded before (their reduce copy, buckets, gathered parameters)."""
     model, train, elem = workload.model, workload.train, s.param_bytes
     # the model as trained is traced as ZeRO-3 trains it: peft's fp32 adapters kept (the engine casts them at stages
     # 0-2), and every Linear saving its input (zero.Init's memory-efficient linear: frozen weights' inputs too)
@@ -51,12 +52,15 @@ def add_activations(
         s.tensor_parallel_size,
     )
     if activations is None:
-        return None
+        return None, NOTHING
+    out: list[Entry] = []
     seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.long_context`)
     workspace = logits_workspace_bytes(model, s.micro_batch, seq, elem)
     if s.chunked_loss:  # DeepSpeed's chunked cross-entropy instead of Hugging Face's loss (:mod:`.chunked_loss`)
-        activations, workspace = _chunked_loss(workload, s, activations, details)
-    acts = long_context_terms(workload, s, Activations.of(activations, workspace), details)
+        activations, workspace, changed = _chunked_loss(workload, s, activations)
+        out += detail("chunked_loss_saved", changed)
+    acts, context = long_context_terms(workload, s, activations, workspace)
+    out += context
     saved, recompute, source = acts.saved, acts.recompute, activations.source
     if workload.cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
         kernel_extra = extra_bytes_per_layer(model, s.micro_batch, train.seq_len, s.precision, train.attention)
@@ -66,39 +70,38 @@ def add_activations(
         else:
             kernel_extra *= model.num_layers
             saved += kernel_extra
-        details["attention_kernel_extra"] = kernel_extra
+        out += detail("attention_kernel_extra", kernel_extra)
     if s.tensor_parallel_size > 1:  # each row-parallel output (attention, MLP) all-reduced whole, in place
-        details["tp_allreduce_bytes"] = elem * s.micro_batch * seq * model.hidden_size
-    details["logits_workspace"], details["recomputed_block"] = acts.workspace, recompute
-    phases["forward"].gpu["activations"] += saved
-    phases["forward"].gpu["buffers"] += acts.workspace
+        out += detail("tp_allreduce_bytes", elem * s.micro_batch * seq * model.hidden_size)
+    out += detail("logits_workspace", acts.workspace) + detail("recomputed_block", recompute)
+    out += held("gpu", "activations", saved, FORWARD) + held("gpu", "buffers", acts.workspace, FORWARD)
     layer_saved = acts.recompute_saved + recompute - acts.recompute  # with CUDA's kernel extra
-    phases["backward"].gpu["activations"] += _recompute_beside_staging(s, recompute, layer_saved, details)
+    out += _recompute_beside_staging(s, recompute, layer_saved, recorded)
     if acts.host:  # checkpoints offloaded to host memory (pinned on CUDA), from forward until backward used them
-        host = pins.size(acts.host // acts.host_count, True, acts.host_count) if pins else acts.host
-        add_bytes(phases, "cpu", "activations", host, ("forward", "backward"))
+        pins = HostPins(workload.cluster.device == "cuda")
+        host = pins.size(acts.host // acts.host_count, True, acts.host_count)
+        out += held("cpu", "activations", host, ("forward", "backward")) + pins.contribution()
+    loss = acts.workspace  # the loss's moment: workspace and head gradient
     if params.is_full:
-        _add_early_backward(workload, s, phases, details, saved)
+        out += _early_backward(workload, s, saved, recorded, phases)
     else:
-        _add_frozen_backward(workload, s, phases, details, saved)
-    loss = acts.workspace + details.get("loss_backward", 0)  # the loss's moment: workspace and head gradient
-    _add_forward_moments(s, activations, (saved, acts.outside, loss), phases, details)
-    return source
+        head, frozen = _frozen_backward(workload, s, saved, acts.workspace)
+        out += frozen
+        loss += head
+    return source, (*out, *_forward_moments(s, activations, (saved, acts.outside, loss), recorded))
 
 
-def _chunked_loss(
-    workload: Workload, s: Settings, activations: LayerActivations, details: dict[str, int]
-) -> tuple[LayerActivations, int]:
-    """The model's activations and the loss's workspace with DeepSpeed's chunked loss (:mod:`.chunked_loss`): its
-    saved tensors instead of the fp32 log-softmax, its blocks and logits gradient instead of the fp32 workspace."""
+def _chunked_loss(workload: Workload, s: Settings, activations: LayerActivations) -> tuple[LayerActivations, int, int]:
+    """The model's activations, the loss's workspace and what its saved tensors change with DeepSpeed's chunked
+    loss (:mod:`.chunked_loss`): its saved tensors instead of the fp32 log-softmax, its blocks and logits gradient
+    instead of the fp32 workspace."""
     tokens = s.micro_batch * local_seq(workload, s)
     changed, workspace = chunked_loss_terms(tokens, workload.model.vocab_size, s.param_bytes, workload.cluster.device)
-    details["chunked_loss_saved"] = changed
     saved, outside = activations.saved + changed, activations.outside + changed
-    return activations._replace(saved=saved, outside=outside), workspace
+    return activations._replace(saved=saved, outside=outside), workspace, changed
 
 
-def _recompute_beside_staging(s: Settings, worst: int, layer_saved: int, details: dict[str, int]) -> int:
+def _recompute_beside_staging(s: Settings, worst: int, layer_saved: int, recorded: Mapping[str, int]) -> Contribution:
     """What the recomputed layer adds to the backward phase beside ZeRO 1-3's reduction staging (the phase's
     ``reduce_copy`` transient), given its ``worst`` moment and its ``layer_saved`` tensors.
 
@@ -107,21 +110,16 @@ def _recompute_beside_staging(s: Settings, worst: int, layer_saved: int, details
     moment and the layer's saved tensors beside the staging. Measured (``bench/sp_true_peak.py``, checkpointed,
     seq 8192): counting both at once put ZeRO-3 +8.3 % and ZeRO-2 +3.7 % over the true peak.
     """
-    staging = details.get("reduce_copy", 0) if s.activation_checkpointing and s.stage else 0
+    staging = recorded.get("reduce_copy", 0) if s.activation_checkpointing and s.stage else 0
     if not staging or worst <= layer_saved:
-        return worst
-    held = max(worst - staging, layer_saved)
-    details["recomputed_block_beside_staging"] = held
-    return held
+        return held("gpu", "activations", worst, BACKWARD)
+    kept = max(worst - staging, layer_saved)
+    return detail("recomputed_block_beside_staging", kept) + held("gpu", "activations", kept, BACKWARD)
 
 
-def _add_forward_moments(
-    s: Settings,
-    traced: LayerActivations,
-    rank: tuple[int, int, int],
-    phases: dict[str, Phase],
-    details: dict[str, int],
-) -> None:
+def _forward_moments(
+    s: Settings, traced: LayerActivations, rank: tuple[int, int, int], recorded: Mapping[str, int]
+) -> Contribution:
     """The forward phase's moments other than the loss's (``saved`` activations beside its ``workspace``),
     where traced larger: before the first layer (a mask the model builds: ``pre_layer_peak``), the layers' end
     with what the model held into them (``pre_layer_held``) and, without checkpointing, the first layer's backward
@@ -136,19 +134,16 @@ def _add_forward_moments(
         in_layers += traced.excess_outside_mlp if s.tiled_mlp_shards > 1 else traced.excess
     moment = max(traced.pre_layer_peak, saved + traced.pre_layer_held, in_layers)
     # ALST's tiled loss: the head's accumulated gradient and ZeRO-1/2's first buckets exist only from the loss on
-    loss = workspace + details.get("tiled_loss_head_grad", 0) + details.get("reduce_buckets_forward", 0)
+    loss = workspace + recorded.get("tiled_loss_head_grad", 0) + recorded.get("reduce_buckets_forward", 0)
     extra = moment - saved - loss
-    if extra > 0:
-        details["forward_moment_extra"] = extra
-        phases["forward"].gpu["activations"] += extra
-    whole_parameters_apart(s, details, phases, -extra)  # ZeRO-3's tiled loss holds no whole parameter
+    out = detail("forward_moment_extra", extra) + held("gpu", "activations", extra, FORWARD) if extra > 0 else NOTHING
+    return out + whole_parameters_apart(s, recorded, -extra)  # ZeRO-3's tiled loss holds no whole parameter
 
 
-def _add_frozen_backward(
-    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], saved: int
-) -> None:
+def _frozen_backward(workload: Workload, s: Settings, saved: int, workspace: int) -> tuple[int, Contribution]:
     """Backward's worst moments when few parameters train (measured, ``bench/peft_memory.py``): their gradients
-    are too small to matter, so the peak comes before them.
+    are too small to matter, so the peak comes before them. Returns (the loss's backward beyond the logits
+    ``workspace``, the contribution).
 
     * The loss's backward, before any gradient reaches a weight: beside every saved activation, the fp32 gradient
       of the log-softmax's input and the gradient of the logits in the training dtype on its way back through the
@@ -163,20 +158,18 @@ def _add_frozen_backward(
     logits = s.micro_batch * local_seq(workload, s) * model.vocab_size
     head = elem * logits
     if s.tiled_loss_shards <= 1:
-        head = max(0, (2 * elem + 4) * logits - details.get("logits_workspace", 0))
-    if head:
-        details["loss_backward"] = head
-        phases["forward"].gpu["buffers"] += head
+        head = max(0, (2 * elem + 4) * logits - workspace)
+    out = detail("loss_backward", head) + held("gpu", "buffers", head, FORWARD) if head else NOTHING
     layers = max(1, model.num_layers)
     if s.stage and s.offload_optimizer == "none":
         alive = saved * (layers - 1) // layers
-        details["early_backward_activations"] = alive
-        phases["backward"].gpu["activations"] += alive
+        out += detail("early_backward_activations", alive) + held("gpu", "activations", alive, BACKWARD)
+    return head, out
 
 
-def _add_early_backward(
-    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], saved: int
-) -> None:
+def _early_backward(
+    workload: Workload, s: Settings, saved: int, recorded: Mapping[str, int], phases: Mapping[str, Phase]
+) -> Contribution:
     """The backward phase's worst moment can come early: when the first gradient bucket is reduced, most saved
     activations are still alive beside the buckets (and, from then on, ZeRO-2's gradient partition).
 
@@ -187,12 +180,12 @@ def _add_early_backward(
     """
     model, elem = workload.model, s.param_bytes
     if model.is_bare or s.stage not in (2, 3) or s.offload_optimizer != "none" or not s.reduce_scatter:
-        return
+        return NOTHING
     params = trained_params(workload)  # gradients arrive for the trainable parameters only
     chunks = bucket_chunks(params.trainable, s.reduce_bucket_size)
     total = params.n_trainable
     if len(chunks) < 2 or not total:
-        return
+        return NOTHING
     alive = saved * (total - chunks[0]) // total
     first = elem * chunks[0]
     if s.stage == 2:  # the partition (already in the phase) is allocated right after the first bucket's reduction
@@ -200,7 +193,7 @@ def _add_early_backward(
         early = alive + max(first, partition) - partition
     else:  # ZeRO-3: the first bucket's reduce-scatter staging beside the permanent partition (gloo: twice)
         early = alive + first * (2 if workload.cluster.device == "cpu" else 1)
-    extra = max(0, early - details.get("reduce_copy", 0))
-    if extra:
-        details["early_backward_activations"] = extra
-        phases["backward"].gpu["activations"] += extra
+    extra = max(0, early - recorded.get("reduce_copy", 0))
+    if not extra:
+        return NOTHING
+    return detail("early_backward_activations", extra) + held("gpu", "activations", extra, BACKWARD)

@@ -34,6 +34,7 @@ Llama-8B at 500K tokens at 111.9 GiB simulated against a 71.8 GiB peak), which i
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -138,8 +139,8 @@ class _Step(NamedTuple):
 def simulated_step(
     workload: Workload,
     s: Settings,
-    phases: dict[str, Phase],
-    details: dict[str, int],
+    phases: Mapping[str, Phase],
+    details: Mapping[str, int],
     expandable: bool = False,
     capacity: int | None = None,
 ) -> Simulation | None:
@@ -149,12 +150,14 @@ def simulated_step(
     return None if found is None else replace(found)  # a copy: the cached one is shared
 
 
-def step_events(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> list[Event]:
+def step_events(
+    workload: Workload, s: Settings, phases: Mapping[str, Phase], details: Mapping[str, int]
+) -> list[Event]:
     """The allocation sequence of one step on one rank's device (module docstring for what is assumed)."""
     return _events(_step_key(workload, s, phases, details))
 
 
-def _step_key(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> _Step:
+def _step_key(workload: Workload, s: Settings, phases: Mapping[str, Phase], details: Mapping[str, int]) -> _Step:
     model, elem = workload.model, s.param_bytes
     fwd, bwd, step = (phases[name].gpu for name in ("forward", "backward", "step"))
     tokens = s.micro_batch * workload.train.seq_len // max(1, s.sequence_parallel_size)  # a rank's share

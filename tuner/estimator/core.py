@@ -17,7 +17,7 @@ paper, and is assembled here from the modules that model each part:
 Peak memory is the maximum over three phases of a step (:mod:`.phases`), each a sum of what is alive then:
 ``forward`` (after the forward pass: activations plus the logits workspace), ``backward`` (all gradients and the
 reduce buckets; one recomputed block when checkpointing) and ``step`` (fp32 gradients). ZeRO-3 with
-``stage3_gather_16bit_weights_on_model_save`` adds a fourth, ``save`` (:func:`.add_save_phase`): saving the model
+``stage3_gather_16bit_weights_on_model_save`` adds a fourth, ``save`` (:func:`.save_phase`): saving the model
 gathers the whole 16-bit model on rank 0. Overhead on CUDA (named terms: CUDA context, NCCL communicators, cuBLAS
 workspaces, the caching allocator's reserve, :mod:`.overhead`) is added on top of the peak; its defaults are
 calibrated from measured runs later.
@@ -35,24 +35,26 @@ and partitioned at ZeRO-3, where peft's fp32 adapters stay fp32 (:mod:`.trainabl
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
-from tuner.estimator.activation_phases import add_activations
-from tuner.estimator.expert_parallel import add_dispatch, ep_workload
+from tuner.estimator.activation_phases import activation_terms
+from tuner.estimator.expert_parallel import dispatch_terms, ep_details, ep_workload
 from tuner.estimator.flat_states import flat_states
 from tuner.estimator.memory_estimate import MemoryEstimate
 from tuner.estimator.overhead import DEFAULT_OVERHEAD, Overhead, overhead_terms
-from tuner.estimator.phases import PHASES, STEP_PHASES, Phase, add_bytes, add_transient
-from tuner.estimator.pinned import HostPins
+from tuner.estimator.phases import CATEGORIES, PHASES, STEP_PHASES, Phase
 from tuner.estimator.quantized import dequantized_weight_bytes, estimate_only_why, quantized_base
 from tuner.estimator.settings import Settings, resolve
-from tuner.estimator.stage3_gathered import add_save_phase
+from tuner.estimator.stage3_gathered import save_phase
 from tuner.estimator.stage3_states import stage3_states
-from tuner.estimator.tensor_parallel import hpz_secondary_bytes, tp_workload
+from tuner.estimator.tensor_parallel import hpz_secondary, tp_details, tp_workload
+from tuner.estimator.terms import Contribution, Ledger, detail, transient
 from tuner.estimator.trainable import trained_params
 from tuner.workload import TrialConfig, Workload
 
 HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # cpu_per_node's (+ offloaded checkpoints)
+_BY_CATEGORY = itemgetter(*CATEGORIES)  # a phase's bytes as a tuple, in CATEGORIES' order
 
 
 def estimate(
@@ -75,44 +77,42 @@ def estimate(
 
 def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFAULT_OVERHEAD) -> MemoryEstimate:
     """:func:`estimate` for settings already resolved from a trial config."""
-    model, cluster = workload.model, workload.cluster
-    details: dict[str, int] = {}
-    whole, workload = workload, ep_workload(tp_workload(workload, s, details), s, details)  # AutoTP's, AutoEP's rank
-    saving = s.stage == 3 and s.gather_16bit_on_save
-    phases = {name: Phase() for name in (PHASES if saving else STEP_PHASES)}
-    pins = HostPins(cuda=cluster.device == "cuda")
-    states = stage3_states if s.stage == 3 else flat_states
-    nvme = states(workload, s, phases, details, pins)
-    gathered = add_save_phase(whole, s, phases, details) if saving else 0  # saving gathers over tp too
-    kept = details.get("gathered_parameters", 0) // s.param_bytes
-    for phase, secondary in hpz_secondary_bytes(trained_params(workload).numels, s, kept).items():
-        details["hpz_secondary_partition"] = secondary  # the step's: every parameter released
-        add_bytes(phases, "cpu" if s.offload_param != "none" else "gpu", "parameters", secondary, (phase,))
-
+    model, cluster, whole = workload.model, workload.cluster, workload
+    ledger = Ledger(PHASES if s.stage == 3 and s.gather_16bit_on_save else STEP_PHASES)
+    workload, view = _rank_view(whole, s)
+    ledger.record(view)
+    nvme, states = (stage3_states if s.stage == 3 else flat_states)(workload, s)
+    ledger.record(states)
+    gathered = 0
+    if "save" in ledger.phases:  # saving gathers over tp too
+        gathered, saved = save_phase(whole, s)
+        ledger.record(saved)
     params = trained_params(workload)
+    kept = ledger.details.get("gathered_parameters", 0) // s.param_bytes
+    ledger.record(hpz_secondary(params.numels, s, kept, s.offload_param != "none"))
     if not params.is_full:
-        details["trainable_elements"] = params.n_trainable
-        details["frozen_elements"] = params.n_frozen
+        ledger.record(detail("trainable_elements", params.n_trainable) + detail("frozen_elements", params.n_frozen))
     base = quantized_base(workload, params)
     if base is not None:  # backward dequantizes each 4-bit weight whole, one at a time
-        dequantized = dequantized_weight_bytes(base, s.param_bytes)
-        add_transient(phases, details, "dequantized_weight", "backward", dequantized)
-    source = add_activations(workload, s, phases, details, params, pins)
-    add_dispatch(workload, s, phases, details)  # AutoEP's all-to-all buffers
+        ledger.record(transient("dequantized_weight", "backward", dequantized_weight_bytes(base, s.param_bytes)))
+    source, activations = activation_terms(workload, s, params, ledger.details, ledger.phases)
+    ledger.record(activations)
+    ledger.record(dispatch_terms(workload, s))  # AutoEP's all-to-all buffers
 
+    phases, details = ledger.phases, ledger.details
     gpu_totals = {name: phase.gpu_total for name, phase in phases.items()}
     peak_phase = max(gpu_totals, key=gpu_totals.__getitem__)
     per_gpu: dict[str, int | None] = dict(phases[peak_phase].gpu)
     if source is None:
         per_gpu["activations"] = None
-    terms = overhead_terms(workload, s, overhead, phases, details, gpu_totals[peak_phase])
+    terms, figures = overhead_terms(workload, s, overhead, phases, details, gpu_totals[peak_phase])
+    ledger.record(figures)
     device_overhead = sum(terms.values())
     per_gpu["overhead"] = device_overhead
     per_gpu["total"] = gpu_totals[peak_phase] + device_overhead
-    cpu_per_node = _cpu_per_node(workload, overhead, phases, pins, gathered)
-    if pins.pinned:
-        details["pinned_host"] = pins.pinned
-        details["pinned_rounding"] = pins.rounding
+    cpu_per_node = _cpu_per_node(workload, overhead, phases, ledger.pinned, gathered)
+    if ledger.pinned:
+        ledger.record(detail("pinned_host", ledger.pinned) + detail("pinned_rounding", ledger.rounding))
     return MemoryEstimate(
         n_params=whole.model.n_params if s.tensor_parallel_size * s.expert_parallel_size > 1 else params.n_params,
         world_size=s.world_size,
@@ -135,8 +135,15 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     )
 
 
+def _rank_view(workload: Workload, s: Settings) -> tuple[Workload, Contribution]:
+    """The workload as one rank holds it under AutoTP and AutoEP (their shards, their local experts), and the figures
+    of each view."""
+    tensor_parallel = tp_workload(workload, s)
+    return ep_workload(tensor_parallel, s), tp_details(workload, s) + ep_details(tensor_parallel, s)
+
+
 def _cpu_per_node(
-    workload: Workload, overhead: Overhead, phases: dict[str, Phase], pins: HostPins, gathered: int
+    workload: Workload, overhead: Overhead, phases: Mapping[str, Phase], pinned: int, gathered: int
 ) -> dict[str, int]:
     """The worst node's host bytes: its ranks' host categories at their peak (:func:`_node_host`), their processes,
     the total, and the page-locked part of it (``pinned``)."""
@@ -154,22 +161,22 @@ def _cpu_per_node(
     # (tests/measure/test_birth.py).
     cpu_per_node["model_load"] = 0
     cpu_per_node["total"] = node_peak + cpu_per_node["processes"] + cpu_per_node["model_load"]
-    cpu_per_node["pinned"] = ranks * pins.pinned
+    cpu_per_node["pinned"] = ranks * pinned
     return cpu_per_node
 
 
-def _node_host(phases: dict[str, Phase], ranks: int, gathered: int) -> tuple[dict[str, int], int]:
+def _node_host(phases: Mapping[str, Phase], ranks: int, gathered: int) -> tuple[dict[str, int], int]:
     """The worst node's host bytes: the largest of each category over the phases, and the peak of their sums.
 
     Every rank holds its phase's host bytes, except that in the ``save`` phase only rank 0 holds the ``gathered``
     model.
     """
-    held = [phase.cpu for name, phase in phases.items() if name != "save"]
-    by_category = {name: ranks * max(host[name] for host in held) for name in HOST_CATEGORIES}
-    offloaded = max(host["activations"] for host in held)  # checkpoints offloaded to host memory (ALST)
-    if offloaded:
-        by_category["activations"] = ranks * offloaded
-    peak = ranks * max(sum(host.values()) for host in held)
+    held = [_BY_CATEGORY(phase.cpu) for name, phase in phases.items() if name != "save"]
+    largest = dict(zip(CATEGORIES, map(max, zip(*held, strict=True)), strict=True))
+    by_category = {name: ranks * largest[name] for name in HOST_CATEGORIES}
+    if largest["activations"]:  # checkpoints offloaded to host memory (ALST)
+        by_category["activations"] = ranks * largest["activations"]
+    peak = ranks * max(map(sum, held))
     if "save" in phases:
         save = phases["save"].cpu
         for name in HOST_CATEGORIES:

@@ -34,8 +34,8 @@ from dataclasses import replace
 
 from tuner.estimator.hardware import Hardware
 from tuner.estimator.partitions import FlatPartition, flat_partition
-from tuner.estimator.phases import Phase, add_transient
 from tuner.estimator.settings import Settings
+from tuner.estimator.terms import NOTHING, Contribution, detail, transient
 from tuner.workload import ModelSpec, Workload
 
 MOE_GROUP_ELEMENTS = 178_956_971  # split_params_into_different_moe_groups_for_optimizer's max_group_size
@@ -85,17 +85,27 @@ def local_layout(model: ModelSpec, ep: int) -> tuple[tuple[int, ...], tuple[bool
     return tuple(numels), tuple(experts)
 
 
-def ep_workload(workload: Workload, s: Settings, details: dict[str, int] | None = None) -> Workload:
+def ep_workload(workload: Workload, s: Settings) -> Workload:
     """The workload as one expert-parallel rank holds it (module docstring); ``workload`` itself without AutoEP."""
     ep = s.expert_parallel_size
     if ep <= 1:
         return workload
     numels, experts = local_layout(workload.model, ep)
-    if details is not None:
-        details["ep_local_experts"] = workload.model.routed_experts // ep
-        details["ep_expert_elements"] = sum(n for n, on in zip(numels, experts, strict=True) if on)
-        details["ep_local_elements"] = sum(numels)
     return replace(workload, model=replace(workload.model, numels=numels, experts=experts))
+
+
+def ep_details(workload: Workload, s: Settings) -> Contribution:
+    """The figures of one expert-parallel rank's view (:func:`ep_workload` of ``workload``): its local experts per MoE
+    layer, its expert elements and all its elements; nothing without AutoEP."""
+    ep = s.expert_parallel_size
+    if ep <= 1:
+        return NOTHING
+    numels, experts = local_layout(workload.model, ep)
+    return (
+        *detail("ep_local_experts", workload.model.routed_experts // ep),
+        *detail("ep_expert_elements", sum(n for n, on in zip(numels, experts, strict=True) if on)),
+        *detail("ep_local_elements", sum(numels)),
+    )
 
 
 def expert_zero_ranks(s: Settings) -> int:
@@ -131,17 +141,16 @@ def dispatch_bytes(workload: Workload, s: Settings) -> int:
     return s.param_bytes * tokens * top_k * workload.model.hidden_size
 
 
-def add_dispatch(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> None:
+def dispatch_terms(workload: Workload, s: Settings) -> Contribution:
     """AutoEP's all-to-all buffers in the phases (module docstring). Forward saves what transformers' own MoE block
     saves (the traced profile; measured: the true peak with AutoEP 2 is within 0.5 % of the estimate from the
     transformers block's saved bytes, ``bench/results/ep_true_peak.md``): the rows sent are freed once received, and
     the received rows become the experts' input, which the block saves anyway. In backward each MoE layer holds the
     gradient rows it sends and those it receives at once: ``2·e·t·k·h`` at its worst moment."""
     if s.expert_parallel_size <= 1 or workload.model.is_bare:
-        return
+        return NOTHING
     rows = dispatch_bytes(workload, s)
-    details["ep_dispatch_bytes"] = rows
-    add_transient(phases, details, "ep_all_to_all", "backward", 2 * rows)
+    return detail("ep_dispatch_bytes", rows) + transient("ep_all_to_all", "backward", 2 * rows)
 
 
 def moe_layers(model: ModelSpec) -> int:
@@ -167,8 +176,9 @@ def expert_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tu
 
 __all__ = [
     "MOE_GROUP_ELEMENTS",
-    "add_dispatch",
     "dispatch_bytes",
+    "dispatch_terms",
+    "ep_details",
     "ep_flat_partition",
     "ep_workload",
     "expert_mask",

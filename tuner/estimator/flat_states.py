@@ -26,11 +26,12 @@ from tuner.estimator.expert_parallel import ep_flat_partition
 from tuner.estimator.master_states import state_bytes
 from tuner.estimator.muon import muon_flat_partition, muon_states, muon_update_transient
 from tuner.estimator.partitions import round_robin_order
-from tuner.estimator.phases import PHASES, Phase, add_bytes, add_transient
+from tuner.estimator.phases import PHASES
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.quantized import quantized_base
 from tuner.estimator.settings import FP32, Settings
-from tuner.estimator.tiled_loss import add_head_gradient
+from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held, transient
+from tuner.estimator.tiled_loss import head_gradient, head_gradient_bytes
 from tuner.estimator.trainable import TrainedParams, trained_params
 from tuner.estimator.transients import (
     bucket_chunks,
@@ -43,10 +44,8 @@ from tuner.workload import Workload
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
 
 
-def flat_states(
-    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
-) -> int:
-    """Model states and buckets of ZeRO stages 0, 1 and 2 (no NVMe use: returns 0 NVMe bytes).
+def flat_states(workload: Workload, s: Settings) -> tuple[int, Contribution]:
+    """Model states and buckets of ZeRO stages 0, 1 and 2: (NVMe bytes, none: 0; their contribution).
 
     ``round_robin_gradients`` reorders the flat buffer (:func:`.round_robin_order`): the sizes are unchanged, only
     which parameters straddle a partition boundary, so it moves ZeRO-2's worst-rank gradient buffer a little. With
@@ -56,42 +55,39 @@ def flat_states(
     params = trained_params(workload)  # frozen parameters: no gradients, masters or optimizer states
     frozen = elem * params.n_frozen  # whole on every rank, in the training dtype, outside the flat groups
     base = quantized_base(workload, params)
+    out: list[Entry] = []
     if base is not None:  # 4-bit weights: packed data and quant state instead, whole on every rank too
         frozen += base.packed + base.state - elem * base.elements
-        details["quantized_weights"] = base.packed + base.state
-    add_head_gradient(workload, s, phases, details, params.mask)  # ALST's tiled loss: in forward (:mod:`.tiled_loss`)
+        out += detail("quantized_weights", base.packed + base.state)
+    head = head_gradient_bytes(workload, s, params.mask)  # ALST's tiled loss: in forward (:mod:`.tiled_loss`)
+    out += head_gradient(head)
     if s.stage == 0:
-        _stage0_states(params, frozen, s, phases, details)
-        return 0
+        return 0, (*out, *_stage0_states(params, frozen, s, head))
     numels, experts = params.trainable, model.experts  # AutoEP: expert groups over world / ep (.expert_parallel)
     if s.round_robin_gradients and s.zero_ranks > 1 and not any(experts):
         numels = round_robin_order(numels, s.zero_ranks)
     flat = muon_flat_partition(model, numels, s) if s.muon else ep_flat_partition(numels, experts, s)
     part = flat.partition
     worst_grads = part if model.is_bare else flat.worst_rank_grads
-    details["partition_elements"] = part
-    add_bytes(phases, "gpu", "parameters", elem * flat.padded_total + frozen)
-    _add_reduce_buckets(s, phases, details)
+    out += detail("partition_elements", part)
+    out += held("gpu", "parameters", elem * flat.padded_total + frozen)
+    out += _reduce_buckets(s)
     if s.stage == 1:  # ZeRO-1 reduces after backward: every 16-bit gradient is alive first, offloaded or not
-        add_bytes(phases, "gpu", "gradients", elem * params.n_trainable, ("backward",))
-        _held_between_micro_steps(s, phases, details, elem * params.n_trainable)
-    held = state_bytes(s)  # fp32 or bf16 master and moments (.master_states)
-    if s.offload_optimizer == "none":
-        states = muon_states(model, numels, s, held.master, elem) if s.muon else held.states * part
-        add_bytes(phases, "gpu", "optimizer_states", states)
-        if s.muon:  # Newton-Schulz on one whole gradient at a time, at the end of backward (.muon)
-            muon_update = muon_update_transient(model, numels, workload.cluster.device)
-            add_transient(phases, details, "muon_update", "backward", muon_update)
-        if s.stage == 2:  # ZeRO-2 reduces as gradients arrive, into this rank's partition
-            add_bytes(phases, "gpu", "gradients", elem * worst_grads, accumulated(s))
-        add_bytes(phases, "gpu", "gradients", held.master * part, ("step",))
-        add_transient(phases, details, "reduce_copy", "backward", _reduce_copy(workload, s, numels, elem * worst_grads))
-        add_transient(
-            phases, details, "optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, part, part)
-        )
-    else:
-        _offloaded_states(params, part, s, phases, details, pins)
-    return 0
+        out += held("gpu", "gradients", elem * params.n_trainable, ("backward",))
+        out += _held_between_micro_steps(s, head, elem * params.n_trainable)
+    states = state_bytes(s)  # fp32 or bf16 master and moments (.master_states)
+    if s.offload_optimizer != "none":
+        return 0, (*out, *_offloaded_states(params, part, s, workload.cluster.device == "cuda"))
+    optimizer = muon_states(model, numels, s, states.master, elem) if s.muon else states.states * part
+    out += held("gpu", "optimizer_states", optimizer)
+    if s.muon:  # Newton-Schulz on one whole gradient at a time, at the end of backward (.muon)
+        out += transient("muon_update", "backward", muon_update_transient(model, numels, workload.cluster.device))
+    if s.stage == 2:  # ZeRO-2 reduces as gradients arrive, into this rank's partition
+        out += held("gpu", "gradients", elem * worst_grads, accumulated(s))
+    out += held("gpu", "gradients", states.master * part, ("step",))
+    out += transient("reduce_copy", "backward", _reduce_copy(workload, s, numels, elem * worst_grads))
+    out += transient("optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, part, part))
+    return 0, tuple(out)
 
 
 def accumulated(s: Settings) -> tuple[str, ...]:
@@ -101,34 +97,35 @@ def accumulated(s: Settings) -> tuple[str, ...]:
     return ("forward", "backward") if s.grad_accum > 1 else ("backward",)
 
 
-def _held_between_micro_steps(s: Settings, phases: dict[str, Phase], details: dict[str, int], grads: int) -> None:
+def _held_between_micro_steps(s: Settings, head: int, grads: int) -> Contribution:
     """ZeRO-0 and ZeRO-1 reduce at the step only: with gradient accumulation every 16-bit gradient (``grads``
-    bytes) is alive in a later micro-step's forward, the tiled loss's head gradient among them (it accumulates into
-    the head's own, :func:`.add_head_gradient` counted it)."""
-    if s.grad_accum > 1:
-        add_bytes(phases, "gpu", "gradients", grads - details.get("tiled_loss_head_grad", 0), ("forward",))
+    bytes) is alive in a later micro-step's forward, the tiled loss's head gradient (``head`` bytes) among them (it
+    accumulates into the head's own, :func:`.head_gradient` counted it)."""
+    return held("gpu", "gradients", grads - head, ("forward",)) if s.grad_accum > 1 else NOTHING
 
 
-def _stage0_states(
-    params: TrainedParams, frozen: int, s: Settings, phases: dict[str, Phase], details: dict[str, int]
-) -> None:
-    """ZeRO-0: every state whole on every rank; ``frozen``: the frozen parameters' bytes."""
+def _stage0_states(params: TrainedParams, frozen: int, s: Settings, head: int) -> Contribution:
+    """ZeRO-0: every state whole on every rank; ``frozen``: the frozen parameters' bytes; ``head``: the tiled loss's
+    head gradient."""
     elem, mixed = s.param_bytes, s.precision != "fp32"
     n = params.n_trainable
-    add_bytes(phases, "gpu", "parameters", elem * n + frozen)
-    add_bytes(phases, "gpu", "optimizer_states", (FP32 * n if mixed else 0) + ADAM_STATE_BYTES * n)
-    add_bytes(phases, "gpu", "gradients", elem * n, ("backward", "step"))
-    _held_between_micro_steps(s, phases, details, elem * n)
+    out = [
+        *held("gpu", "parameters", elem * n + frozen),
+        *held("gpu", "optimizer_states", (FP32 * n if mixed else 0) + ADAM_STATE_BYTES * n),
+        *held("gpu", "gradients", elem * n, ("backward", "step")),
+        *_held_between_micro_steps(s, head, elem * n),
+    ]
     if mixed:  # FP16_Optimizer builds fp32 gradients beside the 16-bit ones for the step
-        add_bytes(phases, "gpu", "gradients", FP32 * n, ("step",))
-    add_transient(phases, details, "allreduce_copy", "backward", zero0_allreduce_copy(params.trainable, elem))
+        out += held("gpu", "gradients", FP32 * n, ("step",))
+    out += transient("allreduce_copy", "backward", zero0_allreduce_copy(params.trainable, elem))
     largest = n if mixed else params.largest_trainable
     step = optimizer_temporaries(s.optimizer_impl, largest, n)
     if mixed:  # FP16_Optimizer.step: every p.grad.to(fp32) alive in a list while they are concatenated
         step = max(step, FP32 * n)
         if s.sequence_parallel_size > 1:  # the norm on an sp rank above 0 (the worst rank)
             step = max(step, _masked_norm(n, elem))
-    add_transient(phases, details, "step_temporaries", "step", step)
+    out += transient("step_temporaries", "step", step)
+    return tuple(out)
 
 
 def _masked_norm(n: int, elem: int) -> int:
@@ -140,7 +137,7 @@ def _masked_norm(n: int, elem: int) -> int:
     return 9 * (n + 1) - elem * n
 
 
-def _add_reduce_buckets(s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> None:
+def _reduce_buckets(s: Settings) -> Contribution:
     """ZeRO-1/2's reduce buckets: in backward only, as many copies as ``overlap_comm`` and offload allocate."""
     bucket_phases: tuple[str, ...] = ("backward",)
     offload = s.offload_optimizer != "none"
@@ -151,30 +148,33 @@ def _add_reduce_buckets(s: Settings, phases: dict[str, Phase], details: dict[str
     else:
         copies = 0
     bucket = s.reduce_bucket_size * s.reduce_bytes * copies  # fp32 under Ulysses (Settings.reduce_bytes)
-    details["reduce_buckets"] = bucket
-    add_bytes(phases, "gpu", "buffers", bucket, bucket_phases)
+    out = detail("reduce_buckets", bucket) + held("gpu", "buffers", bucket, bucket_phases)
     if s.tiled_loss_shards > 1 and "forward" not in bucket_phases:
         # ALST's TiledFusedLogitsLoss runs the LM head's backward inside forward: its gradient hook allocates the
         # buckets there (stage_1_and_2.py process_gradients -> setup_buckets), in the training dtype (measured:
         # bf16 under Ulysses too; the reduction's fp32 copy comes only in backward), and they stay until the step
-        details["reduce_buckets_forward"] = s.reduce_bucket_size * s.param_bytes * copies
-        add_bytes(phases, "gpu", "buffers", details["reduce_buckets_forward"], ("forward",))
+        forward = s.reduce_bucket_size * s.param_bytes * copies
+        out += detail("reduce_buckets_forward", forward) + held("gpu", "buffers", forward, ("forward",))
+    return out
 
 
-def _offloaded_states(
-    params: TrainedParams, part: int, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
-) -> None:
+def _offloaded_states(params: TrainedParams, part: int, s: Settings, cuda: bool) -> Contribution:
     """ZeRO-1/2 with optimizer offload: the fp32 master, moments and gradient partition on the host, with the
-    staging buffers that carry gradients out and 16-bit parameters back (``part``: the partition's elements)."""
-    elem, largest, held = s.param_bytes, params.largest_trainable, state_bytes(s)
-    pin = s.offload_optimizer_pin
-    master = pins.size(held.master * part, pin)  # the master partition; Adam's moments are pageable
-    add_bytes(phases, "cpu", "optimizer_states", master + held.moments * part)
-    add_bytes(phases, "cpu", "gradients", pins.size(held.master * part, pin))  # its gradient, always allocated
+    staging buffers that carry gradients out and 16-bit parameters back (``part``: the partition's elements;
+    ``cuda``: pinned buffers cost their power-of-two size, :mod:`.pinned`)."""
+    elem, largest, states = s.param_bytes, params.largest_trainable, state_bytes(s)
+    pins, pin = HostPins(cuda), s.offload_optimizer_pin
+    master = pins.size(states.master * part, pin)  # the master partition; Adam's moments are pageable
+    gradients = pins.size(states.master * part, pin)  # its gradient, always allocated
     staging = pins.size(elem * part, pin) + pins.size(elem * largest, pin)  # 16-bit param copy-back, grad staging
-    add_bytes(phases, "cpu", "buffers", staging)
-    add_bytes(phases, "gpu", "buffers", elem * largest)  # device-side gradient staging buffer
-    details["offload_staging"] = elem * part + 2 * elem * largest
+    return (
+        *held("cpu", "optimizer_states", master + states.moments * part),
+        *held("cpu", "gradients", gradients),
+        *held("cpu", "buffers", staging),
+        *held("gpu", "buffers", elem * largest),  # device-side gradient staging buffer
+        *detail("offload_staging", elem * part + 2 * elem * largest),
+        *pins.contribution(),
+    )
 
 
 def _reduce_copy(workload: Workload, s: Settings, numels: tuple[int, ...], partition_grads: int) -> int:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from tuner.estimator.activations import LayerActivations
 from tuner.estimator.settings import FP32, Settings
+from tuner.estimator.terms import Contribution, Entry, detail
 from tuner.estimator.tiled_loss import shard_workspace
 from tuner.workload import ModelSpec, Workload, kv_replication
 
@@ -152,8 +153,13 @@ class Activations:
         )  # fmt: skip
 
 
-def long_context_terms(workload: Workload, s: Settings, acts: Activations, details: dict[str, int]) -> Activations:
-    """``acts`` (the model's terms at ``s/sp`` tokens) with Ulysses' and ALST's terms (module docstring) applied."""
+def long_context_terms(
+    workload: Workload, s: Settings, traced: LayerActivations, workspace: int
+) -> tuple[Activations, Contribution]:
+    """The model's terms at ``s/sp`` tokens (``traced``, with its logits ``workspace``) with Ulysses' and ALST's terms
+    (module docstring) applied, and the details they record."""
+    acts = Activations.of(traced, workspace)  # the rank's own, built here
+    out: list[Entry] = []
     model, elem, batch = workload.model, s.param_bytes, s.micro_batch
     sp, local, layers = s.sequence_parallel_size, local_seq(workload, s), max(1, model.num_layers)
     tokens = batch * local
@@ -161,15 +167,15 @@ def long_context_terms(workload: Workload, s: Settings, acts: Activations, detai
     if sp > 1:
         replicated = kv_replication_bytes(model, batch, workload.train.seq_len, elem, sp)
         output = attention_output_bytes(model, batch, local, elem)
-        details["ulysses_attention_output"] = output
+        out += detail("ulysses_attention_output", output)
         if s.activation_checkpointing:  # the recomputed layer's saved tensors
             acts.recompute += replicated + output
         else:
             acts.saved += layers * (replicated + output)
         acts.transient = all_to_all_buffers(model, batch, local, elem, sp)
-        details["all_to_all_buffers"] = acts.transient
+        out += detail("all_to_all_buffers", acts.transient)
         if replicated:
-            details["kv_replicated"] = replicated
+            out += detail("kv_replicated", replicated)
     if s.tiled_mlp_shards > 1:
         dropped = acts.mlp_saved or mlp_saved_bytes(model, tokens, elem)
         shard = -(-dropped // s.tiled_mlp_shards)
@@ -178,26 +184,26 @@ def long_context_terms(workload: Workload, s: Settings, acts: Activations, detai
         else:
             acts.saved -= layers * dropped
             acts.recompute += shard
-        details["tiled_mlp_shard"] = shard
+        out += detail("tiled_mlp_shard", shard)
     if s.tiled_loss_shards > 1:
         logits = tokens * model.vocab_size
         acts.saved += elem * tokens * model.hidden_size - FP32 * logits
         acts.outside = max(0, acts.outside + elem * tokens * model.hidden_size - FP32 * logits)
         shard_logits = -(-logits // s.tiled_loss_shards)
         acts.workspace = shard_workspace(elem, shard_logits)
-        details["tiled_loss_shard"] = acts.workspace
+        out += detail("tiled_loss_shard", acts.workspace)
     if s.activation_checkpointing:  # the recomputed layer's worst moment in backward, beyond its saved tensors
         acts.recompute_saved = acts.recompute
         worst = acts.peak_outside_mlp if s.tiled_mlp_shards > 1 else acts.peak
         if worst and worst + replicated > acts.recompute:
             acts.recompute = worst + replicated
-            details["recomputed_backward_peak"] = acts.recompute
+            out += detail("recomputed_backward_peak", acts.recompute)
     if s.offload_checkpoints and s.activation_checkpointing:
         checkpoint = elem * tokens * model.hidden_size
         acts.host, acts.host_count = layers * checkpoint, layers
         acts.saved -= max(0, layers - IN_FLIGHT_CHECKPOINTS) * checkpoint
-        details["offloaded_checkpoints"] = acts.host
-    return acts
+        out += detail("offloaded_checkpoints", acts.host)
+    return acts, tuple(out)
 
 
 __all__ = [

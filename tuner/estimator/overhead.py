@@ -10,6 +10,7 @@ workspaces and the caching allocator's reserve. The reserve is simulated on the 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tuner.estimator.alloc_sequence import simulated_step
@@ -18,9 +19,11 @@ from tuner.estimator.hardware import table_key
 from tuner.estimator.nccl import Parallelism
 from tuner.estimator.phases import Phase
 from tuner.estimator.settings import Settings
+from tuner.estimator.terms import NOTHING, Contribution, Detail
 from tuner.workload import Workload
 
 UNSIMULATED_SHARE = 0.07  # the allocator's reserve for a config whose tensors cannot fit anyway (not simulated)
+OUT_OF_MEMORY = (Detail("allocator_out_of_memory", 1),)
 
 
 @dataclass(frozen=True)
@@ -52,25 +55,36 @@ DEFAULT_OVERHEAD = Overhead()
 
 
 def overhead_terms(
-    workload: Workload, s: Settings, overhead: Overhead, phases: dict[str, Phase], details: dict[str, int], peak: int
-) -> dict[str, int]:
-    """The named device overhead terms of a CUDA workload at the ``peak`` phase's bytes (none on CPU), also recorded
-    in ``details`` with their NCCL terms' sum (``nccl_buffers``)."""
+    workload: Workload,
+    s: Settings,
+    overhead: Overhead,
+    phases: Mapping[str, Phase],
+    recorded: Mapping[str, int],
+    peak: int,
+) -> tuple[dict[str, int], Contribution]:
+    """The named device overhead terms of a CUDA workload at the ``peak`` phase's bytes (none on CPU), and the
+    details they record: each term, their NCCL terms' sum (``nccl_buffers``) and the allocator simulation's figures.
+    ``phases`` and ``recorded``: the estimate's phases and details so far."""
     if workload.cluster.device != "cuda":
-        return {}
-    terms = _device_terms(workload, s, overhead.kind_for(workload), phases, details, peak)
-    details.update(terms)
-    details["nccl_buffers"] = sum(size for name, size in terms.items() if name.startswith("nccl_"))
-    return terms
+        return {}, NOTHING
+    terms, simulation = _device_terms(workload, s, overhead.kind_for(workload), phases, recorded, peak)
+    nccl = sum(size for name, size in terms.items() if name.startswith("nccl_"))
+    return terms, (*simulation, *(Detail(name, size) for name, size in terms.items()), Detail("nccl_buffers", nccl))
 
 
 def _device_terms(
-    workload: Workload, s: Settings, kind: DeviceKind, phases: dict[str, Phase], details: dict[str, int], peak: int
-) -> dict[str, int]:
+    workload: Workload,
+    s: Settings,
+    kind: DeviceKind,
+    phases: Mapping[str, Phase],
+    recorded: Mapping[str, int],
+    peak: int,
+) -> tuple[dict[str, int], Contribution]:
     """The named CUDA overhead terms (:mod:`.device`), the allocator's reserve simulated on the step's plausible
-    allocation sequence (:mod:`.alloc_sequence`) unless the kind sets a flat share. The simulation gets the GPU
-    memory the context and NCCL leave as its capacity, so it releases cached segments where the real allocator
-    would (before an out-of-memory error) rather than reporting a reserve no run could hold."""
+    allocation sequence (:mod:`.alloc_sequence`) unless the kind sets a flat share, and the simulation's figures.
+    The simulation gets the GPU memory the context and NCCL leave as its capacity, so it releases cached segments
+    where the real allocator would (before an out-of-memory error) rather than reporting a reserve no run could
+    hold."""
     parallelism = _parallelism(
         s.world_size,
         workload.cluster.gpus_per_node,
@@ -81,25 +95,28 @@ def _device_terms(
         s.expert_parallel_size,
         s.quantized_gradients,
     )
-    reserve = 0
-    if kind.allocator_share is None:
-        # The allocator may use what the context and NCCL leave; it releases its cache before running out.
-        outside = kind.overhead(peak, parallelism)
-        room = workload.cluster.gpu_memory - outside["cuda_context"]
-        room -= sum(size for name, size in outside.items() if name.startswith("nccl_"))
-        if peak + outside["cublas_workspace"] > room:  # cannot fit whatever the allocator does: no simulation
-            details["allocator_out_of_memory"] = 1
-            return kind.overhead(peak, parallelism, int(UNSIMULATED_SHARE * peak))
-        simulated = simulated_step(workload, s, phases, details, s.expandable_segments, room)
-        if simulated is None:  # out of memory even so: report the unpressured reserve (the total will not fit)
-            details["allocator_out_of_memory"] = 1
-            simulated = simulated_step(workload, s, phases, details, s.expandable_segments)
-        assert simulated is not None  # no capacity: never out of memory
-        details["simulated_peak_allocated"] = simulated.peak_allocated
-        details["simulated_peak_reserved"] = simulated.peak_reserved
-        details["allocator_cache_releases"] = simulated.releases
-        reserve = simulated.reserve
-    return kind.overhead(peak, parallelism, reserve)
+    if kind.allocator_share is not None:
+        return kind.overhead(peak, parallelism, 0), NOTHING
+    # The allocator may use what the context and NCCL leave; it releases its cache before running out.
+    outside = kind.overhead(peak, parallelism)
+    room = workload.cluster.gpu_memory - outside["cuda_context"]
+    room -= sum(size for name, size in outside.items() if name.startswith("nccl_"))
+    if peak + outside["cublas_workspace"] > room:  # cannot fit whatever the allocator does: no simulation
+        return kind.overhead(peak, parallelism, int(UNSIMULATED_SHARE * peak)), OUT_OF_MEMORY
+    short = NOTHING
+    simulated = simulated_step(workload, s, phases, recorded, s.expandable_segments, room)
+    if simulated is None:  # out of memory even so: report the unpressured reserve (the total will not fit)
+        short = OUT_OF_MEMORY
+        simulated = simulated_step(workload, s, phases, recorded, s.expandable_segments)
+    assert simulated is not None  # no capacity: never out of memory
+    figures = (
+        *short,
+        Detail("simulated_peak_allocated", simulated.peak_allocated),
+        Detail("simulated_peak_reserved", simulated.peak_reserved),
+        Detail("allocator_cache_releases", simulated.releases),
+    )
+    outside["allocator_reserve"] = simulated.reserve  # the terms outside the allocator's do not depend on it
+    return outside, figures
 
 
 @functools.lru_cache(maxsize=256)

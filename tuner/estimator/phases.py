@@ -3,10 +3,10 @@
 Peak memory is the maximum over the phases of a step (:data:`PHASES`), each a sum of what is alive then: ``forward``
 (after the forward pass), ``backward`` (all gradients and the reduce buckets), ``step`` (fp32 gradients) and, where
 the estimate has it, ``save`` (ZeRO-3 gathering the 16-bit model to save it). Bytes allocated for a moment inside a
-phase (:mod:`.transients`) count at their worst moment in it (:func:`add_transient`).
+phase (:mod:`.transients`) count at their worst moment in it (:func:`.terms.transient`).
 
-Plain data below the estimator's arithmetic: the model-state and activation modules fill phases, the allocator's
-step sequence reads them.
+Plain data below the estimator's arithmetic: the terms' contributions are combined into phases in one place
+(:class:`.terms.Ledger`), the allocator's step sequence reads them.
 """
 
 from __future__ import annotations
@@ -41,20 +41,4 @@ class Phase:
         return {name: self.gpu[name] + self.cpu[name] for name in CATEGORIES}
 
 
-def add_bytes(phases: dict[str, Phase], where: str, category: str, size: int, only: tuple[str, ...] = PHASES) -> None:
-    """Add ``size`` bytes to ``category`` on the device (``where="gpu"``) or the host (``"cpu"``) in the phases
-    ``only`` that the estimate has (default: all of them, for what stays allocated throughout)."""
-    for name in only:
-        if name in phases:
-            getattr(phases[name], where)[category] += size
-
-
-def add_transient(phases: dict[str, Phase], details: dict[str, int], name: str, phase: str, size: int) -> None:
-    """A transient buffer (:mod:`.transients`) of ``size`` bytes at its worst moment in ``phase``, on the device."""
-    if size:
-        details[name] = size
-        details[f"transients_{phase}"] = details.get(f"transients_{phase}", 0) + size
-        add_bytes(phases, "gpu", "buffers", size, (phase,))
-
-
-__all__ = ["CATEGORIES", "PHASES", "STEP_PHASES", "Phase", "add_bytes", "add_transient"]
+__all__ = ["CATEGORIES", "PHASES", "STEP_PHASES", "Phase"]

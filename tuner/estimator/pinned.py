@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.estimator.terms import NOTHING, Contribution, Pinned
+
 
 def power_of_two_ceil(size: int) -> int:
     """The smallest power of two at least ``size`` (0 stays 0), as PyTorch's host allocator rounds.
@@ -39,7 +41,7 @@ def power_of_two_ceil(size: int) -> int:
 
 @dataclass(slots=True)
 class HostPins:
-    """Tallies one rank's pinned host bytes while the estimator sizes its host buffers.
+    """Tallies one term's pinned host bytes while it sizes its host buffers (its :meth:`contribution`).
 
     ``cuda``: the ranks run on CUDA devices (else pinning is a no-op). ``pinned``: page-locked bytes as allocated;
     ``rounding``: what the power-of-two rounding adds beyond the buffers' sizes (included in ``pinned``).
@@ -68,3 +70,7 @@ class HostPins:
         """Host bytes of a buffer page-locked at its exact size (DeepSpeed's async I/O swap buffers)."""
         self.pinned += nbytes
         return nbytes
+
+    def contribution(self) -> Contribution:
+        """What this tally adds to the estimate's pinned host bytes (:class:`.terms.Pinned`)."""
+        return (Pinned(self.pinned, self.rounding),) if self.pinned else NOTHING

@@ -5,28 +5,21 @@ ZeRO-3 keeps parameters of at most ``stage3_param_persistence_threshold`` elemen
 the rest on the fly. After the forward pass it still holds the gathered parameters it will reuse within
 ``stage3_max_reuse_distance``, up to ``stage3_max_live_parameters`` (with the defaults, 1e9, that is the whole model
 below 1B parameters). With ``stage3_gather_16bit_weights_on_model_save`` the estimate has a fourth phase, ``save``
-(:func:`add_save_phase`): saving the model gathers the whole 16-bit model on rank 0.
+(:func:`save_phase`): saving the model gathers the whole 16-bit model on rank 0.
 """
 
 from __future__ import annotations
 
 from tuner.estimator.partitions import Stage3Partition, stage3_layout
-from tuner.estimator.phases import Phase, add_bytes
 from tuner.estimator.quantized import quantized_base
 from tuner.estimator.quantized_comm import qwz_staging_bytes
 from tuner.estimator.settings import Settings
+from tuner.estimator.terms import Contribution, detail, held
 from tuner.estimator.trainable import TrainedParams, frozen_lead, trained_params
 from tuner.workload import Workload
 
 
-def add_stage3_gathered(
-    workload: Workload,
-    params: TrainedParams,
-    part: Stage3Partition,
-    s: Settings,
-    phases: dict[str, Phase],
-    details: dict[str, int],
-) -> None:
+def stage3_gathered(workload: Workload, params: TrainedParams, part: Stage3Partition, s: Settings) -> Contribution:
     """Whole parameters ZeRO-3 holds beside the shards ``part`` of ``params`` (on one rank the shard is the whole,
     so nothing: the caller adds them on more ranks only).
 
@@ -55,20 +48,23 @@ def add_stage3_gathered(
         params.numels, s.zero_ranks, s.param_persistence_threshold, s.model_persistence_threshold
     )
     unused = 0 if workload.model.tie_embeddings else frozen_lead(params, persists)
-    add_bytes(phases, "gpu", "parameters", elem * persistent, ("forward", "backward"))
     unpartitioned = params.n_params - unused - persistent
     kept = min(unpartitioned, max(s.max_live_parameters, largest)) if s.max_reuse_distance >= largest else 0
     if _expert_modules(workload):
         kept = 0
     gathering = min(unpartitioned, largest + s.prefetch_bucket_size)
     working = max(0, gathering - kept)
-    details["gathered_parameters"] = elem * kept
-    details["stage3_working_set"] = elem * working
-    add_bytes(phases, "gpu", "parameters", elem * kept, ("forward",))
-    add_bytes(phases, "gpu", "buffers", elem * working, ("forward",))
+    out = (
+        *held("gpu", "parameters", elem * persistent, ("forward", "backward")),
+        *detail("gathered_parameters", elem * kept),
+        *detail("stage3_working_set", elem * working),
+        *held("gpu", "parameters", elem * kept, ("forward",)),
+        *held("gpu", "buffers", elem * working, ("forward",)),
+    )
     if s.quantized_weights:  # qwZ: the set being gathered arrives as int8 with its scales (:mod:`.quantized_comm`)
-        details["qwz_staging"] = qwz_staging_bytes(gathering)
-        add_bytes(phases, "gpu", "buffers", details["qwz_staging"], ("forward",))
+        staging = qwz_staging_bytes(gathering)
+        out += detail("qwz_staging", staging) + held("gpu", "buffers", staging, ("forward",))
+    return out
 
 
 def _expert_modules(workload: Workload) -> bool:
@@ -78,8 +74,9 @@ def _expert_modules(workload: Workload) -> bool:
     return profile is not None and profile.expert_modules
 
 
-def add_save_phase(workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int]) -> int:
-    """The ``save`` phase of ZeRO-3 with ``stage3_gather_16bit_weights_on_model_save``; returns the bytes gathered.
+def save_phase(workload: Workload, s: Settings) -> tuple[int, Contribution]:
+    """The ``save`` phase of ZeRO-3 with ``stage3_gather_16bit_weights_on_model_save``: (the bytes gathered, its
+    contribution).
 
     ``save_16bit_model`` calls ``_zero3_consolidated_16bit_state_dict`` (``deepspeed/runtime/engine.py:5631``) on
     every rank between steps: it gathers one module's parameters at a time (``GatheredParameters`` on every rank's
@@ -98,8 +95,9 @@ def add_save_phase(workload: Workload, s: Settings, phases: dict[str, Phase], de
     if base is not None:  # 4-bit weights are gathered as their packed data
         gathered += base.packed - elem * base.elements
     working = elem * model.largest_param if workload.cluster.device == "cuda" else 0
-    details["save_gathered_model"] = gathered
-    details["save_working_set"] = working
-    add_bytes(phases, "cpu", "parameters", gathered, ("save",))
-    add_bytes(phases, "gpu", "buffers", working, ("save",))
-    return gathered
+    return gathered, (
+        *detail("save_gathered_model", gathered),
+        *detail("save_working_set", working),
+        *held("cpu", "parameters", gathered, ("save",)),
+        *held("gpu", "buffers", working, ("save",)),
+    )

@@ -21,29 +21,27 @@ from __future__ import annotations
 
 from tuner.estimator.master_states import state_bytes
 from tuner.estimator.partitions import stage3_layout, stage3_partition
-from tuner.estimator.phases import Phase, add_bytes, add_transient
 from tuner.estimator.pinned import HostPins
 from tuner.estimator.quantized import quantized_base, quantized_shard_bytes, stage3_view
 from tuner.estimator.quantized_comm import qgz_reduce_transient
 from tuner.estimator.settings import FP32, Settings
-from tuner.estimator.stage3_gathered import add_stage3_gathered
-from tuner.estimator.tiled_loss import add_head_gradient
+from tuner.estimator.stage3_gathered import stage3_gathered
+from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held, transient
+from tuner.estimator.tiled_loss import head_gradient, head_gradient_bytes
 from tuner.estimator.trainable import TrainedParams, stage3_bytes, trained_params
 from tuner.estimator.transients import optimizer_temporaries, stage3_reduce_copy
 from tuner.workload import Workload
 
 
-def stage3_states(
-    workload: Workload, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
-) -> int:
-    """Model states and buffers of ZeRO stage 3; returns NVMe bytes per rank."""
-    model, elem = workload.model, s.param_bytes
+def stage3_states(workload: Workload, s: Settings) -> tuple[int, Contribution]:
+    """Model states and buffers of ZeRO stage 3: (NVMe bytes per rank, their contribution)."""
+    model, elem, cuda = workload.model, s.param_bytes, workload.cluster.device == "cuda"
     params = trained_params(workload)
     base = quantized_base(workload, params)
+    out: list[Entry] = []
     if base is not None:  # 4-bit weights as ZeRO-3 holds them: partitioned packed data, or whole (uint8)
         params, whole = stage3_view(params, base, elem)
-        details["quantized_weights_whole"] = whole
-        add_bytes(phases, "gpu", "parameters", whole)
+        out += detail("quantized_weights_whole", whole) + held("gpu", "parameters", whole)
     part = stage3_partition(
         params.numels,
         s.zero_ranks,
@@ -55,28 +53,27 @@ def stage3_states(
         s.expert_parallel_size,
     )
     shard, persistent = part.shard, part.persistent
-    details["partition_elements"] = shard
-    details["persistent_elements"] = persistent
+    out += detail("partition_elements", shard) + detail("persistent_elements", persistent)
     shard_bytes, upcast = elem * shard, 0  # frozen parameters are partitioned like the rest
     if not params.is_full:  # peft's fp32 adapters stay fp32; only the trainable shard has gradients and states
-        held = stage3_bytes(params, s.zero_ranks, elem, s.param_persistence_threshold, s.model_persistence_threshold)
-        shard_bytes, upcast = held.shard_bytes, held.persistent_bytes - elem * persistent
-        shard = held.trainable_shard
-        details["trainable_partition_elements"] = shard
+        kept = stage3_bytes(params, s.zero_ranks, elem, s.param_persistence_threshold, s.model_persistence_threshold)
+        shard_bytes, upcast = kept.shard_bytes, kept.persistent_bytes - elem * persistent
+        shard = kept.trainable_shard
+        out += detail("trainable_partition_elements", shard)
         if s.quantized_nontrainable:  # frozen shards held int8 with fp32 scales
             saved = _quantized_nontrainable_saving(params, s, elem)
-            details["quantized_nontrainable_saving"] = saved
+            out += detail("quantized_nontrainable_saving", saved)
             shard_bytes -= saved
-    nvme = _place_shard(shard_bytes, s, phases, pins)
+    nvme, placed = _place_shard(shard_bytes, s, cuda)
+    out += placed
     if s.zero_ranks > 1 and not model.is_bare:
-        add_stage3_gathered(workload, params, part, s, phases, details)
-        add_bytes(phases, "gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
+        out += stage3_gathered(workload, params, part, s)
+        out += held("gpu", "parameters", upcast, ("forward", "backward"))  # fp32 adapters' whole copies
     elif any(model.replicated):  # AutoTP on tp ranks only: its replicated parameters are partitioned, over tp
-        _add_replicated_gathered(workload, params, s, phases, details)
-    add_head_gradient(workload, s, phases, details, params.mask)  # ALST's tiled loss: in forward (:mod:`.tiled_loss`)
+        out += _replicated_gathered(workload, params, s)
+    out += head_gradient(head_gradient_bytes(workload, s, params.mask))  # ALST's tiled loss (:mod:`.tiled_loss`)
     bucket = s.reduce_bucket_size * s.reduce_bytes if s.contiguous_gradients else 0  # fp32 under Ulysses
-    details["reduce_buckets"] = bucket
-    add_bytes(phases, "gpu", "buffers", bucket)
+    out += detail("reduce_buckets", bucket) + held("gpu", "buffers", bucket)
     if not model.is_bare:
         gloo = workload.cluster.device == "cpu"
         if s.quantized_gradients:  # qgZ: tensor by tensor through int4 all-to-alls, no flat bucket (.quantized_comm)
@@ -85,60 +82,53 @@ def stage3_states(
             copy = qgz_reduce_transient(largest, local) + elem * largest
         else:
             copy = stage3_reduce_copy(params.trainable, s, elem, gloo)
-        add_transient(phases, details, "reduce_copy", "backward", copy)
-    return nvme + _optimizer_states(shard, s, phases, details, pins)
+        out += transient("reduce_copy", "backward", copy)
+    swapped, states = _optimizer_states(shard, s, cuda)
+    return nvme + swapped, (*out, *states)
 
 
-def _add_replicated_gathered(
-    workload: Workload, params: TrainedParams, s: Settings, phases: dict[str, Phase], details: dict[str, int]
-) -> None:
+def _replicated_gathered(workload: Workload, params: TrainedParams, s: Settings) -> Contribution:
     """The gathered parameters when the data-parallel degree is 1 under AutoTP: only the replicated ones are
     partitioned (over the tp ranks), so only they are gathered."""
     kept = tuple(n for n, whole in zip(params.numels, workload.model.replicated, strict=True) if whole)
     thresholds = (s.param_persistence_threshold, s.model_persistence_threshold)
     part = stage3_partition(kept, s.tensor_parallel_size, *thresholds)
-    add_stage3_gathered(workload, TrainedParams(kept, kept, max(kept)), part, s, phases, details)
+    return stage3_gathered(workload, TrainedParams(kept, kept, max(kept)), part, s)
 
 
-def _place_shard(shard_bytes: int, s: Settings, phases: dict[str, Phase], pins: HostPins) -> int:
-    """The parameter shard on the device, or with ``offload_param`` on the host or NVMe; returns its NVMe bytes."""
+def _place_shard(shard_bytes: int, s: Settings, cuda: bool) -> tuple[int, Contribution]:
+    """The parameter shard on the device, or with ``offload_param`` on the host or NVMe: (its NVMe bytes, its
+    contribution)."""
+    pins = HostPins(cuda)
     if s.offload_param == "nvme":
         swap = s.offload_param_buffer_count * s.offload_param_buffer_size * s.param_bytes
-        add_bytes(phases, "cpu", "buffers", pins.locked(swap))
-        return shard_bytes
+        return shard_bytes, held("cpu", "buffers", pins.locked(swap)) + pins.contribution()
     if s.offload_param == "cpu":  # one flat buffer, pinned whatever offload_param.pin_memory says
-        add_bytes(phases, "cpu", "parameters", pins.size(shard_bytes, True))
-    else:
-        add_bytes(phases, "gpu", "parameters", shard_bytes)
-    return 0
+        return 0, held("cpu", "parameters", pins.size(shard_bytes, True)) + pins.contribution()
+    return 0, held("gpu", "parameters", shard_bytes)
 
 
-def _optimizer_states(
-    shard: int, s: Settings, phases: dict[str, Phase], details: dict[str, int], pins: HostPins
-) -> int:
+def _optimizer_states(shard: int, s: Settings, cuda: bool) -> tuple[int, Contribution]:
     """The trainable ``shard``'s gradient partitions and optimizer states (on the device, or offloaded to the host
-    or NVMe); returns their NVMe bytes."""
-    elem, held = s.param_bytes, state_bytes(s)  # fp32 or bf16 master and moments (.master_states)
-    states = held.states * shard
+    or NVMe): (their NVMe bytes, their contribution)."""
+    elem, kept = s.param_bytes, state_bytes(s)  # fp32 or bf16 master and moments (.master_states)
+    states = kept.states * shard
     group = min(shard, s.sub_group_size) if s.sub_group_size else shard
     if s.offload_optimizer == "none":
-        add_bytes(phases, "gpu", "optimizer_states", states)
-        add_bytes(phases, "gpu", "gradients", elem * shard)  # the flat gradient partition buffer is permanent
-        add_bytes(phases, "gpu", "gradients", held.master * group, ("step",))
-        add_transient(
-            phases, details, "optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, group, shard)
+        return 0, (
+            *held("gpu", "optimizer_states", states),
+            *held("gpu", "gradients", elem * shard),  # the flat gradient partition buffer is permanent
+            *held("gpu", "gradients", kept.master * group, ("step",)),
+            *transient("optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, group, shard)),
         )
-        return 0
     # with offload the 16-bit gradient partition and its fp32 copy both live on the host for good
-    add_bytes(
-        phases, "cpu", "gradients", pins.size(elem * shard, s.offload_optimizer_pin) + _sub_group_grads(shard, s, pins)
-    )
+    pins = HostPins(cuda)
+    groups, grouped = _sub_group_grads(shard, s, cuda)
+    out = held("cpu", "gradients", pins.size(elem * shard, s.offload_optimizer_pin) + groups) + grouped
     if s.offload_optimizer == "nvme":
         swap = s.offload_optimizer_buffer_count * min(shard, s.sub_group_size or shard) * FP32
-        add_bytes(phases, "cpu", "buffers", pins.locked(swap))
-        return states
-    add_bytes(phases, "cpu", "optimizer_states", states)
-    return 0
+        return states, out + held("cpu", "buffers", pins.locked(swap)) + pins.contribution()
+    return 0, out + held("cpu", "optimizer_states", states) + pins.contribution()
 
 
 def _quantized_nontrainable_saving(params: TrainedParams, s: Settings, elem: int) -> int:
@@ -153,14 +143,14 @@ def _quantized_nontrainable_saving(params: TrainedParams, s: Settings, elem: int
     return saved
 
 
-def _sub_group_grads(shard: int, s: Settings, pins: HostPins) -> int:
-    """Host bytes of ZeRO-3's master-dtype gradient buffers with optimizer offload: one per sub-group of
-    ``sub_group_size`` elements (the shard cut into equal sub-groups, as the step's gradients are sized), each
-    pinned alone."""
+def _sub_group_grads(shard: int, s: Settings, cuda: bool) -> tuple[int, Contribution]:
+    """Host bytes of ZeRO-3's master-dtype gradient buffers with optimizer offload, and their pinned bytes: one per
+    sub-group of ``sub_group_size`` elements (the shard cut into equal sub-groups, as the step's gradients are
+    sized), each pinned alone."""
     group = min(shard, s.sub_group_size) if s.sub_group_size else shard
     if group == 0:
-        return 0
+        return 0, NOTHING
     full, rest = divmod(shard, group)
     pin = s.offload_optimizer_pin and s.offload_optimizer == "cpu"  # NVMe steps swapped sub-groups in one buffer
-    master = state_bytes(s).master
-    return pins.size(master * group, pin, count=full) + pins.size(master * rest, pin)
+    master, pins = state_bytes(s).master, HostPins(cuda)
+    return pins.size(master * group, pin, count=full) + pins.size(master * rest, pin), pins.contribution()

@@ -36,6 +36,7 @@ from dataclasses import replace
 from tuner.estimator.hardware import Hardware
 from tuner.estimator.partitions import stage3_layout
 from tuner.estimator.settings import Settings
+from tuner.estimator.terms import NOTHING, Contribution, Held, detail
 from tuner.workload import ModelSpec, Workload
 from tuner.workload.layout_checks import tp_plan_split
 
@@ -88,7 +89,7 @@ def local_numels(numels: tuple[int, ...], mask: tuple[bool, ...], tp: int) -> tu
     return tuple(-(-n // tp) if on else n for n, on in zip(numels, mask, strict=True))
 
 
-def tp_workload(workload: Workload, s: Settings, details: dict[str, int] | None = None) -> Workload:
+def tp_workload(workload: Workload, s: Settings) -> Workload:
     """The workload as one tensor-parallel rank holds it: its model's parameters are the rank's shards (the shapes
     the activations are computed from stay the model's). ``workload`` itself without AutoTP."""
     tp = s.tensor_parallel_size
@@ -96,10 +97,20 @@ def tp_workload(workload: Workload, s: Settings, details: dict[str, int] | None 
         return workload
     model, mask = workload.model, sharded(workload)
     local = local_numels(model.param_numels, mask, tp)
-    if details is not None:
-        details["tp_sharded_elements"] = sum(n for n, on in zip(model.param_numels, mask, strict=True) if on)
-        details["tp_local_elements"] = sum(local)
     return replace(workload, model=replace(model, numels=local, replicated=tuple(not on for on in mask)))
+
+
+def tp_details(workload: Workload, s: Settings) -> Contribution:
+    """The figures of one tensor-parallel rank's view (:func:`tp_workload` of ``workload``): the elements AutoTP
+    shards and the rank's own; nothing without AutoTP."""
+    tp = s.tensor_parallel_size
+    if tp <= 1:
+        return NOTHING
+    model, mask = workload.model, sharded(workload)
+    return (
+        *detail("tp_sharded_elements", sum(n for n, on in zip(model.param_numels, mask, strict=True) if on)),
+        *detail("tp_local_elements", sum(local_numels(model.param_numels, mask, tp))),
+    )
 
 
 def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings, kept: int = 0) -> dict[str, int]:
@@ -128,6 +139,18 @@ def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings, kept: int = 0) -> 
     return {"forward": max(0, full - s.param_bytes * kept // group), "backward": full, "step": full}
 
 
+def hpz_secondary(numels: tuple[int, ...], s: Settings, kept: int, offloaded: bool) -> Contribution:
+    """hpZ's secondary partition (:func:`hpz_secondary_bytes`) as the parameters it holds by phase, on the host when
+    the parameters are ``offloaded`` (``offload_param``); the figure recorded is the step's (every parameter
+    released)."""
+    by_phase = hpz_secondary_bytes(numels, s, kept)
+    if not by_phase:
+        return NOTHING
+    where = "cpu" if offloaded else "gpu"
+    sizes = (Held(where, "parameters", size, (phase,)) for phase, size in by_phase.items())
+    return (*detail("hpz_secondary_partition", by_phase["step"]), *sizes)
+
+
 def tensor_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tuple[float, int]:
     """(all-reduce seconds, calls) per optimizer step that AutoTP adds: each layer all-reduces its attention's and
     its MLP's row-parallel output (``e·b·s·h``) in forward, the column-parallel inputs' gradients in backward, and
@@ -142,11 +165,13 @@ def tensor_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tu
 
 
 __all__ = [
+    "hpz_secondary",
     "hpz_secondary_bytes",
     "linear_sizes",
     "local_numels",
     "shard_mask",
     "sharded",
     "tensor_parallel_seconds",
+    "tp_details",
     "tp_workload",
 ]

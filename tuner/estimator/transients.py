@@ -18,7 +18,7 @@ on 2 CPU ranks (Pythia-160M shape, fp32 and bf16) and confirmed in DeepSpeed's c
   (:func:`flat_reduce_copy`).
 * ZeRO-3 reduce-scatters each filled bucket through ``reduce_scatter_coalesced``, which concatenates the bucket's
   gradients (padded) into one flat tensor (:func:`stage3_reduce_copy`). By the last reduction backward has
-  released the parameters forward kept gathered (:func:`.add_stage3_gathered`): only the largest parameter's
+  released the parameters forward kept gathered (:func:`.stage3_gathered`): only the largest parameter's
   gradient is alive beside the staging.
 * The optimizer's own temporaries in the step (:func:`optimizer_temporaries`): torch's single-tensor Adam builds
   ``exp_avg_sq.sqrt()`` and its quotient (two fp32 tensors the size of the parameter it steps, and ZeRO-1/2/3
