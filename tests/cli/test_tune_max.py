@@ -25,6 +25,7 @@ TINY = ["--model", "tiny-llama", "--gpus", "2", "--device", "cpu", "--gpu-memory
         (["--seq-len", "max", "--global-batch", "8"], "global-batch"),
         (["--seq-len", "max", "--sampler", "random"], "sampler"),
         (["--seq-len", "max", "--pareto"], "pareto"),
+        (["--seq-len", "max", "--allow-numerics-changes"], "allow-numerics-changes"),
         (["--seq-len", "max", "--tensor-parallel", "2"], "tensor-parallel"),
         (["--seq-len", "max", "--pin", "overlap_comm=true"], "pin"),
         (["--seq-len", "max", "--pin", "stage=7"], "pin"),

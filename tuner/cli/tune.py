@@ -85,6 +85,13 @@ SearchThreadsOpt = Annotated[
     bool,
     typer.Option(help="Also search OpenMP threads per rank (offload's CPU Adam, CPU ranks), within --cores-per-node."),
 ]
+AllowNumericsOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Also search choices that change the numerics or the loss's code path: bf16 master weights and "
+        "optimizer states, Muon, DeepSpeed's chunked cross-entropy (recorded with the study; best says which)."
+    ),
+]
 CoresPerNodeOpt = Annotated[
     int | None,
     typer.Option(min=1, help="Cores per node the ranks' threads may use together (default: this machine's)."),
@@ -116,6 +123,7 @@ def tune_command(
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     nvme_path: NvmePathOpt = None,
     search_threads: SearchThreadsOpt = False,
+    allow_numerics_changes: AllowNumericsOpt = False,
     cores_per_node: CoresPerNodeOpt = None,
     ds_config_at: DsConfigAtOpt = None,
     arg_mapping: ArgMappingOpt = None,
@@ -133,9 +141,7 @@ def tune_command(
     if seq_len is None:
         search = SearchOptions(dispatch, study, storage, trials, _pins(pin or []), nvme_path)
         raise typer.Exit(tune_max(ctx, flags, search))
-    flags = replace(flags, seq_len=seq_len)
-    workload = tuning_workload(flags, script)
-    budget = thread_budget(search_threads, cores_per_node, workload.cluster.gpus_per_node)
+    workload = tuning_workload(replace(flags, seq_len=seq_len), script)  # flags' long-context pins: below
     settings = tune_settings(
         workload,
         space=space,
@@ -149,7 +155,8 @@ def tune_command(
         pareto=pareto,
         seed=seed,
         nvme_path=nvme_path,
-        thread_budget=budget,
+        thread_budget=thread_budget(search_threads, cores_per_node, workload.cluster.gpus_per_node),
+        allow_numerics_changes=allow_numerics_changes,
     )
     raise typer.Exit(run_tune(settings, storage, confirm))
 

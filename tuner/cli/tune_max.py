@@ -50,6 +50,7 @@ UNHONOURED = {
     "cores_per_node": ("cores-per-node", "the length search measures one config per length"),
     "tensor_parallel": ("tensor-parallel", "the length search considers Ulysses layouts, not AutoTP"),
     "hpz": ("hpz", "the length search considers Ulysses layouts, not hpZ groups"),
+    "allow_numerics_changes": ("allow-numerics-changes", "the length search measures the estimator's config"),
 }
 PINNABLE = ("stage", "activation_checkpointing", "micro_batch")  # the --pin names it honours
 

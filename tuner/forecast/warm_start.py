@@ -45,10 +45,12 @@ COARSE = (
 # When nothing of the coarse grid fits (a sequence too long for data parallelism), the guide ranks the grid of the
 # memory savers instead: ZeRO stage, checkpointing and offload at the space's default micro-batch (1, the least
 # memory), with Ulysses and ALST's tiling and checkpoint offload where the space offers them (long sequences of
-# transformers models), so that a study that fits only with them starts from them rather than from random draws.
+# transformers models) and bf16 master weights and the chunked loss where the study allows them, so that a study that
+# fits only with them starts from them rather than from random draws.
 # (Ulysses and ALST in the coarse grid itself would make an 8B model's grid at 4K tokens on 8 GPUs 140,000 configs.)
 LONG_CONTEXT = ("sequence_parallel", "tiled_mlp_shards", "tiled_loss_shards", "offload_checkpoints")
-SAVERS = ("stage", "activation_checkpointing", "offload_optimizer", "offload_param", *LONG_CONTEXT)
+NUMERICS_SAVERS = ("bf16_master_weights", "bf16_optimizer_states", "chunked_loss")
+SAVERS = ("stage", "activation_checkpointing", "offload_optimizer", "offload_param", *LONG_CONTEXT, *NUMERICS_SAVERS)
 WARM_START = 3  # configs measured first
 FROM_EARLIER = 2  # of which at most this many are earlier studies' best
 MIN_TOLERANCE = 0.05  # a pick predicted at least 95 % of the best measured is still worth a run

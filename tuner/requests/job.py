@@ -64,6 +64,9 @@ class JobRequest(RequestModel):
     run_timeout: float = Field(MEASURE_DEFAULTS.timeout, ge=1, le=24 * 3600)
     pareto: bool = False
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    allow_numerics_changes: bool = Field(
+        False, description="Also search bf16 master weights and optimizer states, Muon and the chunked loss."
+    )
 
 
 def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = True) -> Workload:
@@ -82,13 +85,15 @@ def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = T
 
 def check_job(request: JobRequest, *, inline: bool = True) -> str:
     """Validate a job beyond its schema (workload, search space, pins); returns its study name."""
-    from tuner.space import SpaceError, load_space, resolve_space, space_names
+    from tuner.space import SpaceError, resolve_space, space_names
+    from tuner.space.numerics_choices import load_study_space
 
     workload = tuning_workload(request.workload, ("workload",), inline=inline)
     if request.space not in space_names():
         raise FieldError(("space",), f"unknown search space {request.space!r}; built-in: {', '.join(space_names())}")
     try:
-        load_space(resolve_space(request.space), pins=request.all_pins())
+        path = resolve_space(request.space)
+        load_study_space(path, request.all_pins(), workload, request.allow_numerics_changes)
     except (SpaceError, TypeError, ValueError) as error:
         raise FieldError(("pins",), str(error)) from None
     return request.study or default_study_name(workload)

@@ -29,7 +29,8 @@ import optuna
 from tuner.forecast import Calibration, ThroughputGuide
 from tuner.measure.measurement import CANCELLED, Measurement
 from tuner.measure.script.failures import SCRIPT_FAILED, ScriptFailed
-from tuner.space import InfeasibleConfig, SearchSpace, Suggestion, load_space
+from tuner.space import InfeasibleConfig, SearchSpace, Suggestion
+from tuner.space.numerics_choices import load_study_space
 from tuner.storage import DuplicateConfig, Store, StoreError, StudyStatus, TrialRecord
 from tuner.study.gate import Verdict, answered_by_record, judge
 from tuner.study.measurer import Measurer
@@ -259,8 +260,10 @@ class TuningStudy:
 
 
 def _study_space(settings: StudySettings) -> SearchSpace:
-    """The study's search space: CUDA-only settings pinned off on CPU; the grid sampler's parameters only."""
-    space = load_space(settings.space_path, pins=settings.pins)
+    """The study's search space (with the numerics choices under ``--allow-numerics-changes``): CUDA-only settings
+    pinned off on CPU; the grid sampler's parameters only."""
+    allowed, script = settings.allow_numerics_changes, settings.dispatch.script is not None  # the numerics choices
+    space = load_study_space(settings.space_path, settings.pins, settings.workload, allowed, script)
     if settings.workload.cluster.device == "cpu" and "expandable_segments" in space.searched:
         space = space.with_pins({"expandable_segments": None})  # a CUDA allocator setting: nothing to try on CPU
     space = _thread_choices(space, settings)

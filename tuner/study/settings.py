@@ -28,6 +28,7 @@ class StudySettings:
     seed: int | None = None
     nvme_path: str | None = None
     thread_budget: int | None = None  # cores per node the ranks' threads may use (--search-threads); None: not searched
+    allow_numerics_changes: bool = False  # also search bf16 master weights and states, Muon, the chunked loss
     dispatch: MeasureOptions = field(default_factory=MeasureOptions)
     early_stop: SlowRunStopper | None = field(default_factory=SlowRunStopper)  # None measures every run to the end
 
@@ -42,6 +43,7 @@ class StudySettings:
             "seed": self.seed,
             "nvme_path": self.nvme_path,
             "thread_budget": self.thread_budget,
+            "allow_numerics_changes": self.allow_numerics_changes,
             "early_stop": None if self.early_stop is None else vars(self.early_stop),
             **({"script": self.dispatch.script.to_dict()} if self.dispatch.script else {}),
         }

@@ -38,6 +38,7 @@ def study_settings(
         timeout_s=request.timeout_s,
         pareto=request.pareto,
         seed=request.seed,
+        allow_numerics_changes=request.allow_numerics_changes,
         dispatch=MeasureOptions(
             launcher or request.launcher, ray_address, request.warmup, request.steps, request.run_timeout
         ),
