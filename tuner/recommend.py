@@ -53,7 +53,7 @@ from tuner.forecast import (
     longest_fit,
     simplest,
 )
-from tuner.measure.script.answer import script_answer
+from tuner.measure.script.answer import COMMAND_HINT, script_answer
 from tuner.space import default_space_path, load_space
 from tuner.space.dsconfig import export_config
 from tuner.storage import MeasuredTrial, Store
@@ -148,7 +148,8 @@ def recommend(store: Store, workload: Workload, global_batch: int | None = None)
 
 def _script_figures(store: Store, found: Recommendation) -> Recommendation:
     """A measured answer from a study of the user's own training command: its figures are the command's, said in a
-    note with the command filled in, and (measured as it is) the config is the one the command got."""
+    note that says where the command is (``dstune best``), and (measured as it is) the config is the one the command
+    got."""
     record = store.get_trial(found.trial_id) if found.trial_id is not None else None
     answer = script_answer(((record.measurement if record else None) or {}).get("script"))
     if answer is None or record is None or found.exported is None:
@@ -156,7 +157,8 @@ def _script_figures(store: Store, found: Recommendation) -> Recommendation:
     config, notes = found.exported
     if record.trial.key == found.trial.key:
         config = answer["ds_config"]
-    return replace(found, exported=(config, (*notes, f"{answer['note']}: {answer['command']}")))
+    # not the command itself: /v1/recommend is open to anyone, and a command may hold paths or a token
+    return replace(found, exported=(config, (*notes, f"{answer['note']} ({COMMAND_HINT})")))
 
 
 def _exported(workload: Workload, found: Recommendation) -> Recommendation:

@@ -85,3 +85,47 @@ def test_a_public_error_is_one_line_without_argv_or_paths() -> None:
         "rank 1: 3.2 GB at 512 tokens/s, see <path>"
     )
     assert public_error(None) is None
+
+
+SCRIPT_ARGV = ["deepspeed", "/home/alice/train.py", "--hub_token", "hf_secretsecretsecret", "--deepspeed", "ds.json"]
+
+
+def _seed_script_study(store: Store) -> None:
+    """A study of a training command, as ``dstune tune -- <command>`` records it."""
+    cluster = ClusterSpec(gpus_per_node=2, device="cpu")
+    workload = Workload(model_from_param_count(1e8), cluster)
+    settings = {"space": "default.yaml", "pins": {}, "script": {"argv": SCRIPT_ARGV, "cwd": "/home/alice/proj"}}
+    study = store.get_or_create_study("s2", store.upsert_workload(workload), "tpe", settings)
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": 2}
+    trial_id = store.add_trial(study.id, 0, "k0", config, {}, False, estimate(workload, TrialConfig(config)))
+    store.start_trial(trial_id)
+    slot = {"index": 5, "key": None, "source": "--deepspeed", "hf": False}
+    script = {"backend": "script", "command": " ".join(SCRIPT_ARGV), "argv": SCRIPT_ARGV, "slot": slot}
+    measured = {"peak_bytes_per_rank": [1, 1], "tokens_per_s": 100.0, "script": {**script, "ds_config": config}}
+    store.finish_trial(trial_id, "ok", measured)
+
+
+def test_a_script_studys_command_is_shown_to_no_reader_without_the_token(client: TestClient) -> None:
+    """The command can hold paths and a token passed as a flag: not in the open API, pages or recommend notes."""
+    from tuner.recommend import recommend
+
+    store: Store = client.app.state.store  # type: ignore[attr-defined]
+    _seed_script_study(store)
+    open_pages = [
+        client.get("/v1/studies"),
+        client.get("/v1/studies/s2"),
+        client.get("/v1/studies/s2/trials"),
+        client.get("/studies/s2"),
+        client.get("/studies/s2/trials/0"),
+    ]
+    for response in open_pages:
+        assert response.status_code == 200, (response.request.url, response.text)
+        for hidden in ("hf_secretsecretsecret", "/home/alice"):
+            assert hidden not in response.text, (response.request.url, hidden)
+    assert "dstune best --study" in client.get("/studies/s2").text
+    study = store.get_study("s2")
+    assert study is not None
+    notes = recommend(store, store.workload_of(study.id)).to_dict()["notes"]
+    assert any("dstune best --study" in note for note in notes), notes
+    assert not [note for note in notes if "hf_secret" in note or "/home/alice" in note], notes
+    assert "hf_secretsecretsecret" in client.get("/v1/studies/s2", headers=AUTH).text

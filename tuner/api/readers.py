@@ -6,7 +6,9 @@ endpoints.
 
 Why: a launch variable may hold a setting a team keeps to itself, a stored error can quote a process listing (Ray's
 out-of-memory report names the node's largest processes with their command lines) or a traceback's file paths, and
-a study's settings name the server's search-space file and NVMe folder.
+a study's settings name the server's search-space file and NVMe folder; a study of the user's training command
+stores the command (its settings' ``script``), which can hold paths or a token
+passed as a flag.
 
 Example:
     >>> public_error('Traceback (most recent call last):\\n  File "/srv/x.py", line 1\\nRuntimeError: bad /srv/data')
@@ -27,6 +29,8 @@ from fastapi.security import HTTPAuthorizationCredentials
 from tuner.api.deps import bearer
 from tuner.api.schemas import JobOut, TrialOut
 from tuner.storage.public import HIDDEN, PATH, public_error
+
+HIDDEN_COMMAND = "<command>"
 
 
 def full_view(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> bool:
@@ -68,6 +72,8 @@ def public_settings(settings: dict[str, Any]) -> dict[str, Any]:
     for key, value in settings.items():
         if key == "space" and isinstance(value, str):
             value = PurePath(value).name
+        elif key == "script":  # a training command: its argv and folder
+            value = HIDDEN_COMMAND
         elif isinstance(value, str) and PATH.fullmatch(value):
             value = HIDDEN
         shown[key] = value

@@ -15,7 +15,7 @@ from tuner.dashboard import _views as views
 from tuner.dashboard._searches import length_searches, search_name
 from tuner.errors import InputError
 from tuner.forecast import describe_reason
-from tuner.measure.script.answer import script_answer
+from tuner.measure.script.answer import public_answer, script_answer
 from tuner.requests import readable_name
 from tuner.storage import Store, StudyRecord, TrialRecord
 from tuner.storage.public import public_error
@@ -154,8 +154,9 @@ def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
 
 
 def _script(trial: TrialRecord | None) -> dict[str, Any] | None:
-    """The answer of a trial measured with the user's training command (None for dstune's own trainer)."""
-    return script_answer(((trial.measurement if trial else None) or {}).get("script"))
+    """The answer of a trial measured with the user's training command (None for dstune's own trainer), without the
+    command: the pages are open, and a command may hold paths or a token passed as a flag."""
+    return public_answer(script_answer(((trial.measurement if trial else None) or {}).get("script")))
 
 
 @router.get("/studies/{name:path}", response_class=HTMLResponse, name="dashboard_study")

@@ -11,6 +11,8 @@ from tuner.measure.script.command import ScriptCommand
 from tuner.measure.script.placement import ConfigSlot, filled
 
 FIGURES_NOTE = "the figures are your training command's, measured with its own model, data and loss"
+# where an open page or answer points instead of showing the command (it may hold paths, or a token passed as a flag)
+COMMAND_HINT = "dstune best --study <study> prints your command with this config in it"
 
 
 def answer_record(
@@ -26,6 +28,13 @@ def answer_record(
         "targets": dict(targets),
         "ds_config": config,
     }
+
+
+def public_answer(answer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """:func:`script_answer`'s answer for an open page: the command left out, a pointer to it instead."""
+    if answer is None:
+        return None
+    return {**answer, "command": None, "config_file_edits": None, "note": f"{answer['note']} ({COMMAND_HINT})"}
 
 
 def script_answer(recorded: dict[str, Any] | None, out: str = "ds_config.json") -> dict[str, Any] | None:
