@@ -61,9 +61,10 @@ def public_workload(workload: dict[str, Any]) -> dict[str, Any]:
 
 
 def public_request(body: dict[str, Any]) -> dict[str, Any]:
-    """A job's request without its workload's launch variables."""
+    """A job's request without its workload's launch variables, and its training command (``script``) hidden."""
     workload = body.get("workload")
-    return {**body, "workload": public_workload(workload)} if isinstance(workload, dict) else body
+    shown = {**body, "workload": public_workload(workload)} if isinstance(workload, dict) else body
+    return {**shown, "script": HIDDEN_COMMAND} if shown.get("script") else shown
 
 
 def public_settings(settings: dict[str, Any]) -> dict[str, Any]:

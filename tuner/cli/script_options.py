@@ -86,13 +86,19 @@ def script_flags(flags: WorkloadFlags, script: ScriptCommand) -> WorkloadFlags:
     saying so: dstune cannot prune nor estimate without one."""
     if flags.model is None and flags.params is None:
         fail("model", NO_MODEL)
+    precision = script_precision(script)
+    return flags if precision is None else replace(flags, precision=precision)
+
+
+def script_precision(script: ScriptCommand) -> Precision | None:
+    """The precision the command's ds_config trains in (its ``bf16``/``fp16`` sections); None when HF's ``auto``
+    leaves it to the flags."""
     config = user_ds_config(script)
     found = [name for name in ("bf16", "fp16") if isinstance(config.get(name), dict) and "enabled" in config[name]]
     values = {name: config[name]["enabled"] for name in found}
     if any(value == "auto" for value in values.values()):
-        return flags
-    precision: Precision = "bf16" if values.get("bf16") is True else "fp16" if values.get("fp16") is True else "fp32"
-    return replace(flags, precision=precision)
+        return None
+    return "bf16" if values.get("bf16") is True else "fp16" if values.get("fp16") is True else "fp32"
 
 
 def script_trial(script: ScriptCommand, flags: WorkloadFlags, world: int) -> TrialConfig:
@@ -114,13 +120,18 @@ def script_trial(script: ScriptCommand, flags: WorkloadFlags, world: int) -> Tri
 def script_pins(space: str) -> list[str]:
     """``--pin`` items fixing what a training command decides for itself (:data:`SCRIPT_PINS`), for the parameters
     the space ``space`` has."""
+    return [f"{name}={value}" for name, value in script_pin_values(space).items()]
+
+
+def script_pin_values(space: str) -> dict[str, Any]:
+    """:data:`SCRIPT_PINS` for the parameters the space ``space`` has."""
     from tuner.space import SpaceError, load_space, resolve_space
 
     try:
         names = load_space(resolve_space(space)).names
     except SpaceError as error:
         fail("space", str(error))
-    return [f"{name}={value}" for name, value in SCRIPT_PINS.items() if name in names]
+    return {name: value for name, value in SCRIPT_PINS.items() if name in names}
 
 
 def script_study_name(default: str, script: ScriptCommand) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,6 +12,17 @@ import typer
 from tuner.cli.common import fail
 from tuner.cli.options import StorageOpt
 from tuner.requests import Launcher
+
+AllowScriptsOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        help="A folder whose training commands this worker may run (jobs queued with dstune queue -- <command>; "
+        "repeatable). Without it a job with a command fails, unrun.",
+        exists=True,
+        file_okay=False,
+        resolve_path=True,
+    ),
+]
 
 
 def log_to_stderr() -> None:
@@ -43,6 +55,7 @@ def worker_command(
     submit: Annotated[
         bool, typer.Option(help="Submit each job to the Ray cluster (Jobs API at --ray-address) instead of running it.")
     ] = False,
+    allow_scripts: AllowScriptsOpt = None,
 ) -> None:
     """Take queued tuning jobs from the database and run them as studies (or submit them to a Ray cluster)."""
     from tuner.env import storage_url
@@ -53,6 +66,10 @@ def worker_command(
     url = storage_url(storage)
     store = Store.open(url)
     if submit:
+        if allow_scripts:
+            fail(
+                "allow-scripts", "not with --submit: the cluster's dstune worker --job runs the job, and trusts nothing"
+            )
         if not ray_address:
             fail("ray-address", "--submit needs the Ray Jobs API address, e.g. http://HEAD:8265")
         try:
@@ -61,7 +78,8 @@ def worker_command(
             fail("ray-address", str(error))
         typer.echo(f"submitted {len(submitted)} job(s) to {ray_address}")
         return
-    executor = functools.partial(run_study_job, launcher=launcher, ray_address=ray_address)
+    trusted = tuple(allow_scripts or ())
+    executor = functools.partial(run_study_job, launcher=launcher, ray_address=ray_address, trusted=trusted)
     if job is not None:
         try:
             status = run_job(store, job, executor)

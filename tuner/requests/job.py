@@ -7,7 +7,8 @@ twice) and runs each as a study (:mod:`tuner.worker`). Status: ``queued`` → ``
 
 A job's workload is a :class:`tuner.requests.WorkloadRequest`, the schema the CLI and the API build workloads through:
 model specs only (a preset name, an inline ``config.json`` object, or a parameter count), never paths or import
-strings: nothing in a request makes the server read a file or run code.
+strings: nothing in a request makes the server read a file or run code. A job may carry the user's training command
+(``script``, :mod:`tuner.requests.script_job`) only when ``dstune queue`` queued it: the API refuses one (403).
 
 Example:
     >>> request = JobRequest(workload={"model": "tiny-gpt2", "device": "cpu", "seq_len": 256}, trials=4)
@@ -23,6 +24,7 @@ from pydantic import Field
 
 from tuner.measure.options import MEASURE_DEFAULTS
 from tuner.requests.names import NAME_PATTERN, default_study_name
+from tuner.requests.script_job import ScriptJob
 from tuner.requests.strict import RequestModel
 from tuner.requests.trial import WorkloadInput
 from tuner.requests.workload import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
@@ -67,16 +69,22 @@ class JobRequest(RequestModel):
     allow_numerics_changes: bool = Field(
         False, description="Also search bf16 master weights and optimizer states, Muon and the chunked loss."
     )
+    script: ScriptJob | None = Field(
+        None,
+        description="The user's training command, measured instead of dstune's trainer: only from `dstune queue "
+        "JOB.json -- <command>`, run by a worker that trusts its folder (`--allow-scripts`); the API refuses it (403).",
+    )
 
 
-def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = True) -> Workload:
+def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = True, script: bool = False) -> Workload:
     """The workload a study searches for. The request's micro-batch, accumulation and checkpointing are what the
     search decides (a :class:`tuner.workload.TrialConfig`), not part of the workload: the same model and cluster always
     meet the same stored workload (and :func:`tuner.recommend.recommend` finds its measurements). ``inline``: as
     :func:`tuner.requests.to_workload` (the API passes False: a new model's profile is computed off the request path).
-    A workload no run can train is refused before any (:func:`tuner.workload.measurable.measurement_refusal`)."""
+    A workload no run can train is refused before any (:func:`tuner.workload.measurable.measurement_refusal`; not for
+    a training command's study, ``script``: the command trains its own model)."""
     workload = to_workload(request, loc, inline=inline)
-    refusal = measurement_refusal(workload)
+    refusal = None if script else measurement_refusal(workload)
     if refusal:
         field, reason = refusal
         raise FieldError((*loc, field.replace("-", "_")), reason)
@@ -88,7 +96,7 @@ def check_job(request: JobRequest, *, inline: bool = True) -> str:
     from tuner.space import SpaceError, resolve_space, space_names
     from tuner.space.numerics_choices import load_study_space
 
-    workload = tuning_workload(request.workload, ("workload",), inline=inline)
+    workload = tuning_workload(request.workload, ("workload",), inline=inline, script=request.script is not None)
     if request.space not in space_names():
         raise FieldError(("space",), f"unknown search space {request.space!r}; built-in: {', '.join(space_names())}")
     try:

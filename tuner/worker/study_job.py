@@ -4,11 +4,17 @@ written to the job row after every trial event, where ``GET /v1/jobs/{id}`` show
 (``DELETE /v1/jobs/{id}``) stops the study within about a second (``TuningStudy.run``'s ``should_stop``): no new
 trial is asked, the runs in flight are killed (their ranks, locally or on Ray) and recorded failed, what finished
 stays recorded, and the job ends ``cancelled``.
+
+A job carrying a training command (``script``, queued by ``dstune queue JOB.json -- <command>``) is measured with that
+command only when the worker trusts it (``dstune worker --allow-scripts DIR``:
+:func:`tuner.measure.script.trust.check_trusted`); otherwise it fails with the reason, before anything runs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from tuner.measure.options import MeasureOptions
@@ -21,12 +27,23 @@ _log = logging.getLogger(__name__)
 
 
 def study_settings(
-    request: JobRequest, study_name: str, *, launcher: str | None = None, ray_address: str | None = None
+    request: JobRequest,
+    study_name: str,
+    *,
+    launcher: str | None = None,
+    ray_address: str | None = None,
+    trusted: Sequence[str | Path] = (),
 ) -> StudySettings:
-    """The :class:`tuner.study.StudySettings` of a job (the worker may override the launcher and Ray address)."""
+    """The :class:`tuner.study.StudySettings` of a job (the worker may override the launcher and Ray address); a
+    training command outside the folders the worker trusts (``trusted``) raises
+    :class:`tuner.measure.script.trust.UntrustedCommand`."""
+    from tuner.measure.script.trust import check_trusted
     from tuner.space import resolve_space
 
-    workload = tuning_workload(request.workload)
+    script = request.script.command() if request.script is not None else None
+    if script is not None:
+        check_trusted(script, trusted)
+    workload = tuning_workload(request.workload, script=script is not None)
     return StudySettings(
         name=study_name,
         workload=workload,
@@ -40,19 +57,26 @@ def study_settings(
         seed=request.seed,
         allow_numerics_changes=request.allow_numerics_changes,
         dispatch=MeasureOptions(
-            launcher or request.launcher, ray_address, request.warmup, request.steps, request.run_timeout
+            launcher or request.launcher, ray_address, request.warmup, request.steps, request.run_timeout, script=script
         ),
     )
 
 
 def run_study_job(
-    store: Store, job: JobRecord, handle: JobHandle, *, launcher: str | None = None, ray_address: str | None = None
+    store: Store,
+    job: JobRecord,
+    handle: JobHandle,
+    *,
+    launcher: str | None = None,
+    ray_address: str | None = None,
+    trusted: Sequence[str | Path] = (),
 ) -> str:
-    """The default executor: run the job as a study until its budget, or until it is cancelled."""
+    """The default executor: run the job as a study until its budget, or until it is cancelled (a training command
+    only inside the folders ``trusted``)."""
     from tuner.measure.dispatch import Dispatcher
 
     request = JobRequest.model_validate(job.request)
-    settings = study_settings(request, job.study_name, launcher=launcher, ray_address=ray_address)
+    settings = study_settings(request, job.study_name, launcher=launcher, ray_address=ray_address, trusted=trusted)
     tuning = TuningStudy(settings, store)
     state: dict[str, Any] = {"best_tokens_per_s": None}
 

@@ -1,5 +1,8 @@
 """``POST /v1/jobs`` (queue a tuning job), ``GET /v1/jobs``, ``GET /v1/jobs/{id}`` and ``DELETE /v1/jobs/{id}``
-(cancel). Queueing and cancelling need the bearer token (:func:`tuner.api.deps.require_token`)."""
+(cancel). Queueing and cancelling need the bearer token (:func:`tuner.api.deps.require_token`). A job that carries a
+training command (``script``) is refused (403) with any token: a request never makes a worker run code; such a job
+is queued with ``dstune queue JOB.json -- <command>`` by someone holding the database's URL
+(:mod:`tuner.requests.script_job`)."""
 
 from __future__ import annotations
 
@@ -17,11 +20,18 @@ from tuner.storage import JOB_STATES
 JobStatus = Literal[JOB_STATES]  # type: ignore[valid-type]
 
 router = APIRouter(tags=["jobs"])
+SCRIPT_REFUSED = (
+    "script: the API queues no job that runs a command; queue it with `dstune queue JOB.json -- <command>` where "
+    "the database's URL is, for a worker started with --allow-scripts"
+)
 
 
 @router.post("/v1/jobs", response_model=JobOut, status_code=201, dependencies=[Auth], responses=answers(BODY, AUTH))
 def create_job(body: JobRequest, store: StoreDep) -> JobOut:
-    """Queue a tuning job; a ``dstune worker`` runs it as a study."""
+    """Queue a tuning job; a ``dstune worker`` runs it as a study. A job with a training command (``script``) is
+    refused (403): queue it with ``dstune queue JOB.json -- <command>``."""
+    if body.script is not None:
+        raise HTTPException(403, SCRIPT_REFUSED)
     try:
         study_name = check_job(body, inline=False)
     except FieldError as error:
