@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheels bench/gpu_validation.sh installs on the lent GPU machine (its image has torch with CUDA, transformers,
+# The wheels bench/gpu_validation.sh installs on a GPU machine without network access (its image has torch with CUDA, transformers,
 # psutil, ninja, numpy, msgpack, einops, py-cpuinfo, nvidia-ml-py; nothing can be downloaded there), into .whl at the
 # repository root: DeepSpeed (built here as a pure-Python wheel: on Linux it ships as an sdist only; its ops are
 # built there, at run time, with the image's nvcc), pydantic and pydantic-settings with their parts, python-dotenv,

@@ -1,6 +1,6 @@
 """``bench/gpu_validation.sh --dry-run``: every step of the one-call GPU validation runs on CPU ranks with tiny models
-and a pretend card, each appending its line to ``validation.jsonl``; on the lent GPU the same lines run for real, so
-a mistake found there would cost the only try."""
+and a pretend card, each appending its line to ``validation.jsonl``; on a GPU the same lines run for real, so a
+mistake found there would cost a GPU run."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def run_spec(world: int, stage: int, tp: int = 1, nodes: int = 1, hpz: int = 1) 
     )
     dp = world // tp
     zero = {"stage": stage, "reduce_bucket_size": 50_000, "stage3_param_persistence_threshold": 0}
-    if hpz > 1:  # prefetch and reuse off: backward gathers from the secondary partition (FIELD_NOTES)
+    if hpz > 1:  # prefetch and reuse off: backward gathers from the secondary partition
         zero.update(zero_hpz_partition_size=hpz, stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0)
     ds_config = {
         "train_batch_size": SAMPLES,

@@ -21,7 +21,7 @@ BUCKETS = {"reduce_bucket_size": 200_000, "allgather_bucket_size": 200_000, "sta
 # Within a few % at stages 0-2. A tiny model's peak moves between runs of the same config by about one transient
 # (a flattened copy, 0.8-3.8 MB here: timing on gloo; ZeRO-2's ranks read 15.7 and 16.5 MB in one run). ZeRO-3 was
 # 25 % out while the profiler's records missed the all-gather buffers gloo frees on its own threads; counted at the
-# allocator, both ranks read 20,118,813 bytes against 20,118,784 estimated (2026-12-02).
+# allocator, both ranks read 20,118,813 bytes against 20,118,784 estimated.
 TOLERANCE = {0: 0.06, 1: 0.06, 2: 0.06, 3: 0.03}
 
 
@@ -89,7 +89,7 @@ def test_zero3_estimate_tracks_the_worst_rank_true_peak(tmp_path: Path) -> None:
     """ZeRO-3 in bf16 on a Mixtral-shaped MoE (experts fused into one module, as transformers 5 builds them): fails
     if the weights are left uninitialised under zero.Init (non-finite gradients, every step skipped, Adam's moments
     never allocated: about +25 %) or if the estimate drops or double-counts the gathered parameters and the
-    reduce-scatter staging. Both ranks read 354,913,829 bytes against 355,334,400 estimated (+0.12 %, 2026-12-02);
+    reduce-scatter staging. Both ranks read 354,913,829 bytes against 355,334,400 estimated (+0.12 %);
     the band was 6 % while the profiler's records missed the frees gloo makes on its own threads."""
     from tuner.profile import ProfileCache, model_from_config, with_profile
 

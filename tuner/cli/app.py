@@ -1,7 +1,7 @@
 """The ``dstune`` Typer app: the ``--version`` callback and one command per module.
 
-Every bad input ends the same way: one line ``error: <field>: <message>`` on stderr, exit code 2 (DESIGN.md;
-:mod:`tuner.cli.common`).
+Every bad input ends the same way: one line ``error: <field>: <message>`` on stderr, exit code 2
+(:mod:`tuner.cli.common`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ outside the blocks everything stays whole (embeddings, final norm, the logits of
 whole part of a transformers LLaMA layer was measured by tracing the model with ``heads/tp``, ``kv/tp`` and ``f/tp``
 (head dim kept; bf16, sdpa, two shapes): exactly ``(8 + 4e)·bsh + 8·bs``, the two RMSNorms' fp32 input and
 normalized copies, their outputs and ``rsqrt``; the per-rank total at tp = 2 was 0.76 of one rank's (0.756 measured
-under real AutoTP, FIELD_NOTES).
+under real AutoTP on 2 CPU ranks).
 
 These formulas describe dstune's built-in models only. A model trained through transformers saves what its own code
 saves (tiny GPT-2: 37 % more than the formula), so its activations come from the workload's traced profile

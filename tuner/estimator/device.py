@@ -1,6 +1,6 @@
 """What a CUDA device costs beyond the tensors a step holds, per device kind (pure arithmetic, calibratable).
 
-Terms, per rank (sources in brackets; FIELD_NOTES "What a GPU adds beyond tensors"; not yet measured here):
+Terms, per rank (sources in brackets and in ``bench/results/gpu_terms.md``; not yet measured on a GPU):
 
 * ``cuda_context``: the CUDA context, outside PyTorch's caching allocator, as two parts.
   ``local_memory``: CUDA reserves local memory (thread stacks) for every thread that can be resident: SMs × resident

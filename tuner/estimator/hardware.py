@@ -13,7 +13,7 @@ against), so predicted and measured MFU use one table. The other figures, per de
   25 GB/s (DGX A100).
 * The GPU types a cluster names (``--gpu-type``: :data:`tuner.workload.GPU_TYPES`, keyed by type name: A100
   40/80GB, H100, H200, L40S, RTX 3090/4090, V100 16/32GB) carry their own datasheet rates.
-* ``cpu``: DeepSpeed on CPU ranks with gloo. No table can know the host (FIELD_NOTES: bf16 matmuls differ 70×
+* ``cpu``: DeepSpeed on CPU ranks with gloo. No table can know the host (bf16 matmuls differ 70×
   between an AVX2-only EPYC and an AMX Xeon); the figures are an AVX2-class two-core guess that the fit replaces
   after a few runs: 50 GFLOP/s, 10 GB/s memory copies, loopback "links" at memory speed.
 
@@ -95,7 +95,7 @@ TABLE: dict[str, Hardware] = {
         launch_s=2e-3,  # assumption: eager PyTorch on CPU, per layer forward + backward
         collective_s=1e-3,  # assumption: gloo call plus DeepSpeed's hooks
         cpu_adam_params_s=2e8,  # assumption: two cores
-        fp32_slowdown=0.5,  # AVX2 hosts multiply fp32 faster than bf16 (FIELD_NOTES); AMX hosts the reverse
+        fp32_slowdown=0.5,  # AVX2 hosts multiply fp32 faster than bf16; AMX hosts the reverse
     ),
     **{name: _typed(gpu) for name, gpu in GPU_TYPES.items()},
 }

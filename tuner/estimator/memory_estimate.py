@@ -82,7 +82,7 @@ class MemoryEstimate:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``dstune estimate --json`` object (DESIGN.md contract), plus phases and details."""
+        """The ``dstune estimate --json`` object (its fields: ``docs/commands.md``), plus phases and details."""
         return {
             "n_params": self.n_params,
             "trainable_params": self.n_params if self.trainable_params is None else self.trainable_params,

@@ -10,8 +10,8 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
 * ``launch``: a fixed cost per layer per micro-step (×4/3 with recomputation) and per step.
 * ``bandwidth``: ZeRO communication in ring collectives, ``(N-1)/N`` of the buffer per rank for a reduce-scatter or an
   all-gather, twice that for an all-reduce, over the intra-node link (inter-node on several nodes). ZeRO-0
-  all-reduces gradients once per step. ZeRO-1/2 (DeepSpeed 0.19 reduces into partitions during backward for both,
-  FIELD_NOTES) reduce-scatter gradients every micro-step and all-gather the updated 16-bit parameters after the
+  all-reduces gradients once per step. ZeRO-1/2 (DeepSpeed 0.19 reduces into partitions during backward for
+  both) reduce-scatter gradients every micro-step and all-gather the updated 16-bit parameters after the
   step. ZeRO-3 gathers the parameters above ``stage3_param_persistence_threshold`` in forward, backward and the
   recomputed forward, and reduce-scatters gradients every micro-step.
 * ``hpZ`` (ZeRO++ hierarchical partitioning, ``zero_hpz_partition_size`` = g at ZeRO-3): the gathers from the

@@ -90,7 +90,7 @@ def extensions_dir(
         PosixPath('/cache/ext')
         >>> extensions_dir({"XDG_CACHE_HOME": "/c"}, build_tag="cu128").parent.parent
         PosixPath('/c/torch_extensions')
-        >>> extensions_dir({"HOME": "/h"}, "cpu", "/work/a/.venv") != extensions_dir({"HOME": "/h"}, "cpu", "/b/.venv")
+        >>> extensions_dir({"HOME": "/h"}, "cpu", "/opt/a/.venv") != extensions_dir({"HOME": "/h"}, "cpu", "/b/.venv")
         True
     """
     env = os.environ if env is None else env
@@ -105,8 +105,8 @@ def extensions_dir(
 def environment_name(prefix: str) -> str:
     """The build folder's name for the environment at ``prefix``: its folder's name and a hash of its real path.
 
-    >>> environment_name("/work/dstune/.venv")
-    'dstune-.venv-7ddae6fa'
+    >>> environment_name("/opt/dstune/.venv")
+    'dstune-.venv-e5d43088'
     """
     real = os.path.realpath(prefix)
     return f"dstune-{Path(real).name}-{hashlib.sha256(real.encode()).hexdigest()[:8]}"

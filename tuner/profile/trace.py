@@ -5,7 +5,7 @@ forward pass under PyTorch's ``FakeTensorMode`` (shapes and dtypes only: no memo
 2 and 3; what autograd saves is counted by decoder layer (:mod:`tuner.profile.autograd_saved`) and fitted into an
 :class:`ActivationProfile` (bytes linear in the micro-batch, per layer kind).
 
-Pitfalls (FIELD_NOTES): the MoE experts implementation is the one training runs (transformers' default); the
+Pitfalls: the MoE experts implementation is the one training runs (transformers' default); the
 ``meta`` device is not fake mode. Composite models (Gemma-3, Qwen3.5...) are traced whole, their text config's
 decoder layers standing for the layer kinds. Recurrent models (their layers step through the sequence, so a trace's
 cost grows with its length) are traced at short lengths and extrapolated where exactly linear (:func:`_traced_parts`).

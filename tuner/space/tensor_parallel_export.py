@@ -12,7 +12,7 @@ DeepSpeed 0.19.8 checks it against every rank, tp ranks included). The notes say
   ``tp`` device mesh of that size, and its data loader gives a tp group's ranks the same batch.
   ``ParallelismConfig(tp_size=...)`` is something else: accelerate's torch-native tensor parallelism
   (``Accelerator._prepare_tp``, DTensor over a model loaded with a ``tp_plan``), another sharding than the AutoTP
-  dstune measured, so the note says to leave it at 1. Measured 2026-12 (transformers' Trainer, accelerate 1.16,
+  dstune measured, so the note says to leave it at 1. Measured (transformers' Trainer, accelerate 1.16,
   DeepSpeed 0.19.8, gloo CPU ranks): the export trains as is on 2 ranks (TP 2) and 4 (TP 2 × DP 2), each rank
   holding 0.62 × the parameters, DeepSpeed's check of a tp group's batches passing; DeepSpeed derives
   ``train_batch_size`` over every rank (2 on TP 2, where one sample trains a step).

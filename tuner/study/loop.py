@@ -1,6 +1,6 @@
 """The tuning loop: ask Optuna for a config, let the estimator prune it or dispatch it, record, tell; resumable.
 
-One trial, end to end (DESIGN.md): the search space turns an Optuna trial into a ds_config; the estimator judges it
+One trial, end to end: the search space turns an Optuna trial into a ds_config; the estimator judges it
 with the calibrated safety margin; a config that cannot fit is PRUNED with its reason and a positive constraint (so
 the sampler learns the infeasible region) without any run; the others go to Ray for a short measured run; every
 outcome lands in SQL, and measured peaks (and out-of-memory failures) move the margin for the next trials.
