@@ -14,7 +14,7 @@ Two kinds of load, each for ``--duration`` seconds:
   counted from when a request was due (a late client's wait is included: no coordinated omission). This is what a
   fleet of training launchers asking for their config looks like at that rate.
 
-``--hostile N`` repeats each load with N more clients in flight sending a **hostile mix** (issue 13.4):
+``--hostile N`` repeats each load with N more clients in flight sending a **hostile mix**:
 plausible-looking workloads that once cost seconds of CPU, gigabytes or a 500 (a billion-layer inline config, ten
 million layers, 4096 × 4096 GPUs at 2^20 tokens), and the most costly ones validation lets through (131,072 GPUs at
 2^20 tokens, the largest inline config within every dimension limit, a new one each time so the profiling service

@@ -1,4 +1,5 @@
-"""Fault injection, measured: every fault of issue 13 injected N times, each with a pass criterion that can fail.
+"""Fault injection, measured: every fault of the fault-injection suite injected N times, each with a pass criterion
+that can fail.
 
 Per fault it counts injections, recoveries (the criterion held), lost measurements (a trial finished before the fault
 that is missing or changed after recovery; a job that never ends), duplicates (a config measured twice in a study, a
@@ -9,7 +10,7 @@ Faults: a rank SIGKILLed / SIGSTOPped mid-step (local launcher, real DeepSpeed),
 flight (``dstune tune``, local launcher and Ray) then resumed, the node's fork server SIGKILLed / SIGSTOPped while a
 study's 2-rank run is in flight (``tests/faults/test_forkserver_faults.py``), a Ray worker node removed mid-run,
 PostgreSQL restarted under a running worker, two tuners on one study, two workers on one queue, a worker SIGKILLed /
-SIGSTOPped mid-job; and issue 24's hostile input and broken environments (``bench/hostile.py``: ``dstune serve``
+SIGSTOPped mid-job; and hostile input and broken environments (``bench/hostile.py``: ``dstune serve``
 stopped with its profiling worker busy, backtracking patterns, non-finite numbers, bad storage, an unreachable
 database, a full disk, an unwritable ``--out``, a YAML alias bomb, hostile study names). The database faults run on
 a private PostgreSQL server (never the shared one); the tuner's on SQLite, the CLI default.
@@ -369,8 +370,8 @@ def matrix(server: PrivatePostgres) -> list[tuple[str, str, bool, Callable[[], O
             False,
             lambda: worker_fault(server, signal.SIGSTOP),
         ),
-        *hostile.rows(),  # issue 24: hostile input and broken environments
-        *security.rows(),  # issue 39: no code through a job, no secret to a reader, bounded cost
+        *hostile.rows(),  # hostile input and broken environments
+        *security.rows(),  # no code through a job, no secret to a reader, bounded cost
     ]
 
 

@@ -1,4 +1,4 @@
-"""Hostile input and broken environments (issue 24), as rows of ``bench/faults.py``: each injection returns an
+"""Hostile input and broken environments, as rows of ``bench/faults.py``: each injection returns an
 :class:`Outcome` whose criterion can fail. Real processes throughout: ``dstune serve`` over HTTP, the CLI as a
 subprocess; the full disk is SQLite's own "database or disk is full" (``max_page_count`` capping the file)."""
 

@@ -1,5 +1,5 @@
 """An independent timing of a study's top configs under a real launcher's environment, to check that the study's
-winner is the fastest under the same threads (issue 28).
+winner is the fastest under the same threads.
 
 Independent of dstune's runner: each config is trained by plain ``deepspeed.initialize`` on gloo ranks that the real
 launcher starts (``deepspeed --num_gpus 2`` or ``torchrun --nproc_per_node 2``, from this venv), so the launcher's own

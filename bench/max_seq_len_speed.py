@@ -4,7 +4,7 @@ the model traced) and warm (the same cache again), wall and CPU, as a user runs 
 Each case runs ``--passes`` times (fresh cache folders for the cold ones); medians are printed. ``--tree PATH`` (given
 twice or more) runs the same cases with each source tree on ``PYTHONPATH``, interleaved pass by pass so that a load
 on the machine falls on every tree alike, and checks that their answers (``max_seq_len`` objects without the
-search's counters) are identical. The target: under 30 s wall cold for a 7-8B model (issue 26).
+search's counters) are identical. The target: under 30 s wall cold for a 7-8B model.
 
 ``--api``: the same question put to the HTTP API (``POST /v1/estimate``, an inline ``config.json``, ``seq_len:
 "max"``) on a new app each time, timing the request with the profile waited for.

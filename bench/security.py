@@ -1,4 +1,4 @@
-"""No code through a job, no secret to a reader, every expensive answer delivered once (issue 39), as rows of
+"""No code through a job, no secret to a reader, every expensive answer delivered once, as rows of
 ``bench/faults.py``: each injection returns an ``Outcome`` whose criterion can fail. Real components: the API app
 (FastAPI's client in this process: the app, its store and its worker threads as served), the CLI as a subprocess."""
 

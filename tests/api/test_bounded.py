@@ -1,4 +1,4 @@
-"""Bounded cost per request (issue 13.4): hostile but plausible-looking workloads are refused by validation before
+"""Bounded cost per request: hostile but plausible-looking workloads are refused by validation before
 any work (422 naming the field, nothing written), an answer past the request's time budget is 503 + Retry-After
 while it is still computed and cached for the retry, and a new model's profile past a full profiling queue is 503 +
 Retry-After at once, queueing nothing."""

@@ -1,4 +1,4 @@
-"""The environment failing under the API (issue 24): a full disk answers 503 with Retry-After (not 500) and
+"""The environment failing under the API: a full disk answers 503 with Retry-After (not 500) and
 /healthz reports the server degraded; bugs stay 500. The full disk is real: SQLite's ``max_page_count`` caps the
 database file so the next write fails with SQLite's own "database or disk is full"."""
 

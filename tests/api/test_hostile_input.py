@@ -1,4 +1,4 @@
-"""Hostile input at the API (issue 24): non-finite numbers anywhere (typed fields and free-form objects), control
+"""Hostile input at the API: non-finite numbers anywhere (typed fields and free-form objects), control
 characters in any string that would reach the database, and study names outside the one rule are 422 naming the
 field, never 500 and never silently stored as null."""
 

@@ -1,4 +1,4 @@
-"""Schemathesis against a real ``dstune serve`` (issue 24), on SQLite and PostgreSQL at once: every check, at least
+"""Schemathesis against a real ``dstune serve``, on SQLite and PostgreSQL at once: every check, at least
 300 examples per operation, every phase (examples, coverage, fuzzing, stateful), one server per backend.
 
 Two checks are left out because they test a convention the API does not follow by design, not a mismatch:

@@ -1,4 +1,4 @@
-"""The real ``dstune serve`` process (issue 24): a hostile pattern or a peft adapter never reaches torch or a
+"""The real ``dstune serve`` process: a hostile pattern or a peft adapter never reaches torch or a
 backtracking regex in the server (``/healthz`` answers within 1 s meanwhile, no torch mapped into the server), and
 no process it started outlives it, whether it is stopped with SIGTERM or killed with SIGKILL."""
 

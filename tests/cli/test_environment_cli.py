@@ -1,4 +1,4 @@
-"""The environment failing under the CLI (issue 24): an unknown storage dialect, an unparsable URL, a SQLite file in
+"""The environment failing under the CLI: an unknown storage dialect, an unparsable URL, a SQLite file in
 a missing or unwritable folder, a database host that does not resolve, a refused connection past the retry window,
 an unwritable or full ``--out``: one line ``error: ...`` naming what and where, exit 1 (2 stays for bad input), no
 traceback, and a failure that waiting will not cure is reported at once, not after the retry window."""

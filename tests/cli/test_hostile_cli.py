@@ -1,4 +1,4 @@
-"""Hostile input at the CLI (issue 24): backtracking patterns end at once, non-finite numbers in --ds-config and
+"""Hostile input at the CLI: backtracking patterns end at once, non-finite numbers in --ds-config and
 --peft files, study names outside the one rule (empty, control characters, emoji, 300 characters) are one line
 ``error: <field>: ...`` with exit 2, before any database row is written."""
 

@@ -1,4 +1,4 @@
-"""A search-space file's YAML is loaded with alias expansion bounded (issue 24): an alias bomb inside ``base`` is
+"""A search-space file's YAML is loaded with alias expansion bounded: an alias bomb inside ``base`` is
 refused at once, naming the file and line, before any study row is written; ordinary anchors still load."""
 
 from __future__ import annotations
