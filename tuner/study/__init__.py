@@ -5,7 +5,8 @@ with ``numerics_guard`` judging each run's step-0 figures against the study's re
 across processes (``resume``). ``length_search`` and ``length_runs`` find the longest sequence that fits by
 measurement (``dstune tune --seq-len max``): the estimator's answer bracketed and bisected with measured runs, each
 length recorded in a study of its own. ``confirm`` runs a study's winner once more and records that independent run
-beside it. It measures through :class:`Measurer`, which the real dispatcher satisfies;
+beside it; ``memory_bound`` prunes, in a training command's study, the configs that need at least as much memory as
+one that ran out of it. It measures through :class:`Measurer`, which the real dispatcher satisfies;
 what it predicts and learns (the memory margin, the throughput fit, the warm start, prune
 reasons) comes from :mod:`tuner.forecast`.
 

@@ -22,6 +22,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import replace
 from typing import Literal
 
 import optuna
@@ -34,6 +35,7 @@ from tuner.space.numerics_choices import load_study_space
 from tuner.storage import DuplicateConfig, Store, StoreError, StudyStatus, TrialRecord
 from tuner.study.gate import Verdict, answered_by_record, judge
 from tuner.study.measurer import Measurer
+from tuner.study.memory_bound import OutOfMemory, pruned_by_oom
 from tuner.study.optuna_storage import RetryingRDBStorage
 from tuner.study.outcome import Recorder, Run, load_calibration
 from tuner.study.pin_checks import refuse_unmeasurable_pins
@@ -194,11 +196,20 @@ class TuningStudy:
             self.recorder.tell_previous(trial, previous)
             return False
         verdict = judge(workload, suggestion.trial, self.recorder.calibration)
+        if verdict.reason is None and self.settings.dispatch.script is not None:
+            verdict = self._learned_bound(verdict, suggestion)
         if verdict.reason is not None:
             trial.set_constraint("memory", verdict.constraint)
             self.recorder.tell_pruned(trial, suggestion, verdict.reason, est=verdict.estimate)
             return True
         return self._dispatch(dispatcher, trial, suggestion, verdict, previous)
+
+    def _learned_bound(self, verdict: Verdict, suggestion: Suggestion) -> Verdict:
+        """A training command's study: a config that needs at least as much memory as one that ran out of memory
+        in this study is pruned too (:mod:`tuner.study.memory_bound`), whatever the estimate said."""
+        failures = [OutOfMemory(t.number, t.trial) for t in self.store.trials(self.study_id, status="oom")]
+        reason = pruned_by_oom(suggestion.trial, failures, self.settings.workload.cluster.device)
+        return verdict if reason is None else replace(verdict, reason=reason, constraint=1.0)
 
     def _dispatch(
         self,
