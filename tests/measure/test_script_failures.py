@@ -75,3 +75,37 @@ def test_the_backend_follows_the_options() -> None:
     assert set(BACKENDS) == {"builtin", "script"}
     assert launcher_for(MeasureOptions(launcher="local")).name == "local"
     assert ScriptCommand.from_dict(script.to_dict()) == script
+
+
+class DistBackendError(RuntimeError):
+    """Named as torch.distributed's (the classifier reads class names, never imports torch)."""
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # the built-in runs' classifier knows these; the script's own pattern used to miss them
+        DistBackendError("NCCL error: unhandled cuda error, NCCL version 2.21.5\ncuMemCreate failed with error 2"),
+        DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1970, Failed to CUDA calloc 4194304 bytes"),
+        RuntimeError("CUDA error: CUBLASLT_STATUS_ALLOC_FAILED when calling `cublasLtMatmulAlgoGetHeuristic`"),
+        RuntimeError("cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`"),
+        RuntimeError("CUDA driver error: CUDA_ERROR_OUT_OF_MEMORY"),
+        # and the looser words of a user's libraries still are out of memory
+        RuntimeError("Failed to allocate 2147483648 bytes"),
+        RuntimeError("ncclSystemError: System call (e.g. socket, malloc) or external library call failed: memory"),
+        RuntimeError("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED"),
+        MemoryError(),
+    ],
+)
+def test_a_script_exception_reads_as_out_of_memory_in_the_runtimes_and_its_libraries_words(
+    error: BaseException,
+) -> None:
+    assert exception_status(error, "training") == "oom"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("CUDA error: an illegal memory access was encountered"), KeyError("lm_head.weight")],
+)
+def test_other_script_failures_are_errors(error: BaseException) -> None:
+    assert exception_status(error, "training") == "error"

@@ -53,6 +53,11 @@ _OOM = re.compile(
         )
     )
 )
+# what an exception of a user's script says beyond the runtime's own wording (its libraries wrap and reword it):
+# read for training commands, whose exceptions dstune did not raise (tuner.measure.script.failures)
+_OOM_WORDED = re.compile(
+    r"out of memory|Failed to allocate|ncclSystemError.*(?:alloc|memory)|CUDNN_STATUS_NOT_INITIALIZED", re.IGNORECASE
+)
 # a rank's own collective broke because a peer went away: the effect, never the cause
 _PEER = re.compile(
     "|".join(
@@ -82,6 +87,16 @@ def oom_error(exception_type: str, message: str) -> bool:
 def oom_message(text: str) -> bool:
     """True when ``text`` (an exception's message, a rank's log tail) reports an allocation that failed."""
     return _OOM.search(text) is not None
+
+
+def oom_worded(exception_type: str, message: str) -> bool:
+    """:func:`oom_error`, or the looser words a user's libraries put an out-of-memory in ("out of memory" in any
+    case, "Failed to allocate", an NCCL system error about memory, cuDNN failing to start for want of it).
+
+    >>> oom_worded("RuntimeError", "Failed to allocate 2048 bytes"), oom_error("RuntimeError", "Failed to allocate")
+    (True, False)
+    """
+    return oom_error(exception_type, message) or _OOM_WORDED.search(message) is not None
 
 
 def follows_peer(text: str) -> bool:

@@ -16,19 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.measure.oom import OOM_TYPES
+from tuner.measure.oom import oom_worded
 
 SCRIPT_FAILED = "ScriptFailed"  # not the config's fault: the study stops with the line
 NO_DEEPSPEED = (
     "the command ended without reaching deepspeed.initialize (nor the HF Trainer's or accelerate's DeepSpeed path): "
     "dstune measures DeepSpeed training only"
-)
-# how an out-of-memory failure reads in an exception's message, whichever library raised it (the types are the
-# built-in runs' own, :data:`tuner.measure.oom.OOM_TYPES`)
-OOM_TEXT = re.compile(
-    r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation|DefaultCPUAllocator: can't allocate memory"
-    r"|ncclSystemError.*(?:alloc|memory)|Failed to allocate|CUDNN_STATUS_(?:NOT_INITIALIZED|ALLOC_FAILED)",
-    re.IGNORECASE,
 )
 CONFIG_TYPES = frozenset({"ValidationError", "AssertionError", "DeepSpeedConfigError"})
 # a launcher's report of a rank killed by SIGKILL (the host's OOM killer): DeepSpeed's, torchrun's, plain
@@ -43,22 +36,17 @@ class ScriptFailed(InputError):
         super().__init__("command", line)
 
 
-def is_oom_text(text: str) -> bool:
-    """True when an exception's ``Type: message`` reads as out of memory.
-
-    >>> is_oom_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
-    True
-    >>> is_oom_text("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes")
-    True
-    >>> is_oom_text("ValueError: bad shape")
-    False
-    """
-    return bool(OOM_TEXT.search(text))
-
-
 def exception_status(error: BaseException, phase: str) -> str:
-    """``oom``, ``invalid_config`` (DeepSpeed rejected the config inside ``deepspeed.initialize``) or ``error``."""
-    if type(error).__name__ in OOM_TYPES or is_oom_text(f"{type(error).__name__}: {error}"):
+    """``oom`` (:func:`tuner.measure.oom.oom_worded`: the built-in runs' classifier with the looser words of a
+    user's libraries), ``invalid_config`` (DeepSpeed rejected the config inside ``deepspeed.initialize``) or
+    ``error``.
+
+    >>> exception_status(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8"), "x")
+    'oom'
+    >>> exception_status(ValueError("bad shape"), "training")
+    'error'
+    """
+    if oom_worded(type(error).__name__, f"{type(error).__name__}: {error}"):
         return "oom"
     if phase == "initialize" and type(error).__name__ in CONFIG_TYPES:
         return "invalid_config"
