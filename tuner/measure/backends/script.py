@@ -96,7 +96,8 @@ def _run_once(
     """One start of the command on a free rendezvous port; whether dstune chose that port (the user did not)."""
     with tempfile.TemporaryDirectory(prefix="dstune-script-") as scratch:
         run_dir = Path(scratch)
-        (run_dir / HOOK_FILE).write_text(json.dumps({"warmup": options.warmup, "steps": options.steps}))
+        settings = {"warmup": options.warmup, "steps": options.steps, "warmup_max": options.warmup_max}
+        (run_dir / HOOK_FILE).write_text(json.dumps(settings))
         env = hook_environment(run_dir)
         meeting = with_port(place(script, slot, config, run_dir), env, free_port())
         running = launch.start(meeting.argv, script.cwd, {**env, **meeting.env}, run_dir, options.memory_cap)

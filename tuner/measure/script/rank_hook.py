@@ -30,6 +30,7 @@ from typing import Any
 from tuner.measure.script.failures import exception_status
 
 HOOK_FILE = "hook.json"  # the run's warm-up and timed steps, written by the launcher
+SETTLE_STEPS, SETTLE_TOLERANCE = 2, 0.1  # the built-in runs' (tuner.measure.run_protocol.RunSpec)
 
 
 class _State:
@@ -37,6 +38,10 @@ class _State:
         settings = json.loads((run_dir / HOOK_FILE).read_text())
         self.run_dir = run_dir
         self.warmup, self.steps = int(settings["warmup"]), int(settings["steps"])
+        # past the warm-up, warm up until the step times settle, up to this many warm-up steps (the built-in runs')
+        self.warmup_max = max(self.warmup, int(settings.get("warmup_max") or self.warmup))
+        self.warm_times: list[float] = []
+        self.warm = False  # the warm-up is over
         self.phase = "before_initialize"
         self.counter: Any = None
         self.baseline = 0
@@ -187,18 +192,35 @@ def _stepped() -> None:
     now = time.monotonic()
     elapsed, state.last_step_end = now - state.last_step_end, now
     warm = int(state.times.get("warmup_done", 0))
-    if warm < state.warmup:
-        state.times["warmup_done"] = warm + 1
+    if warm < state.warmup or (warm < state.warmup_max and not state.warm):
+        done = warm + 1
+        state.times["warmup_done"] = done
         state.times["warmup_s"] = state.times.get("warmup_s", 0.0) + elapsed
-        if warm + 1 == state.warmup:
+        state.warm_times.append(elapsed)
+        # warm after --warmup steps, or past them once the step times settle, at most --warmup-max
+        state.warm = done >= state.warmup_max or (done >= state.warmup and _settled(state.warm_times))
+        if state.warm:
             state.seen = dict.fromkeys(state.seen, 0)  # count the timed steps' inputs only
-        state.mark(f"step {warm + 2}" if warm + 1 < state.warmup else "timed steps")
+        state.mark("timed steps" if state.warm else f"step {done + 1}")
         return
     state.step_times.append(elapsed)
     with (state.run_dir / f"progress-{state.rank}").open("a") as sink:
         sink.write(f"{elapsed}\n")
     if len(state.step_times) >= state.steps:
         _finish()
+
+
+def _settled(times: list[float]) -> bool:
+    """Whether the warm-up's step times settled, as the built-in runs decide it (:mod:`tuner.measure.settling`):
+    every rank together (an all-reduce), so that the ranks time the same steps."""
+    import torch.distributed as dist
+
+    from tuner.measure.settling import agree_settled, settled
+
+    mine = settled(times, SETTLE_STEPS, SETTLE_TOLERANCE)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    return agree_settled(mine, dist.get_backend() == "nccl")
 
 
 def _memory() -> dict[str, Any]:
