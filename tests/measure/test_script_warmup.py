@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tuner.measure.script import rank_hook  # noqa: E402
+from tuner.measure.script import rank_hook
 
 
 def warm_up(tmp_path: Path, warmup_max: int | None, step_times: list[float]) -> rank_hook._State:
