@@ -211,11 +211,11 @@ def _stepped() -> None:
 
 
 def _settled(times: list[float]) -> bool:
-    """Whether the warm-up's step times settled, as the built-in runs decide it (:mod:`tuner.measure.settling`):
+    """Whether the warm-up's step times settled, as the built-in runs decide it (:mod:`tuner.measure.rank.settling`):
     every rank together (an all-reduce), so that the ranks time the same steps."""
     import torch.distributed as dist
 
-    from tuner.measure.settling import agree_settled, settled
+    from tuner.measure.rank.settling import agree_settled, settled
 
     mine = settled(times, SETTLE_STEPS, SETTLE_TOLERANCE)
     if not dist.is_initialized() or dist.get_world_size() == 1:
