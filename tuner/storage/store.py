@@ -43,7 +43,7 @@ from tuner.storage.queue import JobQueue
 from tuner.storage.records import CalibrationRecord, StudyRecord, WorkloadRecord, existing, to_record
 from tuner.storage.tables import STUDY_STATUSES, CalibrationRow, StudyRow, StudyStatus, WorkloadRow, utcnow
 from tuner.storage.trials import TrialStore
-from tuner.workload import Workload, workload_from_dict, workload_to_dict
+from tuner.workload import Workload, WorkloadError, workload_from_dict, workload_to_dict
 
 
 class Store(TrialStore, JobQueue, RecommenderQueries):
@@ -87,12 +87,18 @@ class Store(TrialStore, JobQueue, RecommenderQueries):
             return to_record(WorkloadRecord, existing(session, WorkloadRow, workload_id, "workload"))
 
     def workload_of(self, study_id: int) -> Workload:
-        """The :class:`Workload` a study searches configs for (rebuilt from the stored JSON)."""
+        """The :class:`Workload` a study searches configs for (rebuilt from the stored JSON, and checked as a new one
+        is). One stored before a check it now fails (a launch variable since refused) is a :class:`StoreError`
+        naming the study: it is never run again, and its records stay readable as stored (:meth:`get_workload`)."""
         with self.session(write=False) as session:
             study = existing(session, StudyRow, study_id, "study")
             row = session.get(WorkloadRow, study.workload_id)
             assert row is not None  # the foreign key guarantees it
-            return workload_from_dict(row.workload)
+            stored, name = row.workload, study.name
+        try:
+            return workload_from_dict(stored)
+        except WorkloadError as error:
+            raise StoreError("workload", f"study {name!r} was stored with what is refused now ({error})") from None
 
     # ------------------------------------------------------------------------------------------------------- studies
 

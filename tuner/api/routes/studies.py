@@ -10,7 +10,7 @@ from tuner.api.deps import Limit, Offset, StoreDep, StudyName
 from tuner.api.readers import OPTIONAL_TOKEN, FullView, public_settings, public_workload, shown_trial
 from tuner.api.responses import NOT_FOUND, READER, answers
 from tuner.api.schemas import StudyDetail, StudyOut, TrialOut, TrialPage
-from tuner.storage import TRIAL_ORDERS, TRIAL_STATUSES, Store, StudyRecord
+from tuner.storage import TRIAL_ORDERS, TRIAL_STATUSES, Store, StoreError, StudyRecord
 from tuner.workload import workload_to_dict
 
 if TYPE_CHECKING:
@@ -47,7 +47,10 @@ def get_study(name: StudyName, store: StoreDep, full: FullView) -> StudyDetail:
     variables, no server path, errors as one line)."""
     record = _study(store, name)
     summary = store.study_summary(record.id)
-    workload = workload_to_dict(store.workload_of(record.id))
+    try:
+        workload = workload_to_dict(store.workload_of(record.id))
+    except StoreError:  # stored with a launch variable refused since: shown as stored (it never runs again)
+        workload = store.get_workload(record.workload_id).workload
     return StudyDetail(
         study=_shown(StudyOut.of(record), full),
         workload=workload if full else public_workload(workload),
