@@ -53,20 +53,16 @@ from tuner.measure.driver.launch_env import (
     with_plan,
 )
 from tuner.measure.driver.local_launcher import Progress, wait_ranks
-from tuner.measure.driver.outcomes import collect_rank, placed, summarize
+from tuner.measure.driver.outcomes import MTIME_SLACK_S, collect_rank, placed, summarize
 from tuner.measure.driver.places import RankPlace, free_port
 from tuner.measure.driver.processes import rank_preloads, start_rank, stop_ranks
 from tuner.measure.driver.ray_placement import assign_places, node_bundle, node_shape, why_unplaced
 from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
 from tuner.measure.oom import cgroup_oom_kills, kills_between
-from tuner.measure.run_protocol import RunSpec, read_progress
+from tuner.measure.run_protocol import RunSpec, read_progress, result_path
 from tuner.workload import workload_from_dict
 
 PLACEMENT_TIMEOUT_S = 60.0
-# a rank that failed after timed steps waits this long for a stop-early the driver may have decided (its peer's stop
-# broke the collective first): the notice is one actor call in flight, on a loaded node it can take seconds. Only such
-# a rank waits: the driver decides on timed steps, so a config failing before them reports at once
-EARLY_NOTICE_S = 15.0
 # what Ray raises for a rank whose node or host actor died: not the config's failure
 LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError)
 UNAVAILABLE = "ResourcesUnavailable"
@@ -175,14 +171,36 @@ class RankHost:
             finally:
                 stop_ranks([process])
             failed = process.killed_for is None and process.process.returncode
-            if failed and read_progress(run_dir, place.rank):  # a stop decided may still be on its way
-                self.early.wait(EARLY_NOTICE_S)
             if self.early_at is not None and process.killed_for is None:  # ended by the stop, before it was asked
                 process.killed_for, process.signalled_at = "stopped_early", self.early_at
             kills = kills_between(oom_kills, cgroup_oom_kills())
             result = asdict(with_plan(collect_rank(run_dir, process, kills), plan))
+            if_stopped = None
+            if failed and process.killed_for is None and read_progress(run_dir, place.rank):
+                # failed after timed steps, no stop heard of: a stop the driver decided may have broken its collective
+                # while the notice was on its way. The driver knows whether and when it decided: it picks the reading
+                process.killed_for, process.signalled_at = "stopped_early", 0.0
+                if_stopped = asdict(with_plan(collect_rank(run_dir, process, kills), plan))
             self.run_dir = None
-            return result
+            return {"result": result, "if_stopped": if_stopped, "ended_at": _report_time(run_dir, place.rank)}
+
+
+def _report_time(run_dir: Path, rank: int) -> float | None:
+    """When the rank wrote its result (wall clock, the node's), or None when it wrote none."""
+    try:
+        return result_path(run_dir, rank).stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _reading(answer: dict[str, Any], decided_at: float | None) -> RankResult:
+    """A rank host's result. One that failed after timed steps with no stop heard of comes with its reading as
+    stopped early: taken when the driver had decided a stop (at ``decided_at``) before the rank wrote its failure
+    (or it wrote none), since the stop then broke its collective (as :func:`collect_rank` reads a stopped rank)."""
+    stopped, ended_at = answer["if_stopped"], answer["ended_at"]
+    if stopped is not None and decided_at is not None and (ended_at is None or ended_at >= decided_at - MTIME_SLACK_S):
+        return RankResult.from_dict(stopped)
+    return RankResult.from_dict(answer["result"])
 
 
 def _unavailable(error: str) -> Measurement:
@@ -267,6 +285,7 @@ def _gather(
     results: dict[int, RankResult] = {}
     pending = list(refs)
     cancelling = stopping = False
+    decided_at: float | None = None
     first, on_step = watch
     while pending:
         if on_step is not None and first is not None and not stopping and not results:
@@ -286,7 +305,7 @@ def _gather(
         for ref in done:
             place = refs[ref]
             try:
-                result = RankResult.from_dict(ray.get(ref))
+                result = _reading(ray.get(ref), decided_at)
             except LOST as error:  # the node (or the actor's process) went away with the rank
                 why = "its Ray node or actor was lost mid-run: " + f"{type(error).__name__}: {error}"[-EXCERPT_CHARS:]
                 result = RankResult(place.rank, "error", exception_type=INFRA_LOST, error=why)
