@@ -10,7 +10,10 @@ How a row becomes an estimate (what the sources leave implicit is decided here, 
   (``--model-impl builtin``). A row's ``optimizer``, ``bf16_master_weights``, ``bf16_optimizer_states`` and
   ``attention`` are the flags of those names.
 * ALST's tiling as ArcticTraining runs it: a tiled MLP in ``ceil(s/sp / hidden)`` shards (DeepSpeed's ALST
-  tutorial), and Liger's fused linear cross-entropy as a tiled loss whose shards hold at most 1 GiB of fp32 logits.
+  tutorial). A row whose note says ``model type liger`` (ArcticTraining's Liger-Kernel model: fused RMSNorm, SwiGLU,
+  RoPE and linear cross-entropy) is estimated with ``--liger`` (:mod:`tuner.estimator.liger`); ``--no-liger`` scores
+  such rows as before, Liger's loss as a tiled loss whose shards hold at most 1 GiB of fp32 logits and the layers as
+  Hugging Face's.
 * ArcticTraining trains with activation checkpointing (its checkpoint offload needs it).
 * A figure in ``GB`` from DeepSpeed's or ArcticTraining's memory logs is read as 2**30 bytes (their
   ``see_memory_usage`` divides by 1024**3).
@@ -126,8 +129,13 @@ class Scored:
         return "at margin" if self.at_margin else "disagree"
 
 
-def flags_of(row: dict[str, Any], ds_config: str | None) -> WorkloadFlags:
-    """The ``dstune estimate`` flags of a row (module docstring for what is decided here)."""
+LIGER_NOTE = "model type liger"  # ArcticTraining's Liger-Kernel model (the row's note)
+
+
+def flags_of(row: dict[str, Any], ds_config: str | None, liger: bool = True) -> WorkloadFlags:
+    """The ``dstune estimate`` flags of a row (module docstring for what is decided here); ``liger``: rows that train
+    with Liger-Kernel estimated with ``--liger``."""
+    liger = liger and LIGER_NOTE in (row.get("note") or "")
     model = row["model"]
     path = CONFIGS / model / "config.json" if (CONFIGS / model).is_dir() else CONFIGS / f"{model}.json"
     config = json.loads(path.read_text()) if path.exists() else {}
@@ -149,7 +157,7 @@ def flags_of(row: dict[str, Any], ds_config: str | None) -> WorkloadFlags:
         activation_checkpointing=row["activation_checkpointing"],
         sequence_parallel=row["sequence_parallel"],
         tiled_mlp=math.ceil(local / hidden) if row["tiled_mlp"] else 1,
-        tiled_loss=max(2, math.ceil(local * vocab * 4 / 2**30)) if row["tiled_loss"] else 1,
+        tiled_loss=max(2, math.ceil(local * vocab * 4 / 2**30)) if row["tiled_loss"] and not liger else 1,
         offload_checkpoints=row["offload_checkpoints"],
         model_impl="builtin" if model in BUILTIN else "transformers",
         ds_config=ds_config,
@@ -157,10 +165,11 @@ def flags_of(row: dict[str, Any], ds_config: str | None) -> WorkloadFlags:
         bf16_master_weights=row.get("bf16_master_weights", False),
         bf16_optimizer_states=row.get("bf16_optimizer_states", False),
         attention=row.get("attention"),
+        liger=liger,
     )
 
 
-def score(row: dict[str, Any], folder: Path) -> Scored:
+def score(row: dict[str, Any], folder: Path, liger: bool = True) -> Scored:
     """The estimate of one row (``dstune estimate``'s own path: the flags built, then estimated)."""
     start = time.perf_counter()
     ds_config = None
@@ -174,7 +183,7 @@ def score(row: dict[str, Any], folder: Path) -> Scored:
         path.write_text(json.dumps(override))
         ds_config = str(path)
     try:
-        workload, trial = build(flags_of(row, ds_config))
+        workload, trial = build(flags_of(row, ds_config, liger))
         found = Scored(row, estimate(workload, trial))
     except (InputError, SystemExit) as error:  # build() exits 2 with one line on bad input
         found = Scored(row, refused=str(error) or "refused")
@@ -239,12 +248,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="rows whose id contains this")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "published_gpu.md")
+    parser.add_argument("--no-liger", action="store_true", help="Liger rows as before --liger (module docstring)")
     args = parser.parse_args()
     rows = [row for row in yaml.safe_load(DATA.read_text()) if args.only in row["id"]]
     scored = []
     with tempfile.TemporaryDirectory() as folder:
         for row in rows:
-            found = score(row, Path(folder))
+            found = score(row, Path(folder), not args.no_liger)
             scored.append(found)
             print(f"{row['id']}: {found.verdict} {gib(found.total)} GiB ({found.seconds:.1f} s)", file=sys.stderr)
     notes = args.out.read_text().partition(NOTES)[2] if args.out.exists() else ""

@@ -1,6 +1,6 @@
 """The flags of ``dstune estimate`` and ``measure`` that make numerics-changing choices for the one config they
 estimate or train (:class:`tuner.workload.Numerics`): bf16 master weights and optimizer states, Muon, DeepSpeed's
-chunked loss. ``tune`` searches them only with ``--allow-numerics-changes``."""
+chunked loss, Liger's kernels (estimated only). ``tune`` searches the first four with ``--allow-numerics-changes``."""
 
 from __future__ import annotations
 
@@ -33,4 +33,12 @@ ChunkedLossOpt = Annotated[
     ),
 ]
 
-__all__ = ["Bf16MasterOpt", "Bf16StatesOpt", "ChunkedLossOpt", "OptimizerOpt"]
+LigerOpt = Annotated[
+    bool,
+    typer.Option(
+        "--liger",
+        help="Liger-Kernel's fused RMSNorm, SwiGLU, RoPE and linear cross-entropy (HF's use_liger_kernel; estimate).",
+    ),
+]
+
+__all__ = ["Bf16MasterOpt", "Bf16StatesOpt", "ChunkedLossOpt", "LigerOpt", "OptimizerOpt"]

@@ -24,7 +24,7 @@ from typing import Annotated, Any, get_type_hints
 import typer
 
 from tuner.cli.common import default_device, fail
-from tuner.cli.numerics_flags import Bf16MasterOpt, Bf16StatesOpt, ChunkedLossOpt, OptimizerOpt
+from tuner.cli.numerics_flags import Bf16MasterOpt, Bf16StatesOpt, ChunkedLossOpt, LigerOpt, OptimizerOpt
 from tuner.errors import InputError
 from tuner.estimator import estimate, resolve
 from tuner.profile import with_profile
@@ -187,6 +187,7 @@ class WorkloadFlags:
     bf16_optimizer_states: Bf16StatesOpt = False
     optimizer: OptimizerOpt = "adamw"
     chunked_loss: ChunkedLossOpt = False
+    liger: LigerOpt = False
     attention: AttentionOpt = None
     device: DeviceOpt = "cuda"  # None (measure, tune): the machine's own
     ds_config: DsConfigOpt = None
@@ -358,6 +359,7 @@ def _with_trial(flags: WorkloadFlags, workload: Workload, lengths: tuple[int, ..
             "bf16_optimizer_states": flags.bf16_optimizer_states,
             "optimizer": flags.optimizer,
             "chunked_loss": flags.chunked_loss,
+            "liger": flags.liger,
             "ds_config": ds_config_file(flags.ds_config),
         },
     ).to_trial(workload.train.precision)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from tuner.estimator.activations import LayerActivations, logits_workspace_bytes, workload_activation_bytes
 from tuner.estimator.attention import extra_bytes_per_layer
 from tuner.estimator.chunked_loss import chunked_loss_terms
+from tuner.estimator.liger import liger_activations
 from tuner.estimator.long_context import local_seq, long_context_terms
 from tuner.estimator.phases import Phase
 from tuner.estimator.pinned import HostPins
@@ -56,9 +57,8 @@ def activation_terms(
     out: list[Entry] = []
     seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.long_context`)
     workspace = logits_workspace_bytes(model, s.micro_batch, seq, elem)
-    if s.chunked_loss:  # DeepSpeed's chunked cross-entropy instead of Hugging Face's loss (:mod:`.chunked_loss`)
-        activations, workspace, changed = _chunked_loss(workload, s, activations)
-        out += detail("chunked_loss_saved", changed)
+    activations, workspace, kernels = _other_kernels(workload, s, activations, workspace)
+    out += kernels
     acts, context = long_context_terms(workload, s, activations, workspace)
     out += context
     saved, recompute, source = acts.saved, acts.recompute, activations.source
@@ -89,6 +89,21 @@ def activation_terms(
         out += frozen
         loss += head
     return source, (*out, *_forward_moments(s, activations, (saved, acts.outside, loss), recorded))
+
+
+def _other_kernels(
+    workload: Workload, s: Settings, activations: LayerActivations, workspace: int
+) -> tuple[LayerActivations, int, Contribution]:
+    """The model's activations and the loss's workspace with DeepSpeed's chunked cross-entropy (:mod:`.chunked_loss`)
+    or Liger-Kernel's layers and fused linear cross-entropy (:mod:`.liger`) in place of Hugging Face's (never both:
+    :func:`tuner.workload.numerics.check_numerics`), and what they record."""
+    if s.chunked_loss:
+        activations, workspace, changed = _chunked_loss(workload, s, activations)
+        return activations, workspace, detail("chunked_loss_saved", changed)
+    if s.liger:
+        at = (s.micro_batch, local_seq(workload, s), s.param_bytes)
+        return liger_activations(workload.model, activations, at, s.activation_checkpointing)
+    return activations, workspace, NOTHING
 
 
 def _chunked_loss(workload: Workload, s: Settings, activations: LayerActivations) -> tuple[LayerActivations, int, int]:

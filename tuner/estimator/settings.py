@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tuner.workload import ConfigError, Numerics, TrialConfig, Workload, check_layout, check_long_context
+from tuner.workload.numerics import LIGER_KEY
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
 NUMERICS_FIELDS = tuple(item.name for item in fields(Numerics))  # bf16_master, bf16_optimizer_states, muon...
@@ -69,6 +70,7 @@ class Settings:
     bf16_optimizer_states: bool = False
     muon: bool = False  # optimizer.type "muon": Muon for the matrices, Adam for the rest (.muon)
     chunked_loss: bool = False  # dstune.chunked_loss: DeepSpeed's chunked cross-entropy (.chunked_loss)
+    liger: bool = False  # dstune.liger_kernel: Liger-Kernel's fused kernels and loss (.liger)
 
     @property
     def param_bytes(self) -> int:
@@ -269,6 +271,10 @@ def _refuse_unmodelled_numerics(trial: TrialConfig, workload: Workload) -> None:
     numerics, context = trial.numerics, trial.long_context
     if numerics.chunked_loss and (context.tiled_loss_shards > 1 or trial.layout.sequence_parallel > 1):
         raise ConfigError("dstune.chunked_loss", "not with a tiled loss or Ulysses: their loss is their own")
+    if numerics.liger and workload.cluster.device != "cuda":
+        raise ConfigError(LIGER_KEY, "Liger's kernels need Triton on a CUDA GPU: not on CPU ranks")
+    if numerics.liger and context.tiled_loss_shards > 1:
+        raise ConfigError(LIGER_KEY, "not with a tiled loss: Liger's fused linear cross-entropy is the loss")
     if not numerics.muon:
         return
     key = "optimizer.type"

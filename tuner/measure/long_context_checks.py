@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tuner.measure.layout_checks import layout_refusal
 from tuner.workload import TrialConfig, Workload
+from tuner.workload.numerics import LIGER_KEY
 
 BUILT_IN = "needs the transformers model (model_impl transformers): the built-in model has no Ulysses attention"
 OFFLOAD_ON_CPU = (
@@ -34,6 +35,8 @@ def measured_refusal(workload: Workload, trial: TrialConfig, device: str) -> tup
     refusal = layout_refusal(workload, trial, device)
     if refusal is not None:
         return refusal
+    if trial.numerics.liger:
+        return LIGER_KEY, "Liger's kernels need Triton on a GPU and dstune's runner does not apply them: estimate only"
     layout, context = trial.layout, trial.long_context
     transformers = workload.model.implementation == "transformers"
     if not transformers:

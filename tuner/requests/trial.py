@@ -55,6 +55,9 @@ OPTIMIZER: Any = Field(
     "adamw", description="adamw, or muon (ds_config optimizer.type; ZeRO-1/2; changes the numerics)."
 )
 CHUNKED_LOSS = Field(False, description="DeepSpeed's chunked cross-entropy loss (dstune.chunked_loss).")
+LIGER = Field(
+    False, description="Liger-Kernel's fused kernels and loss (dstune.liger_kernel; estimated, not measured)."
+)
 OFFLOAD_CHECKPOINTS = Field(
     False, description="Checkpointed layer inputs in host memory (dstune.offload_checkpoints; needs checkpointing)."
 )
@@ -80,6 +83,7 @@ class TrialSettings(RequestModel):
     bf16_optimizer_states: bool = BF16_STATES
     optimizer: Literal["adamw", "muon"] = OPTIMIZER
     chunked_loss: bool = CHUNKED_LOSS
+    liger: bool = LIGER
     ds_config: dict[str, Any] | None = Field(None, description="A ds_config merged over the shortcut fields.")
 
     def layout_config(self) -> dict[str, Any]:
@@ -121,7 +125,7 @@ class TrialRequest(TrialSettings):
         )
         config = merge_configs(config, self.layout_config())
         choices = numerics_config(
-            self.bf16_master_weights, self.bf16_optimizer_states, self.optimizer, self.chunked_loss
+            self.bf16_master_weights, self.bf16_optimizer_states, self.optimizer, self.chunked_loss, self.liger
         )
         if choices:
             config = merge_configs(config, choices)

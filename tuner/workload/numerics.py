@@ -17,6 +17,11 @@ chunked cross-entropy (``dstune.chunked_loss``).
   (``runtime/chunked_cross_entropy.py``, installed on the model with ``install_chunked_causal_lm_loss``): the same
   loss in fp32 without the ``[tokens, vocab]`` fp32 tensors; a code path, not a ds_config key DeepSpeed reads.
 
+* ``dstune.liger_kernel``: the model runs Liger-Kernel's fused RMSNorm, SwiGLU, RoPE and fused linear
+  cross-entropy (``liger_kernel.transformers.apply_liger_kernel_to_<model type>``, what HF's ``use_liger_kernel``
+  applies): the same maths with other saved tensors and no logits; estimated (:mod:`tuner.estimator.liger`), never
+  measured (its kernels need Triton on a GPU, and dstune's runner does not apply them).
+
 ``data_types.keep_in_fp32_modules`` changes no parameter in 0.19.8: it keeps matching *buffers* in fp32
 (``runtime/keep_in_fp32.py``; the engine and ``zero.Init`` cast every parameter to the training dtype), so it is
 not a choice here.
@@ -39,6 +44,7 @@ from tuner.workload.config_values import ConfigError, read_bool, section
 MASTER_KEY = "bf16.bf16_master_weights_and_grads"
 STATES_KEY = "bf16.bf16_optimizer_states"
 MUON = "muon"
+LIGER_KEY = "dstune.liger_kernel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +55,7 @@ class Numerics:
     bf16_optimizer_states: bool = False
     muon: bool = False
     chunked_loss: bool = False
+    liger: bool = False
 
     @classmethod
     def of(cls, ds_config: Mapping[str, Any]) -> Numerics:
@@ -58,7 +65,8 @@ class Numerics:
         states = read_bool(bf16, "bf16_optimizer_states", False, "bf16.")
         kind = section(ds_config, "optimizer").get("type", "AdamW")
         chunked = read_bool(section(ds_config, "dstune"), "chunked_loss", False, "dstune.")
-        choices = cls(master, states, isinstance(kind, str) and kind.lower() == MUON, chunked)
+        liger = read_bool(section(ds_config, "dstune"), "liger_kernel", False, "dstune.")
+        choices = cls(master, states, isinstance(kind, str) and kind.lower() == MUON, chunked, liger)
         check_numerics(choices, ds_config)
         return choices
 
@@ -69,8 +77,8 @@ class Numerics:
 
     @property
     def any(self) -> bool:
-        """True when any choice is made: one that changes the numerics, or the chunked loss's code path."""
-        return self.changes_numerics or self.chunked_loss
+        """True when any choice is made: one that changes the numerics, or the loss's or the kernels' code path."""
+        return self.changes_numerics or self.chunked_loss or self.liger
 
     def labels(self) -> list[str]:
         """The choices in words, for summaries and answers."""
@@ -81,6 +89,7 @@ class Numerics:
                 (self.bf16_optimizer_states, "bf16 optimizer states"),
                 (self.muon, "Muon optimizer"),
                 (self.chunked_loss, "chunked cross-entropy loss"),
+                (self.liger, "Liger kernels"),
             )
             if on
         ]
@@ -92,6 +101,8 @@ def check_numerics(choices: Numerics, ds_config: Mapping[str, Any]) -> None:
     zero = section(ds_config, "zero_optimization")
     stage = zero.get("stage", 0)
     offload = section(zero, "offload_optimizer").get("device", "none") not in (None, "none")
+    if choices.liger and choices.chunked_loss:
+        raise ConfigError(LIGER_KEY, "not with dstune.chunked_loss: Liger's fused linear cross-entropy is the loss")
     if choices.bf16_optimizer_states and not choices.bf16_master:
         raise ConfigError(STATES_KEY, f"needs {MASTER_KEY} (DeepSpeed asserts it)")
     if choices.bf16_master:
@@ -128,18 +139,27 @@ def numerics_notes(choices: Numerics) -> list[str]:
     """
     notes = []
     if choices.changes_numerics:
-        changed = [label for label in choices.labels() if label != "chunked cross-entropy loss"]
+        changed = [label for label in choices.labels() if label not in ("chunked cross-entropy loss", "Liger kernels")]
         notes.append("changes the numerics against fp32-master Adam: " + ", ".join(changed))
     if choices.chunked_loss:
         notes.append(
             "uses DeepSpeed's chunked cross-entropy: call deepspeed.runtime.chunked_cross_entropy."
             "install_chunked_causal_lm_loss(model) on the transformers model before training"
         )
+    if choices.liger:
+        notes.append(
+            "estimated with Liger-Kernel's kernels: train with use_liger_kernel=True (transformers' Trainer) or "
+            "liger_kernel.transformers.apply_liger_kernel_to_<model type>() before the model is built"
+        )
     return notes
 
 
 def numerics_config(
-    bf16_master: bool = False, bf16_optimizer_states: bool = False, optimizer: str = "adamw", chunked_loss: bool = False
+    bf16_master: bool = False,
+    bf16_optimizer_states: bool = False,
+    optimizer: str = "adamw",
+    chunked_loss: bool = False,
+    liger: bool = False,
 ) -> dict[str, Any]:
     """The ds_config sections that make these choices (to merge over a config; empty when none is made).
 
@@ -161,9 +181,10 @@ def numerics_config(
         config["bf16"] = bf16
     if optimizer.lower() == MUON:
         config["optimizer"] = {"type": "Muon"}
-    if chunked_loss:
-        config["dstune"] = {"chunked_loss": True}
+    dstune = {key: True for key, on in (("chunked_loss", chunked_loss), ("liger_kernel", liger)) if on}
+    if dstune:
+        config["dstune"] = dstune
     return config
 
 
-__all__ = ["MASTER_KEY", "STATES_KEY", "Numerics", "check_numerics", "numerics_config", "numerics_notes"]
+__all__ = ["LIGER_KEY", "MASTER_KEY", "STATES_KEY", "Numerics", "check_numerics", "numerics_config", "numerics_notes"]
