@@ -136,7 +136,11 @@ def coverage_lines(root: Path) -> Iterator[tuple[str, Any, Any]]:
 def dump(sets: list[str], out: Path) -> None:
     """Write this process's estimates (``tuner`` and ``bench`` as found on its path) to ``out``, one JSON line each."""
     from tuner.estimator import estimate
-    from tuner.estimator.throughput import predict
+
+    try:
+        from tuner.estimator import predict
+    except ImportError:  # --baseline runs this script on an older tree, whose estimator did not export it yet
+        from tuner.estimator.throughput import predict  # type: ignore[no-redef]
 
     def line(key: str, est: Any, throughput: Any = None) -> str:
         record = {"key": key, "estimate": fields(est)}

@@ -6,7 +6,8 @@ before timing, and the per-config work is arithmetic. ``--model-impl builtin`` t
 
 Then the same workload across world sizes (``--world-sizes``, default 8, 512 and 4,096 ranks, 8 GPUs a node) and ZeRO
 stages 1 to 3: estimates/s over the grid's configs of that stage (median of the passes), and the first estimate's time
-with the partition caches empty (median), which pays for the partition sizes (:mod:`tuner.estimator.partitions`) as
+with the partition caches empty (median), which pays for the partition sizes (:mod:`tuner.estimator.states.partitions`)
+as
 an API request for a new cluster or a study's first proposal does.
 
 Run: ``.venv/bin/python bench/estimator_speed.py [--model mixtral-8x7b]`` (prints the median of 5 timed passes and
@@ -31,7 +32,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from tuner.estimator import estimate, partitions
+from tuner.estimator import estimate
 from tuner.profile import load_model, with_profile
 from tuner.workload import ClusterSpec, TrainSpec, Workload
 
@@ -86,6 +87,8 @@ def config_grid() -> list[dict]:
 
 def clear_partition_caches() -> None:
     """Forget every partition size computed so far, as a fresh process would."""
+    from tuner.estimator.states import partitions  # here: a --baseline child runs this script on an older tree
+
     for cached in (partitions.flat_partition, partitions.stage3_layout, partitions.round_robin_order):
         cached.cache_clear()
 

@@ -9,7 +9,7 @@ Per config, one measured run (real DeepSpeed, one rank, built-in model, torch's 
 * the driver's view: the rank's peak process memory from NVML (``nvidia-smi --query-compute-apps``, sampled every
   0.2 s while the run goes on) minus ``max_memory_reserved``, against the estimate's non-allocator terms
   (``cuda_context``; NCCL terms are zero with one rank: one GPU cannot check them);
-* throughput: measured tokens/s against :func:`tuner.estimator.throughput.predict` for the rank's device.
+* throughput: measured tokens/s against :func:`tuner.estimator.throughput.prediction.predict` for the rank's device.
 
 Independent truth: the allocator's records and NVML, not the estimator. ``--dry-run`` (any machine): the config list,
 estimates and predictions and the report writer, with the measured columns empty.
@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.estimator import MemoryEstimate, Overhead, estimate
-from tuner.estimator.device import device_kind
-from tuner.estimator.throughput import predict
+from tuner.estimator import MemoryEstimate, Overhead, estimate, predict
+from tuner.estimator.runtime.device import device_kind
 from tuner.measure.options import MeasureOptions
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 

@@ -222,7 +222,7 @@ def stages(out: Path, dry: bool, budget: float) -> None:
 
 def nvml(out: Path, dry: bool) -> None:
     """A bare CUDA context in this process: NVML's bytes for it against the estimate's ``cuda_context``."""
-    from tuner.estimator.device import device_kind
+    from tuner.estimator.runtime.device import device_kind
 
     context = device_kind(card(dry)[0]).context
     if dry:

@@ -297,7 +297,7 @@ ZeRO-3 with small buckets, and how it was closed (it was 4-8 % under on tiny LLa
   The estimate had assumed routed experts drop the trace; that now holds only for experts that are modules of their
   own (``ModelProfile.expert_modules``).
 * **Backward never runs a LoRA model's frozen embedding**, so ZeRO-3 releases it after forward
-  (:func:`tuner.estimator.trainable.frozen_lead`; a tied embedding is the LM head too, and stays).
+  (:func:`tuner.estimator.states.trainable.frozen_lead`; a tied embedding is the LM head too, and stays).
 * **ZeRO-3 saves every Linear's input.** ``zero.Init`` replaces ``torch.nn.functional.linear`` with
   ``LinearFunctionForZeroStage3`` (``memory_efficient_linear``, on by default, left in place for the whole run),
   whose ``save_for_backward(input, weight, bias)`` keeps the input of frozen projections that plain torch does not

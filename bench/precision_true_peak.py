@@ -180,8 +180,8 @@ def process_peak(est: Any) -> int:
 def expected_states(case: dict[str, Any], est: Any) -> dict[str, dict[str, int]]:
     """The states the estimate says a rank's optimizer holds after its steps, as :func:`held_states` reads them:
     elements by dtype of the master partition and of each Adam moment (Muon's two groups are compared in bytes)."""
-    from tuner.estimator.master_states import state_bytes
-    from tuner.estimator.settings import resolve
+    from tuner.estimator import resolve
+    from tuner.estimator.states.master_states import state_bytes
     from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, model_from_hf_config
 
     cluster = ClusterSpec(gpus_per_node=case["world"], device="cpu")

@@ -4,7 +4,7 @@ layouts (AutoTP degree × hpZ group) it compared to find it."""
 from pathlib import Path
 from typing import Any
 
-from tuner.estimator.throughput import StepTerms
+from tuner.estimator import StepTerms
 from tuner.forecast import FAMILY_PREFIX, Calibration, Layout, ThroughputFit, judge_grid
 from tuner.recommend import GRID, PREDICTION_TIE, Recommendation, _grid_space, recommend
 from tuner.requests import WorkloadRequest, to_workload

@@ -12,7 +12,7 @@ Three sources, tried in order; the answer always says which (``source``):
 3. ``estimate``: nothing measured applies: over the default search space's grid (:data:`GRID`: ZeRO stage ×
    micro-batch × activation checkpointing × optimizer and parameter offload × the layouts, AutoTP degree, ZeRO++ hpZ
    group and AutoEP degree, where the space offers them to the workload), the config that fits by the estimator with the
-   margin and has the best *predicted* throughput (:mod:`tuner.estimator.throughput`, with the constants fitted on this
+   margin and has the best *predicted* throughput (:func:`tuner.estimator.predict`, with the constants fitted on this
    hardware and model family's runs when there are any, else the hardware table). ``predicted_tokens_per_s`` and
    ``prediction`` say so; ``tokens_per_s`` stays null (nothing was measured). Predictions within :data:`PREDICTION_TIE`
    of the best count as equal (finer than the model can tell); among those the simplest wins, deterministically
@@ -37,9 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from tuner.estimator import ConfigError, MemoryEstimate, estimate, resolve
-from tuner.estimator.quantized import estimate_only_why
-from tuner.estimator.throughput import predict
+from tuner.estimator import ConfigError, MemoryEstimate, estimate, estimate_only_why, predict, resolve
 from tuner.forecast import (
     PREDICTION_TIE,
     Calibration,

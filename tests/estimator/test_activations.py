@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tuner.estimator.activations import activation_bytes  # noqa: E402
+from tuner.estimator.activations.saved import activation_bytes  # noqa: E402
 from tuner.measure.rank.memory_probe import count_saved_activations  # noqa: E402
 from tuner.measure.rank.models import build_model, synthetic_batch  # noqa: E402
 from tuner.workload import model_from_hf_config  # noqa: E402

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuner.estimator.allocator import CachingAllocator, OutOfMemory, round_size, segment_size, simulate
+from tuner.estimator.runtime.allocator import CachingAllocator, OutOfMemory, round_size, segment_size, simulate
 
 MiB = 2**20
 

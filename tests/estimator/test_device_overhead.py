@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 
 from tuner.estimator import Overhead, estimate
-from tuner.estimator.device import KINDS, OTHER, device_kind
-from tuner.estimator.nccl import Communicator, NcclCosts, Parallelism, communicator_bytes, communicators
+from tuner.estimator.runtime.device import KINDS, OTHER, device_kind
+from tuner.estimator.runtime.nccl import Communicator, NcclCosts, Parallelism, communicator_bytes, communicators
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 MiB, GiB = 2**20, 2**30

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tuner.estimator import ConfigError, estimate
-from tuner.estimator.partitions import flat_partition, stage3_partition
+from tuner.estimator.states.partitions import flat_partition, stage3_partition
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model, model_from_param_count
 
 GB = 1e9

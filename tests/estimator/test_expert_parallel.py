@@ -22,8 +22,8 @@ from tuner.estimator.expert_parallel import (
     local_layout,
     moe_layers,
 )
-from tuner.estimator.hardware import hardware_for
-from tuner.estimator.throughput import step_terms
+from tuner.estimator.throughput.hardware import hardware_for
+from tuner.estimator.throughput.prediction import step_terms
 from tuner.workload import (
     ClusterSpec,
     ConfigError,

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from tuner.estimator.flops import backward_flops_per_token, forward_flops_per_token, model_flops_per_token
+from tuner.estimator.throughput.flops import backward_flops_per_token, forward_flops_per_token, model_flops_per_token
 from tuner.workload import model_from_hf_config
 
 LLAMA = {"model_type": "llama", "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 688,

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tuner.estimator import estimate
-from tuner.estimator.partitions import flat_partition
+from tuner.estimator.states.partitions import flat_partition
 from tuner.workload import (
     ClusterSpec,
     ModelProfile,
@@ -107,7 +107,7 @@ def test_experts_as_modules_of_their_own_keep_nothing_gathered() -> None:
 def test_zero3_refuses_trainable_parameters_of_two_dtypes() -> None:
     """peft's fp32 adapters beside a 16-bit ``modules_to_save`` copy: DeepSpeed's stage-3 optimizer asserts one
     dtype, so the config is refused naming the field (ZeRO 0-2 and fp32 training are fine)."""
-    from tuner.estimator.settings import ConfigError
+    from tuner.estimator import ConfigError
 
     frozen, _, _ = frozen_embedding()
     assert frozen.profile is not None

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.estimator import estimate
-from tuner.estimator.hardware import hardware_for, table_key
-from tuner.estimator.throughput import predict
+from tuner.estimator import estimate, predict
+from tuner.estimator.throughput.hardware import hardware_for, table_key
 from tuner.requests import WorkloadRequest, to_workload
 from tuner.workload import GPU_TYPES, ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tuner.estimator import PHASES, estimate
-from tuner.estimator.partitions import flat_partition, round_robin_order
-from tuner.estimator.pinned import power_of_two_ceil
+from tuner.estimator.states.partitions import flat_partition, round_robin_order
+from tuner.estimator.states.pinned import power_of_two_ceil
 from tuner.forecast import Calibration, memory_reason, reason_key
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, model_from_param_count
 

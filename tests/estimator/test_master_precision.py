@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tuner.estimator import estimate
-from tuner.estimator.muon import muon_mask
+from tuner.estimator.states.muon import muon_mask
 from tuner.workload import (
     ClusterSpec,
     ConfigError,

@@ -12,7 +12,7 @@ import pytest
 
 from tuner.estimator import estimate
 from tuner.estimator.memo import _MEMOS
-from tuner.estimator.trainable import trained_params
+from tuner.estimator.states.trainable import trained_params
 from tuner.workload import ClusterSpec, ConfigError, TrainSpec, Workload, ZeroConfig, load_builtin_model
 
 

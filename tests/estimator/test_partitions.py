@@ -8,7 +8,7 @@ from itertools import accumulate
 
 import pytest
 
-from tuner.estimator.partitions import NCCL_START_ALIGNMENT, flat_partition, round_robin_order, worst_rank_span
+from tuner.estimator.states.partitions import NCCL_START_ALIGNMENT, flat_partition, round_robin_order, worst_rank_span
 
 
 def per_rank_span(numels: tuple[int, ...], partition: int, world_size: int) -> int:

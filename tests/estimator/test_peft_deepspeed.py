@@ -79,7 +79,7 @@ def test_zero3_refuses_adapters_beside_modules_to_save() -> None:
     """peft's fp32 adapters beside a bf16 ``modules_to_save`` copy: DeepSpeed's stage-3 optimizer asserts one dtype
     (``defragment``), so the ranks fail, and the estimator refuses the config naming the field (a study prunes it).
     Fails when DeepSpeed learns to train them, and the refusal must go."""
-    from tuner.estimator.settings import ConfigError
+    from tuner.estimator import ConfigError
 
     work = peft_memory.workload("tiny-llama", peft_memory.adapter("modules_to_save"))
     config = peft_memory.ds_config(3, peft_memory.VARIANTS["modules_to_save"])

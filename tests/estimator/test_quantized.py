@@ -1,5 +1,5 @@
 """QLoRA (a 4-bit bitsandbytes base) and ``zero_quantized_nontrainable_weights``: estimate only, so checked here
-against bytes derived by hand from bitsandbytes' and DeepSpeed's layouts (``tuner/estimator/quantized.py``).
+against bytes derived by hand from bitsandbytes' and DeepSpeed's layouts (``tuner/estimator/states/quantized.py``).
 
 tiny-llama (hidden 128, 4 heads of 32, 2 KV heads, MLP 344, vocabulary 1024, 4 layers, untied) with LoRA r=8 on
 q_proj and v_proj. Each layer's seven ``nn.Linear`` weights are quantized: q_proj and o_proj 128×128 = 16,384,
@@ -30,7 +30,7 @@ import pytest
 
 from tuner.errors import InputError
 from tuner.estimator import ConfigError, estimate
-from tuner.estimator.quantized import packed_bytes, quantizer_groups, state_bytes
+from tuner.estimator.states.quantized import packed_bytes, quantizer_groups, state_bytes
 from tuner.requests import FieldError, WorkloadRequest, to_workload
 from tuner.workload import QuantSpec, TrainableSpec, WorkloadError, preset_config, workload_from_dict, workload_to_dict
 

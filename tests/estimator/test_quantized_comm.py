@@ -4,10 +4,9 @@ checked here against volumes and buffers derived by hand from DeepSpeed 0.19.8's
 
 import pytest
 
-from tuner.estimator import estimate
-from tuner.estimator.hardware import TABLE
+from tuner.estimator import estimate, predict
 from tuner.estimator.quantized_comm import qgz_reduce_transient, qwz_staging_bytes
-from tuner.estimator.throughput import predict
+from tuner.estimator.throughput.hardware import TABLE
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 
 MODEL = load_builtin_model("llama-2-7b")

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from tuner.estimator import estimate
-from tuner.estimator.activations import activation_bytes, logits_workspace_bytes
+from tuner.estimator.activations.saved import activation_bytes, logits_workspace_bytes
 from tuner.estimator.long_context import (
     all_to_all_buffers,
     attention_output_bytes,

@@ -17,7 +17,7 @@ ROOT = Path(tuner.estimator.__file__).parent
 MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "append", "extend", "insert", "record"})
 TALLIES = frozenset({"HostPins", "Ledger"})  # objects that add up what they are given: never a parameter
 # The allocator simulation links and pools its own blocks (a simulation's state, no term of the estimate).
-SIMULATION = ROOT / "allocator.py"
+SIMULATION = ROOT / "runtime" / "allocator.py"
 
 
 def _root(node: ast.expr) -> str | None:

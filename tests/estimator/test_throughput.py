@@ -2,8 +2,8 @@
 
 import pytest
 
-from tuner.estimator.hardware import TABLE, table_key
-from tuner.estimator.throughput import RECOMPUTE, predict
+from tuner.estimator.throughput.hardware import TABLE, table_key
+from tuner.estimator.throughput.prediction import RECOMPUTE, predict
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model, model_from_param_count
 
 GIB = 2**30

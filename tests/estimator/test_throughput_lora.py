@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("peft")
 
-from tuner.estimator.flops import backward_flops_per_token, forward_flops_per_token, model_flops_per_token
-from tuner.estimator.hardware import hardware_for
-from tuner.estimator.settings import resolve
-from tuner.estimator.throughput import predict, step_terms, trainable_params
+from tuner.estimator import resolve
+from tuner.estimator.throughput.flops import backward_flops_per_token, forward_flops_per_token, model_flops_per_token
+from tuner.estimator.throughput.hardware import hardware_for
+from tuner.estimator.throughput.prediction import predict, step_terms, trainable_params
 from tuner.profile import model_from_config, with_profile
 from tuner.workload import ClusterSpec, TrainableSpec, TrainSpec, TrialConfig, Workload, preset_config
 

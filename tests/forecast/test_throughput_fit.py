@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from tuner.estimator.throughput import StepTerms, predict
+from tuner.estimator import StepTerms, predict
 from tuner.forecast.throughput_fit import (
     FAMILY_PREFIX,
     PredictionAccuracy,

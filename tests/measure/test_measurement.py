@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuner.estimator.flops import model_flops_per_token, peak_tflops
+from tuner.estimator import model_flops_per_token, peak_tflops
 from tuner.measure.measurement import PEER_KILLED, RankResult, aggregate, percentile
 from tuner.workload import load_builtin_model
 

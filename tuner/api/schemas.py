@@ -149,7 +149,7 @@ class EstimateResponse(BaseModel):
     ds_config: dict[str, Any] = Field(description="The config that was estimated (shortcut fields + ds_config).")
     throughput: dict[str, Any] | None = Field(
         default=None,
-        description="Predicted step time and tokens/s (tuner.estimator.throughput), with the constants fitted to "
+        description="Predicted step time and tokens/s (tuner.estimator.predict), with the constants fitted to "
         "measured runs of this hardware and model family when there are any (fit_runs, error), else the table's.",
     )
     max_seq_len: MaxSeqLenOut | None = Field(None, description='The answer for seq_len "max" (else null).')

@@ -14,8 +14,7 @@ from rich.table import Table
 from tuner.cli.common import fail, gib
 from tuner.cli.max_seq_len import max_seq_len_command
 from tuner.cli.options import JsonOpt, WorkloadFlags, build, workload_options
-from tuner.estimator import MemoryEstimate, estimate
-from tuner.estimator.throughput import predict
+from tuner.estimator import MemoryEstimate, estimate, predict
 
 MaxSeqLenOpt = Annotated[
     bool,

@@ -23,8 +23,7 @@ from rich.table import Table
 
 from tuner.cli.common import fail, gib, write_text_file
 from tuner.cli.options import WorkloadFlags, build, ds_config_file
-from tuner.estimator import MemoryEstimate
-from tuner.estimator.throughput import predict
+from tuner.estimator import MemoryEstimate, predict
 from tuner.forecast import TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
 from tuner.space.dsconfig import export_config
 from tuner.workload import Workload

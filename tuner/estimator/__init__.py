@@ -1,4 +1,10 @@
-"""Analytic memory estimator for DeepSpeed training (pure Python: no torch import).
+"""Analytic memory estimator for DeepSpeed training (pure Python: no torch import), and the throughput it predicts.
+
+Grouped by the memory model's own categories: model states by ZeRO stage (:mod:`.states`), activations
+(:mod:`.activations`), runtime buffers and overheads (:mod:`.runtime`) and throughput (:mod:`.throughput`); the
+parallel layouts' terms (:mod:`.tensor_parallel`, :mod:`.expert_parallel`, :mod:`.long_context`,
+:mod:`.tiled_loss`, :mod:`.quantized_comm`); each term returns its contribution (:mod:`.terms`) and
+:func:`estimate` (:mod:`.core`) combines them. Callers use this package's names.
 
 Example:
     >>> from tuner.estimator import estimate
@@ -11,20 +17,40 @@ Example:
 """
 
 from tuner.estimator.core import estimate
-from tuner.estimator.memory_estimate import MemoryEstimate
-from tuner.estimator.overhead import DEFAULT_OVERHEAD, Overhead
+from tuner.estimator.memory_estimate import CPU_VIEWS, MemoryEstimate
 from tuner.estimator.phases import CATEGORIES, PHASES, Phase
+from tuner.estimator.runtime.overhead import DEFAULT_OVERHEAD, Overhead
 from tuner.estimator.settings import ConfigError, Settings, resolve
+from tuner.estimator.states.quantized import estimate_only_why
+from tuner.estimator.throughput.flops import model_flops_per_token, peak_tflops
+from tuner.estimator.throughput.prediction import (
+    TERMS,
+    StepTerms,
+    ThroughputPrediction,
+    all_params,
+    predict,
+    trainable_params,
+)
 
 __all__ = [
     "CATEGORIES",
+    "CPU_VIEWS",
     "DEFAULT_OVERHEAD",
     "PHASES",
+    "TERMS",
     "ConfigError",
     "MemoryEstimate",
     "Overhead",
     "Phase",
     "Settings",
+    "StepTerms",
+    "ThroughputPrediction",
+    "all_params",
     "estimate",
+    "estimate_only_why",
+    "model_flops_per_token",
+    "peak_tflops",
+    "predict",
     "resolve",
+    "trainable_params",
 ]

@@ -38,19 +38,19 @@ from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
 
-from tuner.estimator.activation_phases import activation_terms
+from tuner.estimator.activations.activation_phases import activation_terms
 from tuner.estimator.expert_parallel import dispatch_terms, ep_details, ep_workload
-from tuner.estimator.flat_states import flat_states
 from tuner.estimator.memory_estimate import MemoryEstimate
-from tuner.estimator.overhead import DEFAULT_OVERHEAD, Overhead, overhead_terms
 from tuner.estimator.phases import CATEGORIES, PHASES, STEP_PHASES, Phase
-from tuner.estimator.quantized import dequantized_weight_bytes, estimate_only_why, quantized_base
+from tuner.estimator.runtime.overhead import DEFAULT_OVERHEAD, Overhead, overhead_terms
 from tuner.estimator.settings import Settings, resolve
-from tuner.estimator.stage3_gathered import save_phase
-from tuner.estimator.stage3_states import stage3_states
+from tuner.estimator.states.flat_states import flat_states
+from tuner.estimator.states.quantized import dequantized_weight_bytes, estimate_only_why, quantized_base
+from tuner.estimator.states.stage3_gathered import save_phase
+from tuner.estimator.states.stage3_states import stage3_states
+from tuner.estimator.states.trainable import trained_params
 from tuner.estimator.tensor_parallel import hpz_secondary, tp_details, tp_workload
 from tuner.estimator.terms import Contribution, Ledger, detail, transient
-from tuner.estimator.trainable import trained_params
 from tuner.workload import TrialConfig, Workload
 
 HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # cpu_per_node's (+ offloaded checkpoints)

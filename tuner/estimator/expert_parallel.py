@@ -32,10 +32,10 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from tuner.estimator.hardware import Hardware
-from tuner.estimator.partitions import FlatPartition, flat_partition
 from tuner.estimator.settings import Settings
+from tuner.estimator.states.partitions import FlatPartition, flat_partition
 from tuner.estimator.terms import NOTHING, Contribution, detail, transient
+from tuner.estimator.throughput.hardware import Hardware
 from tuner.workload import ModelSpec, Workload
 
 MOE_GROUP_ELEMENTS = 178_956_971  # split_params_into_different_moe_groups_for_optimizer's max_group_size

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.estimator.activations import LayerActivations
+from tuner.estimator.activations.saved import LayerActivations
 from tuner.estimator.settings import FP32, Settings
 from tuner.estimator.terms import Contribution, Entry, detail
 from tuner.estimator.tiled_loss import shard_workspace

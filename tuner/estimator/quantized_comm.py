@@ -23,8 +23,8 @@ Read from DeepSpeed 0.19.8's code (both need its CUDA ``QuantizerBuilder``: no r
 
 from __future__ import annotations
 
-from tuner.estimator.quantized import QUANTIZER_TARGET_GROUP
 from tuner.estimator.settings import FP32, Settings
+from tuner.estimator.states.quantized import QUANTIZER_TARGET_GROUP
 
 INT8, INT4 = 1.0, 0.5  # bytes per element
 QGZ_CALLS_PER_TENSOR = 4

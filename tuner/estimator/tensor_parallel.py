@@ -33,10 +33,10 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from tuner.estimator.hardware import Hardware
-from tuner.estimator.partitions import stage3_layout
 from tuner.estimator.settings import Settings
+from tuner.estimator.states.partitions import stage3_layout
 from tuner.estimator.terms import NOTHING, Contribution, Held, detail
+from tuner.estimator.throughput.hardware import Hardware
 from tuner.workload import ModelSpec, Workload
 from tuner.workload.layout_checks import tp_plan_split
 

@@ -28,8 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.estimator import ConfigError, MemoryEstimate, estimate
-from tuner.estimator.throughput import ThroughputPrediction, predict
+from tuner.estimator import ConfigError, MemoryEstimate, ThroughputPrediction, estimate, predict
 from tuner.forecast.calibration import Calibration
 from tuner.forecast.reasons import PruneReason, memory_reason
 from tuner.forecast.throughput_fit import ThroughputFit

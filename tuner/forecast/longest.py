@@ -7,7 +7,7 @@ a prefix; the search gallops (doubling) from the shortest length, then bisects. 
 memory-saving first; each later one is first probed at the incumbent's length: if it does not fit there it cannot
 beat it (monotonicity) and costs one estimate, if it fits it is probed one step further, and searched on only when it
 fits there too. Candidates that reach the same length are ranked by the throughput model's prediction at that
-length (:func:`tuner.estimator.throughput.predict`), then by fewer model-parallel ranks, offloads and savers. A
+length (:func:`tuner.estimator.predict`), then by fewer model-parallel ranks, offloads and savers. A
 candidate the estimator refuses (:class:`~tuner.workload.ConfigError`, :class:`~tuner.errors.InputError`: a layout
 it does not accept or model) is not considered; the answer counts them.
 
@@ -27,9 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.estimator import CATEGORIES, ConfigError, MemoryEstimate, estimate
-from tuner.estimator.memory_estimate import CPU_VIEWS
-from tuner.estimator.throughput import predict
+from tuner.estimator import CATEGORIES, CPU_VIEWS, ConfigError, MemoryEstimate, estimate, predict
 from tuner.forecast.seq_candidates import Candidate, Pins, candidates
 from tuner.forecast.seq_scaling import SeqSizer
 from tuner.units import format_bytes

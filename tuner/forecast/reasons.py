@@ -22,9 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tuner.estimator import MemoryEstimate
-from tuner.estimator.memory_estimate import CPU_VIEWS
-from tuner.estimator.phases import CATEGORIES, PHASES
+from tuner.estimator import CATEGORIES, CPU_VIEWS, PHASES, MemoryEstimate
 from tuner.forecast.calibration import Calibration
 from tuner.units import format_bytes
 

@@ -1,6 +1,6 @@
 """The throughput model's constants, fitted per hardware kind from the study's own measured runs (pure Python).
 
-:mod:`tuner.estimator.throughput` predicts a step as five terms (compute, launch, bandwidth, latency, memory) at
+:func:`tuner.estimator.predict` predicts a step as five terms (compute, launch, bandwidth, latency, memory) at
 the hardware table's rates. A :class:`ThroughputFit` holds one multiplicative factor per term and the runs behind
 them; after each measured run the factors are refitted by damped Gauss-Newton (Levenberg-Marquardt) on the log of
 predicted over measured step time, with a ridge pull of ``log factor`` towards 0 (the table) so that a term no run
@@ -12,7 +12,7 @@ Persisted like the memory margin in ``dstune_calibration`` (no table of its own)
 column is unused (0).
 
 Example:
-    >>> from tuner.estimator.throughput import StepTerms
+    >>> from tuner.estimator import StepTerms
     >>> fit = ThroughputFit()
     >>> for terms in (StepTerms(1.0, 1.0, 0, 0, 0), StepTerms(0.5, 2.0, 0, 0, 0), StepTerms(2.0, 0.5, 0, 0, 0)):
     ...     fit = fit.after_run(terms, terms.step_time({"compute": 3.0, "launch": 0.5}))
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.estimator.throughput import TERMS, StepTerms, predict
+from tuner.estimator import TERMS, StepTerms, predict
 from tuner.workload import TrialConfig, Workload
 
 MAX_RUNS = 200  # the most recent runs kept per row
@@ -277,7 +277,7 @@ def record_run(
 ) -> ThroughputFit:
     """Add one measured run to the (hardware, family) fit, refit, store it; returns the new fit.
 
-    ``terms``: :func:`tuner.estimator.throughput.predict`'s ``terms`` for the run's workload and ds_config;
+    ``terms``: :func:`tuner.estimator.throughput.prediction.predict`'s ``terms`` for the run's workload and ds_config;
     ``measured_s``: the measured seconds per optimizer step (the median step).
     """
     fit = load_fit(store, hardware, family).after_run(terms, measured_s, key)

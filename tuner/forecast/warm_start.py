@@ -2,7 +2,7 @@
 
 * :func:`rank_feasible`: every config of a space's coarse grid (ZeRO stage, micro-batch, accumulation, checkpointing,
   offload; everything else at its default) that fits by the estimator with the calibrated margin, fastest predicted
-  first (:func:`tuner.estimator.throughput.predict` with the fitted factors).
+  first (:func:`tuner.estimator.throughput.prediction.predict` with the fitted factors).
 * :func:`params_of`: the space's parameter values that reproduce a stored trial config, so an earlier study's best
   config can be enqueued (``optuna.Study.enqueue_trial``) into a new study and re-checked by the estimator there.
 * :class:`ThroughputGuide`: the few calls the tuning loop makes. ``warm_start()`` gives the trials to enqueue first
@@ -26,8 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.estimator import ConfigError, MemoryEstimate, estimate
-from tuner.estimator.throughput import StepTerms, ThroughputPrediction, predict
+from tuner.estimator import ConfigError, MemoryEstimate, StepTerms, ThroughputPrediction, estimate, predict
 from tuner.forecast.calibration import Calibration
 from tuner.forecast.throughput_fit import ThroughputFit, load_fit, record_run
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion

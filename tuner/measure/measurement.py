@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuner.estimator.flops import model_flops_per_token, peak_tflops
+from tuner.estimator import model_flops_per_token, peak_tflops
 from tuner.measure.oom import follows_peer
 from tuner.workload import ModelSpec
 

@@ -5,7 +5,7 @@ whether the model has routed experts, which decide where AutoTP and ZeRO++ hpZ d
 
 from __future__ import annotations
 
-from tuner.estimator.throughput import all_params, trainable_params
+from tuner.estimator import all_params, trainable_params
 from tuner.space.conditions import WORKLOAD_FACTS
 from tuner.workload import Workload
 from tuner.workload.layout_checks import is_moe

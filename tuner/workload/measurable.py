@@ -32,7 +32,7 @@ def measurement_refusal(workload: Workload) -> tuple[str, str] | None:
 def beyond_positions(workload: Workload) -> str:
     """Why no run can train the workload at its length (``""``: one can): the sequence is longer than the model's
     learned position table (GPT-2's ``wpe``, OPT's, the RoPE-less models'), which, unlike rotary positions, no
-    scaling extends. An estimate of it is an estimate only (:func:`tuner.estimator.quantized.estimate_only_why`).
+    scaling extends. An estimate of it is an estimate only (:func:`tuner.estimator.states.quantized.estimate_only_why`).
 
     >>> from tuner.workload import ClusterSpec, TrainSpec, load_builtin_model
     >>> tiny = load_builtin_model("tiny-gpt2")

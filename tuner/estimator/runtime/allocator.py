@@ -25,7 +25,7 @@ Simulated, as ``c10/cuda/CUDACachingAllocator.cpp`` does it (PyTorch 2.x, defaul
 Not simulated: ``max_split_size_mb``, ``roundup_power2_divisions`` and ``garbage_collection_threshold`` (defaults
 assumed), CUDA graphs' private pools, events that delay reuse across streams (a cross-stream free is taken as
 immediately reusable on its own stream), and the exact page-mapping order of expandable segments (assumed: grow
-at the end only). The sequence of requests is an input: :mod:`tuner.estimator.alloc_sequence` builds a plausible one
+at the end only). The sequence of requests is an input: :mod:`.alloc_sequence` builds a plausible one
 from an estimate, which is an assumption of its own.
 
 Example:

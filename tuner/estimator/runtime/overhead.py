@@ -13,13 +13,13 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tuner.estimator.alloc_sequence import simulated_step
-from tuner.estimator.device import KINDS, OTHER, TYPED, DeviceKind
-from tuner.estimator.hardware import table_key
-from tuner.estimator.nccl import Parallelism
 from tuner.estimator.phases import Phase
+from tuner.estimator.runtime.alloc_sequence import simulated_step
+from tuner.estimator.runtime.device import KINDS, OTHER, TYPED, DeviceKind
+from tuner.estimator.runtime.nccl import Parallelism
 from tuner.estimator.settings import Settings
 from tuner.estimator.terms import NOTHING, Contribution, Detail
+from tuner.estimator.throughput.hardware import table_key
 from tuner.workload import Workload
 
 UNSIMULATED_SHARE = 0.07  # the allocator's reserve for a config whose tensors cannot fit anyway (not simulated)
@@ -31,9 +31,9 @@ class Overhead:
     """Memory outside the model's tensors, per rank.
 
     ``device``: the CUDA device kind whose named terms (CUDA context, one NCCL term per communicator, cuBLAS
-    workspaces, allocator reserve: :mod:`tuner.estimator.device`) a CUDA estimate adds; None: the kind the
+    workspaces, allocator reserve: :mod:`tuner.estimator.runtime.device`) a CUDA estimate adds; None: the kind the
     cluster's GPU type (``--gpu-type``), else the kind its GPU memory suggests
-    (:func:`tuner.estimator.hardware.table_key`: H200, H100 or A100).
+    (:func:`tuner.estimator.throughput.hardware.table_key`: H200, H100 or A100).
     ``cpu_process``: resident bytes of one rank's process on the host (libraries, Python). CPU runs add no device
     terms.
     """
@@ -123,7 +123,7 @@ def _device_terms(
 def _parallelism(
     world: int, gpus_per_node: int, stage: int, hpz: int, sp: int, tp: int, ep: int, quantized_gradients: bool
 ) -> Parallelism:
-    """The groups' :class:`~tuner.estimator.nccl.Parallelism`, one object per distinct layout (built once)."""
+    """The groups' :class:`~tuner.estimator.runtime.nccl.Parallelism`, one object per distinct layout (built once)."""
     return Parallelism(
         world=world,
         gpus_per_node=gpus_per_node,

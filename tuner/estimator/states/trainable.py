@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from tuner.estimator.memo import per_workload
-from tuner.estimator.partitions import stage3_layout
 from tuner.estimator.settings import FP32
+from tuner.estimator.states.partitions import stage3_layout
 from tuner.workload import Workload, WorkloadError
 
 
@@ -108,7 +108,7 @@ class Stage3Bytes:
 def stage3_bytes(
     params: TrainedParams, world_size: int, elem: int, persistence_threshold: int, model_persistence_threshold: int
 ) -> Stage3Bytes:
-    """Per-rank ZeRO-3 bytes of ``params``, laid out as :func:`tuner.estimator.partitions.stage3_layout` says."""
+    """Per-rank ZeRO-3 bytes of ``params``, laid out as :func:`tuner.estimator.states.partitions.stage3_layout` says."""
     parts, persists = stage3_layout(params.numels, world_size, persistence_threshold, model_persistence_threshold)
     fp32 = params.fp32 or (False,) * len(params.numels)
     mask = params.mask or (True,) * len(params.numels)

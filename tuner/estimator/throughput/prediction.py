@@ -2,9 +2,9 @@
 
 One optimizer step on one rank is ``A`` micro-steps (gradient accumulation) of micro-batch ``b`` at sequence ``s``,
 then the step. Its time is a sum of five terms, each a volume over a rate of
-:class:`~tuner.estimator.hardware.Hardware`:
+:class:`~tuner.estimator.throughput.hardware.Hardware`:
 
-* ``compute``: model FLOPs per token (:func:`tuner.estimator.flops.model_flops_per_token`: 6·Ψ plus attention
+* ``compute``: model FLOPs per token (:func:`tuner.estimator.throughput.flops.model_flops_per_token`: 6·Ψ plus attention
   scores; 4·Ψ + 2·T when only T parameters train, LoRA or frozen layers) × tokens, plus one more forward pass under
   full activation checkpointing (×4/3 when all train), over the sustained FLOP/s.
 * ``launch``: a fixed cost per layer per micro-step (×4/3 with recomputation) and per step.
@@ -55,18 +55,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.estimator.expert_parallel import ep_workload, expert_parallel_seconds
-from tuner.estimator.flops import (
+from tuner.estimator.long_context import all_to_all_bytes, mlp_params
+from tuner.estimator.quantized_comm import QGZ_CALLS_PER_TENSOR, gathered_bytes_per_element, qgz_seconds
+from tuner.estimator.settings import Settings, resolve
+from tuner.estimator.states.trainable import trained_params
+from tuner.estimator.tensor_parallel import tensor_parallel_seconds, tp_workload
+from tuner.estimator.throughput.flops import (
     backward_flops_per_token,
     forward_flops_per_token,
     model_flops_per_token,
     peak_tflops,
 )
-from tuner.estimator.hardware import Hardware, hardware_for, table_key
-from tuner.estimator.long_context import all_to_all_bytes, mlp_params
-from tuner.estimator.quantized_comm import QGZ_CALLS_PER_TENSOR, gathered_bytes_per_element, qgz_seconds
-from tuner.estimator.settings import Settings, resolve
-from tuner.estimator.tensor_parallel import tensor_parallel_seconds, tp_workload
-from tuner.estimator.trainable import trained_params
+from tuner.estimator.throughput.hardware import Hardware, hardware_for, table_key
 from tuner.workload import ModelSpec, TrialConfig, Workload
 
 TERMS = ("compute", "launch", "bandwidth", "latency", "memory")
@@ -152,7 +152,7 @@ class ThroughputPrediction:
 def trainable_params(workload: Workload) -> int:
     """The parameters that train (gradients, optimizer states, their communication): all ``n_params`` for full
     fine-tuning, else what the adapter and the freeze pattern leave trainable in the profile of the model as trained
-    (:func:`tuner.estimator.trainable.trained_params`: peft's count)."""
+    (:func:`tuner.estimator.states.trainable.trained_params`: peft's count)."""
     if workload.trainable.is_full:
         return workload.model.n_params
     return trained_params(workload).n_trainable

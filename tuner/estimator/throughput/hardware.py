@@ -1,8 +1,8 @@
 """Hardware constants for the throughput model: a table of known devices (and a CPU host), the starting point that
 :mod:`tuner.forecast` corrects from measured runs (as multiplicative factors on the time terms of
-:mod:`tuner.estimator.throughput`, never by editing this table).
+:mod:`tuner.estimator.throughput.prediction`, never by editing this table).
 
-Peak dense bf16 FLOP/s come from :data:`tuner.estimator.flops.PEAK_TFLOPS` (the figures MFU is reported
+Peak dense bf16 FLOP/s come from :data:`tuner.estimator.throughput.flops.PEAK_TFLOPS` (the figures MFU is reported
 against), so predicted and measured MFU use one table. The other figures, per device:
 
 * H100 SXM5 / H200 SXM: NVLink 4 at 900 GB/s total, 450 GB/s each way; HBM3 3.35 TB/s (H100), HBM3e 4.8 TB/s (H200);
@@ -27,7 +27,7 @@ Figures that no datasheet gives are assumptions, labelled so, and are the first 
 * ``cpu_adam_params_s``: parameters the host's DeepSpeed CPU-Adam steps per second (AVX-512 server class).
 
 Example:
-    >>> from tuner.estimator.hardware import hardware_for
+    >>> from tuner.estimator.throughput.hardware import hardware_for
     >>> from tuner.workload import ClusterSpec, Workload, load_builtin_model
     >>> h200 = ClusterSpec(gpus_per_node=8, gpu_memory=143_771 * 2**20)
     >>> hw = hardware_for(Workload(load_builtin_model("gpt2"), h200))
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.estimator.flops import PEAK_TFLOPS
+from tuner.estimator.throughput.flops import PEAK_TFLOPS
 from tuner.workload import GPU_TYPES, GpuType, Workload, gpu_type_of
 
 GB = 1e9

@@ -10,7 +10,7 @@ read from the kernels' meta functions under ``FakeTensorMode`` with fake CUDA te
   S=1000 gives 1024), seed and offset ``()`` int64;
 * cuDNN: output, log-sum-exp ``[B, H, S, 1]`` fp32, seed and offset ``()`` int64.
 
-The CPU traces (:mod:`tuner.profile`) and the formulas (:mod:`tuner.estimator.activations`) already count the
+The CPU traces (:mod:`tuner.profile`) and the formulas (:mod:`tuner.estimator.activations.saved`) already count the
 output and an unpadded fp32 log-sum-exp (CPU's flash path saves the same), so a CUDA run adds the log-sum-exp's
 padding (memory-efficient kernel) and the RNG tensors, each one 512 B allocator block. Small, but named.
 

@@ -21,8 +21,8 @@ widest vector (norm weights, biases) Muon's.
 
 from __future__ import annotations
 
-from tuner.estimator.partitions import FlatPartition, flat_partition
 from tuner.estimator.settings import FP32, Settings
+from tuner.estimator.states.partitions import FlatPartition, flat_partition
 from tuner.workload import ConfigError, ModelSpec
 
 NS_TEMPORARIES = 6  # Newton-Schulz's gradient-sized temporaries alive at once (measured, bench/precision_true_peak.py)

@@ -10,12 +10,12 @@ below 1B parameters). With ``stage3_gather_16bit_weights_on_model_save`` the est
 
 from __future__ import annotations
 
-from tuner.estimator.partitions import Stage3Partition, stage3_layout
-from tuner.estimator.quantized import quantized_base
 from tuner.estimator.quantized_comm import qwz_staging_bytes
 from tuner.estimator.settings import Settings
+from tuner.estimator.states.partitions import Stage3Partition, stage3_layout
+from tuner.estimator.states.quantized import quantized_base
+from tuner.estimator.states.trainable import TrainedParams, frozen_lead, trained_params
 from tuner.estimator.terms import Contribution, detail, held
-from tuner.estimator.trainable import TrainedParams, frozen_lead, trained_params
 from tuner.workload import Workload
 
 

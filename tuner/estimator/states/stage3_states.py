@@ -19,17 +19,17 @@ NVMe), its gradient partition, optimizer states and reduce bucket, as DeepSpeed 
 
 from __future__ import annotations
 
-from tuner.estimator.master_states import state_bytes
-from tuner.estimator.partitions import stage3_layout, stage3_partition
-from tuner.estimator.pinned import HostPins
-from tuner.estimator.quantized import quantized_base, quantized_shard_bytes, stage3_view
 from tuner.estimator.quantized_comm import qgz_reduce_transient
 from tuner.estimator.settings import FP32, Settings
-from tuner.estimator.stage3_gathered import stage3_gathered
+from tuner.estimator.states.master_states import state_bytes
+from tuner.estimator.states.partitions import stage3_layout, stage3_partition
+from tuner.estimator.states.pinned import HostPins
+from tuner.estimator.states.quantized import quantized_base, quantized_shard_bytes, stage3_view
+from tuner.estimator.states.stage3_gathered import stage3_gathered
+from tuner.estimator.states.trainable import TrainedParams, stage3_bytes, trained_params
+from tuner.estimator.states.transients import optimizer_temporaries, stage3_reduce_copy
 from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held, transient
 from tuner.estimator.tiled_loss import head_gradient, head_gradient_bytes
-from tuner.estimator.trainable import TrainedParams, stage3_bytes, trained_params
-from tuner.estimator.transients import optimizer_temporaries, stage3_reduce_copy
 from tuner.workload import Workload
 
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from tuner.estimator.settings import ConfigError
-from tuner.estimator.trainable import TrainedParams
+from tuner.estimator.states.trainable import TrainedParams
 from tuner.workload import BLOCKSIZE, DTYPE_BYTES, NESTED_BLOCKSIZE, QuantSpec, Workload
 from tuner.workload.measurable import beyond_positions
 

@@ -1,5 +1,5 @@
 """A plausible sequence of tensor allocations for one training step, built from an estimate's phases, for the
-allocator simulation (:mod:`tuner.estimator.allocator`).
+allocator simulation (:mod:`tuner.estimator.runtime.allocator`).
 
 What is taken from the estimate: the bytes of each category in each phase (forward, backward, step). Each phase's
 worst moment in the sequence holds the bytes the estimate's phase holds, never more (the estimate's phases are the
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from tuner.estimator.allocator import SMALL_SIZE, Event, OutOfMemory, Simulation, simulate
+from tuner.estimator.runtime.allocator import SMALL_SIZE, Event, OutOfMemory, Simulation, simulate
 
 if TYPE_CHECKING:
     from tuner.estimator.phases import Phase

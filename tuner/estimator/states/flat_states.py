@@ -23,22 +23,22 @@ in the training dtype, outside the flat groups (4-bit weights as their packed da
 from __future__ import annotations
 
 from tuner.estimator.expert_parallel import ep_flat_partition
-from tuner.estimator.master_states import state_bytes
-from tuner.estimator.muon import muon_flat_partition, muon_states, muon_update_transient
-from tuner.estimator.partitions import round_robin_order
 from tuner.estimator.phases import PHASES
-from tuner.estimator.pinned import HostPins
-from tuner.estimator.quantized import quantized_base
 from tuner.estimator.settings import FP32, Settings
-from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held, transient
-from tuner.estimator.tiled_loss import head_gradient, head_gradient_bytes
-from tuner.estimator.trainable import TrainedParams, trained_params
-from tuner.estimator.transients import (
+from tuner.estimator.states.master_states import state_bytes
+from tuner.estimator.states.muon import muon_flat_partition, muon_states, muon_update_transient
+from tuner.estimator.states.partitions import round_robin_order
+from tuner.estimator.states.pinned import HostPins
+from tuner.estimator.states.quantized import quantized_base
+from tuner.estimator.states.trainable import TrainedParams, trained_params
+from tuner.estimator.states.transients import (
     bucket_chunks,
     flat_reduce_copy,
     optimizer_temporaries,
     zero0_allreduce_copy,
 )
+from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held, transient
+from tuner.estimator.tiled_loss import head_gradient, head_gradient_bytes
 from tuner.workload import Workload
 
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter

@@ -3,7 +3,7 @@ backward recomputes under checkpointing, and backward's worst moments, which can
 
 Activations come from the workload's model profile when it carries one (traced from the real transformers model,
 :mod:`tuner.profile`; plain data here, no torch), else from the built-in models' formulas
-(:mod:`tuner.estimator.activations`). ``forward`` holds them with the logits workspace; ``backward`` the recomputed
+(:mod:`.saved`). ``forward`` holds them with the logits workspace; ``backward`` the recomputed
 block when checkpointing. With a peft adapter or frozen parameters backward's worst moments come before the weight
 gradients (:func:`_frozen_backward`); otherwise, with more than one reduce bucket, at the first bucket's
 reduction (:func:`_early_backward`).
@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tuner.estimator.activations import LayerActivations, logits_workspace_bytes, workload_activation_bytes
-from tuner.estimator.attention import extra_bytes_per_layer
-from tuner.estimator.chunked_loss import chunked_loss_terms
-from tuner.estimator.liger import liger_activations
+from tuner.estimator.activations.attention import extra_bytes_per_layer
+from tuner.estimator.activations.chunked_loss import chunked_loss_terms
+from tuner.estimator.activations.liger import liger_activations
+from tuner.estimator.activations.saved import LayerActivations, logits_workspace_bytes, workload_activation_bytes
 from tuner.estimator.long_context import local_seq, long_context_terms
 from tuner.estimator.phases import Phase
-from tuner.estimator.pinned import HostPins
 from tuner.estimator.settings import Settings
+from tuner.estimator.states.pinned import HostPins
+from tuner.estimator.states.trainable import TrainedParams, trained_params
+from tuner.estimator.states.transients import bucket_chunks
 from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held
 from tuner.estimator.tiled_loss import whole_parameters_apart
-from tuner.estimator.trainable import TrainedParams, trained_params
-from tuner.estimator.transients import bucket_chunks
 from tuner.workload import Workload
 
 FORWARD, BACKWARD = ("forward",), ("backward",)

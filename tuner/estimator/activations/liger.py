@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-from tuner.estimator.activations import LayerActivations, head_activation_bytes
+from tuner.estimator.activations.saved import LayerActivations, head_activation_bytes
 from tuner.estimator.settings import FP32
 from tuner.estimator.terms import Contribution, detail
 from tuner.workload import ConfigError, ModelSpec

@@ -13,7 +13,7 @@ Terms, per rank (sources in brackets and in ``bench/results/gpu_terms.md``; not 
   #107667, #109888]); training loads cuBLAS, attention, NCCL and DeepSpeed kernels: one 80 GB training OOM leaves
   0.95 GiB outside PyTorch [vllm-project/compressed-tensors PR #587]. 500 MiB by default (assumption, calibrate:
   ``torch.cuda.mem_get_info`` minus ``memory_reserved`` minus NCCL after the first step).
-* ``nccl_<group>``: one term per NCCL communicator DeepSpeed opens (:mod:`tuner.estimator.nccl`: which groups, and
+* ``nccl_<group>``: one term per NCCL communicator DeepSpeed opens (:mod:`.nccl`: which groups, and
   their buffers by size, ranks per node, NVLS, network and all-to-all peers).
 * ``cublas_workspace``: cuBLAS's workspace per (handle, stream) that runs GEMMs, taken from the caching allocator
   (so it shows in ``memory_allocated``): 32 MiB on sm90 and later (``:4096:8``), 8,320 KiB elsewhere
@@ -25,7 +25,7 @@ Terms, per rank (sources in brackets and in ``bench/results/gpu_terms.md``; not 
   the cuBLAS workspace of its handle and stream in current PyTorch (assumption: older releases kept a separate
   ``CUBLASLT_WORKSPACE_SIZE`` one, 1 MiB by default).
 * ``allocator_reserve``: reserved beyond allocated in the caching allocator, simulated on a plausible allocation
-  sequence of the step (:mod:`tuner.estimator.allocator`, :mod:`tuner.estimator.alloc_sequence`); a kind may set a
+  sequence of the step (:mod:`.allocator`, :mod:`.alloc_sequence`); a kind may set a
   flat share of the peak instead (``allocator_share``: published reserved/allocated 1.02-2.08 [compressed-tensors
   #587; cosmos-rl PR #388; torchtune #1185], 15 % mean and up to 33 % fragmentation [GMLake, ASPLOS'24]).
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from tuner.estimator.nccl import NcclCosts, Parallelism, communicator_bytes, communicators
+from tuner.estimator.runtime.nccl import NcclCosts, Parallelism, communicator_bytes, communicators
 from tuner.workload import GPU_TYPES, gpu_type_of
 
 MiB = 2**20
