@@ -11,9 +11,9 @@ How a row becomes an estimate (what the sources leave implicit is decided here, 
   ``attention`` are the flags of those names.
 * ALST's tiling as ArcticTraining runs it: a tiled MLP in ``ceil(s/sp / hidden)`` shards (DeepSpeed's ALST
   tutorial). A row whose note says ``model type liger`` (ArcticTraining's Liger-Kernel model: fused RMSNorm, SwiGLU,
-  RoPE and linear cross-entropy) is estimated with ``--liger`` (:mod:`tuner.estimator.activations.liger`); ``--no-liger`` scores
-  such rows as before, Liger's loss as a tiled loss whose shards hold at most 1 GiB of fp32 logits and the layers as
-  Hugging Face's.
+  RoPE and linear cross-entropy) is estimated with ``--liger`` (:mod:`tuner.estimator.activations.liger`);
+  ``--no-liger`` scores such rows as before, Liger's loss as a tiled loss whose shards hold at most 1 GiB of fp32
+  logits and the layers as Hugging Face's.
 * ArcticTraining trains with activation checkpointing (its checkpoint offload needs it).
 * A figure in ``GB`` from DeepSpeed's or ArcticTraining's memory logs is read as 2**30 bytes (their
   ``see_memory_usage`` divides by 1024**3).

@@ -19,8 +19,9 @@ chunked cross-entropy (``dstune.chunked_loss``).
 
 * ``dstune.liger_kernel``: the model runs Liger-Kernel's fused RMSNorm, SwiGLU, RoPE and fused linear
   cross-entropy (``liger_kernel.transformers.apply_liger_kernel_to_<model type>``, what HF's ``use_liger_kernel``
-  applies): the same maths with other saved tensors and no logits; estimated (:mod:`tuner.estimator.activations.liger`), never
-  measured (its kernels need Triton on a GPU, and dstune's runner does not apply them).
+  applies): the same maths with other saved tensors and no logits; estimated
+  (:mod:`tuner.estimator.activations.liger`), never measured (its kernels need Triton on a GPU, and dstune's runner
+  does not apply them).
 
 ``data_types.keep_in_fp32_modules`` changes no parameter in 0.19.8: it keeps matching *buffers* in fp32
 (``runtime/keep_in_fp32.py``; the engine and ``zero.Init`` cast every parameter to the training dtype), so it is
