@@ -69,3 +69,18 @@ def test_api_estimate_takes_liger(tmp_path: Path) -> None:
     assert answer.status_code == 200, answer.text
     assert "liger_layer_saved" in answer.json()["details"]
     assert refused.status_code == 422 and "liger_kernel" in refused.text
+
+
+def test_the_longest_sequence_search_keeps_the_numerics_flags() -> None:
+    """``--max-seq-len`` with ``--liger`` searches configs with Liger's kernels (no tiled loss beside them), and with
+    ``--bf16-master-weights --bf16-optimizer-states`` configs with them (the flags were dropped before)."""
+    base = ["--model", "tiny-llama", "--model-impl", "builtin", "--gpus", "1", "--gpu-memory", "4GiB", "--stage", "2"]
+    for flags, section, expected in (
+        (["--liger"], "dstune", {"liger_kernel": True}),
+        (["--bf16-master-weights", "--bf16-optimizer-states"], "bf16", {"bf16_optimizer_states": True}),
+    ):
+        result = runner.invoke(app, ["estimate", *base, *flags, "--max-seq-len", "--json"])
+        assert result.exit_code == 0, result.output
+        answer = json.loads(result.stdout)["max_seq_len"]
+        assert expected.items() <= answer["ds_config"][section].items()
+        assert section != "dstune" or answer["tiled_loss_shards"] == 1

@@ -25,8 +25,8 @@ from tuner.cli.common import fail, gib, write_text_file
 from tuner.cli.options import WorkloadFlags, build, ds_config_file
 from tuner.estimator import MemoryEstimate, predict
 from tuner.forecast import TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
-from tuner.space.dsconfig import export_config
-from tuner.workload import Workload
+from tuner.space.dsconfig import export_config, merge_configs
+from tuner.workload import Workload, numerics_config
 
 RenderEstimate = Callable[[MemoryEstimate, str, Console | None], None]  # tuner.cli.estimate.render
 CHECKPOINTING = "activation checkpointing: model.gradient_checkpointing_enable() before deepspeed.initialize"
@@ -55,9 +55,17 @@ def pins_of(ctx: typer.Context, flags: WorkloadFlags) -> Pins:
         offload_param=pinned("offload_param"),
         activation_checkpointing=pinned("activation_checkpointing"),
         micro_batch=flags.micro_batch,
-        ds_config=ds_config_file(flags.ds_config),
+        ds_config=_numerics_and_file(flags),
         nvme_path=flags.nvme_path,
     )
+
+
+def _numerics_and_file(flags: WorkloadFlags) -> dict[str, Any] | None:
+    """What every candidate's config gets merged over it: the numerics flags' keys (``--bf16-master-weights``,
+    ``--liger``...), then ``--ds-config`` (it wins)."""
+    args = (flags.bf16_master_weights, flags.bf16_optimizer_states, flags.optimizer, flags.chunked_loss, flags.liger)
+    numerics, given = numerics_config(*args), ds_config_file(flags.ds_config)
+    return merge_configs(numerics, given) if given is not None else numerics or None
 
 
 def traced_workload(flags: WorkloadFlags) -> Workload:
