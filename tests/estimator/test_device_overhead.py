@@ -7,7 +7,7 @@ import pytest
 
 from tuner.estimator import Overhead, estimate
 from tuner.estimator.runtime.device import KINDS, OTHER, device_kind
-from tuner.estimator.runtime.nccl import Communicator, NcclCosts, Parallelism, communicator_bytes, communicators
+from tuner.estimator.runtime.nccl import Communicator, NcclCosts, communicator_bytes
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
 
 MiB, GiB = 2**20, 2**30
@@ -35,8 +35,11 @@ def run(
     return estimate(work, trial, Overhead(device=device_kind(gpu)) if gpu else Overhead())
 
 
-def names(p: Parallelism) -> list[tuple[str, int, int]]:
-    return [(c.name, c.size, c.local) for c in communicators(p)]
+def names(world: int, stage: int = 0, **ds_config) -> list[tuple[str, int, int]]:
+    """The communicators a trial's ranks open on ``world`` ranks, 8 a node (:meth:`TrialConfig.ranks`)."""
+    zero = {"stage": stage, **ds_config.pop("zero", {})}
+    ranks = TrialConfig({"zero_optimization": zero, **ds_config}).ranks(world, min(world, 8))
+    return [(c.name, c.size, c.local) for c in ranks.communicators()]
 
 
 def test_kinds_by_name_and_their_context() -> None:
@@ -48,21 +51,23 @@ def test_kinds_by_name_and_their_context() -> None:
 
 
 def test_communicators_deepspeed_opens_per_setting() -> None:
-    assert names(Parallelism(world=1, gpus_per_node=1)) == []
-    assert names(Parallelism(world=8, gpus_per_node=8, stage=1)) == [("world", 8, 8), ("data_parallel", 8, 8)]
+    hpz, qgz = {"zero_hpz_partition_size": 8}, {"zero_quantized_gradients": True}
+    assert names(1) == []
+    assert names(8, stage=1) == [("world", 8, 8), ("data_parallel", 8, 8)]
     # hpZ only with ZeRO-3; groups of consecutive ranks
-    assert ("hpz", 8, 8) in names(Parallelism(world=16, gpus_per_node=8, stage=3, hpz=8))
-    assert "hpz" not in {n for n, *_ in names(Parallelism(world=16, gpus_per_node=8, stage=2, hpz=8))}
+    assert ("hpz", 8, 8) in names(16, stage=3, zero=hpz)
+    assert "hpz" not in {n for n, *_ in names(16, stage=2, zero=hpz)}
     # Ulysses: an all-to-all group, ZeRO's group of all ranks, a strided data-parallel group
-    assert names(Parallelism(world=16, gpus_per_node=8, sequence_parallel=4)) == [
+    assert names(16, sequence_parallel_size=4) == [
         ("world", 16, 8),
         ("sequence_parallel", 4, 4),
         ("sequence_data_parallel", 16, 8),
         ("data_parallel", 4, 2),
     ]
-    experts = names(Parallelism(world=16, gpus_per_node=8, expert_parallel=8))
+    experts = names(16, expert_parallel={"enabled": True, "autoep_size": 8})
     assert ("expert_parallel", 8, 8) in experts and ("expert_data_parallel", 2, 1) in experts
-    qgz = names(Parallelism(world=16, gpus_per_node=8, stage=3, quantized_gradients=True))
+    assert "quantized_all_to_all_local" not in {n for n, *_ in names(16, stage=2, zero=qgz)}
+    qgz = names(16, stage=3, zero=qgz)
     assert ("quantized_all_to_all_local", 8, 8) in qgz and ("quantized_all_to_all_global", 2, 1) in qgz
 
 

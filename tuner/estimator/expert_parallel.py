@@ -108,14 +108,10 @@ def ep_details(workload: Workload, s: Settings) -> Contribution:
     )
 
 
-def expert_zero_ranks(s: Settings) -> int:
-    """Ranks ZeRO partitions the expert weights over: the expert-data-parallel group, ``world / ep``."""
-    return max(1, s.world_size // max(1, s.expert_parallel_size))
-
-
 def ep_flat_partition(numels: tuple[int, ...], experts: tuple[bool, ...], s: Settings) -> FlatPartition:
     """ZeRO-1/2's flat buffers of one rank: the dense group over :attr:`.Settings.zero_ranks` and each expert group
-    (cut at :data:`MOE_GROUP_ELEMENTS`) over :func:`expert_zero_ranks`, summed; without experts the one flat group.
+    (cut at :data:`MOE_GROUP_ELEMENTS`) over the expert-data-parallel group (world / ep), summed; without experts
+    the one flat group.
     The worst rank's gradients add the worst rank of each group (an upper bound when they are different ranks)."""
     if not any(experts):
         return flat_partition(numels, s.zero_ranks)
@@ -128,7 +124,7 @@ def ep_flat_partition(numels: tuple[int, ...], experts: tuple[bool, ...], s: Set
             groups.append([])
         groups[-1].append(numel)
     parts = [flat_partition(dense, s.zero_ranks)] if dense else []
-    parts += [flat_partition(tuple(group), expert_zero_ranks(s)) for group in groups if group]
+    parts += [flat_partition(tuple(group), s.ranks.expert_data_parallel) for group in groups if group]
     return FlatPartition(
         sum(p.padded_total for p in parts), sum(p.partition for p in parts), sum(p.worst_rank_grads for p in parts)
     )
@@ -184,7 +180,6 @@ __all__ = [
     "expert_mask",
     "expert_parallel_seconds",
     "expert_sizes",
-    "expert_zero_ranks",
     "local_layout",
     "moe_layers",
     "moe_shapes",

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tuner.workload import ConfigError, Numerics, TrialConfig, Workload, check_layout, check_long_context
+from tuner.workload import ConfigError, Numerics, Ranks, TrialConfig, Workload, check_layout, check_long_context
 from tuner.workload.numerics import LIGER_KEY
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
@@ -48,6 +48,7 @@ class Settings:
     param_persistence_threshold: int
     model_persistence_threshold: int
     sub_group_size: int
+    ranks: Ranks  # the groups the ranks form (:class:`tuner.workload.Ranks`): ZeRO's, the layouts', the communicators
     round_robin_gradients: bool = False
     memory_efficient_linear: bool = True
     gather_16bit_on_save: bool = False
@@ -82,7 +83,7 @@ class Settings:
         """Ranks ZeRO partitions the model states over: every rank under Ulysses (DeepSpeed's ``seq_dp_world_size``
         is sp × dp), ``world / tp`` under AutoTP (its mpu's data-parallel group: each tensor-parallel rank holds its own
         shard of the sharded Linears, :mod:`.tensor_parallel`)."""
-        return self.world_size // max(1, self.tensor_parallel_size)
+        return self.ranks.zero_partition
 
     @property
     def reduce_bytes(self) -> int:
@@ -100,11 +101,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
     Raises:
         ConfigError: a malformed or unsupported value, naming its key.
     """
-    if not isinstance(trial, (TrialConfig, Mapping)):
-        raise ConfigError("ds_config", "must be a JSON object")
-    trial = TrialConfig.of(trial)
-    if not isinstance(trial.ds_config, dict):
-        raise ConfigError("ds_config", "must be a JSON object")
+    trial = _trial_of(trial)
     batch, precision = trial.batch_sizes(workload.cluster.world_size), trial.precision
     _check(workload, trial, precision)
     zero, layout, context = trial.zero, trial.layout, trial.long_context
@@ -132,6 +129,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         param_persistence_threshold=zero.param_persistence_threshold,
         model_persistence_threshold=zero.model_persistence_threshold,
         sub_group_size=zero.sub_group_size,
+        ranks=trial.ranks(workload.cluster.world_size, workload.cluster.gpus_per_node),
         round_robin_gradients=zero.round_robin_gradients,
         memory_efficient_linear=zero.memory_efficient_linear,
         gather_16bit_on_save=zero.gather_16bit_on_save,
@@ -152,6 +150,20 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         offload_checkpoints=context.offload_checkpoints,
         **{name: getattr(trial.numerics, name) for name in NUMERICS_FIELDS},  # not asdict: it deep-copies each
     )
+
+
+def _trial_of(trial: TrialConfig | Mapping[str, Any]) -> TrialConfig:
+    """The trial config of ``trial`` (a bare ds_config: no checkpointing).
+
+    Raises:
+        ConfigError: ``trial`` or its ds_config is not a JSON object.
+    """
+    if not isinstance(trial, (TrialConfig, Mapping)):
+        raise ConfigError("ds_config", "must be a JSON object")
+    trial = TrialConfig.of(trial)
+    if not isinstance(trial.ds_config, dict):
+        raise ConfigError("ds_config", "must be a JSON object")
+    return trial
 
 
 def _check(workload: Workload, trial: TrialConfig, precision: str) -> None:

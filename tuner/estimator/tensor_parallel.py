@@ -121,12 +121,13 @@ def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings, kept: int = 0) -> 
     gathered for backward. Empty without hpZ or outside ZeRO-3.
 
     >>> from tuner.estimator.settings import Settings
+    >>> from tuner.workload import Ranks
     >>> fields = dict(world_size=4, micro_batch=1, grad_accum=1, global_batch=4, precision="bf16", stage=3,
     ...     overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=1, allgather_bucket_size=1,
     ...     offload_optimizer="none", offload_optimizer_pin=False, offload_optimizer_buffer_count=4,
     ...     offload_param="none", offload_param_pin=False, offload_param_buffer_count=5, offload_param_buffer_size=1,
     ...     max_live_parameters=1, max_reuse_distance=1, prefetch_bucket_size=1, param_persistence_threshold=0,
-    ...     model_persistence_threshold=0, sub_group_size=1)
+    ...     model_persistence_threshold=0, sub_group_size=1, ranks=Ranks(4, hpz=2))
     >>> hpz_secondary_bytes((1000, 6), Settings(**fields, hpz_partition_size=2), kept=1000)  # (1000 + 8) / 2 × 2 B
     {'forward': 8, 'backward': 1008, 'step': 1008}
     """

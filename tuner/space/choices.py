@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner.space.parameters import Parameter
 from tuner.workload import (
+    Ranks,
     Workload,
     expert_parallel_problem,
     hpz_problem,
@@ -57,11 +58,34 @@ def study_data_parallel(parameters: Sequence[Parameter], pins: Mapping[str, Any]
         >>> study_data_parallel([tp], {"tp": 2}, 4), study_data_parallel([tp], {}, 4)
         (2, 4)
     """
-    model_parallel = 1
-    for parameter in parameters:
-        if parameter.key in MODEL_PARALLEL_KEYS and isinstance(pins.get(parameter.name), int):
-            model_parallel *= pins[parameter.name]
-    return max(1, world // model_parallel)
+    pinned = [p for p in parameters if p.key in MODEL_PARALLEL_KEYS and isinstance(pins.get(p.name), int)]
+    return data_parallel(world, {p.key or "": pins[p.name] for p in pinned})
 
 
-__all__ = ["LAYOUT_PROBLEMS", "MODEL_PARALLEL_KEYS", "layout_choices", "micro_choices", "study_data_parallel"]
+def trial_data_parallel(parameters: Sequence[Parameter], values: Mapping[str, Any], world: int) -> int:
+    """The data-parallel ranks of a trial's ``values`` so far: ``world`` over the sequence- and tensor-parallel
+    degrees it has (suggested before the batch)."""
+    laid = [p for p in parameters if p.key in MODEL_PARALLEL_KEYS and p.name in values]
+    return data_parallel(world, {p.key or "": values.get(p.name) or 1 for p in laid})
+
+
+def data_parallel(world: int, degrees: Mapping[str, int]) -> int:
+    """The data-parallel ranks of ``world`` under the sequence- and tensor-parallel ``degrees`` (by ds_config key)
+    (:attr:`tuner.workload.Ranks.data_parallel`: at least 1).
+
+    Example:
+        >>> data_parallel(8, {SP_KEY: 2, TP_KEY: 2}), data_parallel(2, {TP_KEY: 4})
+        (2, 1)
+    """
+    return Ranks(world, sequence=degrees.get(SP_KEY, 1), tensor=degrees.get(TP_KEY, 1)).data_parallel
+
+
+__all__ = [
+    "LAYOUT_PROBLEMS",
+    "MODEL_PARALLEL_KEYS",
+    "data_parallel",
+    "layout_choices",
+    "micro_choices",
+    "study_data_parallel",
+    "trial_data_parallel",
+]

@@ -10,7 +10,7 @@ from typing import Any
 
 from tuner.estimator import resolve
 from tuner.space.assemble import assemble
-from tuner.space.choices import MODEL_PARALLEL_KEYS, layout_choices, micro_choices, study_data_parallel
+from tuner.space.choices import layout_choices, micro_choices, study_data_parallel, trial_data_parallel
 from tuner.space.conditions import WORKLOAD_FACTS, is_positive_int, member, same
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.facts import workload_facts
@@ -319,13 +319,7 @@ class SearchSpace:
     def _data_parallel(self, values: Mapping[str, Any], workload: Workload) -> int:
         """The data-parallel ranks of the values so far: the world over the sequence- and tensor-parallel degrees,
         when the space has them (suggested before the batch)."""
-        degrees = [
-            values.get(p.name) or 1 for p in self._parameters if p.key in MODEL_PARALLEL_KEYS and p.name in values
-        ]
-        model_parallel = 1
-        for degree in degrees:
-            model_parallel *= degree
-        return max(1, workload.cluster.world_size // model_parallel)
+        return trial_data_parallel(self._parameters, values, workload.cluster.world_size)
 
     def _micro_value(self, values: Mapping[str, Any]) -> int:
         micro = values.get(self._micro) if self._micro else None

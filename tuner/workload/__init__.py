@@ -15,6 +15,8 @@
 - ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`);
 - ``long_context_checks``, ``layout_checks`` and ``expert_checks``: the layouts DeepSpeed refuses (Ulysses and ALST;
   AutoTP and hpZ; AutoEP), one line naming the field;
+- ``ranks``: one description of the ranks (:class:`Ranks`): from the layout's degrees and the cluster, every
+  group's size and members, the communicators and a rank's place;
 - ``zero``, ``layout`` and ``config_values``: the typed views :class:`TrialConfig` reads a ds_config's sections
   through (:class:`ZeroConfig`, :class:`ParallelLayout`), the only code that parses a ds_config.
 
@@ -66,6 +68,7 @@ from tuner.workload.quantization import (
     NESTED_BLOCKSIZE,
     QuantSpec,
 )
+from tuner.workload.ranks import Communicator, RankPlace, Ranks
 from tuner.workload.spec import (
     MAX_FREEZE_PATTERN,
     MAX_SEQ_LEN,
@@ -148,6 +151,7 @@ __all__ = [
     "Attention",
     "BatchSizes",
     "ClusterSpec",
+    "Communicator",
     "ConfigError",
     "Device",
     "GpuType",
@@ -166,6 +170,8 @@ __all__ = [
     "Precision",
     "QuantSpec",
     "RankEnv",
+    "RankPlace",
+    "Ranks",
     "TrainSpec",
     "TrainableSpec",
     "TrialConfig",

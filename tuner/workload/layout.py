@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.workload.config_values import ConfigError, read_bool, read_int, section
+from tuner.workload.config_values import read_bool, read_int, section
+from tuner.workload.ranks import Ranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +56,26 @@ class ParallelLayout:
         """Ranks one sample is spread over (sp × tp): the data-parallel world is the ranks over this."""
         return self.sequence_parallel * self.tensor_parallel
 
+    def ranks(self, world: int, gpus_per_node: int = 0, hpz: int = 1, quantized_gradients: bool = False) -> Ranks:
+        """The ranks of this layout on ``world`` ranks, ``gpus_per_node`` a node (0: one node), with ZeRO-3's hpZ
+        group and qgZ as given (:class:`~tuner.workload.ranks.Ranks`)."""
+        return Ranks(
+            world,
+            gpus_per_node,
+            self.sequence_parallel,
+            self.tensor_parallel,
+            self.expert_parallel,
+            hpz,
+            quantized_gradients,
+        )
+
     def data_parallel(self, world_size: int) -> int:
         """Data-parallel ranks of a world of ``world_size``: what DeepSpeed's batch arithmetic counts.
 
         Raises:
             ConfigError: the layout does not divide the ranks.
         """
-        if world_size % self.model_parallel:
-            field = "sequence_parallel_size" if self.sequence_parallel > 1 else "tensor_parallel.autotp_size"
-            raise ConfigError(field, f"sp × tp = {self.model_parallel} must divide the {world_size} ranks")
-        return world_size // self.model_parallel
+        return self.ranks(world_size).checked().data_parallel
 
     def summary(self) -> str:
         """``SP 2 · TP 2`` for the degrees above 1 (empty for plain data parallelism)."""

@@ -22,6 +22,7 @@ from tuner.workload.config_values import ConfigError, enabled, read_bool, sectio
 from tuner.workload.layout import ParallelLayout
 from tuner.workload.long_context import LongContext
 from tuner.workload.numerics import Numerics
+from tuner.workload.ranks import Ranks
 from tuner.workload.views import cached_property
 from tuner.workload.zero import ZeroConfig
 
@@ -199,6 +200,18 @@ class TrialConfig:
         """Sequence, tensor and expert parallel degrees."""
         return ParallelLayout.of(self.ds_config)
 
+    def ranks(self, world_size: int, gpus_per_node: int = 0) -> Ranks:
+        """The ranks of this trial on ``world_size`` ranks, ``gpus_per_node`` a node: the layout's groups and, at
+        ZeRO-3, hpZ's group and qgZ's all-to-alls (DeepSpeed makes neither at other stages).
+
+        >>> TrialConfig({"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}}).ranks(4).hpz
+        1
+        """
+        zero = self.zero
+        stage3 = zero.stage == 3
+        hpz = zero.hpz_partition_size if stage3 else 1
+        return self.layout.ranks(world_size, gpus_per_node, hpz, zero.quantized_gradients and stage3)
+
     @cached_property
     def long_context(self) -> LongContext:
         """ALST's tiled MLP and loss, checkpoint offload and Ulysses' communication dtype."""
@@ -262,7 +275,7 @@ class TrialConfig:
         >>> TrialConfig({"tensor_parallel": {"autotp_size": 2}}).deepspeed_world(8)
         8
         """
-        return world_size // self.layout.sequence_parallel
+        return self.layout.ranks(world_size).deepspeed_world
 
     def deepspeed_config(self, world_size: int | None = None) -> dict[str, Any]:
         """The ds_config DeepSpeed is handed: without dstune's own ``dstune`` section.

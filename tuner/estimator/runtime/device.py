@@ -37,8 +37,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from tuner.estimator.runtime.nccl import NcclCosts, Parallelism, communicator_bytes, communicators
-from tuner.workload import GPU_TYPES, gpu_type_of
+from tuner.estimator.runtime.nccl import NcclCosts, communicator_bytes
+from tuner.workload import GPU_TYPES, Ranks, gpu_type_of
 
 MiB = 2**20
 STACK_BYTES = 1024  # cudaLimitStackSize's default per thread
@@ -68,23 +68,23 @@ class DeviceKind:
         """The CUDA context: thread-stack reserve plus loaded modules."""
         return self.local_memory + self.modules
 
-    def overhead(self, peak: int, parallelism: Parallelism, simulated_reserve: int = 0) -> dict[str, int]:
+    def overhead(self, peak: int, ranks: Ranks, simulated_reserve: int = 0) -> dict[str, int]:
         """The named overhead terms of one rank whose tensors peak at ``peak`` bytes.
 
         ``simulated_reserve``: the simulated allocator's reserved-beyond-allocated bytes, used unless the kind
         sets a flat ``allocator_share``.
         """
-        terms = dict(_outside_allocator(self, parallelism))
+        terms = dict(_outside_allocator(self, ranks))
         share = self.allocator_share
         terms["allocator_reserve"] = int(share * peak) if share is not None else simulated_reserve
         return terms
 
 
 @functools.lru_cache(maxsize=256)
-def _outside_allocator(kind: DeviceKind, parallelism: Parallelism) -> tuple[tuple[str, int], ...]:
+def _outside_allocator(kind: DeviceKind, ranks: Ranks) -> tuple[tuple[str, int], ...]:
     """The terms of :meth:`DeviceKind.overhead` before the allocator's, which depend on the kind and the groups only."""
     terms = [("cuda_context", kind.context)]
-    for group in communicators(parallelism):
+    for group in ranks.communicators():
         terms.append((f"nccl_{group.name}", communicator_bytes(group, kind.nccl)))
     terms.append(("cublas_workspace", kind.gemm_handles * kind.cublas_workspace))
     return tuple(terms)

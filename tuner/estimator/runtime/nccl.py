@@ -1,9 +1,10 @@
 """The NCCL communicators DeepSpeed 0.19.8 opens on a rank, and the device memory their buffers take (pure
 arithmetic; published figures, not yet measured here).
 
-Which communicators (read in DeepSpeed 0.19.8's code; each ``dist.new_group`` becomes one NCCL communicator on
-its member ranks, created with ``ncclCommSplit`` once ``init_process_group`` has bound the device, which does not
-share buffers unless ``splitShare`` is set [NVIDIA/nccl #986]):
+Which communicators: :meth:`tuner.workload.Ranks.communicators`, read in DeepSpeed 0.19.8's code; each
+``dist.new_group`` becomes one NCCL communicator on its member ranks, created with ``ncclCommSplit`` once
+``init_process_group`` has bound the device, which does not share buffers unless ``splitShare`` is set
+[NVIDIA/nccl #986]:
 
 * ``world``: the default process group. dstune's runner synchronises on it (``barrier``, an ``all_reduce`` of a
   flag) and DeepSpeed's checkpoint and consistency checks use it.
@@ -47,8 +48,9 @@ NCCL >= 2.22 connects each algorithm at its first collective, so all of this app
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
+
+from tuner.workload import Communicator
 
 MiB = 2**20
 
@@ -63,83 +65,6 @@ class NcclCosts:
     net_per_communicator: int = 8 * (4 * MiB + 4_915_200)
     p2p_nvlink_per_peer: int = (4_340 - 1_060) * 10**6 // 7
     p2p_net_per_peer: int = 2 * 2 * 4 * MiB
-
-
-@dataclass(frozen=True)
-class Communicator:
-    """One communicator a rank belongs to: ``size`` ranks, ``local`` of them on the rank's node."""
-
-    name: str
-    size: int
-    local: int
-    all_to_all: bool = False
-
-
-@dataclass(frozen=True)
-class Parallelism:
-    """What decides the groups: ranks and their placement, ZeRO stage and the group sizes a ds_config sets."""
-
-    world: int
-    gpus_per_node: int
-    stage: int = 0
-    hpz: int = 1
-    sequence_parallel: int = 1
-    expert_parallel: int = 1
-    quantized_gradients: bool = False
-    tensor_parallel: int = 1
-
-
-def _consecutive(size: int, gpus_per_node: int) -> int:
-    """Members on the rank's node of a group of ``size`` consecutive ranks (ranks fill nodes in order)."""
-    return min(size, gpus_per_node)
-
-
-def _strided(size: int, stride: int, gpus_per_node: int) -> int:
-    """Members on the rank's node of a group of ``size`` ranks spaced ``stride`` apart."""
-    return max(1, min(size, gpus_per_node // stride)) if stride <= gpus_per_node else 1
-
-
-def communicators(p: Parallelism) -> list[Communicator]:
-    """The communicators one rank belongs to under DeepSpeed 0.19.8 (module docstring), size-1 groups left out.
-
-    Example:
-        >>> [(c.name, c.size, c.local) for c in communicators(Parallelism(world=16, gpus_per_node=8))]
-        [('world', 16, 8), ('data_parallel', 16, 8)]
-        >>> [(c.name, c.size, c.local) for c in communicators(Parallelism(16, 8, tensor_parallel=4))][1:]
-        [('tensor_parallel', 4, 4), ('data_parallel', 4, 2)]
-    """
-    return list(_communicators(p))
-
-
-@functools.lru_cache(maxsize=256)
-def _communicators(p: Parallelism) -> tuple[Communicator, ...]:
-    if p.world <= 1:
-        return ()
-    gpn = p.gpus_per_node
-    groups = [Communicator("world", p.world, _consecutive(p.world, gpn))]
-    sp = p.sequence_parallel if p.world % p.sequence_parallel == 0 else 1
-    tp = p.tensor_parallel if p.world % p.tensor_parallel == 0 else 1
-    if sp > 1:
-        groups.append(Communicator("sequence_parallel", sp, _consecutive(sp, gpn), all_to_all=True))
-        groups.append(Communicator("sequence_data_parallel", p.world, _consecutive(p.world, gpn)))
-        groups.append(Communicator("data_parallel", p.world // sp, _strided(p.world // sp, sp, gpn)))
-    elif tp > 1:
-        groups.append(Communicator("tensor_parallel", tp, _consecutive(tp, gpn)))
-        groups.append(Communicator("data_parallel", p.world // tp, _strided(p.world // tp, tp, gpn)))
-    else:
-        groups.append(Communicator("data_parallel", p.world, _consecutive(p.world, gpn)))
-    if p.stage == 3 and p.hpz > 1:
-        hpz = min(p.hpz, p.world)
-        groups.append(Communicator("hpz", hpz, _consecutive(hpz, gpn)))
-    ep = p.expert_parallel
-    if ep > 1 and p.world % ep == 0:
-        groups.append(Communicator("expert_parallel", ep, _consecutive(ep, gpn), all_to_all=True))
-        groups.append(Communicator("expert_data_parallel", p.world // ep, _strided(p.world // ep, ep, gpn)))
-    if p.stage == 3 and p.quantized_gradients:
-        nodes = max(1, p.world // gpn)
-        groups.append(Communicator("quantized_all_to_all_local", min(gpn, p.world), min(gpn, p.world), True))
-        groups.append(Communicator("quantized_all_to_all_global", nodes, 1, all_to_all=True))
-    return tuple(group for group in groups if group.size > 1)
 
 
 def communicator_bytes(group: Communicator, costs: NcclCosts) -> int:
@@ -161,4 +86,4 @@ def communicator_bytes(group: Communicator, costs: NcclCosts) -> int:
     return total
 
 
-__all__ = ["Communicator", "NcclCosts", "Parallelism", "communicator_bytes", "communicators"]
+__all__ = ["Communicator", "NcclCosts", "communicator_bytes"]

@@ -9,14 +9,12 @@ workspaces and the caching allocator's reserve. The reserve is simulated on the 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tuner.estimator.phases import Phase
 from tuner.estimator.runtime.alloc_sequence import simulated_step
 from tuner.estimator.runtime.device import KINDS, OTHER, TYPED, DeviceKind
-from tuner.estimator.runtime.nccl import Parallelism
 from tuner.estimator.settings import Settings
 from tuner.estimator.terms import NOTHING, Contribution, Detail
 from tuner.estimator.throughput.hardware import table_key
@@ -85,24 +83,14 @@ def _device_terms(
     The simulation gets the GPU memory the context and NCCL leave as its capacity, so it releases cached segments
     where the real allocator would (before an out-of-memory error) rather than reporting a reserve no run could
     hold."""
-    parallelism = _parallelism(
-        s.world_size,
-        workload.cluster.gpus_per_node,
-        s.stage,
-        s.hpz_partition_size,
-        s.sequence_parallel_size,
-        s.tensor_parallel_size,
-        s.expert_parallel_size,
-        s.quantized_gradients,
-    )
     if kind.allocator_share is not None:
-        return kind.overhead(peak, parallelism, 0), NOTHING
+        return kind.overhead(peak, s.ranks, 0), NOTHING
     # The allocator may use what the context and NCCL leave; it releases its cache before running out.
-    outside = kind.overhead(peak, parallelism)
+    outside = kind.overhead(peak, s.ranks)
     room = workload.cluster.gpu_memory - outside["cuda_context"]
     room -= sum(size for name, size in outside.items() if name.startswith("nccl_"))
     if peak + outside["cublas_workspace"] > room:  # cannot fit whatever the allocator does: no simulation
-        return kind.overhead(peak, parallelism, int(UNSIMULATED_SHARE * peak)), OUT_OF_MEMORY
+        return kind.overhead(peak, s.ranks, int(UNSIMULATED_SHARE * peak)), OUT_OF_MEMORY
     short = NOTHING
     simulated = simulated_step(workload, s, phases, recorded, s.expandable_segments, room)
     if simulated is None:  # out of memory even so: report the unpressured reserve (the total will not fit)
@@ -117,20 +105,3 @@ def _device_terms(
     )
     outside["allocator_reserve"] = simulated.reserve  # the terms outside the allocator's do not depend on it
     return outside, figures
-
-
-@functools.lru_cache(maxsize=256)
-def _parallelism(
-    world: int, gpus_per_node: int, stage: int, hpz: int, sp: int, tp: int, ep: int, quantized_gradients: bool
-) -> Parallelism:
-    """The groups' :class:`~tuner.estimator.runtime.nccl.Parallelism`, one object per distinct layout (built once)."""
-    return Parallelism(
-        world=world,
-        gpus_per_node=gpus_per_node,
-        stage=stage,
-        hpz=hpz,
-        sequence_parallel=sp,
-        tensor_parallel=tp,
-        expert_parallel=ep,
-        quantized_gradients=quantized_gradients,
-    )

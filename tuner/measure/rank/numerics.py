@@ -51,8 +51,8 @@ def feeder_of(rank: int, world: int, trial: TrialConfig) -> tuple[int, int]:
     >>> feeder_of(3, 4, TrialConfig({"sequence_parallel_size": 2}))
     (1, 2)
     """
-    group = trial.layout.model_parallel
-    return rank // group, trial.layout.data_parallel(world)
+    ranks = trial.layout.ranks(world).checked()
+    return ranks.place(rank).data_parallel, ranks.data_parallel
 
 
 def seeded_batches(

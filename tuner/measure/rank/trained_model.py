@@ -78,21 +78,18 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
     if refusal is not None:
         raise InvalidConfig(f"{refusal[0]}: {refusal[1]}")
     sizes, context, sp = trial.batch_sizes(dist.get_world_size()), trial.long_context, trial.layout.sequence_parallel
-    shard = join_sequence_parallel(model.model, sp, sizes.micro, workload.train.seq_len) if sp > 1 else None
-    tp, rank = trial.layout.tensor_parallel, dist.get_rank()
-    if shard is None:
-        from tuner.measure.rank.layouts.ulysses import SequenceShard
-
-        shard = SequenceShard(dp_rank=rank // tp)  # an AutoTP group's ranks are consecutive and share a sample
-    result.layout = shard.layout(trial.layout.data_parallel(dist.get_world_size()))
-    if tp > 1:
+    ranks, rank = trial.layout.ranks(dist.get_world_size()).checked(), dist.get_rank()
+    dp_rank = ranks.place(rank).data_parallel  # a sequence- or tensor-parallel group's ranks share a sample
+    shard = join_sequence_parallel(model.model, sp, sizes.micro, workload.train.seq_len, dp_rank)
+    result.layout = shard.layout(ranks.data_parallel)
+    if ranks.tensor > 1:
         from tuner.measure.rank.layouts.autotp import place
 
-        result.layout.update(place(rank, sp, tp))
-    if trial.layout.expert_parallel > 1:
+        result.layout.update(place(ranks, rank))
+    if ranks.expert > 1:
         from tuner.measure.rank.layouts.autoep import place as expert_place
 
-        result.layout.update(expert_place(rank, trial.layout.expert_parallel))
+        result.layout.update(expert_place(ranks, rank))
     if context.tiled_mlp_shards > 1:
         from tuner.measure.rank.layouts.alst import tile_mlps
 
@@ -108,7 +105,7 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
     transformers_model = getattr(model, "model", None)
     if sp > 1 or context.tiled_loss_shards > 1:
         model = LongContextLM(model, shard, trial.stage, context.tiled_loss_shards, sizes.accum)
-    if tp > 1:
+    if ranks.tensor > 1:
         from tuner.measure.rank.layouts.autotp import expose_tp_plan
 
         expose_tp_plan(model, transformers_model)

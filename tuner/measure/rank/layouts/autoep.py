@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner.workload import Ranks
+
 # every preset's MoE block in DeepSpeed 0.19.8's AutoEP (auto_ep_presets/*.py moe_layer_pattern): model.layers.N.mlp
 PRESET_PATTERN = r"model\.layers\.\d+\.mlp"
 
@@ -90,14 +92,14 @@ def expose_moe_layers(model: Any, config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "expert_parallel": expert}
 
 
-def place(rank: int, ep: int) -> dict[str, int]:
+def place(ranks: Ranks, rank: int) -> dict[str, int]:
     """The rank's expert-parallel size and rank and its expert-data-parallel group size, as DeepSpeed groups them
     (``groups._create_expert_and_data_parallel`` without AutoTP: ``ep`` consecutive ranks share the experts).
 
-    >>> place(3, 2)
+    >>> place(Ranks(4, expert=2), 3)
     {'expert_parallel': 2, 'ep_rank': 1}
     """
-    return {"expert_parallel": ep, "ep_rank": rank % ep}
+    return {"expert_parallel": ranks.expert, "ep_rank": ranks.place(rank).expert_parallel}
 
 
 __all__ = ["PRESET_PATTERN", "expose_moe_layers", "place", "registry_shim"]

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner.workload import Ranks
+
 
 def expose_tp_plan(model: Any, inner: Any) -> dict[str, str]:
     """Give ``model`` (the module DeepSpeed is handed, wrapping the transformers model ``inner``) ``inner``'s
@@ -44,13 +46,14 @@ def local_elements(module: Any) -> int:
     return sum(getattr(param, "ds_numel", param.numel()) for param in module.parameters())
 
 
-def place(rank: int, sp: int, tp: int) -> dict[str, int]:
+def place(ranks: Ranks, rank: int) -> dict[str, int]:
     """The rank's tensor-parallel size and rank and its data-parallel rank, as DeepSpeed groups them.
 
-    >>> place(3, 1, 2)
+    >>> place(Ranks(4, tensor=2), 3)
     {'tensor_parallel': 2, 'tp_rank': 1, 'dp_rank': 1}
     """
-    return {"tensor_parallel": tp, "tp_rank": rank % tp, "dp_rank": rank // (sp * tp)}
+    where = ranks.place(rank)
+    return {"tensor_parallel": ranks.tensor, "tp_rank": where.tensor_parallel, "dp_rank": where.data_parallel}
 
 
 __all__ = ["expose_tp_plan", "local_elements", "place"]

@@ -49,11 +49,12 @@ class SequenceShard:
                 "dp_rank": self.dp_rank}  # fmt: skip
 
 
-def join_sequence_parallel(hf_model: Any, sp: int, micro: int, seq_len: int) -> SequenceShard:
+def join_sequence_parallel(hf_model: Any, sp: int, micro: int, seq_len: int, dp_rank: int) -> SequenceShard:
     """Register Ulysses with transformers for ``hf_model`` (its resolved attention kernel) and make DeepSpeed's
-    sequence-parallel groups; a plain shard for ``sp`` 1. Call after ``init_distributed``."""
+    sequence-parallel groups; a plain shard for ``sp`` 1. ``dp_rank``: the rank's data-parallel index
+    (:meth:`tuner.workload.Ranks.place`). Call after ``init_distributed``."""
     if sp == 1:
-        return SequenceShard(dp_rank=dist.get_rank())
+        return SequenceShard(dp_rank=dp_rank)
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
 
     mpu = UlyssesSPAttentionHF.register_with_transformers(
@@ -65,7 +66,7 @@ def join_sequence_parallel(hf_model: Any, sp: int, micro: int, seq_len: int) -> 
         seq_length_is_variable=False,
     )
     rank = mpu.get_sequence_parallel_rank()
-    return SequenceShard(sp, rank, dist.get_rank() // sp, mpu.get_sequence_parallel_group(), mpu)
+    return SequenceShard(sp, rank, dp_rank, mpu.get_sequence_parallel_group(), mpu)
 
 
 def shard_batch(tokens: torch.Tensor, shard: SequenceShard) -> tuple[torch.Tensor, torch.Tensor]:
