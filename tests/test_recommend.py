@@ -5,11 +5,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner.estimator import StepTerms
-from tuner.forecast import FAMILY_PREFIX, Calibration, Layout, ThroughputFit, judge_grid
+from tuner.forecast import FAMILY_PREFIX, Calibration, ThroughputFit, judge_grid
+from tuner.forecast.layouts import label
 from tuner.recommend import GRID, PREDICTION_TIE, Recommendation, _grid_space, recommend
 from tuner.requests import WorkloadRequest, to_workload
 from tuner.storage import Store
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, ParallelLayout, TrainSpec, Workload, load_builtin_model
 
 GIB = 2**30
 LLAMA = Workload(
@@ -72,7 +73,7 @@ def test_70b_on_two_nodes_weighs_tensor_parallel_and_hpz_layouts_and_says_why_it
     assert any(c["tensor_parallel"] > 1 and c["fits"] for c in considered)
     assert any(c["hpz_partition_size"] > 1 and c["fits"] for c in considered)
     (chosen,) = [c for c in considered if c["chosen"]]
-    layout = Layout.of(answer.trial)
+    layout = answer.trial.layout
     assert (chosen["tensor_parallel"], chosen["hpz_partition_size"]) == (
         layout.tensor_parallel,
         layout.hpz_partition_size,
@@ -87,8 +88,10 @@ def test_70b_on_two_nodes_weighs_tensor_parallel_and_hpz_layouts_and_says_why_it
     for unfit in considered[len(fitting) :]:
         assert unfit["predicted_tokens_per_s"] is None and unfit["reason"].startswith("needs ")
     runner = next(c for c in fitting if not c["chosen"])
-    runner_label = Layout(runner["tensor_parallel"], runner["hpz_partition_size"]).label()
-    assert answer.why is not None and answer.why.startswith(f"{layout.label()}: ")
+    runner_label = label(
+        ParallelLayout(tensor_parallel=runner["tensor_parallel"], hpz_partition_size=runner["hpz_partition_size"])
+    )
+    assert answer.why is not None and answer.why.startswith(f"{label(layout)}: ")
     assert f"the next layout ({runner_label}, " in answer.why
     assert f"{len(fitting)} of {len(considered)} layouts fit" in answer.why
 
@@ -111,7 +114,7 @@ def test_a_moe_model_is_offered_autoep_layouts_and_a_dense_one_none(tmp_path: Pa
     considered = layouts(moe)
     assert {c["expert_parallel"] for c in considered} == {1, 2, 4, 8}
     assert all(c["grad_accum"] == 1 for c in considered)
-    chosen = Layout.of(moe.trial)
+    chosen = moe.trial.layout
     if chosen.expert_parallel > 1:
         assert moe.trial.ds_config["expert_parallel"] == {"autoep_size": chosen.expert_parallel, "enabled": True}
     assert {c["expert_parallel"] for c in layouts(recommended(tmp_path, LLAMA_70B))} == {1}
@@ -129,4 +132,4 @@ def test_a_model_under_a_billion_parameters_is_offered_no_tensor_parallel_layout
     considered = layouts(answer)
     assert {c["tensor_parallel"] for c in considered} == {1}
     assert {c["hpz_partition_size"] for c in considered} == {1, 2, 4, 8}  # ZeRO-3 across the 2 nodes
-    assert answer.why is not None and answer.why.startswith(Layout.of(answer.trial).label() + ": ")
+    assert answer.why is not None and answer.why.startswith(label(answer.trial.layout) + ": ")

@@ -70,7 +70,7 @@ def test_the_global_batch_counts_data_parallel_ranks_only() -> None:
 def test_the_estimator_reads_the_trial_and_refuses_what_it_does_not_model() -> None:
     workload = Workload(model_from_param_count(1e9), ClusterSpec(gpus_per_node=8))
     settings = resolve(workload, TrialConfig({"sequence_parallel_size": 2, "train_micro_batch_size_per_gpu": 2}))
-    assert (settings.micro_batch, settings.grad_accum, settings.global_batch, settings.sequence_parallel_size) == (
+    assert (settings.micro_batch, settings.grad_accum, settings.global_batch, settings.layout.sequence_parallel) == (
         2,
         1,
         8,

@@ -366,7 +366,7 @@ def _with_trial(flags: WorkloadFlags, workload: Workload, lengths: tuple[int, ..
     # the precision the ds_config trains in (a --ds-config may change it): its traced activations (to_workload
     # attached the workload's own precision's)
     settings = resolve(workload, trial)
-    precision, sp = settings.precision, settings.sequence_parallel_size
+    precision, sp = settings.precision, settings.layout.sequence_parallel
     if sp > 1:  # traced at a rank's s/sp tokens: what the model builds before its layers can be s x s
         lengths = (*lengths, workload.train.seq_len // sp)
     if precision != workload.train.precision or trial.activation_checkpointing or sp > 1:

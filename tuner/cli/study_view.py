@@ -52,13 +52,12 @@ WORDS = ("offload", "layout", "note")  # the columns of words (left-aligned, may
 
 
 def layout_text(config: TrialConfig) -> str:
-    """What a config adds to data parallelism, for the table: ``SP 2 · tiled MLP 4 · hpZ 2`` (empty for none).
+    """What a config adds to data parallelism, for the table: ``SP 2 · hpZ 2 · tiled MLP 4`` (empty for none).
 
     >>> layout_text(TrialConfig({"sequence_parallel_size": 2, "dstune": {"tiled_mlp_shards": 4}}))
     'SP 2 · tiled MLP 4'
     """
-    hpz = config.zero.hpz_partition_size
-    parts = [config.layout.summary(), config.long_context.summary(), f"hpZ {hpz}" if hpz > 1 else ""]
+    parts = [config.layout.label(), config.long_context.summary()]
     return " · ".join(part for part in parts if part)
 
 

@@ -114,7 +114,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     if ledger.pinned:
         ledger.record(detail("pinned_host", ledger.pinned) + detail("pinned_rounding", ledger.rounding))
     return MemoryEstimate(
-        n_params=whole.model.n_params if s.tensor_parallel_size * s.expert_parallel_size > 1 else params.n_params,
+        n_params=whole.model.n_params if s.layout.tensor_parallel * s.layout.expert_parallel > 1 else params.n_params,
         world_size=s.world_size,
         phases=phases,
         peak_phase=peak_phase,

@@ -87,7 +87,7 @@ def local_layout(model: ModelSpec, ep: int) -> tuple[tuple[int, ...], tuple[bool
 
 def ep_workload(workload: Workload, s: Settings) -> Workload:
     """The workload as one expert-parallel rank holds it (module docstring); ``workload`` itself without AutoEP."""
-    ep = s.expert_parallel_size
+    ep = s.layout.expert_parallel
     if ep <= 1:
         return workload
     numels, experts = local_layout(workload.model, ep)
@@ -97,7 +97,7 @@ def ep_workload(workload: Workload, s: Settings) -> Workload:
 def ep_details(workload: Workload, s: Settings) -> Contribution:
     """The figures of one expert-parallel rank's view (:func:`ep_workload` of ``workload``): its local experts per MoE
     layer, its expert elements and all its elements; nothing without AutoEP."""
-    ep = s.expert_parallel_size
+    ep = s.layout.expert_parallel
     if ep <= 1:
         return NOTHING
     numels, experts = local_layout(workload.model, ep)
@@ -143,7 +143,7 @@ def dispatch_terms(workload: Workload, s: Settings) -> Contribution:
     transformers block's saved bytes, ``bench/results/ep_true_peak.md``): the rows sent are freed once received, and
     the received rows become the experts' input, which the block saves anyway. In backward each MoE layer holds the
     gradient rows it sends and those it receives at once: ``2·e·t·k·h`` at its worst moment."""
-    if s.expert_parallel_size <= 1 or workload.model.is_bare:
+    if s.layout.expert_parallel <= 1 or workload.model.is_bare:
         return NOTHING
     rows = dispatch_bytes(workload, s)
     return detail("ep_dispatch_bytes", rows) + transient("ep_all_to_all", "backward", 2 * rows)
@@ -162,7 +162,7 @@ def expert_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tu
     forward and both again in backward (and in a recomputed forward), each :func:`dispatch_bytes` of which
     ``(ep-1)/ep`` leave the rank; not overlapped (the experts wait for their tokens). Within a node when the ep ranks
     are on one node (consecutive ranks), else over the network."""
-    ep, model = s.expert_parallel_size, workload.model
+    ep, model = s.layout.expert_parallel, workload.model
     if ep <= 1 or model.is_bare:
         return 0.0, 0
     calls = s.grad_accum * (3 if s.activation_checkpointing else 2) * 2 * moe_layers(model)

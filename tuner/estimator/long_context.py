@@ -46,7 +46,7 @@ IN_FLIGHT_CHECKPOINTS = 2  # offloaded checkpoints on the device at once: the la
 
 def local_seq(workload: Workload, s: Settings) -> int:
     """Tokens of each sample a rank holds: ``s / sp``."""
-    return workload.train.seq_len // max(1, s.sequence_parallel_size)
+    return workload.train.seq_len // max(1, s.layout.sequence_parallel)
 
 
 def _moe_fields(model: ModelSpec) -> dict[str, int]:
@@ -161,7 +161,7 @@ def long_context_terms(
     acts = Activations.of(traced, workspace)  # the rank's own, built here
     out: list[Entry] = []
     model, elem, batch = workload.model, s.param_bytes, s.micro_batch
-    sp, local, layers = s.sequence_parallel_size, local_seq(workload, s), max(1, model.num_layers)
+    sp, local, layers = s.layout.sequence_parallel, local_seq(workload, s), max(1, model.num_layers)
     tokens = batch * local
     replicated = 0
     if sp > 1:

@@ -12,7 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tuner.workload import ConfigError, Numerics, Ranks, TrialConfig, Workload, check_layout, check_long_context
+from tuner.workload import (
+    ConfigError,
+    Numerics,
+    ParallelLayout,
+    Ranks,
+    TrialConfig,
+    Workload,
+    check_layout,
+    check_long_context,
+)
 from tuner.workload.numerics import LIGER_KEY
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
@@ -48,14 +57,11 @@ class Settings:
     param_persistence_threshold: int
     model_persistence_threshold: int
     sub_group_size: int
+    layout: ParallelLayout  # Ulysses, AutoTP and AutoEP degrees and the hpZ group, as the config sets them
     ranks: Ranks  # the groups the ranks form (:class:`tuner.workload.Ranks`): ZeRO's, the layouts', the communicators
     round_robin_gradients: bool = False
     memory_efficient_linear: bool = True
     gather_16bit_on_save: bool = False
-    hpz_partition_size: int = 1
-    sequence_parallel_size: int = 1
-    tensor_parallel_size: int = 1  # AutoTP (tensor_parallel.autotp_size)
-    expert_parallel_size: int = 1  # AutoEP (expert_parallel.autoep_size when enabled)
     quantized_weights: bool = False  # qwZ (zero_quantized_weights, ZeRO-3, CUDA only)
     quantized_gradients: bool = False
     quantized_nontrainable: bool = False  # zero_quantized_nontrainable_weights (ZeRO-3 only, CUDA only)
@@ -90,7 +96,7 @@ class Settings:
         """Bytes per element of the gradients ZeRO reduces: under Ulysses DeepSpeed 0.19.8 reduces them in fp32
         (``seq_parallel_communication_data_type``, :attr:`tuner.workload.LongContext.communication_dtype`), so the
         reduce bucket holds fp32 elements; otherwise the training dtype."""
-        return FP32 if self.sequence_parallel_size > 1 else self.param_bytes
+        return FP32 if self.layout.sequence_parallel > 1 else self.param_bytes
 
 
 def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Settings:
@@ -129,14 +135,11 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         param_persistence_threshold=zero.param_persistence_threshold,
         model_persistence_threshold=zero.model_persistence_threshold,
         sub_group_size=zero.sub_group_size,
+        layout=layout,
         ranks=trial.ranks(workload.cluster.world_size, workload.cluster.gpus_per_node),
         round_robin_gradients=zero.round_robin_gradients,
         memory_efficient_linear=zero.memory_efficient_linear,
         gather_16bit_on_save=zero.gather_16bit_on_save,
-        hpz_partition_size=zero.hpz_partition_size,
-        sequence_parallel_size=layout.sequence_parallel,
-        tensor_parallel_size=layout.tensor_parallel,
-        expert_parallel_size=layout.expert_parallel,
         quantized_weights=zero.quantized_weights,
         quantized_gradients=zero.quantized_gradients,
         quantized_nontrainable=_quantized_nontrainable(zero.quantized_nontrainable, zero.stage, workload),

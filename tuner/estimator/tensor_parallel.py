@@ -92,7 +92,7 @@ def local_numels(numels: tuple[int, ...], mask: tuple[bool, ...], tp: int) -> tu
 def tp_workload(workload: Workload, s: Settings) -> Workload:
     """The workload as one tensor-parallel rank holds it: its model's parameters are the rank's shards (the shapes
     the activations are computed from stay the model's). ``workload`` itself without AutoTP."""
-    tp = s.tensor_parallel_size
+    tp = s.layout.tensor_parallel
     if tp <= 1:
         return workload
     model, mask = workload.model, sharded(workload)
@@ -103,7 +103,7 @@ def tp_workload(workload: Workload, s: Settings) -> Workload:
 def tp_details(workload: Workload, s: Settings) -> Contribution:
     """The figures of one tensor-parallel rank's view (:func:`tp_workload` of ``workload``): the elements AutoTP
     shards and the rank's own; nothing without AutoTP."""
-    tp = s.tensor_parallel_size
+    tp = s.layout.tensor_parallel
     if tp <= 1:
         return NOTHING
     model, mask = workload.model, sharded(workload)
@@ -121,17 +121,18 @@ def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings, kept: int = 0) -> 
     gathered for backward. Empty without hpZ or outside ZeRO-3.
 
     >>> from tuner.estimator.settings import Settings
-    >>> from tuner.workload import Ranks
+    >>> from tuner.workload import ParallelLayout, Ranks
     >>> fields = dict(world_size=4, micro_batch=1, grad_accum=1, global_batch=4, precision="bf16", stage=3,
     ...     overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=1, allgather_bucket_size=1,
     ...     offload_optimizer="none", offload_optimizer_pin=False, offload_optimizer_buffer_count=4,
     ...     offload_param="none", offload_param_pin=False, offload_param_buffer_count=5, offload_param_buffer_size=1,
     ...     max_live_parameters=1, max_reuse_distance=1, prefetch_bucket_size=1, param_persistence_threshold=0,
-    ...     model_persistence_threshold=0, sub_group_size=1, ranks=Ranks(4, hpz=2))
-    >>> hpz_secondary_bytes((1000, 6), Settings(**fields, hpz_partition_size=2), kept=1000)  # (1000 + 8) / 2 × 2 B
+    ...     model_persistence_threshold=0, sub_group_size=1, ranks=Ranks(4, hpz=2),
+    ...     layout=ParallelLayout(hpz_partition_size=2))
+    >>> hpz_secondary_bytes((1000, 6), Settings(**fields), kept=1000)  # (1000 + 8) / 2 × 2 B
     {'forward': 8, 'backward': 1008, 'step': 1008}
     """
-    group = s.hpz_partition_size
+    group = s.layout.hpz_partition_size
     if s.stage != 3 or group <= 1:
         return {}
     ranks = s.zero_ranks  # AutoTP's replicated parameters counted as the sharded ones: unmeasured
@@ -157,7 +158,7 @@ def tensor_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tu
     its MLP's row-parallel output (``e·b·s·h``) in forward, the column-parallel inputs' gradients in backward, and
     again in a recomputed forward; ring all-reduces, ``2·(tp-1)/tp`` of the bytes, within a node; never overlapped
     (the next Linear waits for them)."""
-    tp, model = s.tensor_parallel_size, workload.model
+    tp, model = s.layout.tensor_parallel, workload.model
     if tp <= 1 or model.is_bare:
         return 0.0, 0
     calls = s.grad_accum * (3 if s.activation_checkpointing else 2) * 2 * model.num_layers

@@ -18,8 +18,8 @@ Example:
     >>> space = load_space(default_space_path()).restricted(["stage", "micro_batch"])
     >>> judged = judge_grid(space, work, Calibration(), names=["stage", "micro_batch"])
     >>> choices, why = compare_layouts(judged, simplest([j for j in judged if j.fits]), world_size=2)
-    >>> [c.layout.label() for c in choices], why
-    (['tp=1'], 'tp=1: the only layout the space offers this workload')
+    >>> [label(c.layout) for c in choices], why
+    (['data parallel'], 'data parallel: the only layout the space offers this workload')
 """
 
 from __future__ import annotations
@@ -34,36 +34,17 @@ from tuner.forecast.reasons import PruneReason, memory_reason
 from tuner.forecast.throughput_fit import ThroughputFit
 from tuner.forecast.warm_start import COARSE, grid_suggestions
 from tuner.space import SearchSpace, Suggestion
-from tuner.workload import TrialConfig, Workload
+from tuner.workload import ParallelLayout, TrialConfig, Workload
 
 PREDICTION_TIE = 0.01  # predicted tokens/s within 1 % of the best are a tie, settled by simplicity
 
 
-@dataclass(frozen=True, order=True)
-class Layout:
-    """How a config spreads the model over the ranks: AutoTP degree, hpZ group (1: off), Ulysses degree, AutoEP
-    degree."""
+PLAIN = "data parallel"  # the label of the layout without Ulysses, AutoTP, AutoEP or hpZ
 
-    tensor_parallel: int = 1
-    hpz_partition_size: int = 1
-    sequence_parallel: int = 1
-    expert_parallel: int = 1
 
-    @classmethod
-    def of(cls, trial: TrialConfig) -> Layout:
-        """The layout a trial config sets."""
-        layout = trial.layout
-        return cls(
-            layout.tensor_parallel, trial.zero.hpz_partition_size, layout.sequence_parallel, layout.expert_parallel
-        )
-
-    def label(self) -> str:
-        """``tp=2``, ``tp=1 with hpZ 8``, ``tp=1 with sp=4``, ``tp=1 with ep=4``: the AutoTP degree, and hpZ, Ulysses
-        and AutoEP where on."""
-        extras = [f"hpZ {self.hpz_partition_size}"] * (self.hpz_partition_size > 1)
-        extras += [f"sp={self.sequence_parallel}"] * (self.sequence_parallel > 1)
-        extras += [f"ep={self.expert_parallel}"] * (self.expert_parallel > 1)
-        return f"tp={self.tensor_parallel}" + (" with " + " and ".join(extras) if extras else "")
+def label(layout: ParallelLayout) -> str:
+    """The layout's label (:meth:`~tuner.workload.ParallelLayout.label`), ``data parallel`` for none."""
+    return layout.label() or PLAIN
 
 
 @dataclass(frozen=True)
@@ -84,8 +65,8 @@ class Judged:
         return self.reason is None
 
     @property
-    def layout(self) -> Layout:
-        return Layout.of(self.suggestion.trial)
+    def layout(self) -> ParallelLayout:
+        return self.suggestion.trial.layout
 
     @property
     def tokens_per_s(self) -> float:
@@ -99,7 +80,7 @@ def same_global_batch(suggestion: Suggestion, world_size: int) -> Suggestion:
     sample at one global batch, not at half the batch with the optimizer step's cost spread over half the tokens."""
     trial = suggestion.trial
     micro, accum = trial.batch
-    spread = trial.layout.model_parallel
+    spread = trial.layout.ranks(world_size).model_parallel
     if spread == 1 or micro is None:
         return suggestion
     accum = (accum or 1) * spread
@@ -140,7 +121,7 @@ def simplicity(judged: Judged) -> tuple[Any, ...]:
     layout, no checkpointing, the largest micro-batch."""
     trial = judged.trial
     offloads = sum(section.device != "none" for section in (trial.zero.offload_optimizer, trial.zero.offload_param))
-    return trial.stage, offloads, judged.layout, trial.activation_checkpointing, -(trial.batch[0] or 1)
+    return trial.stage, offloads, judged.layout.sort_key, trial.activation_checkpointing, -(trial.batch[0] or 1)
 
 
 def simplest(fitting: Sequence[Judged], tie: float = PREDICTION_TIE) -> Judged:
@@ -158,7 +139,7 @@ class LayoutChoice:
     """The best config of one layout: the fastest predicted that fits (ties: :func:`simplest`), else the one that
     misses by the least, with why it does not fit."""
 
-    layout: Layout
+    layout: ParallelLayout
     best: Judged
     chosen: bool  # the recommendation's layout
     configs: int  # the grid's configs of this layout
@@ -205,7 +186,7 @@ def compare_layouts(
     layout has a config there), fitting layouts fastest predicted first, then the others closest to fitting first;
     and why ``winner`` wins, in one line."""
     target = winner.trial.global_batch(world_size)
-    groups: dict[Layout, list[Judged]] = {}
+    groups: dict[ParallelLayout, list[Judged]] = {}
     for one in judged:
         groups.setdefault(one.layout, []).append(one)
     for layout, members in groups.items():
@@ -220,23 +201,23 @@ def compare_layouts(
         else:
             best = min(members, key=_shortfall)
         choices.append(LayoutChoice(layout, best, layout == winner.layout, len(members), len(fitting), world_size))
-    choices.sort(key=lambda c: (not c.best.fits, -c.best.tokens_per_s, _shortfall(c.best), c.layout))
+    choices.sort(key=lambda c: (not c.best.fits, -c.best.tokens_per_s, _shortfall(c.best), c.layout.sort_key))
     return choices, _why(choices, winner, tie)
 
 
 def _why(choices: Sequence[LayoutChoice], winner: Judged, tie: float) -> str:
-    name = winner.layout.label()
+    name = label(winner.layout)
     if len(choices) == 1:
         return f"{name}: the only layout the space offers this workload"
     others = [c for c in choices if not c.chosen]
-    unfit = [c.layout.label() for c in others if not c.best.fits]
+    unfit = [label(c.layout) for c in others if not c.best.fits]
     fit_count = len(choices) - len(unfit)
     unfit_text = f" ({', '.join(unfit)} {'does' if len(unfit) == 1 else 'do'} not)" if unfit else ""
     runner = next((c for c in others if c.best.fits), None)
     if runner is None:
         return f"{name}: the only one of {len(choices)} layouts that fits with the margin{unfit_text}"
     ratio = winner.tokens_per_s / runner.best.tokens_per_s
-    against = f"the next layout ({runner.layout.label()}, {runner.best.tokens_per_s:,.0f} tokens/s)"
+    against = f"the next layout ({label(runner.layout)}, {runner.best.tokens_per_s:,.0f} tokens/s)"
     if ratio >= 1 + tie:
         lead = f"{ratio:.2f}× the predicted tokens/s of {against}"
     else:
@@ -245,12 +226,13 @@ def _why(choices: Sequence[LayoutChoice], winner: Judged, tie: float) -> str:
 
 
 __all__ = [
+    "PLAIN",
     "PREDICTION_TIE",
     "Judged",
-    "Layout",
     "LayoutChoice",
     "compare_layouts",
     "judge_grid",
+    "label",
     "same_global_batch",
     "simplest",
     "simplicity",

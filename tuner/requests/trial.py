@@ -14,7 +14,7 @@ Example:
     >>> trial.layout.sequence_parallel, trial.long_context.tiled_loss_shards
     (2, 4)
     >>> trial = TrialRequest(stage=3, tensor_parallel=2, hpz_partition_size=4).to_trial("bf16")
-    >>> trial.layout.tensor_parallel, trial.zero.hpz_partition_size
+    >>> trial.layout.tensor_parallel, trial.layout.hpz_partition_size
     (2, 4)
     >>> TrialRequest(expert_parallel=2).to_trial("bf16").ds_config["expert_parallel"]
     {'enabled': True, 'autoep_size': 2}

@@ -62,7 +62,7 @@ def tensor_parallel_notes(trial: TrialConfig, format: str) -> list[str]:
                 f"the model's tp_plan) and give the {tp} consecutive ranks of each tensor-parallel group the same "
                 f"batch (data-parallel rank = rank // {tp}); " + batch
             )
-    hpz = trial.zero.hpz_partition_size
+    hpz = trial.layout.hpz_partition_size
     if hpz > 1:
         notes.append(
             f"ZeRO++ hpZ {hpz}: each node keeps a secondary 16-bit parameter partition over groups of {hpz} "

@@ -100,7 +100,7 @@ def check_expert_parallel(workload: Workload, trial: TrialConfig) -> None:
     if zero.stage == 3:
         for field, on in (
             ("sequence_parallel_size", trial.layout.sequence_parallel > 1),
-            ("zero_optimization.zero_hpz_partition_size", zero.hpz_partition_size > 1),
+            ("zero_optimization.zero_hpz_partition_size", trial.layout.hpz_partition_size > 1),
             ("zero_optimization.zero_quantized_gradients", zero.quantized_gradients),
         ):
             if on:

@@ -1,17 +1,19 @@
-"""The parallel layout of a trial: how the ranks split the work beside data parallelism.
+"""The parallel layout of a trial: how the ranks split the work beside data parallelism, one class for every room.
 
 DeepSpeed 0.19 reads each degree from its own place in the ds_config: Ulysses sequence parallelism from the top-level
 ``sequence_parallel_size``, AutoTP from ``tensor_parallel.autotp_size``, AutoEP from ``expert_parallel.autoep_size``
-(when ``expert_parallel.enabled``). Its batch arithmetic counts data-parallel ranks only: ``train_batch_size =
-micro-batch × accumulation × world / (sp × tp)`` samples per step (``DeepSpeedConfig.world_size`` divides by the
-sequence-parallel size; a tensor-parallel group trains on one sample). DeepSpeed 0.19.8's own check of a
-``train_batch_size`` under AutoTP counts every rank, so the config DeepSpeed is handed leaves it out
+(when ``expert_parallel.enabled``), ZeRO++ hpZ from ``zero_optimization.zero_hpz_partition_size`` (a group of ranks
+holding a secondary partition, at ZeRO-3 only). Its batch arithmetic counts data-parallel ranks only:
+``train_batch_size = micro-batch × accumulation × world / (sp × tp)`` samples per step (``DeepSpeedConfig.world_size``
+divides by the sequence-parallel size; a tensor-parallel group trains on one sample). DeepSpeed 0.19.8's own check of
+a ``train_batch_size`` under AutoTP counts every rank, so the config DeepSpeed is handed leaves it out
 (:meth:`~tuner.workload.trial.TrialConfig.deepspeed_config`). Expert parallelism splits the experts, not the batch.
+The groups the degrees make on a cluster are :class:`~tuner.workload.ranks.Ranks`.
 
 Example:
     >>> layout = ParallelLayout.of({"sequence_parallel_size": 2})
-    >>> layout.sequence_parallel, layout.data_parallel(8)
-    (2, 4)
+    >>> layout.sequence_parallel, layout.data_parallel(8), layout.label()
+    (2, 4, 'SP 2')
     >>> layout.data_parallel(3)
     Traceback (most recent call last):
     tuner.workload.config_values.ConfigError: sequence_parallel_size: sp × tp = 2 must divide the 3 ranks
@@ -29,11 +31,13 @@ from tuner.workload.ranks import Ranks
 
 @dataclass(frozen=True, slots=True)
 class ParallelLayout:
-    """Degrees of sequence (Ulysses), tensor (AutoTP) and expert (AutoEP) parallelism; 1 is off."""
+    """Degrees of sequence (Ulysses), tensor (AutoTP) and expert (AutoEP) parallelism and the ZeRO++ hpZ group, as
+    the ds_config sets them; 1 is off."""
 
     sequence_parallel: int = 1
     tensor_parallel: int = 1
     expert_parallel: int = 1
+    hpz_partition_size: int = 1
 
     @classmethod
     def of(cls, ds_config: Mapping[str, Any]) -> ParallelLayout:
@@ -45,10 +49,13 @@ class ParallelLayout:
         tensor = section(ds_config, "tensor_parallel")
         expert = section(ds_config, "expert_parallel")
         expert_on = read_bool(expert, "enabled", False, "expert_parallel.")
+        zero = section(ds_config, "zero_optimization")
         return cls(
             sequence_parallel=read_int(ds_config, "sequence_parallel_size", 1, "", minimum=1),
             tensor_parallel=read_int(tensor, "autotp_size", 1, "tensor_parallel.", minimum=0) or 1,
             expert_parallel=read_int(expert, "autoep_size", 1, "expert_parallel.", minimum=1) if expert_on else 1,
+            # DeepSpeed takes 0 too (ge=0): both mean no hpZ
+            hpz_partition_size=max(1, read_int(zero, "zero_hpz_partition_size", 1, "zero_optimization.")),
         )
 
     @property
@@ -56,17 +63,18 @@ class ParallelLayout:
         """Ranks one sample is spread over (sp × tp): the data-parallel world is the ranks over this."""
         return self.sequence_parallel * self.tensor_parallel
 
-    def ranks(self, world: int, gpus_per_node: int = 0, hpz: int = 1, quantized_gradients: bool = False) -> Ranks:
-        """The ranks of this layout on ``world`` ranks, ``gpus_per_node`` a node (0: one node), with ZeRO-3's hpZ
-        group and qgZ as given (:class:`~tuner.workload.ranks.Ranks`)."""
+    def ranks(self, world: int, gpus_per_node: int = 0, stage: int = 0, quantized_gradients: bool = False) -> Ranks:
+        """The ranks of this layout on ``world`` ranks, ``gpus_per_node`` a node (0: one node), at ZeRO ``stage``
+        (DeepSpeed makes hpZ's group, and qgZ's all-to-alls, at ZeRO-3 only): :class:`~tuner.workload.ranks.Ranks`."""
+        stage3 = stage == 3
         return Ranks(
             world,
             gpus_per_node,
             self.sequence_parallel,
             self.tensor_parallel,
             self.expert_parallel,
-            hpz,
-            quantized_gradients,
+            self.hpz_partition_size if stage3 else 1,
+            quantized_gradients and stage3,
         )
 
     def data_parallel(self, world_size: int) -> int:
@@ -77,14 +85,21 @@ class ParallelLayout:
         """
         return self.ranks(world_size).checked().data_parallel
 
-    def summary(self) -> str:
-        """``SP 2 · TP 2`` for the degrees above 1 (empty for plain data parallelism)."""
+    @property
+    def sort_key(self) -> tuple[int, int, int, int]:
+        """The recommender's order, plainest first: by AutoTP degree, then hpZ group, Ulysses and AutoEP degree."""
+        return self.tensor_parallel, self.hpz_partition_size, self.sequence_parallel, self.expert_parallel
+
+    def label(self) -> str:
+        """``SP 2 · TP 2 · EP 4 · hpZ 8`` for the degrees above 1 (empty for plain data parallelism): the one label
+        of a layout, in trial summaries, study tables and the recommender's sentences."""
         parts = [
             f"{label} {degree}"
             for label, degree in (
                 ("SP", self.sequence_parallel),
                 ("TP", self.tensor_parallel),
                 ("EP", self.expert_parallel),
+                ("hpZ", self.hpz_partition_size),
             )
             if degree > 1
         ]

@@ -155,10 +155,10 @@ def check_layout(workload: Workload, trial: TrialConfig, deepspeed_version: str 
     if tp > 1 and trial.layout.expert_parallel > 1:
         raise ConfigError(TP_KEY, TP_WITH_EP)
     zero = trial.zero
-    problem = hpz_problem(zero.stage, zero.hpz_partition_size, workload.cluster.world_size)
+    problem = hpz_problem(zero.stage, trial.layout.hpz_partition_size, workload.cluster.world_size)
     if problem:
         raise ConfigError(HPZ_KEY, problem)
-    if tp > 1 and zero.hpz_partition_size > 1:
+    if tp > 1 and trial.layout.hpz_partition_size > 1:
         raise ConfigError(HPZ_KEY, HPZ_WITH_TP)
     check_expert_parallel(workload, trial)
     if deepspeed_version is not None:

@@ -208,9 +208,7 @@ class TrialConfig:
         1
         """
         zero = self.zero
-        stage3 = zero.stage == 3
-        hpz = zero.hpz_partition_size if stage3 else 1
-        return self.layout.ranks(world_size, gpus_per_node, hpz, zero.quantized_gradients and stage3)
+        return self.layout.ranks(world_size, gpus_per_node, zero.stage, zero.quantized_gradients)
 
     @cached_property
     def long_context(self) -> LongContext:
@@ -339,9 +337,9 @@ class TrialConfig:
             device = (zero.get(key) or {}).get("device", "none")
             if device != "none":
                 parts.append(f"{label} → {device}")
-        for view in ("layout", "long_context"):  # sections read leniently: a malformed one is left out
-            try:
-                described = getattr(self, view).summary()
+        for describe in (lambda: self.layout.label(), lambda: self.long_context.summary()):
+            try:  # sections read leniently: a malformed one is left out
+                described = describe()
             except ConfigError:
                 described = ""
             if described:

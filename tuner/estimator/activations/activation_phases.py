@@ -49,8 +49,8 @@ def activation_terms(
         elem,
         s.activation_checkpointing,
         adapters,
-        s.sequence_parallel_size,
-        s.tensor_parallel_size,
+        s.layout.sequence_parallel,
+        s.layout.tensor_parallel,
     )
     if activations is None:
         return None, NOTHING
@@ -64,14 +64,14 @@ def activation_terms(
     saved, recompute, source = acts.saved, acts.recompute, activations.source
     if workload.cluster.device == "cuda":  # the CUDA attention kernels' padded log-sum-exp and RNG state
         kernel_extra = extra_bytes_per_layer(model, s.micro_batch, train.seq_len, s.precision, train.attention)
-        kernel_extra = kernel_extra // (s.sequence_parallel_size * s.tensor_parallel_size)  # a rank's h/(sp·tp) heads
+        kernel_extra //= s.ranks.model_parallel  # a rank's h/(sp·tp) heads
         if s.activation_checkpointing:  # only the recomputed block holds attention outputs
             recompute += kernel_extra
         else:
             kernel_extra *= model.num_layers
             saved += kernel_extra
         out += detail("attention_kernel_extra", kernel_extra)
-    if s.tensor_parallel_size > 1:  # each row-parallel output (attention, MLP) all-reduced whole, in place
+    if s.layout.tensor_parallel > 1:  # each row-parallel output (attention, MLP) all-reduced whole, in place
         out += detail("tp_allreduce_bytes", elem * s.micro_batch * seq * model.hidden_size)
     out += detail("logits_workspace", acts.workspace) + detail("recomputed_block", recompute)
     out += held("gpu", "activations", saved, FORWARD) + held("gpu", "buffers", acts.workspace, FORWARD)

@@ -42,9 +42,9 @@ def state_bytes(s: Settings) -> StateBytes:
     Example:
         >>> from dataclasses import replace
         >>> from tuner.estimator.settings import Settings
-        >>> from tuner.workload import Ranks
+        >>> from tuner.workload import ParallelLayout, Ranks
         >>> base = Settings(2, 1, 1, 4, "bf16", 2, True, True, 1, 1, "none", True, 4, "none", True, 5, 1, 1, 1, 1,
-        ...                 1, 1, 1, Ranks(2))
+        ...                 1, 1, 1, ParallelLayout(), Ranks(2))
         >>> state_bytes(base).states, state_bytes(replace(base, bf16_master=True)).states
         (12, 10)
         >>> state_bytes(replace(base, bf16_master=True, bf16_optimizer_states=True)).states

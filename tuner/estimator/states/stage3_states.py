@@ -48,9 +48,9 @@ def stage3_states(workload: Workload, s: Settings) -> tuple[int, Contribution]:
         s.param_persistence_threshold,
         s.model_persistence_threshold,
         model.replicated,  # AutoTP: parameters every tp rank holds whole are partitioned over all ranks
-        s.tensor_parallel_size,
+        s.layout.tensor_parallel,
         model.experts,  # AutoEP: the rank's experts over the world / ep expert-data-parallel ranks
-        s.expert_parallel_size,
+        s.layout.expert_parallel,
     )
     shard, persistent = part.shard, part.persistent
     out += detail("partition_elements", shard) + detail("persistent_elements", persistent)
@@ -92,7 +92,7 @@ def _replicated_gathered(workload: Workload, params: TrainedParams, s: Settings)
     partitioned (over the tp ranks), so only they are gathered."""
     kept = tuple(n for n, whole in zip(params.numels, workload.model.replicated, strict=True) if whole)
     thresholds = (s.param_persistence_threshold, s.model_persistence_threshold)
-    part = stage3_partition(kept, s.tensor_parallel_size, *thresholds)
+    part = stage3_partition(kept, s.layout.tensor_parallel, *thresholds)
     return stage3_gathered(workload, TrainedParams(kept, kept, max(kept)), part, s)
 
 
