@@ -17,9 +17,10 @@ from postgres import fresh_database
 from conftest import BACKENDS
 from tuner.api import create_app
 from tuner.estimator import estimate
+from tuner.forecast.layouts import label
 from tuner.requests import WorkloadRequest, to_workload
 from tuner.storage import Store
-from tuner.workload import TrialConfig, Workload
+from tuner.workload import ParallelLayout, TrialConfig, Workload
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -202,7 +203,7 @@ def test_recommend_70b_on_two_nodes_compares_tp_and_hpz_layouts(client: TestClie
     tp = data["ds_config"].get("tensor_parallel", {}).get("autotp_size", 1)
     hpz = data["ds_config"]["zero_optimization"].get("zero_hpz_partition_size", 1)
     assert (chosen["tensor_parallel"], chosen["hpz_partition_size"]) == (tp, hpz)
-    assert data["why"].startswith(f"tp={tp}" + (f" with hpZ {hpz}: " if hpz > 1 else ": "))
+    assert data["why"].startswith(label(ParallelLayout(tensor_parallel=tp, hpz_partition_size=hpz)) + ": ")
     assert "ConsideredLayout" in client.get("/openapi.json").json()["components"]["schemas"]
 
 
