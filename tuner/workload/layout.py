@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,8 +41,9 @@ class ParallelLayout:
     hpz_partition_size: int = 1
 
     @classmethod
-    def of(cls, ds_config: Mapping[str, Any]) -> ParallelLayout:
-        """Read the degrees out of a ds_config.
+    def of(cls, ds_config: Mapping[str, Any], hpz_partition_size: int = 1) -> ParallelLayout:
+        """Read the degrees out of a ds_config, with the hpZ group its ZeRO section sets
+        (:attr:`tuner.workload.ZeroConfig.hpz_partition_size`).
 
         Raises:
             ConfigError: a degree that is not a positive integer, naming its key.
@@ -49,13 +51,11 @@ class ParallelLayout:
         tensor = section(ds_config, "tensor_parallel")
         expert = section(ds_config, "expert_parallel")
         expert_on = read_bool(expert, "enabled", False, "expert_parallel.")
-        zero = section(ds_config, "zero_optimization")
         return cls(
             sequence_parallel=read_int(ds_config, "sequence_parallel_size", 1, "", minimum=1),
             tensor_parallel=read_int(tensor, "autotp_size", 1, "tensor_parallel.", minimum=0) or 1,
             expert_parallel=read_int(expert, "autoep_size", 1, "expert_parallel.", minimum=1) if expert_on else 1,
-            # DeepSpeed takes 0 too (ge=0): both mean no hpZ
-            hpz_partition_size=max(1, read_int(zero, "zero_hpz_partition_size", 1, "zero_optimization.")),
+            hpz_partition_size=hpz_partition_size,
         )
 
     @property
@@ -66,16 +66,9 @@ class ParallelLayout:
     def ranks(self, world: int, gpus_per_node: int = 0, stage: int = 0, quantized_gradients: bool = False) -> Ranks:
         """The ranks of this layout on ``world`` ranks, ``gpus_per_node`` a node (0: one node), at ZeRO ``stage``
         (DeepSpeed makes hpZ's group, and qgZ's all-to-alls, at ZeRO-3 only): :class:`~tuner.workload.ranks.Ranks`."""
-        stage3 = stage == 3
-        return Ranks(
-            world,
-            gpus_per_node,
-            self.sequence_parallel,
-            self.tensor_parallel,
-            self.expert_parallel,
-            self.hpz_partition_size if stage3 else 1,
-            quantized_gradients and stage3,
-        )
+        hpz, qgz = (self.hpz_partition_size, quantized_gradients) if stage == 3 else (1, False)
+        sp, tp, ep = self.sequence_parallel, self.tensor_parallel, self.expert_parallel
+        return _ranks(world, gpus_per_node, sp, tp, ep, hpz, qgz)
 
     def data_parallel(self, world_size: int) -> int:
         """Data-parallel ranks of a world of ``world_size``: what DeepSpeed's batch arithmetic counts.
@@ -104,6 +97,9 @@ class ParallelLayout:
             if degree > 1
         ]
         return " · ".join(parts)
+
+
+_ranks = functools.lru_cache(maxsize=1024)(Ranks)  # one per distinct layout and cluster: a grid resolves thousands
 
 
 __all__ = ["ParallelLayout"]

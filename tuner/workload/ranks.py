@@ -32,7 +32,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuner.workload.config_values import ConfigError
 
@@ -73,6 +73,13 @@ class Ranks:
     expert: int = 1
     hpz: int = 1
     quantized_gradients: bool = False
+    zero_partition: int = field(init=False, compare=False, repr=False)
+    """Ranks ZeRO partitions the (dense) model states over: every rank under Ulysses (``seq_dp_world_size`` is
+    sp × dp), world / tp under AutoTP (the mesh's data-parallel group). Kept, not computed: the estimator reads it
+    many times an estimate."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "zero_partition", self.world // max(1, self.tensor))
 
     @property
     def per_node(self) -> int:
@@ -88,12 +95,6 @@ class Ranks:
     def data_parallel(self) -> int:
         """Data-parallel ranks (world over sp × tp, at least 1): what DeepSpeed's batch arithmetic counts."""
         return max(1, self.world // self.model_parallel)
-
-    @property
-    def zero_partition(self) -> int:
-        """Ranks ZeRO partitions the (dense) model states over: every rank under Ulysses (``seq_dp_world_size`` is
-        sp × dp), world / tp under AutoTP (the mesh's data-parallel group)."""
-        return self.world // max(1, self.tensor)
 
     @property
     def expert_data_parallel(self) -> int:

@@ -198,7 +198,7 @@ class TrialConfig:
     @cached_property
     def layout(self) -> ParallelLayout:
         """Sequence, tensor and expert parallel degrees."""
-        return ParallelLayout.of(self.ds_config)
+        return ParallelLayout.of(self.ds_config, self.zero.hpz_partition_size)
 
     def ranks(self, world_size: int, gpus_per_node: int = 0) -> Ranks:
         """The ranks of this trial on ``world_size`` ranks, ``gpus_per_node`` a node: the layout's groups and, at
