@@ -57,6 +57,7 @@ from tuner.measure.driver.outcomes import MTIME_SLACK_S, collect_rank, placed, s
 from tuner.measure.driver.places import RankPlace, free_port
 from tuner.measure.driver.processes import rank_preloads, start_rank, stop_ranks
 from tuner.measure.driver.ray_placement import assign_places, node_bundle, node_shape, why_unplaced
+from tuner.measure.driver.ray_reaper import start_reaper
 from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
 from tuner.measure.oom import cgroup_oom_kills, kills_between
 from tuner.measure.run_protocol import RunSpec, read_progress, result_path
@@ -70,8 +71,9 @@ UNAVAILABLE = "ResourcesUnavailable"
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
     """Connect to the Ray cluster at ``address`` (default ``$RAY_ADDRESS``, which Ray sets inside a Ray job), or start
-    a private local Ray once per process: never the cluster Ray last recorded in ``/tmp/ray/ray_current_cluster``,
-    which ``ray.init()`` would join (or fail on, given ``num_cpus``) even when it is stale or another process's."""
+    a private local Ray once per process (with :func:`start_reaper`: it dies with this process): never the cluster
+    Ray last recorded in ``/tmp/ray/ray_current_cluster``, which ``ray.init()`` would join (or fail on, given
+    ``num_cpus``) even when it is stale or another process's."""
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
@@ -86,6 +88,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
         include_dashboard=False,
         log_to_driver=False,
     )
+    start_reaper()  # its agents die with this process, even a SIGKILLed one
 
 
 @ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)  # type: ignore[call-overload]  # actor options
