@@ -38,7 +38,7 @@ def test_a_stop_signal_stops_a_worker_as_ctrl_c_does_with_a_line_and_exit_128_pl
             [DSTUNE, "worker", "--storage", f"sqlite:///{db}", "--poll", "0.2"],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=lambda: [signal.signal(one, signal.SIG_DFL) for one in (signal.SIGINT, stop)],
         )
     try:
         deadline = time.monotonic() + 120
