@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from tuner.estimator import estimate, resolve
-from tuner.estimator.expert_parallel import (
+from tuner.estimator.layouts.autoep import (
     ep_flat_partition,
     ep_workload,
     expert_mask,

@@ -1,11 +1,11 @@
-"""ZeRO++'s qwZ and qgZ (``tuner/estimator/quantized_comm.py``): estimate only (DeepSpeed's quantizer needs CUDA), so
+"""ZeRO++'s qwZ and qgZ (``tuner/estimator/layouts/zeropp.py``): estimate only (DeepSpeed's quantizer needs CUDA), so
 checked here against volumes and buffers derived by hand from DeepSpeed 0.19.8's code, on LLaMA-2-7B over 2 nodes of
 8 H100s, ZeRO-3 with every parameter gathered (persistence threshold 0) and no overlap."""
 
 import pytest
 
 from tuner.estimator import estimate, predict
-from tuner.estimator.quantized_comm import qgz_reduce_transient, qwz_staging_bytes
+from tuner.estimator.layouts.zeropp import qgz_reduce_transient, qwz_staging_bytes
 from tuner.estimator.throughput.hardware import TABLE
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model
 

@@ -9,7 +9,7 @@ import pytest
 
 from tuner.estimator import estimate
 from tuner.estimator.activations.saved import activation_bytes, logits_workspace_bytes
-from tuner.estimator.long_context import (
+from tuner.estimator.layouts.ulysses import (
     all_to_all_buffers,
     attention_output_bytes,
     kv_replication_bytes,

@@ -9,7 +9,7 @@ import pytest
 
 from tuner.estimator import estimate
 from tuner.estimator.activations.saved import tp_whole_layer_bytes
-from tuner.estimator.tensor_parallel import linear_sizes, shard_mask
+from tuner.estimator.layouts.autotp import linear_sizes, shard_mask
 from tuner.workload import (
     ActivationProfile,
     ClusterSpec,
@@ -232,7 +232,7 @@ def test_an_unset_mlp_width_is_gpt2s_4h() -> None:
 
 def test_throughput_counts_the_rank_shards_and_the_tp_all_reduces() -> None:
     from tuner.estimator import predict, resolve
-    from tuner.estimator.tensor_parallel import tensor_parallel_seconds
+    from tuner.estimator.layouts.autotp import tensor_parallel_seconds
     from tuner.estimator.throughput.hardware import hardware_for
 
     w = work(load_builtin_model("llama-2-7b"), 8, 4096)

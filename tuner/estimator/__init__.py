@@ -2,8 +2,8 @@
 
 Grouped by the memory model's own categories: model states by ZeRO stage (:mod:`.states`), activations
 (:mod:`.activations`), runtime buffers and overheads (:mod:`.runtime`) and throughput (:mod:`.throughput`); the
-parallel layouts' terms (:mod:`.tensor_parallel`, :mod:`.expert_parallel`, :mod:`.long_context`,
-:mod:`.tiled_loss`, :mod:`.quantized_comm`); each term returns its contribution (:mod:`.terms`) and
+parallel layouts, one module each (:mod:`.layouts`: Ulysses and ALST, AutoTP, AutoEP, ZeRO++), with ALST's tiled
+loss (:mod:`.tiled_loss`); each term returns its contribution (:mod:`.terms`) and
 :func:`estimate` (:mod:`.core`) combines them. Callers use this package's names.
 
 Example:

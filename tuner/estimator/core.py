@@ -7,10 +7,10 @@ paper, and is assembled here from the modules that model each part:
   and the whole parameters it gathers (:mod:`.stage3_gathered`);
 * activations and backward's early worst moments (:mod:`.activation_phases`);
 * transient buffers inside a phase (:mod:`.transients`);
-* AutoTP's shards and hpZ's secondary partition (:mod:`.tensor_parallel`): with ``tensor_parallel.autotp_size`` the
+* AutoTP's shards and hpZ's secondary partition (:mod:`.layouts.autotp`): with ``tensor_parallel.autotp_size`` the
   model states are those of the rank's shards, partitioned by ZeRO over ``world / tp`` ranks; activations are
   tp-sharded inside attention and the MLP (:func:`.activations.tp_local_activations`).
-* AutoEP's local experts (:mod:`.expert_parallel`): with ``expert_parallel.autoep_size`` a rank holds ``experts / ep``
+* AutoEP's local experts (:mod:`.layouts.autoep`): with ``expert_parallel.autoep_size`` a rank holds ``experts / ep``
   of each MoE layer, partitioned by ZeRO over the ``world / ep`` expert-data-parallel ranks, and the dispatch and
   combine buffers of its routed tokens.
 
@@ -39,7 +39,9 @@ from operator import itemgetter
 from typing import Any
 
 from tuner.estimator.activations.activation_phases import activation_terms
-from tuner.estimator.expert_parallel import dispatch_terms, ep_details, ep_workload
+from tuner.estimator.layouts.autoep import dispatch_terms, ep_details, ep_workload
+from tuner.estimator.layouts.autotp import tp_details, tp_workload
+from tuner.estimator.layouts.zeropp import hpz_secondary
 from tuner.estimator.memory_estimate import MemoryEstimate
 from tuner.estimator.phases import CATEGORIES, PHASES, STEP_PHASES, Phase
 from tuner.estimator.runtime.overhead import DEFAULT_OVERHEAD, Overhead, overhead_terms
@@ -49,7 +51,6 @@ from tuner.estimator.states.quantized import dequantized_weight_bytes, estimate_
 from tuner.estimator.states.stage3_gathered import save_phase
 from tuner.estimator.states.stage3_states import stage3_states
 from tuner.estimator.states.trainable import trained_params
-from tuner.estimator.tensor_parallel import hpz_secondary, tp_details, tp_workload
 from tuner.estimator.terms import Contribution, Ledger, detail, transient
 from tuner.workload import TrialConfig, Workload
 

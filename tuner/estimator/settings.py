@@ -88,7 +88,7 @@ class Settings:
     def zero_ranks(self) -> int:
         """Ranks ZeRO partitions the model states over: every rank under Ulysses (DeepSpeed's ``seq_dp_world_size``
         is sp × dp), ``world / tp`` under AutoTP (its mpu's data-parallel group: each tensor-parallel rank holds its own
-        shard of the sharded Linears, :mod:`.tensor_parallel`)."""
+        shard of the sharded Linears, :mod:`.layouts.autotp`)."""
         return self.ranks.zero_partition
 
     @property

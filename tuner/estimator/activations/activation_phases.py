@@ -17,7 +17,7 @@ from tuner.estimator.activations.attention import extra_bytes_per_layer
 from tuner.estimator.activations.chunked_loss import chunked_loss_terms
 from tuner.estimator.activations.liger import liger_activations
 from tuner.estimator.activations.saved import LayerActivations, logits_workspace_bytes, workload_activation_bytes
-from tuner.estimator.long_context import local_seq, long_context_terms
+from tuner.estimator.layouts.ulysses import local_seq, long_context_terms
 from tuner.estimator.phases import Phase
 from tuner.estimator.settings import Settings
 from tuner.estimator.states.pinned import HostPins
@@ -55,7 +55,7 @@ def activation_terms(
     if activations is None:
         return None, NOTHING
     out: list[Entry] = []
-    seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.long_context`)
+    seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.layouts.ulysses`)
     workspace = logits_workspace_bytes(model, s.micro_batch, seq, elem)
     activations, workspace, kernels = _other_kernels(workload, s, activations, workspace)
     out += kernels

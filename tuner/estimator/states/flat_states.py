@@ -22,7 +22,7 @@ in the training dtype, outside the flat groups (4-bit weights as their packed da
 
 from __future__ import annotations
 
-from tuner.estimator.expert_parallel import ep_flat_partition
+from tuner.estimator.layouts.autoep import ep_flat_partition
 from tuner.estimator.phases import PHASES
 from tuner.estimator.settings import FP32, Settings
 from tuner.estimator.states.master_states import state_bytes
@@ -63,7 +63,7 @@ def flat_states(workload: Workload, s: Settings) -> tuple[int, Contribution]:
     out += head_gradient(head)
     if s.stage == 0:
         return 0, (*out, *_stage0_states(params, frozen, s, head))
-    numels, experts = params.trainable, model.experts  # AutoEP: expert groups over world / ep (.expert_parallel)
+    numels, experts = params.trainable, model.experts  # AutoEP: expert groups over world / ep (.layouts.autoep)
     if s.round_robin_gradients and s.zero_ranks > 1 and not any(experts):
         numels = round_robin_order(numels, s.zero_ranks)
     flat = muon_flat_partition(model, numels, s) if s.muon else ep_flat_partition(numels, experts, s)

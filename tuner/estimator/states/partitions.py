@@ -90,9 +90,9 @@ def stage3_layout(
     """Each parameter's per-rank ZeRO-3 shard (padded to a multiple of ``world_size``) and whether it also stays whole
     on every rank: at most ``persistence_threshold`` elements, while the persistent ones total at most
     ``model_persistence_threshold``, in model order. The parameters ``wide`` marks are partitioned over
-    ``widen × world_size`` ranks (AutoTP's replicated ones at ZeRO-3, :mod:`.tensor_parallel`), those ``narrow``
+    ``widen × world_size`` ranks (AutoTP's replicated ones at ZeRO-3, :mod:`.layouts.autotp`), those ``narrow``
     marks over ``world_size / narrow_by`` (AutoEP's experts over the expert-data-parallel group,
-    :mod:`.expert_parallel`).
+    :mod:`.layouts.autoep`).
 
     Example:
         >>> stage3_layout((7, 100, 3), 4, 10, 8)

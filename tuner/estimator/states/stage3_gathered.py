@@ -10,7 +10,7 @@ below 1B parameters). With ``stage3_gather_16bit_weights_on_model_save`` the est
 
 from __future__ import annotations
 
-from tuner.estimator.quantized_comm import qwz_staging_bytes
+from tuner.estimator.layouts.zeropp import qwz_staging_bytes
 from tuner.estimator.settings import Settings
 from tuner.estimator.states.partitions import Stage3Partition, stage3_layout
 from tuner.estimator.states.quantized import quantized_base
@@ -61,7 +61,7 @@ def stage3_gathered(workload: Workload, params: TrainedParams, part: Stage3Parti
         *held("gpu", "parameters", elem * kept, ("forward",)),
         *held("gpu", "buffers", elem * working, ("forward",)),
     )
-    if s.quantized_weights:  # qwZ: the set being gathered arrives as int8 with its scales (:mod:`.quantized_comm`)
+    if s.quantized_weights:  # qwZ: the set being gathered arrives as int8 with its scales (:mod:`.layouts.zeropp`)
         staging = qwz_staging_bytes(gathering)
         out += detail("qwz_staging", staging) + held("gpu", "buffers", staging, ("forward",))
     return out

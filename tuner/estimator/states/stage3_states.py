@@ -19,7 +19,7 @@ NVMe), its gradient partition, optimizer states and reduce bucket, as DeepSpeed 
 
 from __future__ import annotations
 
-from tuner.estimator.quantized_comm import qgz_reduce_transient
+from tuner.estimator.layouts.zeropp import qgz_reduce_transient
 from tuner.estimator.settings import FP32, Settings
 from tuner.estimator.states.master_states import state_bytes
 from tuner.estimator.states.partitions import stage3_layout, stage3_partition
@@ -76,7 +76,7 @@ def stage3_states(workload: Workload, s: Settings) -> tuple[int, Contribution]:
     out += detail("reduce_buckets", bucket) + held("gpu", "buffers", bucket)
     if not model.is_bare:
         gloo = workload.cluster.device == "cpu"
-        if s.quantized_gradients:  # qgZ: tensor by tensor through int4 all-to-alls, no flat bucket (.quantized_comm)
+        if s.quantized_gradients:  # qgZ: tensor by tensor through int4 all-to-alls, no flat bucket (.layouts.zeropp)
             largest = max(params.trainable, default=0)
             local = min(workload.cluster.gpus_per_node, s.zero_ranks)
             copy = qgz_reduce_transient(largest, local) + elem * largest

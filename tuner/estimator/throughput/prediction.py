@@ -18,13 +18,13 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
   secondary partition run within groups of g ranks, over the node's links (:func:`zero3_gather_seconds`).
 * ``qwZ`` / ``qgZ`` (ZeRO++ quantized weights and gradients at ZeRO-3): the parameter gathers move int8 (about half
   the 16-bit bytes) and the gradient reduction runs int4 all-to-alls within and across nodes (a quarter of the
-  bytes within the node, a quarter of ``1/L`` across), four calls per gradient tensor (:mod:`.quantized_comm`).
+  bytes within the node, a quarter of ``1/L`` across), four calls per gradient tensor (:mod:`.layouts.zeropp`).
 * ``tensor parallel`` (AutoTP): each rank computes with its shards, ZeRO works over ``world / tp`` ranks, and
   every layer all-reduces its outputs and input gradients within the node (:func:`tensor_parallel_seconds`, in
   ``bandwidth`` and ``latency``).
 * ``expert parallel`` (AutoEP): each rank holds and reduces its ``experts / ep`` (the gradient traffic of the rank's
   parameters), computes as many routed rows as without it, and every MoE layer dispatches and combines its routed
-  tokens by all-to-all in forward and backward (:func:`.expert_parallel.expert_parallel_seconds`).
+  tokens by all-to-all in forward and backward (:func:`.layouts.autoep.expert_parallel_seconds`).
 * ``latency``: a fixed cost per collective call, one per reduce/all-gather bucket, per gathered ZeRO-3 parameter
   and pass (its hooks run even on one rank), and the gradient-norm all-reduce.
 * ``memory``: the optimizer step's memory traffic (about 32 B per trainable parameter of the rank's partition) over
@@ -54,12 +54,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.estimator.expert_parallel import ep_workload, expert_parallel_seconds
-from tuner.estimator.long_context import all_to_all_bytes, mlp_params
-from tuner.estimator.quantized_comm import QGZ_CALLS_PER_TENSOR, gathered_bytes_per_element, qgz_seconds
+from tuner.estimator.layouts.autoep import ep_workload, expert_parallel_seconds
+from tuner.estimator.layouts.autotp import tensor_parallel_seconds, tp_workload
+from tuner.estimator.layouts.ulysses import all_to_all_bytes, mlp_params
+from tuner.estimator.layouts.zeropp import QGZ_CALLS_PER_TENSOR, gathered_bytes_per_element, qgz_seconds
 from tuner.estimator.settings import Settings, resolve
 from tuner.estimator.states.trainable import trained_params
-from tuner.estimator.tensor_parallel import tensor_parallel_seconds, tp_workload
 from tuner.estimator.throughput.flops import (
     backward_flops_per_token,
     forward_flops_per_token,
@@ -235,7 +235,7 @@ def _zero3_comm(
     micro-step's gradient reduce-scatter sends (none under qgZ) and one micro-step's collective calls."""
     passes, world = zero3_passes(s), s.zero_ranks
     gathers = zero3_gather_seconds(workload, s, hw, numels, psi, passes)
-    if s.quantized_gradients:  # qgZ: int4 all-to-alls within and across nodes, per tensor (.quantized_comm)
+    if s.quantized_gradients:  # qgZ: int4 all-to-alls within and across nodes, per tensor (.layouts.zeropp)
         local = workload.cluster.gpus_per_node
         qgz = s.grad_accum * qgz_seconds(trained, world, local, hw.intra_bw, hw.inter_bw)
         return gathers + qgz, 0.0, float((passes + QGZ_CALLS_PER_TENSOR) * len(numels))

@@ -6,7 +6,7 @@ DeepSpeed 0.19.8 applies AutoTP inside ``deepspeed.initialize`` when ``tensor_pa
 base_model_tp_plan``, the class's ``_tp_plan`` and the instance's ``_tp_plan`` (``tensor_parallel.config.
 _get_hf_tp_plan``), and matches each pattern anywhere in a parameter's name (``.*`` + pattern). The runner trains a
 :class:`~tuner.measure.rank.models.TransformersCausalLM` wrapper, which has neither: DeepSpeed would fall back to its
-name-heuristic AutoTP, another sharding than the one the estimator follows (:mod:`tuner.estimator.tensor_parallel`,
+name-heuristic AutoTP, another sharding than the one the estimator follows (:mod:`tuner.estimator.layouts.autotp`,
 checked against the HF model handed over directly by ``bench/tp_true_peak.py``). :func:`expose_tp_plan` gives the
 wrapper the inner model's config and merged plan, so the same partition styles apply to the same Linears (q, k, v,
 gate, up column-wise; o, down row-wise; an untied ``lm_head`` column-wise with its output gathered).

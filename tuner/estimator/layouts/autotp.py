@@ -1,5 +1,5 @@
-"""AutoTP tensor parallelism (``tensor_parallel.autotp_size`` = tp) in the model states of one rank, and ZeRO++ hpZ's
-secondary partition.
+"""AutoTP tensor parallelism (``tensor_parallel.autotp_size`` = tp): one rank's view of the model (its shards) and the
+all-reduces it adds.
 
 What AutoTP shards (DeepSpeed 0.19.8, ``runtime/engine.py`` ``_apply_autotp_partitioning``, ``module_inject/
 auto_tp.py`` and ``layers.py``; a transformers model's ``tp_plan`` when it has one, the same heuristic otherwise):
@@ -19,13 +19,6 @@ biased LayerNorm model (Phi), measured. Without a profile (a built-in model) it 
 (:func:`shard_mask`): the weights whose element count is one of a layer's Linear shapes (``h × q``, ``h × kv``,
 ``h × f``, a fused ``h × (q + 2·kv)``) and that recur once per layer, plus an untied head (the last parameter,
 ``V × h``), biases whole. A rank's shard of each is ``ceil(n / tp)`` elements.
-
-hpZ (``zero_hpz_partition_size`` = g, ZeRO-3): ``_partition_param_sec`` gives a parameter a secondary partition
-over its hpZ group when it is released (partitioned) after use, ``aligned numel / g`` elements in the parameter's
-dtype; backward gathers from it inside the group, and the optimizer step drops them all
-(``invalidate_secondary_tensor``). Up to ``e·Ψ/g`` per rank beside the primary shard, by phase
-(:func:`hpz_secondary_bytes`): measured on 4 CPU ranks with hpZ = 2 (``bench/tp_true_peak.py``), a tiny model whose
-parameters ZeRO-3 keeps gathered from forward into backward peaks with no secondary partition alive, to the byte.
 """
 
 from __future__ import annotations
@@ -34,8 +27,7 @@ import functools
 from dataclasses import replace
 
 from tuner.estimator.settings import Settings
-from tuner.estimator.states.partitions import stage3_layout
-from tuner.estimator.terms import NOTHING, Contribution, Held, detail
+from tuner.estimator.terms import NOTHING, Contribution, detail
 from tuner.estimator.throughput.hardware import Hardware
 from tuner.workload import ModelSpec, Workload
 from tuner.workload.layout_checks import tp_plan_split
@@ -113,46 +105,6 @@ def tp_details(workload: Workload, s: Settings) -> Contribution:
     )
 
 
-def hpz_secondary_bytes(numels: tuple[int, ...], s: Settings, kept: int = 0) -> dict[str, int]:
-    """Bytes of hpZ's secondary partition on one rank, by phase (module docstring): each partitioned parameter's
-    ZeRO-aligned size over the hpZ group, in the training dtype, for the parameters released since the last step
-    (the step drops them all: ``invalidate_secondary_tensor``; a release re-creates one). After backward and in the
-    step every non-persistent parameter has been released; after forward all but the ``kept`` elements ZeRO-3 keeps
-    gathered for backward. Empty without hpZ or outside ZeRO-3.
-
-    >>> from tuner.estimator.settings import Settings
-    >>> from tuner.workload import ParallelLayout, Ranks
-    >>> fields = dict(world_size=4, micro_batch=1, grad_accum=1, global_batch=4, precision="bf16", stage=3,
-    ...     overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=1, allgather_bucket_size=1,
-    ...     offload_optimizer="none", offload_optimizer_pin=False, offload_optimizer_buffer_count=4,
-    ...     offload_param="none", offload_param_pin=False, offload_param_buffer_count=5, offload_param_buffer_size=1,
-    ...     max_live_parameters=1, max_reuse_distance=1, prefetch_bucket_size=1, param_persistence_threshold=0,
-    ...     model_persistence_threshold=0, sub_group_size=1, ranks=Ranks(4, hpz=2),
-    ...     layout=ParallelLayout(hpz_partition_size=2))
-    >>> hpz_secondary_bytes((1000, 6), Settings(**fields), kept=1000)  # (1000 + 8) / 2 × 2 B
-    {'forward': 8, 'backward': 1008, 'step': 1008}
-    """
-    group = s.layout.hpz_partition_size
-    if s.stage != 3 or group <= 1:
-        return {}
-    ranks = s.zero_ranks  # AutoTP's replicated parameters counted as the sharded ones: unmeasured
-    parts, persists = stage3_layout(numels, ranks, s.param_persistence_threshold, s.model_persistence_threshold)
-    full = s.param_bytes * sum(part for part, keep in zip(parts, persists, strict=True) if not keep) * ranks // group
-    return {"forward": max(0, full - s.param_bytes * kept // group), "backward": full, "step": full}
-
-
-def hpz_secondary(numels: tuple[int, ...], s: Settings, kept: int, offloaded: bool) -> Contribution:
-    """hpZ's secondary partition (:func:`hpz_secondary_bytes`) as the parameters it holds by phase, on the host when
-    the parameters are ``offloaded`` (``offload_param``); the figure recorded is the step's (every parameter
-    released)."""
-    by_phase = hpz_secondary_bytes(numels, s, kept)
-    if not by_phase:
-        return NOTHING
-    where = "cpu" if offloaded else "gpu"
-    sizes = (Held(where, "parameters", size, (phase,)) for phase, size in by_phase.items())
-    return (*detail("hpz_secondary_partition", by_phase["step"]), *sizes)
-
-
 def tensor_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tuple[float, int]:
     """(all-reduce seconds, calls) per optimizer step that AutoTP adds: each layer all-reduces its attention's and
     its MLP's row-parallel output (``e·b·s·h``) in forward, the column-parallel inputs' gradients in backward, and
@@ -167,8 +119,6 @@ def tensor_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tu
 
 
 __all__ = [
-    "hpz_secondary",
-    "hpz_secondary_bytes",
     "linear_sizes",
     "local_numels",
     "shard_mask",
