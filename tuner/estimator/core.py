@@ -56,6 +56,7 @@ from tuner.workload import TrialConfig, Workload
 
 HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # cpu_per_node's (+ offloaded checkpoints)
 _BY_CATEGORY = itemgetter(*CATEGORIES)  # a phase's bytes as a tuple, in CATEGORIES' order
+_NOTHING_HELD = dict.fromkeys(CATEGORIES, 0)
 
 
 def estimate(
@@ -80,17 +81,19 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     """:func:`estimate` for settings already resolved from a trial config."""
     model, cluster, whole = workload.model, workload.cluster, workload
     ledger = Ledger(PHASES if s.stage == 3 and s.gather_16bit_on_save else STEP_PHASES)
-    workload, view = _rank_view(whole, s)
-    ledger.record(view)
-    nvme, states = (stage3_states if s.stage == 3 else flat_states)(workload, s)
+    if s.layout.tensor_parallel > 1 or s.layout.expert_parallel > 1:
+        workload, view = _rank_view(whole, s)
+        ledger.record(view)
+    params = trained_params(workload)
+    nvme, states = (stage3_states if s.stage == 3 else flat_states)(workload, s, params)
     ledger.record(states)
     gathered = 0
     if "save" in ledger.phases:  # saving gathers over tp too
         gathered, saved = save_phase(whole, s)
         ledger.record(saved)
-    params = trained_params(workload)
-    kept = ledger.details.get("gathered_parameters", 0) // s.param_bytes
-    ledger.record(hpz_secondary(params.numels, s, kept, s.offload_param != "none"))
+    if s.layout.hpz_partition_size > 1:
+        kept = ledger.details.get("gathered_parameters", 0) // s.param_bytes
+        ledger.record(hpz_secondary(params.numels, s, kept, s.offload_param != "none"))
     if not params.is_full:
         ledger.record(detail("trainable_elements", params.n_trainable) + detail("frozen_elements", params.n_frozen))
     base = quantized_base(workload, params)
@@ -101,7 +104,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     ledger.record(dispatch_terms(workload, s))  # AutoEP's all-to-all buffers
 
     phases, details = ledger.phases, ledger.details
-    gpu_totals = {name: phase.gpu_total for name, phase in phases.items()}
+    gpu_totals = {name: sum(phase.gpu.values()) for name, phase in phases.items()}
     peak_phase = max(gpu_totals, key=gpu_totals.__getitem__)
     per_gpu: dict[str, int | None] = dict(phases[peak_phase].gpu)
     if source is None:
@@ -173,11 +176,13 @@ def _node_host(phases: Mapping[str, Phase], ranks: int, gathered: int) -> tuple[
     model.
     """
     held = [_BY_CATEGORY(phase.cpu) for name, phase in phases.items() if name != "save"]
-    largest = dict(zip(CATEGORIES, map(max, zip(*held, strict=True)), strict=True))
+    peak = ranks * max(map(sum, held))
+    largest = _NOTHING_HELD  # nothing on the host (nothing offloaded): the common case, no look at each category
+    if peak:
+        largest = dict(zip(CATEGORIES, map(max, zip(*held, strict=True)), strict=True))
     by_category = {name: ranks * largest[name] for name in HOST_CATEGORIES}
     if largest["activations"]:  # checkpoints offloaded to host memory (ALST)
         by_category["activations"] = ranks * largest["activations"]
-    peak = ranks * max(map(sum, held))
     if "save" in phases:
         save = phases["save"].cpu
         for name in HOST_CATEGORIES:

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from tuner.estimator.phases import PHASES, Phase
@@ -64,13 +65,18 @@ _new = tuple.__new__  # builds an entry in C, without its class's Python-level _
 
 def held(where: str, category: str, size: int, only: tuple[str, ...] = PHASES) -> Contribution:
     """``size`` bytes of ``category`` held on ``where`` in the phases ``only`` (default: all of them, for what stays
-    allocated throughout)."""
-    return (_new(Held, (where, category, size, only)),)
+    allocated throughout); nothing when it is none."""
+    return (_new(Held, (where, category, size, only)),) if size else NOTHING
 
 
 def detail(name: str, size: int) -> Contribution:
     """The named figure ``name`` of the estimate."""
     return (_new(Detail, (name, size)),)
+
+
+def details(sizes: Mapping[str, int]) -> Contribution:
+    """Each of ``sizes`` as a named figure of the estimate, in their order."""
+    return tuple([_new(Detail, item) for item in sizes.items()])
 
 
 def transient(name: str, phase: str, size: int) -> Contribution:
@@ -81,13 +87,16 @@ def transient(name: str, phase: str, size: int) -> Contribution:
 class Ledger:
     """The phases and details of one estimate, combined from the terms' contributions in the order they come."""
 
-    __slots__ = ("details", "phases", "pinned", "rounding")
+    __slots__ = ("_throughout", "details", "phases", "pinned", "rounding")
 
     def __init__(self, phases: tuple[str, ...]) -> None:
         self.phases = {name: Phase() for name in phases}
         self.details: dict[str, int] = {}
         self.pinned = 0
         self.rounding = 0
+        # what held bytes in every phase (the default ``only``, most entries) add to, where by where
+        every = self.phases.values()
+        self._throughout = {"gpu": [phase.gpu for phase in every], "cpu": [phase.cpu for phase in every]}
 
     def record(self, contribution: Contribution) -> None:
         """Add one term's contribution."""
@@ -95,6 +104,10 @@ class Ledger:
         for entry in contribution:
             if type(entry) is Held:
                 where, category, size, only = entry
+                if only is PHASES:
+                    for categories in self._throughout[where]:
+                        categories[category] += size
+                    continue
                 for name in only:
                     phase = phases.get(name)
                     if phase is not None:
@@ -126,6 +139,7 @@ __all__ = [
     "Pinned",
     "Transient",
     "detail",
+    "details",
     "held",
     "transient",
 ]

@@ -21,7 +21,7 @@ from tuner.estimator.layouts.ulysses import local_seq, long_context_terms
 from tuner.estimator.phases import Phase
 from tuner.estimator.settings import Settings
 from tuner.estimator.states.pinned import HostPins
-from tuner.estimator.states.trainable import TrainedParams, trained_params
+from tuner.estimator.states.trainable import TrainedParams
 from tuner.estimator.states.transients import bucket_chunks
 from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held
 from tuner.estimator.tiled_loss import whole_parameters_apart
@@ -83,7 +83,7 @@ def activation_terms(
         out += held("cpu", "activations", host, ("forward", "backward")) + pins.contribution()
     loss = acts.workspace  # the loss's moment: workspace and head gradient
     if params.is_full:
-        out += _early_backward(workload, s, saved, recorded, phases)
+        out += _early_backward(workload, s, (params, saved), recorded, phases)
     else:
         head, frozen = _frozen_backward(workload, s, saved, acts.workspace)
         out += frozen
@@ -183,7 +183,11 @@ def _frozen_backward(workload: Workload, s: Settings, saved: int, workspace: int
 
 
 def _early_backward(
-    workload: Workload, s: Settings, saved: int, recorded: Mapping[str, int], phases: Mapping[str, Phase]
+    workload: Workload,
+    s: Settings,
+    trained: tuple[TrainedParams, int],
+    recorded: Mapping[str, int],
+    phases: Mapping[str, Phase],
 ) -> Contribution:
     """The backward phase's worst moment can come early: when the first gradient bucket is reduced, most saved
     activations are still alive beside the buckets (and, from then on, ZeRO-2's gradient partition).
@@ -191,12 +195,13 @@ def _early_backward(
     Used when backward reduces more than one bucket (with one bucket the reduction happens at the end, after the
     activations are gone). The activations still alive are taken in proportion to the parameters whose gradients
     have not arrived yet (``1 - first bucket / Ψ``); what that moment holds beyond the backward phase's end is
-    added to its activations (``details["early_backward_activations"]``).
+    added to its activations (``details["early_backward_activations"]``). ``trained``: the model as trained (gradients
+    arrive for its trainable parameters only) and the activations it saved.
     """
     model, elem = workload.model, s.param_bytes
     if model.is_bare or s.stage not in (2, 3) or s.offload_optimizer != "none" or not s.reduce_scatter:
         return NOTHING
-    params = trained_params(workload)  # gradients arrive for the trainable parameters only
+    params, saved = trained
     chunks = bucket_chunks(params.trainable, s.reduce_bucket_size)
     total = params.n_trainable
     if len(chunks) < 2 or not total:

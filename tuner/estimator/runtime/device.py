@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tuner.estimator.runtime.nccl import NcclCosts, communicator_bytes
 from tuner.workload import GPU_TYPES, Ranks, gpu_type_of
@@ -74,20 +75,35 @@ class DeviceKind:
         ``simulated_reserve``: the simulated allocator's reserved-beyond-allocated bytes, used unless the kind
         sets a flat ``allocator_share``.
         """
-        terms = dict(_outside_allocator(self, ranks))
+        return self.with_reserve(outside_allocator(self, ranks), peak, simulated_reserve)
+
+    def with_reserve(self, outside: OutsideAllocator, peak: int, simulated_reserve: int = 0) -> dict[str, int]:
+        """:meth:`overhead` from the terms outside the allocator (:func:`outside_allocator`)."""
+        terms = dict(outside.terms)
         share = self.allocator_share
         terms["allocator_reserve"] = int(share * peak) if share is not None else simulated_reserve
         return terms
 
 
+class OutsideAllocator(NamedTuple):
+    """The terms of :meth:`DeviceKind.overhead` before the allocator's, which depend on the kind and the groups only,
+    and the device memory the caching allocator cannot use of them: the CUDA ``context`` and the ``nccl``
+    communicators' buffers together."""
+
+    terms: tuple[tuple[str, int], ...]
+    context: int
+    nccl: int
+
+
 @functools.lru_cache(maxsize=256)
-def _outside_allocator(kind: DeviceKind, ranks: Ranks) -> tuple[tuple[str, int], ...]:
-    """The terms of :meth:`DeviceKind.overhead` before the allocator's, which depend on the kind and the groups only."""
+def outside_allocator(kind: DeviceKind, ranks: Ranks) -> OutsideAllocator:
+    """The terms outside the allocator of ``kind`` with the communicators of ``ranks`` (:class:`OutsideAllocator`)."""
     terms = [("cuda_context", kind.context)]
     for group in ranks.communicators():
         terms.append((f"nccl_{group.name}", communicator_bytes(group, kind.nccl)))
     terms.append(("cublas_workspace", kind.gemm_handles * kind.cublas_workspace))
-    return tuple(terms)
+    nccl = sum(size for name, size in terms if name.startswith("nccl_"))
+    return OutsideAllocator(tuple(terms), kind.context, nccl)
 
 
 _HOPPER_NCCL = NcclCosts(nvls=256 * MiB)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from tuner.estimator.phases import Phase
 from tuner.estimator.runtime.alloc_sequence import simulated_step
-from tuner.estimator.runtime.device import KINDS, OTHER, TYPED, DeviceKind
+from tuner.estimator.runtime.device import KINDS, OTHER, TYPED, DeviceKind, OutsideAllocator, outside_allocator
 from tuner.estimator.settings import Settings
-from tuner.estimator.terms import NOTHING, Contribution, Detail
+from tuner.estimator.terms import NOTHING, Contribution, Detail, detail, details
 from tuner.estimator.throughput.hardware import table_key
 from tuner.workload import Workload
 
@@ -65,43 +65,44 @@ def overhead_terms(
     ``phases`` and ``recorded``: the estimate's phases and details so far."""
     if workload.cluster.device != "cuda":
         return {}, NOTHING
-    terms, simulation = _device_terms(workload, s, overhead.kind_for(workload), phases, recorded, peak)
-    nccl = sum(size for name, size in terms.items() if name.startswith("nccl_"))
-    return terms, (*simulation, *(Detail(name, size) for name, size in terms.items()), Detail("nccl_buffers", nccl))
+    kind = overhead.kind_for(workload)
+    outside = outside_allocator(kind, s.ranks)
+    terms, simulation = _device_terms(workload, s, (kind, outside), phases, recorded, peak)
+    return terms, (*simulation, *details(terms), *detail("nccl_buffers", outside.nccl))
 
 
 def _device_terms(
     workload: Workload,
     s: Settings,
-    kind: DeviceKind,
+    device: tuple[DeviceKind, OutsideAllocator],
     phases: Mapping[str, Phase],
     recorded: Mapping[str, int],
     peak: int,
 ) -> tuple[dict[str, int], Contribution]:
-    """The named CUDA overhead terms (:mod:`.device`), the allocator's reserve simulated on the step's plausible
-    allocation sequence (:mod:`.alloc_sequence`) unless the kind sets a flat share, and the simulation's figures.
-    The simulation gets the GPU memory the context and NCCL leave as its capacity, so it releases cached segments
-    where the real allocator would (before an out-of-memory error) rather than reporting a reserve no run could
-    hold."""
+    """The named CUDA overhead terms of a device kind and the groups' communicators (``device``: the kind and the
+    terms outside its allocator, :mod:`.device`), the allocator's reserve simulated on the step's plausible
+    allocation sequence (:mod:`.alloc_sequence`) unless the kind sets a flat share, and the simulation's figures. The
+    simulation gets the GPU memory the context and NCCL leave as its capacity, so it releases cached segments where
+    the real allocator would (before an out-of-memory error) rather than reporting a reserve no run could hold."""
+    kind, outside = device
+    terms = kind.with_reserve(outside, peak)  # the reserve set below unless the kind's flat share set it
     if kind.allocator_share is not None:
-        return kind.overhead(peak, s.ranks, 0), NOTHING
+        return terms, NOTHING
     # The allocator may use what the context and NCCL leave; it releases its cache before running out.
-    outside = kind.overhead(peak, s.ranks)
-    room = workload.cluster.gpu_memory - outside["cuda_context"]
-    room -= sum(size for name, size in outside.items() if name.startswith("nccl_"))
-    if peak + outside["cublas_workspace"] > room:  # cannot fit whatever the allocator does: no simulation
-        return kind.overhead(peak, s.ranks, int(UNSIMULATED_SHARE * peak)), OUT_OF_MEMORY
+    room = workload.cluster.gpu_memory - outside.context - outside.nccl
+    if peak + terms["cublas_workspace"] > room:  # cannot fit whatever the allocator does: no simulation
+        terms["allocator_reserve"] = int(UNSIMULATED_SHARE * peak)
+        return terms, OUT_OF_MEMORY
     short = NOTHING
     simulated = simulated_step(workload, s, phases, recorded, s.expandable_segments, room)
     if simulated is None:  # out of memory even so: report the unpressured reserve (the total will not fit)
         short = OUT_OF_MEMORY
         simulated = simulated_step(workload, s, phases, recorded, s.expandable_segments)
     assert simulated is not None  # no capacity: never out of memory
-    figures = (
+    terms["allocator_reserve"] = simulated.reserve
+    return terms, (
         *short,
-        Detail("simulated_peak_allocated", simulated.peak_allocated),
-        Detail("simulated_peak_reserved", simulated.peak_reserved),
-        Detail("allocator_cache_releases", simulated.releases),
+        *detail("simulated_peak_allocated", simulated.peak_allocated),
+        *detail("simulated_peak_reserved", simulated.peak_reserved),
+        *detail("allocator_cache_releases", simulated.releases),
     )
-    outside["allocator_reserve"] = simulated.reserve  # the terms outside the allocator's do not depend on it
-    return outside, figures

@@ -30,7 +30,7 @@ from tuner.estimator.states.muon import muon_flat_partition, muon_states, muon_u
 from tuner.estimator.states.partitions import round_robin_order
 from tuner.estimator.states.pinned import HostPins
 from tuner.estimator.states.quantized import quantized_base
-from tuner.estimator.states.trainable import TrainedParams, trained_params
+from tuner.estimator.states.trainable import TrainedParams
 from tuner.estimator.states.transients import (
     bucket_chunks,
     flat_reduce_copy,
@@ -44,15 +44,15 @@ from tuner.workload import Workload
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
 
 
-def flat_states(workload: Workload, s: Settings) -> tuple[int, Contribution]:
-    """Model states and buckets of ZeRO stages 0, 1 and 2: (NVMe bytes, none: 0; their contribution).
+def flat_states(workload: Workload, s: Settings, params: TrainedParams) -> tuple[int, Contribution]:
+    """Model states and buckets of ZeRO stages 0, 1 and 2 of the model as trained (``params``): (NVMe bytes, none: 0;
+    their contribution).
 
     ``round_robin_gradients`` reorders the flat buffer (:func:`.round_robin_order`): the sizes are unchanged, only
     which parameters straddle a partition boundary, so it moves ZeRO-2's worst-rank gradient buffer a little. With
     optimizer offload (where it is meant to be used) nothing estimated depends on the order.
     """
     model, elem = workload.model, s.param_bytes
-    params = trained_params(workload)  # frozen parameters: no gradients, masters or optimizer states
     frozen = elem * params.n_frozen  # whole on every rank, in the training dtype, outside the flat groups
     base = quantized_base(workload, params)
     out: list[Entry] = []

@@ -26,17 +26,17 @@ from tuner.estimator.states.partitions import stage3_layout, stage3_partition
 from tuner.estimator.states.pinned import HostPins
 from tuner.estimator.states.quantized import quantized_base, quantized_shard_bytes, stage3_view
 from tuner.estimator.states.stage3_gathered import stage3_gathered
-from tuner.estimator.states.trainable import TrainedParams, stage3_bytes, trained_params
+from tuner.estimator.states.trainable import TrainedParams, stage3_bytes
 from tuner.estimator.states.transients import optimizer_temporaries, stage3_reduce_copy
 from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held, transient
 from tuner.estimator.tiled_loss import head_gradient, head_gradient_bytes
 from tuner.workload import Workload
 
 
-def stage3_states(workload: Workload, s: Settings) -> tuple[int, Contribution]:
-    """Model states and buffers of ZeRO stage 3: (NVMe bytes per rank, their contribution)."""
+def stage3_states(workload: Workload, s: Settings, params: TrainedParams) -> tuple[int, Contribution]:
+    """Model states and buffers of ZeRO stage 3 of the model as trained (``params``): (NVMe bytes per rank, their
+    contribution)."""
     model, elem, cuda = workload.model, s.param_bytes, workload.cluster.device == "cuda"
-    params = trained_params(workload)
     base = quantized_base(workload, params)
     out: list[Entry] = []
     if base is not None:  # 4-bit weights as ZeRO-3 holds them: partitioned packed data, or whole (uint8)
