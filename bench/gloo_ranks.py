@@ -141,18 +141,29 @@ def measured_cases(
 
 
 def estimate_peak(
-    model: dict[str, Any], name: str, world: int, seq: int, ds: dict[str, Any], checkpointing: bool = False
+    model: dict[str, Any],
+    name: str,
+    world: int,
+    seq: int,
+    ds: dict[str, Any],
+    checkpointing: bool = False,
+    attention: str = "sdpa",
 ) -> Any:
-    """dstune's estimate of ``world`` CPU ranks training the transformers model ``model`` (sdpa, bf16) at ``seq``
-    under ``ds`` (the workload carries the model's traced profile at ``seq``)."""
+    """dstune's estimate of ``world`` CPU ranks training the transformers model ``model`` (``attention``, bf16) at
+    ``seq`` under ``ds`` (the workload carries the model's traced profile at ``seq``, and under the config's
+    ``torch_autocast`` where it has one)."""
     from tuner.estimator import estimate
     from tuner.profile import model_from_config, with_profile
     from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload
+    from tuner.workload.autocast import autocast_dtype, trace_precision
 
     cluster = ClusterSpec(gpus_per_node=world, device="cpu", gpu_memory=140 * 2**30)
-    train = TrainSpec(seq_len=seq, precision="bf16", attention="sdpa")
+    train = TrainSpec(seq_len=seq, precision="bf16", attention=attention)
     local = seq // int(ds.get("sequence_parallel_size", 1))  # a rank's tokens, traced as the CLI traces them
     work = with_profile(Workload(model_from_config(model, name=name), cluster, train), lengths=(local,))
+    autocast = autocast_dtype(ds, "cpu")
+    if autocast:  # traced under the forward pass's torch_autocast, as the CLI traces it
+        work = with_profile(work, precisions=(trace_precision("bf16", autocast, "cpu"),), lengths=(local,))
     return estimate(work, TrialConfig(ds, activation_checkpointing=checkpointing))
 
 
@@ -174,12 +185,13 @@ def counted_engine(
     *,
     mpu: Any = None,
     adapt: Callable[[Any], None] | None = None,
+    attention: str | None = "sdpa",
 ) -> tuple[Any, Any]:
-    """The DeepSpeed engine of the transformers model ``model`` (sdpa) under ``ds``, and the counting allocator
-    (:class:`~tuner.measure.rank.true_peak.CpuAllocatorPeak`; with the environment variable ``detail_env`` set, the
-    allocation sites alive at the peak too) started before the model is built. Seed 0; the model built where it
-    trains (:mod:`tuner.measure.rank.birth`), handed to ``adapt`` where given, initialised with ``mpu``; the counter is
-    marked ``"steps"`` on return."""
+    """The DeepSpeed engine of the transformers model ``model`` (``attention``; None: the class's own) under ``ds``,
+    and the counting allocator (:class:`~tuner.measure.rank.true_peak.CpuAllocatorPeak`; with the environment variable
+    ``detail_env`` set, the allocation sites alive at the peak too) started before the model is built. Seed 0; the
+    model built where it trains (:mod:`tuner.measure.rank.birth`), handed to ``adapt`` where given, initialised with
+    ``mpu``; the counter is marked ``"steps"`` on return."""
     import deepspeed
     import torch
 
@@ -191,7 +203,7 @@ def counted_engine(
     tracker = CpuAllocatorPeak(detail=os.environ.get(detail_env, "") or False)
     tracker.start()
     with born_on_device(ds, "cpu", transformers=True):
-        built = build(model, attention="sdpa")
+        built = build(model, attention=attention)
     initialise_partitioned(built)
     if adapt is not None:
         adapt(built)

@@ -8,7 +8,8 @@ How a row becomes an estimate (what the sources leave implicit is decided here, 
 * The model is ``bench/configs/<model>/config.json`` or ``bench/configs/<model>.json`` when it exists (the
   transformers model, traced), else a preset; GPT-2 configs of Megatron-LM's shape use dstune's built-in GPT-2
   (``--model-impl builtin``). A row's ``optimizer``, ``bf16_master_weights``, ``bf16_optimizer_states`` and
-  ``attention`` are the flags of those names.
+  ``attention`` are the flags of those names; its ``zero`` keys go to ``zero_optimization``, and ``torch_autocast``
+  (a dtype) enables DeepSpeed's ``torch_autocast`` section with it.
 * ALST's tiling as ArcticTraining runs it: a tiled MLP in ``ceil(s/sp / hidden)`` shards (DeepSpeed's ALST
   tutorial). A row whose note says ``model type liger`` (ArcticTraining's Liger-Kernel model: fused RMSNorm, SwiGLU,
   RoPE and linear cross-entropy) is estimated with ``--liger`` (:mod:`tuner.estimator.activations.liger`);
@@ -169,15 +170,27 @@ def flags_of(row: dict[str, Any], ds_config: str | None, liger: bool = True) -> 
     )
 
 
+AUTOCAST_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+
+
+def ds_override(row: dict[str, Any]) -> dict[str, Any]:
+    """The ds_config sections a row sets beyond the flags: its ``zero`` keys, ``torch_autocast``, the allocator's
+    expandable segments."""
+    override: dict[str, Any] = {}
+    if row.get("zero"):
+        override["zero_optimization"] = {"stage": row["stage"], **row["zero"]}
+    if row.get("torch_autocast"):
+        override["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[row["torch_autocast"]]}
+    if "expandable_segments:True" in row.get("alloc_conf", ""):
+        override["dstune"] = {"expandable_segments": True}
+    return override
+
+
 def score(row: dict[str, Any], folder: Path, liger: bool = True) -> Scored:
     """The estimate of one row (``dstune estimate``'s own path: the flags built, then estimated)."""
     start = time.perf_counter()
     ds_config = None
-    override: dict[str, Any] = {}
-    if row.get("zero"):
-        override["zero_optimization"] = {"stage": row["stage"], **row["zero"]}
-    if "expandable_segments:True" in row.get("alloc_conf", ""):
-        override["dstune"] = {"expandable_segments": True}
+    override = ds_override(row)
     if override:
         path = folder / f"{row['id']}.json"
         path.write_text(json.dumps(override))

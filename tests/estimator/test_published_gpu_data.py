@@ -56,6 +56,9 @@ def test_a_rows_optimizer_and_master_weights_reach_the_flags() -> None:
     bench = load_bench("published_gpu")
     rows = {row["id"]: row for row in ROWS}
     full = bench.flags_of(rows["deepspeedexamples-bf16-master-weight-6.86b-bf16-full"], None)
-    assert full.bf16_master_weights and full.bf16_optimizer_states and full.model.endswith("bf16_master_weight_7b.json")
+    assert full.bf16_master_weights and full.bf16_optimizer_states and full.model.endswith("mha_7b.json")
+    override = bench.ds_override(rows["deepspeedexamples-bf16-master-weight-6.86b-bf16-full"])
+    assert override["torch_autocast"] == {"enabled": True, "dtype": "torch.bfloat16"}  # the example's bf16_full.json
+    assert override["zero_optimization"]["memory_efficient_linear"] is False  # its model is built outside zero.Init
     muon = bench.flags_of(rows["deepspeed-muon-blog-qwen2.5-3b-muon"], None)
     assert (muon.optimizer, muon.attention, muon.bf16_master_weights) == ("muon", "flash", False)

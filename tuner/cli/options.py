@@ -44,6 +44,7 @@ from tuner.requests import (
 )
 from tuner.space.dsconfig import load_ds_config
 from tuner.workload import GpuTypeName, TrialConfig, Workload, load_hf_config, read_json_object
+from tuner.workload.autocast import trace_precision
 from tuner.workload.launch_vars import allowed_name, allowed_names
 from tuner.workload.plain_data import check_plain_data
 
@@ -367,6 +368,7 @@ def _with_trial(flags: WorkloadFlags, workload: Workload, lengths: tuple[int, ..
     # attached the workload's own precision's)
     settings = resolve(workload, trial)
     precision, sp = settings.precision, settings.layout.sequence_parallel
+    precision = trace_precision(precision, settings.autocast, workload.cluster.device)  # under its torch_autocast
     if sp > 1:  # traced at a rank's s/sp tokens: what the model builds before its layers can be s x s
         lengths = (*lengths, workload.train.seq_len // sp)
     if precision != workload.train.precision or trial.activation_checkpointing or sp > 1:

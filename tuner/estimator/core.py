@@ -48,6 +48,7 @@ from tuner.estimator.runtime.overhead import DEFAULT_OVERHEAD, Overhead, overhea
 from tuner.estimator.settings import Settings, resolve
 from tuner.estimator.states.flat_states import flat_states
 from tuner.estimator.states.quantized import dequantized_weight_bytes, estimate_only_why, quantized_base
+from tuner.estimator.states.saved_weights import saved_weight_views
 from tuner.estimator.states.stage3_gathered import save_phase
 from tuner.estimator.states.stage3_states import stage3_states
 from tuner.estimator.states.trainable import trained_params
@@ -101,6 +102,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         ledger.record(transient("dequantized_weight", "backward", dequantized_weight_bytes(base, s.param_bytes)))
     source, activations = activation_terms(workload, s, params, ledger.details, ledger.phases)
     ledger.record(activations)
+    ledger.record(saved_weight_views(workload, s, ledger.details))  # ZeRO-3 with torch's F.linear
     ledger.record(dispatch_terms(workload, s))  # AutoEP's all-to-all buffers
 
     phases, details = ledger.phases, ledger.details

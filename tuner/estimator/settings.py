@@ -22,6 +22,7 @@ from tuner.workload import (
     check_layout,
     check_long_context,
 )
+from tuner.workload.autocast import autocast_dtype
 from tuner.workload.numerics import LIGER_KEY
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
@@ -78,6 +79,7 @@ class Settings:
     muon: bool = False  # optimizer.type "muon": Muon for the matrices, Adam for the rest (.muon)
     chunked_loss: bool = False  # dstune.chunked_loss: DeepSpeed's chunked cross-entropy (.chunked_loss)
     liger: bool = False  # dstune.liger_kernel: Liger-Kernel's fused kernels and loss (.liger)
+    autocast: str = ""  # torch_autocast's dtype (bf16, fp16), "" without (tuner.workload.autocast)
 
     @property
     def param_bytes(self) -> int:
@@ -102,10 +104,8 @@ class Settings:
 def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Settings:
     """Resolve the memory-relevant settings of a trial config (or a bare ds_config: no checkpointing) for
     ``workload``. Batch sizes follow DeepSpeed's rules over the layout's data-parallel ranks
-    (:meth:`tuner.workload.TrialConfig.batch_sizes`); the layout is checked (:func:`_check`).
-
-    Raises:
-        ConfigError: a malformed or unsupported value, naming its key.
+    (:meth:`tuner.workload.TrialConfig.batch_sizes`); the layout is checked (:func:`_check`). A malformed or
+    unsupported value raises :class:`ConfigError` naming its key.
     """
     trial = _trial_of(trial)
     batch, precision = trial.batch_sizes(workload.cluster.world_size), trial.precision
@@ -152,6 +152,7 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         tiled_loss_shards=context.tiled_loss_shards,
         offload_checkpoints=context.offload_checkpoints,
         **{name: getattr(trial.numerics, name) for name in NUMERICS_FIELDS},  # not asdict: it deep-copies each
+        autocast=autocast_dtype(trial.ds_config, workload.cluster.device),
     )
 
 

@@ -23,6 +23,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from tuner.profile.build_bound import build_bound
 from tuner.profile.config_checks import refuse_custom_code
+from tuner.profile.mha_transformer import MODEL_TYPE as MHA_TRANSFORMER  # registered with transformers' Auto classes
 from tuner.profile.model_parts import (
     config_value,
     expert_modules,
@@ -45,6 +46,8 @@ ATTN_IMPLEMENTATIONS = {"sdpa": "sdpa", "flash": "sdpa", "eager": "eager"}
 def check_config(config: Any) -> str:
     """The ``model_type`` of a config transformers can build as a causal LM without custom code."""
     model_type = refuse_custom_code(config)["model_type"]
+    if model_type == MHA_TRANSFORMER:  # dstune's own (:mod:`tuner.profile.mha_transformer`)
+        return model_type
     if model_type not in CONFIG_MAPPING_NAMES:
         raise WorkloadError(
             "model.model_type", f"unknown model_type {model_type!r} for transformers {transformers.__version__}"

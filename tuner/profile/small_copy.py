@@ -19,6 +19,7 @@ from tuner.profile.model_parts import (
     text_config,
 )
 from tuner.workload import TrainableSpec, WorkloadError
+from tuner.workload.autocast import split_trace_precision
 
 
 def _representatives(kinds: tuple[str, ...] | list[str]) -> list[int]:
@@ -68,7 +69,7 @@ def build_copy(
 
         model = apply_trainable(model, trainable, strict=False)
         if not adapters:  # DeepSpeed's engine casts every parameter to the training dtype (ZeRO 0-2)
-            model.to(TORCH_DTYPES[precision])
+            model.to(TORCH_DTYPES[split_trace_precision(precision)[0]])
         if fake_mode is None:
             raise WorkloadError("model.model_type", "a model as trained (peft, frozen) is traced on fake tensors only")
         with fake_mode:
@@ -117,7 +118,7 @@ def _construct(
     under fake tensors fails (initialisation reads a tensor's value; a module converted with ``.to()`` while
     constructed cannot swap a fake parameter: DeepSeek-V4's, HY-V4's hyper-connections), it is built on ``meta``
     and given fake CPU storage; an error there is transformers' own."""
-    dtype = TORCH_DTYPES[precision]
+    dtype = TORCH_DTYPES[split_trace_precision(precision)[0]]  # under autocast: the parameters' own dtype
     if fake_mode is None:  # real CPU tensors, random weights (build_copy refuses an adapter here)
         return build(config, attention=attention, dtype=dtype, **overrides)
     if not adapted:

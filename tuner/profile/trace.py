@@ -16,7 +16,7 @@ real CPU tensors with random weights where the copy is small enough and its laye
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
+from tuner.profile.autocast_trace import traced_autocast
 from tuner.profile.autograd_saved import OUTSIDE, saved_bytes_by_layer, zero3_linear
 from tuner.profile.hf import hf_config
 from tuner.profile.model_parts import config_value, depth_field, kind_runs, text_config
@@ -181,7 +182,7 @@ def trace_lengths(
                     config, kinds, precision, attention, ckpt, trainable, adapters, whole, real
                 )
             try:
-                with quiet(), zero3_linear() if adapters == "zero3" else contextlib.nullcontext():
+                with quiet(), _as_trained(adapters, precision):
                     traces[ckpt] = {n: _traced_parts(model, keep, kinds, n, fake_mode, recurrent) for n in lengths}
                     if not ckpt:  # the moments the saved bytes miss (:mod:`.working_sets`), once
                         pre, peaks = _working_sets(model, keep, kinds, lengths, fake_mode, recurrent)
@@ -207,6 +208,15 @@ def trace_lengths(
             for c in wanted
         }
     return profiles
+
+
+@contextlib.contextmanager
+def _as_trained(adapters: str, precision: str) -> Iterator[None]:
+    """The forward passes inside run as training runs them: every Linear saving its input as ZeRO-3's does
+    (``adapters="zero3"``, :func:`zero3_linear`), under a ds_config's ``torch_autocast`` (trace precision
+    ``precision``, :func:`traced_autocast`)."""
+    with zero3_linear() if adapters == "zero3" else contextlib.nullcontext(), traced_autocast(precision):
+        yield
 
 
 REAL_TRACE_BYTES = 4 * 2**30  # the most a trace on real CPU tensors may hold (the copy's weights and activations)

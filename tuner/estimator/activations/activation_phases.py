@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tuner.estimator.activations.attention import extra_bytes_per_layer
+from tuner.estimator.activations.autocast import activation_precision
 from tuner.estimator.activations.chunked_loss import chunked_loss_terms
 from tuner.estimator.activations.liger import liger_activations
-from tuner.estimator.activations.saved import LayerActivations, logits_workspace_bytes, workload_activation_bytes
+from tuner.estimator.activations.plain_loss import loss_workspace
+from tuner.estimator.activations.saved import LayerActivations, workload_activation_bytes
 from tuner.estimator.layouts.ulysses import local_seq, long_context_terms
 from tuner.estimator.phases import Phase
 from tuner.estimator.settings import Settings
@@ -45,7 +47,7 @@ def activation_terms(
     activations = workload_activation_bytes(
         workload,
         s.micro_batch,
-        s.precision,
+        activation_precision(workload, s),  # traced under the ds_config's torch_autocast where the profile has it
         elem,
         s.activation_checkpointing,
         adapters,
@@ -56,7 +58,7 @@ def activation_terms(
         return None, NOTHING
     out: list[Entry] = []
     seq = local_seq(workload, s)  # Ulysses: each rank's s/sp tokens (:mod:`.layouts.ulysses`)
-    workspace = logits_workspace_bytes(model, s.micro_batch, seq, elem)
+    workspace = loss_workspace(model, s.micro_batch, seq, elem, s.autocast)  # HF's, or a loss without its upcast
     activations, workspace, kernels = _other_kernels(workload, s, activations, workspace)
     out += kernels
     acts, context = long_context_terms(workload, s, activations, workspace)
