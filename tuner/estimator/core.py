@@ -101,8 +101,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     if base is not None:  # backward dequantizes each 4-bit weight whole, one at a time
         ledger.record(transient("dequantized_weight", "backward", dequantized_weight_bytes(base, s.param_bytes)))
     source, activations = activation_terms(workload, s, params, ledger.details, ledger.phases)
-    ledger.record(activations)
-    ledger.record(saved_weight_views(workload, s, ledger.details))  # ZeRO-3 with torch's F.linear
+    ledger.record(activations + saved_weight_views(workload, s, ledger.details))  # ZeRO-3 with torch's F.linear
     ledger.record(dispatch_terms(workload, s))  # AutoEP's all-to-all buffers
 
     phases, details = ledger.phases, ledger.details
