@@ -103,6 +103,8 @@ def test_cuda_layout_environment(two_nodes, tmp_path) -> None:
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "8" and env["LOCAL_WORLD_SIZE"] == "4"
         assert env["NODE_RANK"] == str(rank // 4) and env["LOCAL_RANK"] == str(rank % 4)
         assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+        left = f"deepspeed_allreduce_buffer_{os.getuid()}_{env['MASTER_ADDR']}_{env['MASTER_PORT']}_{rank}"
+        assert not (Path("/dev/shm") / left).exists()  # each rank host removed its rank's shm segment
     nodes = [result.ranks[rank].node_id for rank in range(8)]
     assert nodes[:4] == [nodes[0]] * 4 and nodes[4:] == [nodes[4]] * 4 and nodes[0] != nodes[4]
 

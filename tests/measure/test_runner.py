@@ -312,6 +312,8 @@ def test_local_launcher_gives_each_rank_torchruns_environment(tmp_path) -> None:
         assert env["MASTER_ADDR"] == "127.0.0.1" and env["CUDA_VISIBLE_DEVICES"] == os.environ.get(
             "CUDA_VISIBLE_DEVICES"
         )
+        left = Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{env['MASTER_PORT']}_{rank}"
+        assert not left.exists()  # the run's shm segments went with its ranks
     assert [(r.node_id, r.hostname, r.local_rank) for r in result.ranks] == [
         (None, socket.gethostname(), rank % 2) for rank in range(4)
     ]

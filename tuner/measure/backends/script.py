@@ -14,6 +14,7 @@ from tuner.errors import InputError
 from tuner.measure.backends.base import RunControls
 from tuner.measure.backends.launchers import launcher_for
 from tuner.measure.driver.places import free_port, port_taken
+from tuner.measure.driver.shm_buffers import remove_allreduce_buffers
 from tuner.measure.measurement import Measurement
 from tuner.measure.options import MeasureOptions
 from tuner.measure.script import launch
@@ -99,7 +100,8 @@ def _run_once(
         settings = {"warmup": options.warmup, "steps": options.steps, "warmup_max": options.warmup_max}
         (run_dir / HOOK_FILE).write_text(json.dumps(settings))
         env = hook_environment(run_dir)
-        meeting = with_port(place(script, slot, config, run_dir), env, free_port())
+        port = free_port()
+        meeting = with_port(place(script, slot, config, run_dir), env, port)
         running = launch.start(meeting.argv, script.cwd, {**env, **meeting.env}, run_dir, options.memory_cap)
         try:
             launch.wait(
@@ -114,6 +116,8 @@ def _run_once(
             )
         finally:
             running.stop(None)
+            if not meeting.chosen_by_user:
+                remove_allreduce_buffers(port)
         measurement = read_back(run_dir, workload, running.killed_for, running.process.returncode, options.timeout)
     return measurement, not meeting.chosen_by_user
 

@@ -22,6 +22,7 @@ from tuner.measure.driver.launch_env import measured_launch, plan_rank, rank_var
 from tuner.measure.driver.outcomes import collect_rank, summarize
 from tuner.measure.driver.places import free_port, local_places
 from tuner.measure.driver.processes import RankProcess, rank_preloads, start_rank, stop_ranks
+from tuner.measure.driver.shm_buffers import remove_allreduce_buffers
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.oom import cgroup_oom_kills, kills_between
 from tuner.measure.run_protocol import RunSpec, read_progress
@@ -127,6 +128,7 @@ def launch_local(
             wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel, on_step=on_step)
         finally:
             stop_ranks(ranks)
+            remove_allreduce_buffers(port)
         kills = kills_between(oom_kills, cgroup_oom_kills())
         results = [
             with_plan(collect_rank(run_dir, rank, kills), plan) for rank, plan in zip(ranks, planned, strict=True)

@@ -58,6 +58,7 @@ from tuner.measure.driver.places import RankPlace, free_port
 from tuner.measure.driver.processes import rank_preloads, start_rank, stop_ranks
 from tuner.measure.driver.ray_placement import assign_places, node_bundle, node_shape, why_unplaced
 from tuner.measure.driver.ray_reaper import start_reaper
+from tuner.measure.driver.shm_buffers import remove_allreduce_buffers
 from tuner.measure.measurement import EXCERPT_CHARS, INFRA_LOST, Measurement, RankResult, StepHook
 from tuner.measure.oom import cgroup_oom_kills, kills_between
 from tuner.measure.run_protocol import RunSpec, read_progress, result_path
@@ -173,6 +174,7 @@ class RankHost:
                 )
             finally:
                 stop_ranks([process])
+                remove_allreduce_buffers(master[1], [place.rank])  # this node's segment of the rank
             failed = process.killed_for is None and process.process.returncode
             if self.early_at is not None and process.killed_for is None:  # ended by the stop, before it was asked
                 process.killed_for, process.signalled_at = "stopped_early", self.early_at
