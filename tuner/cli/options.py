@@ -46,6 +46,7 @@ from tuner.space.dsconfig import load_ds_config
 from tuner.workload import GpuTypeName, TrialConfig, Workload, load_hf_config, read_json_object
 from tuner.workload.autocast import trace_precision
 from tuner.workload.launch_vars import allowed_name, allowed_names
+from tuner.workload.layouts import AUTOEP, AUTOTP, HPZ, ULYSSES
 from tuner.workload.plain_data import check_plain_data
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
@@ -86,12 +87,7 @@ QuantizationOpt = Annotated[
         "needs --peft and --device cuda; estimate only."
     ),
 ]
-_SP = typer.Option("--sequence-parallel", min=1, help="Ulysses sequence-parallel degree (sequence_parallel_size).")
-_TP = typer.Option("--tensor-parallel", min=1, help="AutoTP degree (tensor_parallel.autotp_size).")
-_EP = typer.Option(
-    "--expert-parallel", min=1, help="AutoEP degree (expert_parallel.autoep_size; MoE models: divides the experts)."
-)
-_HPZ = typer.Option("--hpz", min=1, help="ZeRO++ hpZ group size (zero_hpz_partition_size; ZeRO-3 across nodes).")
+_SP, _TP, _EP, _HPZ = (typer.Option(kind.flag, min=1, help=kind.help) for kind in (ULYSSES, AUTOTP, AUTOEP, HPZ))
 _TILED_MLP = typer.Option("--tiled-mlp", min=1, help="ALST: each MLP computed in N sequence shards.")
 _TILED_LOSS = typer.Option("--tiled-loss", min=1, help="ALST: logits and loss in N shards.")
 _OFFLOAD_CHECKPOINTS = typer.Option(help="ALST: checkpointed layer inputs in host memory (needs checkpointing).")

@@ -30,6 +30,7 @@ from tuner.requests.strict import RequestModel
 from tuner.requests.workload import Offload, WorkloadRequest
 from tuner.space.dsconfig import merge_configs, shortcut_config
 from tuner.workload import TrialConfig, long_context_config, numerics_config
+from tuner.workload.layouts import LAYOUTS
 
 MICRO_BATCH = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
 GRAD_ACCUM = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
@@ -93,15 +94,11 @@ class TrialSettings(RequestModel):
         >>> TrialSettings(tensor_parallel=2, hpz_partition_size=4).layout_config()
         {'tensor_parallel': {'autotp_size': 2}, 'zero_optimization': {'zero_hpz_partition_size': 4}}
         """
-        config = long_context_config(
-            self.sequence_parallel, self.tiled_mlp_shards, self.tiled_loss_shards, self.offload_checkpoints
-        )
-        if self.tensor_parallel > 1:
-            config = merge_configs(config, {"tensor_parallel": {"autotp_size": self.tensor_parallel}})
-        if self.expert_parallel > 1:
-            config = merge_configs(config, {"expert_parallel": {"enabled": True, "autoep_size": self.expert_parallel}})
-        if self.hpz_partition_size > 1:
-            config = merge_configs(config, {"zero_optimization": {"zero_hpz_partition_size": self.hpz_partition_size}})
+        ulysses, *others = (kind.config(getattr(self, kind.field)) for kind in LAYOUTS)  # tuner.workload.layouts
+        alst = long_context_config(1, self.tiled_mlp_shards, self.tiled_loss_shards, self.offload_checkpoints)
+        config = merge_configs(ulysses, alst)  # Ulysses' degree, then ALST's pieces, then the other layouts'
+        for part in others:
+            config = merge_configs(config, part)
         return config
 
 

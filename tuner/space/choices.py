@@ -18,19 +18,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.space.parameters import Parameter
-from tuner.workload import (
-    Ranks,
-    Workload,
-    expert_parallel_problem,
-    hpz_problem,
-    sequence_parallel_problem,
-    tensor_parallel_problem,
-)
-from tuner.workload.expert_checks import EP_KEY
-from tuner.workload.layout_checks import HPZ_KEY, TP_KEY
-from tuner.workload.long_context_checks import SP_KEY
+from tuner.workload import Ranks, Workload
+from tuner.workload.layouts import AUTOTP, LAYOUTS, ULYSSES
 
-LAYOUT_PROBLEMS = {SP_KEY: sequence_parallel_problem, TP_KEY: tensor_parallel_problem, EP_KEY: expert_parallel_problem}
+SP_KEY, TP_KEY = ULYSSES.key, AUTOTP.key
+LAYOUT_PROBLEMS = {kind.key: kind.problem for kind in LAYOUTS}  # the layouts' own checks (tuner.workload.layouts)
 MODEL_PARALLEL_KEYS = (SP_KEY, TP_KEY)  # the degrees that divide the world into data-parallel ranks
 
 
@@ -38,9 +30,6 @@ def layout_choices(parameter: Parameter, choices: Sequence[Any], workload: Workl
     """The degrees of a layout parameter the workload can run (all ``choices`` for any other parameter)."""
     if problem := LAYOUT_PROBLEMS.get(parameter.key or ""):
         return [c for c in choices if problem(workload, c) is None]
-    if parameter.key == HPZ_KEY:  # hpZ groups within a node (its all-gathers stay on the node's links)
-        cluster = workload.cluster
-        return [c for c in choices if cluster.gpus_per_node % c == 0 and not hpz_problem(3, c, cluster.world_size)]
     return list(choices)
 
 

@@ -15,6 +15,8 @@
 - ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`);
 - ``long_context_checks``, ``layout_checks`` and ``expert_checks``: the layouts DeepSpeed refuses (Ulysses and ALST;
   AutoTP and hpZ; AutoEP), one line naming the field;
+- ``layouts``: the parallel layouts, one module each (Ulysses, AutoTP, AutoEP, ZeRO++ hpZ), and their registry
+  (:data:`tuner.workload.layouts.LAYOUTS`) the rooms above derive their layout checks, flags and configs from;
 - ``ranks``: one description of the ranks (:class:`Ranks`): from the layout's degrees and the cluster, every
   group's size and members, the communicators and a rank's place;
 - ``zero``, ``layout`` and ``config_values``: the typed views :class:`TrialConfig` reads a ds_config's sections

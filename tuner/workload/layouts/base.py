@@ -1,0 +1,33 @@
+"""The small protocol every parallel layout implements in the workload room: its degree (the field of
+:class:`~tuner.workload.ParallelLayout`, the request field and the search-space parameter share its name), the
+ds_config key DeepSpeed reads it from, its label and flag, the ds_config that sets it, and why a workload cannot run a
+degree (the space's layout check)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from tuner.workload.spec import Workload
+
+
+class LayoutKind(ABC):
+    """One parallel layout, as the rooms above the workload read it (:data:`tuner.workload.layouts.LAYOUTS`)."""
+
+    field: ClassVar[str]  # ParallelLayout's degree field, the request field, the space parameter
+    key: ClassVar[str]  # the ds_config key DeepSpeed reads the degree from (dotted)
+    label: ClassVar[str]  # in ParallelLayout.label: "TP 2"
+    flag: ClassVar[str]  # the CLI flag that pins the degree
+    help: ClassVar[str]  # what the degree is, for the flag and the request field
+    maximum: ClassVar[int]  # the largest degree a request may ask for
+
+    @abstractmethod
+    def config(self, degree: int) -> dict[str, Any]:
+        """The ds_config that sets ``degree`` (empty for 1, off)."""
+
+    @abstractmethod
+    def problem(self, workload: Workload, degree: int) -> str | None:
+        """Why ``workload`` cannot run this layout at ``degree`` (None: it can), as the space checks its choices."""
+
+
+__all__ = ["LayoutKind"]
