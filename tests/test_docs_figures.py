@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 QUOTE = re.compile(r"`(dstune estimate [^`]+)`\s+answers\s+([\d,]+)\s+(tokens|trainable parameters)")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tuner import env
 from tuner.api.app import create_app_from_env
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.estimator import estimate
 from tuner.space.dsconfig import shortcut_config
 from tuner.storage import Store

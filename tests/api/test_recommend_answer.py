@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from tuner.api import create_app
 from tuner.api.schemas import EstimateRequest
-from tuner.cli import app as cli_app
+from tuner.cli.app import app as cli_app
 from tuner.estimator import estimate
 from tuner.requests import TrialRequest, WorkloadInput, WorkloadRequest, to_workload
 from tuner.storage import Store

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.space.dsconfig import shortcut_config
 from tuner.storage import Store
 from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model

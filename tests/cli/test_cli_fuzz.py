@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from tuner.cli import app  # noqa: E402
+from tuner.cli.app import app  # noqa: E402
 
 FILES = Path(tempfile.mkdtemp(prefix="dstune-fuzz-"))  # the malformed files (bad_files) and the database
 DB = FILES / "untouched.db"

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.api.test_api import GPT2, ds_config, seed_study
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.requests import WorkloadRequest, to_workload
 from tuner.storage import Store
 

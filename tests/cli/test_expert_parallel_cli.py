@@ -12,7 +12,7 @@ from tiny_configs import TINY_CONFIGS
 from typer.testing import CliRunner
 
 from tests.cli.test_cli import assert_usage_error
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import LONG_CONTEXT_PINS, TUNE_FLAGS
 
 runner = CliRunner()

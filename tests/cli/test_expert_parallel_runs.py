@@ -16,7 +16,7 @@ pytest.importorskip("deepspeed")
 from tiny_configs import TINY_CONFIGS
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.study.numerics_guard import compare
 
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]

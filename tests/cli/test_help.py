@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 COMMANDS_MD = Path(__file__).resolve().parents[2] / "docs" / "commands.md"
 NAMES = ("estimate", "measure", "tune", "best", "serve", "worker")

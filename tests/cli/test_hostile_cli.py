@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 ESTIMATE = ["estimate", "--model", "tiny-gpt2", "--device", "cpu", "--model-impl", "builtin"]
 

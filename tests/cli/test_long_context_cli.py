@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.cli.test_cli import assert_usage_error
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import TUNE_FLAGS
 
 runner = CliRunner()

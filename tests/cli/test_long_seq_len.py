@@ -9,7 +9,7 @@ import json
 from typer.testing import CliRunner
 
 from tests.cli.test_cli import assert_usage_error
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.forecast import SEARCH_CAP
 from tuner.requests import WorkloadRequest, to_workload
 from tuner.workload import MAX_SEQ_LEN

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 CONFIG = Path(__file__).resolve().parents[2] / "bench" / "configs" / "llama-3.1-8b" / "config.json"
 

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.cli.test_cli import assert_usage_error
-from tuner.cli import app
+from tuner.cli.app import app
 
 runner = CliRunner()
 TINY = ["--model", "tiny-llama", "--gpus", "2", "--device", "cpu", "--seq-len", "1024"]

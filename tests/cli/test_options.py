@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import TUNE_FLAGS, WorkloadFlags, workload_options
 
 runner = CliRunner()

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("peft")
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 runner = CliRunner()
 LORA = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("peft")
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 runner = CliRunner()
 LORA = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}

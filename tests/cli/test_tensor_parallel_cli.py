@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 runner = CliRunner()
 TINY = ["--model", "tiny-gpt2", "--seq-len", "64", "--device", "cpu"]

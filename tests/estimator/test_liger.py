@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from tests.cli.test_cli import assert_usage_error
 from tuner.api import create_app
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.estimator.activations.liger import liger_backward_peaks, liger_layer_saved, liger_loss
 from tuner.workload import load_builtin_model
 

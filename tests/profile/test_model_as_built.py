@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from saved_bytes import saved_bytes  # noqa: E402
 
-from tuner.cli import app  # noqa: E402
+from tuner.cli.app import app  # noqa: E402
 from tuner.profile import ProfileCache, model_profile, params_profile  # noqa: E402
 from tuner.requests import WorkloadRequest, to_workload  # noqa: E402
 from tuner.space.dsconfig import hf_attn_implementation  # noqa: E402

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from real_saved_bytes import measured_saved_bytes  # noqa: E402
 from tiny_configs import TINY_CONFIGS, shrunk_config  # noqa: E402
 
-from tuner.cli import app  # noqa: E402
+from tuner.cli.app import app  # noqa: E402
 from tuner.estimator import estimate  # noqa: E402
 from tuner.profile import ModelProfile, ProfileCache, model_profile, params_profile, with_profile  # noqa: E402
 from tuner.profile.cache import activation_key  # noqa: E402

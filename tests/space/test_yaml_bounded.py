@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.space import SpaceError, load_space
 from tuner.space.yaml_bounded import MAX_NODES, expanded_size, load_bounded
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from tuner.api import create_app
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.estimator import estimate
 from tuner.storage import Store
 from tuner.worker import work

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from tuner.api import create_app
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.storage import Store
 
 DSTUNE = str(Path(sys.executable).with_name("dstune"))
