@@ -45,6 +45,7 @@ def load_built_ops() -> None:
     the ranks, so that nothing CUDA-linked is loaded before the fork.
     """
     from tuner.measure.op_builds import extensions_dir, missing_ops
+    from tuner.measure.rank.stale_builds import clear_stale_builds
 
     if len(_settled_ops) == len(OP_BUILDERS) or "deepspeed" not in sys.modules:
         return
@@ -54,6 +55,7 @@ def load_built_ops() -> None:
         _settled_ops.update(OP_BUILDERS)
         return
     unsettled = [name for name in OP_BUILDERS if name not in _settled_ops]
+    clear_stale_builds(extensions_dir())  # a build killed midway left its lock: loading would wait on it forever
     built = set(unsettled) - set(missing_ops(unsettled, extensions_dir(), _prebuilt_ops()))
     for name in sorted(built):
         _settled_ops.add(name)

@@ -23,10 +23,12 @@ from typing import Any
 
 from tuner.measure.measurement import EXCERPT_CHARS, InvalidConfig, RankResult
 from tuner.measure.oom import oom_error
+from tuner.measure.op_builds import extensions_dir
 from tuner.measure.rank.adam_choice import adam_fallback, with_torch_adam
 from tuner.measure.rank.alloc_conf import apply_alloc_conf
 from tuner.measure.rank.numerics import NumericsRecorder
 from tuner.measure.rank.settling import agree_settled, settled
+from tuner.measure.rank.stale_builds import clear_stale_builds
 from tuner.measure.rank.trained_model import long_context_model, rank_batches, trained_model
 from tuner.measure.run_protocol import RunSpec, progress_path, timings_path, write_json_atomically
 from tuner.workload import Workload
@@ -115,6 +117,7 @@ class TrainingProcess:
         spec, timings = self.spec, self.result.timings
         workload = workload_from_dict(spec.workload)
         self._start_up(started)
+        clear_stale_builds(extensions_dir())  # a build killed midway: its lock and compilers, before ops load
         cuda = spec.device == "cuda"
         self._use_device(cuda)
         self._join_process_group(cuda)
