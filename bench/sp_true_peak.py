@@ -253,7 +253,12 @@ tensors at once while building it (48 MiB at 4,096 tokens a rank); the profile k
 before the first layer (`pre_layer_bytes`, checked against the allocator of the same forward run for real).
 
 History of the worst row: 14.2 % (tiled ZeRO-2, before the head's gradient in forward), 35.5 % (MoE mask), 12.2 %
-(recomputed layer), 8.3 % (staging beside it), 5.96 % (tiled ZeRO-3 MoE), now 1.34 %.
+(recomputed layer), 8.3 % (staging beside it), 5.96 % (tiled ZeRO-3 MoE), 1.34 %, now 2.19 %: ZeRO-3 keeps gathered
+after forward what backward reuses within `stage3_max_reuse_distance`, not capped at `stage3_max_live_parameters`
+(these rows' 5e5), which DeepSpeed uses for the prefetch only (`bench/results/precision_true_peak.md`). The
+untiled ZeRO-3 rows moved to within 0.02 % (were -0.06 to -1.28 %); the two tiled MoE rows at 8192, whose forward
+moment holds the kept parameters beside the tiled loss, moved from -0.26 % and +1.34 % to +0.58 % and +2.19 % (not
+analysed yet).
 """
 
 

@@ -3,9 +3,9 @@ the module being gathered (and the prefetch bucket), and the whole 16-bit model 
 
 ZeRO-3 keeps parameters of at most ``stage3_param_persistence_threshold`` elements whole on every rank and gathers
 the rest on the fly. After the forward pass it still holds the gathered parameters it will reuse within
-``stage3_max_reuse_distance``, up to ``stage3_max_live_parameters`` (with the defaults, 1e9, that is the whole model
-below 1B parameters). With ``stage3_gather_16bit_weights_on_model_save`` the estimate has a fourth phase, ``save``
-(:func:`save_phase`): saving the model gathers the whole 16-bit model on rank 0.
+``stage3_max_reuse_distance`` (with the default, 1e9, every parameter backward reuses);
+``stage3_max_live_parameters`` bounds the prefetch only. With ``stage3_gather_16bit_weights_on_model_save`` the
+estimate has a fourth phase, ``save`` (:func:`save_phase`): saving the model gathers the whole 16-bit model on rank 0.
 """
 
 from __future__ import annotations
@@ -27,10 +27,16 @@ def stage3_gathered(workload: Workload, params: TrainedParams, part: Stage3Parti
     after use; a tied embedding is the LM head too, which backward does run). Persistent parameters stay whole
     through forward and backward; the step repartitions everything. Once a step has recorded the order modules run
     in (a complete trace, from the second step on), DeepSpeed keeps after the forward pass the gathered parameters it
-    will reuse within ``stage3_max_reuse_distance`` (backward starts with the last layers), up to
-    ``stage3_max_live_parameters``; backward releases them module by module, so none is left by its last reduction
-    (:func:`.stage3_reduce_copy`). While a module runs, it and the prefetch bucket are gathered too: that working
-    set is transient (``stage3_working_set``).
+    will reuse within ``stage3_max_reuse_distance`` (backward starts with the last layers); backward releases them
+    module by module, so none is left by its last reduction (:func:`.stage3_reduce_copy`). While a module runs, it
+    and the prefetch bucket are gathered too: that working set is transient (``stage3_working_set``).
+    ``stage3_max_live_parameters`` does not cap what is kept: in DeepSpeed 0.19.8 it bounds the prefetch only
+    (``PartitionedParameterCoordinator.fetch_sub_module``: at most ``max_live - available`` more elements), and
+    the release (``__params_to_release``) asks the reuse distance alone (:func:`kept_after_forward`). Measured
+    (``bench/precision_true_peak.py``, a small LLaMA of 5.2M elements at ZeRO-3 with ``stage3_max_live_parameters``
+    of 500,000, 2 CPU ranks): every non-persistent parameter, 4,456,448 elements, is gathered at the loss's
+    backward, where the peak is; with ``stage3_max_reuse_distance`` 3,000,000 the LM head and the last layer's MLP,
+    1,638,400 elements (both peaks within 0.01 %).
 
     Measured on 2 CPU ranks with the counting allocator (both ranks' peaks agree to the byte): LoRA on a tiny
     Mixtral-shaped MoE with small buckets peaks in the loss's backward holding every expert stack and the LM head
@@ -47,9 +53,11 @@ def stage3_gathered(workload: Workload, params: TrainedParams, part: Stage3Parti
     _, persists = stage3_layout(
         params.numels, s.zero_ranks, s.param_persistence_threshold, s.model_persistence_threshold
     )
-    unused = 0 if workload.model.tie_embeddings else frozen_lead(params, persists)
+    tied = workload.model.tie_embeddings
+    unused = 0 if tied else frozen_lead(params, persists)
     unpartitioned = params.n_params - unused - persistent
-    kept = min(unpartitioned, max(s.max_live_parameters, largest)) if s.max_reuse_distance >= largest else 0
+    skipped = 0 if tied or params.is_full else params.mask.index(True) if True in params.mask else len(params.mask)
+    kept = kept_after_forward(params.numels, persists, s.max_reuse_distance, tied, skipped)
     if _expert_modules(workload):
         kept = 0
     gathering = min(unpartitioned, largest + s.prefetch_bucket_size)
@@ -65,6 +73,33 @@ def stage3_gathered(workload: Workload, params: TrainedParams, part: Stage3Parti
         staging = qwz_staging_bytes(gathering)
         out += detail("qwz_staging", staging) + held("gpu", "buffers", staging, ("forward",))
     return out
+
+
+def kept_after_forward(
+    numels: tuple[int, ...], persists: tuple[bool, ...], reuse_distance: int, tied: bool, skipped: int = 0
+) -> int:
+    """Elements of the gathered (not persistent) parameters, in model order, that the forward pass leaves gathered
+    for backward (never the first ``skipped``: frozen ones before the first trainable, whose modules backward does
+    not run, :func:`.frozen_lead`): DeepSpeed's ``__params_to_release`` keeps a module's parameters when they
+    reappear in the recorded module order before ``reuse_distance`` elements were traversed, and from a parameter's
+    forward use to its backward one lie the parameters after it twice (the rest of forward, then backward's first
+    modules). A tied embedding is the LM head too: used last. ``stage3_max_live_parameters`` plays no part (it
+    bounds the prefetch).
+
+    >>> kept_after_forward((8, 2, 8), (False, True, False), 10**9, False)
+    16
+    >>> kept_after_forward((8, 2, 8), (False, True, False), 20, False)
+    8
+    >>> kept_after_forward((8, 2, 8), (False,) * 3, 0, False), kept_after_forward((8, 2, 8), (False,) * 3, 99, False, 1)
+    (0, 10)
+    """
+    kept, after = 0, 0
+    for index in range(len(numels) - 1, -1, -1):
+        last_use = 0 if tied and index == 0 else after
+        if index >= skipped and not persists[index] and 2 * last_use < reuse_distance:
+            kept += numels[index]
+        after += numels[index]
+    return kept
 
 
 def _expert_modules(workload: Workload) -> bool:
