@@ -6,20 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench_module import load_bench
+
 from tuner.estimator import estimate
 from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, model_from_hf_config
 
-LLAMA = {  # bench/precision_true_peak.py's model: a 1,048,576-element embedding and LM head, untied
-    "model_type": "llama",
-    "vocab_size": 4096,
-    "hidden_size": 256,
-    "intermediate_size": 768,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
+LLAMA = load_bench("precision_true_peak").LLAMA  # a 1,048,576-element embedding and LM head, untied
 
 
 def details(**zero: Any) -> dict[str, int]:
