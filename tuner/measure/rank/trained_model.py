@@ -80,7 +80,8 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
     sizes, context, sp = trial.batch_sizes(dist.get_world_size()), trial.long_context, trial.layout.sequence_parallel
     ranks, rank = trial.layout.ranks(dist.get_world_size()).checked(), dist.get_rank()
     dp_rank = ranks.place(rank).data_parallel  # a sequence- or tensor-parallel group's ranks share a sample
-    shard = join_sequence_parallel(model.model, sp, sizes.micro, workload.train.seq_len, dp_rank)
+    hf_model = getattr(model, "model", None)  # dstune's own models have none: sp 1, Ulysses does not use it
+    shard = join_sequence_parallel(hf_model, sp, sizes.micro, workload.train.seq_len, dp_rank)
     result.layout = shard.layout(ranks.data_parallel)
     if ranks.tensor > 1:
         from tuner.measure.rank.layouts.autotp import place
