@@ -16,16 +16,20 @@ import os
 import select
 import subprocess
 import sys
+import time
 from typing import Any
 
 POLL_S = 0.5  # how often the reaper notes the raylet's descendants
 GRACE_S = 3.0  # between SIGTERM and SIGKILL
+AGENTS = 2  # the raylet's children from its start: the dashboard agent and the runtime-env agent
+AGENTS_WAIT_S = 15.0  # the longest the first note waits for them (a loaded host starts them late)
 _started: list[subprocess.Popen[bytes]] = []  # the reaper of this process (its pipe must stay open while it lives)
 
 
 def start_reaper() -> None:
     """Start this process's reaper once (after starting a private local Ray), and wait until it has noted Ray's
-    processes of now (its first line; an empty one if it could not start)."""
+    agents (its first line; an empty one if it could not start): a dstune killed right after starting Ray leaves
+    none behind."""
     if _started:
         return
     reaper = subprocess.Popen(
@@ -90,7 +94,11 @@ def main(parent_pid: int) -> None:
     except psutil.Error:
         return
     noted = ray_descendants(parent)
-    print("noted", len(noted), flush=True)  # start_reaper waits for this: Ray's processes of now are noted
+    deadline = time.monotonic() + AGENTS_WAIT_S
+    while len(noted) < AGENTS and time.monotonic() < deadline:  # the raylet starts its agents just after itself
+        time.sleep(0.1)
+        noted |= ray_descendants(parent)
+    print("noted", len(noted), flush=True)  # start_reaper waits for this: Ray's agents are noted
     while True:
         readable, _, _ = select.select([sys.stdin.buffer], [], [], POLL_S)
         if readable and not os.read(sys.stdin.fileno(), 1):
