@@ -137,8 +137,12 @@ Notes (measured 2 CPU ranks, gloo, torch 2.13.0+cpu, DeepSpeed 0.19.8):
 * Without checkpointing the estimate is within 1 % of the true peak with either config: the traced layers (the
   attention weights ``need_weights`` materialises, the fp32 log-softmax under autocast) and the loss's workspace in
   the logits' dtype (:mod:`tuner.estimator.activations.plain_loss`; Hugging Face's fp32 formula over-counted it, +15 %).
-* ``baseline/checkpointing`` is 14 % under: its true peak falls in the second step's forward pass, 5.3 MiB above
-  the estimate's forward phase; not explained yet. ``bf16_full/checkpointing`` agrees to 0.05 %.
+* ``baseline/checkpointing`` is 14 % under: its true peak falls in the second step's forward pass, inside one
+  checkpointed block's ``nn.MultiheadAttention`` (the allocation sites alive there, ``MHA_BENCH_DETAIL=1``: the 4 MiB
+  softmax output, 9 MiB of ``_to_copy`` made inside ``F.multi_head_attention_forward`` and the 0.5 MiB head-averaged
+  weights, beside the model states): a block's working set in forward under checkpointing, which the estimate's
+  forward phase (the checkpoints only) does not hold; at the 6.86B rows' shapes it is about 0.1 GiB.
+  ``bf16_full/checkpointing`` (its peak in backward, the recomputed block) agrees to 0.05 %.
 * At seq 512 with the example's ZeRO-3 settings this small model's parameters all stay gathered from forward to
   backward (``stage3_max_live_parameters`` and ``stage3_max_reuse_distance`` are 1e9), so torch's ``F.linear``
   holds nothing more: the ``torch-linear`` rows measure the same peaks, as estimated. Where every module's
