@@ -305,7 +305,8 @@ class TrialConfig:
             del config["expert_parallel"]
         if config.get("sequence_parallel_size") == 1:  # DeepSpeed's default: the space's "no Ulysses"
             del config["sequence_parallel_size"]
-        if self.layout.tensor_parallel <= 1 or GLOBAL_KEY not in config:
+        # the degree alone: the ZeRO section stays unread here, so a key DeepSpeed rejects reaches DeepSpeed's judgement
+        if ParallelLayout.of(self.ds_config).tensor_parallel <= 1 or GLOBAL_KEY not in config:
             return config
         if world_size is not None:
             sizes = self.batch_sizes(world_size)
