@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 
 from tuner.api.answer_cache import AnswerCache
 from tuner.api.budget import OverBudget
@@ -42,6 +43,7 @@ from tuner.api.methods import register as register_methods
 from tuner.api.routes import ROUTERS
 from tuner.api.schemas import EstimateRequest, EstimateResponse, RecommendRequest, RecommendResponse
 from tuner.api.slots import Busy, Slots
+from tuner.api.too_large import JsonTooLarge
 from tuner.api.unavailable import register as register_unavailable
 from tuner.forecast import NoLengthFits
 from tuner.profile.service import ProfilePending, ProfileQueueFull, default_service
@@ -116,8 +118,10 @@ def create_app(
         title="dstune",
         summary="DeepSpeed config tuning: estimates, recommendations, studies and tuning jobs.",
         version="1",
-        max_body_size=max_body_bytes,  # larger bodies answer 413, by Content-Length or counted while read
     )
+    # larger bodies answer 413, by Content-Length or counted while read, in JSON as every other error
+    app.add_middleware(RequestBodyLimitMiddleware, max_body_size=max_body_bytes)
+    app.add_middleware(JsonTooLarge)
     app.state.store = Store.open(store_url)
     app.state.token = token
     app.state.insecure_no_auth = insecure_no_auth
