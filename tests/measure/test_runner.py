@@ -118,7 +118,10 @@ def test_a_run_stopped_early_keeps_its_partial_steps_and_leaves_no_rank_behind(
         result = launch_local(spec, timeout=300, on_step=on_step, keep_dir=run_dir)
     assert result.status == "ok" and result.stopped_early, result.error
     assert {rank.exception_type for rank in result.ranks} == {STOPPED_EARLY}
-    assert all(2 <= len(rank.step_times) < 50 for rank in result.ranks)
+    # rank 0 was seen at 2 steps; a peer is stopped within one step of it (each step's all-reduce waits for both),
+    # possibly before it wrote the step it had just finished
+    first = len(result.ranks[0].step_times)
+    assert 2 <= first < 50 and all(first - 1 <= len(rank.step_times) <= first + 1 for rank in result.ranks)
     assert seen[-1] == result.ranks[0].step_times[: len(seen[-1])] and len(seen[-1]) >= 2
     assert result.tokens_per_s > 0
     assert set(COST_PHASES) <= set(result.cost)  # phases up to the timed steps, then the steps it finished
