@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from tuner.estimator.memo import memo_of
 from tuner.workload import (
+    ACCUM_KEY,
+    GLOBAL_KEY,
+    MICRO_KEY,
+    BatchSizes,
     ConfigError,
     Numerics,
     ParallelLayout,
@@ -21,8 +26,10 @@ from tuner.workload import (
     Workload,
     check_layout,
     check_long_context,
+    resolve_batch,
 )
 from tuner.workload.autocast import autocast_dtype
+from tuner.workload.config_values import content_key
 from tuner.workload.numerics import LIGER_KEY
 
 FP32 = 4  # bytes per fp32 element: masters, Adam moments, upcasts
@@ -109,7 +116,62 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
     ``workload``. Batch sizes follow DeepSpeed's rules over the layout's data-parallel ranks
     (:meth:`tuner.workload.TrialConfig.batch_sizes`); the layout is checked (:func:`_check`). A malformed or
     unsupported value raises :class:`ConfigError` naming its key.
+
+    A search varies the batch keys across configs that agree on everything else: the rest of a trial is read and
+    checked once per workload (:func:`_kept`), and each config then resolves only its batch sizes.
     """
+    config, checkpointing = (
+        (trial.ds_config, trial.activation_checkpointing) if isinstance(trial, TrialConfig) else (trial, False)
+    )
+    key = content_key(config, skip=BATCH_CONFIG_KEYS)
+    kept = _kept(workload)
+    found = kept.get((bool(checkpointing), key)) if key is not None else None
+    if found is None:
+        settings = _resolved(workload, trial)
+        if key is not None:
+            _keep(kept, (bool(checkpointing), key), settings)
+        return settings
+    rest, data_parallel = found
+    return _batched(workload.cluster.world_size, resolve_batch(config, data_parallel), rest)
+
+
+BATCH_CONFIG_KEYS = frozenset({GLOBAL_KEY, MICRO_KEY, ACCUM_KEY})  # what a trial's kept settings leave out
+PER_TRIAL_FIELDS = ("world_size", "micro_batch", "grad_accum", "global_batch")  # Settings' first four: not kept
+MAX_KEPT = 65_536  # trials kept per workload; the oldest half is dropped beyond
+_KEPT = "resolved trials"  # the per-workload memo's entry
+
+
+def _kept(workload: Workload) -> dict[tuple[bool, tuple[Any, ...]], tuple[dict[str, Any], int]]:
+    """The trials of ``workload`` resolved so far, keyed by activation checkpointing and the ds_config's content
+    without its batch keys: their settings but the per-trial fields, and the data-parallel ranks the batch is over."""
+    memo = memo_of(workload)
+    kept = memo.get(_KEPT)
+    if kept is None:
+        kept = memo[_KEPT] = {}
+    return kept
+
+
+def _keep(kept: dict[Any, tuple[dict[str, Any], int]], key: Any, settings: Settings) -> None:
+    """Keep ``settings`` but its per-trial fields under ``key``, dropping the oldest half of ``kept`` when full."""
+    if len(kept) >= MAX_KEPT:
+        for old in list(kept)[: MAX_KEPT // 2]:
+            kept.pop(old, None)  # another thread may have dropped it
+    rest = {name: value for name, value in settings.__dict__.items() if name not in PER_TRIAL_FIELDS}
+    kept[key] = rest, settings.ranks.data_parallel
+
+
+def _batched(world_size: int, batch: BatchSizes, rest: dict[str, Any]) -> Settings:
+    """The :class:`Settings` of a kept trial (``rest``) with this config's batch sizes, its instance dict filled in
+    the fields' order (as :func:`_filled` leaves it)."""
+    settings = object.__new__(Settings)
+    values = settings.__dict__
+    values["world_size"], values["micro_batch"], values["grad_accum"], values["global_batch"] = world_size, *batch
+    values.update(rest)
+    return settings
+
+
+def _resolved(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Settings:
+    """:func:`resolve`, read and checked from the whole trial."""
     trial = _trial_of(trial)
     batch, precision = trial.batch_sizes(workload.cluster.world_size), trial.precision
     _check(workload, trial, precision)

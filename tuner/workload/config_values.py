@@ -37,18 +37,22 @@ def section(config: Mapping[str, Any], key: str, prefix: str = "") -> dict[str, 
 SCALARS = (str, int, float, bool, type(None))
 
 
-def content_key(value: Any) -> tuple[Any, ...] | None:
+def content_key(value: Any, skip: frozenset[str] = frozenset()) -> tuple[Any, ...] | None:
     """A hashable key of a JSON value that equals another's only when both read the same: each scalar with its exact
     type (``1``, ``1.0`` and ``true`` are equal in Python, not to DeepSpeed), objects key by key in order; None for
-    anything else (not worth keying).
+    anything else (not worth keying). An object's top-level keys in ``skip`` are left out of its key.
 
     >>> content_key({"stage": 1}) == content_key({"stage": True}), content_key({"a": [1]})
     (False, None)
+    >>> content_key({"stage": 1, "micro": 2}, skip=frozenset({"micro"})) == content_key({"stage": 1})
+    True
     """
     if type(value) is not dict:
         return (type(value), value) if type(value) in SCALARS else None
     items = []
     for key, item in value.items():
+        if key in skip:
+            continue
         inner = (type(item), item) if type(item) in SCALARS else content_key(item)
         if inner is None or type(key) is not str:
             return None
