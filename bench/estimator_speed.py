@@ -17,7 +17,8 @@ the spread).
 git worktree, and two child processes, one per tree (each with its ``tuner`` on ``PYTHONPATH``, the same grid and
 profile), time the grid pass by pass, alternating which goes first, so that load from elsewhere on the host falls on
 both alike. Printed (and written to ``--out``, default ``bench/results/estimator_speed.md``): the median estimates
-per second of each, by wall clock and by the process's CPU time, the current/baseline ratio, and the host's load.
+per second of each, by wall clock and by the process's CPU time, the current/baseline ratio, the host's load, and
+each tree's first pass over the grid with every cache cold (CPU time).
 """
 
 from __future__ import annotations
@@ -125,12 +126,14 @@ def bench_workload(model: str, implementation: str) -> Workload:
 
 
 def child(model: str, implementation: str) -> None:
-    """One tree's timer: ready once the workload is built and the caches warm, then for each line on stdin one timed
-    pass of the grid, answered as a JSON line (wall and CPU estimates per second)."""
+    """One tree's timer: ready once the workload is built and the caches warm (answering the CPU estimates per second
+    of that first pass, every cache cold), then for each line on stdin one timed pass of the grid, answered as a JSON
+    line (wall and CPU estimates per second)."""
     workload, grid = bench_workload(model, implementation), config_grid()
+    cpu = time.process_time()
     for config in grid:
         estimate(workload, config)
-    print(json.dumps({"ready": True}), flush=True)
+    print(json.dumps({"ready": True, "first_cpu": len(grid) / (time.process_time() - cpu)}), flush=True)
     for _ in sys.stdin:
         wall, cpu = time.perf_counter(), time.process_time()
         for config in grid:
@@ -146,6 +149,7 @@ def compare(ref: str, args: argparse.Namespace) -> None:
     command = [sys.executable, __file__, "--child", "--model", args.model, "--model-impl", args.model_impl]
     rates: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
     loads = [load_line()]
+    first: dict[str, float] = {}  # each tree's first pass, caches cold (CPU estimates/s)
     with worktree(ref) as tree:
         trees = {"baseline": tree, "current": Path(__file__).resolve().parents[1]}
         children = {
@@ -155,8 +159,10 @@ def compare(ref: str, args: argparse.Namespace) -> None:
             for name, path in trees.items()
         }
         try:
-            for proc in children.values():
-                assert proc.stdout is not None and json.loads(proc.stdout.readline())["ready"]
+            for name, proc in children.items():
+                assert proc.stdout is not None
+                ready = json.loads(proc.stdout.readline())
+                first[name] = ready.get("first_cpu", 0.0)
             for index in range(args.passes):
                 for name in ("baseline", "current") if index % 2 == 0 else ("current", "baseline"):
                     proc = children[name]
@@ -168,11 +174,17 @@ def compare(ref: str, args: argparse.Namespace) -> None:
             for proc in children.values():
                 proc.kill()
     loads.append(load_line())
-    report(ref, commit_of(ref), commit_of("HEAD"), rates, loads, args)
+    report(ref, commit_of(ref), commit_of("HEAD"), rates, first, loads, args)
 
 
 def report(
-    ref: str, base: str, head: str, rates: dict[str, list[dict[str, float]]], loads: list[str], args: argparse.Namespace
+    ref: str,
+    base: str,
+    head: str,
+    rates: dict[str, list[dict[str, float]]],
+    first: dict[str, float],
+    loads: list[str],
+    args: argparse.Namespace,
 ) -> None:
     """Print and write the side-by-side medians and the current/baseline ratios."""
     medians = {
@@ -196,7 +208,11 @@ def report(
         f"({args.model}, {args.model_impl}; 10,000 configs on 2 x 8 GPUs, sequence 4,096), "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: the two trees' passes interleaved, "
         f"{args.passes} each. Host {loads[0]} at the start, {loads[1]} at the end: other work was running, "
-        "so compare the ratio, not the absolute rates. Target: 20,000 estimates/s.\n\n" + "\n".join(lines) + "\n"
+        "so compare the ratio, not the absolute rates. Target: 20,000 estimates/s.\n\n" + "\n".join(lines) + "\n\n"
+        "The timed passes repeat the grid in processes that have estimated it once, as a study re-estimates configs "
+        "like those it has seen: every cache is warm. The first pass, every cache cold (each tree's warm-up, both at "
+        f"once, so CPU time only): baseline {first['baseline']:,.0f}, current {first['current']:,.0f} estimates/s "
+        f"({first['current'] / first['baseline']:.2f}x).\n"
     )
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
