@@ -124,12 +124,11 @@ def resolve(workload: Workload, trial: TrialConfig | Mapping[str, Any]) -> Setti
         (trial.ds_config, trial.activation_checkpointing) if isinstance(trial, TrialConfig) else (trial, False)
     )
     key = content_key(config, skip=BATCH_CONFIG_KEYS)
-    kept = _kept(workload)
-    found = kept.get((bool(checkpointing), key)) if key is not None else None
+    found = _kept(workload).get((bool(checkpointing), key)) if key is not None else None
     if found is None:
         settings = _resolved(workload, trial)
         if key is not None:
-            _keep(kept, (bool(checkpointing), key), settings)
+            _keep(workload, (bool(checkpointing), key), settings)
         return settings
     rest, data_parallel = found
     return _batched(workload.cluster.world_size, resolve_batch(config, data_parallel), rest)
@@ -151,8 +150,10 @@ def _kept(workload: Workload) -> dict[tuple[bool, tuple[Any, ...]], tuple[dict[s
     return kept
 
 
-def _keep(kept: dict[Any, tuple[dict[str, Any], int]], key: Any, settings: Settings) -> None:
-    """Keep ``settings`` but its per-trial fields under ``key``, dropping the oldest half of ``kept`` when full."""
+def _keep(workload: Workload, key: tuple[bool, tuple[Any, ...]], settings: Settings) -> None:
+    """Keep ``settings`` but its per-trial fields under ``key`` among ``workload``'s trials, dropping the oldest half
+    of them when full."""
+    kept = _kept(workload)
     if len(kept) >= MAX_KEPT:
         for old in list(kept)[: MAX_KEPT // 2]:
             kept.pop(old, None)  # another thread may have dropped it
