@@ -59,7 +59,12 @@ if TYPE_CHECKING:
     from tuner.workload import Workload
 
 ExportFormat = Literal["deepspeed", "hf"]
-SamplerOpt = Annotated[Sampler, typer.Option(help="Optuna sampler: TPE, random, grid (stage × micro-batch) or GP.")]
+SamplerOpt = Annotated[
+    Sampler,
+    typer.Option(
+        help="Optuna sampler: TPE, random, grid (stage × micro-batch, × the numerics choices when allowed) or GP."
+    ),
+]
 
 
 def _long_context_pins(flags: WorkloadFlags) -> dict[str, Any]:

@@ -22,11 +22,12 @@ from tuner.study.length_runs import LengthRuns, Measured, default_base_name, len
 from tuner.study.length_search import LengthSearch, Probe, search_length
 from tuner.study.loop import TuningStudy
 from tuner.study.measurer import Measurer
-from tuner.study.samplers import GRID_PARAMETERS, AskTellGridSampler, make_sampler
+from tuner.study.samplers import GRID_PARAMETERS, AskTellGridSampler, grid_parameters, make_sampler
 from tuner.study.settings import Event, StudyReport, StudySettings
 
 __all__ = [
     "GRID_PARAMETERS",
+    "grid_parameters",
     "AskTellGridSampler",
     "Confirmation",
     "Event",

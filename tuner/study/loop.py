@@ -41,7 +41,7 @@ from tuner.study.outcome import Recorder, Run, load_calibration
 from tuner.study.pin_checks import refuse_unmeasurable_pins
 from tuner.study.proposer import Proposer
 from tuner.study.resume import TRIAL_LEASE_S, Holding
-from tuner.study.samplers import GRID_PARAMETERS, make_sampler
+from tuner.study.samplers import grid_parameters, make_sampler
 from tuner.study.settings import Event, StudyReport, StudySettings
 from tuner.study.stopper import STOP_WAIT_S, Budget, defer_ctrl_c, step_hook
 from tuner.workload.trial import ENV_SECTION
@@ -278,7 +278,7 @@ def _study_space(settings: StudySettings) -> SearchSpace:
     if settings.workload.cluster.device == "cpu" and "expandable_segments" in space.searched:
         space = space.with_pins({"expandable_segments": None})  # a CUDA allocator setting: nothing to try on CPU
     space = _thread_choices(space, settings)
-    return space.restricted(list(GRID_PARAMETERS)) if settings.sampler == "grid" else space
+    return space.restricted(list(grid_parameters(space))) if settings.sampler == "grid" else space
 
 
 def _thread_choices(space: SearchSpace, settings: StudySettings) -> SearchSpace:

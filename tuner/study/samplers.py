@@ -10,9 +10,16 @@ from optuna.trial import TrialState
 
 from tuner.requests import SAMPLERS
 from tuner.space import SearchSpace
+from tuner.space.numerics_choices import NUMERICS_PARAMETERS
 from tuner.study.settings import StudySettings
 
 GRID_PARAMETERS = ("stage", "micro_batch")  # the DeepSpeed-autotuner-like baseline sweep
+
+
+def grid_parameters(space: SearchSpace) -> tuple[str, ...]:
+    """What the grid sweeps in ``space``: stage × micro-batch, and the numerics choices where the study allows them
+    (``--allow-numerics-changes`` added them to the space; a space without them sweeps the baseline alone)."""
+    return (*GRID_PARAMETERS, *(name for name in NUMERICS_PARAMETERS if name in space.names))
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):
@@ -27,7 +34,7 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
 
 
 def make_sampler(name: str, space: SearchSpace, settings: StudySettings) -> optuna.samplers.BaseSampler:
-    """An Optuna sampler by name: TPE (multivariate), random, grid over stage × micro-batch, or GP."""
+    """An Optuna sampler by name: TPE (multivariate), random, grid (:func:`grid_parameters`), or GP."""
     if name == "tpe":
         return optuna.samplers.TPESampler(multivariate=True, seed=settings.seed)
     if name == "random":
@@ -36,7 +43,7 @@ def make_sampler(name: str, space: SearchSpace, settings: StudySettings) -> optu
         return optuna.samplers.GPSampler(seed=settings.seed)
     if name == "grid":
         grid = space.grid(
-            list(GRID_PARAMETERS),
+            list(grid_parameters(space)),
             global_batch=settings.global_batch,
             world_size=settings.workload.cluster.world_size,
             nvme_path=settings.nvme_path,
