@@ -8,11 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from tests.space.test_numerics_choices import AllOk, memory_bound
+from tuner.space import default_space_path
 from tuner.space.dsconfig import export_config
 from tuner.storage import Store
 from tuner.study import StudySettings, TuningStudy, grid_parameters
 from tuner.study.loop import _study_space
-from tuner.space import default_space_path
 
 PINS = {"offload_optimizer": "none", "reduce_bucket_size": 10_000_000, "allgather_bucket_size": 10_000_000}
 

@@ -27,7 +27,6 @@ from tuner.study.settings import Event, StudyReport, StudySettings
 
 __all__ = [
     "GRID_PARAMETERS",
-    "grid_parameters",
     "AskTellGridSampler",
     "Confirmation",
     "Event",
@@ -43,6 +42,7 @@ __all__ = [
     "capacity_reason",
     "confirm_best",
     "default_base_name",
+    "grid_parameters",
     "length_study_name",
     "longest_name_fits",
     "make_sampler",
