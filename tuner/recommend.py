@@ -55,6 +55,7 @@ from tuner.measure.script.answer import COMMAND_HINT, script_answer
 from tuner.space import default_space_path, load_space
 from tuner.space.dsconfig import export_config
 from tuner.storage import MeasuredTrial, Store
+from tuner.study import AnswerFacts, answer_facts, numerics_facts
 from tuner.units import format_bytes
 from tuner.workload import TrialConfig, Workload
 
@@ -106,6 +107,7 @@ class Recommendation:
     measured_global_batch: int | None = None  # the measured trial's own samples per step
     global_batch: int | None = None  # the answer's samples per optimizer step
     exported: tuple[dict[str, Any], tuple[str, ...]] | None = None  # what ``dstune best`` writes: config, notes
+    facts: AnswerFacts | None = None  # a measured trial's: numerics choices, who measured, its confirmation
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as the API shows them: the trial config as ``dstune best`` exports it (``ds_config``, with its
@@ -115,6 +117,11 @@ class Recommendation:
         config, notes = exported if exported is not None else (trial.ds_config, ())
         considered = fields.pop("considered")
         fields["considered"] = None if considered is None else [choice.to_dict() for choice in considered]
+        facts = fields.pop("facts")
+        numerics = numerics_facts(trial)
+        fields.update(numerics=list(numerics.choices), changes_numerics=numerics.changes_numerics)
+        if facts is not None:
+            fields.update(measured_with=facts.measured_with, confirmation=facts.confirmation_dict())
         return {"source": fields.pop("source"), "ds_config": config, "notes": list(notes),
                 "activation_checkpointing": trial.activation_checkpointing, **fields}  # fmt: skip
 
@@ -145,10 +152,11 @@ def recommend(store: Store, workload: Workload, global_batch: int | None = None)
 
 
 def _script_figures(store: Store, found: Recommendation) -> Recommendation:
-    """A measured answer from a study of the user's own training command: its figures are the command's, said in a
-    note that says where the command is (``dstune best``), and (measured as it is) the config is the one the command
-    got."""
+    """A measured answer with what is said beside its trial (:func:`tuner.study.answer_facts`); from a study of the
+    user's own training command, its figures are the command's, said in a note that says where the command is
+    (``dstune best``), and (measured as it is) the config is the one the command got."""
     record = store.get_trial(found.trial_id) if found.trial_id is not None else None
+    found = replace(found, facts=answer_facts(record)) if record is not None else found
     answer = script_answer(((record.measurement if record else None) or {}).get("script"))
     if answer is None or record is None or found.exported is None:
         return found

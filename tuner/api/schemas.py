@@ -171,6 +171,23 @@ class RecommendRequest(RequestModel):
     )
 
 
+class ConfirmationOut(BaseModel):
+    """The winner run once more, independently, after its study (``dstune tune --confirm``): what that run
+    measured beside the trial's own figure."""
+
+    trial_number: int = Field(description="The confirmed trial's number in its study.")
+    status: str = Field(description="How the confirmation run ended: ok, oom, error...")
+    tokens_per_s: float | None = Field(description="The confirmation run's throughput (null unless ok).")
+    trial_tokens_per_s: float = Field(description="The trial's own throughput, as the study measured it.")
+    ratio: float | None = Field(description="tokens_per_s over trial_tokens_per_s (null unless ok).")
+    holds: bool = Field(description="True when the run was ok at no less than 0.9x the trial's throughput.")
+    line: str = Field(description="The line dstune best prints for it.")
+    error: str | None = None
+    step_time_p50_s: float | None = None
+    peak_bytes: int | None = None
+    wall_s: float | None = None
+
+
 class ConsideredLayout(BaseModel):
     """The best config of one layout (AutoTP degree × hpZ group × Ulysses degree × AutoEP degree) the estimate source
     judged: the fastest predicted that fits with the margin, else the one that misses by the least and why
@@ -256,6 +273,25 @@ class RecommendResponse(BaseModel):
         "against the next fitting layout's, and which layouts do not fit).",
     )
     max_seq_len: MaxSeqLenOut | None = Field(None, description='The answer for seq_len "max" (else null).')
+    numerics: list[str] = Field(
+        default_factory=list,
+        description="The choices ds_config makes that change the numerics or the loss's code path (bf16 master "
+        "weights and gradients, bf16 optimizer states, Muon, the chunked loss, Liger), as dstune best names them; "
+        "empty: fp32-master mixed-precision Adam with the model's own loss.",
+    )
+    changes_numerics: bool = Field(
+        False,
+        description="True when ds_config trains with other numerics than fp32-master Adam (bf16 master weights, "
+        "Muon): chosen by a study allowed to (dstune tune --allow-numerics-changes); notes say which.",
+    )
+    measured_with: Literal["trainer", "script"] | None = Field(
+        None,
+        description="Whose figures tokens_per_s and peak_bytes are: trainer, dstune's own trainer; script, the "
+        "user's training command (its own model, data and loss); null: nothing measured (source estimate).",
+    )
+    confirmation: ConfirmationOut | None = Field(
+        None, description="The measured trial's independent confirmation run (dstune tune --confirm); null: none."
+    )
 
 
 class StudyOut(BaseModel):

@@ -28,6 +28,7 @@ def render_script_best(best: TrialRecord, console: Console) -> bool:
         soft_wrap=True,
     )
     console.print_json(json.dumps(answer["ds_config"]))
+    _print_numerics(best, console)
     print_confirmation(best, console)
     _print_command(answer, console)
     console.print(
@@ -50,9 +51,19 @@ def export_script_best(best: TrialRecord, out: str | None) -> bool:
     else:
         print(text, end="")
     err.print(answer["note"], highlight=False, soft_wrap=True, markup=False)
+    _print_numerics(best, err)
     print_confirmation(best, err)
     _print_command(answer, err)
     return True
+
+
+def _print_numerics(best: TrialRecord, console: Console) -> None:
+    """The choices the winner makes that change the numerics (a study allowed to make them), as ``best`` says them
+    for dstune's own trainer."""
+    from tuner.study import numerics_facts
+
+    for note in numerics_facts(best.trial).notes:
+        console.print(note, highlight=False, soft_wrap=True, markup=False)
 
 
 def _print_command(answer: dict[str, str | None], console: Console) -> None:

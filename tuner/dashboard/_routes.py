@@ -19,6 +19,7 @@ from tuner.measure.script.answer import public_answer, script_answer
 from tuner.requests import readable_name
 from tuner.storage import Store, StudyRecord, TrialRecord
 from tuner.storage.public import public_error
+from tuner.study import answer_facts
 from tuner.units import format_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -149,6 +150,7 @@ def trial_page(request: Request, name: str, number: int) -> HTMLResponse:
         "numerics_check": ((trial.measurement or {}).get("numerics") or {}),
         "stopped_early": views.stopped_early(trial),
         "script": _script(trial),
+        "facts": answer_facts(trial),
     }
     return _page(request, "trial.html", context)
 
@@ -180,6 +182,7 @@ def study_page(request: Request, name: str) -> HTMLResponse:
         "best": summary.best,
         "best_headroom": views.headroom(summary.best, workload.gpu_memory),
         "script": _script(summary.best),
+        "facts": answer_facts(summary.best) if summary.best is not None else None,
         "trials": trials,
         "quality": views.estimate_quality(trials),
         "throughput": views.throughput_accuracy(trials),

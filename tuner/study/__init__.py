@@ -5,7 +5,8 @@ with ``numerics_guard`` judging each run's step-0 figures against the study's re
 across processes (``resume``). ``length_search`` and ``length_runs`` find the longest sequence that fits by
 measurement (``dstune tune --seq-len max``): the estimator's answer bracketed and bisected with measured runs, each
 length recorded in a study of its own. ``confirm`` runs a study's winner once more and records that independent run
-beside it; ``memory_bound`` prunes, in a training command's study, the configs that need at least as much memory as
+beside it; ``facts`` reads what every face says beside a measured config; ``memory_bound`` prunes, in a
+training command's study, the configs that need at least as much memory as
 one that ran out of it. It measures through :class:`Measurer`, which the real dispatcher satisfies;
 what it predicts and learns (the memory margin, the throughput fit, the warm start, prune
 reasons) comes from :mod:`tuner.forecast`.
@@ -17,6 +18,7 @@ runs go through :class:`Measurer`), :mod:`tuner.requests` (names), :mod:`tuner.s
 
 from tuner.study.confirm import Confirmation, confirm_best, recorded_confirmation
 from tuner.study.early_stop import SlowRunStopper
+from tuner.study.facts import AnswerFacts, NumericsFacts, answer_facts, numerics_facts
 from tuner.study.gate import capacity_reason
 from tuner.study.length_runs import LengthRuns, Measured, default_base_name, length_study_name, longest_name_fits
 from tuner.study.length_search import LengthSearch, Probe, search_length
@@ -27,6 +29,7 @@ from tuner.study.settings import Event, StudyReport, StudySettings
 
 __all__ = [
     "GRID_PARAMETERS",
+    "AnswerFacts",
     "AskTellGridSampler",
     "Confirmation",
     "Event",
@@ -34,11 +37,13 @@ __all__ = [
     "LengthSearch",
     "Measured",
     "Measurer",
+    "NumericsFacts",
     "Probe",
     "SlowRunStopper",
     "StudyReport",
     "StudySettings",
     "TuningStudy",
+    "answer_facts",
     "capacity_reason",
     "confirm_best",
     "default_base_name",
@@ -46,6 +51,7 @@ __all__ = [
     "length_study_name",
     "longest_name_fits",
     "make_sampler",
+    "numerics_facts",
     "recorded_confirmation",
     "search_length",
 ]
