@@ -58,6 +58,7 @@ from tuner.storage import MeasuredTrial, Store
 from tuner.study import AnswerFacts, answer_facts, numerics_facts
 from tuner.units import format_bytes
 from tuner.workload import TrialConfig, Workload
+from tuner.workload.layouts import PLAINEST_FIRST
 
 Source = Literal["measured", "nearest", "estimate"]
 NEAREST_WORKLOADS = 10
@@ -72,9 +73,7 @@ GRID = (
     "activation_checkpointing",
     "offload_optimizer",
     "offload_param",
-    "tensor_parallel",
-    "hpz_partition_size",
-    "expert_parallel",
+    *(kind.field for kind in PLAINEST_FIRST if not kind.memory_saver),
 )
 
 

@@ -8,14 +8,15 @@ the job queue build workloads and trial configs through.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
 from tuner.requests import RequestModel, TrialRequest, TrialSettings, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 from tuner.workload import MAX_SEQ_LEN  # WorkloadRequest's bound on a given length
+from tuner.workload.layouts import PLAINEST_FIRST
 
 
 class LongestWorkloadInput(WorkloadInput):
@@ -188,15 +189,22 @@ class ConfirmationOut(BaseModel):
     wall_s: float | None = None
 
 
-class ConsideredLayout(BaseModel):
+if TYPE_CHECKING:  # one degree per layout of the registry, plainest first (tuner.workload.layouts)
+    _LayoutDegrees = BaseModel
+else:
+    _LayoutDegrees = create_model(
+        "_LayoutDegrees",
+        __doc__=None,
+        __module__=__name__,
+        **{kind.field: (int, Field(description=f"{kind.noun} ({kind.key}); 1: off.")) for kind in PLAINEST_FIRST},
+    )
+
+
+class ConsideredLayout(_LayoutDegrees):
     """The best config of one layout (AutoTP degree × hpZ group × Ulysses degree × AutoEP degree) the estimate source
     judged: the fastest predicted that fits with the margin, else the one that misses by the least and why
     (tuner.forecast.layouts)."""
 
-    tensor_parallel: int = Field(description="AutoTP degree (tensor_parallel.autotp_size); 1: off.")
-    hpz_partition_size: int = Field(description="ZeRO++ hpZ group (zero_optimization.zero_hpz_partition_size); 1: off.")
-    sequence_parallel: int = Field(description="Ulysses degree (sequence_parallel_size); 1: off.")
-    expert_parallel: int = Field(description="AutoEP degree (expert_parallel.autoep_size); 1: off.")
     chosen: bool = Field(description="The recommended config's layout (its entry is the recommended config).")
     fits: bool = Field(description="Whether any config of this layout fits with the calibrated margin.")
     predicted_tokens_per_s: float | None = Field(description="The throughput model's prediction; null: nothing fits.")

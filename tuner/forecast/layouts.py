@@ -35,6 +35,7 @@ from tuner.forecast.throughput_fit import ThroughputFit
 from tuner.forecast.warm_start import COARSE, grid_suggestions
 from tuner.space import SearchSpace, Suggestion
 from tuner.workload import ParallelLayout, TrialConfig, Workload
+from tuner.workload.layouts import PLAINEST_FIRST
 
 PREDICTION_TIE = 0.01  # predicted tokens/s within 1 % of the best are a tie, settled by simplicity
 
@@ -151,10 +152,7 @@ class LayoutChoice:
         trial = self.best.trial
         micro, accum = trial.batch
         return {
-            "tensor_parallel": self.layout.tensor_parallel,
-            "hpz_partition_size": self.layout.hpz_partition_size,
-            "sequence_parallel": self.layout.sequence_parallel,
-            "expert_parallel": self.layout.expert_parallel,
+            **{kind.field: self.layout.degree(kind) for kind in PLAINEST_FIRST},
             "chosen": self.chosen,
             "fits": self.best.fits,
             "predicted_tokens_per_s": self.best.prediction.tokens_per_s if self.best.prediction else None,

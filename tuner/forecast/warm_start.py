@@ -31,6 +31,7 @@ from tuner.forecast.calibration import Calibration
 from tuner.forecast.throughput_fit import ThroughputFit, load_fit, record_run
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion
 from tuner.workload import TrialConfig, Workload
+from tuner.workload.layouts import LAYOUTS
 
 COARSE = (
     "stage",
@@ -47,7 +48,12 @@ COARSE = (
 # transformers models) and bf16 master weights and the chunked loss where the study allows them, so that a study that
 # fits only with them starts from them rather than from random draws.
 # (Ulysses and ALST in the coarse grid itself would make an 8B model's grid at 4K tokens on 8 GPUs 140,000 configs.)
-LONG_CONTEXT = ("sequence_parallel", "tiled_mlp_shards", "tiled_loss_shards", "offload_checkpoints")
+LONG_CONTEXT = (
+    *(kind.field for kind in LAYOUTS if kind.memory_saver),
+    "tiled_mlp_shards",
+    "tiled_loss_shards",
+    "offload_checkpoints",
+)
 NUMERICS_SAVERS = ("bf16_master_weights", "bf16_optimizer_states", "chunked_loss")
 SAVERS = ("stage", "activation_checkpointing", "offload_optimizer", "offload_param", *LONG_CONTEXT, *NUMERICS_SAVERS)
 WARM_START = 3  # configs measured first

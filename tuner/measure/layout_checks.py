@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from importlib import metadata
 
+from tuner.measure.rank.layouts.autoep import AUTOEP_BUILT_IN, AUTOEP_CUDA, AUTOEP_PEFT
+from tuner.measure.rank.layouts.autoep import refusal as autoep_refusal
+from tuner.measure.rank.layouts.autotp import AUTOTP_BUILT_IN, AUTOTP_PEFT
+from tuner.measure.rank.layouts.autotp import refusal as autotp_refusal
 from tuner.workload import ConfigError, TrialConfig, Workload, check_layout
+from tuner.workload.layouts import AUTOTP
 
-AUTOTP_BUILT_IN = "needs the transformers model (model_impl transformers): DeepSpeed shards by its tp_plan"
-AUTOEP_BUILT_IN = "needs the transformers model (model_impl transformers): DeepSpeed's AutoEP replaces its MoE blocks"
-AUTOEP_PEFT = "AutoEP under a peft adapter or a freeze pattern is not measured (the estimator does not model it)"
-AUTOEP_CUDA = "needs CUDA (DeepSpeed's AutoEP runs it on CUDA tensors only): not measured on CPU ranks"
-AUTOTP_PEFT = "AutoTP under a peft adapter is not measured (the adapter renames the Linears the tp_plan names)"
 QUANTIZER_ON_CPU = (
     "DeepSpeed's QuantizerBuilder needs CUDA (its quantizer kernels are not implemented on CPU): estimate only on CPU "
     "ranks (dstune estimate), not measured"
@@ -65,21 +65,10 @@ def layout_refusal(
         check_layout(workload, trial, deepspeed_version or installed_deepspeed())
     except ConfigError as error:
         return error.field, error.message
-    if trial.layout.tensor_parallel > 1:
-        if workload.model.implementation != "transformers":
-            return "tensor_parallel.autotp_size", AUTOTP_BUILT_IN
-        if workload.trainable.peft:
-            return "tensor_parallel.autotp_size", AUTOTP_PEFT
-    if trial.layout.expert_parallel > 1:
-        expert = trial.ds_config.get("expert_parallel") or {}
-        if workload.model.implementation != "transformers":
-            return "expert_parallel.autoep_size", AUTOEP_BUILT_IN
-        if not workload.trainable.is_full:
-            return "expert_parallel.autoep_size", AUTOEP_PEFT
-        if device != "cuda" and expert.get("comm_backend", "comm") != "comm":
-            return "expert_parallel.comm_backend", AUTOEP_CUDA
-        if device != "cuda" and expert.get("async_split_plan"):
-            return "expert_parallel.async_split_plan", AUTOEP_CUDA
+    for refusal in (autotp_refusal, autoep_refusal):  # each layout's own (tuner.measure.rank.layouts)
+        refused = refusal(workload, trial, device)
+        if refused is not None:
+            return refused
     zero = trial.zero
     if device != "cuda" and zero.stage == 3:  # ZeRO-3's (DeepSpeed ignores both at stages 0-2)
         for key, on in (
@@ -95,7 +84,7 @@ def with_tp_split(workload: Workload, trial: TrialConfig) -> Workload:
     """``workload`` with its model's parameter facts (AutoTP's split from the ``tp_plan`` among them) where an AutoTP
     layout needs them checked and none came with it (a run's spec carries no profile): an MoE trains under AutoTP
     only with a plan DeepSpeed takes (:func:`tuner.workload.tensor_parallel_problem`)."""
-    if trial.layout.tensor_parallel <= 1 or workload.profile is not None or not workload.model.hf_config:
+    if trial.layout.degree(AUTOTP) <= 1 or workload.profile is not None or not workload.model.hf_config:
         return workload
     import json
     from dataclasses import replace

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tuner.measure.layout_checks import layout_refusal
 from tuner.workload import TrialConfig, Workload
+from tuner.workload.layouts import ULYSSES
 from tuner.workload.numerics import LIGER_KEY
 
 BUILT_IN = "needs the transformers model (model_impl transformers): the built-in model has no Ulysses attention"
@@ -37,11 +38,11 @@ def measured_refusal(workload: Workload, trial: TrialConfig, device: str) -> tup
         return refusal
     if trial.numerics.liger:
         return LIGER_KEY, "Liger's kernels need Triton on a GPU and dstune's runner does not apply them: estimate only"
-    layout, context = trial.layout, trial.long_context
+    sp, context = trial.layout.degree(ULYSSES), trial.long_context
     transformers = workload.model.implementation == "transformers"
     if not transformers:
         for field, on in (
-            ("sequence_parallel_size", layout.sequence_parallel > 1),
+            (ULYSSES.key, sp > 1),
             ("dstune.tiled_mlp_shards", context.tiled_mlp_shards > 1),
             ("dstune.tiled_loss_shards", context.tiled_loss_shards > 1),
             ("dstune.offload_checkpoints", context.offload_checkpoints),
@@ -56,11 +57,11 @@ def measured_refusal(workload: Workload, trial: TrialConfig, device: str) -> tup
         return "dstune.tiled_loss_shards", (
             "TiledFusedLogitsLoss computes lm_head's gradient inside forward, before fp16's loss scale; use bf16"
         )
-    if layout.sequence_parallel > 1 and workload.train.attention == "eager":
+    if sp > 1 and workload.train.attention == "eager":
         return "attention", "Ulysses refuses eager attention (it needs a 4-D mask over the whole sequence); use sdpa"
-    local = workload.train.seq_len // layout.sequence_parallel
-    if layout.sequence_parallel > 1 and workload.train.seq_len % layout.sequence_parallel:
-        return "sequence_parallel_size", f"{layout.sequence_parallel} must divide the sequence length"
+    local = workload.train.seq_len // sp
+    if sp > 1 and workload.train.seq_len % sp:
+        return ULYSSES.key, f"{sp} must divide the sequence length"
     for field, shards in (
         ("dstune.tiled_mlp_shards", context.tiled_mlp_shards),
         ("dstune.tiled_loss_shards", context.tiled_loss_shards),

@@ -22,9 +22,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from tuner.requests.strict import RequestModel
 from tuner.requests.workload import Offload, WorkloadRequest
@@ -36,12 +36,6 @@ MICRO_BATCH = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_
 GRAD_ACCUM = Field(1, ge=1, le=2**16, description="Of the trial config (the ds_config), not the workload.")
 CHECKPOINTING = Field(False, description="Of the trial config (the model's gradient checkpointing), not the workload.")
 
-SEQUENCE_PARALLEL = Field(1, ge=1, le=2**16, description="Ulysses degree (ds_config sequence_parallel_size).")
-TENSOR_PARALLEL = Field(1, ge=1, le=2**10, description="AutoTP degree (ds_config tensor_parallel.autotp_size).")
-EXPERT_PARALLEL = Field(
-    1, ge=1, le=2**16, description="AutoEP degree (ds_config expert_parallel.autoep_size, enabled); MoE models only."
-)
-HPZ = Field(1, ge=1, le=2**16, description="ZeRO++ hpZ group size (zero_optimization.zero_hpz_partition_size).")
 TILED_MLP = Field(1, ge=1, le=2**20, description="ALST tiled MLP shards (dstune.tiled_mlp_shards).")
 TILED_LOSS = Field(1, ge=1, le=2**20, description="ALST tiled logits and loss shards (dstune.tiled_loss_shards).")
 BF16_MASTER = Field(
@@ -64,19 +58,34 @@ OFFLOAD_CHECKPOINTS = Field(
 )
 
 
-class TrialSettings(RequestModel):
-    """A trial config's shortcut fields other than the batch split and checkpointing (which the API's and the job
-    queue's ``workload`` object carries: :class:`WorkloadInput`), with ``ds_config``: the API's estimate body takes
-    these beside its workload."""
+class _ZeroSettings(RequestModel):
+    """The ZeRO shortcut fields, the first of :class:`TrialSettings`'."""
 
     stage: int = Field(0, ge=0, le=3, description="ZeRO stage.")
     offload_optimizer: Offload = "none"
     offload_param: Offload = "none"
     nvme_path: str | None = Field(None, description="Folder for NVMe offload (set on each NVMe offload section).")
-    sequence_parallel: int = SEQUENCE_PARALLEL
-    tensor_parallel: int = TENSOR_PARALLEL
-    expert_parallel: int = EXPERT_PARALLEL
-    hpz_partition_size: int = HPZ
+
+
+def _layout_fields() -> dict[str, Any]:
+    """One field per layout of the registry (:data:`tuner.workload.layouts.LAYOUTS`): its degree, 1 (off) by
+    default, up to the kind's maximum."""
+    return {kind.field: (int, Field(1, ge=1, le=kind.maximum, description=kind.description)) for kind in LAYOUTS}
+
+
+if TYPE_CHECKING:  # the layout fields are read through the registry's kinds (getattr(settings, kind.field))
+    _LayoutSettings = _ZeroSettings
+else:
+    _LayoutSettings = create_model(
+        "_LayoutSettings", __base__=_ZeroSettings, __module__=__name__, __doc__=None, **_layout_fields()
+    )
+
+
+class TrialSettings(_LayoutSettings):
+    """A trial config's shortcut fields other than the batch split and checkpointing (which the API's and the job
+    queue's ``workload`` object carries: :class:`WorkloadInput`), with ``ds_config``: the API's estimate body takes
+    these beside its workload. The ZeRO fields come first, then one degree per layout of the registry."""
+
     tiled_mlp_shards: int = TILED_MLP
     tiled_loss_shards: int = TILED_LOSS
     offload_checkpoints: bool = OFFLOAD_CHECKPOINTS

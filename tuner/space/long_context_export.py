@@ -18,6 +18,7 @@ notes say what to apply instead.
 from __future__ import annotations
 
 from tuner.workload import TrialConfig
+from tuner.workload.layouts import ULYSSES as ULYSSES_LAYOUT
 
 ULYSSES = "deepspeed.runtime.sequence_parallel.ulysses_sp"
 
@@ -32,7 +33,7 @@ def deepspeed_notes(trial: TrialConfig, attention: str, seq_len: int | None) -> 
         (True, True)
     """
     notes = []
-    sp = trial.layout.sequence_parallel
+    sp = trial.layout.degree(ULYSSES_LAYOUT)
     if sp > 1:
         micro = trial.batch[0] or 1
         length = f"seq_length={seq_len}, seq_length_is_variable=False" if seq_len else "seq_length_is_variable=True"
@@ -96,7 +97,7 @@ def hf_problem(trial: TrialConfig) -> str | None:
     >>> hf_problem(TrialConfig({"sequence_parallel_size": 2, "zero_optimization": {"stage": 3}})) is None
     True
     """
-    sp = trial.layout.sequence_parallel
+    sp = trial.layout.degree(ULYSSES_LAYOUT)
     if sp == 1 or trial.stage == 3:
         return None
     reduction = "the Trainer's sequence-parallel loss reduction"
@@ -110,7 +111,7 @@ def hf_snippet(trial: TrialConfig, attention: str, seq_len: int | None) -> str |
         >>> print(hf_snippet(TrialConfig({"sequence_parallel_size": 2}), "sdpa", 1024).splitlines()[0])
         # Ulysses sequence parallelism 2 with the HF Trainer (transformers >= 5, accelerate >= 1.12):
     """
-    sp = trial.layout.sequence_parallel
+    sp = trial.layout.degree(ULYSSES_LAYOUT)
     if sp == 1:
         return None
     length = (

@@ -33,9 +33,17 @@ from tuner.space.parameter_entry import parse_parameter
 from tuner.space.parameters import Parameter
 from tuner.space.space import SearchSpace
 from tuner.workload import Workload
+from tuner.workload.layouts import AUTOEP, AUTOTP, ULYSSES, LayoutKind
 from tuner.workload.numerics import MASTER_KEY, STATES_KEY
 
 SOURCE = "--allow-numerics-changes"
+
+
+def _off(kind: LayoutKind) -> tuple[str, str]:
+    """The clause that the layout ``kind`` is off (its space parameter at 1)."""
+    return kind.field, f"{kind.field} == 1"
+
+
 # name -> (entry without `when`, the `when` clauses as (the parameter each tests, the clause)); a clause on a
 # parameter the space lacks is left out, a clause on a workload fact (None) is always kept
 ENTRIES: dict[str, tuple[dict[str, Any], tuple[tuple[str | None, str], ...]]] = {
@@ -52,14 +60,14 @@ ENTRIES: dict[str, tuple[dict[str, Any], tuple[tuple[str | None, str], ...]]] = 
         (
             ("stage", "stage in [1, 2]"),
             ("offload_optimizer", "offload_optimizer == none"),
-            ("tensor_parallel", "tensor_parallel == 1"),
-            ("expert_parallel", "expert_parallel == 1"),
+            _off(AUTOTP),
+            _off(AUTOEP),
             (None, "frozen_params == 0"),
         ),
     ),
     "chunked_loss": (
         {"choices": [None, True], "key": "dstune.chunked_loss", "help": "DeepSpeed's chunked cross-entropy loss"},
-        (("sequence_parallel", "sequence_parallel == 1"), ("tiled_loss_shards", "tiled_loss_shards == 1")),
+        (_off(ULYSSES), ("tiled_loss_shards", "tiled_loss_shards == 1")),
     ),
 }
 NUMERICS_PARAMETERS = tuple(ENTRIES)

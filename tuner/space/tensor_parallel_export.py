@@ -31,6 +31,7 @@ output-capture registry shim runs first (:func:`tuner.measure.rank.layouts.autoe
 from __future__ import annotations
 
 from tuner.workload import TrialConfig
+from tuner.workload.layouts import AUTOEP, AUTOTP, HPZ
 
 
 def tensor_parallel_notes(trial: TrialConfig, format: str) -> list[str]:
@@ -43,7 +44,7 @@ def tensor_parallel_notes(trial: TrialConfig, format: str) -> list[str]:
         >>> tensor_parallel_notes(TrialConfig({}), "deepspeed")
         []
     """
-    tp = trial.layout.tensor_parallel
+    tp = trial.layout.degree(AUTOTP)
     notes = []
     if tp > 1:
         batch = (
@@ -62,7 +63,7 @@ def tensor_parallel_notes(trial: TrialConfig, format: str) -> list[str]:
                 f"the model's tp_plan) and give the {tp} consecutive ranks of each tensor-parallel group the same "
                 f"batch (data-parallel rank = rank // {tp}); " + batch
             )
-    hpz = trial.layout.hpz_partition_size
+    hpz = trial.layout.degree(HPZ)
     if hpz > 1:
         notes.append(
             f"ZeRO++ hpZ {hpz}: each node keeps a secondary 16-bit parameter partition over groups of {hpz} "
@@ -81,7 +82,7 @@ def expert_parallel_notes(trial: TrialConfig, format: str) -> list[str]:
         >>> expert_parallel_notes(TrialConfig({}), "hf")
         []
     """
-    ep = trial.layout.expert_parallel
+    ep = trial.layout.degree(AUTOEP)
     if ep <= 1:
         return []
     shim = (

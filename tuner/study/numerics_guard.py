@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.workload import TrialConfig
+from tuner.workload.layouts import AUTOEP
 
 # relative tolerance on the step-0 loss and gradient norm, by training precision (bench/results/numerics_noise.md)
 TOLERANCES = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
@@ -71,7 +72,7 @@ def can_be_reference(trial: TrialConfig, numerics: Mapping[str, Any]) -> bool:
     False
     """
     layout = trial.layout
-    plain = layout.model_parallel == 1 and layout.expert_parallel == 1 and not trial.numerics.changes_numerics
+    plain = layout.model_parallel == 1 and layout.degree(AUTOEP) == 1 and not trial.numerics.changes_numerics
     return plain and trial.fault_loss_scale == 1.0 and numerics.get(LOSS) is not None
 
 

@@ -24,10 +24,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.workload.config_values import read_bool, read_int, section
 from tuner.workload.ranks import Ranks
+
+if TYPE_CHECKING:
+    from tuner.workload.layouts.base import LayoutKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,12 @@ class ParallelLayout:
             expert_parallel=read_int(expert, "autoep_size", 1, "expert_parallel.", minimum=1) if expert_on else 1,
             hpz_partition_size=hpz_partition_size,
         )
+
+    def degree(self, kind: LayoutKind) -> int:
+        """The degree of ``kind`` (a layout of :data:`tuner.workload.layouts.LAYOUTS`): how the other rooms read a
+        degree, without naming its field."""
+        degree: int = getattr(self, kind.field)
+        return degree
 
     @property
     def model_parallel(self) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 from tuner.measure.measurement import InvalidConfig, RankResult
 from tuner.measure.run_protocol import RunSpec
 from tuner.workload import TrainableSpec, TrialConfig, Workload
+from tuner.workload.layouts import ULYSSES
 
 
 def trained_model(spec: RunSpec, workload: Workload, result: RankResult) -> Any:
@@ -77,7 +78,7 @@ def long_context_model(trial: TrialConfig, workload: Workload, model: Any, resul
     refusal = measured_refusal(with_tp_split(workload, trial), trial, workload.cluster.device)
     if refusal is not None:
         raise InvalidConfig(f"{refusal[0]}: {refusal[1]}")
-    sizes, context, sp = trial.batch_sizes(dist.get_world_size()), trial.long_context, trial.layout.sequence_parallel
+    sizes, context, sp = trial.batch_sizes(dist.get_world_size()), trial.long_context, trial.layout.degree(ULYSSES)
     ranks, rank = trial.layout.ranks(dist.get_world_size()).checked(), dist.get_rank()
     dp_rank = ranks.place(rank).data_parallel  # a sequence- or tensor-parallel group's ranks share a sample
     hf_model = getattr(model, "model", None)  # dstune's own models have none: sp 1, Ulysses does not use it
@@ -122,7 +123,7 @@ def rank_batches(
     ids and shifted labels); records the tokens a rank trains on per micro-batch (s/sp × micro-batch)."""
     from tuner.measure.rank.layouts.ulysses import shard_batch
 
-    sharded = trial.layout.sequence_parallel > 1 or trial.long_context.tiled_loss_shards > 1
+    sharded = trial.layout.degree(ULYSSES) > 1 or trial.long_context.tiled_loss_shards > 1
     batches = [shard_batch(tokens, shard) if sharded else (tokens, targets) for tokens, targets in seeded]
     micro, seq_len = seeded[0][0].shape
     result.tokens_per_micro_batch = micro * seq_len // shard.size

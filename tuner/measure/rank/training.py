@@ -32,6 +32,7 @@ from tuner.measure.rank.stale_builds import clear_stale_builds
 from tuner.measure.rank.trained_model import long_context_model, rank_batches, trained_model
 from tuner.measure.run_protocol import RunSpec, progress_path, timings_path, write_json_atomically
 from tuner.workload import Workload
+from tuner.workload.layouts import AUTOEP
 
 STALE_BUILD_LOCK_S = 900.0  # DeepSpeed's ops compile in about a minute; an older lock outlived a killed build
 # DeepSpeed's global timers (deepspeed.runtime.engine's FORWARD/BACKWARD/STEP_GLOBAL_TIMER) by the name we report
@@ -199,7 +200,7 @@ class TrainingProcess:
         fallback = adam_fallback(spec.device, config)  # no compiler for DeepSpeed's fused op: torch's Adam trains
         if fallback:
             config, self.result.launch["adam"] = with_torch_adam(config), f"torch (fallback: {fallback})"
-        if spec.trial.layout.expert_parallel > 1:  # AutoEP must find the MoE blocks in the wrapper (.autoep)
+        if spec.trial.layout.degree(AUTOEP) > 1:  # AutoEP must find the MoE blocks in the wrapper (.autoep)
             from tuner.measure.rank.layouts.autoep import expose_moe_layers
 
             config = expose_moe_layers(model, config)

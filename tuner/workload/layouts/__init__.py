@@ -15,6 +15,7 @@ from tuner.workload.layouts.ulysses import ULYSSES
 from tuner.workload.layouts.zeropp import HPZ
 
 LAYOUTS: tuple[LayoutKind, ...] = (ULYSSES, AUTOTP, AUTOEP, HPZ)  # in ParallelLayout.label's order
+PLAINEST_FIRST: tuple[LayoutKind, ...] = (AUTOTP, HPZ, ULYSSES, AUTOEP)  # ParallelLayout.sort_key's order
 BY_KEY = {kind.key: kind for kind in LAYOUTS}
 
-__all__ = ["AUTOEP", "AUTOTP", "BY_KEY", "HPZ", "LAYOUTS", "ULYSSES", "LayoutKind"]
+__all__ = ["AUTOEP", "AUTOTP", "BY_KEY", "HPZ", "LAYOUTS", "PLAINEST_FIRST", "ULYSSES", "LayoutKind"]

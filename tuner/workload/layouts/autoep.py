@@ -16,6 +16,8 @@ class AutoEP(LayoutKind):
     label = "EP"
     flag = "--expert-parallel"
     help = "AutoEP degree (expert_parallel.autoep_size; MoE models: divides the experts)."
+    noun = "AutoEP degree"
+    description = "AutoEP degree (ds_config expert_parallel.autoep_size, enabled); MoE models only."
     maximum = 2**16
 
     def config(self, degree: int) -> dict[str, Any]:

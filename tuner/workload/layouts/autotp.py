@@ -16,6 +16,8 @@ class AutoTP(LayoutKind):
     label = "TP"
     flag = "--tensor-parallel"
     help = "AutoTP degree (tensor_parallel.autotp_size)."
+    noun = "AutoTP degree"
+    description = "AutoTP degree (ds_config tensor_parallel.autotp_size)."
     maximum = 2**10
 
     def config(self, degree: int) -> dict[str, Any]:

@@ -18,8 +18,19 @@ class LayoutKind(ABC):
     key: ClassVar[str]  # the ds_config key DeepSpeed reads the degree from (dotted)
     label: ClassVar[str]  # in ParallelLayout.label: "TP 2"
     flag: ClassVar[str]  # the CLI flag that pins the degree
-    help: ClassVar[str]  # what the degree is, for the flag and the request field
+    help: ClassVar[str]  # what the degree is, for the flag
+    noun: ClassVar[str]  # what the degree is called in a sentence and a response field: "AutoTP degree"
+    description: ClassVar[str]  # the request field's description (the API's schema)
     maximum: ClassVar[int]  # the largest degree a request may ask for
+    memory_saver: ClassVar[bool] = False
+    """Searched among the memory savers the warm start tries when nothing of the coarse grid fits, and left out of
+    the recommender's grid (Ulysses: with ALST's pieces in the grid itself an 8B model's grid at 4K tokens on 8 GPUs
+    would be 140,000 configs); else a layout of the recommender's grid."""
+
+    @property
+    def parameter(self) -> str:
+        """The flag's name as a Python parameter (``--hpz``: ``hpz``)."""
+        return self.flag.removeprefix("--").replace("-", "_")
 
     @abstractmethod
     def config(self, degree: int) -> dict[str, Any]:

@@ -17,7 +17,10 @@ class Ulysses(LayoutKind):
     label = "SP"
     flag = "--sequence-parallel"
     help = "Ulysses sequence-parallel degree (sequence_parallel_size)."
+    noun = "Ulysses degree"
+    description = "Ulysses degree (ds_config sequence_parallel_size)."
     maximum = 2**16
+    memory_saver = True
 
     def config(self, degree: int) -> dict[str, Any]:
         return long_context_config(degree)

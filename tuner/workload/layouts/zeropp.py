@@ -17,6 +17,8 @@ class HpZ(LayoutKind):
     label = "hpZ"
     flag = "--hpz"
     help = "ZeRO++ hpZ group size (zero_hpz_partition_size; ZeRO-3 across nodes)."
+    noun = "ZeRO++ hpZ group"
+    description = "ZeRO++ hpZ group size (zero_optimization.zero_hpz_partition_size)."
     maximum = 2**16
 
     def config(self, degree: int) -> dict[str, Any]:

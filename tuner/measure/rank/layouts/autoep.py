@@ -17,10 +17,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.workload import Ranks
+from tuner.workload import Ranks, TrialConfig, Workload
+from tuner.workload.layouts import AUTOEP
 
 # every preset's MoE block in DeepSpeed 0.19.8's AutoEP (auto_ep_presets/*.py moe_layer_pattern): model.layers.N.mlp
 PRESET_PATTERN = r"model\.layers\.\d+\.mlp"
+AUTOEP_BUILT_IN = "needs the transformers model (model_impl transformers): DeepSpeed's AutoEP replaces its MoE blocks"
+AUTOEP_PEFT = "AutoEP under a peft adapter or a freeze pattern is not measured (the estimator does not model it)"
+AUTOEP_CUDA = "needs CUDA (DeepSpeed's AutoEP runs it on CUDA tensors only): not measured on CPU ranks"
+
+
+def refusal(workload: Workload, trial: TrialConfig, device: str) -> tuple[str, str] | None:
+    """``(field, reason)`` when a run cannot apply ``trial``'s AutoEP on ``device``: on the built-in model, under a
+    peft adapter or a freeze pattern (not modelled), or a CUDA-only path on CPU ranks; else None."""
+    if trial.layout.degree(AUTOEP) <= 1:
+        return None
+    expert = trial.ds_config.get("expert_parallel") or {}
+    if workload.model.implementation != "transformers":
+        return AUTOEP.key, AUTOEP_BUILT_IN
+    if not workload.trainable.is_full:
+        return AUTOEP.key, AUTOEP_PEFT
+    if device != "cuda" and expert.get("comm_backend", "comm") != "comm":
+        return "expert_parallel.comm_backend", AUTOEP_CUDA
+    if device != "cuda" and expert.get("async_split_plan"):
+        return "expert_parallel.async_split_plan", AUTOEP_CUDA
+    return None
 
 
 def registry_shim() -> bool:
@@ -102,4 +123,13 @@ def place(ranks: Ranks, rank: int) -> dict[str, int]:
     return {"expert_parallel": ranks.expert, "ep_rank": ranks.place(rank).expert_parallel}
 
 
-__all__ = ["PRESET_PATTERN", "expose_moe_layers", "place", "registry_shim"]
+__all__ = [
+    "AUTOEP_BUILT_IN",
+    "AUTOEP_CUDA",
+    "AUTOEP_PEFT",
+    "PRESET_PATTERN",
+    "expose_moe_layers",
+    "place",
+    "refusal",
+    "registry_shim",
+]

@@ -20,7 +20,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.workload import Ranks
+from tuner.workload import Ranks, TrialConfig, Workload
+from tuner.workload.layouts import AUTOTP
+
+AUTOTP_BUILT_IN = "needs the transformers model (model_impl transformers): DeepSpeed shards by its tp_plan"
+AUTOTP_PEFT = "AutoTP under a peft adapter is not measured (the adapter renames the Linears the tp_plan names)"
+
+
+def refusal(workload: Workload, trial: TrialConfig, device: str) -> tuple[str, str] | None:
+    """``(field, reason)`` when a run cannot apply ``trial``'s AutoTP as the estimate says: on the built-in model
+    (no ``tp_plan``) or under a peft adapter (it renames the Linears the plan names), else None."""
+    if trial.layout.degree(AUTOTP) <= 1:
+        return None
+    if workload.model.implementation != "transformers":
+        return AUTOTP.key, AUTOTP_BUILT_IN
+    if workload.trainable.peft:
+        return AUTOTP.key, AUTOTP_PEFT
+    return None
 
 
 def expose_tp_plan(model: Any, inner: Any) -> dict[str, str]:
@@ -56,4 +72,4 @@ def place(ranks: Ranks, rank: int) -> dict[str, int]:
     return {"tensor_parallel": ranks.tensor, "tp_rank": where.tensor_parallel, "dp_rank": where.data_parallel}
 
 
-__all__ = ["expose_tp_plan", "local_elements", "place"]
+__all__ = ["AUTOTP_BUILT_IN", "AUTOTP_PEFT", "expose_tp_plan", "local_elements", "place", "refusal"]
