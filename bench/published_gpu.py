@@ -26,7 +26,12 @@ pins them, and pinned host memory is allocated in powers of two).
 
 Which estimate figure a published one is compared with: ``allocated`` with the tensors' peak (the estimate's total
 less the CUDA context, NCCL buffers and the allocator's reserve), ``reserved`` with the total less the context and
-NCCL, ``nvidia-smi`` and ``unspecified`` with the whole total. The verdict: a row is pruned when the estimate with
+NCCL, ``nvidia-smi`` and ``unspecified`` with the whole total; an ``nvidia-smi`` figure read with NVML's first
+``nvmlDeviceGetMemoryInfo`` (a row's ``nvml_api: v1``: ArcticTraining's ``NV``, ``pynvml.nvmlDeviceGetMemoryInfo(h).used``
+in ``arctic_training/debug.py``) is ``total - free`` over the whole card, so it also counts what the driver keeps
+beyond CUDA's ``total_memory``: the total plus :data:`NVML_TOTAL` less the GPU type's usable memory. Rows whose
+source says the figure was measured on another stack (``figure_stack``) are scored, and left out of the per-kind
+errors of like with like. The verdict: a row is pruned when the estimate with
 dstune's default margin (:data:`tuner.forecast.calibration.DEFAULT_MARGIN`) does not fit the GPU;
 a published run that trained must not be pruned, one that ran out of memory must not fit. Rows whose estimate lies
 within that margin of the GPU's memory are "at the margin": reported, not counted as disagreements.
@@ -62,6 +67,9 @@ BUILTIN = {"gpt2-1.5b-megatron", "gpt2-10b-megatron"}  # Megatron-LM GPT-2: dstu
 UNITS = {"GB": 2**30, "GiB": 2**30, "MiB": 2**20, "MB": 2**20}  # GB as DeepSpeed's memory logs print it
 NOTES = "## Notes\n"  # a results file's hand-written part, kept when the tables are rendered again
 OUTSIDE = ("cuda_context", "allocator_reserve")  # with nccl_*: not in max_memory_allocated
+# nvidia-smi's (NVML's) total of a card, where a source gives it: 81,559 MiB on an H100 80GB (modal-labs/modal-client
+# PR #2797, as tuner/workload/gpu_types.py quotes it), against total_memory's 81,082 MiB
+NVML_TOTAL = {"h100-80gb": 81_559 * 2**20}
 
 
 @dataclass
@@ -88,6 +96,8 @@ class Scored:
             return self.total - nccl - sum(terms.get(name, 0) for name in OUTSIDE)
         if kind == "reserved":
             return self.total - nccl - terms.get("cuda_context", 0)
+        if kind == "nvidia-smi" and self.row.get("nvml_api") == "v1":
+            return self.total + NVML_TOTAL[self.row["gpu_type"]] - est.gpu_memory
         return self.total
 
     @property
@@ -208,6 +218,18 @@ def gib(size: int | None) -> str:
     return "-" if size is None else f"{size / 2**30:.2f}"
 
 
+def error_line(kind: str, scored: list[Scored]) -> str:
+    """One row of the per-kind error table: the rows of ``kind`` with a figure."""
+    errors = [s.error for s in scored if s.row["measured"] == kind and s.error is not None]
+    if not errors:
+        return f"| {kind} | 0 | - | - | - |"
+    worst = max(errors, key=abs)
+    return (
+        f"| {kind} | {len(errors)} | {statistics.median(errors):+.1%} | "
+        f"{statistics.median(abs(e) for e in errors):.1%} | {worst:+.1%} |"
+    )
+
+
 def render(scored: list[Scored]) -> str:
     """The Markdown report: per-kind errors, the verdicts, and every row."""
     lines = [
@@ -224,15 +246,11 @@ def render(scored: list[Scored]) -> str:
         "|---|---|---|---|---|",
     ]
     for kind in ("allocated", "reserved", "nvidia-smi", "unspecified"):
-        errors = [s.error for s in scored if s.row["measured"] == kind and s.error is not None]
-        if not errors:
-            lines.append(f"| {kind} | 0 | - | - | - |")
-            continue
-        worst = max(errors, key=abs)
-        lines.append(
-            f"| {kind} | {len(errors)} | {statistics.median(errors):+.1%} | "
-            f"{statistics.median(abs(e) for e in errors):.1%} | {worst:+.1%} |"
-        )
+        lines.append(error_line(kind, [s for s in scored if not s.row.get("figure_stack")]))
+    apart = [s for s in scored if s.row.get("figure_stack") and s.error is not None]
+    if apart:
+        lines += ["", "Figures measured on another stack than the config's (`figure_stack`; not in the table above):", ""]
+        lines += [f"- {s.row['id']}: {s.error:+.1%} ({s.row['figure_stack']})" for s in apart]
     verdicts = [s.verdict for s in scored]
     lines += [
         "",

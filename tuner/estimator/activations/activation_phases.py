@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from tuner.estimator.activations.attention import extra_bytes_per_layer
 from tuner.estimator.activations.autocast import activation_precision
 from tuner.estimator.activations.chunked_loss import chunked_loss_terms
-from tuner.estimator.activations.liger import liger_activations
+from tuner.estimator.activations.liger import compute_capability, liger_activations
 from tuner.estimator.activations.plain_loss import loss_workspace
 from tuner.estimator.activations.saved import LayerActivations, workload_activation_bytes
 from tuner.estimator.layouts.ulysses import local_seq, long_context_terms
@@ -104,7 +104,8 @@ def _other_kernels(
         return activations, workspace, detail("chunked_loss_saved", changed)
     if s.liger:
         at = (s.micro_batch, local_seq(workload, s), s.param_bytes)
-        return liger_activations(workload.model, activations, at, s.activation_checkpointing)
+        capability = compute_capability(workload.cluster.gpu_type)
+        return liger_activations(workload.model, activations, at, s.activation_checkpointing, capability)
     return activations, workspace, NOTHING
 
 
