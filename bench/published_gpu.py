@@ -27,14 +27,14 @@ pins them, and pinned host memory is allocated in powers of two).
 Which estimate figure a published one is compared with: ``allocated`` with the tensors' peak (the estimate's total
 less the CUDA context, NCCL buffers and the allocator's reserve), ``reserved`` with the total less the context and
 NCCL, ``nvidia-smi`` and ``unspecified`` with the whole total; an ``nvidia-smi`` figure read with NVML's first
-``nvmlDeviceGetMemoryInfo`` (a row's ``nvml_api: v1``: ArcticTraining's ``NV``, ``pynvml.nvmlDeviceGetMemoryInfo(h).used``
-in ``arctic_training/debug.py``) is ``total - free`` over the whole card, so it also counts what the driver keeps
-beyond CUDA's ``total_memory``: the total plus :data:`NVML_TOTAL` less the GPU type's usable memory. Rows whose
-source says the figure was measured on another stack (``figure_stack``) are scored, and left out of the per-kind
-errors of like with like. The verdict: a row is pruned when the estimate with
-dstune's default margin (:data:`tuner.forecast.calibration.DEFAULT_MARGIN`) does not fit the GPU;
-a published run that trained must not be pruned, one that ran out of memory must not fit. Rows whose estimate lies
-within that margin of the GPU's memory are "at the margin": reported, not counted as disagreements.
+``nvmlDeviceGetMemoryInfo`` (a row's ``nvml_api: v1``: ArcticTraining's ``NV``,
+``pynvml.nvmlDeviceGetMemoryInfo(h).used`` in ``arctic_training/debug.py``) is ``total - free`` over the whole
+card, so it also counts what the driver keeps beyond CUDA's ``total_memory``: the total plus :data:`NVML_TOTAL`
+less the GPU type's usable memory. Rows whose source says the figure was measured on another stack
+(``figure_stack``) are scored, and left out of the per-kind errors of like with like. The verdict: a row is pruned
+when the estimate with dstune's default margin (:data:`tuner.forecast.calibration.DEFAULT_MARGIN`) does not fit
+the GPU; a published run that trained must not be pruned, one that ran out of memory must not fit. Rows whose
+estimate lies within that margin of the GPU's memory are "at the margin": reported, not counted as disagreements.
 
 Run: ``.venv/bin/python bench/published_gpu.py [--only ID] [--out bench/results/published_gpu.md]`` (the tables are
 rewritten; the results file's ``## Notes`` section is kept).
@@ -249,7 +249,11 @@ def render(scored: list[Scored]) -> str:
         lines.append(error_line(kind, [s for s in scored if not s.row.get("figure_stack")]))
     apart = [s for s in scored if s.row.get("figure_stack") and s.error is not None]
     if apart:
-        lines += ["", "Figures measured on another stack than the config's (`figure_stack`; not in the table above):", ""]
+        lines += [
+            "",
+            "Figures measured on another stack than the config's (`figure_stack`; not in the table above):",
+            "",
+        ]
         lines += [f"- {s.row['id']}: {s.error:+.1%} ({s.row['figure_stack']})" for s in apart]
     verdicts = [s.verdict for s in scored]
     lines += [

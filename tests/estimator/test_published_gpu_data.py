@@ -62,3 +62,19 @@ def test_a_rows_optimizer_and_master_weights_reach_the_flags() -> None:
     assert override["zero_optimization"]["memory_efficient_linear"] is False  # its model is built outside zero.Init
     muon = bench.flags_of(rows["deepspeed-muon-blog-qwen2.5-3b-muon"], None)
     assert (muon.optimizer, muon.attention, muon.bf16_master_weights) == ("muon", "flash", False)
+
+
+def test_arctic_trainings_nv_figure_is_compared_with_the_drivers_memory_counted(tmp_path) -> None:
+    """ArcticTraining's ``NV`` is NVML's v1 ``used`` (total - free over the whole card): the estimate it is compared
+    with carries what the driver keeps beyond CUDA's ``total_memory`` (nvidia-smi's 81,559 MiB against 81,082 on an
+    H100), and a figure measured on another stack stays out of the like-with-like medians."""
+    bench = load_bench("published_gpu")
+    rows = {row["id"]: row for row in ROWS}
+    nv = rows["run-h100-sp64-llama-70b-10000000"]
+    assert nv["nvml_api"] == "v1"
+    scored = bench.score(nv, tmp_path)
+    assert scored.compared() - scored.total == (81_559 - 81_082) * 2**20
+    apart = bench.score(rows["run-h100-sp32-qwen3-32b-7000000"], tmp_path)
+    assert "pt-2.4" in apart.row["quote"] and apart.row["figure_stack"]
+    report = bench.render([scored, apart])
+    assert "| nvidia-smi | 1 |" in report and "- run-h100-sp32-qwen3-32b-7000000:" in report

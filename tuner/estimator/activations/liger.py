@@ -139,8 +139,8 @@ def liger_chunk_rows(tokens: int, vocab: int, hidden: int) -> int:
     """Rows of logits the fused linear cross-entropy computes at a time: ``fused_linear_cross_entropy_forward``'s
     ``min(triton.next_power_of_2(cdiv(BT, cdiv(V, H))), BT)`` (``chunk_mem_const`` 1, its default).
 
-    >>> liger_chunk_rows(8192, 128256, 4096), liger_chunk_rows(218750, 151936, 5120), liger_chunk_rows(100, 128256, 4096)
-    (256, 8192, 4)
+    >>> liger_chunk_rows(8192, 128256, 4096), liger_chunk_rows(218750, 151936, 5120), liger_chunk_rows(9, 128256, 4096)
+    (256, 8192, 1)
     """
     rows = -(-tokens // max(1, -(-vocab // hidden)))
     return min(1 << max(0, rows - 1).bit_length(), tokens)
