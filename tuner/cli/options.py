@@ -26,8 +26,7 @@ import typer
 from tuner.cli.common import default_device, fail
 from tuner.cli.numerics_flags import Bf16MasterOpt, Bf16StatesOpt, ChunkedLossOpt, LigerOpt, OptimizerOpt
 from tuner.errors import InputError
-from tuner.estimator import estimate, resolve
-from tuner.profile import with_profile
+from tuner.estimator import estimate
 from tuner.requests import (
     Attention,
     Device,
@@ -40,11 +39,11 @@ from tuner.requests import (
     TrialRequest,
     WorkloadRequest,
     to_workload,
+    trial_workload,
     validated,
 )
 from tuner.space.dsconfig import load_ds_config
 from tuner.workload import GpuTypeName, TrialConfig, Workload, load_hf_config, read_json_object
-from tuner.workload.autocast import trace_precision
 from tuner.workload.launch_vars import allowed_name, allowed_names
 from tuner.workload.layouts import AUTOEP, AUTOTP, HPZ, ULYSSES
 from tuner.workload.plain_data import check_plain_data
@@ -361,17 +360,8 @@ def _with_trial(flags: WorkloadFlags, workload: Workload, lengths: tuple[int, ..
         },
     ).to_trial(workload.train.precision)
     # the precision the ds_config trains in (a --ds-config may change it): its traced activations (to_workload
-    # attached the workload's own precision's)
-    settings = resolve(workload, trial)
-    precision, sp = settings.precision, settings.layout.sequence_parallel
-    precision = trace_precision(precision, settings.autocast, workload.cluster.device)  # under its torch_autocast
-    if sp > 1:  # traced at a rank's s/sp tokens: what the model builds before its layers can be s x s
-        lengths = (*lengths, workload.train.seq_len // sp)
-    if precision != workload.train.precision or trial.activation_checkpointing or sp > 1:
-        workload = with_profile(
-            workload, precisions=(precision,), activation_checkpointing=trial.activation_checkpointing, lengths=lengths
-        )
-    return workload, trial
+    # attached the workload's own precision's), as the API's estimate traces them
+    return trial_workload(workload, trial, lengths), trial
 
 
 __all__ = [

@@ -1,16 +1,19 @@
 """The request schemas every face builds its input through (pydantic): a workload (:class:`WorkloadRequest`,
-:func:`to_workload`), a trial config (:class:`TrialRequest`; :class:`WorkloadInput` is the API's and the job
-queue's workload object, which carries the trial's shortcut fields too) and a tuning job (:class:`JobRequest`).
+:func:`to_workload`), a trial config (:class:`TrialRequest`, and :func:`trial_workload`, the workload carrying the
+activations it trains with; :class:`WorkloadInput` is the API's and the job queue's workload object, which carries
+the trial's shortcut fields too) and a tuning job (:class:`JobRequest`).
 The CLI, the HTTP API and the job queue share them, so a field is checked, named and documented once.
 
 May import: :mod:`tuner.workload`, :mod:`tuner.profile` (its plain-data side), :mod:`tuner.space` (names,
-validation and the shortcut ds_config), :mod:`tuner.measure.options` (the measuring defaults), pydantic.
+validation and the shortcut ds_config), :mod:`tuner.measure.options` (the measuring defaults), :mod:`tuner.estimator`
+(``resolve``: what a trial's ds_config trains in), pydantic.
 """
 
 from tuner.requests.job import JobRequest, check_job, tuning_workload
 from tuner.requests.names import NAME_PATTERN, check_study_name, default_study_name, is_study_name, readable_name
 from tuner.requests.strict import RequestModel
 from tuner.requests.trial import TrialRequest, TrialSettings, WorkloadInput
+from tuner.requests.trial_workload import trial_workload
 from tuner.requests.workload import (
     LAUNCHERS,
     MAX_BYTES,
@@ -72,6 +75,7 @@ __all__ = [
     "is_study_name",
     "readable_name",
     "to_workload",
+    "trial_workload",
     "tuning_workload",
     "validated",
 ]

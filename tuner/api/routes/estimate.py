@@ -9,6 +9,8 @@ of such computations at once: :mod:`tuner.api.slots`)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
 
@@ -19,17 +21,34 @@ from tuner.api.responses import BODY, answers
 from tuner.api.schemas import EstimateRequest, EstimateResponse, MaxSeqLenOut
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
 from tuner.forecast import load_fit, throughput_summary
-from tuner.requests import FieldError, Loc, check_request, to_workload
-from tuner.workload import TrialConfig, Workload
+from tuner.requests import FieldError, Loc, check_request, to_workload, trial_workload
+from tuner.workload import TrialConfig, Workload, WorkloadError
 
 router = APIRouter(tags=["estimate"])
+T = TypeVar("T")
 
 
 def checked_estimate(workload: Workload, trial: TrialConfig, loc: Loc = ("ds_config",)) -> MemoryEstimate:
     """:func:`tuner.estimator.estimate`, with a :class:`ConfigError` (or arithmetic on absurd values) as a
     :class:`FieldError` at the config key's path."""
+    return _checked(lambda: estimate(workload, trial), loc)
+
+
+def traced_for(workload: Workload, trial: TrialConfig, loc: Loc = ("ds_config",)) -> Workload:
+    """The workload carrying the activations ``trial`` trains with, as ``dstune estimate`` traces them
+    (:func:`tuner.requests.trial_workload`, here by the profiling service); bad input as a :class:`FieldError`."""
     try:
-        return estimate(workload, trial)
+        return _checked(lambda: trial_workload(workload, trial, inline=False), loc)
+    except WorkloadError as error:  # the model cannot be checkpointed, or profiled
+        field = "activation_checkpointing" if error.field == "activation-checkpointing" else error.field
+        raise FieldError(("workload", field), error.message) from None
+
+
+def _checked(compute: Callable[[], T], loc: Loc) -> T:
+    """``compute()``, with a :class:`ConfigError` (or arithmetic on absurd values) as a :class:`FieldError` at the
+    config key's path."""
+    try:
+        return compute()
     except ConfigError as error:
         raise FieldError((*loc, *error.field.split(".")), error.message) from None
     except (TypeError, ValueError, OverflowError, ArithmeticError, KeyError) as error:
@@ -61,6 +80,7 @@ def _answer(body: EstimateRequest, request: Request) -> EstimateResponse:
     try:
         workload = to_workload(body.workload, ("workload",), inline=False)
         trial = body.trial_request().to_trial(workload.train.precision)
+        workload = traced_for(workload, trial)
         est = checked_estimate(workload, trial)
     except FieldError as error:
         raise invalid(error) from None

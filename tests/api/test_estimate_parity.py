@@ -1,0 +1,77 @@
+"""``POST /v1/estimate`` and ``dstune estimate --json`` answer the same bytes for the same input, for every trial
+field the CLI's flags set: the numerics choices (bf16 master weights and optimizer states, Muon, the chunked loss,
+Liger), Ulysses, and a ds_config whose ``torch_autocast`` changes the activations traced (one shared path,
+:func:`tuner.requests.trial_workload`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from tuner.api import create_app
+from tuner.cli.app import app as cli_app
+
+WORKLOAD = {"model": "tiny-llama", "gpus": 2, "device": "cpu", "seq_len": 256}
+FLAGS = ["--model", "tiny-llama", "--gpus", "2", "--device", "cpu", "--seq-len", "256"]
+AUTOCAST = {"torch_autocast": {"enabled": True, "dtype": "torch.bfloat16"}}
+CASES: list[tuple[dict[str, Any], list[str]]] = [
+    (
+        {"stage": 3, "bf16_master_weights": True, "bf16_optimizer_states": True},
+        ["--stage", "3", "--bf16-master-weights", "--bf16-optimizer-states"],
+    ),
+    (
+        {"stage": 1, "optimizer": "muon", "chunked_loss": True},
+        ["--stage", "1", "--optimizer", "muon", "--chunked-loss"],
+    ),
+    ({"stage": 2, "liger": True, "device": "cuda"}, ["--stage", "2", "--liger", "--device", "cuda"]),
+    ({"stage": 2, "sequence_parallel": 2}, ["--stage", "2", "--sequence-parallel", "2"]),
+    ({"stage": 2, "ds_config": AUTOCAST}, ["--stage", "2", "--ds-config", "AUTOCAST"]),
+    ({"stage": 3, "activation_checkpointing": True}, ["--stage", "3", "--activation-checkpointing"]),
+    ({"stage": 2, "ds_config": {**AUTOCAST, "bf16": {"enabled": False}}}, ["--stage", "2", "--ds-config", "FP32"]),
+]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    db = tmp_path_factory.mktemp("parity") / "dstune.db"
+    with TestClient(create_app(f"sqlite:///{db}", None, recommend_cache_s=0, request_budget_s=600)) as test_client:
+        yield test_client
+
+
+@pytest.mark.parametrize(
+    ("fields", "flags"),
+    CASES,
+    ids=["bf16-master", "muon-chunked", "liger", "ulysses", "autocast", "checkpointing", "autocast-fp32"],
+)
+def test_the_api_estimate_is_the_clis(
+    client: TestClient, tmp_path: Path, fields: dict[str, Any], flags: list[str]
+) -> None:
+    if "--ds-config" in flags:
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps(fields["ds_config"]))
+        flags = [str(path) if flag in ("AUTOCAST", "FP32") else flag for flag in flags]
+    fields = dict(fields)
+    done = CliRunner().invoke(cli_app, ["estimate", *FLAGS, *flags, "--json"])
+    assert done.exit_code == 0, done.output
+    cli = json.loads(done.stdout)
+    # the workload object's fields: the device (Liger's kernels: CUDA only) and checkpointing
+    moved = {key: fields.pop(key) for key in ("device", "activation_checkpointing") if key in fields}
+    response = client.post("/v1/estimate", json={"workload": {**WORKLOAD, **moved}, **fields})
+    assert response.status_code == 200, response.text
+    api = response.json()
+    for key, value in cli.items():
+        assert api[key] == value, key
+
+
+def test_a_torch_autocast_dtype_deepspeed_refuses_is_422_at_its_key(client: TestClient) -> None:
+    body = {"workload": WORKLOAD, "ds_config": {"torch_autocast": {"enabled": True, "dtype": "int8"}}}
+    response = client.post("/v1/estimate", json=body)
+    assert response.status_code == 422, response.text
+    locs = [error["loc"] for error in response.json()["detail"]]
+    assert ["body", "ds_config", "torch_autocast", "dtype"] in locs, locs
