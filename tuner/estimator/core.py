@@ -39,9 +39,7 @@ from operator import itemgetter
 from typing import Any
 
 from tuner.estimator.activations.activation_phases import activation_terms
-from tuner.estimator.layouts.autoep import dispatch_terms, ep_details, ep_workload
-from tuner.estimator.layouts.autotp import tp_details, tp_workload
-from tuner.estimator.layouts.zeropp import hpz_secondary
+from tuner.estimator.layouts import LayoutTerms, active
 from tuner.estimator.memory_estimate import MemoryEstimate
 from tuner.estimator.phases import CATEGORIES, PHASES, STEP_PHASES, Phase
 from tuner.estimator.runtime.overhead import DEFAULT_OVERHEAD, Overhead, overhead_terms
@@ -52,7 +50,7 @@ from tuner.estimator.states.saved_weights import saved_weight_views
 from tuner.estimator.states.stage3_gathered import save_phase
 from tuner.estimator.states.stage3_states import stage3_states
 from tuner.estimator.states.trainable import trained_params
-from tuner.estimator.terms import Contribution, Ledger, detail, transient
+from tuner.estimator.terms import NOTHING, Contribution, Ledger, detail, transient
 from tuner.workload import TrialConfig, Workload
 
 HOST_CATEGORIES = ("parameters", "gradients", "optimizer_states", "buffers")  # cpu_per_node's (+ offloaded checkpoints)
@@ -82,9 +80,9 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     """:func:`estimate` for settings already resolved from a trial config."""
     model, cluster, whole = workload.model, workload.cluster, workload
     ledger = Ledger(PHASES if s.stage == 3 and s.gather_16bit_on_save else STEP_PHASES)
-    if s.layout.tensor_parallel > 1 or s.layout.expert_parallel > 1:
-        workload, view = _rank_view(whole, s)
-        ledger.record(view)
+    layouts = active(s.ranks)  # the layouts the trial turns on (tuner.estimator.layouts.LAYOUTS)
+    workload, view = _rank_view(whole, s, layouts)
+    ledger.record(view)
     params = trained_params(workload)
     nvme, states = (stage3_states if s.stage == 3 else flat_states)(workload, s, params)
     ledger.record(states)
@@ -92,9 +90,8 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     if "save" in ledger.phases:  # saving gathers over tp too
         gathered, saved = save_phase(whole, s)
         ledger.record(saved)
-    if s.layout.hpz_partition_size > 1:
-        kept = ledger.details.get("gathered_parameters", 0) // s.param_bytes
-        ledger.record(hpz_secondary(params.numels, s, kept, s.offload_param != "none"))
+    for layout in layouts:  # hpZ's secondary partition
+        ledger.record(layout.state_terms(params.numels, s, ledger.details))
     if not params.is_full:
         ledger.record(detail("trainable_elements", params.n_trainable) + detail("frozen_elements", params.n_frozen))
     base = quantized_base(workload, params)
@@ -102,7 +99,8 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
         ledger.record(transient("dequantized_weight", "backward", dequantized_weight_bytes(base, s.param_bytes)))
     source, activations = activation_terms(workload, s, params, ledger.details, ledger.phases)
     ledger.record(activations + saved_weight_views(workload, s, ledger.details))  # ZeRO-3 with torch's F.linear
-    ledger.record(dispatch_terms(workload, s))  # AutoEP's all-to-all buffers
+    for layout in layouts:  # AutoEP's all-to-all buffers
+        ledger.record(layout.buffer_terms(workload, s))
 
     phases, details = ledger.phases, ledger.details
     gpu_totals = {name: sum(phase.gpu.values()) for name, phase in phases.items()}
@@ -119,7 +117,7 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     if ledger.pinned:
         ledger.record(detail("pinned_host", ledger.pinned) + detail("pinned_rounding", ledger.rounding))
     return MemoryEstimate(
-        n_params=whole.model.n_params if s.layout.tensor_parallel * s.layout.expert_parallel > 1 else params.n_params,
+        n_params=whole.model.n_params if workload is not whole else params.n_params,  # the whole model's, not a rank's
         world_size=s.world_size,
         phases=phases,
         peak_phase=peak_phase,
@@ -140,11 +138,14 @@ def estimate_resolved(workload: Workload, s: Settings, overhead: Overhead = DEFA
     )
 
 
-def _rank_view(workload: Workload, s: Settings) -> tuple[Workload, Contribution]:
-    """The workload as one rank holds it under AutoTP and AutoEP (their shards, their local experts), and the figures
-    of each view."""
-    tensor_parallel = tp_workload(workload, s)
-    return ep_workload(tensor_parallel, s), tp_details(workload, s) + ep_details(tensor_parallel, s)
+def _rank_view(workload: Workload, s: Settings, layouts: tuple[LayoutTerms, ...]) -> tuple[Workload, Contribution]:
+    """The workload as one rank holds it under the trial's ``layouts`` (AutoTP's shards, AutoEP's local experts),
+    and the figures of each view."""
+    figures = NOTHING
+    for layout in layouts:
+        workload, view = layout.rank_view(workload, s)
+        figures += view
+    return workload, figures
 
 
 def _cpu_per_node(

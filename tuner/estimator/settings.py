@@ -105,7 +105,7 @@ class Settings:
         """Bytes per element of the gradients ZeRO reduces: under Ulysses DeepSpeed 0.19.8 reduces them in fp32
         (``seq_parallel_communication_data_type``, :attr:`tuner.workload.LongContext.communication_dtype`), so the
         reduce bucket holds fp32 elements; otherwise the training dtype."""
-        return FP32 if self.layout.sequence_parallel > 1 else self.param_bytes
+        return FP32 if self.ranks.sequence > 1 else self.param_bytes
 
 
 SETTINGS_FIELDS = len(fields(Settings))
@@ -251,9 +251,10 @@ def _check(workload: Workload, trial: TrialConfig, precision: str) -> None:
     """Refuse what the estimator does not model and the layouts DeepSpeed refuses (:func:`tuner.workload.
     check_long_context`, :func:`tuner.workload.check_layout`), naming the key."""
     _refuse_unmodelled(trial, precision)
-    _refuse_unmodelled_tp(trial, workload)
-    _refuse_unmodelled_ep(trial, workload)
-    _refuse_unmodelled_numerics(trial, workload)
+    ranks = trial.ranks(workload.cluster.world_size)  # the layout's groups (sequence, tensor, expert)
+    _refuse_unmodelled_tp(trial, ranks, workload)
+    _refuse_unmodelled_ep(trial, ranks, workload)
+    _refuse_unmodelled_numerics(trial, ranks, workload)
     check_long_context(workload, trial)
     check_layout(workload, trial)
     _check_trainable_dtypes(trial.zero.stage, precision, workload)
@@ -323,10 +324,10 @@ def _refuse_unmodelled(trial: TrialConfig, precision: str) -> None:
         )
 
 
-def _refuse_unmodelled_tp(trial: TrialConfig, workload: Workload) -> None:
+def _refuse_unmodelled_tp(trial: TrialConfig, ranks: Ranks, workload: Workload) -> None:
     """AutoTP needs the model's shapes (which Linears it shards); with an adapter or frozen parameters, with Ulysses
     or with TiledMLP the estimator does not model it yet (LoRA's shards, heads over sp × tp, f/tp-wide tiles)."""
-    if trial.layout.tensor_parallel <= 1:
+    if ranks.tensor <= 1:
         return
     if workload.model.is_bare:
         raise ConfigError("tensor_parallel.autotp_size", "AutoTP needs the model's shapes, not a bare parameter count")
@@ -335,34 +336,34 @@ def _refuse_unmodelled_tp(trial: TrialConfig, workload: Workload) -> None:
             "tensor_parallel.autotp_size",
             "AutoTP with a peft adapter or frozen parameters is not modelled by the estimator yet",
         )
-    if trial.layout.sequence_parallel > 1:
+    if ranks.sequence > 1:
         raise ConfigError("tensor_parallel.autotp_size", "AutoTP with Ulysses is not modelled by the estimator yet")
     if trial.long_context.tiled_mlp_shards > 1:
         raise ConfigError("dstune.tiled_mlp_shards", "TiledMLP with AutoTP is not modelled by the estimator yet")
 
 
-def _refuse_unmodelled_ep(trial: TrialConfig, workload: Workload) -> None:
+def _refuse_unmodelled_ep(trial: TrialConfig, ranks: Ranks, workload: Workload) -> None:
     """AutoEP needs the model's shapes (which weights are experts); with an adapter or frozen parameters, with Ulysses
     or with TiledMLP the estimator does not model it yet."""
-    if trial.layout.expert_parallel <= 1:
+    if ranks.expert <= 1:
         return
     key = "expert_parallel.autoep_size"
     if workload.model.is_bare:
         raise ConfigError(key, "AutoEP needs the model's shapes, not a bare parameter count")
     if not workload.trainable.is_full:
         raise ConfigError(key, "AutoEP with a peft adapter or frozen parameters is not modelled by the estimator yet")
-    if trial.layout.sequence_parallel > 1:
+    if ranks.sequence > 1:
         raise ConfigError(key, "AutoEP with Ulysses is not modelled by the estimator yet")
     if trial.long_context.tiled_mlp_shards > 1:
         raise ConfigError("dstune.tiled_mlp_shards", "TiledMLP with AutoEP is not modelled by the estimator yet")
 
 
-def _refuse_unmodelled_numerics(trial: TrialConfig, workload: Workload) -> None:
+def _refuse_unmodelled_numerics(trial: TrialConfig, ranks: Ranks, workload: Workload) -> None:
     """The chunked loss replaces the model's own loss (not a tiled loss or Ulysses' loss, which are their own).
     Muon is estimated at ZeRO-1/2 on the whole model (its Muon/Adam split is read from the model's shapes), without
     optimizer offload, AutoTP or AutoEP."""
     numerics, context = trial.numerics, trial.long_context
-    if numerics.chunked_loss and (context.tiled_loss_shards > 1 or trial.layout.sequence_parallel > 1):
+    if numerics.chunked_loss and (context.tiled_loss_shards > 1 or ranks.sequence > 1):
         raise ConfigError("dstune.chunked_loss", "not with a tiled loss or Ulysses: their loss is their own")
     if numerics.liger and workload.cluster.device != "cuda":
         raise ConfigError(LIGER_KEY, "Liger's kernels need Triton on a CUDA GPU: not on CPU ranks")
@@ -375,7 +376,7 @@ def _refuse_unmodelled_numerics(trial: TrialConfig, workload: Workload) -> None:
         raise ConfigError(key, "Muon with optimizer offload is not modelled by the estimator yet")
     if not workload.trainable.is_full:
         raise ConfigError(key, "Muon with a peft adapter or frozen parameters is not modelled by the estimator yet")
-    if trial.layout.tensor_parallel > 1 or trial.layout.expert_parallel > 1:
+    if ranks.tensor > 1 or ranks.expert > 1:
         raise ConfigError(key, "Muon with AutoTP or AutoEP is not modelled by the estimator yet")
 
 

@@ -51,8 +51,8 @@ def activation_terms(
         elem,
         s.activation_checkpointing,
         adapters,
-        s.layout.sequence_parallel,
-        s.layout.tensor_parallel,
+        s.ranks.sequence,
+        s.ranks.tensor,
     )
     if activations is None:
         return None, NOTHING
@@ -73,7 +73,7 @@ def activation_terms(
             kernel_extra *= model.num_layers
             saved += kernel_extra
         out += detail("attention_kernel_extra", kernel_extra)
-    if s.layout.tensor_parallel > 1:  # each row-parallel output (attention, MLP) all-reduced whole, in place
+    if s.ranks.tensor > 1:  # each row-parallel output (attention, MLP) all-reduced whole, in place
         out += detail("tp_allreduce_bytes", elem * s.micro_batch * seq * model.hidden_size)
     out += detail("logits_workspace", acts.workspace) + detail("recomputed_block", recompute)
     out += held("gpu", "activations", saved, FORWARD) + held("gpu", "buffers", acts.workspace, FORWARD)

@@ -151,23 +151,23 @@ def workload_activation_bytes(
     elem: int,
     checkpointing: bool,
     adapters: str = "",
-    sequence_parallel: int = 1,
-    tensor_parallel: int = 1,
+    sp: int = 1,
+    tp: int = 1,
 ) -> LayerActivations | None:
     """(saved bytes after forward, extra bytes while one block recomputes, source) for ``workload`` at
     ``micro_batch``, with or without activation ``checkpointing``; source ``trace`` (the profile) or ``formula``;
     None when unknown. ``adapters``: the dtype a peft model's adapters run in (``fp32`` under ZeRO-3; the trace with
-    them cast when it was not traced). ``sequence_parallel``: Ulysses' degree sp, each rank holding ``s/sp`` tokens:
+    them cast when it was not traced). ``sp``: Ulysses' degree, each rank holding ``s/sp`` tokens:
     the profile traced at ``s/sp`` if it has one, else the one at ``s`` scaled by ``1/sp`` (without eager attention,
     which Ulysses refuses, every saved tensor is proportional to the tokens: measured linear in the sequence).
-    ``tensor_parallel``: AutoTP's degree (:func:`tp_local_activations`)."""
+    ``tp``: AutoTP's degree (:func:`tp_local_activations`)."""
     model, train = workload.model, workload.train
     if model.is_bare:
         return None
-    seq, tp, n_layers = train.seq_len // sequence_parallel, tensor_parallel, model.num_layers
+    seq, n_layers = train.seq_len // sp, model.num_layers
     profile = workload.profile
     if profile is not None and model.implementation == "transformers":
-        for traced, scale in ((seq, 1), (train.seq_len, sequence_parallel)):
+        for traced, scale in ((seq, 1), (train.seq_len, sp)):
             for kind in (adapters, "") if adapters else (adapters,):
                 entry = profile.activation(traced, precision, train.attention, checkpointing, kind)
                 if entry is not None:

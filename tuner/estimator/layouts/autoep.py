@@ -32,11 +32,13 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+from tuner.estimator.layouts.base import LayoutTerms
 from tuner.estimator.settings import Settings
 from tuner.estimator.states.partitions import FlatPartition, flat_partition
 from tuner.estimator.terms import NOTHING, Contribution, detail, transient
 from tuner.estimator.throughput.hardware import Hardware
-from tuner.workload import ModelSpec, Workload
+from tuner.workload import ModelSpec, Ranks, Workload
+from tuner.workload.layouts import AUTOEP as AUTOEP_KIND
 
 MOE_GROUP_ELEMENTS = 178_956_971  # split_params_into_different_moe_groups_for_optimizer's max_group_size
 
@@ -170,7 +172,28 @@ def expert_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tu
     return calls * dispatch_bytes(workload, s) * (ep - 1) / ep / bandwidth, calls
 
 
+class AutoEPTerms(LayoutTerms):
+    """AutoEP in the estimator: the rank holds its local experts (:func:`ep_workload`) and the dispatch and combine
+    buffers of its routed tokens (:func:`dispatch_terms`); their all-to-alls' time is
+    :func:`expert_parallel_seconds`."""
+
+    kind = AUTOEP_KIND
+
+    def group(self, ranks: Ranks) -> int:
+        return ranks.expert
+
+    def rank_view(self, workload: Workload, s: Settings) -> tuple[Workload, Contribution]:
+        return ep_workload(workload, s), ep_details(workload, s)
+
+    def buffer_terms(self, workload: Workload, s: Settings) -> Contribution:
+        return dispatch_terms(workload, s)
+
+
+AUTOEP = AutoEPTerms()
+
+
 __all__ = [
+    "AUTOEP",
     "MOE_GROUP_ELEMENTS",
     "dispatch_bytes",
     "dispatch_terms",

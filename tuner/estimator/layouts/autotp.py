@@ -26,11 +26,13 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+from tuner.estimator.layouts.base import LayoutTerms
 from tuner.estimator.settings import Settings
 from tuner.estimator.terms import NOTHING, Contribution, detail
 from tuner.estimator.throughput.hardware import Hardware
-from tuner.workload import ModelSpec, Workload
+from tuner.workload import ModelSpec, Ranks, Workload
 from tuner.workload.layout_checks import tp_plan_split
+from tuner.workload.layouts import AUTOTP as AUTOTP_KIND
 
 
 def linear_sizes(model: ModelSpec) -> frozenset[int]:
@@ -118,7 +120,24 @@ def tensor_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tu
     return calls * size * 2 * (tp - 1) / tp / hw.intra_bw, calls
 
 
+class AutoTPTerms(LayoutTerms):
+    """AutoTP in the estimator: the rank holds its shards (:func:`tp_workload`); its all-reduces' time is
+    :func:`tensor_parallel_seconds`."""
+
+    kind = AUTOTP_KIND
+
+    def group(self, ranks: Ranks) -> int:
+        return ranks.tensor
+
+    def rank_view(self, workload: Workload, s: Settings) -> tuple[Workload, Contribution]:
+        return tp_workload(workload, s), tp_details(workload, s)
+
+
+AUTOTP = AutoTPTerms()
+
+
 __all__ = [
+    "AUTOTP",
     "linear_sizes",
     "local_numels",
     "shard_mask",

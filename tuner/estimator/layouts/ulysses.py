@@ -36,10 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.estimator.activations.saved import LayerActivations
+from tuner.estimator.layouts.base import LayoutTerms
 from tuner.estimator.settings import FP32, Settings
 from tuner.estimator.terms import Contribution, Entry, detail
 from tuner.estimator.tiled_loss import shard_workspace
-from tuner.workload import ModelSpec, Workload, kv_replication
+from tuner.workload import ModelSpec, Ranks, Workload, kv_replication
+from tuner.workload.layouts import ULYSSES as ULYSSES_KIND
 
 IN_FLIGHT_CHECKPOINTS = 2  # offloaded checkpoints on the device at once: the layer recomputed and the next fetched
 
@@ -206,7 +208,22 @@ def long_context_terms(
     return acts, tuple(out)
 
 
+class UlyssesTerms(LayoutTerms):
+    """Ulysses in the estimator: its terms are the activations' (a rank's ``s/sp`` tokens, :func:`long_context_terms`
+    called by :func:`tuner.estimator.activations.activation_phases.activation_terms`), no rank view or term beside
+    them; its all-to-alls' time is :func:`tuner.estimator.throughput.prediction.long_context_seconds`."""
+
+    kind = ULYSSES_KIND
+
+    def group(self, ranks: Ranks) -> int:
+        return ranks.sequence
+
+
+ULYSSES = UlyssesTerms()
+
+
 __all__ = [
+    "ULYSSES",
     "Activations",
     "all_to_all_buffers",
     "all_to_all_bytes",

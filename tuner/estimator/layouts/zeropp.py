@@ -31,10 +31,15 @@ qwZ and qgZ, read from DeepSpeed 0.19.8's code (both need its CUDA ``QuantizerBu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from tuner.estimator.layouts.base import LayoutTerms
 from tuner.estimator.settings import FP32, Settings
 from tuner.estimator.states.partitions import stage3_layout
 from tuner.estimator.states.quantized import QUANTIZER_TARGET_GROUP
 from tuner.estimator.terms import NOTHING, Contribution, Held, detail
+from tuner.workload import Ranks
+from tuner.workload.layouts import HPZ as HPZ_KIND
 
 INT8, INT4 = 1.0, 0.5  # bytes per element
 QGZ_CALLS_PER_TENSOR = 4
@@ -117,7 +122,26 @@ def hpz_secondary(numels: tuple[int, ...], s: Settings, kept: int, offloaded: bo
     return (*detail("hpz_secondary_partition", by_phase["step"]), *sizes)
 
 
+class HpzTerms(LayoutTerms):
+    """ZeRO++'s hpZ in the estimator (ZeRO-3 only, where its group is more than one rank): the secondary partition
+    beside the model states (:func:`hpz_secondary`); its gathers' time is in ZeRO-3's
+    (:func:`tuner.estimator.throughput.prediction.zero3_gather_seconds`)."""
+
+    kind = HPZ_KIND
+
+    def group(self, ranks: Ranks) -> int:
+        return ranks.hpz
+
+    def state_terms(self, numels: tuple[int, ...], s: Settings, details: Mapping[str, int]) -> Contribution:
+        kept = details.get("gathered_parameters", 0) // s.param_bytes  # what forward keeps gathered for backward
+        return hpz_secondary(numels, s, kept, s.offload_param != "none")
+
+
+HPZ = HpzTerms()
+
+
 __all__ = [
+    "HPZ",
     "QGZ_CALLS_PER_TENSOR",
     "gathered_bytes_per_element",
     "hpz_secondary",

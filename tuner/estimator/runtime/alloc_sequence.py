@@ -160,7 +160,7 @@ def step_events(
 def _step_key(workload: Workload, s: Settings, phases: Mapping[str, Phase], details: Mapping[str, int]) -> _Step:
     model, elem = workload.model, s.param_bytes
     fwd, bwd, step = (phases[name].gpu for name in ("forward", "backward", "step"))
-    tokens = s.micro_batch * workload.train.seq_len // max(1, s.layout.sequence_parallel)  # a rank's share
+    tokens = s.micro_batch * workload.train.seq_len // max(1, s.ranks.sequence)  # a rank's share
     return _Step(
         stage=s.stage,
         layers=max(1, model.num_layers or 1),

@@ -122,7 +122,7 @@ def _stage0_states(params: TrainedParams, frozen: int, s: Settings, head: int) -
     step = optimizer_temporaries(s.optimizer_impl, largest, n)
     if mixed:  # FP16_Optimizer.step: every p.grad.to(fp32) alive in a list while they are concatenated
         step = max(step, FP32 * n)
-        if s.layout.sequence_parallel > 1:  # the norm on an sp rank above 0 (the worst rank)
+        if s.ranks.sequence > 1:  # the norm on an sp rank above 0 (the worst rank)
             step = max(step, _masked_norm(n, elem))
     out += transient("step_temporaries", "step", step)
     return tuple(out)

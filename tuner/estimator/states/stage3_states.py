@@ -48,9 +48,9 @@ def stage3_states(workload: Workload, s: Settings, params: TrainedParams) -> tup
         s.param_persistence_threshold,
         s.model_persistence_threshold,
         model.replicated,  # AutoTP: parameters every tp rank holds whole are partitioned over all ranks
-        s.layout.tensor_parallel,
+        s.ranks.tensor,
         model.experts,  # AutoEP: the rank's experts over the world / ep expert-data-parallel ranks
-        s.layout.expert_parallel,
+        s.ranks.expert,
     )
     shard, persistent = part.shard, part.persistent
     out += detail("partition_elements", shard) + detail("persistent_elements", persistent)
@@ -92,7 +92,7 @@ def _replicated_gathered(workload: Workload, params: TrainedParams, s: Settings)
     partitioned (over the tp ranks), so only they are gathered."""
     kept = tuple(n for n, whole in zip(params.numels, workload.model.replicated, strict=True) if whole)
     thresholds = (s.param_persistence_threshold, s.model_persistence_threshold)
-    part = stage3_partition(kept, s.layout.tensor_parallel, *thresholds)
+    part = stage3_partition(kept, s.ranks.tensor, *thresholds)
     return stage3_gathered(workload, TrainedParams(kept, kept, max(kept)), part, s)
 
 

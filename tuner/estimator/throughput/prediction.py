@@ -246,7 +246,7 @@ def _zero3_comm(
 def _micro_batch_flops(model: ModelSpec, workload: Workload, s: Settings, trained: int) -> tuple[float, float]:
     """Forward and backward FLOPs of one micro-batch of a rank's tokens (``s/sp`` each under Ulysses) through
     ``model``, ``trained`` of whose parameters train."""
-    tokens = s.micro_batch * workload.train.seq_len // s.layout.sequence_parallel
+    tokens = s.micro_batch * workload.train.seq_len // s.ranks.sequence
     trainable = None if workload.trainable.is_full else trained
     forward = forward_flops_per_token(model, workload.train.seq_len) * tokens
     return forward, backward_flops_per_token(model, workload.train.seq_len, trainable) * tokens
@@ -274,7 +274,7 @@ def zero3_gather_seconds(
     one_pass = gathered_bytes_per_element(s) * (psi - persistent)  # int8 under qwZ
     every_pass = s.grad_accum * passes * one_pass
     link = hw.inter_bw if workload.cluster.nodes > 1 else hw.intra_bw
-    group = min(s.layout.hpz_partition_size, world)
+    group = min(s.ranks.hpz, world)  # ZeRO-3's: its gathers' only caller
     if group <= 1:
         return (world - 1) / world * every_pass / link
     group_link = hw.intra_bw if group <= workload.cluster.gpus_per_node else hw.inter_bw
@@ -289,7 +289,7 @@ def long_context_seconds(workload: Workload, s: Settings, hw: Hardware, flops_ra
     the rank, over the intra-node link when the group fits a node; never overlapped (attention waits for it).
     ``TiledMLP`` recomputes each MLP's forward in backward: ``2·`` the MLP weights per token more FLOPs.
     """
-    model, sp, accum = workload.model, s.layout.sequence_parallel, s.grad_accum
+    model, sp, accum = workload.model, s.ranks.sequence, s.grad_accum
     if model.is_bare:
         return 0.0, 0.0, 0
     tokens = s.micro_batch * workload.train.seq_len // sp
