@@ -29,7 +29,7 @@ def trial_workload(
             profiled.
     """
     settings = resolve(workload, trial)
-    precision, sp = settings.precision, settings.layout.sequence_parallel
+    precision, sp = settings.precision, settings.ranks.sequence
     precision = trace_precision(precision, settings.autocast, workload.cluster.device)  # under its torch_autocast
     if sp > 1:  # traced at a rank's s/sp tokens: what the model builds before its layers can be s x s
         lengths = (*lengths, workload.train.seq_len // sp)
