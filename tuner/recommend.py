@@ -77,6 +77,12 @@ GRID = (
 )
 
 
+NOT_MEASURED = (
+    "no measured config of this training command's own model{at}: without a description of the model dstune "
+    "cannot estimate nor adapt one (tune the command first, or give its model)"
+)
+
+
 class NoFeasibleConfig(Exception):
     """Nothing measured applies and no config of the default space fits the workload."""
 
@@ -141,9 +147,12 @@ def recommend(store: Store, workload: Workload, global_batch: int | None = None)
     calibration = store.get_calibration(workload.cluster.hardware_key, workload.model.family)
     margin = calibration.margin if calibration is not None else Calibration().margin
     own = store.best_measured_trials(fingerprint, MEASURED_CANDIDATES)
-    found = _measured("measured", own, workload, fingerprint, margin, global_batch) or _nearest(
-        store, workload, fingerprint, margin, global_batch
-    )
+    found = _measured("measured", own, workload, fingerprint, margin, global_batch)
+    if found is None and workload.model.is_unknown:  # nothing to estimate, adapt or compare it with
+        raise NoFeasibleConfig(
+            NOT_MEASURED.format(at="" if global_batch is None else f" at global batch {global_batch}")
+        )
+    found = found or _nearest(store, workload, fingerprint, margin, global_batch)
     if found is None:
         fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
         found = _marked(workload, _estimated(workload, fingerprint, margin, fit, global_batch))
@@ -246,6 +255,8 @@ def _measured(
         measured_batch = _global_batch(candidate.trial, world)
         if source == "measured" and global_batch in (None, measured_batch):
             trial, peak = candidate.trial, candidate.estimated_peak_bytes
+        elif workload.model.is_unknown:  # a command's own model: a config is as measured or not at all
+            continue
         else:
             checked = _recheck(workload, candidate.trial, Calibration(margin=margin), global_batch)
             if checked is None:

@@ -25,6 +25,7 @@ BIN = Path(sys.executable).parent
 DSTUNE = str(BIN / "dstune")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 CPU2 = ["--model", "tiny-llama", "--gpus", "2", "--device", "cpu", "--seq-len", "64"]
+OWN_MODEL = ["--gpus", "2", "--device", "cpu"]  # no --model nor --seq-len: the script's own model, nothing estimated
 RAW = [str(BIN / "deepspeed"), "--num_gpus", "2", "raw_deepspeed.py", "--deepspeed", "--deepspeed_config"]
 
 
@@ -43,12 +44,13 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def raw_study(scripts: Path) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], str]:
-    """A 2-trial study of the raw DeepSpeed loop (its winner confirmed by a third run), and ``dstune best`` of it."""
+    """A 2-trial study of the raw DeepSpeed loop with its own ``nn.Module`` and no ``--model`` (its winner confirmed
+    by a third run), and ``dstune best`` of it."""
     db = f"sqlite:///{scripts / 'raw.db'}"
     pins = ["--pin", "offload_optimizer=none", "--pin", "offload_param=none"]
     tune = dstune(
         "tune",
-        *CPU2,
+        *OWN_MODEL,
         "--global-batch",
         "8",
         "--trials",
@@ -86,6 +88,10 @@ def test_a_raw_deepspeed_loop_tunes_with_memory_and_throughput_for_every_trial(r
     trials = store.trials(study.id)
     measured = [t for t in trials if t.status == "ok"]
     assert measured, [(t.status, t.error) for t in trials]
+    # without --model: said once, recorded on the study, nothing estimated (tokens per sample read from the run)
+    assert tune.stderr.count("no --model: dstune cannot estimate") == 1, tune.stderr
+    assert "no config pruned before it ran" in study.settings["no_model"]
+    assert store.workload_of(study.id).model.is_unknown and all(t.estimate is None for t in trials)
     for trial in measured:
         figures = trial.measurement or {}
         assert figures["script"]["backend"] == "script"

@@ -22,6 +22,7 @@ from tuner.cli.options import (
     warmup_limit,
     workload_options,
 )
+from tuner.cli.script_model import no_model_workload, say_no_model, seq_len_known, without_model
 from tuner.cli.script_options import (
     ArgMappingOpt,
     CommandArg,
@@ -60,7 +61,11 @@ def measure_command(
     script = script_command(command, ds_config_at, arg_mapping)
     if script is not None:
         flags = script_flags(flags, script)
-    workload, trial = build(flags)
+    if script is not None and without_model(flags):
+        say_no_model()
+        workload, trial = no_model_workload(flags, script)
+    else:
+        workload, trial = build(flags)
     if script is not None:
         trial = script_trial(script, flags, workload.cluster.world_size)
     refusal = measurement_refusal(workload) if script is None else None  # a command trains its own model
@@ -75,7 +80,9 @@ def measure_command(
         notice = build_notice(workload.cluster.device, [trial.ds_config])[0]
         if notice:
             Console().print(notice, highlight=False, soft_wrap=True, markup=False)
-    options = MeasureOptions(launcher, ray_address, warmup, steps, timeout, cap, warmup_max, script)
+    options = MeasureOptions(
+        launcher, ray_address, warmup, steps, timeout, cap, warmup_max, script, seq_len_known(flags)
+    )
     result = measure(workload, trial, options, show_progress=not as_json)
     if as_json:
         typer.echo(json.dumps(result))
@@ -93,9 +100,14 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
         console.print(result["error"].strip().splitlines()[-1], highlight=False, soft_wrap=True, markup=False)
     if status == "ok":
         steps = result["step_time_s"]
-        console.print(f"throughput: {result['tokens_per_s']:,.0f} tokens/s, {result['samples_per_s']:,.2f} samples/s")
+        tokens = result["tokens_per_s"]
+        per_s = (
+            f"{tokens:,.0f} tokens/s, " if tokens is not None else ""
+        ) + f"{result['samples_per_s']:,.2f} samples/s"
+        console.print(f"throughput: {per_s}")
         console.print(f"step time: p50 {steps['p50']:.3f} s, p90 {steps['p90']:.3f} s")
-        console.print(f"model TFLOP/s per device: {result['tflops_per_device']:.4f}")
+        if result["tflops_per_device"] is not None:  # none without a model description (a command's own model)
+            console.print(f"model TFLOP/s per device: {result['tflops_per_device']:.4f}")
     table = Table()
     for name in ("rank", "host", "node rank", "local rank", "status"):
         table.add_column(name)

@@ -41,8 +41,8 @@ ArgMappingOpt = Annotated[
     ),
 ]
 NO_MODEL = (
-    "give --model (the config.json your script trains, or a preset): without it dstune cannot prune configs before "
-    "they run nor put an estimate beside each measured peak"
+    "no --model: dstune cannot estimate your command's own model, so it prunes no config before it runs and learns "
+    "the memory boundary from the runs (a config that runs out of memory rules out those that need at least as much)"
 )
 # space parameters a training command decides for itself: dstune's trainer applies them, a script does not
 SCRIPT_PINS = {
@@ -82,10 +82,7 @@ def user_ds_config(script: ScriptCommand) -> dict[str, Any]:
 
 def script_flags(flags: WorkloadFlags, script: ScriptCommand) -> WorkloadFlags:
     """The workload flags with the precision the command's ds_config trains in (its ``bf16``/``fp16`` sections;
-    HF's ``auto`` leaves ``--precision``). Without a model (``--model``, or ``--params`` for ``measure``) it exits 2
-    saying so: dstune cannot prune nor estimate without one."""
-    if flags.model is None and flags.params is None:
-        fail("model", NO_MODEL)
+    HF's ``auto`` leaves ``--precision``)."""
     precision = script_precision(script)
     return flags if precision is None else replace(flags, precision=precision)
 

@@ -31,9 +31,10 @@ def render_script_best(best: TrialRecord, console: Console) -> bool:
     _print_numerics(best, console)
     print_confirmation(best, console)
     _print_command(answer, console)
-    console.print(
-        f"the winner's estimate assumes {assumption(best.trial)}", highlight=False, soft_wrap=True, markup=False
-    )
+    if best.estimate:  # none for a command's own model given without --model
+        console.print(
+            f"the winner's estimate assumes {assumption(best.trial)}", highlight=False, soft_wrap=True, markup=False
+        )
     return True
 
 

@@ -83,7 +83,9 @@ def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> t
                 str(trial.number),
                 f"{trial.tokens_per_s:,.0f}",
                 "-" if peak is None else f"{peak / scale:.{3 if unit == 'GiB' else 1}f}",
-                "-" if peak is None else f"{(gpu_memory - peak) / scale:.{2 if unit == 'GiB' else 1}f}",
+                "-"
+                if peak is None or not gpu_memory
+                else f"{(gpu_memory - peak) / scale:.{2 if unit == 'GiB' else 1}f}",
                 str(config.stage),
                 str(micro),
                 str(accum),

@@ -33,6 +33,7 @@ from tuner.cli.options import (
     workload_options,
 )
 from tuner.cli.out_guard import refuse_database_out
+from tuner.cli.script_model import no_model_workload, say_no_model, seq_len_known, without_model
 from tuner.cli.script_options import (
     ArgMappingOpt,
     CommandArg,
@@ -140,6 +141,8 @@ def tune_command(
     script = script_command(command, ds_config_at, arg_mapping)
     timing = (warmup, warmup_max, steps, run_timeout)
     flags, dispatch = _measure_options(flags, launcher, ray_address, timing, memory_cap, script)
+    if script is not None and without_model(flags):
+        say_no_model()
     seq_len = seq_len_of(str(flags.seq_len))
     if script is not None:
         flags, study, pin = _script_study(flags, script, study, space, pin, seq_len)
@@ -180,7 +183,8 @@ def _measure_options(
     warmup_max = warmup_limit(warmup, warmup_max)
     flags = checked_here(flags, launcher, ray_address)
     cap = memory_cap_bytes(memory_cap, flags.device)
-    return flags, MeasureOptions(launcher, ray_address, warmup, timed, run_timeout, cap, warmup_max, script)
+    known = seq_len_known(flags)
+    return flags, MeasureOptions(launcher, ray_address, warmup, timed, run_timeout, cap, warmup_max, script, known)
 
 
 def _study_timeout(timeout: str | None) -> float | None:
@@ -199,7 +203,10 @@ def _script_study(
     if seq_len is None:
         fail("seq-len", "--seq-len max measures dstune's own trainer, not a training command")
     flags = script_flags(flags, script)
-    name = study or script_study_name(default_study_name(tuning_workload(flags, script)), script)
+    workload = tuning_workload(flags, script)
+    # a command's own model is named by the command already (tuner.workload.unknown_model)
+    default = default_study_name(workload)
+    name = study or (default if workload.model.is_unknown else script_study_name(default, script))
     return flags, name, [*script_pins(space), *(pin or [])]
 
 
@@ -208,7 +215,10 @@ def tuning_workload(flags: WorkloadFlags, script: ScriptCommand | None = None) -
     training command trains its own model)."""
     # micro-batch, accumulation, stage and offload are what the search decides: --hpz is checked against the ranks
     # here (its pin pins stage 3, tuner.space.pins), the rest of the layout in build
-    workload, _ = build(replace(flags, hpz=1))
+    if script is not None and without_model(flags):
+        workload, _ = no_model_workload(replace(flags, hpz=1), script)
+    else:
+        workload, _ = build(replace(flags, hpz=1))
     hpz_wrong = hpz_problem(3, flags.hpz or 1, workload.cluster.world_size)
     if hpz_wrong:
         fail(HPZ_KEY, hpz_wrong)

@@ -306,8 +306,12 @@ class ThroughputGuide:
         if fit is None:
             fit = load_fit(store, self.hardware, workload.model.family) if store is not None else ThroughputFit()
         self.fit = fit
-        self.ranked = rank_feasible(space, workload, calibration, fit, global_batch, nvme_path) or rank_feasible(
-            space, workload, calibration, fit, global_batch, nvme_path, names=SAVERS
+        # a training command's own model without --model: nothing to predict, the sampler proposes alone
+        self.ranked = (
+            []
+            if workload.model.is_unknown
+            else rank_feasible(space, workload, calibration, fit, global_batch, nvme_path)
+            or rank_feasible(space, workload, calibration, fit, global_batch, nvme_path, names=SAVERS)
         )
         self.measured: dict[str, float] = {}  # config key -> measured tokens/s
         self.proposed: set[str] = set()
@@ -315,6 +319,8 @@ class ThroughputGuide:
     def warm_start(self, count: int = WARM_START, earlier: Iterable[TrialConfig] = ()) -> list[dict]:
         """Params to enqueue first: up to :data:`FROM_EARLIER` re-checked earlier best configs (``earlier``; with a
         store and none given, its best measured trials of the same model on other workloads), then the model's best."""
+        if self.workload.model.is_unknown:
+            return []
         if self.store is not None and not earlier:
             trials = self.store.nearest_measured_trials(
                 self.workload.model.family,
@@ -343,7 +349,7 @@ class ThroughputGuide:
     def after_run(self, suggestion: Suggestion, step_time_s: float | None, tokens_per_s: float | None) -> None:
         """Refit from one measured run (``step_time_s``: median seconds per optimizer step; nothing to fit from a
         failed run) and remember it as measured."""
-        if step_time_s and tokens_per_s:
+        if step_time_s and tokens_per_s and not self.workload.model.is_unknown:
             terms = predict(self.workload, suggestion.trial).terms
             family = self.workload.model.family
             if self.store is not None:

@@ -187,12 +187,14 @@ def _blame_order(result: RankResult) -> tuple[bool, float, int, int]:
 
 
 def aggregate(
-    ranks: list[RankResult], model: ModelSpec, seq_len: int, samples_per_step: int, world_size: int
+    ranks: list[RankResult], model: ModelSpec, seq_len: int | None, samples_per_step: int, world_size: int
 ) -> Measurement:
     """Combine rank results into the job's measurement.
 
     A step takes as long as its slowest rank; throughput uses the median step time over the timed steps. Model
     FLOPs count the weight gradients of the parameters that trained (``trainable_params``, as the prediction does).
+    ``seq_len`` None (a training command whose tokens per sample are unknown): samples/s only; an unknown model
+    (:attr:`~tuner.workload.ModelSpec.is_unknown`): no model FLOPs.
     """
     ranks = sorted(ranks, key=lambda result: result.rank)
     failed = [r for r in ranks if r.status != "ok"]
@@ -214,17 +216,19 @@ def aggregate(
         return Measurement(status="ok", peak_bytes_per_rank=peaks, timings=timings, ranks=ranks)
     step_times = [max(r.step_times[i] for r in ranks) for i in range(steps)]
     p50 = percentile(step_times, 0.5)
-    tokens_per_step = samples_per_step * seq_len
+    tokens_per_step = samples_per_step * seq_len if seq_len is not None else None
     trainable = next((r.trainable_params for r in ranks if r.trainable_params is not None), None)
-    tflops = model_flops_per_token(model, seq_len, trainable) * tokens_per_step / world_size / p50 / 1e12
+    tflops = None
+    if tokens_per_step is not None and seq_len is not None and not model.is_unknown:
+        tflops = model_flops_per_token(model, seq_len, trainable) * tokens_per_step / world_size / p50 / 1e12
     peak = peak_tflops(ranks[0].device_name)
     return Measurement(
         status="ok",
-        tokens_per_s=tokens_per_step / p50,
+        tokens_per_s=tokens_per_step / p50 if tokens_per_step is not None else None,
         samples_per_s=samples_per_step / p50,
         step_time_s={"p50": p50, "p90": percentile(step_times, 0.9)},
         tflops_per_device=tflops,
-        mfu=tflops / peak if peak else None,
+        mfu=tflops / peak if peak and tflops is not None else None,
         peak_bytes_per_rank=peaks,
         timings=timings,
         ranks=ranks,

@@ -29,6 +29,8 @@ class MeasureOptions:
         warmup_max: Past ``warmup``, warm up until the last step times settle, up to this many warm-up steps in all.
         script: The user's own training command to measure instead of dstune's trainer
             (:mod:`tuner.measure.backends`); None measures with the built-in trainer.
+        seq_len_known: False for a training command without a model nor ``--seq-len``: tokens/s only from the token
+            ids its forward saw (samples/s always).
     """
 
     launcher: str = "ray"
@@ -39,6 +41,7 @@ class MeasureOptions:
     memory_cap: int | None = None
     warmup_max: int | None = None
     script: ScriptCommand | None = None
+    seq_len_known: bool = True
 
 
 MEASURE_DEFAULTS = MeasureOptions()

@@ -23,13 +23,17 @@ def capacity_reason(est: MemoryEstimate, calibration: Calibration) -> str | None
 class Verdict:
     """The estimator's judgement of one config."""
 
-    estimate: MemoryEstimate
+    estimate: MemoryEstimate | None  # None: the model is unknown (a training command without --model)
     reason: str | None  # why it cannot fit (it is pruned), or None: it is measured
     constraint: float  # Optuna's memory constraint: peak with the margin over the memory, minus 1 (≤ 0 fits)
 
 
 def judge(workload: Workload, trial: TrialConfig, calibration: Calibration) -> Verdict:
-    """Estimate ``trial`` and decide whether it can fit, with the calibrated margin."""
+    """Estimate ``trial`` and decide whether it can fit, with the calibrated margin; a model dstune does not know
+    (:attr:`~tuner.workload.ModelSpec.is_unknown`) is not estimated: every config runs, unless the runs rule it out
+    (:mod:`tuner.study.memory_bound`)."""
+    if workload.model.is_unknown:
+        return Verdict(None, None, 0.0)
     est = estimate(workload, trial)
     peak = est.per_gpu["total"] or 0
     constraint = peak * (1 + calibration.margin) / est.gpu_memory - 1

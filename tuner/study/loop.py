@@ -46,6 +46,10 @@ from tuner.study.settings import Event, StudyReport, StudySettings
 from tuner.study.stopper import STOP_WAIT_S, Budget, defer_ctrl_c, step_hook
 from tuner.workload.trial import ENV_SECTION
 
+UNKNOWN_LENGTH = (
+    "the command's forward took no token ids and no --seq-len was given: its samples/s were measured, but a study "
+    "ranks configs by tokens/s; give --seq-len (tokens per sample)"
+)
 THREADS_KEY = f"{ENV_SECTION}.threads_per_rank"  # the runner sets each rank's OMP_NUM_THREADS to it
 
 
@@ -237,7 +241,9 @@ class TuningStudy:
             self.recorder.tell_previous(trial, recorded)
             return False
         workload = self.settings.workload
-        hook = step_hook(self.settings.early_stop, workload, suggestion.trial, lambda: self.best_tokens_per_s)
+        # tokens per step need the sequence length: without it (a command's own model, no --seq-len) none stops early
+        stopper = self.settings.early_stop if self.settings.dispatch.seq_len_known else None
+        hook = step_hook(stopper, workload, suggestion.trial, lambda: self.best_tokens_per_s)
         future = dispatcher.submit(workload, suggestion.trial, on_step=hook)
         self.in_flight[future] = Run(trial, trial_id, suggestion, verdict.estimate, verdict.constraint)
         self._emit(Event(trial.number, "running"))
@@ -252,6 +258,8 @@ class TuningStudy:
         self.recorder.finish(run, measurement)
         if measurement.exception_type == SCRIPT_FAILED:  # the user's command failed on its own: no config can help
             raise ScriptFailed(measurement.error or "the training command failed")
+        if measurement.status == "ok" and measurement.tokens_per_s is None and not measurement.stopped_early:
+            raise ScriptFailed(UNKNOWN_LENGTH)
 
     def _stop_in_flight(self, dispatcher: Measurer, reason: str, wait_s: float) -> None:
         """Kill the runs in flight, wait up to ``wait_s`` for them to end, and record each failed with ``reason``;

@@ -42,7 +42,7 @@ class Run:
     trial: optuna.Trial
     trial_id: int
     suggestion: Suggestion
-    estimate: MemoryEstimate
+    estimate: MemoryEstimate | None  # None: the model is unknown (a training command without --model)
     constraint: float
 
 
@@ -135,7 +135,7 @@ class Recorder:
         self.emit(Event(trial.number, "pruned" if new else "duplicate", reason=reason))
         return new
 
-    def tell_pruned(self, trial: optuna.Trial, suggestion: Suggestion, reason: str, est: MemoryEstimate) -> None:
+    def tell_pruned(self, trial: optuna.Trial, suggestion: Suggestion, reason: str, est: MemoryEstimate | None) -> None:
         """A config the estimator says cannot fit: recorded pruned with its reason, told PRUNED, never run."""
         self.record(trial, suggestion, est, "pruned", reason)
         self.tell(trial, TrialState.PRUNED)
@@ -166,7 +166,26 @@ class Recorder:
         offloaded to the node's CPU, which CPU ranks keep in the same memory (0 on CUDA, where the device's
         allocator counts the device only)."""
         cluster = self.settings.workload.cluster
-        return run.estimate.host_states_per_rank(cluster.gpus_per_node) if cluster.device == "cpu" else 0
+        if run.estimate is None or cluster.device != "cpu":
+            return 0
+        return run.estimate.host_states_per_rank(cluster.gpus_per_node)
+
+    def _memory(self, run: Run) -> int:
+        """A rank's memory: the estimate's, else the cluster's (``--gpu-memory``)."""
+        return run.estimate.gpu_memory if run.estimate is not None else self.settings.workload.cluster.gpu_memory
+
+    def _estimated_peak(self, run: Run, host: int) -> int | None:
+        """What the estimate says the measured peak counts (on CUDA max_memory_allocated: the estimate's allocated
+        part only), None without an estimate (nothing to calibrate from)."""
+        if run.estimate is None:
+            return None
+        return allocated_part(run.estimate.gpu_total, run.estimate.overhead_terms) + host
+
+    def _learn_peak(self, estimated_peak: int | None, peak: int | None) -> None:
+        """Move the margin from a measured peak against its estimate (neither missing)."""
+        if peak and estimated_peak is not None:
+            self.calibration = self.calibration.after_measurement(estimated_peak, peak)
+            self._save_calibration()
 
     def values(self, tokens_per_s: float | None, peak_bytes: int | None) -> list[float]:
         """The objective values: tokens/s, and the peak bytes for a Pareto study."""
@@ -193,27 +212,22 @@ class Recorder:
         host = self._host_share(run)
         if measurement.status == "ok" and not measurement.stopped_early:
             diverged = self.guard.judge(trial.number, run.suggestion.trial, measurement.numerics)
-            over_budget = measured_over(peak, run.estimate.gpu_memory, host)
+            over_budget = measured_over(peak, self._memory(run), host)
         rejected = diverged or over_budget
         status = "diverged" if diverged else "oom" if over_budget else measurement.status
         self.store.finish_trial(run.trial_id, status, measurement.to_dict(), error=rejected or measurement.error)
-        # what the measured peak counts: on CUDA max_memory_allocated, so the estimate's allocated part only
-        estimated_peak = allocated_part(run.estimate.gpu_total, run.estimate.overhead_terms) + host
+        estimated_peak = self._estimated_peak(run, host)
         if measurement.status == "ok" and measurement.stopped_early:
             self._tell_stopped_early(run, measurement)
             return
         if rejected:  # its bytes and seconds are real, its training is not usable: calibrated from, told FAIL
-            if peak:
-                self.calibration = self.calibration.after_measurement(estimated_peak, peak)
-                self._save_calibration()
+            self._learn_peak(estimated_peak, peak)
             trial.set_constraint("memory", 1.0 if over_budget and not diverged else constraint)
             self.tell(trial, TrialState.FAIL)
             self.emit(Event(trial.number, status, measurement.tokens_per_s, rejected, run.suggestion.trial.summary()))
             return
         if measurement.status == "ok":
-            if peak:
-                self.calibration = self.calibration.after_measurement(estimated_peak, peak)
-                self._save_calibration()
+            self._learn_peak(estimated_peak, peak)
             trial.set_constraint("memory", constraint)
             self.tell(trial, TrialState.COMPLETE, self.values(measurement.tokens_per_s, peak))
             p50 = (measurement.step_time_s or {}).get("p50")
@@ -221,9 +235,10 @@ class Recorder:
             if measurement.tokens_per_s and measurement.tokens_per_s > (self.best_tokens_per_s or 0.0):
                 self.best_tokens_per_s = measurement.tokens_per_s
         else:
-            if measurement.status == "oom":
-                self.calibration = self.calibration.after_oom(estimated_peak, run.estimate.gpu_memory)
+            if measurement.status == "oom" and estimated_peak is not None:
+                self.calibration = self.calibration.after_oom(estimated_peak, self._memory(run))
                 self._save_calibration()
+            if measurement.status == "oom":
                 constraint = 1.0  # infeasible, whatever the estimate said
             trial.set_constraint("memory", constraint)
             self.tell(trial, TrialState.FAIL)

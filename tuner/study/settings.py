@@ -11,6 +11,9 @@ from tuner.measure.options import MeasureOptions
 from tuner.study.early_stop import SlowRunStopper
 from tuner.workload import Workload
 
+# recorded with a study of a training command's own model (no --model): what it could not do
+NO_MODEL_NOTE = "no --model: no config pruned before it ran; the memory boundary learned from the runs"
+
 
 @dataclass(frozen=True)
 class StudySettings:
@@ -46,6 +49,7 @@ class StudySettings:
             "allow_numerics_changes": self.allow_numerics_changes,
             "early_stop": None if self.early_stop is None else vars(self.early_stop),
             **({"script": self.dispatch.script.to_dict()} if self.dispatch.script else {}),
+            **({"no_model": NO_MODEL_NOTE} if self.workload.model.is_unknown else {}),
         }
 
 

@@ -59,7 +59,7 @@ from tuner.workload.layout_checks import (
 )
 from tuner.workload.long_context import LongContext, long_context_config
 from tuner.workload.long_context_checks import check_long_context, kv_replication, sequence_parallel_problem
-from tuner.workload.model import ModelSpec, model_from_param_count
+from tuner.workload.model import ModelSpec, model_from_param_count, unknown_model
 from tuner.workload.model_profile import PROFILE_FORMAT, ActivationProfile, Linear, ModelProfile
 from tuner.workload.numerics import Numerics, numerics_config
 from tuner.workload.quantization import (
@@ -207,6 +207,7 @@ __all__ = [
     "resolve_batch",
     "sequence_parallel_problem",
     "tensor_parallel_problem",
+    "unknown_model",
     "workload_from_dict",
     "workload_to_dict",
 ]

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from tuner.workload.errors import WorkloadError
 from tuner.workload.vocabulary import MODEL_IMPLS
 
+UNKNOWN_FAMILY = "unknown"  # a training command's own model, not described to dstune (no --model)
 # Fields added after workloads were first stored: left out of dicts (and fingerprints) while at their defaults.
 OPTIONAL_MODEL_FIELDS = {
     "architecture": "",
@@ -121,6 +122,12 @@ class ModelSpec:
         return sum(layer_runs(self.text_config.get, self.num_layers))
 
     @property
+    def is_unknown(self) -> bool:
+        """True for a training command's own model given without ``--model`` (:func:`unknown_model`): neither its
+        shapes nor its parameter count are known, so nothing about it can be estimated."""
+        return self.family == UNKNOWN_FAMILY
+
+    @property
     def is_bare(self) -> bool:
         """True when only the parameter count is known (no shapes, no activations)."""
         return self.bare_params is not None
@@ -207,6 +214,18 @@ class ModelSpec:
             if name in data:
                 data[name] = list(data[name])
         return data
+
+
+def unknown_model(command: str) -> ModelSpec:
+    """The model of a training command tuned without ``--model``: a custom ``nn.Module`` dstune knows nothing of,
+    told apart by ``command`` (a digest of the command: two commands' models are two workloads). Studies of it
+    prune nothing before a run and learn the memory boundary from the runs.
+
+    >>> model = unknown_model("3f2a9c1d")
+    >>> model.is_unknown, model.n_params, model.architecture
+    (True, 0, 'command 3f2a9c1d')
+    """
+    return ModelSpec(name=f"command-{command}", family=UNKNOWN_FAMILY, architecture=f"command {command}")
 
 
 def model_from_param_count(n_params: float) -> ModelSpec:

@@ -118,7 +118,8 @@ def _run_once(
             running.stop(None)
             if not meeting.chosen_by_user:
                 remove_allreduce_buffers(port)
-        measurement = read_back(run_dir, workload, running.killed_for, running.process.returncode, options.timeout)
+        ended = (running.killed_for, running.process.returncode)
+        measurement = read_back(run_dir, workload, *ended, options.timeout, options.seq_len_known)
     return measurement, not meeting.chosen_by_user
 
 

@@ -49,7 +49,10 @@ def without_auto(config: dict[str, Any], precision: str) -> dict[str, Any]:
 
 def script_estimate(workload: Workload, trial: TrialConfig) -> tuple[dict[str, Any] | None, str]:
     """The estimate of ``trial`` (its ``auto`` values as :func:`without_auto` reads them; None where the config
-    still cannot be estimated) and what it assumes of the model's construction."""
+    still cannot be estimated) and what it assumes of the model's construction; none without a model (no
+    ``--model``: the command's own model is unknown)."""
+    if workload.model.is_unknown:
+        return None, "no estimate: no --model describes the command's model"
     readable = TrialConfig(without_auto(trial.ds_config, workload.train.precision), trial.activation_checkpointing)
     try:
         return estimate(workload, readable).to_dict(), assumption(readable)

@@ -42,12 +42,17 @@ def log_tail(run_dir: Path) -> str:
 
 
 def read_back(
-    run_dir: Path, workload: Workload, killed_for: str | None, exit_code: int | None, timeout: float
+    run_dir: Path,
+    workload: Workload,
+    killed_for: str | None,
+    exit_code: int | None,
+    timeout: float,
+    seq_len_known: bool = True,
 ) -> Measurement:
     """The command's measurement: every rank ok gives throughput (samples per step as DeepSpeed counts them: micro ×
-    accumulation × data-parallel ranks; tokens from the token ids its forward saw, else ``--seq-len`` per sample),
-    step times and each rank's peak; otherwise the failure :func:`~tuner.measure.script.failures.classify_end`
-    finds."""
+    accumulation × data-parallel ranks; tokens from the token ids its forward saw, else ``--seq-len`` per sample;
+    samples/s only when neither is known: ``seq_len_known`` False), step times and each rank's peak; otherwise the
+    failure :func:`~tuner.measure.script.failures.classify_end` finds."""
     world = workload.cluster.world_size
     results = rank_results(run_dir)
     ran = next((r.script.get("world_size") for r in results if r.script.get("world_size")), world)
@@ -57,7 +62,7 @@ def read_back(
     if killed_for == "stopped_early":
         results = [_stopped(run_dir, rank) for rank in range(world)]
     if len(results) == world and all(result.status == "ok" for result in results):
-        return _measured(results, workload)
+        return _measured(results, workload, seq_len_known)
     failed = [result for result in results if result.status != "ok"]
     if failed and killed_for is None:  # a rank ended its script early, by its own report
         first = failed[0]
@@ -89,19 +94,26 @@ def _stopped(run_dir: Path, rank: int) -> RankResult:
     return result
 
 
-def _measured(results: list[RankResult], workload: Workload) -> Measurement:
+def _tokens_from(tokens: int, known: bool) -> str:
+    if tokens:
+        return "the token ids the model's forward saw"
+    return "--seq-len (no token ids seen)" if known else "unknown: no token ids seen and no --seq-len (samples/s only)"
+
+
+def _measured(results: list[RankResult], workload: Workload, seq_len_known: bool = True) -> Measurement:
     first = results[0].script
     samples = int(first.get("train_batch_size") or 0)
     seen = [result.script.get("seen", {}) for result in results]
     tokens, fed = sum(s.get("tokens", 0) for s in seen), sum(s.get("samples", 0) for s in seen)
-    seq_len = round(tokens / fed) if tokens and fed else workload.train.seq_len
+    given = workload.train.seq_len if seq_len_known else None
+    seq_len = round(tokens / fed) if tokens and fed else given
     measurement = aggregate(results, workload.model, seq_len, samples, workload.cluster.world_size)
     measurement.stopped_early = any(result.exception_type == STOPPED_EARLY for result in results)
     micro_fed = max((s.get("samples", 0) / s["micro_batches"] for s in seen if s.get("micro_batches")), default=None)
     measurement.script = {
         "samples_per_step": samples,
         "tokens_per_sample": seq_len,
-        "tokens_from": "the token ids the model's forward saw" if tokens else "--seq-len (no token ids seen)",
+        "tokens_from": _tokens_from(tokens, seq_len_known),
         "longest_sequence_seen": max((s.get("longest", 0) for s in seen), default=0) or None,
         "micro_batch_fed": micro_fed,
         "micro_batch_config": first.get("micro_batch"),

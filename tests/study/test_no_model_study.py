@@ -1,0 +1,100 @@
+"""A training command's study without ``--model`` (its own ``nn.Module``): nothing estimated nor pruned before a
+run, the memory boundary learned from the runs, and the answers given from what was measured only (the real
+TuningStudy on a real SQLite store, its runs scripted by the loop tests' fake measurer)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.study.test_loop_logic import FakeMeasurer, MiB, settings, shape
+from tuner.measure.measurement import Measurement
+from tuner.measure.options import MeasureOptions
+from tuner.measure.script.command import ScriptCommand
+from tuner.measure.script.failures import ScriptFailed
+from tuner.recommend import NoFeasibleConfig, recommend
+from tuner.storage import Store
+from tuner.study import TuningStudy
+from tuner.study.loop import UNKNOWN_LENGTH
+from tuner.study.settings import NO_MODEL_NOTE
+from tuner.workload import ClusterSpec, TrainSpec, Workload, unknown_model
+
+# a rank memory the built-in estimator would prune every config of a real model with
+TINY = 64 * MiB
+
+
+def own_model(command: str = "3f2a9c1d", gpu_memory: int = TINY) -> Workload:
+    return Workload(
+        unknown_model(command), ClusterSpec(gpus_per_node=1, gpu_memory=gpu_memory, device="cpu"), TrainSpec(64)
+    )
+
+
+def oom_from_micro_4(ds_config: dict[str, Any]) -> Measurement:
+    stage, micro = shape(ds_config)
+    if micro >= 4:
+        return Measurement(status="oom", exception_type="OutOfMemoryError", error="out of memory")
+    return Measurement(status="ok", tokens_per_s=1000.0 * micro + stage, samples_per_s=micro, peak_bytes_per_rank=[MiB])
+
+
+def study_of(tmp_path: Path, store: Store, outcome: Any, **options: Any) -> tuple[TuningStudy, FakeMeasurer]:
+    base = settings(tmp_path, stages=[0, 1], micros=[1, 2, 4, 8], trials=8, work=own_model())
+    script = ScriptCommand(("python", "train.py"), str(tmp_path))
+    dispatch = MeasureOptions(script=script, **options)
+    study = TuningStudy(replace(base, global_batch=None, dispatch=dispatch), store)
+    return study, FakeMeasurer(outcome)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    with Store.open(f"sqlite:///{tmp_path / 'dstune.db'}") as opened:
+        yield opened
+
+
+def test_nothing_is_pruned_before_a_run_and_the_runs_draw_the_memory_boundary(tmp_path: Path, store: Store) -> None:
+    """Every config runs unless a config that ran out of memory needs no more than it; no trial carries an estimate
+    and the study records that it could not prune."""
+    study, measurer = study_of(tmp_path, store, oom_from_micro_4)
+    study.run(measurer)
+    trials = store.trials(study.study_id)
+    assert all(t.estimate is None for t in trials)
+    pruned = [t for t in trials if t.status == "pruned"]
+    assert all("ran out of memory at trial" in (t.prune_reason or "") for t in pruned)
+    ooms = [t for t in trials if t.status == "oom"]
+    assert ooms and all(t.trial.batch[0] >= 4 for t in ooms)
+    assert {shape(config)[1] for config in measurer.submitted} >= {1, 2}
+    assert len(measurer.submitted) == len(trials) - len(pruned)
+    record = store.get_study(study.settings.name)
+    assert record is not None and record.settings["no_model"] == NO_MODEL_NOTE
+    best = store.best_trial(study.study_id)
+    assert best is not None and best.trial.batch[0] == 2
+
+
+def test_the_answer_is_what_was_measured_or_none(tmp_path: Path, store: Store) -> None:
+    """recommend: the measured winner of the command's own model; at a global batch nothing measured trains, or for
+    another command's model, no answer (nothing to estimate, adapt or borrow from another command)."""
+    study, measurer = study_of(tmp_path, store, oom_from_micro_4)
+    study.run(measurer)
+    best = store.best_trial(study.study_id)
+    assert best is not None
+    answer = recommend(store, own_model())
+    assert answer.source == "measured" and answer.trial.key == best.trial.key
+    with pytest.raises(NoFeasibleConfig, match="at global batch 1024"):
+        recommend(store, own_model(), global_batch=1024)
+    with pytest.raises(NoFeasibleConfig, match="no measured config of this training command's own model"):
+        recommend(store, own_model("0badc0de"))
+
+
+def test_a_study_without_the_sequence_length_stops_at_its_first_trial(tmp_path: Path, store: Store) -> None:
+    """Samples/s measured but no tokens per sample (no token ids seen, no --seq-len): the study stops saying so."""
+
+    def samples_only(ds_config: dict[str, Any]) -> Measurement:
+        return Measurement(status="ok", samples_per_s=10.0, peak_bytes_per_rank=[MiB])
+
+    study, measurer = study_of(tmp_path, store, samples_only, seq_len_known=False)
+    with pytest.raises(ScriptFailed) as stopped:
+        study.run(measurer)
+    assert stopped.value.message == UNKNOWN_LENGTH and len(measurer.submitted) == 1
+    assert measurer.hooked == [False]  # no early stop: tokens per step are not known
