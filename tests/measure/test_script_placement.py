@@ -133,13 +133,16 @@ def test_the_answer_fills_the_command_in(folder: Path) -> None:
     assert script_answer({"status": "ok"}) is None
 
 
-def test_a_script_run_without_a_model_says_dstune_cannot_prune(folder: Path) -> None:
+def test_a_script_run_without_a_model_says_nothing_is_pruned_and_runs(folder: Path) -> None:
+    """No refusal for the missing model: dstune says it prunes nothing, and runs the command (this one never reaches
+    deepspeed.initialize: the study stops at its first trial saying so, exit 2)."""
     from typer.testing import CliRunner
 
     from tuner.cli.app import app
 
     (folder / "t.py").write_text("")
-    args = ["tune", "--gpus", "2", "--device", "cpu", "--storage", f"sqlite:///{folder / 'x.db'}", "--",
-            "python", str(folder / "t.py"), "--deepspeed", str(folder / "ds.json")]  # fmt: skip
+    args = ["tune", "--gpus", "2", "--device", "cpu", "--launcher", "local", "--storage", f"sqlite:///{folder / 'x.db'}",
+            "--", "python", str(folder / "t.py"), "--deepspeed", str(folder / "ds.json")]  # fmt: skip
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2 and "cannot prune" in result.output
+    assert result.exit_code == 2 and "prunes no config before it runs" in result.output
+    assert "deepspeed.initialize" in result.output
