@@ -98,3 +98,14 @@ def test_a_study_without_the_sequence_length_stops_at_its_first_trial(tmp_path: 
         study.run(measurer)
     assert stopped.value.message == UNKNOWN_LENGTH and len(measurer.submitted) == 1
     assert measurer.hooked == [False]  # no early stop: tokens per step are not known
+
+
+def test_a_guided_study_of_a_commands_model_measures_each_stages_largest_micro_batch_first(
+    tmp_path: Path, store: Store
+) -> None:
+    """Nothing to predict with: the largest micro-batch of each stage first (the space's stage order); one that ran
+    out of memory rules out the larger ones, and the sampler goes on."""
+    study, measurer = study_of(tmp_path, store, oom_from_micro_4)
+    study = TuningStudy(replace(study.settings, sampler="tpe", name="guided"), store)
+    study.run(measurer)
+    assert [shape(config) for config in measurer.submitted[:2]] == [(0, 8), (1, 8)]

@@ -98,6 +98,28 @@ AllowNumericsOpt = Annotated[
         "optimizer states, Muon, DeepSpeed's chunked cross-entropy (recorded with the study; best says which)."
     ),
 ]
+PatienceOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="Stop once the best config stood for this many measured trials after it (0: never; default: 2 for a "
+        "training command's study, never for dstune's own trainer's).",
+    ),
+]
+SCRIPT_PATIENCE = 2  # a training command's runs cost a launch each: its study stops once its best stood for two
+
+
+def study_patience(patience: int | None, script: ScriptCommand | None) -> int | None:
+    """``--patience``, or its default: :data:`SCRIPT_PATIENCE` for a training command's study, else none.
+
+    >>> study_patience(None, None), study_patience(0, None), study_patience(3, None)
+    (None, None, 3)
+    """
+    if patience is None:
+        return SCRIPT_PATIENCE if script is not None else None
+    return patience or None
+
+
 CoresPerNodeOpt = Annotated[
     int | None,
     typer.Option(min=1, help="Cores per node the ranks' threads may use together (default: this machine's)."),
@@ -134,18 +156,15 @@ def tune_command(
     ds_config_at: DsConfigAtOpt = None,
     arg_mapping: ArgMappingOpt = None,
     confirm: ConfirmOpt = None,
+    patience: PatienceOpt = None,
     command: CommandArg = None,
 ) -> None:
-    """Search ds_configs for the fastest one that fits: prune with the estimator, measure the rest. With
-    --seq-len max: the longest sequence that fits, by measurement from the estimator's answer."""
+    """Search ds_configs for the fastest that fits: the estimator prunes, runs measure (--seq-len max: the longest)."""
     script = script_command(command, ds_config_at, arg_mapping)
     timing = (warmup, warmup_max, steps, run_timeout)
     flags, dispatch = _measure_options(flags, launcher, ray_address, timing, memory_cap, script)
-    if script is not None and without_model(flags):
-        say_no_model()
     seq_len = seq_len_of(str(flags.seq_len))
-    if script is not None:
-        flags, study, pin = _script_study(flags, script, study, space, pin, seq_len)
+    flags, study, pin = _script_study(flags, script, study, space, pin, seq_len)
     if seq_len is None:
         search = SearchOptions(dispatch, study, storage, trials, _pins(pin or []), nvme_path)
         raise typer.Exit(tune_max(ctx, flags, search))
@@ -165,6 +184,7 @@ def tune_command(
         nvme_path=nvme_path,
         thread_budget=thread_budget(search_threads, cores_per_node, workload.cluster.gpus_per_node),
         allow_numerics_changes=allow_numerics_changes,
+        patience=study_patience(patience, script),
     )
     raise typer.Exit(run_tune(settings, storage, confirm))
 
@@ -196,12 +216,21 @@ def _study_timeout(timeout: str | None) -> float | None:
 
 
 def _script_study(
-    flags: WorkloadFlags, script: ScriptCommand, study: str | None, space: str, pin: list[str] | None, seq_len: Any
-) -> tuple[WorkloadFlags, str, list[str]]:
+    flags: WorkloadFlags,
+    script: ScriptCommand | None,
+    study: str | None,
+    space: str,
+    pin: list[str] | None,
+    seq_len: Any,
+) -> tuple[WorkloadFlags, str | None, list[str] | None]:
     """A script study's flags (its ds_config's precision), name (the workload's marked with the command) and pins
-    (what the command decides for itself)."""
+    (what the command decides for itself); without a command, the ones given."""
+    if script is None:
+        return flags, study, pin
     if seq_len is None:
         fail("seq-len", "--seq-len max measures dstune's own trainer, not a training command")
+    if without_model(flags):
+        say_no_model()
     flags = script_flags(flags, script)
     workload = tuning_workload(flags, script)
     # a command's own model is named by the command already (tuner.workload.unknown_model)

@@ -100,6 +100,12 @@ def say_how_it_ended(tuning: TuningStudy, report: StudyReport, console: Console)
     """Say when the study was interrupted (how to resume it) or its space ran out of new configs."""
     if report.interrupted:
         console.print("[yellow]interrupted[/]: finished trials are recorded; run the same command to resume")
+    if report.settled:
+        console.print(
+            f"stopped: the best config stood for {tuning.settings.patience} measured trials after it "
+            "(--patience; more trials are unlikely to beat it)",
+            highlight=False,
+        )
     if report.exhausted:
         recorded = tuning.configs_recorded()
         console.print(

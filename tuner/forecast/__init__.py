@@ -12,6 +12,7 @@ no SQL here; no Optuna, Ray or torch.
 """
 
 from tuner.forecast.calibration import DEFAULT_MARGIN, MIN_MARGIN, Calibration, allocated_part
+from tuner.forecast.command_order import largest_micro_first
 from tuner.forecast.layouts import (
     PREDICTION_TIE,
     Judged,
@@ -85,6 +86,7 @@ __all__ = [
     "group_counts",
     "group_reasons",
     "judge_grid",
+    "largest_micro_first",
     "load_fit",
     "longest_fit",
     "memory_reason",

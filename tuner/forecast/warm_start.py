@@ -215,12 +215,12 @@ def rank_feasible(
     for suggestion in grid_suggestions(space, workload, names, global_batch, nvme_path):
         judged = _judge(suggestion, workload, calibration, fit)
         if judged is not None:
-            ranked.append(Ranked(suggestion, *judged, params=_enqueue_params(space, suggestion)))
+            ranked.append(Ranked(suggestion, *judged, params=enqueue_params(space, suggestion)))
     ranked.sort(key=lambda r: -r.prediction.tokens_per_s)
     return ranked
 
 
-def _enqueue_params(space: SearchSpace, suggestion: Suggestion) -> dict[str, Any]:
+def enqueue_params(space: SearchSpace, suggestion: Suggestion) -> dict[str, Any]:
     """What ``enqueue_trial`` needs to reproduce the suggestion: its values, with defaults for unsearched ones.
 
     A fixed value outside its parameter's choices (the accumulation derived from a global batch, which ``suggest``
@@ -274,7 +274,7 @@ def recheck_earlier(
             continue
         judged = _judge(suggestion, workload, calibration, fit)
         if judged is not None:
-            kept[suggestion.key] = Ranked(suggestion, *judged, params=_enqueue_params(space, suggestion))
+            kept[suggestion.key] = Ranked(suggestion, *judged, params=enqueue_params(space, suggestion))
     return sorted(kept.values(), key=lambda r: -r.prediction.tokens_per_s)
 
 

@@ -27,7 +27,7 @@ from typing import Literal
 
 import optuna
 
-from tuner.forecast import Calibration, ThroughputGuide
+from tuner.forecast import Calibration, ThroughputGuide, largest_micro_first
 from tuner.measure.measurement import CANCELLED, Measurement
 from tuner.measure.script.failures import SCRIPT_FAILED, ScriptFailed
 from tuner.space import InfeasibleConfig, SearchSpace, Suggestion
@@ -43,7 +43,7 @@ from tuner.study.proposer import Proposer
 from tuner.study.resume import TRIAL_LEASE_S, Holding
 from tuner.study.samplers import grid_parameters, make_sampler
 from tuner.study.settings import Event, StudyReport, StudySettings
-from tuner.study.stopper import STOP_WAIT_S, Budget, defer_ctrl_c, step_hook
+from tuner.study.stopper import STOP_WAIT_S, Budget, best_stood, defer_ctrl_c, step_hook
 from tuner.workload.trial import ENV_SECTION
 
 UNKNOWN_LENGTH = (
@@ -89,7 +89,11 @@ class TuningStudy:
             store=store,
             hardware=hardware,
         )
-        self.proposer = Proposer(self.optuna, self.guide, guided=settings.sampler in ("tpe", "gp"))
+        # a command's own model (no --model): nothing to predict with, so the largest micro-batch of each stage first
+        first = None
+        if workload.model.is_unknown:
+            first = largest_micro_first(self.space, workload, settings.global_batch, settings.nvme_path)
+        self.proposer = Proposer(self.optuna, self.guide, guided=settings.sampler in ("tpe", "gp"), first=first)
         self.recorder = Recorder(
             settings, store, self.study_id, self.optuna, self.guide, calibration, self.proposer, self._emit
         )
@@ -113,6 +117,16 @@ class TuningStudy:
     def configs_recorded(self) -> int:
         """Distinct configs the study holds so far, measured, pruned or in flight: what the budget counts."""
         return self.store.count_trials(self.study_id)
+
+    def settled(self) -> bool:
+        """True once the best measured config stood for ``patience`` measured trials after it (the study's rule for
+        stopping when more trials are unlikely to beat it: :attr:`StudySettings.patience`)."""
+        patience = self.settings.patience
+        if not patience:
+            return False
+        best = self.store.best_trial(self.study_id)
+        measured = [t.number for t in self.store.trials(self.study_id, status="ok")]
+        return best_stood(measured, best.number if best is not None else None) >= patience
 
     def recover(self) -> None:
         """Fail what a killed process left running, in Optuna and in the store, and queue each for one retry; what
@@ -163,7 +177,8 @@ class TuningStudy:
         ended = StudyStatus.INTERRUPTED if stopped or interrupted else StudyStatus.FINISHED
         self.store.set_study_status(self.study_id, ended)
         counts = self.store.study_summary(self.study_id).counts
-        return StudyReport(self.study_id, interrupted, counts, stopped=stopped, exhausted=budget.exhausted)
+        ended_by = {"stopped": stopped, "exhausted": budget.exhausted, "settled": self.settled()}
+        return StudyReport(self.study_id, interrupted, counts, **ended_by)
 
     def _loop(
         self, dispatcher: Measurer, budget: Budget, ctrl_c: threading.Event, should_stop: Callable[[], bool] | None
@@ -173,8 +188,10 @@ class TuningStudy:
         while not (should_stop is not None and should_stop()):
             if ctrl_c.is_set():
                 raise KeyboardInterrupt  # Ctrl-C, taken here: never between a trial started and its run held
-            if len(self.in_flight) < dispatcher.slots and budget.may_ask(
-                self.configs_recorded, self.proposer.retry_waiting
+            if (
+                len(self.in_flight) < dispatcher.slots
+                and budget.may_ask(self.configs_recorded, self.proposer.retry_waiting)
+                and not self.settled()
             ):
                 budget.proposed(self._ask_one(dispatcher))
                 continue

@@ -26,13 +26,16 @@ RETRY_ATTR = "dstune_retry"  # Optuna user attribute of a queued retry: the stor
 class Proposer:
     """Asks Optuna for the next trial: a queued retry first, else after queueing the guide's pick when nothing waits."""
 
-    def __init__(self, study: optuna.Study, guide: ThroughputGuide, guided: bool) -> None:
+    def __init__(
+        self, study: optuna.Study, guide: ThroughputGuide, guided: bool, first: list[dict] | None = None
+    ) -> None:
         self.study, self.guide, self.guided = study, guide, guided
+        self.first = first  # what a new guided study measures first instead of the guide's picks (a command's model)
 
     def warm_start(self) -> None:
-        """A new guided study measures the throughput model's best-predicted configs first."""
+        """A new guided study measures the throughput model's best-predicted configs first (or :attr:`first`)."""
         if self.guided and not self.study.get_trials(deepcopy=False):
-            for params in self.guide.warm_start():
+            for params in self.first if self.first is not None else self.guide.warm_start():
                 self.study.enqueue_trial(params)
 
     def ask(self, owner: str) -> optuna.Trial:

@@ -34,6 +34,7 @@ class StudySettings:
     allow_numerics_changes: bool = False  # also search bf16 master weights and states, Muon, the chunked loss
     dispatch: MeasureOptions = field(default_factory=MeasureOptions)
     early_stop: SlowRunStopper | None = field(default_factory=SlowRunStopper)  # None measures every run to the end
+    patience: int | None = None  # stop once the best stood for this many measured trials after it; None: never
 
     def to_record(self) -> dict[str, Any]:
         """The settings stored with the study (JSON-ready)."""
@@ -48,6 +49,7 @@ class StudySettings:
             "thread_budget": self.thread_budget,
             "allow_numerics_changes": self.allow_numerics_changes,
             "early_stop": None if self.early_stop is None else vars(self.early_stop),
+            **({"patience": self.patience} if self.patience else {}),
             **({"script": self.dispatch.script.to_dict()} if self.dispatch.script else {}),
             **({"no_model": NO_MODEL_NOTE} if self.workload.model.is_unknown else {}),
         }
@@ -89,3 +91,4 @@ class StudyReport:
     counts: dict[str, int] = field(default_factory=dict)
     stopped: bool = False
     exhausted: bool = False  # the sampler kept proposing recorded configs: the space has no new ones to offer
+    settled: bool = False  # the best stood for ``patience`` measured trials after it: the study stopped asking

@@ -73,3 +73,13 @@ def defer_ctrl_c(flag: threading.Event) -> Callable[[], None]:
 
     signal.signal(signal.SIGINT, handler)
     return restore
+
+
+def best_stood(numbers: list[int], best: int | None) -> int:
+    """How many measured trials (their ``numbers``) came after the best one (``best``: its number; None: nothing
+    measured yet, so the best has stood for none).
+
+    >>> best_stood([0, 1, 2, 3], 1), best_stood([0, 1], 1), best_stood([], None)
+    (2, 0, 0)
+    """
+    return 0 if best is None else sum(number > best for number in numbers)
