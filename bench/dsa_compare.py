@@ -15,10 +15,13 @@ the autotuner's own ``autotuning`` section. Both tools get the same command and 
   port + their number; the default 29500 is often taken on a shared host). Its clean-up after each experiment runs
   ``pdsh ... pkill -f <experiment name>`` on every host; without pdsh (not installed here) that step raises in the
   experiment's thread and is skipped, and the ranks end by themselves (the engine exits after its profiled steps).
-* **dstune** (``dstune tune --launcher local ... -- <the same command>``), once per budget of ``--trials`` (a study
-  each): configs of the default space with the same bounds (ZeRO stage 0-3, micro-batch 1-64, accumulation 1, no
-  offload: the autotuner's fast space), then its own confirmation run of the winner (``--confirm``, the default for
-  a command), inside its wall time.
+* **dstune** (``dstune tune --launcher local ... -- <the same command>``, without ``--model``: the autotuner is told
+  nothing of the script's model either), once per cap of ``--trials`` (a study each): configs of the default space
+  with the same bounds (ZeRO stage 0-3, micro-batch 1-64, accumulation 1, no offload: the autotuner's fast space),
+  the largest micro-batch of each stage first, stopped by its own rule (``--patience 2``, the default for a command)
+  or the cap, then its own confirmation run of the winner (``--confirm``, the default for a command), inside its wall
+  time (the figures say the wall time with and without it). Each trial's wall time is split into its ranks' phases
+  and the rest (the launcher's start, the stop, the read-back).
 
 Then each winner's ds_config is confirmed by ``--confirm-runs`` independent runs of the same command through
 ``dstune measure`` (the script's own steps timed from outside the engine, data loading included), the winners
@@ -29,7 +32,7 @@ backward and step timers, data loading not included) is printed beside its winne
 Printed and written (``--out``, default ``bench/results/dsa_compare.md``) with the command that made it and the
 host's load.
 
-Run: ``DS_ACCELERATOR=cpu .venv/bin/python bench/dsa_compare.py [--trials 4 8] [--confirm-runs 3]``
+Run: ``DS_ACCELERATOR=cpu .venv/bin/python bench/dsa_compare.py [--trials 8] [--confirm-runs 3]``
 """
 
 from __future__ import annotations
@@ -52,7 +55,10 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "scripts"
 BIN = Path(sys.executable).parent
 SEQ_LEN = 64
-WORKLOAD = ["--model", "tiny-llama", "--gpus", "2", "--device", "cpu", "--seq-len", str(SEQ_LEN)]
+# no --model: the script's model is its own nn.Module (DSA is told nothing of it either); tokens per sample are read
+# from the token ids its forward is given
+WORKLOAD = ["--gpus", "2", "--device", "cpu"]
+PHASES = ("before_initialize_s", "initialize_s", "warmup_s", "timed_s")  # a trial's own timings (its slowest rank)
 PINS = ["grad_accum=1", "offload_optimizer=none", "offload_param=none"]
 
 
@@ -110,7 +116,7 @@ def run_dsa(work: Path) -> dict[str, Any]:
     """``deepspeed --autotuning tune`` on the command; its wall time, experiments and winner."""
     argv = ["deepspeed", "--autotuning", "tune", "--num_gpus", "2", "--master_port", str(free_port_block())]
     argv += command("ds_config.json")[3:]
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     with (work / "dsa.log").open("wb") as log:
         done = subprocess.run(argv, cwd=work, env=environment(), stdout=log, stderr=subprocess.STDOUT, check=False)
     wall = time.monotonic() - started
@@ -131,7 +137,14 @@ def run_dsa(work: Path) -> dict[str, Any]:
     optimal = results / "ds_config_optimal.json"
     winner = json.loads(optimal.read_text()) if optimal.exists() else None
     best = max((e for e in experiments if e["throughput"]), key=lambda e: e["throughput"], default=None)
-    return {"wall_s": wall, "exit": done.returncode, "experiments": experiments, "winner": winner, "best": best}
+    return {
+        "wall_s": wall,
+        "load": load,
+        "exit": done.returncode,
+        "experiments": experiments,
+        "winner": winner,
+        "best": best,
+    }
 
 
 def run_dstune(work: Path, trials: int) -> dict[str, Any]:
@@ -141,10 +154,11 @@ def run_dstune(work: Path, trials: int) -> dict[str, Any]:
     pins = [item for pin in PINS for item in ("--pin", pin)]
     argv = [str(BIN / "dstune"), "tune", *WORKLOAD, "--trials", str(trials), "--launcher", "local"]
     argv += ["--storage", db, "--study", name, *pins, "--", *command("ds_config.json")]
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     with (work / f"{name}.log").open("wb") as log:
         done = subprocess.run(argv, cwd=work, env=environment(), stdout=log, stderr=subprocess.STDOUT, check=False)
     wall = time.monotonic() - started
+    settled = "stopped: the best config stood" in (work / f"{name}.log").read_text(errors="replace")
     best_path = work / f"{name}_best.json"
     best = [str(BIN / "dstune"), "best", "--study", name, "--storage", db, "--out", best_path.name]
     subprocess.run(best, cwd=work, env=environment(), capture_output=True, check=False)
@@ -163,18 +177,33 @@ def run_dstune(work: Path, trials: int) -> dict[str, Any]:
             "micro": t.trial.batch[0],
             "tokens_per_s": t.tokens_per_s,
             "stopped_early": bool((t.measurement or {}).get("stopped_early")),
+            "phases": _phases(t.measurement or {}),
         }
         for t in records
     ]
     return {
         "trials_asked": trials,
         "wall_s": wall,
+        "load": load,
+        "settled": settled,
         "exit": done.returncode,
         "trials": rows,
         "winner": json.loads(best_path.read_text()) if best_path.exists() else None,
         "best_tokens_per_s": winner.tokens_per_s if winner else None,
         "confirmation": (winner.measurement or {}).get("confirmation") if winner else None,
     }
+
+
+def _phases(measurement: dict[str, Any]) -> dict[str, float]:
+    """Where a run's wall time went: its ranks' own phases (the slowest rank's), and the rest (the launcher's start,
+    the processes' start before dstune's hook is imported, the stop and the read-back)."""
+    timings = measurement.get("timings") or {}
+    wall = timings.get("wall_s")
+    phases = {name: float(timings[name]) for name in PHASES if name in timings}
+    if wall:
+        phases["wall_s"] = float(wall)
+        phases["rest_s"] = float(wall) - sum(phases[name] for name in PHASES if name in phases)
+    return phases
 
 
 def measure(work: Path, config: dict[str, Any], name: str) -> float | None:
@@ -230,6 +259,7 @@ def render(
             + [
                 f"{sum(t['status'] != 'pruned' for t in ours['trials'])} measured, "
                 f"{sum(t['status'] == 'pruned' for t in ours['trials'])} pruned, + 1 confirmation"
+                + (" (stopped by its rule: the best stood for 2 measured trials)" if ours["settled"] else "")
                 for ours in studies
             ],
         ),
@@ -256,7 +286,10 @@ def render(
         "`--deepspeed_config`), `deepspeed --num_gpus 2` on 2 CPU ranks (gloo), sequence 64, the user's ds_config",
         "`examples/scripts/ds_config.json` with the autotuner's `autotuning` section (fast mode, ZeRO stage `all`,",
         "micro-batch up to 64). dstune searched the same bounds (stage 0-3, micro-batch 1-64, accumulation 1, no",
-        "offload), one study per budget.",
+        "offload), one study per budget, without `--model` (the autotuner is told nothing of the model either):",
+        "nothing pruned before a run, the largest micro-batch of each stage first, `--trials` a cap and its own rule",
+        "(`--patience 2`, the default for a command) stopping it. Load average when each tool started: autotuner "
+        f"{dsa['load']:.1f}, " + ", ".join(f"{_label(ours)} {ours['load']:.1f}" for ours in studies) + ".",
         "",
         header,
         "|---" * (len(names) + 1) + "|",
@@ -266,8 +299,10 @@ def render(
     for ours in studies:
         mine, theirs = medians[_label(ours)], medians["autotuner"]
         ratio = f"**{mine / theirs:.2f}×** the autotuner's" if mine and theirs else "not comparable (a failed run)"
+        search = ours["wall_s"] - ((ours["confirmation"] or {}).get("wall_s") or 0.0)
         lines.append(
-            f"- {_label(ours)}: confirmed winner {ratio}, in **{ours['wall_s'] / dsa['wall_s']:.2f}×** its wall time."
+            f"- {_label(ours)}: confirmed winner {ratio}, in **{ours['wall_s'] / dsa['wall_s']:.2f}×** its wall time "
+            f"with dstune's own confirmation run, {search / dsa['wall_s']:.2f}× without it."
         )
     lines += ["", "## The autotuner's experiments", "", "| experiment | stage | micro | throughput (samples/s) |"]
     lines += ["|---|---|---|---|"]
@@ -279,11 +314,33 @@ def render(
         for trial in ours["trials"]:
             tokens = _fmt(trial["tokens_per_s"]) + (" (stopped early)" if trial["stopped_early"] else "")
             lines.append(f"| {trial['number']} | {trial['status']} | {trial['stage']} | {trial['micro']} | {tokens} |")
+        lines += _phase_table(ours, dsa)
     return "\n".join(lines) + "\n"
 
 
+def _phase_table(ours: dict[str, Any], dsa: dict[str, Any]) -> list[str]:
+    """Where each trial's wall time went (seconds), and the autotuner's mean per experiment beside it."""
+    names = (*PHASES, "rest_s")
+    lines = ["", f"### {_label(ours)}: where each trial's wall time went (seconds)", ""]
+    lines += ["| trial | wall | " + " | ".join(name.removesuffix("_s") for name in names) + " |"]
+    lines += ["|---" * (len(names) + 2) + "|"]
+    for trial in ours["trials"]:
+        phases = trial["phases"]
+        if "wall_s" in phases:
+            cells = [f"{phases[name]:.1f}" if name in phases else "-" for name in ("wall_s", *names)]
+            lines.append(f"| {trial['number']} | " + " | ".join(cells) + " |")
+    confirmation = (ours["confirmation"] or {}).get("wall_s")
+    per_experiment = dsa["wall_s"] / max(len(dsa["experiments"]), 1)
+    lines += [
+        "",
+        f"dstune's confirmation run: {_fmt(confirmation)} s. The autotuner: {per_experiment:.0f} s per experiment on "
+        "average (its wall time over its experiments, its own waits between them included).",
+    ]
+    return lines
+
+
 def _label(ours: dict[str, Any]) -> str:
-    return f"dstune, {ours['trials_asked']} trials"
+    return f"dstune, at most {ours['trials_asked']} trials"
 
 
 def _wall(ours: dict[str, Any], dsa: dict[str, Any]) -> str:
@@ -311,7 +368,7 @@ LOAD = [f"{os.getloadavg()[0]:.2f}"]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, nargs="+", default=[4, 8], help="dstune's budgets, a study each")
+    parser.add_argument("--trials", type=int, nargs="+", default=[8], help="dstune's budgets (caps), a study each")
     parser.add_argument("--max-micro", type=int, default=64, help="the largest micro-batch either tool tries")
     parser.add_argument("--confirm-runs", type=int, default=3, help="independent runs of each winner")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "dsa_compare.md"))
