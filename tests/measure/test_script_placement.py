@@ -141,8 +141,19 @@ def test_a_script_run_without_a_model_says_nothing_is_pruned_and_runs(folder: Pa
     from tuner.cli.app import app
 
     (folder / "t.py").write_text("")
-    args = ["tune", "--gpus", "2", "--device", "cpu", "--launcher", "local", "--storage", f"sqlite:///{folder / 'x.db'}",
-            "--", "python", str(folder / "t.py"), "--deepspeed", str(folder / "ds.json")]  # fmt: skip
+    command = ["python", str(folder / "t.py"), "--deepspeed", str(folder / "ds.json")]
+    args = [
+        "tune",
+        "--gpus",
+        "2",
+        "--device",
+        "cpu",
+        "--launcher",
+        "local",
+        "--storage",
+        f"sqlite:///{folder / 'x.db'}",
+    ]
+    args += ["--", *command]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "prunes no config before it runs" in result.output
     assert "deepspeed.initialize" in result.output
