@@ -30,8 +30,6 @@ KNOWN_OFFENDERS: frozenset[str] = frozenset(
         "tuner/api/longest.py",
         "tuner/api/schemas.py",
         "tuner/cli/max_seq_len.py",
-        "tuner/cli/options.py",
-        "tuner/cli/script_options.py",
         "tuner/cli/tune_max.py",
         "tuner/forecast/longest.py",
         "tuner/forecast/seq_candidates.py",

@@ -72,10 +72,7 @@ def test_tune_pins_the_flags_given_and_refuses_a_bad_layout_before_any_run(tmp_p
     from tuner.cli.tune import _long_context_pins
 
     flags = WorkloadFlags(
-        sequence_parallel=2,
-        tensor_parallel=None,
-        expert_parallel=None,
-        hpz=None,
+        layouts={"sequence_parallel": 2, "tensor_parallel": None, "expert_parallel": None, "hpz_partition_size": None},
         tiled_mlp=None,
         tiled_loss=8,
         offload_checkpoints=None,

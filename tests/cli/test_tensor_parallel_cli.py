@@ -91,8 +91,8 @@ def test_tune_checks_hpz_against_the_ranks_before_any_run_and_pins_it(tmp_path: 
     from tuner.cli.options import WorkloadFlags
     from tuner.cli.tune import _long_context_pins
 
-    pins = _long_context_pins(WorkloadFlags(sequence_parallel=None, tensor_parallel=2, expert_parallel=None, hpz=None,
-                                            tiled_mlp=None, tiled_loss=None, offload_checkpoints=None))  # fmt: skip
+    layouts = {"sequence_parallel": None, "tensor_parallel": 2, "expert_parallel": None, "hpz_partition_size": None}
+    pins = _long_context_pins(WorkloadFlags(layouts=layouts, tiled_mlp=None, tiled_loss=None, offload_checkpoints=None))
     assert pins == {"tensor_parallel": 2}
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     args = ["tune", "--model", "llama-2-7b", "--gpus", "2", "--device", "cpu", "--hpz", "4", "--storage", storage]

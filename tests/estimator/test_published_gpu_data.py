@@ -45,7 +45,7 @@ def test_alst_tiling_as_arctic_training_runs_it() -> None:
     local = 3_800_000 // 8
     assert flags.tiled_mlp == math.ceil(local / 4096)  # DeepSpeed's ALST tutorial: ceil(seqlen / hidden)
     assert flags.liger and flags.tiled_loss == 1  # ArcticTraining's liger model type: Liger's kernels and loss
-    assert (flags.gpu_type, flags.sequence_parallel, flags.offload_checkpoints) == ("h100-80gb", 8, True)
+    assert (flags.gpu_type, flags.layouts["sequence_parallel"], flags.offload_checkpoints) == ("h100-80gb", 8, True)
     plain = bench.flags_of(row, None, liger=False)  # as scored before --liger: Liger's loss as a tiled loss
     assert not plain.liger and plain.tiled_loss == math.ceil(local * 128_256 * 4 / 2**30)  # 1 GiB of fp32 logits
     baseline = bench.flags_of(next(row for row in ROWS if "no-liger" in row["id"]), None)

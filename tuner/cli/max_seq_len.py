@@ -43,7 +43,7 @@ def pins_of(ctx: typer.Context, flags: WorkloadFlags) -> Pins:
     """The pins of the flags the user gave (the long-context ones included: ``--sequence-parallel``...)."""
 
     def pinned(name: str) -> Any:
-        return getattr(flags, name) if flag_given(ctx, name) else None
+        return flags.value(name) if flag_given(ctx, name) else None
 
     return Pins(
         sequence_parallel=pinned("sequence_parallel"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, get_type_hints
 
 import typer
@@ -45,7 +45,7 @@ from tuner.requests import (
 from tuner.space.dsconfig import load_ds_config
 from tuner.workload import GpuTypeName, TrialConfig, Workload, load_hf_config, read_json_object
 from tuner.workload.launch_vars import allowed_name, allowed_names
-from tuner.workload.layouts import AUTOEP, AUTOTP, HPZ, ULYSSES
+from tuner.workload.layouts import LAYOUTS
 from tuner.workload.plain_data import check_plain_data
 
 ModelOpt = Annotated[str | None, typer.Option(help="Hugging Face config.json (or its folder) or a preset.")]
@@ -86,14 +86,13 @@ QuantizationOpt = Annotated[
         "needs --peft and --device cuda; estimate only."
     ),
 ]
-_SP, _TP, _EP, _HPZ = (typer.Option(kind.flag, min=1, help=kind.help) for kind in (ULYSSES, AUTOTP, AUTOEP, HPZ))
+# one flag per layout of the registry (tuner.workload.layouts), named by the kind's flag: the degree it pins
+_LAYOUT_OPTIONS = {kind.parameter: typer.Option(kind.flag, min=1, help=kind.help) for kind in LAYOUTS}
+LAYOUT_FLAGS = tuple(_LAYOUT_OPTIONS)  # their parameter names, in WorkloadFlags.layouts' place
+_BY_PARAMETER = {kind.parameter: kind for kind in LAYOUTS}
 _TILED_MLP = typer.Option("--tiled-mlp", min=1, help="ALST: each MLP computed in N sequence shards.")
 _TILED_LOSS = typer.Option("--tiled-loss", min=1, help="ALST: logits and loss in N shards.")
 _OFFLOAD_CHECKPOINTS = typer.Option(help="ALST: checkpointed layer inputs in host memory (needs checkpointing).")
-SequenceParallelOpt = Annotated[int, _SP]
-TensorParallelOpt = Annotated[int, _TP]
-ExpertParallelOpt = Annotated[int, _EP]
-HpzOpt = Annotated[int, _HPZ]
 TiledMlpOpt = Annotated[int, _TILED_MLP]
 TiledLossOpt = Annotated[int, _TILED_LOSS]
 OffloadCheckpointsOpt = Annotated[bool, _OFFLOAD_CHECKPOINTS]
@@ -121,27 +120,21 @@ WarmupMaxOpt = Annotated[
 AUTO_DEVICE: Mapping[str, tuple[Any, Any]] = {"device": (AutoDeviceOpt, None)}
 TUNE_FLAGS = (
     "model", "gpus", "nodes", "gpu_memory", "gpu_type", "cpu_memory", "seq_len", "precision", "attention", "device",
-    "model_impl", "peft", "freeze", "quantization", "sequence_parallel", "tensor_parallel", "expert_parallel", "hpz",
-    "tiled_mlp", "tiled_loss", "offload_checkpoints", "launcher_env", "launch_var", "bind_cores",
+    "model_impl", "peft", "freeze", "quantization", *LAYOUT_FLAGS, "tiled_mlp", "tiled_loss", "offload_checkpoints",
+    "launcher_env", "launch_var", "bind_cores",
 )  # fmt: skip
 # tune pins the long-context and layout flags that are given (unset: searched where the space offers them)
 TUNE_OVERRIDES: Mapping[str, tuple[Any, Any]] = {
     **AUTO_DEVICE,
     "seq_len": (TuneSeqLenOpt, "2048"),
-    "sequence_parallel": (Annotated[int | None, _SP], None),
-    "tensor_parallel": (Annotated[int | None, _TP], None),
-    "expert_parallel": (Annotated[int | None, _EP], None),
-    "hpz": (Annotated[int | None, _HPZ], None),
+    **{name: (Annotated[int | None, option], None) for name, option in _LAYOUT_OPTIONS.items()},
     "tiled_mlp": (Annotated[int | None, _TILED_MLP], None),
     "tiled_loss": (Annotated[int | None, _TILED_LOSS], None),
     "offload_checkpoints": (Annotated[bool | None, _OFFLOAD_CHECKPOINTS], None),
 }
 # the space's parameter each long-context or layout flag pins (search_spaces/default.yaml)
 LONG_CONTEXT_PINS = {
-    "sequence_parallel": "sequence_parallel",
-    "tensor_parallel": "tensor_parallel",
-    "expert_parallel": "expert_parallel",
-    "hpz": "hpz_partition_size",
+    **{kind.parameter: kind.field for kind in LAYOUTS},
     "tiled_mlp": "tiled_mlp_shards",
     "tiled_loss": "tiled_loss_shards",
     "offload_checkpoints": "offload_checkpoints",
@@ -172,10 +165,8 @@ class WorkloadFlags:
     offload_param: OffloadParamOpt = "none"
     nvme_path: NvmePathOpt = None
     activation_checkpointing: CheckpointingOpt = False
-    sequence_parallel: SequenceParallelOpt = 1
-    tensor_parallel: TensorParallelOpt = 1
-    expert_parallel: ExpertParallelOpt = 1
-    hpz: HpzOpt = 1
+    # the layout flags (one per kind, LAYOUT_FLAGS): each kind's field -> its degree (tune: None where not given)
+    layouts: Mapping[str, int | None] = field(default_factory=lambda: {kind.field: 1 for kind in LAYOUTS})
     tiled_mlp: TiledMlpOpt = 1
     tiled_loss: TiledLossOpt = 1
     offload_checkpoints: OffloadCheckpointsOpt = False
@@ -195,6 +186,11 @@ class WorkloadFlags:
     launch_var: LaunchVarOpt = None
     bind_cores: BindCoresOpt = False
 
+    def value(self, name: str) -> Any:
+        """The value of the flag whose parameter is ``name`` (a layout flag's from :attr:`layouts`)."""
+        kind = _BY_PARAMETER.get(name)
+        return self.layouts[kind.field] if kind is not None else getattr(self, name)
+
 
 def workload_options(
     only: Sequence[str] | None = None, overrides: Mapping[str, tuple[Any, Any]] | None = None
@@ -202,8 +198,7 @@ def workload_options(
     """Give a command the workload flags: its ``flags: WorkloadFlags`` parameter becomes the options (all, or
     ``only`` these, in :class:`WorkloadFlags`' order) at that place in ``--help``; the command is called with
     ``flags=WorkloadFlags(...)``. ``overrides`` maps a field to another ``(annotated type, default)``."""
-    hints = get_type_hints(WorkloadFlags, include_extras=True)
-    declared = {item.name: (hints[item.name], item.default) for item in fields(WorkloadFlags)}
+    declared = _declared()
     unknown = (set(only or ()) | set(overrides or {})) - declared.keys()
     if unknown:
         raise TypeError(f"not workload flags: {', '.join(sorted(unknown))}")
@@ -222,8 +217,9 @@ def workload_options(
             parameters += options if param.name == "flags" else [param.replace(kind=inspect.Parameter.KEYWORD_ONLY)]
 
         def with_flags(**values: Any) -> Any:
-            flags = WorkloadFlags(**{name: values.pop(name) for name in chosen})
-            return command(flags=flags, **values)
+            given = {name: values.pop(name) for name in chosen}
+            layouts = {kind.field: given.pop(kind.parameter, 1) for kind in LAYOUTS}
+            return command(flags=WorkloadFlags(**given, layouts=layouts), **values)
 
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
             setattr(with_flags, attribute, getattr(command, attribute))
@@ -232,6 +228,19 @@ def workload_options(
         return with_flags
 
     return decorate
+
+
+def _declared() -> dict[str, tuple[Any, Any]]:
+    """Each flag's parameter name -> ``(annotated type, default)``, in :class:`WorkloadFlags`' order, the layout
+    flags in the place of its ``layouts``."""
+    hints = get_type_hints(WorkloadFlags, include_extras=True)
+    declared: dict[str, tuple[Any, Any]] = {}
+    for item in fields(WorkloadFlags):
+        if item.name == "layouts":
+            declared |= {name: (Annotated[int, option], 1) for name, option in _LAYOUT_OPTIONS.items()}
+        else:
+            declared[item.name] = (hints[item.name], item.default)
+    return declared
 
 
 def warmup_limit(warmup: int, warmup_max: int | None) -> int | None:
@@ -344,10 +353,7 @@ def _with_trial(flags: WorkloadFlags, workload: Workload, lengths: tuple[int, ..
             "offload_optimizer": flags.offload_optimizer,
             "offload_param": flags.offload_param,
             "nvme_path": flags.nvme_path,
-            "sequence_parallel": flags.sequence_parallel or 1,  # None (tune): searched, not part of this trial
-            "tensor_parallel": flags.tensor_parallel or 1,
-            "expert_parallel": flags.expert_parallel or 1,
-            "hpz_partition_size": flags.hpz or 1,
+            **{name: degree or 1 for name, degree in flags.layouts.items()},  # None (tune): searched, not this trial's
             "tiled_mlp_shards": flags.tiled_mlp or 1,
             "tiled_loss_shards": flags.tiled_loss or 1,
             "offload_checkpoints": bool(flags.offload_checkpoints),
@@ -366,6 +372,7 @@ def _with_trial(flags: WorkloadFlags, workload: Workload, lengths: tuple[int, ..
 
 __all__ = [
     "AUTO_DEVICE",
+    "LAYOUT_FLAGS",
     "LONG_CONTEXT_PINS",
     "TUNE_FLAGS",
     "TUNE_OVERRIDES",

@@ -15,6 +15,7 @@ from tuner.cli.options import WorkloadFlags
 from tuner.errors import InputError
 from tuner.measure.script.command import ScriptCommand
 from tuner.workload import TrialConfig
+from tuner.workload.layouts import LAYOUTS
 from tuner.workload.trial import accumulation_for
 from tuner.workload.vocabulary import Precision
 
@@ -50,7 +51,7 @@ SCRIPT_PINS = {
     "tiled_mlp_shards": 1,
     "tiled_loss_shards": 1,
     "offload_checkpoints": False,
-    "sequence_parallel": 1,
+    **{kind.field: 1 for kind in LAYOUTS if kind.trainer_applied},
 }
 
 

@@ -52,6 +52,7 @@ from tuner.requests import Launcher, Sampler, check_study_name, default_study_na
 from tuner.units import parse_duration
 from tuner.workload import hpz_problem
 from tuner.workload.layout_checks import HPZ_KEY
+from tuner.workload.layouts import HPZ
 from tuner.workload.measurable import measurement_refusal
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ SamplerOpt = Annotated[
 def _long_context_pins(flags: WorkloadFlags) -> dict[str, Any]:
     """``--sequence-parallel``, ``--tiled-mlp``, ``--tiled-loss`` and ``--offload-checkpoints`` as pins of the
     space's parameters (the flags given; the others are searched where the space offers them)."""
-    return {pin: getattr(flags, flag) for flag, pin in LONG_CONTEXT_PINS.items() if getattr(flags, flag) is not None}
+    return {pin: flags.value(flag) for flag, pin in LONG_CONTEXT_PINS.items() if flags.value(flag) is not None}
 
 
 def _pins(pins: list[str]) -> dict[str, Any]:
@@ -245,10 +246,10 @@ def tuning_workload(flags: WorkloadFlags, script: ScriptCommand | None = None) -
     # micro-batch, accumulation, stage and offload are what the search decides: --hpz is checked against the ranks
     # here (its pin pins stage 3, tuner.space.pins), the rest of the layout in build
     if script is not None and without_model(flags):
-        workload, _ = no_model_workload(replace(flags, hpz=1), script)
+        workload, _ = no_model_workload(replace(flags, layouts={**flags.layouts, HPZ.field: 1}), script)
     else:
-        workload, _ = build(replace(flags, hpz=1))
-    hpz_wrong = hpz_problem(3, flags.hpz or 1, workload.cluster.world_size)
+        workload, _ = build(replace(flags, layouts={**flags.layouts, HPZ.field: 1}))
+    hpz_wrong = hpz_problem(3, flags.layouts[HPZ.field] or 1, workload.cluster.world_size)
     if hpz_wrong:
         fail(HPZ_KEY, hpz_wrong)
     refusal = measurement_refusal(workload) if script is None else None

@@ -31,6 +31,7 @@ from tuner.forecast import SEARCH_CAP, SEQ_MULTIPLE, LongestFit, NoLengthFits, P
 from tuner.measure.long_context_checks import measured_refusal
 from tuner.measure.options import MeasureOptions
 from tuner.units import format_bytes
+from tuner.workload.layouts import AUTOTP, HPZ, ULYSSES
 from tuner.workload.measurable import measurement_refusal
 
 if TYPE_CHECKING:
@@ -48,8 +49,8 @@ UNHONOURED = {
     "timeout": ("timeout", "the length search is bounded by --trials (runs) and --run-timeout"),
     "search_threads": ("search-threads", "the length search measures one config per length"),
     "cores_per_node": ("cores-per-node", "the length search measures one config per length"),
-    "tensor_parallel": ("tensor-parallel", "the length search considers Ulysses layouts, not AutoTP"),
-    "hpz": ("hpz", "the length search considers Ulysses layouts, not hpZ groups"),
+    AUTOTP.parameter: ("tensor-parallel", "the length search considers Ulysses layouts, not AutoTP"),
+    HPZ.parameter: ("hpz", "the length search considers Ulysses layouts, not hpZ groups"),
     "allow_numerics_changes": ("allow-numerics-changes", "the length search measures the estimator's config"),
 }
 PINNABLE = ("stage", "activation_checkpointing", "micro_batch")  # the --pin names it honours
@@ -179,7 +180,7 @@ def search_pins(flags: WorkloadFlags, options: SearchOptions, workload: Workload
         micro_batch=int(pinned.get("micro_batch") or 1),
         offload_optimizer="none" if cpu else None,
         offload_param="none" if cpu else None,
-        sequence_parallel=flags.sequence_parallel or (1 if builtin else None),
+        sequence_parallel=flags.layouts[ULYSSES.field] or (1 if builtin else None),
         tiled_mlp_shards=flags.tiled_mlp or (1 if builtin else None),
         tiled_loss_shards=flags.tiled_loss or (1 if builtin else None),
         offload_checkpoints=flags.offload_checkpoints

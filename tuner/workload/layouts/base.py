@@ -22,6 +22,9 @@ class LayoutKind(ABC):
     noun: ClassVar[str]  # what the degree is called in a sentence and a response field: "AutoTP degree"
     description: ClassVar[str]  # the request field's description (the API's schema)
     maximum: ClassVar[int]  # the largest degree a request may ask for
+    trainer_applied: ClassVar[bool] = False
+    """dstune's trainer applies it (Ulysses: it shards each batch over the group), not DeepSpeed from the config
+    alone: a training command's study pins it off (the command decides it for itself)."""
     memory_saver: ClassVar[bool] = False
     """Searched among the memory savers the warm start tries when nothing of the coarse grid fits, and left out of
     the recommender's grid (Ulysses: with ALST's pieces in the grid itself an 8B model's grid at 4K tokens on 8 GPUs

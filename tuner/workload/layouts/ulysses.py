@@ -20,6 +20,7 @@ class Ulysses(LayoutKind):
     noun = "Ulysses degree"
     description = "Ulysses degree (ds_config sequence_parallel_size)."
     maximum = 2**16
+    trainer_applied = True
     memory_saver = True
 
     def config(self, degree: int) -> dict[str, Any]:
