@@ -271,10 +271,17 @@ Measured 2026-12-06 (DeepSpeed 0.19.8, torch 2.13 CPU, 2 shared cores).
   `z3/.../reuse3000000` checks that rule below the model's size (a reuse distance of 3M elements: the LM head and
   the last layer's MLP, 1,638,400 elements, kept): 54.68 MiB estimated and true. The default-bucket rows of
   `estimator_true_peak.md` set max-live and the reuse distance to 1e9, so neither bit there (unchanged).
-* **Seq 32 (the model states set the peak, in backward or the step)**: ZeRO-3 2.1 % and 4.4 % under (were 16.0 % and
-  14.2 %, the same gathered parameters); ZeRO-1/2 13-17 % under, the fp32-master reference (-16.8 %,
-  `z2/device/fp32-master/seq32`) more than the bf16 rows: the estimator's step and backward moments at tiny
-  activations miss something for this model in both precisions; not found yet. Muon at seq 32: +2.9 %.
+* **Seq 32, ZeRO-2 on the device (the optimizer step sets the peak): within 0.01 %** (were -16.8 % for the
+  fp32-master reference and -13.2 % for bf16 master and states). The allocator's sites alive at the peak
+  (``PRECISION_BENCH_DETAIL=stack``): DeepSpeed's step reads the rank's 16-bit gradient buffer (``grads_in_partition``,
+  5,376,000 bytes on rank 0: the parameters overlapping its partition, whole) through ``averaged_gradients`` views
+  that keep it alive until the cast: the fp32-master peak is the flat 16-bit partition ``flatten`` makes of it
+  (5,245,184) and its fp32 ``.to()`` (10,490,368) beside that buffer; with bf16 master and states ``.to()`` returns the
+  same tensor, and the peak is the gradient norm's fp64 copy of the embedding's gradient (``get_norm_dtype`` is fp64
+  where the accelerator has it: 8,388,608 bytes) beside the buffer. The estimate's step held only the gradient
+  partition in the master's dtype (:func:`tuner.estimator.states.transients.flat_step_copies`).
+* **Seq 32, the other rows**: ZeRO-3 2.1 % and 4.4 % under (were 16.0 % and 14.2 %, the same gathered parameters);
+  ZeRO-1/2 with offload 13.8-15.4 % under, in backward; Muon at seq 32: +2.9 %.
 """
 
 

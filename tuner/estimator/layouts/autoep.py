@@ -128,7 +128,10 @@ def ep_flat_partition(numels: tuple[int, ...], experts: tuple[bool, ...], s: Set
     parts = [flat_partition(dense, s.zero_ranks)] if dense else []
     parts += [flat_partition(tuple(group), s.ranks.expert_data_parallel) for group in groups if group]
     return FlatPartition(
-        sum(p.padded_total for p in parts), sum(p.partition for p in parts), sum(p.worst_rank_grads for p in parts)
+        sum(p.padded_total for p in parts),
+        sum(p.partition for p in parts),
+        sum(p.worst_rank_grads for p in parts),
+        tuple(p.partition for p in parts),
     )
 
 

@@ -34,6 +34,7 @@ from tuner.estimator.states.trainable import TrainedParams
 from tuner.estimator.states.transients import (
     bucket_chunks,
     flat_reduce_copy,
+    flat_step_copies,
     optimizer_temporaries,
     zero0_allreduce_copy,
 )
@@ -86,7 +87,11 @@ def flat_states(workload: Workload, s: Settings, params: TrainedParams) -> tuple
         out += held("gpu", "gradients", elem * worst_grads, accumulated(s))
     out += held("gpu", "gradients", states.master * part, ("step",))
     out += transient("reduce_copy", "backward", _reduce_copy(workload, s, numels, elem * worst_grads))
-    out += transient("optimizer_temporaries", "step", optimizer_temporaries(s.optimizer_impl, part, part))
+    temporaries = optimizer_temporaries(s.optimizer_impl, part, part)
+    out += transient("optimizer_temporaries", "step", temporaries)
+    largest = min(params.largest_trainable, flat.largest_group)
+    copies = flat_step_copies(elem, states.master, worst_grads, flat.groups or (part,), largest)
+    out += transient("gradient_copies", "step", max(0, copies - temporaries))  # the larger of the two moments
     return 0, tuple(out)
 
 

@@ -62,7 +62,10 @@ def muon_flat_partition(model: ModelSpec, numels: tuple[int, ...], s: Settings) 
     bound when they are different ranks)."""
     parts = [flat_partition(group, s.zero_ranks) for group in split(numels, muon_mask(model)) if group]
     return FlatPartition(
-        sum(p.padded_total for p in parts), sum(p.partition for p in parts), sum(p.worst_rank_grads for p in parts)
+        sum(p.padded_total for p in parts),
+        sum(p.partition for p in parts),
+        sum(p.worst_rank_grads for p in parts),
+        tuple(p.partition for p in parts),
     )
 
 

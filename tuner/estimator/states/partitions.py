@@ -19,11 +19,19 @@ NCCL_START_ALIGNMENT = 2  # DeepSpeed's nccl_start_alignment_factor (4 bytes / s
 
 @dataclass(frozen=True, slots=True)
 class FlatPartition:
-    """ZeRO-1/2 sizes in elements: the padded flat buffer, one partition, and the worst rank's gradient buffer."""
+    """ZeRO-1/2 sizes in elements: the padded flat buffer, one partition, and the worst rank's gradient buffer; with
+    more than one parameter group (Muon's two, AutoEP's expert groups), each group's partition (``partition`` their
+    sum), else none."""
 
     padded_total: int
     partition: int
     worst_rank_grads: int
+    groups: tuple[int, ...] = ()
+
+    @property
+    def largest_group(self) -> int:
+        """Elements of the largest group's partition (the one group's when there is one)."""
+        return max(self.groups, default=self.partition)
 
 
 @lru_cache(maxsize=4096)

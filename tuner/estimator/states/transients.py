@@ -20,6 +20,9 @@ on 2 CPU ranks (Pythia-160M shape, fp32 and bf16) and confirmed in DeepSpeed's c
   gradients (padded) into one flat tensor (:func:`stage3_reduce_copy`). By the last reduction backward has
   released the parameters forward kept gathered (:func:`.stage3_gathered`): only the largest parameter's
   gradient is alive beside the staging.
+* ZeRO-1/2's step without offload (:func:`flat_step_copies`) reads the 16-bit gradient partition twice before it
+  releases it: the gradient norm converts each gradient slice to fp64, and the step flattens the partition into a
+  new 16-bit tensor and casts that to the master's dtype; the rank's 16-bit gradient buffer is alive at both.
 * The optimizer's own temporaries in the step (:func:`optimizer_temporaries`): torch's single-tensor Adam builds
   ``exp_avg_sq.sqrt()`` and its quotient (two fp32 tensors the size of the parameter it steps, and ZeRO-1/2/3
   step one flat partition per group, not per-layer tensors); the foreach variant one list the size of the whole
@@ -34,6 +37,7 @@ from typing import Any
 from tuner.estimator.settings import FP32
 
 ZERO0_ALLREDUCE_ELEMENTS = 500_000_000  # deepspeed.runtime.engine.MEMORY_OPT_ALLREDUCE_SIZE
+NORM_BYTES = 8  # deepspeed.runtime.zero.utils.get_norm_dtype: fp64 where the accelerator has it (CUDA, CPU)
 
 
 def allreduce_chunks(numels: tuple[int, ...] | list[int], limit: int) -> list[int]:
@@ -119,6 +123,31 @@ def stage3_reduce_copy(numels: tuple[int, ...], s: Any, elem: int, gloo: bool) -
     padded = [-(-numel // world) * world for numel in numels]
     staging = elem * max(bucket_chunks(padded, s.reduce_bucket_size), default=0)
     return (2 * staging if gloo else staging) + elem * max(numels, default=0)
+
+
+def flat_step_copies(elem: int, master: int, worst_grads: int, groups: tuple[int, ...], largest: int) -> int:
+    """Bytes ZeRO-1/2's step without offload holds at its worst moment beyond the step phase's gradient partition in
+    the master's dtype (``master`` bytes × the partition, the sum of ``groups``, each group's partition in elements).
+
+    DeepSpeed 0.19.8's ``DeepSpeedZeroOptimizer.step`` reads the rank's 16-bit gradients (``elem`` bytes each; the
+    worst rank's buffer holds ``worst_grads`` elements, the parameters overlapping its partition whole) through
+    ``averaged_gradients``, views that keep the buffer alive until each group's cast is made:
+
+    * ``scaled_global_norm`` → ``get_grad_norm_direct`` converts each gradient slice to fp64 in turn (``largest``
+      elements at most: the largest parameter's slice of the partition);
+    * for each group, ``flatten(averaged_gradients)`` makes a new 16-bit flat partition and ``.to()`` its copy in
+      the master's dtype (none when the master is 16-bit: ``.to`` returns the same tensor), both beside the buffer.
+
+    The larger moment, less the step phase's gradient partition (counting allocator, ``bench/precision_true_peak.py``).
+
+    >>> flat_step_copies(2, 4, 110, (100,), 50)  # fp32 master: 2·110 + 2·100 + 4·100, less 4·100
+    420
+    >>> flat_step_copies(2, 2, 110, (100,), 50)  # bf16 master: the norm's 8·50 beside 2·110, less 2·100
+    420
+    """
+    norm = elem * worst_grads + NORM_BYTES * largest
+    cast = elem * worst_grads + max((elem + (master if master != elem else 0)) * group for group in groups)
+    return max(norm, cast) - master * sum(groups)
 
 
 def optimizer_temporaries(impl: str, largest_master: int, total_master: int) -> int:
