@@ -172,7 +172,8 @@ def _script_figures(store: Store, found: Recommendation) -> Recommendation:
     if record.trial.key == found.trial.key:
         config = answer["ds_config"]
     # not the command itself: /v1/recommend is open to anyone, and a command may hold paths or a token
-    return replace(found, exported=(config, (*notes, f"{answer['note']} ({COMMAND_HINT})")))
+    said = (f"{answer['note']} ({COMMAND_HINT})", *([answer["code_paths"]] if answer.get("code_paths") else []))
+    return replace(found, exported=(config, (*notes, *said)))
 
 
 def _exported(workload: Workload, found: Recommendation) -> Recommendation:

@@ -63,6 +63,7 @@ def seed(db: str, script: bool, confirmed: Confirmation | None) -> None:
                 "slot": SLOT,
                 "targets": {},
                 "ds_config": BF16_MASTER,
+                "code_paths": {"chunked_loss": True, "liger": False},  # as the rank hook read the command's model
             }
         store.finish_trial(trial_id, "ok", measured)
         if confirmed is not None:
@@ -113,6 +114,7 @@ def test_the_dashboard_shows_the_numerics_choices_and_the_confirmation(client: T
         text = client.get(page).text
         assert 'id="confirmation"' in text and line in text, page
         assert "changes the numerics against fp32-master Adam: bf16 master weights and gradients" in text, page
+    assert 'id="numerics-allowed"' in client.get("/studies/bf16").text  # the study was allowed to choose them
 
 
 def test_best_of_a_script_study_says_its_config_changes_the_numerics(db: str) -> None:
@@ -121,3 +123,8 @@ def test_best_of_a_script_study_says_its_config_changes_the_numerics(db: str) ->
     assert done.exit_code == 0, done.output
     assert "changes the numerics against fp32-master Adam: bf16 master weights and gradients" in done.output
     assert "confirmed by an independent run: 980 tokens/s, 0.98× the trial's 1,000" in done.output
+    said = "your command's model ran DeepSpeed's chunked cross-entropy loss, not Liger-Kernel's kernels"
+    assert said in done.output
+    client = TestClient(create_app(db, "token", recommend_cache_s=0, request_budget_s=600))
+    assert said.replace("'", "&#39;") in client.get("/studies/bf16").text
+    assert said in recommended(client)["notes"]

@@ -112,6 +112,7 @@ def test_a_raw_deepspeed_loop_tunes_with_memory_and_throughput_for_every_trial(r
     assert config["scheduler"]["type"] == "WarmupLR" and config["optimizer"]["params"]["torch_adam"] is True
     assert "--deepspeed_config best.json" in best.stderr, best.stderr
     assert "figures are your training command's" in best.stderr
+    assert "your command's model ran neither DeepSpeed's chunked cross-entropy loss nor Liger" in best.stderr
 
 
 @contextlib.contextmanager
@@ -147,8 +148,43 @@ def test_an_hf_trainer_script_is_measured_with_its_batch_flags(scripts: Path) ->
         )
     assert result["status"] == "ok", result["error"]
     assert result["script"]["micro_batch_fed"] == 2 and result["script"]["samples_per_step"] == 4
+    assert result["script"]["code_paths"] == {"chunked_loss": False, "liger": False}  # HF's own loss, no Liger
     assert all(rank["true_peak"]["peak_source"] == "allocator" for rank in result["ranks"])
     assert result["step_time_s"]["p50"] > 0
+
+
+CHUNKED = """\
+import argparse
+
+import deepspeed
+import torch
+import transformers
+from deepspeed.runtime.chunked_cross_entropy import install_chunked_causal_lm_loss
+
+parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+parser.add_argument("--local_rank", type=int, default=-1)
+args = parser.parse_args()
+deepspeed.init_distributed(dist_backend="gloo")
+config = transformers.LlamaConfig(
+    vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=128,
+)
+model = transformers.LlamaForCausalLM(config)
+install_chunked_causal_lm_loss(model)
+engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+for _ in range(40):
+    ids = torch.randint(0, 1024, (engine.train_micro_batch_size_per_gpu(), 64))
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+"""
+
+
+def test_a_script_that_installs_deepspeeds_chunked_loss_is_seen_to(scripts: Path) -> None:
+    """A raw loop training a transformers model with DeepSpeed's chunked cross-entropy installed on it."""
+    (scripts / "chunked.py").write_text(CHUNKED)
+    result = measure(scripts, "--", *RAW[:3], "chunked.py", *RAW[4:], "ds_config.json")
+    assert result["status"] == "ok", result["error"]
+    assert result["script"]["code_paths"] == {"chunked_loss": True, "liger": False}
 
 
 def test_an_accelerate_script_is_measured(scripts: Path) -> None:
@@ -250,11 +286,15 @@ def test_recommend_and_the_dashboard_say_the_figures_are_the_commands(raw_study)
     answer = recommend(store, store.workload_of(study.id)).to_dict()
     assert answer["source"] == "measured" and answer["ds_config"]["scheduler"]["type"] == "WarmupLR"
     assert any("figures are your training command's" in note for note in answer["notes"]), answer["notes"]
+    assert answer["measured_with"] == "script" and answer["confirmation"]["status"] == "ok", answer["confirmation"]
+    neither = "your command's model ran neither DeepSpeed's chunked cross-entropy loss nor Liger-Kernel's kernels"
+    assert neither in answer["notes"], answer["notes"]
     app = FastAPI()
     app.state.store = store
     app.include_router(router)
     client = TestClient(app)
-    assert "figures are your training command&#39;s" in client.get("/studies/raw").text
+    page = client.get("/studies/raw").text
+    assert "figures are your training command&#39;s" in page and 'id="confirmation"' in page
     best = store.best_trial(study.id)
     assert best is not None
     download = client.get(f"/studies/raw/trials/{best.number}/ds_config.json").json()

@@ -28,6 +28,7 @@ def render_script_best(best: TrialRecord, console: Console) -> bool:
         soft_wrap=True,
     )
     console.print_json(json.dumps(answer["ds_config"]))
+    _print_code_paths(answer, console)
     _print_numerics(best, console)
     print_confirmation(best, console)
     _print_command(answer, console)
@@ -52,10 +53,17 @@ def export_script_best(best: TrialRecord, out: str | None) -> bool:
     else:
         print(text, end="")
     err.print(answer["note"], highlight=False, soft_wrap=True, markup=False)
+    _print_code_paths(answer, err)
     _print_numerics(best, err)
     print_confirmation(best, err)
     _print_command(answer, err)
     return True
+
+
+def _print_code_paths(answer: dict[str, str | None], console: Console) -> None:
+    """Whether the command's model ran DeepSpeed's chunked loss and Liger's kernels, as its ranks saw it."""
+    if answer.get("code_paths"):
+        console.print(str(answer["code_paths"]), highlight=False, soft_wrap=True, markup=False)
 
 
 def _print_numerics(best: TrialRecord, console: Console) -> None:

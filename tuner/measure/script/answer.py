@@ -7,6 +7,7 @@ import shlex
 from dataclasses import asdict
 from typing import Any
 
+from tuner.measure.script.code_paths import code_paths_line
 from tuner.measure.script.command import ScriptCommand
 from tuner.measure.script.placement import ConfigSlot, filled
 
@@ -60,4 +61,5 @@ def script_answer(recorded: dict[str, Any] | None, out: str = "ds_config.json") 
         "command": shlex.join(argv),
         "config_file_edits": file_note,
         "note": FIGURES_NOTE,
+        "code_paths": code_paths_line(recorded.get("code_paths")),  # its chunked loss and Liger's kernels, or not
     }

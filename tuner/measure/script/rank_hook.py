@@ -256,8 +256,18 @@ def _result(status: str, error: str | None = None, kind: str | None = None) -> d
     result.peak_rss_bytes = memory.get("vm_hwm_bytes")
     result.timings = {k: v for k, v in state.times.items() if k.endswith("_s")}
     result.timings["timed_s"] = sum(state.step_times)
-    result.script = {"seen": dict(state.seen), **_engine_facts(engine)}
+    result.script = {"seen": dict(state.seen), **_engine_facts(engine), "code_paths": _code_paths(engine)}
     return result.to_dict()
+
+
+def _code_paths(engine: Any) -> dict[str, bool] | None:
+    """Whether the engine's model ran DeepSpeed's chunked loss and Liger's kernels (None: its model did not read)."""
+    from tuner.measure.script.code_paths import code_paths
+
+    try:
+        return code_paths(engine.module)
+    except Exception:  # an odd model: the run's figures stand without it
+        return None
 
 
 def _engine_facts(engine: Any) -> dict[str, int]:

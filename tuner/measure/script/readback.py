@@ -118,5 +118,6 @@ def _measured(results: list[RankResult], workload: Workload, seq_len_known: bool
         "micro_batch_fed": micro_fed,
         "micro_batch_config": first.get("micro_batch"),
         "world_size": first.get("world_size"),
+        "code_paths": first.get("code_paths"),  # DeepSpeed's chunked loss, Liger's kernels: seen on the model or not
     }
     return measurement
