@@ -15,9 +15,11 @@ from tuner.forecast import TRACE_LENGTHS, Fits, LongestFit, NoLengthFits, Pins, 
 from tuner.requests import FieldError, TrialSettings, to_workload
 from tuner.space.dsconfig import merge_configs
 from tuner.workload import Workload
+from tuner.workload.layouts import LAYOUTS
 
 MAX = "max"
-PINNED_SECTIONS = ("tensor_parallel", "expert_parallel", "hpz_partition_size")  # the length search has no field
+# the layouts the length search has no field for (it searches the memory savers, Ulysses): pinned as ds_config sections
+PINNED_SECTIONS = tuple(kind.field for kind in LAYOUTS if not kind.memory_saver)
 LOC = ("workload",)
 
 

@@ -13,10 +13,11 @@
 - ``trial``: what the search decides for one trial (:class:`TrialConfig`);
 - ``model_profile``: what the profile room found out about a transformers model, as plain data (:class:`ModelProfile`);
 - ``quantization``: a 4-bit bitsandbytes base (:class:`QuantSpec`);
-- ``long_context_checks``, ``layout_checks`` and ``expert_checks``: the layouts DeepSpeed refuses (Ulysses and ALST;
-  AutoTP and hpZ; AutoEP), one line naming the field;
-- ``layouts``: the parallel layouts, one module each (Ulysses, AutoTP, AutoEP, ZeRO++ hpZ), and their registry
-  (:data:`tuner.workload.layouts.LAYOUTS`) the rooms above derive their layout checks, flags and configs from;
+- ``long_context_checks``, ``layout_checks`` and ``expert_checks``: the rules of the layouts DeepSpeed refuses
+  (Ulysses and ALST; AutoTP and hpZ; AutoEP), one line naming the field;
+- ``layouts``: the parallel layouts, one module each (Ulysses, AutoTP, AutoEP, ZeRO++ hpZ) with its checks of a
+  trial, and their registry (:data:`tuner.workload.layouts.LAYOUTS`) the rooms above derive their layout checks, flags
+  and configs from;
 - ``ranks``: one description of the ranks (:class:`Ranks`): from the layout's degrees and the cluster, every
   group's size and members, the communicators and a rank's place;
 - ``zero``, ``layout`` and ``config_values``: the typed views :class:`TrialConfig` reads a ds_config's sections
@@ -28,7 +29,7 @@ Everything above imports from here.
 
 from tuner.workload.config_values import ConfigError
 from tuner.workload.errors import WorkloadError
-from tuner.workload.expert_checks import EP_KEY, check_expert_parallel, expert_parallel_problem
+from tuner.workload.expert_checks import EP_KEY, expert_parallel_problem
 from tuner.workload.gpu_types import (
     GPU_TYPE_NAMES,
     GPU_TYPES,
@@ -50,15 +51,10 @@ from tuner.workload.hf_config import (
 )
 from tuner.workload.launch_env import LaunchEnv, RankEnv, launch_command, rank_env
 from tuner.workload.layout import ParallelLayout
-from tuner.workload.layout_checks import (
-    AUTOTP_ZERO3_SINCE,
-    autotp_zero3_problem,
-    check_layout,
-    hpz_problem,
-    tensor_parallel_problem,
-)
+from tuner.workload.layout_checks import AUTOTP_ZERO3_SINCE, hpz_problem, tensor_parallel_problem
+from tuner.workload.layouts import autotp_zero3_problem, check_expert_parallel, check_layout, check_long_context
 from tuner.workload.long_context import LongContext, long_context_config
-from tuner.workload.long_context_checks import check_long_context, kv_replication, sequence_parallel_problem
+from tuner.workload.long_context_checks import kv_replication, sequence_parallel_problem
 from tuner.workload.model import ModelSpec, model_from_param_count, unknown_model
 from tuner.workload.model_profile import PROFILE_FORMAT, ActivationProfile, Linear, ModelProfile
 from tuner.workload.numerics import Numerics, numerics_config

@@ -22,7 +22,7 @@ The rules, read from DeepSpeed 0.19.8's source:
   (:mod:`.layout_checks`).
 
 Example:
-    >>> from tuner.workload import ClusterSpec, ModelSpec, TrialConfig, Workload
+    >>> from tuner.workload import ClusterSpec, ModelSpec, TrialConfig, Workload, check_expert_parallel
     >>> mixtral = ModelSpec("mixtral", "mixtral", hf_config='{"model_type": "mixtral", "num_local_experts": 8}')
     >>> work = Workload(mixtral, ClusterSpec(gpus_per_node=8))
     >>> check_expert_parallel(work, TrialConfig({"expert_parallel": {"enabled": True, "autoep_size": 4}}))
@@ -34,9 +34,7 @@ Example:
 
 from __future__ import annotations
 
-from tuner.workload.config_values import ConfigError, section
 from tuner.workload.spec import Workload
-from tuner.workload.trial import TrialConfig
 
 EP_KEY = "expert_parallel.autoep_size"
 # DeepSpeed 0.19.8's AutoEP presets by transformers model_type (module_inject/auto_ep_presets/*.py hf_model_types)
@@ -76,35 +74,4 @@ def expert_parallel_problem(workload: Workload, ep: int, custom_pattern: bool = 
     return None
 
 
-def check_expert_parallel(workload: Workload, trial: TrialConfig) -> None:
-    """Refuse an AutoEP setting DeepSpeed 0.19.8 cannot run on ``workload`` (module docstring).
-
-    Raises:
-        ConfigError: naming the field.
-    """
-    expert = section(trial.ds_config, "expert_parallel")
-    ep = trial.layout.expert_parallel
-    if ep <= 1:
-        return
-    problem = expert_parallel_problem(workload, ep, bool(expert.get("moe_layer_pattern")))
-    if problem:
-        raise ConfigError(EP_KEY, problem)
-    etp = expert.get("expert_tensor_parallel_size", 1)
-    if etp != 1:
-        raise ConfigError(
-            "expert_parallel.expert_tensor_parallel_size", f"must be 1 (DeepSpeed 0.19.8 reserves it), got {etp!r}"
-        )
-    if expert.get("load_balance_coeff") is not None:
-        raise ConfigError("expert_parallel.load_balance_coeff", "must be null (DeepSpeed 0.19.8's AutoEP refuses it)")
-    zero = trial.zero
-    if zero.stage == 3:
-        for field, on in (
-            ("sequence_parallel_size", trial.layout.sequence_parallel > 1),
-            ("zero_optimization.zero_hpz_partition_size", trial.layout.hpz_partition_size > 1),
-            ("zero_optimization.zero_quantized_gradients", zero.quantized_gradients),
-        ):
-            if on:
-                raise ConfigError(field, f"not with AutoEP at ZeRO-3 (DeepSpeed 0.19.8 refuses it: {EP_KEY} = {ep})")
-
-
-__all__ = ["AUTOEP_MODEL_TYPES", "EP_KEY", "check_expert_parallel", "expert_parallel_problem"]
+__all__ = ["AUTOEP_MODEL_TYPES", "EP_KEY", "expert_parallel_problem"]

@@ -24,13 +24,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 from tuner.workload.config_values import read_bool, read_int, section
 from tuner.workload.ranks import Ranks
 
-if TYPE_CHECKING:
-    from tuner.workload.layouts.base import LayoutKind
+
+class Kind(Protocol):
+    """A layout as :meth:`ParallelLayout.degree` reads it: a :class:`tuner.workload.layouts.LayoutKind`."""
+
+    field: ClassVar[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +47,17 @@ class ParallelLayout:
     hpz_partition_size: int = 1
 
     @classmethod
-    def of(cls, ds_config: Mapping[str, Any], hpz_partition_size: int = 1) -> ParallelLayout:
-        """Read the degrees out of a ds_config, with the hpZ group its ZeRO section sets
-        (:attr:`tuner.workload.ZeroConfig.hpz_partition_size`).
+    def of(cls, ds_config: Mapping[str, Any], zero: bool = True) -> ParallelLayout:
+        """Read the degrees out of a ds_config, the hpZ group from its ZeRO section (``zero``: False leaves that
+        section unread, hpZ 1: the degrees DeepSpeed's batch keys depend on).
 
         Raises:
             ConfigError: a degree that is not a positive integer, naming its key.
         """
+        hpz_partition_size = 1
+        if zero:  # DeepSpeed takes 0 for none
+            hpz = read_int(section(ds_config, "zero_optimization"), "zero_hpz_partition_size", 1, "zero_optimization.")
+            hpz_partition_size = max(1, hpz)
         tensor = section(ds_config, "tensor_parallel")
         expert = section(ds_config, "expert_parallel")
         expert_on = read_bool(expert, "enabled", False, "expert_parallel.")
@@ -61,11 +68,30 @@ class ParallelLayout:
             hpz_partition_size=hpz_partition_size,
         )
 
-    def degree(self, kind: LayoutKind) -> int:
+    def degree(self, kind: Kind) -> int:
         """The degree of ``kind`` (a layout of :data:`tuner.workload.layouts.LAYOUTS`): how the other rooms read a
         degree, without naming its field."""
         degree: int = getattr(self, kind.field)
         return degree
+
+    @property
+    def batch_as_deepspeed_counts(self) -> bool:
+        """Whether DeepSpeed 0.19.8's own check of ``train_batch_size`` counts the ranks dstune's batch arithmetic
+        counts: not under AutoTP, where it counts every tensor-parallel rank (see the module docstring)."""
+        return self.tensor_parallel <= 1
+
+    @staticmethod
+    def without_off(ds_config: Mapping[str, Any]) -> dict[str, Any]:
+        """``ds_config`` without the degree-1 settings the space writes for "off" that DeepSpeed must not be handed:
+        ``tensor_parallel: {autotp_size: 1}`` (any ``autotp_size`` above 0 sets DeepSpeed's AutoTP training mode),
+        ``expert_parallel: {autoep_size: 1}`` (AutoEP off without ``enabled``) and ``sequence_parallel_size: 1``
+        (DeepSpeed's default)."""
+        off = {
+            "tensor_parallel": {"autotp_size": 1},
+            "expert_parallel": {"autoep_size": 1},
+            "sequence_parallel_size": 1,
+        }
+        return {key: value for key, value in ds_config.items() if key not in off or value != off[key]}
 
     @property
     def model_parallel(self) -> int:

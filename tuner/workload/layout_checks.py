@@ -21,8 +21,11 @@ naming the field before any work (the Ulysses and ALST checks are :mod:`.long_co
   through the runner (tiny LLaMA, fp32, TP 2 × DP 2 on 2 nodes of 2, ZeRO-3): without hpZ the step-0 loss and
   gradient norm equal the one-rank run's (6.2622952, 0.8469947); with hpZ 2 they are 6.2583408 and 0.8384255.
 
+The checks of a trial are each layout's (:meth:`tuner.workload.layouts.LayoutKind.check`), together
+:func:`tuner.workload.check_layout`; this module holds the rules' pieces they share.
+
 Example:
-    >>> from tuner.workload import ClusterSpec, TrialConfig, Workload, load_builtin_model
+    >>> from tuner.workload import ClusterSpec, TrialConfig, Workload, check_layout, load_builtin_model
     >>> work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8))
     >>> check_layout(work, TrialConfig({"tensor_parallel": {"autotp_size": 4}}))
     >>> check_layout(work, TrialConfig({"tensor_parallel": {"autotp_size": 3}}))
@@ -32,11 +35,8 @@ Example:
 
 from __future__ import annotations
 
-from tuner.workload.config_values import ConfigError
-from tuner.workload.expert_checks import check_expert_parallel
 from tuner.workload.model import ModelSpec
 from tuner.workload.spec import Workload
-from tuner.workload.trial import TrialConfig
 
 TP_KEY = "tensor_parallel.autotp_size"
 HPZ_KEY = "zero_optimization.zero_hpz_partition_size"
@@ -123,50 +123,6 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(numbers)
 
 
-def autotp_zero3_problem(trial: TrialConfig, deepspeed_version: str) -> str | None:
-    """Why ``trial`` (AutoTP with ZeRO-3) cannot train on DeepSpeed ``deepspeed_version``, or None.
-
-    >>> trial = TrialConfig({"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}})
-    >>> autotp_zero3_problem(trial, "0.19.8") is None, autotp_zero3_problem(trial, "0.19.3")
-    (True, 'AutoTP with ZeRO-3 needs DeepSpeed >= 0.19.4, this is 0.19.3')
-    """
-    if trial.layout.tensor_parallel <= 1 or trial.stage != 3:
-        return None
-    if version_tuple(deepspeed_version) >= AUTOTP_ZERO3_SINCE:
-        return None
-    since = ".".join(map(str, AUTOTP_ZERO3_SINCE))
-    return f"AutoTP with ZeRO-3 needs DeepSpeed >= {since}, this is {deepspeed_version}"
-
-
-def check_layout(workload: Workload, trial: TrialConfig, deepspeed_version: str | None = None) -> None:
-    """Refuse an AutoTP, hpZ or AutoEP setting DeepSpeed cannot run on ``workload`` (module docstring,
-    :mod:`.expert_checks`); with
-    ``deepspeed_version`` (where a run will train) also AutoTP with ZeRO-3 on a DeepSpeed older than 0.19.4.
-
-    Raises:
-        ConfigError: naming the field.
-    """
-    tp = trial.layout.tensor_parallel
-    problem = tensor_parallel_problem(workload, tp)
-    if problem:
-        raise ConfigError(TP_KEY, problem)
-    if tp > 1 and trial.layout.sequence_parallel > 1:
-        raise ConfigError(TP_KEY, TP_WITH_SP)
-    if tp > 1 and trial.layout.expert_parallel > 1:
-        raise ConfigError(TP_KEY, TP_WITH_EP)
-    zero = trial.zero
-    problem = hpz_problem(zero.stage, trial.layout.hpz_partition_size, workload.cluster.world_size)
-    if problem:
-        raise ConfigError(HPZ_KEY, problem)
-    if tp > 1 and trial.layout.hpz_partition_size > 1:
-        raise ConfigError(HPZ_KEY, HPZ_WITH_TP)
-    check_expert_parallel(workload, trial)
-    if deepspeed_version is not None:
-        problem = autotp_zero3_problem(trial, deepspeed_version)
-        if problem:
-            raise ConfigError(TP_KEY, problem)
-
-
 __all__ = [
     "AUTOTP_ZERO3_SINCE",
     "HPZ_KEY",
@@ -174,8 +130,6 @@ __all__ = [
     "TP_KEY",
     "TP_WITH_EP",
     "TP_WITH_SP",
-    "autotp_zero3_problem",
-    "check_layout",
     "hpz_problem",
     "tensor_parallel_problem",
     "tp_plan_split",

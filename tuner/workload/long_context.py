@@ -89,7 +89,7 @@ class LongContext:
 
 
 def long_context_config(
-    sequence_parallel: int = 1, tiled_mlp_shards: int = 1, tiled_loss_shards: int = 1, offload_checkpoints: bool = False
+    sp: int = 1, tiled_mlp_shards: int = 1, tiled_loss_shards: int = 1, offload_checkpoints: bool = False
 ) -> dict[str, Any]:
     """The ds_config keys that say these settings (only those off their defaults), as :class:`LongContext` and
     :class:`~tuner.workload.layout.ParallelLayout` read them: what the CLI flags and the API fields write.
@@ -98,8 +98,8 @@ def long_context_config(
     {'sequence_parallel_size': 2, 'dstune': {'tiled_loss_shards': 8}}
     """
     config: dict[str, Any] = {}
-    if sequence_parallel != 1:
-        config["sequence_parallel_size"] = sequence_parallel
+    if sp != 1:
+        config["sequence_parallel_size"] = sp
     settings: dict[str, Any] = {}
     if tiled_mlp_shards != 1:
         settings["tiled_mlp_shards"] = tiled_mlp_shards

@@ -13,8 +13,10 @@ Refused in one line naming the field, before any work (DeepSpeed 0.19.8, ``runti
 - ``dstune.offload_checkpoints`` moves the checkpointed layer inputs to host memory: it needs activation
   checkpointing.
 
+The check of a trial is Ulysses' (:func:`tuner.workload.layouts.ulysses.check_long_context`).
+
 Example:
-    >>> from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model
+    >>> from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, check_long_context, load_builtin_model
     >>> work = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8), TrainSpec(seq_len=4096))
     >>> check_long_context(work, TrialConfig({"sequence_parallel_size": 8}))
     >>> check_long_context(work, TrialConfig({"sequence_parallel_size": 3}))
@@ -24,9 +26,7 @@ Example:
 
 from __future__ import annotations
 
-from tuner.workload.config_values import ConfigError
 from tuner.workload.spec import Workload
-from tuner.workload.trial import TrialConfig
 
 SP_KEY = "sequence_parallel_size"
 
@@ -66,27 +66,4 @@ def sequence_parallel_problem(workload: Workload, sp: int) -> str | None:
     return None
 
 
-def check_long_context(workload: Workload, trial: TrialConfig) -> None:
-    """Refuse a layout or long-context setting DeepSpeed's Ulysses or ALST cannot run on ``workload``.
-
-    Raises:
-        ConfigError: naming the field (module docstring).
-    """
-    layout, context = trial.layout, trial.long_context
-    sp = layout.sequence_parallel
-    layout.data_parallel(workload.cluster.world_size)
-    problem = sequence_parallel_problem(workload, sp)
-    if problem:
-        raise ConfigError(SP_KEY, problem)
-    local = workload.train.seq_len // sp
-    for name, shards in (
-        ("tiled_mlp_shards", context.tiled_mlp_shards),
-        ("tiled_loss_shards", context.tiled_loss_shards),
-    ):
-        if shards > local:
-            raise ConfigError(f"dstune.{name}", f"{shards} shards exceed the {local} tokens a rank holds")
-    if context.offload_checkpoints and not trial.activation_checkpointing:
-        raise ConfigError("dstune.offload_checkpoints", "needs activation checkpointing (it offloads the checkpoints)")
-
-
-__all__ = ["SP_KEY", "check_long_context", "kv_replication", "sequence_parallel_problem"]
+__all__ = ["SP_KEY", "kv_replication", "sequence_parallel_problem"]

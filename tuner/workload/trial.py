@@ -198,7 +198,8 @@ class TrialConfig:
     @cached_property
     def layout(self) -> ParallelLayout:
         """Sequence, tensor and expert parallel degrees."""
-        return ParallelLayout.of(self.ds_config, self.zero.hpz_partition_size)
+        _ = self.zero  # the ZeRO section checked whole first: hpZ's group is one of its keys
+        return ParallelLayout.of(self.ds_config)
 
     def ranks(self, world_size: int, gpus_per_node: int = 0) -> Ranks:
         """The ranks of this trial on ``world_size`` ranks, ``gpus_per_node`` a node: the layout's groups and, at
@@ -298,15 +299,9 @@ class TrialConfig:
         ...              "sequence_parallel_size": 1}).deepspeed_config()
         {'train_batch_size': 8}
         """
-        config = {key: value for key, value in self.ds_config.items() if key != ENV_SECTION}
-        if config.get("tensor_parallel") == {"autotp_size": 1}:  # the space's "no AutoTP": written, it would still
-            del config["tensor_parallel"]  # switch DeepSpeed into AutoTP's training mode (deepspeed/__init__.py)
-        if config.get("expert_parallel") == {"autoep_size": 1}:
-            del config["expert_parallel"]
-        if config.get("sequence_parallel_size") == 1:  # DeepSpeed's default: the space's "no Ulysses"
-            del config["sequence_parallel_size"]
-        # the degree alone: the ZeRO section stays unread here, so a key DeepSpeed rejects reaches DeepSpeed's judgement
-        if ParallelLayout.of(self.ds_config).tensor_parallel <= 1 or GLOBAL_KEY not in config:
+        config = ParallelLayout.without_off({key: value for key, value in self.ds_config.items() if key != ENV_SECTION})
+        # the degrees alone: the ZeRO section stays unread, so a key DeepSpeed rejects reaches DeepSpeed's judgement
+        if ParallelLayout.of(self.ds_config, zero=False).batch_as_deepspeed_counts or GLOBAL_KEY not in config:
             return config
         if world_size is not None:
             sizes = self.batch_sizes(world_size)

@@ -200,7 +200,6 @@ class ZeroConfig:
     round_robin_gradients: bool = False
     memory_efficient_linear: bool = True
     gather_16bit_on_save: bool = False
-    hpz_partition_size: int = 1  # the layout's hpZ group (ParallelLayout), read here with its section
     quantized_weights: bool = False
     quantized_gradients: bool = False
     quantized_nontrainable: bool = False  # zero_quantized_nontrainable_weights, as given (DeepSpeed: stage 3 only)
@@ -230,6 +229,7 @@ class ZeroConfig:
         optimizer = _offload(zero, "offload_optimizer", OFFLOAD_OPTIMIZER_KEYS, 4)
         param = _offload(zero, "offload_param", OFFLOAD_PARAM_KEYS, 5)
         _check_offloads(stage, optimizer, param)
+        read_int(zero, "zero_hpz_partition_size", 1, PREFIX)  # checked in its place; the degree is the layout's
         allgather = read_int(zero, "allgather_bucket_size", DEFAULT_BUCKET, PREFIX)
         if stage in (1, 2) and allgather % 2:
             raise ConfigError(f"{PREFIX}allgather_bucket_size", "must be a multiple of 2 (DeepSpeed's NCCL alignment)")
@@ -250,7 +250,6 @@ class ZeroConfig:
             round_robin_gradients=read_bool(zero, "round_robin_gradients", False, PREFIX),
             memory_efficient_linear=read_bool(zero, "memory_efficient_linear", True, PREFIX),
             gather_16bit_on_save=any(read_bool(zero, key, False, PREFIX) for key in GATHER_ON_SAVE_KEYS if key in zero),
-            hpz_partition_size=max(1, read_int(zero, "zero_hpz_partition_size", 1, PREFIX)),  # DeepSpeed: ge=0
             quantized_weights=read_bool(zero, "zero_quantized_weights", False, PREFIX),
             quantized_gradients=read_bool(zero, "zero_quantized_gradients", False, PREFIX),
             quantized_nontrainable=read_bool(zero, "zero_quantized_nontrainable_weights", False, PREFIX),

@@ -1,7 +1,7 @@
 """The small protocol every parallel layout implements in the workload room: its degree (the field of
 :class:`~tuner.workload.ParallelLayout`, the request field and the search-space parameter share its name), the
 ds_config key DeepSpeed reads it from, its label and flag, the ds_config that sets it, and why a workload cannot run a
-degree (the space's layout check)."""
+degree (the space's layout check) and why a trial cannot run its setting (the estimator's check)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from tuner.workload.spec import Workload
+from tuner.workload.trial import TrialConfig
 
 
 class LayoutKind(ABC):
@@ -42,6 +43,15 @@ class LayoutKind(ABC):
     @abstractmethod
     def problem(self, workload: Workload, degree: int) -> str | None:
         """Why ``workload`` cannot run this layout at ``degree`` (None: it can), as the space checks its choices."""
+
+    @abstractmethod
+    def check(self, workload: Workload, trial: TrialConfig) -> None:
+        """Refuse ``trial``'s setting of this layout on ``workload``, and the combinations with other layouts
+        DeepSpeed refuses, as the estimator checks a config.
+
+        Raises:
+            ConfigError: naming the key.
+        """
 
 
 __all__ = ["LayoutKind"]

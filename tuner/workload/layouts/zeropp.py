@@ -1,14 +1,16 @@
 """ZeRO++ hpZ as a layout: the degree is the hpZ group, ``zero_optimization.zero_hpz_partition_size`` (ZeRO-3 only);
-the checks are :mod:`tuner.workload.layout_checks`. qwZ and qgZ are ZeRO-3 switches, not degrees: the space offers
+the rules are :mod:`tuner.workload.layout_checks`'. qwZ and qgZ are ZeRO-3 switches, not degrees: the space offers
 them as its own parameters."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tuner.workload.layout_checks import HPZ_KEY, hpz_problem
+from tuner.workload.config_values import ConfigError
+from tuner.workload.layout_checks import HPZ_KEY, HPZ_WITH_TP, hpz_problem
 from tuner.workload.layouts.base import LayoutKind
 from tuner.workload.spec import Workload
+from tuner.workload.trial import TrialConfig
 
 
 class HpZ(LayoutKind):
@@ -30,6 +32,15 @@ class HpZ(LayoutKind):
         if cluster.gpus_per_node % degree:
             return f"an hpZ group of {degree} must divide the {cluster.gpus_per_node} GPUs of a node"
         return hpz_problem(3, degree, cluster.world_size)
+
+    def check(self, workload: Workload, trial: TrialConfig) -> None:
+        """The group against the stage and the ranks, and hpZ with AutoTP (refused)."""
+        layout = trial.layout
+        problem = hpz_problem(trial.zero.stage, layout.hpz_partition_size, workload.cluster.world_size)
+        if problem:
+            raise ConfigError(HPZ_KEY, problem)
+        if layout.tensor_parallel > 1 and layout.hpz_partition_size > 1:
+            raise ConfigError(HPZ_KEY, HPZ_WITH_TP)
 
 
 HPZ = HpZ()
