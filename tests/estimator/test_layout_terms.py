@@ -8,11 +8,13 @@ from collections.abc import Mapping
 
 import pytest
 
-from tuner.estimator import estimate
+from tuner.estimator import estimate, resolve
 from tuner.estimator import layouts as estimator_layouts
 from tuner.estimator.layouts import LAYOUTS, LayoutTerms, active
 from tuner.estimator.settings import Settings
 from tuner.estimator.terms import Contribution, detail, transient
+from tuner.estimator.throughput.hardware import Hardware, hardware_for
+from tuner.estimator.throughput.prediction import step_terms
 from tuner.workload import ClusterSpec, Ranks, Workload, load_builtin_model
 from tuner.workload.layouts import LAYOUTS as WORKLOAD_LAYOUTS
 
@@ -52,17 +54,23 @@ class _Probe(LayoutTerms):
     def buffer_terms(self, workload: Workload, s: Settings) -> Contribution:
         return transient("probe_buffer", "backward", 1000)
 
+    def collective_seconds(self, workload: Workload, s: Settings, hw: Hardware) -> tuple[float, int]:
+        return 0.5, 4
+
 
 def test_a_layouts_terms_reach_the_estimate_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     work = Workload(load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=4))
     config = {"zero_optimization": {"stage": 3}}
-    plain = estimate(work, config)
+    plain, hw = estimate(work, config), hardware_for(work)
+    plain_time = step_terms(work, resolve(work, config), hw)
     active.cache_clear()
     monkeypatch.setattr(estimator_layouts, "LAYOUTS", (*LAYOUTS, _Probe()))
     try:
-        est = estimate(work, config)
+        est, time = estimate(work, config), step_terms(work, resolve(work, config), hw)
     finally:
         active.cache_clear()
+    assert time.bandwidth == pytest.approx(plain_time.bandwidth + 0.5)
+    assert time.latency == pytest.approx(plain_time.latency + 4 * hw.collective_s)
     assert est.details["probe_view"] == work.model.n_params
     assert est.details["probe_states_seen"] == est.details["partition_elements"]
     assert est.details["probe_buffer"] == 1000

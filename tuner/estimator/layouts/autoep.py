@@ -177,8 +177,7 @@ def expert_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tu
 
 class AutoEPTerms(LayoutTerms):
     """AutoEP in the estimator: the rank holds its local experts (:func:`ep_workload`) and the dispatch and combine
-    buffers of its routed tokens (:func:`dispatch_terms`); their all-to-alls' time is
-    :func:`expert_parallel_seconds`."""
+    buffers of its routed tokens (:func:`dispatch_terms`) and their all-to-alls (:func:`expert_parallel_seconds`)."""
 
     kind = AUTOEP_KIND
 
@@ -190,6 +189,9 @@ class AutoEPTerms(LayoutTerms):
 
     def buffer_terms(self, workload: Workload, s: Settings) -> Contribution:
         return dispatch_terms(workload, s)
+
+    def collective_seconds(self, workload: Workload, s: Settings, hw: Hardware) -> tuple[float, int]:
+        return expert_parallel_seconds(workload, s, hw)
 
 
 AUTOEP = AutoEPTerms()

@@ -121,8 +121,8 @@ def tensor_parallel_seconds(workload: Workload, s: Settings, hw: Hardware) -> tu
 
 
 class AutoTPTerms(LayoutTerms):
-    """AutoTP in the estimator: the rank holds its shards (:func:`tp_workload`); its all-reduces' time is
-    :func:`tensor_parallel_seconds`."""
+    """AutoTP in the estimator: the rank holds its shards (:func:`tp_workload`) and all-reduces its layers' outputs
+    (:func:`tensor_parallel_seconds`)."""
 
     kind = AUTOTP_KIND
 
@@ -131,6 +131,9 @@ class AutoTPTerms(LayoutTerms):
 
     def rank_view(self, workload: Workload, s: Settings) -> tuple[Workload, Contribution]:
         return tp_workload(workload, s), tp_details(workload, s)
+
+    def collective_seconds(self, workload: Workload, s: Settings, hw: Hardware) -> tuple[float, int]:
+        return tensor_parallel_seconds(workload, s, hw)
 
 
 AUTOTP = AutoTPTerms()

@@ -1,7 +1,8 @@
 """The small protocol every parallel layout implements in the estimator (:data:`tuner.estimator.layouts.LAYOUTS`):
-its group on a trial's ranks, the rank's view of the model it makes, and the memory terms it adds beside the model
-states and beside the activations. Each hook adds nothing by default; the estimator calls a layout's hooks only on
-a trial where its group has more than one rank (:func:`tuner.estimator.layouts.active`)."""
+its group on a trial's ranks, the rank's view of the model it makes, the memory terms it adds beside the model
+states and beside the activations, and the time of its collectives. Each hook adds nothing by default; the
+estimator calls a layout's hooks only on a trial where its group has more than one rank
+(:func:`tuner.estimator.layouts.active`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import ClassVar
 
 from tuner.estimator.settings import Settings
 from tuner.estimator.terms import NOTHING, Contribution
+from tuner.estimator.throughput.hardware import Hardware
 from tuner.workload import Ranks, Workload
 from tuner.workload.layouts import LayoutKind
 
@@ -36,6 +38,11 @@ class LayoutTerms(ABC):
     def buffer_terms(self, workload: Workload, s: Settings) -> Contribution:
         """The buffers the layout adds beside the activations (a rank's ``workload``)."""
         return NOTHING
+
+    def collective_seconds(self, workload: Workload, s: Settings, hw: Hardware) -> tuple[float, int]:
+        """(seconds, calls) per optimizer step of the collectives the layout adds that nothing overlaps, on
+        ``hw`` (a rank's ``workload``)."""
+        return 0.0, 0
 
 
 __all__ = ["LayoutTerms"]

@@ -20,11 +20,12 @@ then the step. Its time is a sum of five terms, each a volume over a rate of
   the 16-bit bytes) and the gradient reduction runs int4 all-to-alls within and across nodes (a quarter of the
   bytes within the node, a quarter of ``1/L`` across), four calls per gradient tensor (:mod:`.layouts.zeropp`).
 * ``tensor parallel`` (AutoTP): each rank computes with its shards, ZeRO works over ``world / tp`` ranks, and
-  every layer all-reduces its outputs and input gradients within the node (:func:`tensor_parallel_seconds`, in
-  ``bandwidth`` and ``latency``).
+  every layer all-reduces its outputs and input gradients within the node
+  (:func:`.layouts.autotp.tensor_parallel_seconds`, in ``bandwidth`` and ``latency``).
 * ``expert parallel`` (AutoEP): each rank holds and reduces its ``experts / ep`` (the gradient traffic of the rank's
   parameters), computes as many routed rows as without it, and every MoE layer dispatches and combines its routed
   tokens by all-to-all in forward and backward (:func:`.layouts.autoep.expert_parallel_seconds`).
+  Both come through the layout registry (:func:`_layout_collectives`).
 * ``latency``: a fixed cost per collective call, one per reduce/all-gather bucket, per gathered ZeRO-3 parameter
   and pass (its hooks run even on one rank), and the gradient-norm all-reduce.
 * ``memory``: the optimizer step's memory traffic (about 32 B per trainable parameter of the rank's partition) over
@@ -54,8 +55,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.estimator.layouts.autoep import ep_workload, expert_parallel_seconds
-from tuner.estimator.layouts.autotp import tensor_parallel_seconds, tp_workload
+from tuner.estimator.layouts import active
+from tuner.estimator.layouts.autoep import ep_workload
+from tuner.estimator.layouts.autotp import tp_workload
 from tuner.estimator.layouts.ulysses import all_to_all_bytes, mlp_params
 from tuner.estimator.layouts.zeropp import QGZ_CALLS_PER_TENSOR, gathered_bytes_per_element, qgz_seconds
 from tuner.estimator.settings import Settings, resolve
@@ -213,14 +215,22 @@ def step_terms(workload: Workload, s: Settings, hw: Hardware) -> StepTerms:
     if s.offload_optimizer != "none":
         memory += trained_partition / hw.cpu_adam_params_s - ADAM_BYTES * trained_partition / hw.memory_bw
         memory += 2 * elem * trained_partition / hw.host_bw  # gradients down, updated parameters up
-    tp_seconds, tp_calls = tensor_parallel_seconds(workload, s, hw)
-    ep_seconds, ep_calls = expert_parallel_seconds(workload, s, hw)
-    tp_seconds, tp_calls = tp_seconds + ep_seconds, tp_calls + ep_calls
+    tp_seconds, tp_calls = _layout_collectives(workload, s, hw)  # AutoTP's all-reduces, AutoEP's all-to-alls
     bandwidth = accum * per_micro_bytes / link + gather_seconds + step_bytes / link + sp_seconds + tp_seconds
     latency = (accum * per_micro_calls + step_calls + sp_calls + tp_calls) * hw.collective_s
     hideable = (accum * per_micro_bytes / link + gather_seconds) / bandwidth if s.overlap_comm and bandwidth else 0.0
     cover = backward / (forward + backward) * compute if s.overlap_comm else 0.0  # backward's share: 2/3 when all train
     return StepTerms(compute, launch, bandwidth, latency, memory, hideable, cover)
+
+
+def _layout_collectives(workload: Workload, s: Settings, hw: Hardware) -> tuple[float, int]:
+    """(seconds, calls) per optimizer step of the collectives the trial's layouts add that nothing overlaps
+    (:meth:`tuner.estimator.layouts.base.LayoutTerms.collective_seconds`)."""
+    seconds, calls = 0.0, 0
+    for layout in active(s.ranks):
+        more, count = layout.collective_seconds(workload, s, hw)
+        seconds, calls = seconds + more, calls + count
+    return seconds, calls
 
 
 def zero3_passes(s: Settings) -> int:
