@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from tuner.estimator.activations.attention import extra_bytes_per_layer
 from tuner.estimator.activations.autocast import activation_precision
 from tuner.estimator.activations.chunked_loss import chunked_loss_terms
+from tuner.estimator.activations.first_recompute import first_recompute_extra
 from tuner.estimator.activations.liger import compute_capability, liger_activations
 from tuner.estimator.activations.plain_loss import loss_workspace
 from tuner.estimator.activations.saved import LayerActivations, workload_activation_bytes
@@ -84,10 +85,11 @@ def activation_terms(
         host = pins.size(acts.host // acts.host_count, True, acts.host_count)
         out += held("cpu", "activations", host, ("forward", "backward")) + pins.contribution()
     loss = acts.workspace  # the loss's moment: workspace and head gradient
+    first = first_recompute_extra(workload, s, phases)  # the other layers' checkpoints beside the first recompute
     if params.is_full:
-        out += _early_backward(workload, s, (params, saved), recorded, phases)
+        out += _early_backward(workload, s, (params, saved, first), recorded, phases)
     else:
-        head, frozen = _frozen_backward(workload, s, saved, acts.workspace)
+        head, frozen = _frozen_backward(workload, s, saved, acts.workspace, first)
         out += frozen
         loss += head
     return source, (*out, *_forward_moments(s, activations, (saved, acts.outside, loss), recorded))
@@ -158,7 +160,9 @@ def _forward_moments(
     return out + whole_parameters_apart(s, recorded, -extra)  # ZeRO-3's tiled loss holds no whole parameter
 
 
-def _frozen_backward(workload: Workload, s: Settings, saved: int, workspace: int) -> tuple[int, Contribution]:
+def _frozen_backward(
+    workload: Workload, s: Settings, saved: int, workspace: int, first: int = 0
+) -> tuple[int, Contribution]:
     """Backward's worst moments when few parameters train (measured, ``bench/peft_memory.py``): their gradients
     are too small to matter, so the peak comes before them. Returns (the loss's backward beyond the logits
     ``workspace``, the contribution).
@@ -170,7 +174,8 @@ def _frozen_backward(workload: Workload, s: Settings, saved: int, workspace: int
       a tiled loss the head's gradient is made in forward, shard by shard: ``e·b·s·V`` stays counted.
     * The first trainable gradient arrives in the last layer's backward, when ZeRO 1-3 allocate their reduce
       bucket: the saved activations of every other layer are still alive (``(L-1)/L`` of them:
-      ``details["early_backward_activations"]``), counted in the backward phase beside the bucket.
+      ``details["early_backward_activations"]``), counted in the backward phase beside the bucket; at least the
+      checkpoints beside the first recomputed layer (``first``, :mod:`.first_recompute`).
     """
     model, elem = workload.model, s.param_bytes
     logits = s.micro_batch * local_seq(workload, s) * model.vocab_size
@@ -179,16 +184,18 @@ def _frozen_backward(workload: Workload, s: Settings, saved: int, workspace: int
         head = max(0, (2 * elem + 4) * logits - workspace)
     out = detail("loss_backward", head) + held("gpu", "buffers", head, FORWARD) if head else NOTHING
     layers = max(1, model.num_layers)
-    if s.stage and s.offload_optimizer == "none":
+    if s.stage and s.offload_optimizer == "none" and saved * (layers - 1) // layers >= first:
         alive = saved * (layers - 1) // layers
         out += detail("early_backward_activations", alive) + held("gpu", "activations", alive, BACKWARD)
+    else:
+        out += _first_recompute(first)
     return head, out
 
 
 def _early_backward(
     workload: Workload,
     s: Settings,
-    trained: tuple[TrainedParams, int],
+    trained: tuple[TrainedParams, int, int],
     recorded: Mapping[str, int],
     phases: Mapping[str, Phase],
 ) -> Contribution:
@@ -199,16 +206,17 @@ def _early_backward(
     activations are gone). The activations still alive are taken in proportion to the parameters whose gradients
     have not arrived yet (``1 - first bucket / Ψ``); what that moment holds beyond the backward phase's end is
     added to its activations (``details["early_backward_activations"]``). ``trained``: the model as trained (gradients
-    arrive for its trainable parameters only) and the activations it saved.
+    arrive for its trainable parameters only), the activations it saved, and what the first recomputed layer's
+    moment holds beyond the phase (:mod:`.first_recompute`): the larger of the two moments is added.
     """
     model, elem = workload.model, s.param_bytes
+    params, saved, checkpoints = trained
     if model.is_bare or s.stage not in (2, 3) or s.offload_optimizer != "none" or not s.reduce_scatter:
-        return NOTHING
-    params, saved = trained
+        return _first_recompute(checkpoints)
     chunks = bucket_chunks(params.trainable, s.reduce_bucket_size)
     total = params.n_trainable
     if len(chunks) < 2 or not total:
-        return NOTHING
+        return _first_recompute(checkpoints)
     alive = saved * (total - chunks[0]) // total
     first = elem * chunks[0]
     if s.stage == 2:  # the partition (already in the phase) is allocated right after the first bucket's reduction
@@ -217,6 +225,13 @@ def _early_backward(
     else:  # ZeRO-3: the first bucket's reduce-scatter staging beside the permanent partition (gloo: twice)
         early = alive + first * (2 if workload.cluster.device == "cpu" else 1)
     extra = max(0, early - recorded.get("reduce_copy", 0))
-    if not extra:
-        return NOTHING
+    if extra < checkpoints or not extra:
+        return _first_recompute(checkpoints)
     return detail("early_backward_activations", extra) + held("gpu", "activations", extra, BACKWARD)
+
+
+def _first_recompute(extra: int) -> Contribution:
+    """The other layers' checkpoints beside the first recomputed layer, held in backward (:mod:`.first_recompute`)."""
+    return (
+        detail("first_recompute_checkpoints", extra) + held("gpu", "activations", extra, BACKWARD) if extra else NOTHING
+    )
