@@ -96,9 +96,8 @@ def main() -> None:
             path = folder / f"llama-{layers}.json"
             path.write_text(json.dumps(config(layers)))
             truth, (mine, first) = measured(path, folder), estimated(path)
-            lines.append(
-                f"| {layers} | {truth / 1e6:.1f} | {mine / 1e6:.1f} | {(mine - truth) / truth:+.1%} | {first / 1e6:.1f} |"
-            )
+            error = (mine - truth) / truth
+            lines.append(f"| {layers} | {truth / 1e6:.1f} | {mine / 1e6:.1f} | {error:+.1%} | {first / 1e6:.1f} |")
             print(lines[-1], file=sys.stderr)
     notes = args.out.read_text().partition("## Notes\n")[2] if args.out.exists() else ""
     args.out.write_text("\n".join(lines) + "\n" + (f"\n## Notes\n{notes}" if notes else ""))
