@@ -24,7 +24,7 @@ def settings(name: str, allowed: bool) -> StudySettings:
         space_path=default_space_path(),
         pins={**PINS, "stage": 1},
         global_batch=1,
-        trials=6,
+        trials=16,  # the whole grid: stage 1 x micro-batch 1 x the numerics choices
         seed=3,
         sampler="grid",
         allow_numerics_changes=allowed,

@@ -28,11 +28,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tuner.space.conditions import WORKLOAD_FACTS
+from tuner.space.facts import workload_facts
 from tuner.space.loader import load_space
-from tuner.space.parameter_entry import parse_parameter
+from tuner.space.parameter_entry import parse_parameter, parse_when
 from tuner.space.parameters import Parameter
 from tuner.space.space import SearchSpace
-from tuner.workload import Workload
+from tuner.workload import Workload, WorkloadError
 from tuner.workload.layouts import AUTOEP, AUTOTP, ULYSSES, LayoutKind
 from tuner.workload.numerics import MASTER_KEY, STATES_KEY
 
@@ -45,7 +47,8 @@ def _off(kind: LayoutKind) -> tuple[str, str]:
 
 
 # name -> (entry without `when`, the `when` clauses as (the parameter each tests, the clause)); a clause on a
-# parameter the space lacks is left out, a clause on a workload fact (None) is always kept
+# parameter the space lacks, or on one that cannot apply to the workload and whose default satisfies it, is left
+# out (:func:`_may_apply`); a clause on a workload fact (None) is always kept
 ENTRIES: dict[str, tuple[dict[str, Any], tuple[tuple[str | None, str], ...]]] = {
     "bf16_master_weights": (
         {"choices": [None, True], "key": MASTER_KEY, "help": "bf16 master weights and gradients (changes numerics)"},
@@ -96,6 +99,7 @@ def with_numerics_choices(space: SearchSpace, workload: Workload, script: bool =
     Pins and frozen names are the space's (apply pins of the added parameters afterwards)."""
     parameters: list[Parameter] = list(space.parameters)
     keys = {parameter.key for parameter in parameters if parameter.key}
+    facts = _facts(workload)
     for name in offered(workload, script):
         entry, clauses = ENTRIES[name]
         present = {parameter.name for parameter in parameters}
@@ -103,10 +107,40 @@ def with_numerics_choices(space: SearchSpace, workload: Workload, script: bool =
             continue
         if any(tested in ENTRIES and tested not in present for tested, _ in clauses):
             continue  # its master switch was not added
-        when = [clause for tested, clause in clauses if tested is None or tested in present]
+        when = [
+            clause
+            for tested, clause in clauses
+            if tested is None or (tested in present and _may_apply(tested, clause, parameters, facts, space.pins))
+        ]
         spec = {"kind": "categorical", "default": None, **entry, **({"when": when} if when else {})}
         parameters.append(parse_parameter(name, spec, parameters, SOURCE))
     return SearchSpace(parameters, space.base, space.source, space.pins)
+
+
+def _facts(workload: Workload) -> dict[str, int] | None:
+    """The workload's facts, None where they need a profile it lacks (every clause is kept then)."""
+    try:
+        return workload_facts(workload)
+    except WorkloadError:
+        return None
+
+
+def _may_apply(
+    tested: str, clause: str, parameters: list[Parameter], facts: dict[str, int] | None, pins: dict[str, Any]
+) -> bool:
+    """Whether the clause on the parameter ``tested`` is kept: it is, unless that parameter can never be active for
+    this workload (its own conditions name only workload facts and fail; not pinned) and its default satisfies the
+    clause. An inactive parameter never satisfies a clause (:meth:`Condition.holds`), so a clause such as
+    ``tensor_parallel == 1`` kept on a workload that AutoTP does not apply to would never offer the choice."""
+    parameter = next(p for p in parameters if p.name == tested)
+    if facts is None or tested in pins or not parameter.when:
+        return True
+    if any(not c.names <= set(WORKLOAD_FACTS) for c in parameter.when):
+        return True
+    if parameter.active(facts):
+        return True
+    (condition,) = parse_when(clause, f"{SOURCE}.when", parameters, SOURCE)
+    return not condition.holds({tested: parameter.default})
 
 
 def numerics_pins(pins: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
