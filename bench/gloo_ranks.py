@@ -240,7 +240,6 @@ def train_and_report(
         losses.append(float(value))
     report = tracker.stop()
     report.update(losses=losses, **(extra or {}), **(after() if after is not None else {}))
-    if accumulation > 1:  # where each micro-step's high-water mark fell
-        report["phase_peaks"] = tracker.phase_peaks
+    report["phase_peaks"] = tracker.phase_peaks  # each phase's own high-water mark (where a micro-step's fell)
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(report, default=str))
     torch.distributed.barrier()

@@ -11,10 +11,12 @@ kept before; now the 502,267,904 within the reuse distance of their backward use
 ``bench/precision_true_peak.py``'s ZeRO-3 rows within 0.01 % of the counting allocator with it), and for the 36 bf16
 ZeRO-1/2 cases without offload when the step was measured to hold the 16-bit gradient buffer beside the gradient
 norm's fp64 slices and beside the flat partition's copy and cast (``gradient_copies``: that bench's seq-32 ZeRO-2
-rows -16.8/-13.2 % -> within 0.01 %), and for the 27 checkpointed cases at ZeRO-3 or with the optimizer offloaded when
+rows -16.8/-13.2 % -> within 0.01 %), for the 27 checkpointed cases at ZeRO-3 or with the optimizer offloaded when
 backward's first recomputed layer was counted beside every other layer's checkpoint (``first_recompute_checkpoints``:
 the counting allocator's true backward peak of a checkpointed transformers Llama rises one checkpoint per layer,
-``bench/first_recompute.py``, -25.8 % -> -4.8 % at 16 layers)."""
+``bench/first_recompute.py``, -25.8 % -> -4.8 % at 16 layers), and for the 36 fp32 ZeRO-1/2 cases with optimizer
+offload when backward's copy of the gradients to the host was measured to hold the fp64 copy of a gradient slice for
+its norm (``offload_reduce``; the seq-32 offload rows -13.8/-15.4 % -> 0.00/+0.18 %)."""
 
 import json
 from collections.abc import Iterator

@@ -1,19 +1,22 @@
 """bf16 master weights and optimizer states against a real DeepSpeed run (slow): 2 gloo CPU ranks, ZeRO-2 with
 optimizer offload, a small LLaMA trained by ``bench/precision_true_peak.py``'s ranks. Truth: the tensors DeepSpeed's
 optimizer holds (elements and dtype) and the counting allocator's peak of live CPU tensor bytes (every thread), not
-the estimator's own arithmetic. One run each (and ZeRO-3 without offload for its peak); the bench has every stage
-with and without offload."""
+the estimator's own arithmetic. One run each (and ZeRO-3 without offload for its peak, ZeRO-2 on the device at seq 32
+for the step's moment); the bench has every stage with and without offload."""
 
 from __future__ import annotations
 
 import pytest
 from bench_module import load_bench
 
-CASE = {"stage": 2, "offload": True, "precision": "bf16-master+states", "world": 2}
+CASE = {"stage": 2, "offload": True, "precision": "bf16-master", "world": 2, "seq": 32}
 
 
 @pytest.mark.slow
-def test_bf16_master_and_states_are_held_as_estimated() -> None:
+def test_offloaded_bf16_master_is_held_as_estimated() -> None:
+    """The bf16 master partition and DeepSpeedCPUAdam's fp32 moments on the host, to the element; at seq 32 the peak
+    is backward's copy of the gradients to the host: the fp64 copy of a gradient slice for its norm beside the LM
+    head's gradient, which bypasses the bucket (the estimate was 15.4 % under without them)."""
     bench = load_bench("precision_true_peak")
     data = bench.measure(CASE, timeout=1800)
     assert data["status"] == "ok", data["error"]
@@ -22,7 +25,7 @@ def test_bf16_master_and_states_are_held_as_estimated() -> None:
     assert expected["master"] == {"torch.bfloat16": est.details["partition_elements"]}
     for rank in data["ranks"]:
         held = {name: by for name, by in rank["states_after_steps"].items() if name in expected}
-        assert held == expected  # the bf16 master and both bf16 moments, to the element
+        assert held == expected  # the bf16 master and both fp32 moments, to the element
     true = max(rank["peak_bytes"] for rank in data["ranks"])
     assert bench.process_peak(est) == pytest.approx(true, rel=0.01)
 

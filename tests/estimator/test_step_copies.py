@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from tuner.estimator import estimate
+from tuner.estimator import estimate, resolve
+from tuner.estimator.states.muon import muon_flat_partition, muon_updates
 from tuner.estimator.states.partitions import flat_partition
-from tuner.estimator.states.transients import flat_step_copies
-from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model, numerics_config
+from tuner.estimator.states.transients import flat_step_copies, offload_reduce_moment
+from tuner.workload import ClusterSpec, TrainSpec, TrialConfig, Workload, load_builtin_model, numerics_config
 
 GPUS = 8
 WORK = Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=GPUS), TrainSpec(seq_len=512))
@@ -54,3 +55,36 @@ def test_the_step_phase_holds_the_moment_at_any_scale(stage: int, master: int) -
     assert step["gradients"] == master * flat.partition
     assert step["buffers"] == copies
     assert est.details["gradient_copies"] == copies > 0
+
+
+def test_muons_orthogonalised_gradients_sit_beside_both_moments() -> None:
+    """Muon's group keeps what ``muon_update`` returned until the step casts it: at the norm and at the cast."""
+    assert flat_step_copies(2, 4, 1_000, (900,), 100, beside=300) == flat_step_copies(2, 4, 1_000, (900,), 100) + 300
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_offloads_reduction_holds_the_norms_fp64_slice(stage: int) -> None:
+    """ZeRO-1/2 with optimizer offload: backward holds the largest gradient slice's fp64 copy for its norm (8 B an
+    element), and at ZeRO-2 the gradient itself when it is larger than the reduce bucket (it bypasses the bucket)."""
+    assert offload_reduce_moment(1_000, 2, 600, 2_000, stage) == 8 * 600
+    own = 2 * 1_000 if stage == 2 else 0  # ZeRO-1's backward phase holds every 16-bit gradient already
+    assert offload_reduce_moment(1_000, 2, 600, 500, stage) == 8 * 600 + own
+    extra = {"zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu"}}}
+    est = estimate(WORK, config(stage, extra))
+    flat = flat_partition(WORK.model.param_numels, GPUS)
+    largest = max(WORK.model.param_numels)  # the 32,000 × 4,096 embedding, within the default 5e8-element bucket
+    assert est.details["offload_reduce"] == offload_reduce_moment(largest, 2, flat.partition, 500_000_000, stage)
+    assert est.details["offload_reduce"] == 8 * min(largest, flat.partition)
+
+
+def test_muons_step_moment_in_the_estimate() -> None:
+    """Muon at ZeRO-1 (its two groups cast one at a time) with its orthogonalised gradients beside the moment."""
+    est = estimate(WORK, config(1, numerics_config(optimizer="muon")))
+    numels = WORK.model.param_numels
+    s = resolve(WORK, TrialConfig(config(1, numerics_config(optimizer="muon"))))
+    flat = muon_flat_partition(WORK.model, numels, s)
+    updates = muon_updates(WORK.model, numels, s, 2)
+    largest = min(max(numels), flat.largest_group)
+    assert len(flat.groups) == 2 and updates > 0
+    copies = flat_step_copies(2, 4, flat.worst_rank_grads, flat.groups, largest, updates)
+    assert est.details["gradient_copies"] == copies

@@ -25,7 +25,7 @@ from tuner.estimator.phases import Phase
 from tuner.estimator.settings import Settings
 from tuner.estimator.states.pinned import HostPins
 from tuner.estimator.states.trainable import TrainedParams
-from tuner.estimator.states.transients import bucket_chunks
+from tuner.estimator.states.transients import bucket_chunks, offload_reduce_moment
 from tuner.estimator.terms import NOTHING, Contribution, Entry, detail, held
 from tuner.estimator.tiled_loss import whole_parameters_apart
 from tuner.workload import Workload
@@ -192,6 +192,19 @@ def _frozen_backward(
     return head, out
 
 
+def _first_offload_reduce(numels: tuple[int, ...], first: int, s: Settings, recorded: Mapping[str, int]) -> int:
+    """What ZeRO-2 with optimizer offload adds while the first bucket's gradients (the last parameters, ``first``
+    elements) are copied to the host: the largest one's :func:`.offload_reduce_moment`."""
+    largest = filled = 0
+    for numel in reversed(numels):
+        if filled >= first:
+            break
+        filled += numel
+        largest = max(largest, numel)
+    part = recorded.get("partition_elements", 0)
+    return offload_reduce_moment(largest, s.param_bytes, part, s.reduce_bucket_size, s.stage)
+
+
 def _early_backward(
     workload: Workload,
     s: Settings,
@@ -211,7 +224,8 @@ def _early_backward(
     """
     model, elem = workload.model, s.param_bytes
     params, saved, checkpoints = trained
-    if model.is_bare or s.stage not in (2, 3) or s.offload_optimizer != "none" or not s.reduce_scatter:
+    offload = s.offload_optimizer != "none"
+    if model.is_bare or s.stage not in (2, 3) or (offload and s.stage == 3) or not s.reduce_scatter:
         return _first_recompute(checkpoints)
     chunks = bucket_chunks(params.trainable, s.reduce_bucket_size)
     total = params.n_trainable
@@ -219,12 +233,17 @@ def _early_backward(
         return _first_recompute(checkpoints)
     alive = saved * (total - chunks[0]) // total
     first = elem * chunks[0]
-    if s.stage == 2:  # the partition (already in the phase) is allocated right after the first bucket's reduction
-        partition = phases["backward"].gpu["gradients"]
-        early = alive + max(first, partition) - partition
-    else:  # ZeRO-3: the first bucket's reduce-scatter staging beside the permanent partition (gloo: twice)
-        early = alive + first * (2 if workload.cluster.device == "cpu" else 1)
-    extra = max(0, early - recorded.get("reduce_copy", 0))
+    if offload:  # ZeRO-2 offload: the first gradients copied to the host, their norm's fp64 copy beside them
+        early = alive + _first_offload_reduce(params.trainable, chunks[0], s, recorded)
+        extra = max(0, early - recorded.get("offload_reduce", 0))
+    else:
+        if s.stage == 2:  # the partition (already in the phase) is allocated right after the first bucket's reduction
+            partition = phases["backward"].gpu["gradients"]
+            early = alive + max(first, partition) - partition
+        else:  # ZeRO-3: the first bucket's reduce-scatter staging beside the permanent partition (gloo: twice)
+            early = alive + first * (2 if workload.cluster.device == "cpu" else 1)
+        # the phase's other moments (the reduction's copy, Muon's update at backward's end): the larger one counts
+        extra = max(0, early - recorded.get("reduce_copy", 0) - recorded.get("muon_update", 0))
     if extra < checkpoints or not extra:
         return _first_recompute(checkpoints)
     return detail("early_backward_activations", extra) + held("gpu", "activations", extra, BACKWARD)

@@ -26,7 +26,14 @@ from tuner.estimator.layouts.autoep import ep_flat_partition
 from tuner.estimator.phases import PHASES
 from tuner.estimator.settings import FP32, Settings
 from tuner.estimator.states.master_states import state_bytes
-from tuner.estimator.states.muon import muon_flat_partition, muon_states, muon_update_transient
+from tuner.estimator.states.muon import (
+    muon_flat_partition,
+    muon_mask,
+    muon_states,
+    muon_update_transient,
+    muon_updates,
+    split,
+)
 from tuner.estimator.states.partitions import round_robin_order
 from tuner.estimator.states.pinned import HostPins
 from tuner.estimator.states.quantized import quantized_base
@@ -35,6 +42,7 @@ from tuner.estimator.states.transients import (
     bucket_chunks,
     flat_reduce_copy,
     flat_step_copies,
+    offload_reduce_moment,
     optimizer_temporaries,
     zero0_allreduce_copy,
 )
@@ -81,18 +89,35 @@ def flat_states(workload: Workload, s: Settings, params: TrainedParams) -> tuple
         return 0, (*out, *_offloaded_states(params, part, s, workload.cluster.device == "cuda"))
     optimizer = muon_states(model, numels, s, states.master, elem) if s.muon else states.states * part
     out += held("gpu", "optimizer_states", optimizer)
-    if s.muon:  # Newton-Schulz on one whole gradient at a time, at the end of backward (.muon)
-        out += transient("muon_update", "backward", muon_update_transient(model, numels, workload.cluster.device))
     if s.stage == 2:  # ZeRO-2 reduces as gradients arrive, into this rank's partition
         out += held("gpu", "gradients", elem * worst_grads, accumulated(s))
     out += held("gpu", "gradients", states.master * part, ("step",))
-    out += transient("reduce_copy", "backward", _reduce_copy(workload, s, numels, elem * worst_grads))
+    reduce_copy = _reduce_copy(workload, s, numels, elem * worst_grads)
+    out += transient("reduce_copy", "backward", reduce_copy)
+    if s.muon:  # Newton-Schulz on one whole gradient at a time, at the end of backward (.muon)
+        out += _muon_backward(workload, s, (numels, params.n_trainable), elem * worst_grads, reduce_copy)
     temporaries = optimizer_temporaries(s.optimizer_impl, part, part)
     out += transient("optimizer_temporaries", "step", temporaries)
     largest = min(params.largest_trainable, flat.largest_group)
-    copies = flat_step_copies(elem, states.master, worst_grads, flat.groups or (part,), largest)
+    updates = muon_updates(model, numels, s, elem) if s.muon else 0
+    copies = flat_step_copies(elem, states.master, worst_grads, flat.groups or (part,), largest, updates)
     out += transient("gradient_copies", "step", max(0, copies - temporaries))  # the larger of the two moments
     return 0, tuple(out)
+
+
+def _muon_backward(
+    workload: Workload, s: Settings, trained: tuple[tuple[int, ...], int], partition_grads: int, reduce_copy: int
+) -> Contribution:
+    """Muon's moment at the end of backward, after the reduction (``reduce_copy`` bytes at its worst, earlier):
+    the orthogonalised gradients made so far and Newton-Schulz's temporaries for one matrix, beside the rank's
+    gradient partition (``partition_grads`` bytes). ZeRO-1's backward phase holds every 16-bit gradient
+    (``trained``: the parameters and how many), which its reduction has replaced by the partition by then. What the
+    moment holds beyond the reduction's worst is the ``muon_update`` transient (counting allocator, the Muon rows of
+    ``bench/precision_true_peak.py``: the two moments do not coincide)."""
+    model, (numels, n), elem = workload.model, trained, s.param_bytes
+    released = elem * n - partition_grads if s.stage == 1 else 0
+    moment = muon_updates(model, numels, s, elem) + muon_update_transient(model, numels, workload.cluster.device)
+    return transient("muon_update", "backward", max(0, moment - released - reduce_copy))
 
 
 def accumulated(s: Settings) -> tuple[str, ...]:
@@ -168,7 +193,7 @@ def _offloaded_states(params: TrainedParams, part: int, s: Settings, cuda: bool)
     staging buffers that carry gradients out and 16-bit parameters back (``part``: the partition's elements;
     ``cuda``: pinned buffers cost their power-of-two size, :mod:`.pinned`)."""
     elem, largest, states = s.param_bytes, params.largest_trainable, state_bytes(s)
-    pins, pin = HostPins(cuda), s.offload_optimizer_pin
+    pins, pin, bucket = HostPins(cuda), s.offload_optimizer_pin, s.reduce_bucket_size
     master = pins.size(states.master * part, pin)  # the master partition; Adam's moments are pageable
     gradients = pins.size(states.master * part, pin)  # its gradient, always allocated
     staging = pins.size(elem * part, pin) + pins.size(elem * largest, pin)  # 16-bit param copy-back, grad staging
@@ -179,6 +204,7 @@ def _offloaded_states(params: TrainedParams, part: int, s: Settings, cuda: bool)
         *held("gpu", "buffers", elem * largest),  # device-side gradient staging buffer
         *detail("offload_staging", elem * part + 2 * elem * largest),
         *pins.contribution(),
+        *transient("offload_reduce", "backward", offload_reduce_moment(largest, elem, part, bucket, s.stage)),
     )
 
 
@@ -196,5 +222,15 @@ def _reduce_copy(workload: Workload, s: Settings, numels: tuple[int, ...], parti
         return flat_reduce_copy(
             numels, s.reduce_bucket_size, elem, partition_grads, s.zero_ranks, s.multi_rank_bucket_allreduce
         )
-    chunks = bucket_chunks(numels, s.reduce_bucket_size)
+    chunks = bucket_chunks(_stage1_reduce_order(workload, s, numels), s.reduce_bucket_size)
     return max(0, partition_grads - elem * chunks[0]) if len(chunks) > 1 else 0
+
+
+def _stage1_reduce_order(workload: Workload, s: Settings, numels: tuple[int, ...]) -> tuple[int, ...]:
+    """The parameters in the order ZeRO-1 fills its buckets, as :func:`.bucket_chunks` reads them (last first):
+    without ``overlap_comm`` ``reduce_gradients`` runs after backward, group by group (Muon's first) and each group in
+    model order; with it the gradient hooks reduce in backward's order."""
+    if s.overlap_comm:
+        return numels
+    groups = split(numels, muon_mask(workload.model)) if s.muon else (numels,)
+    return tuple(reversed([numel for group in groups for numel in group]))

@@ -12,7 +12,7 @@
   kept between steps). :func:`muon_states` counts them.
 * ``muon_update`` orthogonalises one whole gradient at a time (Newton-Schulz on the gradient, in fp16 where the
   device supports it, else fp32; bf16 for the ``standard`` method); its temporaries for the largest Muon matrix
-  are :func:`muon_update_transient`.
+  are :func:`muon_update_transient`; what it returns is kept until the step (:func:`muon_updates`).
 
 Which parameters have two dimensions is read from the model's shapes (:func:`muon_mask`): the embeddings and the
 LM head (``vocab × hidden``, the learned position table) are Adam's, every other parameter larger than the layer's
@@ -82,6 +82,15 @@ def muon_states(model: ModelSpec, numels: tuple[int, ...], s: Settings, master: 
     return masters + moments + momentum
 
 
+def muon_updates(model: ModelSpec, numels: tuple[int, ...], s: Settings, elem: int) -> int:
+    """Bytes of the Muon group's orthogonalised gradients on the worst rank: ``get_flat_partition`` keeps what
+    ``muon_update`` returns for each parameter overlapping the partition (whole, ``elem`` bytes an element) as the
+    group's ``averaged_gradients``, from the end of backward until the step has cast them (the 16-bit gradient
+    buffer they were made from stays alive too)."""
+    muon, _ = split(numels, muon_mask(model))
+    return elem * flat_partition(muon, s.zero_ranks).worst_rank_grads if muon else 0
+
+
 def muon_update_transient(model: ModelSpec, numels: tuple[int, ...], device: str) -> int:
     """Bytes ``muon_update`` allocates at its worst for the largest Muon matrix: Newton-Schulz runs in fp16 on
     CUDA and in fp32 on CPUs without fp16 (DeepSpeed's ``ns_compute_dtype``)."""
@@ -90,4 +99,4 @@ def muon_update_transient(model: ModelSpec, numels: tuple[int, ...], device: str
     return NS_TEMPORARIES * compute * max(muon, default=0)
 
 
-__all__ = ["muon_flat_partition", "muon_mask", "muon_states", "muon_update_transient", "split"]
+__all__ = ["muon_flat_partition", "muon_mask", "muon_states", "muon_update_transient", "muon_updates", "split"]

@@ -23,6 +23,9 @@ on 2 CPU ranks (Pythia-160M shape, fp32 and bf16) and confirmed in DeepSpeed's c
 * ZeRO-1/2's step without offload (:func:`flat_step_copies`) reads the 16-bit gradient partition twice before it
   releases it: the gradient norm converts each gradient slice to fp64, and the step flattens the partition into a
   new 16-bit tensor and casts that to the master's dtype; the rank's 16-bit gradient buffer is alive at both.
+* ZeRO-1/2 with optimizer offload take each gradient slice's norm as it is copied to the host
+  (``set_norm_for_param_grad_in_gpu``): an fp64 copy of the slice, beside ZeRO-2's gradient of a parameter larger
+  than the reduce bucket, which bypasses the bucket (:func:`offload_reduce_moment`).
 * The optimizer's own temporaries in the step (:func:`optimizer_temporaries`): torch's single-tensor Adam builds
   ``exp_avg_sq.sqrt()`` and its quotient (two fp32 tensors the size of the parameter it steps, and ZeRO-1/2/3
   step one flat partition per group, not per-layer tensors); the foreach variant one list the size of the whole
@@ -125,7 +128,9 @@ def stage3_reduce_copy(numels: tuple[int, ...], s: Any, elem: int, gloo: bool) -
     return (2 * staging if gloo else staging) + elem * max(numels, default=0)
 
 
-def flat_step_copies(elem: int, master: int, worst_grads: int, groups: tuple[int, ...], largest: int) -> int:
+def flat_step_copies(
+    elem: int, master: int, worst_grads: int, groups: tuple[int, ...], largest: int, beside: int = 0
+) -> int:
     """Bytes ZeRO-1/2's step without offload holds at its worst moment beyond the step phase's gradient partition in
     the master's dtype (``master`` bytes × the partition, the sum of ``groups``, each group's partition in elements).
 
@@ -138,16 +143,34 @@ def flat_step_copies(elem: int, master: int, worst_grads: int, groups: tuple[int
     * for each group, ``flatten(averaged_gradients)`` makes a new 16-bit flat partition and ``.to()`` its copy in
       the master's dtype (none when the master is 16-bit: ``.to`` returns the same tensor), both beside the buffer.
 
-    The larger moment, less the step phase's gradient partition (counting allocator, ``bench/precision_true_peak.py``).
+    ``beside``: bytes alive at both moments too (Muon's orthogonalised gradients, :func:`.muon_updates`). The larger
+    moment, less the step phase's gradient partition (counting allocator, ``bench/precision_true_peak.py``).
 
     >>> flat_step_copies(2, 4, 110, (100,), 50)  # fp32 master: 2·110 + 2·100 + 4·100, less 4·100
     420
     >>> flat_step_copies(2, 2, 110, (100,), 50)  # bf16 master: the norm's 8·50 beside 2·110, less 2·100
     420
     """
-    norm = elem * worst_grads + NORM_BYTES * largest
-    cast = elem * worst_grads + max((elem + (master if master != elem else 0)) * group for group in groups)
+    norm = elem * worst_grads + beside + NORM_BYTES * largest
+    cast = elem * worst_grads + beside + max((elem + (master if master != elem else 0)) * group for group in groups)
     return max(norm, cast) - master * sum(groups)
+
+
+def offload_reduce_moment(numel: int, elem: int, part: int, bucket: int, stage: int) -> int:
+    """Bytes ZeRO-1/2 with optimizer offload add to backward while the gradient of one parameter of ``numel``
+    elements is copied to the host (a partition of ``part`` elements, reduce buckets of ``bucket``).
+
+    ``copy_grads_in_partition`` → ``set_norm_for_param_grad_in_gpu`` converts the rank's slice of the gradient to
+    fp64 for its norm (``get_norm_dtype``); the cast to an fp32 master's dtype comes after it, half its size. At
+    ZeRO-2 a gradient larger than the bucket bypasses it (``extra_large_param_to_reduce``, cloned under the offload's
+    gradient protections), so it is alive beside the buckets; ZeRO-1's backward phase already holds every 16-bit
+    gradient (counting allocator, ``bench/precision_true_peak.py``, the seq-32 offload rows).
+
+    >>> offload_reduce_moment(100, 2, 60, 50, 2), offload_reduce_moment(100, 2, 60, 50, 1)
+    (680, 480)
+    """
+    own = elem * numel if stage == 2 and numel > bucket else 0
+    return NORM_BYTES * min(numel, part) + own
 
 
 def optimizer_temporaries(impl: str, largest_master: int, total_master: int) -> int:
