@@ -46,8 +46,12 @@ def test_liger_modules_and_forwards_are_seen_by_their_module_names() -> None:
 
     LigerRMSNorm.__module__ = "liger_kernel.transformers.rms_norm"
     model = llama()
-    model.model.norm = LigerRMSNorm()  # apply_liger_kernel_to_llama(model=...) swaps the class or binds forward
+    model.model.norm = LigerRMSNorm()  # built after apply_liger_kernel_to_llama() replaced the class
     assert code_paths(model) == {"chunked_loss": False, "liger": True}
+    patched = llama()  # apply_liger_kernel_to_llama(model=...) on a built model: monkey_patch._bind_method_to_module
+    norm = patched.model.norm
+    norm.__dict__["forward"] = LigerRMSNorm.forward.__get__(norm, norm.__class__)
+    assert code_paths(patched)["liger"] is True
 
     def lce_forward(self: object, *args: object, **kwargs: object) -> None:
         return None
