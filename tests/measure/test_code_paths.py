@@ -44,7 +44,7 @@ def test_liger_modules_and_forwards_are_seen_by_their_module_names() -> None:
         def forward(self, hidden: torch.Tensor) -> torch.Tensor:
             return hidden
 
-    LigerRMSNorm.__module__ = "liger_kernel.transformers.rms_norm"
+    LigerRMSNorm.__module__ = LigerRMSNorm.forward.__module__ = "liger_kernel.transformers.rms_norm"
     model = llama()
     model.model.norm = LigerRMSNorm()  # built after apply_liger_kernel_to_llama() replaced the class
     assert code_paths(model) == {"chunked_loss": False, "liger": True}
