@@ -128,3 +128,18 @@ def test_best_of_a_script_study_says_its_config_changes_the_numerics(db: str) ->
     client = TestClient(create_app(db, "token", recommend_cache_s=0, request_budget_s=600))
     assert said.replace("'", "&#39;") in client.get("/studies/bf16").text
     assert said in recommended(client)["notes"]
+
+
+def test_the_tune_report_says_the_winners_config_changes_the_numerics(db: str) -> None:
+    from rich.console import Console
+
+    from tuner.cli.study_view import render_study
+
+    seed(db, script=False, confirmed=None)
+    console = Console(record=True, width=200)
+    with Store.open(db) as store:
+        study = store.get_study("bf16")
+        assert study is not None
+        render_study(store, study.id, "bf16", console)
+    said = console.export_text()
+    assert "changes the numerics against fp32-master Adam: bf16 master weights and gradients" in said, said

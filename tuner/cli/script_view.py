@@ -10,6 +10,7 @@ from rich.console import Console
 
 from tuner.cli.common import write_text_file
 from tuner.cli.confirm_view import print_confirmation
+from tuner.cli.facts_view import print_numerics
 from tuner.measure.script.answer import script_answer
 from tuner.measure.script.estimate_note import assumption
 
@@ -29,7 +30,7 @@ def render_script_best(best: TrialRecord, console: Console) -> bool:
     )
     console.print_json(json.dumps(answer["ds_config"]))
     _print_code_paths(answer, console)
-    _print_numerics(best, console)
+    print_numerics(best, console)
     print_confirmation(best, console)
     _print_command(answer, console)
     if best.estimate:  # none for a command's own model given without --model
@@ -54,7 +55,7 @@ def export_script_best(best: TrialRecord, out: str | None) -> bool:
         print(text, end="")
     err.print(answer["note"], highlight=False, soft_wrap=True, markup=False)
     _print_code_paths(answer, err)
-    _print_numerics(best, err)
+    print_numerics(best, err)
     print_confirmation(best, err)
     _print_command(answer, err)
     return True
@@ -64,15 +65,6 @@ def _print_code_paths(answer: dict[str, str | None], console: Console) -> None:
     """Whether the command's model ran DeepSpeed's chunked loss and Liger's kernels, as its ranks saw it."""
     if answer.get("code_paths"):
         console.print(str(answer["code_paths"]), highlight=False, soft_wrap=True, markup=False)
-
-
-def _print_numerics(best: TrialRecord, console: Console) -> None:
-    """The choices the winner makes that change the numerics (a study allowed to make them), as ``best`` says them
-    for dstune's own trainer."""
-    from tuner.study import numerics_facts
-
-    for note in numerics_facts(best.trial).notes:
-        console.print(note, highlight=False, soft_wrap=True, markup=False)
 
 
 def _print_command(answer: dict[str, str | None], console: Console) -> None:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.confirm_view import print_confirmation
+from tuner.cli.facts_view import print_numerics
 from tuner.cli.script_view import render_script_best
 from tuner.units import GiB, MiB, format_duration
 from tuner.workload import TrialConfig
@@ -136,6 +137,7 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
     if best is not None:
         console.print(f"best: trial {best.number}, {best.tokens_per_s:,.0f} tokens/s; its ds_config:", highlight=False)
         console.print_json(json.dumps(best.trial.deepspeed_config()))  # as DeepSpeed gets it (dstune best exports it)
+        print_numerics(best, console)
         print_confirmation(best, console)
         measured_in = describe_launch((best.measurement or {}).get("launch"))
         if measured_in:
