@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.study.test_loop_logic import FakeMeasurer, MiB, settings, shape
+from tuner.dashboard._views import describe_workload
 from tuner.measure.measurement import Measurement
 from tuner.measure.options import MeasureOptions
 from tuner.measure.script.command import ScriptCommand
@@ -68,6 +69,8 @@ def test_nothing_is_pruned_before_a_run_and_the_runs_draw_the_memory_boundary(tm
     assert len(measurer.submitted) == len(trials) - len(pruned)
     record = store.get_study(study.settings.name)
     assert record is not None and record.settings["no_model"] == NO_MODEL_NOTE
+    described = describe_workload(store.get_workload(record.workload_id))  # the dashboard's line: no size, no length
+    assert "its own model, not described" in described and "params" not in described and "seq" not in described
     best = store.best_trial(study.study_id)
     assert best is not None and best.trial.batch[0] == 2
 

@@ -10,7 +10,7 @@ from typing import Any
 from tuner.forecast import PredictionAccuracy, group_counts, prediction_accuracy
 from tuner.storage import FINISHED_STATUSES, JobRecord, StudyRecord, TrialRecord, WorkloadRecord
 from tuner.units import GiB, format_bytes
-from tuner.workload import TrialConfig
+from tuner.workload import UNKNOWN_FAMILY, TrialConfig
 
 MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "pruned")
 
@@ -51,12 +51,14 @@ def describe_workload(workload: WorkloadRecord, with_length: bool = True) -> str
     launch environment where it is not the default)."""
     train = workload.workload.get("train", {})
     architecture = workload.workload.get("model", {}).get("architecture")
+    # a training command's own model (no --model): neither its size nor (without --seq-len) its length is known
+    unknown = workload.workload.get("model", {}).get("family") == UNKNOWN_FAMILY
     parts = [
         workload.model_name + (f" ({architecture})" if architecture else ""),
-        f"{format_params(workload.n_params)} params",
+        "its own model, not described" if unknown else f"{format_params(workload.n_params)} params",
         f"{workload.world_size} × {format_bytes(workload.gpu_memory)} {workload.device}",
     ]
-    if "seq_len" in train and with_length:
+    if "seq_len" in train and with_length and not unknown:
         parts.append(f"seq {train['seq_len']}")
     return " · ".join(parts + describe_launch(workload.workload.get("launch")))
 

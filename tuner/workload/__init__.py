@@ -55,7 +55,7 @@ from tuner.workload.layout_checks import AUTOTP_ZERO3_SINCE, hpz_problem, tensor
 from tuner.workload.layouts import autotp_zero3_problem, check_expert_parallel, check_layout, check_long_context
 from tuner.workload.long_context import LongContext, long_context_config
 from tuner.workload.long_context_checks import kv_replication, sequence_parallel_problem
-from tuner.workload.model import ModelSpec, model_from_param_count, unknown_model
+from tuner.workload.model import UNKNOWN_FAMILY, ModelSpec, model_from_param_count, unknown_model
 from tuner.workload.model_profile import PROFILE_FORMAT, ActivationProfile, Linear, ModelProfile
 from tuner.workload.numerics import Numerics, numerics_config
 from tuner.workload.quantization import (
@@ -144,6 +144,7 @@ __all__ = [
     "PRECISIONS",
     "PROFILE_FORMAT",
     "SUPPORTED_FAMILIES",
+    "UNKNOWN_FAMILY",
     "ZERO_KEYS",
     "ActivationProfile",
     "Attention",
