@@ -100,15 +100,32 @@ def test_a_study_without_the_sequence_length_stops_at_its_first_trial(tmp_path: 
     with pytest.raises(ScriptFailed) as stopped:
         study.run(measurer)
     assert stopped.value.message == UNKNOWN_LENGTH and len(measurer.submitted) == 1
-    assert measurer.hooked == [False]  # no early stop: tokens per step are not known
 
 
 def test_a_guided_study_of_a_commands_model_measures_each_stages_largest_micro_batch_first(
     tmp_path: Path, store: Store
 ) -> None:
-    """Nothing to predict with: the largest micro-batch of each stage first (the space's stage order); one that ran
-    out of memory rules out the larger ones, and the sampler goes on."""
+    """Nothing to predict with: the largest micro-batch of each stage first, from the stage that needs the least
+    memory; micro-batch 8 running out of memory at ZeRO-1 rules it out at ZeRO-0 without a run."""
     study, measurer = study_of(tmp_path, store, oom_from_micro_4)
     study = TuningStudy(replace(study.settings, sampler="tpe", name="guided"), store)
     study.run(measurer)
-    assert [shape(config) for config in measurer.submitted[:2]] == [(0, 8), (1, 8)]
+    assert shape(measurer.submitted[0]) == (1, 8) and (0, 8) not in [shape(c) for c in measurer.submitted]
+    heavier = next(t for t in store.trials(study.study_id) if t.trial.batch[0] == 8 and t.trial.stage == 0)
+    assert heavier.status == "pruned" and "ran out of memory at trial 0" in (heavier.prune_reason or "")
+
+
+def test_a_run_clearly_slower_in_samples_per_second_is_stopped_early(tmp_path: Path, store: Store) -> None:
+    """Tokens per sample unknown before a run (no --seq-len): a run is judged against the best in samples/s."""
+
+    def first_fast(ds_config: dict[str, Any]) -> Any:
+        if not measurer.submitted[:-1]:  # the first run: 100 samples/s
+            return Measurement(status="ok", tokens_per_s=6400.0, samples_per_s=100.0, peak_bytes_per_rank=[MiB])
+        return [1.0, 1.0, 1.0]  # micro-batch ≤ 8 samples a second: far below half the best
+
+    study, measurer = study_of(tmp_path, store, first_fast, seq_len_known=False)
+    measurer.outcome = first_fast
+    study.run(measurer)
+    later = [t for t in store.trials(study.study_id) if t.status == "ok" and t.tokens_per_s != 6400.0]
+    assert later and all((t.measurement or {}).get("stopped_early") for t in later)
+    assert all(len(t.measurement["ranks"][0]["step_times"]) == 2 for t in later)  # type: ignore[index]

@@ -258,9 +258,11 @@ class TuningStudy:
             self.recorder.tell_previous(trial, recorded)
             return False
         workload = self.settings.workload
-        # tokens per step need the sequence length: without it (a command's own model, no --seq-len) none stops early
-        stopper = self.settings.early_stop if self.settings.dispatch.seq_len_known else None
-        hook = step_hook(stopper, workload, suggestion.trial, lambda: self.best_tokens_per_s)
+        stopper, trial_config = self.settings.early_stop, suggestion.trial
+        if self.settings.dispatch.seq_len_known:
+            hook = step_hook(stopper, workload, trial_config, lambda: self.best_tokens_per_s)
+        else:  # tokens per sample known only after a run (a command's own model, no --seq-len): judged in samples/s
+            hook = step_hook(stopper, workload, trial_config, lambda: self.recorder.best_samples_per_s, per_sample=1.0)
         future = dispatcher.submit(workload, suggestion.trial, on_step=hook)
         self.in_flight[future] = Run(trial, trial_id, suggestion, verdict.estimate, verdict.constraint)
         self._emit(Event(trial.number, "running"))

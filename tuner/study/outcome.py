@@ -79,6 +79,8 @@ class Recorder:
             self.guard.learn(record.number, record.trial, (record.measurement or {}).get("numerics") or {})
         best = store.best_trial(study_id)  # what a run must not be clearly slower than (early stop)
         self.best_tokens_per_s: float | None = best.tokens_per_s if best is not None else None
+        # the best's samples/s: what a run of a command whose tokens per sample are unknown before it is judged by
+        self.best_samples_per_s: float | None = (best.measurement or {}).get("samples_per_s") if best else None
 
     # ----------------------------------------------------------------- before a run
     def record(
@@ -234,6 +236,7 @@ class Recorder:
             self.guide.after_run(run.suggestion, p50, measurement.tokens_per_s)
             if measurement.tokens_per_s and measurement.tokens_per_s > (self.best_tokens_per_s or 0.0):
                 self.best_tokens_per_s = measurement.tokens_per_s
+                self.best_samples_per_s = measurement.samples_per_s
         else:
             if measurement.status == "oom" and estimated_peak is not None:
                 self.calibration = self.calibration.after_oom(estimated_peak, self._memory(run))

@@ -41,17 +41,23 @@ class Budget:
 
 
 def step_hook(
-    stopper: SlowRunStopper | None, workload: Workload, trial: TrialConfig, best: Callable[[], float | None]
+    stopper: SlowRunStopper | None,
+    workload: Workload,
+    trial: TrialConfig,
+    best: Callable[[], float | None],
+    per_sample: float | None = None,
 ) -> StepHook | None:
     """The run's early-stop test (``stopper`` against ``best()``, the best tokens/s so far), or None when it is off.
+    ``per_sample``: what ``best()`` counts per sample, when not the workload's tokens (``1.0``: samples/s, for a
+    command whose tokens per sample are known only after a run).
 
     It runs on the dispatcher's thread and only reads ``best()``, which the loop's thread moves."""
     if stopper is None:
         return None
     settings = resolve(workload, trial)
     samples = settings.global_batch
-    tokens_per_step = float(samples * workload.train.seq_len)
-    return lambda times: stopper.should_stop(times, tokens_per_step, best())
+    units_per_step = float(samples * (workload.train.seq_len if per_sample is None else per_sample))
+    return lambda times: stopper.should_stop(times, units_per_step, best())
 
 
 def defer_ctrl_c(flag: threading.Event) -> Callable[[], None]:
