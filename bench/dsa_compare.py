@@ -18,10 +18,10 @@ the autotuner's own ``autotuning`` section. Both tools get the same command and 
 * **dstune** (``dstune tune --launcher local ... -- <the same command>``, without ``--model``: the autotuner is told
   nothing of the script's model either), once per cap of ``--trials`` (a study each): configs of the default space
   with the same bounds (ZeRO stage 0-3, micro-batch 1-64, accumulation 1, no offload: the autotuner's fast space),
-  the largest micro-batch of each stage first, stopped by its own rule (``--patience 2``, the default for a command)
-  or the cap, then its own confirmation run of the winner (``--confirm``, the default for a command), inside its wall
-  time (the figures say the wall time with and without it). Each trial's wall time is split into its ranks' phases
-  and the rest (the launcher's start, the stop, the read-back).
+  the largest micro-batch of each stage first (ZeRO-3 down), stopped by its own rule (``--patience 2``, the default
+  for a command) or the cap, then its own confirmation run of the winner (``--confirm``, the default for a
+  command), inside its wall time (the figures say the wall time with and without it). Each trial's wall time is
+  split into its ranks' phases and the rest (the launcher's start, the stop, the read-back).
 
 Then each winner's ds_config is confirmed by ``--confirm-runs`` independent runs of the same command through
 ``dstune measure`` (the script's own steps timed from outside the engine, data loading included), the winners
@@ -287,9 +287,9 @@ def render(
         "`examples/scripts/ds_config.json` with the autotuner's `autotuning` section (fast mode, ZeRO stage `all`,",
         "micro-batch up to 64). dstune searched the same bounds (stage 0-3, micro-batch 1-64, accumulation 1, no",
         "offload), one study per budget, without `--model` (the autotuner is told nothing of the model either):",
-        "nothing pruned before a run, the largest micro-batch of each stage first, `--trials` a cap and its own rule",
-        "(`--patience 2`, the default for a command) stopping it. Load average when each tool started: autotuner "
-        f"{dsa['load']:.1f}, " + ", ".join(f"{_label(ours)} {ours['load']:.1f}" for ours in studies) + ".",
+        "nothing pruned before a run, the largest micro-batch of each stage first (ZeRO-3 down), `--trials` a cap and",
+        "its own rule (`--patience 2`, the default for a command) stopping it. Load average when each tool started: "
+        f"autotuner {dsa['load']:.1f}, " + ", ".join(f"{_label(ours)} {ours['load']:.1f}" for ours in studies) + ".",
         "",
         header,
         "|---" * (len(names) + 1) + "|",
