@@ -4,13 +4,16 @@ TuningStudy on a real SQLite store, its runs scripted by the loop tests' fake me
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from tests.study.test_loop_logic import FakeMeasurer, MiB, settings, shape
+from tuner.cli.study_view import render_study
 from tuner.dashboard._views import describe_workload
 from tuner.measure.measurement import Measurement
 from tuner.measure.options import MeasureOptions
@@ -118,8 +121,8 @@ def test_a_guided_study_of_a_commands_model_measures_each_stages_largest_micro_b
 def test_a_run_clearly_slower_in_samples_per_second_is_stopped_early(tmp_path: Path, store: Store) -> None:
     """Tokens per sample unknown before a run (no --seq-len): a run is judged against the best in samples/s."""
 
-    def first_fast(ds_config: dict[str, Any]) -> Any:
-        if not measurer.submitted[:-1]:  # the first run: 100 samples/s
+    def first_fast(ds_config: dict[str, Any], on_step: Any = None) -> Any:
+        if len(measurer.submitted) == 1:  # the first run: 100 samples/s
             return Measurement(status="ok", tokens_per_s=6400.0, samples_per_s=100.0, peak_bytes_per_rank=[MiB])
         return [1.0, 1.0, 1.0]  # micro-batch ≤ 8 samples a second: far below half the best
 
@@ -129,3 +132,15 @@ def test_a_run_clearly_slower_in_samples_per_second_is_stopped_early(tmp_path: P
     later = [t for t in store.trials(study.study_id) if t.status == "ok" and t.tokens_per_s != 6400.0]
     assert later and all((t.measurement or {}).get("stopped_early") for t in later)
     assert all(len(t.measurement["ranks"][0]["step_times"]) == 2 for t in later)  # type: ignore[index]
+
+
+def test_the_top_configs_show_a_run_stopped_before_its_tokens_were_known(tmp_path: Path, store: Store) -> None:
+    """A command's run stopped early never reports the token ids it saw: its tokens/s is unknown, shown as '-'."""
+    stopped = Measurement(status="ok", samples_per_s=1.0, stopped_early=True, peak_bytes_per_rank=[None])
+    fast = Measurement(status="ok", tokens_per_s=6400.0, samples_per_s=100.0, peak_bytes_per_rank=[MiB])
+    study, measurer = study_of(tmp_path, store, lambda config: fast if len(measurer.submitted) == 1 else stopped)
+    study.run(measurer)
+    out = io.StringIO()
+    render_study(store, study.study_id, study.settings.name, Console(file=out, width=200))
+    rows = [line.split() for line in out.getvalue().splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert any(row[1] == "-" for row in rows) and any(row[1] == "6,400" for row in rows)

@@ -82,7 +82,7 @@ def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> t
         rows.append(
             [
                 str(trial.number),
-                f"{trial.tokens_per_s:,.0f}",
+                "-" if trial.tokens_per_s is None else f"{trial.tokens_per_s:,.0f}",  # stopped early, length unknown
                 "-" if peak is None else f"{peak / scale:.{3 if unit == 'GiB' else 1}f}",
                 "-"
                 if peak is None or not gpu_memory
