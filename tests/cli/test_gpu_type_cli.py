@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from tests.cli.test_cli import assert_usage_error
 from tuner.api import create_app
-from tuner.cli.app import app, local_gpu
+from tuner.cli import local_gpu
+from tuner.cli.app import app
 from tuner.cli.options import WorkloadFlags
 from tuner.measure.driver.local_gpu import LocalGpu
 
