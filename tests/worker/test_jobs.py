@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from postgres import postgres_url  # noqa: F401  (a fixture)
@@ -283,6 +284,20 @@ def test_run_job_by_id_claims_that_job(store: Store) -> None:
     taken = store.claim_job(older.id, "w2")  # claiming one job by id: once, and only while it is queued
     assert taken is not None and taken.status == "running" and taken.worker == "w2"
     assert store.claim_job(older.id, "w3") is None and store.claim_job(target.id, "w3") is None
+
+
+def test_a_queued_commands_study_stops_by_the_rule_tune_gives_a_command(tmp_path: Path) -> None:
+    """A job with a training command gets `dstune tune -- <command>`'s --patience default; dstune's own trainer's job
+    none (every trial of its budget runs, as before)."""
+    from tuner.requests.script_job import ScriptJob
+    from tuner.study import SCRIPT_PATIENCE
+    from tuner.worker import study_settings
+
+    command = ScriptJob(argv=["python", "train.py", "--deepspeed", "ds.json"], cwd=str(tmp_path))
+    workload = WorkloadInput(model="gpt2", gpus=2, seq_len=64, device="cpu")
+    scripted = study_settings(JobRequest(workload=workload, script=command), "s", trusted=[tmp_path])
+    assert scripted.patience == SCRIPT_PATIENCE
+    assert study_settings(JobRequest(workload=workload), "t").patience is None
 
 
 def test_job_request_round_trips_to_study_settings() -> None:

@@ -107,15 +107,16 @@ PatienceOpt = Annotated[
         "training command's study, never for dstune's own trainer's).",
     ),
 ]
-SCRIPT_PATIENCE = 2  # a training command's runs cost a launch each: its study stops once its best stood for two
 
 
 def study_patience(patience: int | None, script: ScriptCommand | None) -> int | None:
-    """``--patience``, or its default: :data:`SCRIPT_PATIENCE` for a training command's study, else none.
+    """``--patience``, or its default: :data:`tuner.study.SCRIPT_PATIENCE` for a training command's study, else none.
 
     >>> study_patience(None, None), study_patience(0, None), study_patience(3, None)
     (None, None, 3)
     """
+    from tuner.study import SCRIPT_PATIENCE
+
     if patience is None:
         return SCRIPT_PATIENCE if script is not None else None
     return patience or None

@@ -25,10 +25,11 @@ from tuner.study.length_search import LengthSearch, Probe, search_length
 from tuner.study.loop import TuningStudy
 from tuner.study.measurer import Measurer
 from tuner.study.samplers import GRID_PARAMETERS, AskTellGridSampler, grid_parameters, make_sampler
-from tuner.study.settings import Event, StudyReport, StudySettings
+from tuner.study.settings import SCRIPT_PATIENCE, Event, StudyReport, StudySettings
 
 __all__ = [
     "GRID_PARAMETERS",
+    "SCRIPT_PATIENCE",
     "AnswerFacts",
     "AskTellGridSampler",
     "Confirmation",

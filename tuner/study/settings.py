@@ -11,6 +11,8 @@ from tuner.measure.options import MeasureOptions
 from tuner.study.early_stop import SlowRunStopper
 from tuner.workload import Workload
 
+# a training command's runs cost a whole launch each: its study stops once its best stood for this many (--patience)
+SCRIPT_PATIENCE = 2
 # recorded with a study of a training command's own model (no --model): what it could not do
 NO_MODEL_NOTE = "no --model: no config pruned before it ran; the memory boundary learned from the runs"
 

@@ -20,7 +20,7 @@ from typing import Any
 from tuner.measure.options import MeasureOptions
 from tuner.requests import JobRequest, tuning_workload
 from tuner.storage import JobRecord, Store
-from tuner.study import Event, StudySettings, TuningStudy
+from tuner.study import SCRIPT_PATIENCE, Event, StudySettings, TuningStudy
 from tuner.worker.lease import JobHandle
 
 _log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ def study_settings(
         pareto=request.pareto,
         seed=request.seed,
         allow_numerics_changes=request.allow_numerics_changes,
+        patience=SCRIPT_PATIENCE if script is not None else None,  # as `dstune tune -- <command>` has it
         dispatch=MeasureOptions(
             launcher or request.launcher, ray_address, request.warmup, request.steps, request.run_timeout, script=script
         ),
