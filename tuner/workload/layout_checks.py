@@ -8,7 +8,7 @@ naming the field before any work (the Ulysses and ALST checks are :mod:`.long_co
   with transformers 5.24 Qwen2-MoE's plan had ``moe_tp_experts`` and ``packed_colwise``, which DeepSpeed refuses
   (measured); with 5.25 its plan shards the attention only, and DeepSpeed trains it with the experts whole on every
   rank (measured, ``bench/tp_true_peak.py``).
-- AutoTP with ZeRO-3 trains only from DeepSpeed 0.19.4 on (:func:`autotp_zero3_problem`): the DeepSpeed version is
+- AutoTP with ZeRO-3 trains only from DeepSpeed 0.19.4 on (:func:`tuner.workload.autotp_zero3_problem`): the version is
   the caller's to give (the measured-run boundary reads the installed one); this module imports no DeepSpeed.
 - AutoTP together with AutoEP (DeepSpeed's "folding", ``module_inject/auto_ep_folding.py``) is refused: the
   estimator does not model it.
