@@ -14,6 +14,8 @@ whose batch keys disagree with its flags), else the ``arg_mappings`` given or fo
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import json
 from dataclasses import dataclass
@@ -114,7 +116,7 @@ def find_slot(command: ScriptCommand) -> ConfigSlot:
         raise InputError("ds-config-at", f"no config file in the command has the key {key!r} naming a ds_config")
     for flag in FLAGS:
         index = _flag_value(argv, flag)
-        if index is not None and (flag != "--deepspeed" or argv[index].endswith(".json")):
+        if index is not None and (flag != "--deepspeed" or _names_config(argv[index], cwd)):
             return ConfigSlot(index, None, flag, hf=flag == "--deepspeed")
     for index in _config_files(argv, cwd):
         data = _load(cwd / argv[index])
@@ -129,14 +131,57 @@ def find_slot(command: ScriptCommand) -> ConfigSlot:
     )
 
 
+def _names_config(value: str, cwd: Path) -> bool:
+    """Whether an HF ``--deepspeed VALUE`` is a ds_config: a ``.json`` path, another file, or the config inline."""
+    return value.endswith(".json") or (cwd / value).is_file() or inline_config(value) is not None
+
+
+def inline_config(value: str) -> dict[str, Any] | None:
+    """A ds_config given on the command line itself, as DeepSpeed, the HF Trainer and accelerate accept it: JSON text
+    or its URL-safe base64; None when ``value`` is neither.
+
+    >>> inline_config(base64.urlsafe_b64encode(b'{"train_batch_size": 8}').decode())
+    {'train_batch_size': 8}
+    >>> inline_config('{"zero_optimization": {"stage": 2}}'), inline_config("ds.json")
+    ({'zero_optimization': {'stage': 2}}, None)
+    """
+    text = value.strip()
+    if not text.startswith("{"):
+        try:
+            text = base64.urlsafe_b64decode(text.encode("ascii")).decode("utf-8")
+        except (ValueError, UnicodeError, binascii.Error):
+            return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_config(path: Path) -> Any:
+    """A ds_config file as DeepSpeed reads it: JSON, or HJSON (comments, trailing commas) where hjson is installed."""
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        try:
+            import hjson
+        except ImportError:
+            raise error from None
+        return hjson.loads(text, object_pairs_hook=dict)  # its errors are ValueErrors too
+
+
 def user_config(command: ScriptCommand, slot: ConfigSlot) -> dict[str, Any]:
-    """The user's own ds_config, the base every trial starts from; :class:`InputError` when it cannot be read."""
+    """The user's own ds_config, the base every trial starts from: the file the slot names, or the config inline on
+    the command line (JSON or base64); :class:`InputError` when it cannot be read."""
     argv, cwd = split_equals(command.argv), Path(command.cwd)
     path = cwd / argv[slot.index]
     if slot.key is not None:
         path = cwd / str(_get(_load(path), slot.key))
+    elif not path.is_file() and inline_config(argv[slot.index]) is not None:
+        return dict(inline_config(argv[slot.index]) or {})
     try:
-        data = json.loads(path.read_text())
+        data = _read_config(path)
     except (OSError, ValueError) as error:
         raise InputError("ds-config-at", f"cannot read the ds_config {path}: {error}") from error
     if not isinstance(data, dict):

@@ -1,0 +1,62 @@
+"""The forms a ds_config takes on commands written without dstune in mind, as DeepSpeed, the HF Trainer and accelerate
+accept them: a base64 string or JSON text on the command line itself, an HJSON file (comments, trailing commas), an
+HF ``--deepspeed`` file without a ``.json`` suffix. Each is read as the user's base and replaced by the trial's file."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from tuner.measure.script.command import ScriptCommand
+from tuner.measure.script.placement import find_slot, place, trial_config, user_config
+
+USER = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 3}}
+TRIAL = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1}}
+B64 = base64.urlsafe_b64encode(json.dumps(USER).encode()).decode()
+HJSON = """{
+  # DeepSpeed reads its config file with hjson
+  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3,},},
+  zero_optimization: {stage: 3},
+}
+"""
+
+
+def command(tmp_path: Path, *argv: str) -> ScriptCommand:
+    return ScriptCommand.of(list(argv), str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("argv", "source", "hf"),
+    [
+        (["deepspeed", "t.py", "--deepspeed", "--deepspeed_config", B64], "--deepspeed_config", False),
+        (["torchrun", "t.py", "--deepspeed", B64, "--output_dir", "o"], "--deepspeed", True),
+        (["python", "t.py", f"--deepspeed={json.dumps(USER)}"], "--deepspeed", True),
+    ],
+)
+def test_a_config_given_inline_is_the_base_and_the_trial_gets_a_file(
+    tmp_path: Path, argv: list[str], source: str, hf: bool
+) -> None:
+    script = command(tmp_path, *argv)
+    slot = find_slot(script)
+    assert (slot.source, slot.hf) == (source, hf)
+    assert user_config(script, slot) == USER
+    (tmp_path / "run").mkdir()
+    placed = place(script, slot, trial_config(USER, TRIAL), tmp_path / "run")
+    written = json.loads(Path(placed[slot.index]).read_text())
+    assert written["optimizer"] == USER["optimizer"] and written["zero_optimization"] == {"stage": 1}
+
+
+def test_an_hjson_ds_config_is_read_as_deepspeed_reads_it(tmp_path: Path) -> None:
+    (tmp_path / "ds.json").write_text(HJSON)
+    script = command(tmp_path, "deepspeed", "t.py", "--deepspeed_config", "ds.json")
+    assert user_config(script, find_slot(script)) == USER
+
+
+def test_an_hf_deepspeed_file_without_a_json_suffix_is_found(tmp_path: Path) -> None:
+    (tmp_path / "zero2.conf").write_text(json.dumps(USER))
+    script = command(tmp_path, "python", "t.py", "--deepspeed", "zero2.conf")
+    slot = find_slot(script)
+    assert (slot.source, slot.hf) == ("--deepspeed", True) and user_config(script, slot) == USER
