@@ -60,3 +60,18 @@ def test_an_hf_deepspeed_file_without_a_json_suffix_is_found(tmp_path: Path) -> 
     script = command(tmp_path, "python", "t.py", "--deepspeed", "zero2.conf")
     slot = find_slot(script)
     assert (slot.source, slot.hf) == ("--deepspeed", True) and user_config(script, slot) == USER
+
+
+def test_a_script_naming_its_batch_with_the_hf_flags_gets_the_trials_batch_on_them(tmp_path: Path) -> None:
+    """accelerate's and DeepSpeed-Chat's scripts feed their data loader from ``--per_device_train_batch_size``: left
+    as written, the forward saw the script's batch while the throughput counted the config's."""
+    (tmp_path / "ds.json").write_text(json.dumps(USER))
+    (tmp_path / "acc.yaml").write_text(
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n"
+    )
+    argv = ["accelerate", "launch", "--config_file", "acc.yaml", "t.py", "--per_device_train_batch_size=8", "--lr", "1"]
+    script = command(tmp_path, *argv)
+    (tmp_path / "run").mkdir()
+    placed = place(script, find_slot(script), trial_config(USER, TRIAL), tmp_path / "run")
+    assert placed[placed.index("--per_device_train_batch_size") + 1] == "2"
+    assert "--gradient_accumulation_steps" not in placed  # a flag the command does not carry is never added

@@ -215,9 +215,11 @@ def trial_config(user: dict[str, Any], trial: dict[str, Any]) -> dict[str, Any]:
 
 def batch_targets(command: ScriptCommand, slot: ConfigSlot, user: dict[str, Any]) -> dict[str, str]:
     """ds_config batch key -> the command's flag (or, for a config file the HF Trainer reads, its key) that must
-    carry it: the ``arg_mappings`` of the ds_config's ``autotuning`` section, those given over them, and the HF
-    Trainer's own over all when it reads the config."""
-    targets: dict[str, str] = {}
+    carry it: the HF Trainer's flag names where the command itself carries them (accelerate's and DeepSpeed-Chat's
+    scripts name their data loader's batch so), the ``arg_mappings`` of the ds_config's ``autotuning`` section and
+    those given over them, and the HF Trainer's own over all when it reads the config."""
+    argv = split_equals(command.argv)
+    targets = {key: f"--{name}" for key, name in HF_BATCH.items() if _flag_value(argv, f"--{name}") is not None}
     section = user.get("autotuning")
     found = section.get("arg_mappings") if isinstance(section, dict) else None
     if isinstance(found, dict):
