@@ -75,3 +75,20 @@ def test_a_script_naming_its_batch_with_the_hf_flags_gets_the_trials_batch_on_th
     placed = place(script, find_slot(script), trial_config(USER, TRIAL), tmp_path / "run")
     assert placed[placed.index("--per_device_train_batch_size") + 1] == "2"
     assert "--gradient_accumulation_steps" not in placed  # a flag the command does not carry is never added
+
+
+def test_measure_runs_the_batch_the_command_asks_for_where_its_config_says_auto(tmp_path: Path) -> None:
+    """``dstune measure -- ... --per_device_train_batch_size 2`` with an HF ``auto`` config measured micro-batch 1
+    (``--micro-batch``'s default), rewriting the command's own flag."""
+    from tuner.cli.options import WorkloadFlags
+    from tuner.cli.script_options import script_trial
+
+    auto = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+    (tmp_path / "ds.json").write_text(json.dumps(auto))
+    argv = ["deepspeed", "t.py", "--deepspeed", "ds.json", "--per_device_train_batch_size", "2"]
+    config = script_trial(command(tmp_path, *argv, "--gradient_accumulation_steps=3"), WorkloadFlags(), 2).ds_config
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (2, 3)
+    assert config["train_batch_size"] == 12
+    (tmp_path / "ds.json").write_text(json.dumps({**auto, "train_micro_batch_size_per_gpu": 4}))
+    config = script_trial(command(tmp_path, *argv), WorkloadFlags(), 2).ds_config
+    assert config["train_micro_batch_size_per_gpu"] == 4  # a number in the config is what DeepSpeed runs

@@ -8,9 +8,11 @@ import os
 from dataclasses import replace
 from typing import Annotated, Any
 
+import click
 import typer
 
 from tuner.cli.common import fail
+from tuner.cli.max_seq_len import flag_given
 from tuner.cli.options import WorkloadFlags
 from tuner.errors import InputError
 from tuner.measure.script.command import ScriptCommand
@@ -101,18 +103,31 @@ def script_precision(script: ScriptCommand) -> Precision | None:
 
 def script_trial(script: ScriptCommand, flags: WorkloadFlags, world: int) -> TrialConfig:
     """The command's own ds_config as one trial (``dstune measure``): batch keys it leaves to ``auto`` (or out)
-    filled from ``--micro-batch`` and ``--grad-accum``."""
+    filled from ``--micro-batch`` and ``--grad-accum`` when given, else from the command's own batch flags (the HF
+    Trainer's ``--per_device_train_batch_size 2``), else those flags' defaults."""
+    from tuner.measure.script.placement import command_batch, find_slot
+
     config = dict(user_ds_config(script))
+    own = command_batch(script, find_slot(script), config)
     micro = config.get("train_micro_batch_size_per_gpu")
     accum = config.get("gradient_accumulation_steps")
     total = config.get("train_batch_size")
-    micro = micro if isinstance(micro, int) else flags.micro_batch
+    if not isinstance(micro, int):
+        micro = _given_or(flags.micro_batch, "micro_batch", own.get("train_micro_batch_size_per_gpu"))
     if not isinstance(accum, int):
-        accum = accumulation_for(total, micro, world) if isinstance(total, int) else flags.grad_accum
+        own_accum = _given_or(flags.grad_accum, "grad_accum", own.get("gradient_accumulation_steps"))
+        accum = accumulation_for(total, micro, world) if isinstance(total, int) else own_accum
     config.update(
         train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum, train_batch_size=micro * accum * world
     )
     return TrialConfig(config)
+
+
+def _given_or(value: int, name: str, command_value: int | None) -> int:
+    """``value`` of the flag ``name`` when the user gave it on dstune's command line, else the command's own."""
+    context = click.get_current_context(silent=True)
+    given = context is not None and flag_given(context, name)  # type: ignore[arg-type]
+    return value if given or command_value is None else command_value
 
 
 def script_pins(space: str) -> list[str]:

@@ -231,6 +231,27 @@ def batch_targets(command: ScriptCommand, slot: ConfigSlot, user: dict[str, Any]
     return targets
 
 
+def command_batch(command: ScriptCommand, slot: ConfigSlot, user: dict[str, Any]) -> dict[str, int]:
+    """The micro-batch and accumulation the command itself asks for, on the flags (or config file keys)
+    :func:`batch_targets` finds, where they are whole numbers.
+
+    >>> script = ScriptCommand(("python", "t.py", "--deepspeed", "x.json", "--per_device_train_batch_size=2"), ".")
+    >>> command_batch(script, ConfigSlot(3, None, "--deepspeed", hf=True), {})
+    {'train_micro_batch_size_per_gpu': 2}
+    """
+    argv, found = split_equals(command.argv), {}
+    data = _load(Path(command.cwd) / argv[slot.index]) if slot.key is not None else {}
+    for key, target in batch_targets(command, slot, user).items():
+        if target.startswith("-"):
+            index = _flag_value(argv, target)
+            value = argv[index] if index is not None else None
+        else:
+            value = _get(data, target)
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            found[key] = int(value)
+    return found
+
+
 def _set_flag(argv: list[str], flag: str, value: str) -> None:
     if flag in argv[:-1]:
         argv[argv.index(flag) + 1] = value
