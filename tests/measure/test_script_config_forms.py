@@ -92,3 +92,24 @@ def test_measure_runs_the_batch_the_command_asks_for_where_its_config_says_auto(
     (tmp_path / "ds.json").write_text(json.dumps({**auto, "train_micro_batch_size_per_gpu": 4}))
     config = script_trial(command(tmp_path, *argv), WorkloadFlags(), 2).ds_config
     assert config["train_micro_batch_size_per_gpu"] == 4  # a number in the config is what DeepSpeed runs
+
+
+@pytest.mark.parametrize(
+    ("argv", "precision"),
+    [
+        (["deepspeed", "t.py", "--deepspeed", "ds.json", "--output_dir", "o"], "fp32"),
+        (["deepspeed", "t.py", "--deepspeed", "ds.json", "--bf16", "--output_dir", "o"], "bf16"),
+        (["torchrun", "t.py", "--deepspeed", "ds.json", "--fp16=true", "--bf16", "false"], "fp16"),
+        (["accelerate", "launch", "--config_file", "acc.yaml", "t.py"], "fp32"),
+        (["accelerate", "launch", "--config_file", "acc.yaml", "--mixed_precision", "bf16", "t.py"], "bf16"),
+    ],
+)
+def test_an_auto_precision_is_what_the_trainer_fills_it_with(tmp_path: Path, argv: list[str], precision: str) -> None:
+    """HF's ``"auto"`` bf16 section is filled from the Trainer's own ``--bf16`` (accelerate's from
+    ``mixed_precision``): run_clm.py without ``--bf16`` trained in fp32 while the study said bf16 (--precision's
+    default)."""
+    from tuner.cli.script_options import script_precision
+
+    (tmp_path / "ds.json").write_text(json.dumps({"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}))
+    (tmp_path / "acc.yaml").write_text("deepspeed_config:\n  deepspeed_config_file: ds.json\nmixed_precision: 'no'\n")
+    assert script_precision(command(tmp_path, *argv)) == precision

@@ -84,20 +84,21 @@ def user_ds_config(script: ScriptCommand) -> dict[str, Any]:
 
 
 def script_flags(flags: WorkloadFlags, script: ScriptCommand) -> WorkloadFlags:
-    """The workload flags with the precision the command's ds_config trains in (its ``bf16``/``fp16`` sections;
-    HF's ``auto`` leaves ``--precision``)."""
-    precision = script_precision(script)
-    return flags if precision is None else replace(flags, precision=precision)
+    """The workload flags with the precision the command trains in (:func:`script_precision`)."""
+    return replace(flags, precision=script_precision(script))
 
 
-def script_precision(script: ScriptCommand) -> Precision | None:
-    """The precision the command's ds_config trains in (its ``bf16``/``fp16`` sections); None when HF's ``auto``
-    leaves it to the flags."""
+def script_precision(script: ScriptCommand) -> Precision:
+    """The precision the command's ds_config trains in (its ``bf16``/``fp16`` sections); where HF's ``auto``
+    leaves it to the trainer, what the HF Trainer's or accelerate's own arguments on the command fill it with."""
+    from tuner.measure.script.auto_values import auto_precision
+    from tuner.measure.script.placement import find_slot
+
     config = user_ds_config(script)
     found = [name for name in ("bf16", "fp16") if isinstance(config.get(name), dict) and "enabled" in config[name]]
     values = {name: config[name]["enabled"] for name in found}
     if any(value == "auto" for value in values.values()):
-        return None
+        return auto_precision(script, find_slot(script))
     return "bf16" if values.get("bf16") is True else "fp16" if values.get("fp16") is True else "fp32"
 
 
