@@ -118,3 +118,24 @@ def test_a_released_segments_id_never_names_a_new_segment() -> None:
     for name in ("a", "e", "f"):
         allocator.free(name)
     assert allocator.allocated == 0
+
+
+def test_expandable_segments_unmap_free_pages_inside_a_segment_and_map_them_again() -> None:
+    """PyTorch's ``release_blocks`` unmaps the whole pages of every free block of an expandable segment, holes
+    inside included, and ``find_expandable_block`` maps pages at the lowest address where free and unmapped space
+    fit a request: a hole is released under pressure and used again."""
+    allocator = CachingAllocator(expandable_segments=True, capacity=100 * MiB)
+    for name in "abc":  # one 20 MiB page each: [0, 20), [20, 40), [40, 60)
+        allocator.malloc(name, 20 * MiB)
+    allocator.free("b")  # a free page inside the segment, between a and c
+    allocator.malloc("d", 60 * MiB)  # 60 + 60 > 100: b's page is unmapped, d maps three pages after c
+    assert (allocator.stats.releases, allocator.reserved, allocator.allocated) == (1, 100 * MiB, 100 * MiB)
+    allocator.free("a")
+    allocator.free("c")  # free mapped [0, 20), unmapped [20, 40), free mapped [40, 60)
+    allocator.malloc("e", 30 * MiB)  # a page more would be 120: a's and c's pages go too, e maps two at 0
+    assert (allocator.stats.releases, allocator.reserved, allocator.allocated) == (2, 100 * MiB, 90 * MiB)
+    block = allocator._live["e"][0]
+    assert (block.start, block.size, block.next is not None and block.next.size) == (0, 30 * MiB, 10 * MiB)
+    allocator.free("d")
+    allocator.malloc("f", 60 * MiB)  # d's pages are mapped and free: reused, nothing more is mapped
+    assert allocator.reserved == 100 * MiB and allocator.stats.peak_reserved == 100 * MiB

@@ -47,6 +47,7 @@ SMALL_BUFFER = 2 * 2**20  # kSmallBuffer: a small-pool segment
 MIN_LARGE_ALLOC = 10 * 2**20  # kMinLargeAlloc: requests below this get a kLargeBuffer segment
 LARGE_BUFFER = 20 * 2**20  # kLargeBuffer: segment for 1-10 MiB requests; expandable segments' large page
 ROUND_LARGE = 2 * 2**20  # kRoundLarge: larger segments are rounded up to this
+ADDRESS_SPACE = 2**50  # an expandable segment's virtual address range (PyTorch: 9/8 of the device's memory)
 
 Event = tuple[str, str, int]  # ("alloc", name, bytes) or ("free", name, ignored); an optional 4th item: stream
 
@@ -85,6 +86,7 @@ class _Block:
     start: int
     size: int
     allocated: bool = False
+    mapped: bool = True  # False: an expandable segment's address range with no pages behind it
     prev: _Block | None = None
     next: _Block | None = None
 
@@ -100,6 +102,7 @@ class _Pool:
     small: bool
     free: list[tuple[int, int, int]] = field(default_factory=list)
     blocks: dict[tuple[int, int, int], _Block] = field(default_factory=dict)
+    unmapped: list[_Block] = field(default_factory=list)  # expandable: unmapped blocks by address, tail last
 
     def add(self, block: _Block) -> None:
         key = (block.size, block.segment, block.start)
@@ -114,6 +117,32 @@ class _Pool:
     def best_fit(self, size: int) -> _Block | None:
         index = bisect.bisect_left(self.free, (size, -1, -1))
         return self.blocks[self.free[index]] if index < len(self.free) else None
+
+    def add_unmapped(self, block: _Block) -> None:
+        bisect.insort(self.unmapped, block, key=lambda b: (b.segment, b.start))
+
+
+def _merge(pool: _Pool, block: _Block) -> _Block:
+    """``block`` merged with its free neighbours of the same mapping (taken out of ``pool``): the merged block."""
+    for neighbour in (block.prev, block.next):
+        if neighbour is None or neighbour.allocated or neighbour.mapped != block.mapped:
+            continue
+        if neighbour.mapped:
+            pool.remove(neighbour)
+        else:
+            pool.unmapped.remove(neighbour)
+        if neighbour is block.prev:
+            neighbour.size += block.size
+            neighbour.next = block.next
+            if block.next is not None:
+                block.next.prev = neighbour
+            block = neighbour
+        else:
+            block.size += neighbour.size
+            block.next = neighbour.next
+            if neighbour.next is not None:
+                neighbour.next.prev = block
+    return block
 
 
 @dataclass
@@ -156,10 +185,8 @@ class CachingAllocator:
         self.stats = Simulation()
         self._pools: dict[tuple[bool, int], _Pool] = {}
         self._live: dict[str, tuple[_Block, int, tuple[bool, int]]] = {}
-        self._segments: dict[int, tuple[tuple[bool, int], int]] = {}  # segment id -> (pool key, bytes mapped)
+        self._segments: dict[int, int] = {}  # segment id -> bytes (not expandable: whole segments)
         self._segment_ids = itertools.count()  # never reused: a released segment's id must not name a new one
-        self._tail: dict[tuple[bool, int], int] = {}  # expandable: the (pool, stream)'s one segment id
-        self._ends: dict[int, _Block] = {}  # expandable: the last block of each segment
 
     def malloc(self, name: str, size: int, stream: int = 0) -> None:
         """Allocate ``size`` bytes for tensor ``name`` on ``stream``."""
@@ -172,7 +199,7 @@ class CachingAllocator:
             pool = self._pools[key] = _Pool(small=key[0])
         block = pool.best_fit(rounded)
         if block is None:
-            block = self._grow(key, pool, rounded)
+            block = self._grow(pool, rounded)
         else:
             pool.remove(block)
         self._split(pool, block, rounded)
@@ -193,23 +220,7 @@ class CachingAllocator:
         self.allocated -= block.size
         self.requested -= size
         block.allocated = False
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and not neighbour.allocated:
-                pool.remove(neighbour)
-                if neighbour is block.prev:
-                    neighbour.size += block.size
-                    neighbour.next = block.next
-                    if block.next is not None:
-                        block.next.prev = neighbour
-                    block = neighbour
-                else:
-                    block.size += neighbour.size
-                    block.next = neighbour.next
-                    if neighbour.next is not None:
-                        neighbour.next.prev = block
-        if block.next is None and block.segment in self._ends:
-            self._ends[block.segment] = block
-        pool.add(block)
+        pool.add(_merge(pool, block))
 
     def _split(self, pool: _Pool, block: _Block, size: int) -> None:
         rest = block.size - size
@@ -219,89 +230,120 @@ class CachingAllocator:
                 block.next.prev = remainder
             block.next = remainder
             block.size = size
-            if remainder.next is None and block.segment in self._ends:
-                self._ends[block.segment] = remainder
             pool.add(remainder)
 
+    def _fits(self, nbytes: int) -> bool:
+        return self.capacity is None or self.reserved + nbytes <= self.capacity
+
     def _reserve(self, nbytes: int) -> None:
-        if self.capacity is not None and self.reserved + nbytes > self.capacity:
-            self._release()
-            if self.reserved + nbytes > self.capacity:
-                raise OutOfMemory(f"{nbytes} more bytes with {self.reserved} reserved of {self.capacity}")
         self.reserved += nbytes
         self.stats.segments += 1
         self.stats.peak_reserved = max(self.stats.peak_reserved, self.reserved)
 
-    def _grow(self, key: tuple[bool, int], pool: _Pool, size: int) -> _Block:
-        """A new segment (or, expandable, more pages at the end of the pool's one segment) holding ``size``."""
-        if self.expandable:
-            return self._extend(key, pool, size)
+    def _grow(self, pool: _Pool, size: int) -> _Block:
+        """Room for ``size`` that no cached block has: a new segment, or, expandable, pages mapped where free and
+        unmapped space fit it (releasing the cache once under ``capacity``, as PyTorch does before failing)."""
         nbytes = segment_size(size)
-        self._reserve(nbytes)
-        segment = next(self._segment_ids)
-        self._segments[segment] = (key, nbytes)
-        return _Block(segment, 0, nbytes)
+        for attempt in range(2):
+            if self.expandable:
+                block = self._map_chain(pool, self._expandable_block(pool, size), size)
+                if block is not None:
+                    return block
+            elif self._fits(nbytes):
+                self._reserve(nbytes)
+                segment = next(self._segment_ids)
+                self._segments[segment] = nbytes
+                return _Block(segment, 0, nbytes)
+            if attempt == 0:
+                self._release()
+        raise OutOfMemory(f"{size} more bytes with {self.reserved} reserved of {self.capacity}")
 
-    def _extend(self, key: tuple[bool, int], pool: _Pool, size: int) -> _Block:
-        page = SMALL_BUFFER if key[0] else LARGE_BUFFER
-        segment = self._tail.get(key)
-        if segment is None:
-            segment = next(self._segment_ids)
-            self._segments[segment] = (key, 0)
-            self._tail[key] = segment
-        for attempt in range(2):  # a release under ``capacity`` may unmap this segment's free tail: look again
-            mapped = self._segments[segment][1]
-            last = self._ends.get(segment)
-            grow = last is not None and not last.allocated
-            need = size - last.size if grow and last is not None else size
-            nbytes = -(-need // page) * page
-            if attempt or self.capacity is None or self.reserved + nbytes <= self.capacity:
-                break
-            self._release()
+    def _expandable_block(self, pool: _Pool, size: int) -> _Block:
+        """``find_expandable_block``: the lowest address where free and unmapped blocks together hold ``size``
+        (an unmapped block, or the free block just before it); the segment's unmapped tail always does."""
+        if not pool.unmapped:
+            pool.unmapped.append(_Block(next(self._segment_ids), 0, ADDRESS_SPACE, mapped=False))
+        for hole in pool.unmapped:
+            first = hole.prev if hole.prev is not None and not hole.prev.allocated else hole
+            block: _Block | None = first
+            room = 0
+            while room < size and block is not None and not block.allocated:
+                room += block.size
+                block = block.next
+            if room >= size:
+                return first
+        raise AssertionError("the unmapped tail of an expandable segment always fits")  # pragma: no cover
+
+    def _map_chain(self, pool: _Pool, block: _Block | None, size: int) -> _Block | None:
+        """``try_allocate_expandable_block``: map pages from ``block`` on until one free block holds ``size``
+        (``None`` when a mapping does not fit under ``capacity``)."""
+        if block is not None and not block.mapped:
+            block = self._map(pool, block, min(block.size, size))
+        while block is not None and block.size < size:
+            assert block.next is not None  # free blocks merge: a free block's free successor is unmapped
+            block = self._map(pool, block.next, min(size - block.size, block.next.size))
+        if block is not None:
+            pool.remove(block)
+        return block
+
+    def _map(self, pool: _Pool, hole: _Block, size: int) -> _Block | None:
+        """``map_block``: back the first whole pages covering ``size`` bytes of unmapped ``hole``; the mapped part
+        merges with free neighbours and joins the pool."""
+        page = SMALL_BUFFER if pool.small else LARGE_BUFFER
+        nbytes = min(-(-size // page) * page, hole.size)
+        if not self._fits(nbytes):
+            return None
         self._reserve(nbytes)
-        self._segments[segment] = (key, mapped + nbytes)
-        if grow and last is not None:
-            pool.remove(last)
-            last.size += nbytes
-            return last
-        block = _Block(segment, mapped, nbytes, prev=last)
-        if last is not None:
-            last.next = block
-        self._ends[segment] = block
+        pool.unmapped.remove(hole)
+        hole.mapped = True
+        if nbytes < hole.size:
+            rest = _Block(hole.segment, hole.start + nbytes, hole.size - nbytes, mapped=False, prev=hole)
+            rest.next = hole.next
+            if hole.next is not None:
+                hole.next.prev = rest
+            hole.next = rest
+            hole.size = nbytes
+            pool.add_unmapped(rest)
+        block = _merge(pool, hole)
+        pool.add(block)
         return block
 
     def _release(self) -> None:
         """Give back what the cache holds free (before an out-of-memory error): whole free segments, or, with
-        expandable segments, the whole pages of the free block at each segment's end (approximation: PyTorch
-        also unmaps free pages inside a segment; holes inside are kept mapped here)."""
+        expandable segments, the whole pages of every free block (``release_blocks``)."""
         self.stats.releases += 1
         for pool in self._pools.values():
             for block in list(pool.blocks.values()):
                 if self.expandable:
-                    if block.next is None:
-                        self._unmap_tail(pool, block)
+                    self._unmap(pool, block)
                 elif block.prev is None and block.next is None:
                     pool.remove(block)
-                    _, nbytes = self._segments.pop(block.segment)
-                    self.reserved -= nbytes
+                    self.reserved -= self._segments.pop(block.segment)
 
-    def _unmap_tail(self, pool: _Pool, block: _Block) -> None:
+    def _unmap(self, pool: _Pool, block: _Block) -> None:
+        """``unmap_block``: unmap the whole pages inside free ``block``; the partial pages before and after stay
+        mapped and free, the unmapped part merges with unmapped neighbours."""
         page = SMALL_BUFFER if pool.small else LARGE_BUFFER
-        first = -(-block.start // page) * page
-        key, mapped = self._segments[block.segment]
-        if mapped <= first:
+        end = block.start + block.size
+        first, last = -(-block.start // page) * page, end // page * page
+        if last <= first:
             return
-        self.reserved -= mapped - first
-        self._segments[block.segment] = (key, first)
         pool.remove(block)
-        block.size = first - block.start
-        if block.size:
-            pool.add(block)
-        elif block.prev is not None:
-            block.prev.next = None
-            self._ends[block.segment] = block.prev
-        else:
-            del self._ends[block.segment]
+        if first > block.start:
+            before = _Block(block.segment, block.start, first - block.start, prev=block.prev, next=block)
+            if block.prev is not None:
+                block.prev.next = before
+            block.prev = before
+            pool.add(before)
+        if end > last:
+            after = _Block(block.segment, last, end - last, prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = after
+            block.next = after
+            pool.add(after)
+        block.start, block.size, block.mapped = first, last - first, False
+        self.reserved -= block.size
+        pool.add_unmapped(_merge(pool, block))
 
 
 def simulate(
