@@ -262,7 +262,7 @@ class CachingAllocator:
         """``find_expandable_block``: the lowest address where free and unmapped blocks together hold ``size``
         (an unmapped block, or the free block just before it); the segment's unmapped tail always does."""
         if not pool.unmapped:
-            pool.unmapped.append(_Block(next(self._segment_ids), 0, ADDRESS_SPACE, mapped=False))
+            pool.add_unmapped(_Block(next(self._segment_ids), 0, ADDRESS_SPACE, mapped=False))
         for hole in pool.unmapped:
             first = hole.prev if hole.prev is not None and not hole.prev.allocated else hole
             block: _Block | None = first
