@@ -17,16 +17,19 @@ Simulated, as ``c10/cuda/CUDACachingAllocator.cpp`` does it (PyTorch 2.x, defaul
 * With a ``capacity``, a reservation that would exceed it first releases every wholly free segment (what the
   allocator does before raising an out-of-memory error), then fails if it still does not fit.
 * ``expandable_segments=True`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``): each (pool, stream) gets one
-  segment that grows at its end, mapping pages of 20 MiB (large pool) or 2 MiB (small pool) on demand. A request
-  no free block fits extends the free block at the segment's end (or starts after the last block), so holes
-  between segments disappear; holes inside the one segment remain. Under ``capacity`` pressure, free pages are
-  unmapped before the allocation fails.
+  segment, a virtual address range backed by pages of 20 MiB (large pool) or 2 MiB (small pool) mapped on demand.
+  A request no free block fits maps pages at the lowest address where free and unmapped blocks together fit it
+  (``find_expandable_block``): normally the segment's end, so holes between segments disappear; holes inside the
+  one segment remain. Under ``capacity`` pressure, the whole pages of every free block are unmapped, holes inside
+  the segment as well as its free end (``release_blocks``, ``unmap_block``); a later request that uses an unmapped
+  range maps its pages again (``map_block``).
 
 Not simulated: ``max_split_size_mb``, ``roundup_power2_divisions`` and ``garbage_collection_threshold`` (defaults
 assumed), CUDA graphs' private pools, events that delay reuse across streams (a cross-stream free is taken as
-immediately reusable on its own stream), and the exact page-mapping order of expandable segments (assumed: grow
-at the end only). The sequence of requests is an input: :mod:`.alloc_sequence` builds a plausible one
-from an estimate, which is an assumption of its own.
+immediately reusable on its own stream), and two rules of expandable segments: a large block splits for any rest
+of 512 B or more there (here, as without them, only for more than 1 MiB), and best fit counts a free block's
+unmapped successor as room it could grow into. The sequence of requests is an input: :mod:`.alloc_sequence`
+builds a plausible one from an estimate, which is an assumption of its own.
 
 Example:
     >>> sim = simulate([("alloc", "a", 600), ("alloc", "b", 3 * 2**20), ("free", "a", 0)])
