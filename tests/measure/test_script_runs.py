@@ -299,3 +299,10 @@ def test_recommend_and_the_dashboard_say_the_figures_are_the_commands(raw_study)
     assert best is not None
     download = client.get(f"/studies/raw/trials/{best.number}/ds_config.json").json()
     assert download["optimizer"]["params"]["torch_adam"] is True
+    # the API answers the study of the command's own model by name (its best trial: the config the command got)
+    from tuner.api.app import create_app
+
+    api = TestClient(create_app(db, None, insecure_no_auth=True))
+    detail = api.get("/v1/studies/raw").json()
+    assert detail["workload"]["model"]["family"] == "unknown" and detail["best"]["number"] == best.number
+    assert detail["best"]["ds_config"]["train_micro_batch_size_per_gpu"] == best.trial.batch[0]
