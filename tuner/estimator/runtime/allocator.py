@@ -124,6 +124,14 @@ class _Pool:
     def add_unmapped(self, block: _Block) -> None:
         bisect.insort(self.unmapped, block, key=lambda b: (b.segment, b.start))
 
+    def replace_unmapped(self, old: _Block, new: _Block | None) -> None:
+        """``old`` (unmapped) leaves; ``new``, what is left unmapped of its range, takes its place in address order."""
+        index = self.unmapped.index(old)
+        if new is None:
+            del self.unmapped[index]
+        else:
+            self.unmapped[index] = new
+
 
 def _merge(pool: _Pool, block: _Block) -> _Block:
     """``block`` merged with its free neighbours of the same mapping (taken out of ``pool``): the merged block."""
@@ -297,8 +305,8 @@ class CachingAllocator:
         if not self._fits(nbytes):
             return None
         self._reserve(nbytes)
-        pool.unmapped.remove(hole)
         hole.mapped = True
+        rest = None
         if nbytes < hole.size:
             rest = _Block(hole.segment, hole.start + nbytes, hole.size - nbytes, mapped=False, prev=hole)
             rest.next = hole.next
@@ -306,7 +314,7 @@ class CachingAllocator:
                 hole.next.prev = rest
             hole.next = rest
             hole.size = nbytes
-            pool.add_unmapped(rest)
+        pool.replace_unmapped(hole, rest)
         block = _merge(pool, hole)
         pool.add(block)
         return block
