@@ -46,3 +46,29 @@ def test_each_commands_model_is_a_workload_of_its_own(folder: Path) -> None:
     assert first.model.is_unknown and first.model.n_params == 0 and first.profile is None
     assert first.fingerprint() != second.fingerprint()
     assert command_digest(here) in first.model.name
+
+
+def test_a_run_of_a_commands_own_model_prints_what_was_measured_and_says_why_no_estimate() -> None:
+    """samples/s (tokens/s only when known), no model FLOPs, and the reason there is no estimate as it stands."""
+    import io
+
+    from rich.console import Console
+
+    from tuner.cli.measure import render_measurement
+
+    result = {
+        "status": "ok",
+        "error": None,
+        "tokens_per_s": None,
+        "samples_per_s": 88.7,
+        "step_time_s": {"p50": 0.045, "p90": 0.074},
+        "tflops_per_device": None,
+        "ranks": [],
+        "estimate": None,
+        "estimate_assumes": "no estimate: no --model describes the command's model",
+    }
+    out = io.StringIO()
+    render_measurement(result, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "throughput: 88.70 samples/s" in text and "tokens/s" not in text and "TFLOP" not in text
+    assert "no estimate: no --model" in text and "the estimate assumes" not in text

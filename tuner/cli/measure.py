@@ -128,7 +128,7 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
         )
     if result.get("estimate"):
         console.print(f"estimated peak per GPU: {gib(result['estimate']['per_gpu']['total'])} GiB")
-    if result.get("estimate_assumes"):
-        console.print(
-            f"the estimate assumes {result['estimate_assumes']}", highlight=False, soft_wrap=True, markup=False
-        )
+    if result.get("estimate_assumes"):  # without an estimate, why there is none
+        assumes = result["estimate_assumes"]
+        line = f"the estimate assumes {assumes}" if result.get("estimate") else assumes
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
