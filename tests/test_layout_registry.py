@@ -23,23 +23,6 @@ FIELDS = frozenset(kind.field for kind in LAYOUTS)
 ALLOWED_FOLDERS = ("tuner/workload/layouts/", "tuner/estimator/layouts/", "tuner/measure/rank/layouts/")
 ALLOWED_MODULES = frozenset({"tuner/workload/layout.py", "tuner/workload/ranks.py"})
 
-# Modules that still name a degree field: this set may only shrink (the test fails when a listed module no longer
-# names one, so the list stays true). All but one are the longest-sequence search (``seq_len: max``,
-# ``--max-seq-len``, ``tune --seq-len max``), which searches Ulysses degrees and ALST's tiling as its own axes: its
-# candidates, pins and answer carry the Ulysses degree by name (the API's MaxSeqLenOut among them). The job request
-# declares a tuning job's long-context pins, Ulysses' degree among ALST's pieces, as the API has always taken them.
-KNOWN_OFFENDERS: frozenset[str] = frozenset(
-    {
-        "tuner/api/longest.py",  # the estimate body's Ulysses pin for the length search
-        "tuner/api/schemas.py",  # MaxSeqLenOut.sequence_parallel, the length search's answer
-        "tuner/cli/max_seq_len.py",  # --max-seq-len's pins and its answer's table
-        "tuner/cli/tune_max.py",  # tune --seq-len max's pins and its candidate's degree
-        "tuner/forecast/longest.py",  # the length search
-        "tuner/forecast/seq_candidates.py",  # its candidates (Ulysses degree × tiling × stage...)
-        "tuner/requests/job.py",  # a tuning job's long-context pins (its sequence_parallel field)
-    }
-)
-
 
 def _names(node: ast.AST) -> Iterator[str]:
     """The identifiers and string constants ``node`` itself names."""
@@ -86,14 +69,8 @@ def test_the_fields_come_from_the_registry() -> None:
 
 
 def test_no_module_outside_the_layout_modules_names_a_degree_field() -> None:
-    new = {module: found for module, found in _offenders().items() if module not in KNOWN_OFFENDERS}
-    lines = [f"{module}:{line}: names {field}" for module, found in new.items() for line, field in found]
+    lines = [f"{module}:{line}: names {field}" for module, found in _offenders().items() for line, field in found]
     assert not lines, "read the degree through the registry's kinds instead:\n" + "\n".join(lines)
-
-
-def test_the_known_offenders_still_offend() -> None:
-    gone = sorted(KNOWN_OFFENDERS - set(_offenders()))
-    assert not gone, f"no longer name a degree field, drop them from KNOWN_OFFENDERS: {gone}"
 
 
 def test_the_scan_sees_every_way_of_naming_a_field(tmp_path: Path) -> None:

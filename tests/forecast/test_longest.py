@@ -51,7 +51,7 @@ def test_the_answer_fits_and_one_step_more_does_not() -> None:
 def test_search_equals_a_linear_scan_for_one_pinned_candidate() -> None:
     """Galloping and bisection find what trying every multiple of 256 finds (memory is monotone in the length)."""
     work = _work("qwen2-1.5b", gpu_memory=40 * 2**30)
-    pins = Pins(stage=2, offload_optimizer="none", activation_checkpointing=False, sequence_parallel=1,
+    pins = Pins(stage=2, offload_optimizer="none", activation_checkpointing=False, sp=1,
                 tiled_mlp_shards=1, tiled_loss_shards=1, offload_checkpoints=False)  # fmt: skip
     (only,) = candidates(work, pins)
     answer = longest_fit(work, pins)
@@ -88,7 +88,7 @@ def test_multiple_of_what_the_layout_needs() -> None:
     work = Workload(model, ClusterSpec(gpus_per_node=6, gpu_memory=8 * 2**30))
     assert 3 in sp_degrees(work) and 4 not in sp_degrees(work)
     try:
-        answer = longest_fit(work, Pins(sequence_parallel=3))
+        answer = longest_fit(work, Pins(sp=3))
     except NoLengthFits as error:  # an estimator that refuses this layout says why, naming the key
         assert "sequence_parallel" in str(error) or "heads" in str(error)
         return
@@ -139,7 +139,7 @@ def test_unmodelled_settings_tie_and_the_simplest_wins() -> None:
     if answer.modelled["tiled_mlp"] is False:
         assert answer.candidate.tiled_mlp == 1
     if answer.modelled["sequence_parallel"] is False:
-        assert answer.candidate.sequence_parallel == 1 and answer.tied >= 1
+        assert answer.candidate.sp == 1 and answer.tied >= 1
     data = answer.to_dict()
     assert data["seq_len"] == answer.seq_len and data["next_limit"]["seq_len"] > answer.seq_len
 
@@ -147,11 +147,11 @@ def test_unmodelled_settings_tie_and_the_simplest_wins() -> None:
 def test_candidates_cover_the_layouts_and_alst_settings() -> None:
     work = _work(gpus=8)
     pool = list(candidates(work, Pins()))
-    assert {c.sequence_parallel for c in pool} == {1, 2, 4, 8}
+    assert {c.sp for c in pool} == {1, 2, 4, 8}
     assert {c.stage for c in pool} == {0, 1, 2, 3}
     assert any(c.tiled_mlp == AUTO and c.tiled_loss == AUTO and c.offload_checkpoints for c in pool)
     assert not any(c.offload_checkpoints and not c.activation_checkpointing for c in pool)
-    trial = next(c for c in pool if c.tiled_mlp == AUTO and c.sequence_parallel == 8).trial(work, 2**20, Pins())
+    trial = next(c for c in pool if c.tiled_mlp == AUTO and c.sp == 8).trial(work, 2**20, Pins())
     assert trial.layout.sequence_parallel == 8
     assert trial.long_context.tiled_mlp_shards == 2**20 // 8 // 4096  # shards of about the hidden size
     assert trial.long_context.tiled_loss_shards == 4 * 2**17 * 32000 // 2**30 + 1  # ≤ 1 GiB of fp32 logits
@@ -201,7 +201,7 @@ def test_an_estimator_that_models_ulysses_makes_the_search_use_it(monkeypatch: p
     monkeypatch.setattr(longest, "estimate", per_rank)
     work = _work(gpus=8)
     answer = longest_fit(work)
-    plain = longest_fit(work, Pins(sequence_parallel=1))
+    plain = longest_fit(work, Pins(sp=1))
     assert answer.modelled["sequence_parallel"] is True
     assert answer.trial.layout.sequence_parallel == 8 and answer.trial.ds_config["sequence_parallel_size"] == 8
     assert answer.seq_len > 6 * plain.seq_len

@@ -119,7 +119,7 @@ class Peaks:
 
 def test_each_length_is_recorded_in_its_study_and_a_rerun_measures_nothing(tmp_path: Path) -> None:
     work = Workload(load_builtin_model("tiny-llama"), ClusterSpec(gpus_per_node=2, device="cpu", gpu_memory=2**30))
-    pins = Pins(sequence_parallel=1, tiled_mlp_shards=1, tiled_loss_shards=1, offload_checkpoints=False)
+    pins = Pins(sp=1, tiled_mlp_shards=1, tiled_loss_shards=1, offload_checkpoints=False)
     answer = longest_fit(work, pins, cap=1 << 16)
     wall = answer.seq_len + 3 * STEP + 100  # the measured wall: three steps past the estimate
     fake = Peaks(per_token=2**30 // wall)
@@ -134,6 +134,11 @@ def test_each_length_is_recorded_in_its_study_and_a_rerun_measures_nothing(tmp_p
     fit = store.trials(store.get_study(f"tiny:{longest}").id)
     assert [t.status for t in fit] == ["ok"] and fit[0].peak_bytes <= 2**30 and fit[0].estimate["per_gpu"]["total"]
     assert store.workload_of(fit[0].study_id).train.seq_len == longest
+    stored = store.get_study(f"tiny:{longest}").settings["candidate"]  # the Ulysses degree keyed as it always was
+    assert stored["sequence_parallel"] == answer.candidate.sp and set(stored) == {
+        *("stage", "offload_optimizer", "offload_param", "activation_checkpointing", "sequence_parallel"),
+        *("tiled_mlp", "tiled_loss", "offload_checkpoints", "micro_batch"),
+    }
     measured = list(fake.lengths)
     again = search_length(answer.seq_len, answer.multiple, 1 << 20, runs, runs=12)  # resumed from the records
     assert fake.lengths == measured and again.longest == longest

@@ -15,7 +15,7 @@ from tuner.forecast import TRACE_LENGTHS, Fits, LongestFit, NoLengthFits, Pins, 
 from tuner.requests import FieldError, TrialSettings, to_workload
 from tuner.space.dsconfig import merge_configs
 from tuner.workload import Workload
-from tuner.workload.layouts import LAYOUTS
+from tuner.workload.layouts import LAYOUTS, ULYSSES
 
 MAX = "max"
 # the layouts the length search has no field for (it searches the memory savers, Ulysses): pinned as ds_config sections
@@ -52,7 +52,7 @@ def estimate_pins(body: EstimateRequest) -> Pins:
         offload_param=pinned("offload_param"),
         activation_checkpointing=work.activation_checkpointing if "activation_checkpointing" in work_given else None,
         micro_batch=work.micro_batch,
-        sequence_parallel=pinned("sequence_parallel"),
+        sp=pinned(ULYSSES.field),
         tiled_mlp_shards=pinned("tiled_mlp_shards"),
         tiled_loss_shards=pinned("tiled_loss_shards"),
         offload_checkpoints=pinned("offload_checkpoints"),

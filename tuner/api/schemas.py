@@ -8,15 +8,16 @@ the job queue build workloads and trial configs through.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
 from tuner.api.considered import ConsideredLayout
 from tuner.requests import RequestModel, TrialRequest, TrialSettings, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 from tuner.workload import MAX_SEQ_LEN  # WorkloadRequest's bound on a given length
+from tuner.workload.layouts import ULYSSES
 
 
 class LongestWorkloadInput(WorkloadInput):
@@ -59,8 +60,8 @@ class NextLimitOut(BaseModel):
     reason: str
 
 
-class MaxSeqLenOut(BaseModel):
-    """The longest sequence that fits, the config that reaches it and the next limit (``seq_len: "max"``)."""
+class _LongestConfig(BaseModel):
+    """The first fields of :class:`MaxSeqLenOut`: the length and the config that reaches it."""
 
     seq_len: int = Field(description="Tokens per sample: the longest that fits.")
     multiple: int = Field(description="The granularity searched: lcm(256, sequence_parallel).")
@@ -70,7 +71,19 @@ class MaxSeqLenOut(BaseModel):
     )
     activation_checkpointing: bool
     summary: str
-    sequence_parallel: int
+
+
+if TYPE_CHECKING:  # the Ulysses degree is read through the registry's kind (getattr(answer, ULYSSES.field))
+    _LongestLayout = _LongestConfig
+else:  # the Ulysses degree, named by the registry (tuner.workload.layouts), in its place among the answer's fields
+    _LongestLayout = create_model(
+        "_LongestLayout", __base__=_LongestConfig, __module__=__name__, __doc__=None, **{ULYSSES.field: (int, ...)}
+    )
+
+
+class MaxSeqLenOut(_LongestLayout):
+    """The longest sequence that fits, the config that reaches it and the next limit (``seq_len: "max"``)."""
+
     data_parallel: int
     tiled_mlp_shards: int
     tiled_loss_shards: int

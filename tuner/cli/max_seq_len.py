@@ -27,6 +27,7 @@ from tuner.estimator import MemoryEstimate, predict
 from tuner.forecast import TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
 from tuner.space.dsconfig import export_config, merge_configs
 from tuner.workload import Workload, numerics_config
+from tuner.workload.layouts import ULYSSES
 
 RenderEstimate = Callable[[MemoryEstimate, str, Console | None], None]  # tuner.cli.estimate.render
 CHECKPOINTING = "activation checkpointing: model.gradient_checkpointing_enable() before deepspeed.initialize"
@@ -46,7 +47,7 @@ def pins_of(ctx: typer.Context, flags: WorkloadFlags) -> Pins:
         return flags.value(name) if flag_given(ctx, name) else None
 
     return Pins(
-        sequence_parallel=pinned("sequence_parallel"),
+        sp=pinned(ULYSSES.parameter),
         tiled_mlp_shards=pinned("tiled_mlp"),
         tiled_loss_shards=pinned("tiled_loss"),
         offload_checkpoints=pinned("offload_checkpoints"),
@@ -142,7 +143,7 @@ def render_longest(answer: LongestFit, name: str, render: RenderEstimate, consol
     limit = answer.next_limit
     rows = (
         ("longest sequence", f"{answer.seq_len:,} tokens (a multiple of {answer.multiple})"),
-        ("layout", f"sp {layout.sequence_parallel} × dp {layout.data_parallel(cluster.world_size)}"),
+        ("layout", f"sp {layout.degree(ULYSSES)} × dp {layout.data_parallel(cluster.world_size)}"),
         ("config", answer.trial.summary()),
         ("per GPU", f"{gib(answer.estimate.gpu_total)} GiB, {gib(answer.estimate.headroom)} GiB headroom"),
         ("predicted", f"{answer.tokens_per_s:,.0f} tokens/s" if answer.tokens_per_s else "unknown"),

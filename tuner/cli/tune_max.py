@@ -180,7 +180,7 @@ def search_pins(flags: WorkloadFlags, options: SearchOptions, workload: Workload
         micro_batch=int(pinned.get("micro_batch") or 1),
         offload_optimizer="none" if cpu else None,
         offload_param="none" if cpu else None,
-        sequence_parallel=flags.layouts[ULYSSES.field] or (1 if builtin else None),
+        sp=flags.layouts[ULYSSES.field] or (1 if builtin else None),
         tiled_mlp_shards=flags.tiled_mlp or (1 if builtin else None),
         tiled_loss_shards=flags.tiled_loss or (1 if builtin else None),
         offload_checkpoints=flags.offload_checkpoints
@@ -225,7 +225,7 @@ def _measure(
     measurer: Measurer = dispatcher
     if dispatch.launcher == "local" or dispatch.ray_address is None:  # the ranks, and so the builds, run here
         measurer = AnnounceBuilds(dispatcher, lambda line: console.print(line, highlight=False, markup=False))
-    sizer = SeqSizer(workload, (answer.candidate.sequence_parallel,))
+    sizer = SeqSizer(workload, (answer.candidate.sp,))
 
     def said(probe: Probe) -> None:
         console.print(f"  {_probe_line(probe, cluster.gpu_memory)}", highlight=False, soft_wrap=True)

@@ -32,6 +32,7 @@ from tuner.forecast.seq_candidates import Candidate, Pins, candidates
 from tuner.forecast.seq_scaling import SeqSizer
 from tuner.units import format_bytes
 from tuner.workload import MAX_SEQ_LEN, TrialConfig, Workload
+from tuner.workload.layouts import ULYSSES
 
 SEARCH_CAP = MAX_SEQ_LEN  # tokens: 67M, beyond any published run; --seq-len's own bound
 Fits = Callable[[MemoryEstimate], bool]
@@ -111,7 +112,7 @@ class LongestFit:
             "ds_config": self.trial.ds_config,
             "activation_checkpointing": self.trial.activation_checkpointing,
             "summary": self.trial.summary(),
-            "sequence_parallel": layout.sequence_parallel,
+            ULYSSES.field: layout.degree(ULYSSES),
             "data_parallel": layout.data_parallel(self.workload.cluster.world_size),
             "tiled_mlp_shards": long_context.tiled_mlp_shards,
             "tiled_loss_shards": long_context.tiled_loss_shards,
@@ -199,14 +200,14 @@ def longest_fit(
     Example:
         >>> from tuner.workload import ClusterSpec, Workload, load_builtin_model
         >>> answer = longest_fit(Workload(load_builtin_model("llama-2-7b"), ClusterSpec(gpus_per_node=8)),
-        ...                      Pins(stage=3, sequence_parallel=1))
+        ...                      Pins(stage=3, sp=1))
         >>> answer.seq_len % 256, answer.trial.stage, answer.next_limit.memory
         (0, 3, 'cpu')
     """
     pins = pins or Pins()
     fits = fits or (lambda est: est.fits)
     pool = list(candidates(workload, pins))
-    sizer = SeqSizer(workload, {c.sequence_parallel for c in pool})
+    sizer = SeqSizer(workload, {c.sp for c in pool})
     search = _Search(sizer, pins, fits, cap)
     best, tied = 0, []
     for candidate in pool:
@@ -261,7 +262,7 @@ def _rank(
 
     def key(c: Candidate) -> tuple[float, int, int, int, int]:
         speed = speeds[c]
-        return (-(speed or 0.0), c.sequence_parallel, c.offloads, c.features, c.stage)
+        return (-(speed or 0.0), c.sp, c.offloads, c.features, c.stage)
 
     winner = min(tied, key=key)
     return winner, speeds[winner]
@@ -319,7 +320,7 @@ def modelled(workload: Workload, pins: Pins | None = None) -> dict[str, bool | N
     sizer = SeqSizer(workload, (1, 2))
     plain = Candidate(3, "none", "none", True, 1, 1, 1, False, (pins or Pins()).micro_batch)
     variants = {
-        "sequence_parallel": replace(plain, sequence_parallel=2),
+        ULYSSES.field: replace(plain, sp=2),
         "tiled_mlp": replace(plain, tiled_mlp=4),
         "tiled_loss": replace(plain, tiled_loss=4),
         "offload_checkpoints": replace(plain, offload_checkpoints=True),

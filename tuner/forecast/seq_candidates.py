@@ -8,10 +8,10 @@ checkpointing). The micro-batch is 1 unless pinned. NVMe offload is considered o
 
 A candidate makes its trial config at each length (:meth:`Candidate.trial`): the shortcut fields' ds_config (as
 ``dstune estimate`` builds it), ``sequence_parallel_size`` and the ``dstune`` section's ``tiled_mlp_shards``,
-``tiled_loss_shards`` and ``offload_checkpoints`` (:class:`tuner.workload.LongContext`'s keys), and the user's
-ds_config merged over it (it wins: a stage it sets is pinned by it). :data:`AUTO` shards follow ALST's choices at
-each length: the tiled MLP in shards of about the hidden size in tokens, the loss in shards of at most 1 GiB of fp32
-logits. Pure Python.
+``tiled_loss_shards`` and ``offload_checkpoints`` (:func:`tuner.workload.long_context_config`: Ulysses' and ALST's
+keys), and the user's ds_config merged over it (it wins: a stage it sets is pinned by it). :data:`AUTO` shards
+follow ALST's choices at each length: the tiled MLP in shards of about the hidden size in tokens, the loss in shards
+of at most 1 GiB of fp32 logits. Pure Python.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from itertools import product
 from typing import Any
 
 from tuner.space.dsconfig import merge_configs, shortcut_config
-from tuner.workload import ModelSpec, TrialConfig, Workload
+from tuner.workload import ModelSpec, TrialConfig, Workload, long_context_config
+from tuner.workload.layouts import ULYSSES
 
 SEQ_MULTIPLE = 256  # the answer's granularity: lengths are multiples of this (and of what the layout requires)
 AUTO = 0  # tiled shards chosen at each length (module docstring)
@@ -32,14 +33,15 @@ LOSS_SHARD_BYTES = 2**30  # fp32 logits per loss shard under AUTO
 
 @dataclass(frozen=True)
 class Pins:
-    """What the user fixed; None: searched. ``ds_config`` is merged over every candidate's config (it wins)."""
+    """What the user fixed; None: searched. ``sp``: the Ulysses degree (:data:`~tuner.workload.layouts.ULYSSES`).
+    ``ds_config`` is merged over every candidate's config (it wins)."""
 
     stage: int | None = None
     offload_optimizer: str | None = None
     offload_param: str | None = None
     activation_checkpointing: bool | None = None
     micro_batch: int = 1
-    sequence_parallel: int | None = None
+    sp: int | None = None
     tiled_mlp_shards: int | None = None
     tiled_loss_shards: int | None = None
     offload_checkpoints: bool | None = None
@@ -49,13 +51,14 @@ class Pins:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One layout and set of memory-saving settings; ``tiled_*`` 1 is off, :data:`AUTO` per length."""
+    """One layout and set of memory-saving settings: ``sp`` the Ulysses degree, ``tiled_*`` 1 off, :data:`AUTO` per
+    length."""
 
     stage: int
     offload_optimizer: str
     offload_param: str
     activation_checkpointing: bool
-    sequence_parallel: int
+    sp: int
     tiled_mlp: int
     tiled_loss: int
     offload_checkpoints: bool
@@ -65,7 +68,7 @@ class Candidate:
     def multiple(self) -> int:
         """Lengths this candidate is tried at are multiples of this: :data:`SEQ_MULTIPLE` and the sp degree (Ulysses
         splits the sequence evenly over its ranks)."""
-        return math.lcm(SEQ_MULTIPLE, self.sequence_parallel)
+        return math.lcm(SEQ_MULTIPLE, self.sp)
 
     @property
     def offloads(self) -> int:
@@ -79,7 +82,7 @@ class Candidate:
 
     def shards(self, model: ModelSpec, seq_len: int) -> tuple[int, int]:
         """(MLP shards, loss shards) at ``seq_len`` tokens (:data:`AUTO` resolved)."""
-        local = max(1, seq_len // self.sequence_parallel)
+        local = max(1, seq_len // self.sp)
         mlp, loss = self.tiled_mlp, self.tiled_loss
         if mlp == AUTO:
             mlp = max(1, -(-local // max(1, model.hidden_size)))
@@ -98,21 +101,15 @@ class Candidate:
             self.offload_param,
             pins.nvme_path,
         )
-        if self.sequence_parallel > 1:
-            config["sequence_parallel_size"] = self.sequence_parallel
         mlp, loss = self.shards(workload.model, seq_len)
-        alst: dict[str, Any] = {}
-        if mlp > 1:
-            alst["tiled_mlp_shards"] = mlp
-        if loss > 1:
-            alst["tiled_loss_shards"] = loss
-        if self.offload_checkpoints:
-            alst["offload_checkpoints"] = True
-        if alst:
-            config["dstune"] = alst
+        config = merge_configs(config, long_context_config(self.sp, mlp, loss, self.offload_checkpoints))
         if pins.ds_config:
             config = merge_configs(config, dict(pins.ds_config))
         return TrialConfig(config, self.activation_checkpointing)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields in order, the Ulysses degree under its registry field (a length study's settings)."""
+        return {ULYSSES.field if name == "sp" else name: value for name, value in self.__dict__.items()}
 
 
 def sp_degrees(workload: Workload) -> tuple[int, ...]:
@@ -134,7 +131,7 @@ def candidates(workload: Workload, pins: Pins) -> Iterator[Candidate]:
     offload without checkpointing) are left out unless pinned: the estimator then refuses them, naming the key."""
     tiling = (1,) if workload.model.is_bare else (AUTO, 1)
     grid = product(
-        _choices(pins.sequence_parallel, tuple(reversed(sp_degrees(workload)))),
+        _choices(pins.sp, tuple(reversed(sp_degrees(workload)))),
         _choices(pins.stage, (3, 2, 1, 0)),
         _choices(pins.offload_param, ("cpu", "none")),
         _choices(pins.offload_optimizer, ("cpu", "none")),

@@ -18,9 +18,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, create_model
 
 from tuner.measure.options import MEASURE_DEFAULTS
 from tuner.requests.names import NAME_PATTERN, default_study_name
@@ -29,11 +29,12 @@ from tuner.requests.strict import RequestModel
 from tuner.requests.trial import WorkloadInput
 from tuner.requests.workload import FieldError, Launcher, Loc, Sampler, WorkloadRequest, to_workload
 from tuner.workload import Workload
+from tuner.workload.layouts import ULYSSES
 from tuner.workload.measurable import measurement_refusal
 
 
-class JobRequest(RequestModel):
-    """A tuning job: what ``dstune tune`` would be asked, as data. The worker runs it as a study."""
+class _JobStudy(RequestModel):
+    """The first fields of :class:`JobRequest`: the workload, the study and its space's pins."""
 
     workload: WorkloadInput
     study: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
@@ -43,16 +44,37 @@ class JobRequest(RequestModel):
         "default", description="A built-in search space by name (never a path)."
     )
     pins: dict[str, Any] = Field(default_factory=dict, description="Pinned parameters, as `dstune tune --pin`.")
-    sequence_parallel: int | None = Field(
-        None, ge=1, le=2**16, description="Pin the Ulysses degree (`dstune tune --sequence-parallel`); null: searched."
+
+
+ULYSSES_PIN = Field(
+    None,
+    ge=1,
+    le=ULYSSES.maximum,
+    description=f"Pin the {ULYSSES.noun} (`dstune tune {ULYSSES.flag}`); null: searched.",
+)
+
+if TYPE_CHECKING:  # the Ulysses pin is read through the registry's kind (getattr(request, ULYSSES.field))
+    _JobUlysses = _JobStudy
+else:  # the Ulysses pin, named by the registry (tuner.workload.layouts), first of the long-context pins
+    _JobUlysses = create_model(
+        "_JobUlysses",
+        __base__=_JobStudy,
+        __module__=__name__,
+        __doc__=None,
+        **{ULYSSES.field: (int | None, ULYSSES_PIN)},
     )
+
+
+class JobRequest(_JobUlysses):
+    """A tuning job: what ``dstune tune`` would be asked, as data. The worker runs it as a study."""
+
     tiled_mlp_shards: int | None = Field(None, ge=1, le=2**20, description="Pin ALST's tiled MLP shards.")
     tiled_loss_shards: int | None = Field(None, ge=1, le=2**20, description="Pin ALST's tiled loss shards.")
     offload_checkpoints: bool | None = Field(None, description="Pin ALST's checkpoint offload.")
 
     def all_pins(self) -> dict[str, Any]:
         """``pins`` with the long-context fields given (the space's parameters of those names; ``pins`` wins)."""
-        fields = ("sequence_parallel", "tiled_mlp_shards", "tiled_loss_shards", "offload_checkpoints")
+        fields = (ULYSSES.field, "tiled_mlp_shards", "tiled_loss_shards", "offload_checkpoints")
         given = {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
         return {**given, **self.pins}
 

@@ -112,7 +112,7 @@ class LengthRuns:
     def _measured(self, work: Workload, trial: TrialConfig, est: MemoryEstimate) -> Probe:
         seq_len = work.train.seq_len
         name = length_study_name(self.base, seq_len)
-        settings = {"seq_len_search": self.base, "seq_len": seq_len, "candidate": dict(self.candidate.__dict__)}
+        settings = {"seq_len_search": self.base, "seq_len": seq_len, "candidate": self.candidate.to_dict()}
         study = self.store.get_or_create_study(name, self.store.upsert_workload(work), SAMPLER, settings)
         key = config_key(trial)
         record = self._ready(study.id, key, trial, est)
