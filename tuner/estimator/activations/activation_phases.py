@@ -20,6 +20,7 @@ from tuner.estimator.activations.first_recompute import first_recompute_extra
 from tuner.estimator.activations.liger import compute_capability, liger_activations
 from tuner.estimator.activations.plain_loss import loss_workspace
 from tuner.estimator.activations.saved import LayerActivations, workload_activation_bytes
+from tuner.estimator.activations.stage3_backward import stage3_start_extra
 from tuner.estimator.layouts.ulysses import local_seq, long_context_terms
 from tuner.estimator.phases import Phase
 from tuner.estimator.settings import Settings
@@ -220,17 +221,36 @@ def _early_backward(
     have not arrived yet (``1 - first bucket / Ψ``); what that moment holds beyond the backward phase's end is
     added to its activations (``details["early_backward_activations"]``). ``trained``: the model as trained (gradients
     arrive for its trainable parameters only), the activations it saved, and what the first recomputed layer's
-    moment holds beyond the phase (:mod:`.first_recompute`): the larger of the two moments is added.
+    moment holds beyond the phase (:mod:`.first_recompute`): the larger of the two moments is added. ZeRO-3's start
+    of backward, where the parameters forward kept gathered are alive, is a third (:mod:`.stage3_backward`).
     """
-    model, elem = workload.model, s.param_bytes
     params, saved, checkpoints = trained
+    start = 0 if workload.model.is_bare else stage3_start_extra(workload, s, params, saved, recorded)
+    extra = max(_first_bucket_extra(workload, s, trained, recorded, phases), start)
+    if extra < checkpoints or not extra:
+        return _first_recompute(checkpoints)
+    out = detail("stage3_backward_start", start) if start else NOTHING
+    return out + detail("early_backward_activations", extra) + held("gpu", "activations", extra, BACKWARD)
+
+
+def _first_bucket_extra(
+    workload: Workload,
+    s: Settings,
+    trained: tuple[TrainedParams, int, int],
+    recorded: Mapping[str, int],
+    phases: Mapping[str, Phase],
+) -> int:
+    """What the first bucket's reduction holds beyond the backward phase (:func:`_early_backward`); 0 where backward
+    reduces one bucket only."""
+    model, elem = workload.model, s.param_bytes
+    params, saved, _ = trained
     offload = s.offload_optimizer != "none"
     if model.is_bare or s.stage not in (2, 3) or (offload and s.stage == 3) or not s.reduce_scatter:
-        return _first_recompute(checkpoints)
+        return 0
     chunks = bucket_chunks(params.trainable, s.reduce_bucket_size)
     total = params.n_trainable
     if len(chunks) < 2 or not total:
-        return _first_recompute(checkpoints)
+        return 0
     alive = saved * (total - chunks[0]) // total
     first = elem * chunks[0]
     if offload:  # ZeRO-2 offload: the first gradients copied to the host, their norm's fp64 copy beside them
@@ -244,9 +264,7 @@ def _early_backward(
             early = alive + first * (2 if workload.cluster.device == "cpu" else 1)
         # the phase's other moments (the reduction's copy, Muon's update at backward's end): the larger one counts
         extra = max(0, early - recorded.get("reduce_copy", 0) - recorded.get("muon_update", 0))
-    if extra < checkpoints or not extra:
-        return _first_recompute(checkpoints)
-    return detail("early_backward_activations", extra) + held("gpu", "activations", extra, BACKWARD)
+    return extra
 
 
 def _first_recompute(extra: int) -> Contribution:
