@@ -297,10 +297,19 @@ Measured 2026-12-06 (DeepSpeed 0.19.8, torch 2.13 CPU, 2 shared cores).
   its worst is ZeRO-1's reduction after backward (group by group, the Muon group first, each in model order: the
   partition allocated at the first layer's matrices, the other 16-bit gradients still alive), not Newton-Schulz on
   top of it (read with step 1's step left out, so that the sites alive at the peak were backward's).
-* **Seq 32, ZeRO-3: 2.1 % and 4.4 % under, open** (were 16.0 % and 14.2 %, the same gathered parameters). At the
-  peak, in backward, the device row holds every non-persistent parameter gathered (8,912,896 bytes) and 1,577,472
-  bytes of parameters ``_allgather_params_coalesced`` gathered again, the offload row the fp64 copy of a gradient
-  partition for its norm (``_constant_buffered_norm2``, 4,194,304 bytes): not modelled yet.
+* **Seq 32, ZeRO-3: -2.13 % -> -0.21 % on the device, -4.40 % -> +0.03 % with offload**, both at backward's start,
+  where every parameter forward kept gathered is still whole (8,912,896 bytes; the estimate's backward phase held
+  none, as at its last reduction). Found with module hooks marking each module's forward and backward and each
+  reduction (a one-off probe, not part of this bench: the counting allocator's high-water mark between marks,
+  both rows' peaks reproduced): the device row peaks inside the LM head's backward, 2,200,704 bytes above its start
+  (the head's weight gradient, 2,097,152, its input's, 16,384, and 87,168 bytes not modelled), beside the saved
+  activations less the loss's fp32 log-softmax (freed: 524,288) and the logits' bf16 gradient (262,144); the
+  offload row at the head's reduction (the head alone, larger than the bucket, reduced when the final norm's
+  gradient arrives, the head's module released by then), in ``_constant_buffered_norm2``'s fp64 copy of the head's
+  gradient partition (4,194,304 bytes, ``stage3.py`` ``_offload_grad_partition_at_boundary``) beside the head's
+  gradient (:mod:`tuner.estimator.activations.stage3_backward`). The 1,577,472 bytes of ``_allgather_params_coalesced``
+  buffers alive at the peak are the persistent parameters (788,736 elements), counted already. Every other row is
+  unchanged.
 """
 
 
