@@ -16,7 +16,11 @@ backward's first recomputed layer was counted beside every other layer's checkpo
 the counting allocator's true backward peak of a checkpointed transformers Llama rises one checkpoint per layer,
 ``bench/first_recompute.py``, -25.8 % -> -4.8 % at 16 layers), and for the 36 fp32 ZeRO-1/2 cases with optimizer
 offload when backward's copy of the gradients to the host was measured to hold the fp64 copy of a gradient slice for
-its norm (``offload_reduce``; the seq-32 offload rows -13.8/-15.4 % -> 0.00/+0.18 %)."""
+its norm (``offload_reduce``; the seq-32 offload rows -13.8/-15.4 % -> 0.00/+0.18 %), and for the 12 ZeRO-3
+multi-rank cases without checkpointing when backward's start was measured to hold every parameter forward kept
+gathered beside the LM head's gradients (``stage3_backward_start``; that bench's seq-32 ZeRO-3 rows -2.13/-4.40 % ->
+-0.21/+0.03 %): the peak moved only for Llama-2-7B in fp32 with offload, whose head's weight gradient (524 MB) at
+its backward outweighs the loss's workspace (262 MB at 4 × 256 tokens)."""
 
 import json
 from collections.abc import Iterator
