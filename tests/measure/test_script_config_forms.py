@@ -113,3 +113,26 @@ def test_an_auto_precision_is_what_the_trainer_fills_it_with(tmp_path: Path, arg
     (tmp_path / "ds.json").write_text(json.dumps({"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}))
     (tmp_path / "acc.yaml").write_text("deepspeed_config:\n  deepspeed_config_file: ds.json\nmixed_precision: 'no'\n")
     assert script_precision(command(tmp_path, *argv)) == precision
+
+
+@pytest.mark.parametrize(
+    ("argv", "yaml_extra", "precision"),
+    [
+        (["deepspeed", "sft.py", "--config", "sft.yaml"], "", "bf16"),
+        (["trl", "sft", "--config", "sft.yaml"], "", "bf16"),
+        (["deepspeed", "sft.py", "--config", "sft.yaml"], "fp16: true\n", "fp16"),
+        (["deepspeed", "sft.py", "--config", "sft.yaml", "--bf16", "false"], "", "fp32"),
+        (["deepspeed", "plain.py", "--config", "sft.yaml"], "", "fp32"),
+    ],
+)
+def test_trl_trains_in_bf16_unless_told_otherwise(
+    tmp_path: Path, argv: list[str], yaml_extra: str, precision: str
+) -> None:
+    """TRL's configs default ``bf16`` to true where ``fp16`` is not set (the HF Trainer's default is false)."""
+    from tuner.cli.script_options import script_precision
+
+    (tmp_path / "ds.json").write_text(json.dumps({"bf16": {"enabled": "auto"}}))
+    (tmp_path / "sft.yaml").write_text(f"deepspeed: ds.json\nper_device_train_batch_size: 2\n{yaml_extra}")
+    (tmp_path / "sft.py").write_text("from trl import SFTTrainer\n")
+    (tmp_path / "plain.py").write_text("import transformers\n")
+    assert script_precision(command(tmp_path, *argv)) == precision

@@ -1,6 +1,7 @@
 """What a command's ``"auto"`` precision becomes: the HF Trainer fills an ``auto`` ``bf16``/``fp16`` section from its
-own ``--bf16``/``--fp16`` arguments (or those keys of a framework's config file), accelerate from its
-``--mixed_precision`` (a flag of ``accelerate launch``, or its config file's key); neither set trains in fp32."""
+own ``--bf16``/``--fp16`` arguments (or those keys of a framework's config file; TRL's configs default ``bf16`` to
+true), accelerate from its ``--mixed_precision`` (a flag of ``accelerate launch``, or its config file's key); none set
+trains in fp32."""
 
 from __future__ import annotations
 
@@ -14,13 +15,33 @@ from tuner.workload.vocabulary import Precision
 TRUE = frozenset({"true", "1", "yes", "y", "t"})  # HfArgumentParser's string_to_bool; a bare --bf16 is true too
 
 
-def _hf_flag(argv: tuple[str, ...], name: str) -> bool:
-    """Whether ``--name`` is set true the way HfArgumentParser reads a bool field (``--bf16``, ``--bf16 True``)."""
+def _hf_flag(argv: tuple[str, ...], name: str) -> bool | None:
+    """``--name`` as HfArgumentParser reads a bool field (``--bf16``, ``--bf16 True``); None when not given."""
     flag = f"--{name}"
     if flag not in argv:
-        return False
+        return None
     index = argv.index(flag) + 1
     return index == len(argv) or argv[index].startswith("-") or argv[index].lower() in TRUE
+
+
+def _trl(argv: tuple[str, ...], cwd: Path) -> bool:
+    """Whether the command runs TRL (its ``trl`` CLI, or a script that imports it), whose configs train in bf16 unless
+    told otherwise (``bf16`` defaults to true where ``fp16`` is not set)."""
+    if Path(argv[0]).name == "trl":
+        return True
+    for arg in argv:
+        path = cwd / arg
+        if arg.endswith(".py") and path.is_file():
+            text = path.read_text(errors="replace")
+            if "from trl" in text or "import trl" in text:
+                return True
+    return False
+
+
+def _hf_precision(bf16: bool | None, fp16: bool | None, trl: bool) -> Precision:
+    if bf16 or (bf16 is None and trl and not fp16):
+        return "bf16"
+    return "fp16" if fp16 else "fp32"
 
 
 def _mixed(value: Any) -> Precision | None:
@@ -42,12 +63,14 @@ def auto_precision(command: ScriptCommand, slot: ConfigSlot) -> Precision:
     ...                ConfigSlot(0, None, "--deepspeed_config_file"))
     'fp16'
     """
-    argv = split_equals(command.argv)
+    argv, cwd = split_equals(command.argv), Path(command.cwd)
     if slot.hf and slot.key is None:
-        return "bf16" if _hf_flag(argv, "bf16") else "fp16" if _hf_flag(argv, "fp16") else "fp32"
-    if slot.hf:  # a framework's config file holds the Trainer's arguments
-        data = _load(Path(command.cwd) / argv[slot.index])
-        return "bf16" if data.get("bf16") else "fp16" if data.get("fp16") else "fp32"
+        return _hf_precision(_hf_flag(argv, "bf16"), _hf_flag(argv, "fp16"), _trl(argv, cwd))
+    if slot.hf:  # a framework's config file holds the Trainer's arguments (flags given beside it win)
+        data = _load(cwd / argv[slot.index])
+        bf16, fp16 = (_hf_flag(argv, name) for name in ("bf16", "fp16"))
+        bf16 = data.get("bf16") if bf16 is None else bf16
+        return _hf_precision(bf16, data.get("fp16") if fp16 is None else fp16, _trl(argv, cwd))
     files = [data for data in _config_files(argv, Path(command.cwd)) if isinstance(data, dict)]
     flag = argv[argv.index("--mixed_precision") + 1] if "--mixed_precision" in argv[:-1] else None
     found = _mixed(flag) or next(
