@@ -24,6 +24,8 @@ NO_DEEPSPEED = (
     "dstune measures DeepSpeed training only"
 )
 CONFIG_TYPES = frozenset({"ValidationError", "AssertionError", "DeepSpeedConfigError"})
+ZERO_INIT = "zero.Init"  # the phase of a failure inside deepspeed.zero.Init: it reads the trial's config
+CONFIG_PHASES = frozenset({"initialize", ZERO_INIT})
 # a launcher's report of a rank killed by SIGKILL (the host's OOM killer): DeepSpeed's, torchrun's, plain
 HOST_KILLED = re.compile(r"return code = -9\b|Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|killed by signal 9")
 
@@ -38,8 +40,8 @@ class ScriptFailed(InputError):
 
 def exception_status(error: BaseException, phase: str) -> str:
     """``oom`` (:func:`tuner.measure.oom.oom_worded`: the built-in runs' classifier with the looser words of a
-    user's libraries), ``invalid_config`` (DeepSpeed rejected the config inside ``deepspeed.initialize``) or
-    ``error``.
+    user's libraries), ``invalid_config`` (DeepSpeed rejected the config inside ``deepspeed.initialize`` or
+    ``deepspeed.zero.Init``) or ``error``.
 
     >>> exception_status(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8"), "x")
     'oom'
@@ -48,7 +50,7 @@ def exception_status(error: BaseException, phase: str) -> str:
     """
     if oom_worded(type(error).__name__, f"{type(error).__name__}: {error}"):
         return "oom"
-    if phase == "initialize" and type(error).__name__ in CONFIG_TYPES:
+    if phase in CONFIG_PHASES and type(error).__name__ in CONFIG_TYPES:
         return "invalid_config"
     return "error"
 
