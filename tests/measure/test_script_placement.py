@@ -80,10 +80,14 @@ def test_told_where_with_a_flag_or_a_file_key(folder: Path) -> None:
         find_slot(command(folder, "python", "t.py", at="--nope"))
 
 
-def test_a_command_without_a_ds_config_is_refused_in_one_line(folder: Path) -> None:
-    with pytest.raises(InputError) as refused:
-        find_slot(command(folder, "python", "t.py", "--lr", "1"))
-    assert refused.value.field == "ds-config-at" and "\n" not in str(refused.value)
+def test_a_command_without_a_ds_config_has_its_config_merged_in_the_call(folder: Path) -> None:
+    """DeepSpeedExamples' scripts build their config and pass it to ``deepspeed.initialize``: no file to replace."""
+    script = command(folder, "deepspeed", "cifar10_deepspeed.py", "--deepspeed", "--lr", "1")
+    slot = find_slot(script)
+    assert slot.in_call and user_config(script, slot) == {}
+    (folder / "run").mkdir()
+    assert place(script, slot, TRIAL, folder / "run") == list(script.argv)  # the command is left as written
+    assert json.loads((folder / "run" / "ds_config.json").read_text()) == TRIAL
 
 
 def test_the_user_config_is_the_base_and_only_the_knobs_vary() -> None:

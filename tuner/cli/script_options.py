@@ -84,16 +84,21 @@ def user_ds_config(script: ScriptCommand) -> dict[str, Any]:
 
 
 def script_flags(flags: WorkloadFlags, script: ScriptCommand) -> WorkloadFlags:
-    """The workload flags with the precision the command trains in (:func:`script_precision`)."""
-    return replace(flags, precision=script_precision(script))
+    """The workload flags with the precision the command trains in (:func:`script_precision`; ``--precision`` where
+    the script builds its config in Python)."""
+    precision = script_precision(script)
+    return flags if precision is None else replace(flags, precision=precision)
 
 
-def script_precision(script: ScriptCommand) -> Precision:
+def script_precision(script: ScriptCommand) -> Precision | None:
     """The precision the command's ds_config trains in (its ``bf16``/``fp16`` sections); where HF's ``auto``
-    leaves it to the trainer, what the HF Trainer's or accelerate's own arguments on the command fill it with."""
+    leaves it to the trainer, what the HF Trainer's or accelerate's own arguments on the command fill it with; None
+    where the command names no ds_config (its script passes one to ``deepspeed.initialize``: unseen before it runs)."""
     from tuner.measure.script.auto_values import auto_precision
     from tuner.measure.script.placement import find_slot
 
+    if find_slot(script).in_call:
+        return None
     config = user_ds_config(script)
     found = [name for name in ("bf16", "fp16") if isinstance(config.get(name), dict) and "enabled" in config[name]]
     values = {name: config[name]["enabled"] for name in found}

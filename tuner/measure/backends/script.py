@@ -97,7 +97,12 @@ def _run_once(
     """One start of the command on a free rendezvous port; whether dstune chose that port (the user did not)."""
     with tempfile.TemporaryDirectory(prefix="dstune-script-") as scratch:
         run_dir = Path(scratch)
-        settings = {"warmup": options.warmup, "steps": options.steps, "warmup_max": options.warmup_max}
+        settings = {
+            "warmup": options.warmup,
+            "steps": options.steps,
+            "warmup_max": options.warmup_max,
+            "in_call": slot.in_call,  # no ds_config on the command: the rank merges the trial's into its call
+        }
         (run_dir / HOOK_FILE).write_text(json.dumps(settings))
         env = hook_environment(run_dir)
         port = free_port()

@@ -53,6 +53,8 @@ def script_answer(recorded: dict[str, Any] | None, out: str = "ds_config.json") 
     slot = ConfigSlot(**recorded["slot"])
     argv, edits = filled(tuple(recorded["argv"]), slot, recorded.get("targets", {}), recorded["ds_config"], out)
     file_note = None
+    if slot.in_call:
+        file_note = "your script passes its own config to deepspeed.initialize: set these keys in it (merged over it)"
     if edits:
         where = argv[slot.index]
         file_note = f"in {where} set " + ", ".join(f"{key}: {value}" for key, value in edits.items())

@@ -3,7 +3,8 @@
 The slot is found in this order: ``config_at`` when given (a flag, a dotted key of the first YAML/JSON config file
 the command names, or ``FILE:KEY``); the flags DeepSpeed, the HF Trainer and accelerate read (``--deepspeed_config``,
 ``--deepspeed FILE``, ``--deepspeed_config_file``); a key of a YAML/JSON config file the command names whose value is
-a ``.json`` file (LLaMA-Factory's and axolotl's ``deepspeed``, accelerate's ``deepspeed_config_file``).
+a ``.json`` file (LLaMA-Factory's and axolotl's ``deepspeed``, accelerate's ``deepspeed_config_file``); else the
+config the script passes to ``deepspeed.initialize`` (:data:`IN_CALL`: the rank hook merges the trial's over it).
 
 The trial's ds_config is the user's with the space's decisions over it (:func:`trial_config`); the command gets a
 copy of its argument list with the slot pointing at the run's copy (:func:`place`) and the micro-batch and
@@ -46,6 +47,15 @@ class ConfigSlot:
     key: str | None
     source: str
     hf: bool = False
+
+    @property
+    def in_call(self) -> bool:
+        """The command names no ds_config: its script passes one to ``deepspeed.initialize`` itself."""
+        return self.index < 0
+
+
+# the script builds its config and passes it to deepspeed.initialize (DeepSpeedExamples' scripts do)
+IN_CALL = ConfigSlot(-1, None, "deepspeed.initialize(config=...)")
 
 
 def _flag_value(argv: tuple[str, ...], flag: str) -> int | None:
@@ -100,7 +110,8 @@ def _config_files(argv: tuple[str, ...], cwd: Path) -> list[int]:
 
 
 def find_slot(command: ScriptCommand) -> ConfigSlot:
-    """Where ``command`` reads its ds_config; :class:`InputError` (``ds-config-at``) when it names none."""
+    """Where ``command`` reads its ds_config: :data:`IN_CALL` when it names none (its script passes one to
+    ``deepspeed.initialize``); :class:`InputError` (``ds-config-at``) when the place given is not there."""
     argv, cwd, given = split_equals(command.argv), Path(command.cwd), command.config_at
     if given and given.startswith("-"):
         index = _flag_value(argv, given)
@@ -124,11 +135,7 @@ def find_slot(command: ScriptCommand) -> ConfigSlot:
         if found:
             hf = found.rsplit(".", 1)[-1] == "deepspeed" and any(k in data for k in HF_BATCH.values())
             return ConfigSlot(index, found, f"{argv[index]}: {found}", hf=hf)
-    raise InputError(
-        "ds-config-at",
-        "the command names no ds_config (--deepspeed FILE, --deepspeed_config FILE, --deepspeed_config_file FILE or "
-        "a config file's deepspeed key): say where it goes with --ds-config-at",
-    )
+    return IN_CALL
 
 
 def _names_config(value: str, cwd: Path) -> bool:
@@ -174,6 +181,8 @@ def _read_config(path: Path) -> Any:
 def user_config(command: ScriptCommand, slot: ConfigSlot) -> dict[str, Any]:
     """The user's own ds_config, the base every trial starts from: the file the slot names, or the config inline on
     the command line (JSON or base64); :class:`InputError` when it cannot be read."""
+    if slot.in_call:  # read in the script's process, where it reaches deepspeed.initialize
+        return {}
     argv, cwd = split_equals(command.argv), Path(command.cwd)
     path = cwd / argv[slot.index]
     if slot.key is not None:
@@ -278,10 +287,10 @@ def filled(
     (['python', 't.py', '--deepspeed', 'best.json', '--per_device_train_batch_size', '4'], {})
     """
     out, edits = list(split_equals(argv)), {}
-    if slot.key is None:
-        out[slot.index] = ds_path
-    else:
+    if slot.key is not None:
         edits[slot.key] = ds_path
+    elif not slot.in_call:  # in the call: the config reaches the script inside deepspeed.initialize
+        out[slot.index] = ds_path
     for key, target in targets.items():
         if key not in config:
             continue
@@ -299,7 +308,7 @@ def place(command: ScriptCommand, slot: ConfigSlot, config: dict[str, Any], run_
     ds_path.write_text(json.dumps(config, indent=2))
     targets = batch_targets(command, slot, user_config(command, slot))
     argv, edits = filled(command.argv, slot, targets, config, str(ds_path))
-    if slot.key is None:
+    if slot.key is None:  # a flag, or none (the script's process merges the run's file into its own config)
         return argv
     source = Path(command.cwd) / argv[slot.index]
     data = _load(source)

@@ -40,6 +40,7 @@ class _State:
         self.warmup, self.steps = int(settings["warmup"]), int(settings["steps"])
         # past the warm-up, warm up until the step times settle, up to this many warm-up steps (the built-in runs')
         self.warmup_max = max(self.warmup, int(settings.get("warmup_max") or self.warmup))
+        self.in_call = bool(settings.get("in_call"))  # the trial's config goes into deepspeed.initialize's call
         self.warm_times: list[float] = []
         self.warm = False  # the warm-up is over
         self.phase = "before_initialize"
@@ -125,6 +126,9 @@ def _on_torch(torch: ModuleType) -> None:
 
 
 def _on_deepspeed(deepspeed: ModuleType) -> None:
+    from tuner.measure.script.zero_init import watch_zero_init
+
+    watch_zero_init(deepspeed)
     original = deepspeed.initialize
 
     def initialize(*args: Any, **kwargs: Any) -> Any:
@@ -132,6 +136,10 @@ def _on_deepspeed(deepspeed: ModuleType) -> None:
         _state.times["before_initialize_s"] = time.monotonic() - _state.started
         _state.mark("initialize")
         began = time.monotonic()
+        if _state.in_call:
+            from tuner.measure.script.in_call import decisions_of, merged_call
+
+            args, kwargs, _ = merged_call(original, args, kwargs, decisions_of(_state.run_dir))
         result = original(*args, **kwargs)
         _state.times["initialize_s"] = time.monotonic() - began
         engine = result[0]
@@ -307,11 +315,14 @@ def _write_error(error: BaseException) -> None:
     assert _state is not None
     lines = traceback.format_exception_only(type(error), error)
     last = lines[-1].strip() if lines else type(error).__name__
-    status = exception_status(error, _state.phase)
+    from tuner.measure.script.zero_init import phase_of
+
+    phase = phase_of(error, _state.phase)
+    status = exception_status(error, phase)
     record = {
         "pid": os.getpid(),
         "rank": _state.rank if _state.rank is not None else os.environ.get("RANK"),
-        "phase": _state.phase,
+        "phase": phase,
         "status": status,
         "exception_type": type(error).__name__,
         "line": last,
