@@ -48,7 +48,7 @@ def merged_call(
     given = bound.arguments
     own = given.pop("config", None)
     legacy = given.pop("config_params", None)
-    namespace = given.get("args")
+    namespace: Any = given.get("args")
     from_args = getattr(namespace, "deepspeed_config", None)
     if from_args is not None:  # DeepSpeed refuses a config both in args and in the call: the call's alone
         namespace = copy.copy(namespace)
