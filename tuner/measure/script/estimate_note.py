@@ -28,18 +28,35 @@ def assumption(trial: TrialConfig) -> str:
     return ZERO_INIT if stage == 3 else WHOLE
 
 
-def without_auto(config: dict[str, Any], precision: str) -> dict[str, Any]:
-    """``config`` with the HF Trainer's ``"auto"`` values left to DeepSpeed's defaults, and its precision sections
-    set by the workload's precision (what the Trainer fills them from).
+# the ZeRO keys the HF Trainer and accelerate fill from the model's hidden size h where they say "auto"
+HIDDEN_FILLS = {
+    "reduce_bucket_size": lambda h: h * h,
+    "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+    "stage3_param_persistence_threshold": lambda h: 10 * h,
+}
+
+
+def _hidden_filled(zero: dict[str, Any], hidden: int) -> dict[str, Any]:
+    if not hidden:
+        return zero
+    return {k: HIDDEN_FILLS[k](hidden) if v == "auto" and k in HIDDEN_FILLS else v for k, v in zero.items()}
+
+
+def without_auto(config: dict[str, Any], precision: str, hidden: int = 0) -> dict[str, Any]:
+    """``config`` with the HF Trainer's ``"auto"`` values as the Trainer (and accelerate) fill them: the ZeRO buckets
+    from the model's ``hidden`` size (h² for ``reduce_bucket_size``), the precision sections from the workload's
+    precision, the rest left to DeepSpeed's defaults.
 
     >>> without_auto({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}},
-    ...              "bf16")
-    {'bf16': {'enabled': True}, 'zero_optimization': {'stage': 2}}
+    ...              "bf16", hidden=64)
+    {'bf16': {'enabled': True}, 'zero_optimization': {'stage': 2, 'reduce_bucket_size': 4096}}
     """
     out: dict[str, Any] = {}
     for key, value in config.items():
         if key in ("bf16", "fp16") and isinstance(value, dict) and value.get("enabled") == "auto":
             out[key] = {**without_auto(value, precision), "enabled": key == precision}
+        elif key == "zero_optimization" and isinstance(value, dict):
+            out[key] = without_auto(_hidden_filled(value, hidden), precision)
         elif isinstance(value, dict):
             out[key] = without_auto(value, precision)
         elif value != "auto":
@@ -53,7 +70,8 @@ def script_estimate(workload: Workload, trial: TrialConfig) -> tuple[dict[str, A
     ``--model``: the command's own model is unknown)."""
     if workload.model.is_unknown:
         return None, "no estimate: no --model describes the command's model"
-    readable = TrialConfig(without_auto(trial.ds_config, workload.train.precision), trial.activation_checkpointing)
+    config = without_auto(trial.ds_config, workload.train.precision, workload.model.hidden_size)
+    readable = TrialConfig(config, trial.activation_checkpointing)
     try:
         return estimate(workload, readable).to_dict(), assumption(readable)
     except (ConfigError, TypeError, ValueError) as error:
