@@ -414,13 +414,16 @@ def load_landscape(path: Path, space: SearchSpace) -> tuple[dict[str, Any], dict
         row = stored[json.dumps(dict(suggestion.params), sort_keys=True)]
         est = estimate(workload, suggestion.trial)
         peak = est.per_gpu["total"] or 0
+        constraint = peak * (1 + Calibration().margin) / est.gpu_memory - 1
         points.append(
             Point(
                 params=dict(suggestion.params),
                 key=suggestion.key,
-                fits=row["fits"],
+                # judged by today's estimator at the landscape's budget, as a study today would: a config measured
+                # when an earlier estimate let it run, but over the budget now, is pruned (an infeasible run)
+                fits=row["fits"] and constraint <= 0,
                 tokens_per_s=row["tokens_per_s"],
-                constraint=peak * (1 + Calibration().margin) / est.gpu_memory - 1,
+                constraint=constraint,
                 estimated_peak=peak,
                 status=row["status"],
                 step_p50=row.get("step_p50"),
@@ -469,13 +472,14 @@ def section(
     workload = workload_of(spec)
     global_batch = spec["global_batch"]
     by_key = {point.key: point for point in points}
-    measured = [p for p in points if p.tokens_per_s is not None]
+    measured = [p for p in points if p.fits and p.tokens_per_s is not None]  # what a study today may run
     best = max(p.tokens_per_s for p in measured)
     target = (1 - args.within) * best
     near = [p for p in measured if p.tokens_per_s >= target]
     feasible = [p for p in points if p.fits]
     failed = [p for p in points if p.fits and p.tokens_per_s is None]
     noisy = [p for p in measured if p.step_p50 and p.step_p90 and p.step_p90 > 1.5 * p.step_p50]
+    over_now = [p for p in points if not p.fits and p.tokens_per_s is not None]  # measured, over budget today
     guide = ThroughputGuide(space, workload, Calibration(), global_batch=global_batch)
     prior_rho = model_spearman(guide, by_key)
     full = fit_over(space, [(spec, points)])
@@ -496,6 +500,12 @@ def section(
         "",
         f"{len(points)} configs; {len(feasible)} fit, {len(points) - len(feasible)} cannot fit by the estimator"
         + (f", {len(failed)} measured runs failed" if failed else "")
+        + (
+            f" ({len(over_now)} of them were measured when an earlier estimate let them fit; today's estimate puts "
+            "them over the budget, so a study today prunes them and they are left out of the best)"
+            if over_now
+            else ""
+        )
         + f". Best {best:,.1f} tokens/s; {len(near)} config(s) within {args.within:.0%} (target ≥ {target:,.1f}). "
         f"Noise: {len(noisy)} of {len(measured)} configs had p90 step > 1.5× median.",
         "",
