@@ -193,13 +193,19 @@ class ConfirmationOut(BaseModel):
     status: str = Field(description="How the confirmation run ended: ok, oom, error...")
     tokens_per_s: float | None = Field(description="The confirmation run's throughput (null unless ok).")
     trial_tokens_per_s: float = Field(description="The trial's own throughput, as the study measured it.")
-    ratio: float | None = Field(description="tokens_per_s over trial_tokens_per_s (null unless ok).")
-    holds: bool = Field(description="True when the run was ok at no less than 0.9x the trial's throughput.")
+    ratio: float | None = Field(
+        description="The run's speed over the trial's: the trial's median step time over the run's (null unless ok; "
+        "a confirmation recorded without step times: tokens_per_s over trial_tokens_per_s)."
+    )
+    holds: bool = Field(description="True when the run was ok at no less than 0.9x the trial's speed (ratio).")
     line: str = Field(description="The line dstune best prints for it.")
     error: str | None = None
-    step_time_p50_s: float | None = None
+    step_time_p50_s: float | None = Field(None, description="The run's median step time (its slowest rank's).")
     peak_bytes: int | None = None
     wall_s: float | None = None
+    steps: int | None = Field(None, description="The timed steps the run measured (more than the trial's).")
+    trial_steps: int | None = Field(None, description="The timed steps the trial measured.")
+    trial_step_time_p50_s: float | None = Field(None, description="The trial's median step time.")
 
 
 class RecommendResponse(BaseModel):

@@ -27,16 +27,19 @@ def confirm_winner(settings: StudySettings, store: Store, study_id: int, console
     """Confirm the study's best trial with an independent run through the study's own launcher, saying so first."""
     from tuner.measure.dispatch import Dispatcher
     from tuner.study import confirm_best, recorded_confirmation
+    from tuner.study.confirm import confirmation_options
 
     best = store.best_trial(study_id)
     if best is None or recorded_confirmation(best) is not None:
         return
+    options = confirmation_options(best, settings.dispatch)
     console.print(
-        f"confirming the winner (trial {best.number}, {best.tokens_per_s:,.0f} tokens/s) with an independent run",
+        f"confirming the winner (trial {best.number}, {best.tokens_per_s or 0:,.0f} tokens/s) with an independent run "
+        f"of {options.steps} timed steps",
         highlight=False,
     )
     cluster = settings.workload.cluster
-    dispatcher = Dispatcher(settings.dispatch, cluster.device, cluster.world_size)
+    dispatcher = Dispatcher(options, cluster.device, cluster.world_size)
     try:
         confirm_best(store, study_id, settings.workload, dispatcher)
     finally:

@@ -31,6 +31,8 @@ class MeasureOptions:
             (:mod:`tuner.measure.backends`); None measures with the built-in trainer.
         seq_len_known: False for a training command without a model nor ``--seq-len``: tokens/s only from the token
             ids its forward saw (samples/s always).
+        steps_at_least: A training command that ends by itself after at least this many timed steps (fewer than
+            ``steps``) is measured on those (a winner's longer confirmation run); None: it must time all ``steps``.
     """
 
     launcher: str = "ray"
@@ -42,6 +44,7 @@ class MeasureOptions:
     warmup_max: int | None = None
     script: ScriptCommand | None = None
     seq_len_known: bool = True
+    steps_at_least: int | None = None
 
 
 MEASURE_DEFAULTS = MeasureOptions()

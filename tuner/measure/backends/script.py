@@ -100,6 +100,7 @@ def _run_once(
         settings = {
             "warmup": options.warmup,
             "steps": options.steps,
+            "steps_at_least": options.steps_at_least,
             "warmup_max": options.warmup_max,
             "in_call": slot.in_call,  # no ds_config on the command: the rank merges the trial's into its call
         }
