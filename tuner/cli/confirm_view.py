@@ -26,8 +26,7 @@ ConfirmOpt = Annotated[
 def confirm_winner(settings: StudySettings, store: Store, study_id: int, console: Console) -> None:
     """Confirm the study's best trial with an independent run through the study's own launcher, saying so first."""
     from tuner.measure.dispatch import Dispatcher
-    from tuner.study import confirm_best, recorded_confirmation
-    from tuner.study.confirm import confirmation_options
+    from tuner.study import confirm_best, confirmation_options, recorded_confirmation
 
     best = store.best_trial(study_id)
     if best is None or recorded_confirmation(best) is not None:

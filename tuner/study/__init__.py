@@ -16,7 +16,7 @@ runs go through :class:`Measurer`), :mod:`tuner.requests` (names), :mod:`tuner.s
 :mod:`tuner.estimator`, :mod:`tuner.workload`, Optuna.
 """
 
-from tuner.study.confirm import Confirmation, confirm_best, recorded_confirmation
+from tuner.study.confirm import Confirmation, confirm_best, confirmation_options, recorded_confirmation
 from tuner.study.early_stop import SlowRunStopper
 from tuner.study.facts import AnswerFacts, NumericsFacts, answer_facts, numerics_facts
 from tuner.study.gate import capacity_reason
@@ -47,6 +47,7 @@ __all__ = [
     "answer_facts",
     "capacity_reason",
     "confirm_best",
+    "confirmation_options",
     "default_base_name",
     "grid_parameters",
     "length_study_name",
