@@ -75,3 +75,66 @@ def test_a_torch_autocast_dtype_deepspeed_refuses_is_422_at_its_key(client: Test
     assert response.status_code == 422, response.text
     locs = [error["loc"] for error in response.json()["detail"]]
     assert ["body", "ds_config", "torch_autocast", "dtype"] in locs, locs
+
+
+# seq_len "max": the longest sequence, on the API and from ``dstune estimate --max-seq-len`` (the pins' sections of
+# one function, tuner.requests.search_pins; the activations traced by tuner.requests.trial_workload on both faces)
+TINY = {"model": "tiny-llama", "gpus": 2, "device": "cpu"}
+TINY_FLAGS = ["--model", "tiny-llama", "--gpus", "2", "--device", "cpu"]
+LLAMA = {"model": "llama-2-7b", "gpus": 8}
+LLAMA_FLAGS = ["--model", "llama-2-7b", "--gpus", "8"]
+MAX_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], list[str]]] = {
+    # each: the workload object, the body's trial fields, the CLI's flags
+    "autocast": ({**TINY, "precision": "fp32"}, {"ds_config": AUTOCAST}, [*TINY_FLAGS, "--precision", "fp32"]),
+    "liger": ({**TINY, "device": "cuda"}, {"liger": True}, [*TINY_FLAGS[:-2], "--device", "cuda", "--liger"]),
+    "muon": (
+        TINY,
+        {"stage": 1, "optimizer": "muon", "bf16_master_weights": True, "bf16_optimizer_states": True},
+        [*TINY_FLAGS, "--stage", "1", "--optimizer", "muon", "--bf16-master-weights", "--bf16-optimizer-states"],
+    ),
+    "chunked-loss": ({**TINY, "precision": "bf16"}, {"chunked_loss": True}, [*TINY_FLAGS, "--chunked-loss"]),
+    "autotp": (LLAMA, {"tensor_parallel": 2}, [*LLAMA_FLAGS, "--tensor-parallel", "2"]),
+    "fp32": ({**TINY, "precision": "fp32"}, {}, [*TINY_FLAGS, "--precision", "fp32"]),
+    "ulysses": (TINY, {"sequence_parallel": 2}, [*TINY_FLAGS, "--sequence-parallel", "2"]),
+    "no-checkpointing": (
+        {**TINY, "activation_checkpointing": False},
+        {},
+        [*TINY_FLAGS, "--no-activation-checkpointing"],
+    ),
+    "gpu-type": (
+        {**LLAMA, "gpu_type": "h100-80gb"},
+        {"stage": 3},
+        [*LLAMA_FLAGS, "--gpu-type", "h100-80gb", "--stage", "3"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MAX_CASES))
+def test_the_api_longest_sequence_is_the_clis(client: TestClient, tmp_path: Path, case: str) -> None:
+    work, fields, flags = MAX_CASES[case]
+    if "ds_config" in fields:
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps(fields["ds_config"]))
+        flags = [*flags, "--ds-config", str(path)]
+    done = CliRunner().invoke(cli_app, ["estimate", *flags, "--max-seq-len", "--json"])
+    assert done.exit_code == 0, done.output
+    cli = json.loads(done.stdout)
+    response = client.post("/v1/estimate", json={"workload": {**work, "seq_len": "max"}, **fields})
+    assert response.status_code == 200, response.text
+    api = response.json()
+    assert api["max_seq_len"] == cli["max_seq_len"]
+    for key, value in cli.items():
+        if key != "export":  # the CLI's config to train with, beside the answer
+            assert api[key] == value, key
+
+
+@pytest.mark.parametrize(("work", "flags"), [(TINY, TINY_FLAGS), (LLAMA, LLAMA_FLAGS)], ids=["tiny-llama", "llama"])
+def test_the_recommended_longest_sequence_is_the_clis_at_the_default_margin(
+    client: TestClient, work: dict[str, Any], flags: list[str]
+) -> None:
+    done = CliRunner().invoke(cli_app, ["estimate", *flags, "--max-seq-len", "--margin", "5%", "--json"])
+    assert done.exit_code == 0, done.output
+    cli = json.loads(done.stdout)
+    response = client.post("/v1/recommend", json={"workload": {**work, "seq_len": "max"}})
+    assert response.status_code == 200, response.text
+    assert response.json()["max_seq_len"] == cli["max_seq_len"]

@@ -12,14 +12,12 @@ from typing import Any
 
 from tuner.api.schemas import EstimateRequest, LongestWorkloadInput
 from tuner.forecast import TRACE_LENGTHS, Fits, LongestFit, NoLengthFits, Pins, longest_fit
-from tuner.requests import FieldError, TrialSettings, to_workload
-from tuner.space.dsconfig import merge_configs
+from tuner.requests import FieldError, to_workload
+from tuner.requests.search_pins import pinned_sections
 from tuner.workload import Workload
-from tuner.workload.layouts import LAYOUTS, ULYSSES
+from tuner.workload.layouts import ULYSSES
 
 MAX = "max"
-# the layouts the length search has no field for (it searches the memory savers, Ulysses): pinned as ds_config sections
-PINNED_SECTIONS = tuple(kind.field for kind in LAYOUTS if not kind.memory_saver)
 LOC = ("workload",)
 
 
@@ -36,16 +34,14 @@ def traced_workload(workload: LongestWorkloadInput) -> Workload:
 
 
 def estimate_pins(body: EstimateRequest) -> Pins:
-    """The pins of an estimate body: the fields it sets (AutoTP, AutoEP and hpZ as their ds_config sections, with
-    ``ds_config`` over them, merged over every candidate)."""
+    """The pins of an estimate body: the fields it sets (AutoTP, AutoEP, hpZ and the numerics fields as their
+    ds_config sections, with ``ds_config`` over them, merged over every candidate: :func:`pinned_sections`)."""
     given, work = body.model_fields_set, body.workload
     work_given = work.model_fields_set
 
     def pinned(name: str) -> Any:
         return getattr(body, name) if name in given else None
 
-    layouts = TrialSettings(**{name: getattr(body, name) for name in PINNED_SECTIONS if name in given})
-    sections = merge_configs(layouts.layout_config(), body.ds_config or {})
     return Pins(
         stage=pinned("stage"),
         offload_optimizer=pinned("offload_optimizer"),
@@ -56,7 +52,7 @@ def estimate_pins(body: EstimateRequest) -> Pins:
         tiled_mlp_shards=pinned("tiled_mlp_shards"),
         tiled_loss_shards=pinned("tiled_loss_shards"),
         offload_checkpoints=pinned("offload_checkpoints"),
-        ds_config=sections or None,
+        ds_config=pinned_sections(body),
         nvme_path=body.nvme_path,
     )
 

@@ -2,11 +2,13 @@
 with the layout and config that reach it, the estimate of that config there and the next limit.
 
 The flags given on the command line (``--stage``, ``--offload-optimizer``, ``--offload-param``,
-``--activation-checkpointing``, ``--micro-batch``, ``--nvme-path``) and ``--ds-config`` (merged over every
-candidate: ``sequence_parallel_size``, the ``dstune`` section's ``tiled_mlp_shards``, ``tiled_loss_shards``,
-``offload_checkpoints``, a ZeRO stage...) pin what they set; the rest is searched. A transformers model is traced at
-:data:`tuner.forecast.TRACE_LENGTHS` (from the profile cache when it holds them) and its profile extrapolated to the
-lengths searched.
+``--activation-checkpointing``, ``--micro-batch``, ``--nvme-path``, the numerics flags, ``--tensor-parallel``,
+``--expert-parallel``, ``--hpz``) and ``--ds-config`` (merged over every candidate, as the API's ``seq_len: "max"``
+merges them: :func:`tuner.requests.search_pins.pinned_sections`; ``sequence_parallel_size``, the ``dstune``
+section's ``tiled_mlp_shards``, ``tiled_loss_shards``, ``offload_checkpoints``, a ZeRO stage...) pin what they set;
+the rest is searched. A transformers model is traced at :data:`tuner.forecast.TRACE_LENGTHS` (from the profile cache
+when it holds them), in the precision the pinned config trains in, and its profile extrapolated to the lengths
+searched.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from tuner.cli.common import fail, gib, write_text_file
 from tuner.cli.options import WorkloadFlags, build, ds_config_file
 from tuner.estimator import MemoryEstimate, predict
 from tuner.forecast import TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
-from tuner.space.dsconfig import export_config, merge_configs
-from tuner.workload import Workload, numerics_config
+from tuner.requests import TrialSettings
+from tuner.requests.search_pins import PINNED_LAYOUTS, pinned_sections
+from tuner.space.dsconfig import export_config
+from tuner.workload import Workload
 from tuner.workload.layouts import ULYSSES
 
 RenderEstimate = Callable[[MemoryEstimate, str, Console | None], None]  # tuner.cli.estimate.render
@@ -56,17 +60,17 @@ def pins_of(ctx: typer.Context, flags: WorkloadFlags) -> Pins:
         offload_param=pinned("offload_param"),
         activation_checkpointing=pinned("activation_checkpointing"),
         micro_batch=flags.micro_batch,
-        ds_config=_numerics_and_file(flags),
+        ds_config=pinned_sections(_settings(flags)),
         nvme_path=flags.nvme_path,
     )
 
 
-def _numerics_and_file(flags: WorkloadFlags) -> dict[str, Any] | None:
-    """What every candidate's config gets merged over it: the numerics flags' keys (``--bf16-master-weights``,
-    ``--liger``...), then ``--ds-config`` (it wins)."""
-    args = (flags.bf16_master_weights, flags.bf16_optimizer_states, flags.optimizer, flags.chunked_loss, flags.liger)
-    numerics, given = numerics_config(*args), ds_config_file(flags.ds_config)
-    return merge_configs(numerics, given) if given is not None else numerics or None
+def _settings(flags: WorkloadFlags) -> TrialSettings:
+    """The flags' trial fields the search does not vary (checked by :func:`build` already)."""
+    numerics = ("bf16_master_weights", "bf16_optimizer_states", "optimizer", "chunked_loss", "liger")
+    layouts = {name: flags.layouts[name] or 1 for name in PINNED_LAYOUTS}
+    given = {name: getattr(flags, name) for name in numerics}
+    return TrialSettings.model_validate({**given, **layouts, "ds_config": ds_config_file(flags.ds_config)})
 
 
 def traced_workload(flags: WorkloadFlags) -> Workload:

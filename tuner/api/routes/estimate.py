@@ -20,7 +20,7 @@ from tuner.api.longest import asks_max, estimate_pins, longest, traced_workload
 from tuner.api.responses import BODY, answers
 from tuner.api.schemas import EstimateRequest, EstimateResponse, MaxSeqLenOut
 from tuner.estimator import ConfigError, MemoryEstimate, estimate
-from tuner.forecast import load_fit, throughput_summary
+from tuner.forecast import TRACE_LENGTHS, load_fit, throughput_summary
 from tuner.requests import FieldError, Loc, check_request, to_workload, trial_workload
 from tuner.workload import TrialConfig, Workload, WorkloadError
 
@@ -34,11 +34,14 @@ def checked_estimate(workload: Workload, trial: TrialConfig, loc: Loc = ("ds_con
     return _checked(lambda: estimate(workload, trial), loc)
 
 
-def traced_for(workload: Workload, trial: TrialConfig, loc: Loc = ("ds_config",)) -> Workload:
-    """The workload carrying the activations ``trial`` trains with, as ``dstune estimate`` traces them
-    (:func:`tuner.requests.trial_workload`, here by the profiling service); bad input as a :class:`FieldError`."""
+def traced_for(
+    workload: Workload, trial: TrialConfig, loc: Loc = ("ds_config",), lengths: tuple[int, ...] = ()
+) -> Workload:
+    """The workload carrying the activations ``trial`` trains with (at ``lengths`` too), as ``dstune estimate``
+    traces them (:func:`tuner.requests.trial_workload`, here by the profiling service); bad input as a
+    :class:`FieldError`."""
     try:
-        return _checked(lambda: trial_workload(workload, trial, inline=False), loc)
+        return _checked(lambda: trial_workload(workload, trial, lengths, inline=False), loc)
     except WorkloadError as error:  # the model cannot be checkpointed, or profiled
         field = "activation_checkpointing" if error.field == "activation-checkpointing" else error.field
         raise FieldError(("workload", field), error.message) from None
@@ -95,6 +98,8 @@ def _longest_answer(body: EstimateRequest, request: Request) -> EstimateResponse
     store = store_of(request)
     workload = traced_workload(body.workload)
     trial = body.trial_request().to_trial(workload.train.precision)
+    # the activations of the precision the pinned sections train in (torch_autocast), as --max-seq-len traces them
+    workload = traced_for(workload, trial, lengths=TRACE_LENGTHS)
     checked_estimate(workload, trial)  # a bad ds_config: 422 at its key
     fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
     answer = longest(workload, estimate_pins(body), factors=fit.factors)
