@@ -138,3 +138,41 @@ def test_the_recommended_longest_sequence_is_the_clis_at_the_default_margin(
     response = client.post("/v1/recommend", json={"workload": {**work, "seq_len": "max"}})
     assert response.status_code == 200, response.text
     assert response.json()["max_seq_len"] == cli["max_seq_len"]
+
+
+BAD_MAX: dict[str, tuple[dict[str, Any], dict[str, Any], list[str], list[str], str]] = {
+    # each: the workload object's fields, the body's, the flags, the API's loc, what the CLI's line starts with
+    "optimizer": ({}, {"optimizer": "sgd"}, ["--optimizer", "sgd"], ["body", "optimizer"], "error: optimizer:"),
+    "autotp": (
+        {},
+        {"tensor_parallel": 0},
+        ["--tensor-parallel", "0"],
+        ["body", "tensor_parallel"],
+        "error: tensor-parallel:",
+    ),
+    "gpu-type": (
+        {"gpu_type": "H100"},
+        {},
+        ["--gpu-type", "H100"],
+        ["body", "workload", "gpu_type"],
+        "error: gpu-type:",
+    ),
+    "liger-on-cpu": (
+        {},
+        {"liger": True},
+        ["--liger"],
+        ["body", "ds_config", "dstune", "liger_kernel"],
+        "error: dstune.liger_kernel:",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MAX))
+def test_a_bad_field_of_a_longest_sequence_question_is_named_alike(client: TestClient, case: str) -> None:
+    work, fields, flags, loc, line = BAD_MAX[case]
+    done = CliRunner().invoke(cli_app, ["estimate", *TINY_FLAGS, *flags, "--max-seq-len", "--json"])
+    assert done.exit_code == 2, done.output
+    assert done.stderr.startswith(line) and "Traceback" not in done.output, done.output
+    response = client.post("/v1/estimate", json={"workload": {**TINY, **work, "seq_len": "max"}, **fields})
+    assert response.status_code == 422, response.text
+    assert loc in [error["loc"] for error in response.json()["detail"]], response.text
