@@ -91,3 +91,40 @@ def test_queue_takes_the_command_after_the_separator_only(project: Path, tmp_pat
     job.write_text(json.dumps({"workload": WORKLOAD, "script": {"argv": ["python", "x.py"], "cwd": str(project)}}))
     result = CliRunner().invoke(app, ["queue", str(job), "--storage", f"sqlite:///{tmp_path / 'q.db'}"])
     assert result.exit_code == 2 and "script" in result.stderr and "after --" in result.stderr
+
+
+def test_a_queued_command_without_a_model_is_studied_as_tune_studies_it(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dstune queue JOB.json -- <command>`` whose workload names no model: queued, and the worker's study has the
+    command's own (unknown) model: nothing estimated nor pruned, recorded as such, tokens/s only from what it saw."""
+    from tuner.requests import JobRequest
+    from tuner.study.settings import NO_MODEL_NOTE
+    from tuner.worker.study_job import study_settings
+
+    db = f"sqlite:///{tmp_path / 'own.db'}"
+    own = {"gpus": 2, "device": "cpu"}
+    (tmp_path / "job.json").write_text(json.dumps({"workload": own, "trials": 1, "launcher": "local"}))
+    monkeypatch.chdir(project)
+    args = ["queue", str(tmp_path / "job.json"), "--storage", db, "--", "python", "train.py", "--deepspeed", "ds.json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "no --model: dstune cannot estimate" in result.stderr
+    job = Store.open(db).list_jobs()[0]
+    request = JobRequest.model_validate(job.request)
+    assert all(job.request["workload"].get(key) is None for key in ("model", "config", "params"))
+    settings = study_settings(request, job.study_name, trusted=[project])
+    assert settings.workload.model.is_unknown and settings.workload.model.n_params == 0
+    assert job.study_name.startswith("command-")  # named by the command, as tune names it
+    assert settings.to_record()["no_model"] == NO_MODEL_NOTE and not settings.dispatch.seq_len_known
+    assert settings.workload.cluster.world_size == 2 and settings.workload.train.precision == "bf16"  # its ds.json's
+    # a sequence length given: tokens per sample known, as tune --seq-len
+    (tmp_path / "job.json").write_text(json.dumps({"workload": {**own, "seq_len": 64}, "trials": 1}))
+    assert CliRunner().invoke(app, args).exit_code == 0
+    given = JobRequest.model_validate(Store.open(db).list_jobs()[0].request)
+    assert study_settings(given, "g", trusted=[project]).dispatch.seq_len_known and given.workload.seq_len == 64
+    # a field that describes a model is refused without one, naming it (exit 2, nothing queued)
+    (tmp_path / "job.json").write_text(json.dumps({"workload": {**own, "freeze": "embed"}, "trials": 1}))
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and "freeze" in refused.stderr and "give the workload a model" in refused.stderr
+    assert len(Store.open(db).list_jobs()) == 2

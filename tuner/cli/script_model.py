@@ -5,7 +5,6 @@ command's forward saw)."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 
 import click
@@ -35,7 +34,7 @@ def command_digest(script: ScriptCommand) -> str:
     >>> command_digest(ScriptCommand(("deepspeed", "train.py"), "/jobs/a"))
     '8fcf770f'
     """
-    return hashlib.sha1("\0".join((script.cwd, *script.argv)).encode()).hexdigest()[:8]
+    return script.digest()
 
 
 def no_model_workload(flags: WorkloadFlags, script: ScriptCommand) -> tuple[Workload, TrialConfig]:

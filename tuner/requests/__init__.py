@@ -9,7 +9,7 @@ validation and the shortcut ds_config), :mod:`tuner.measure.options` (the measur
 (``resolve``: what a trial's ds_config trains in), pydantic.
 """
 
-from tuner.requests.job import JobRequest, check_job, tuning_workload
+from tuner.requests.job import JobRequest, check_job, job_workload, tuning_workload
 from tuner.requests.names import NAME_PATTERN, check_study_name, default_study_name, is_study_name, readable_name
 from tuner.requests.strict import RequestModel
 from tuner.requests.trial import TrialRequest, TrialSettings, WorkloadInput
@@ -73,6 +73,7 @@ __all__ = [
     "check_study_name",
     "default_study_name",
     "is_study_name",
+    "job_workload",
     "readable_name",
     "to_workload",
     "trial_workload",

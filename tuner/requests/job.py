@@ -113,12 +113,22 @@ def tuning_workload(request: WorkloadRequest, loc: Loc = (), *, inline: bool = T
     return workload
 
 
+def job_workload(request: JobRequest, loc: Loc = (), *, inline: bool = True) -> Workload:
+    """The workload a job's study tunes: a training command's without a model as ``dstune tune -- <command>``
+    without ``--model`` (:mod:`tuner.requests.command_workload`), else :func:`tuning_workload`."""
+    from tuner.requests.command_workload import command_workload, without_model
+
+    if request.script is not None and without_model(request.workload):
+        return command_workload(request.workload, request.script.command(), loc)
+    return tuning_workload(request.workload, loc, inline=inline, script=request.script is not None)
+
+
 def check_job(request: JobRequest, *, inline: bool = True) -> str:
     """Validate a job beyond its schema (workload, search space, pins); returns its study name."""
     from tuner.space import SpaceError, resolve_space, space_names
     from tuner.space.numerics_choices import load_study_space
 
-    workload = tuning_workload(request.workload, ("workload",), inline=inline, script=request.script is not None)
+    workload = job_workload(request, ("workload",), inline=inline)
     if request.space not in space_names():
         raise FieldError(("space",), f"unknown search space {request.space!r}; built-in: {', '.join(space_names())}")
     try:
@@ -129,4 +139,4 @@ def check_job(request: JobRequest, *, inline: bool = True) -> str:
     return request.study or default_study_name(workload)
 
 
-__all__ = ["JobRequest", "check_job", "tuning_workload"]
+__all__ = ["JobRequest", "check_job", "job_workload", "tuning_workload"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.measure.options import MeasureOptions
-from tuner.requests import JobRequest, tuning_workload
+from tuner.requests import JobRequest, job_workload
 from tuner.storage import JobRecord, Store
 from tuner.study import SCRIPT_PATIENCE, Event, StudySettings, TuningStudy
 from tuner.worker.lease import JobHandle
@@ -43,7 +43,9 @@ def study_settings(
     script = request.script.command() if request.script is not None else None
     if script is not None:
         check_trusted(script, trusted)
-    workload = tuning_workload(request.workload, script=script is not None)
+    from tuner.requests.command_workload import seq_len_known
+
+    workload = job_workload(request)  # a command's without a model: as `dstune tune -- <command>` has it
     return StudySettings(
         name=study_name,
         workload=workload,
@@ -58,7 +60,13 @@ def study_settings(
         allow_numerics_changes=request.allow_numerics_changes,
         patience=SCRIPT_PATIENCE if script is not None else None,  # as `dstune tune -- <command>` has it
         dispatch=MeasureOptions(
-            launcher or request.launcher, ray_address, request.warmup, request.steps, request.run_timeout, script=script
+            launcher or request.launcher,
+            ray_address,
+            request.warmup,
+            request.steps,
+            request.run_timeout,
+            script=script,
+            seq_len_known=script is None or seq_len_known(request.workload),
         ),
     )
 

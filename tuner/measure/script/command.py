@@ -5,6 +5,7 @@ Pure data: it travels in :class:`~tuner.measure.options.MeasureOptions` and in q
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,15 @@ class ScriptCommand:
         if not argv:
             raise InputError("command", "give the training command after --")
         return cls(tuple(argv), cwd, config_at or None, parse_mappings(mappings or []))
+
+    def digest(self) -> str:
+        """What tells one command's model from another's (a command tuned without a model): its folder and words,
+        hashed.
+
+        >>> ScriptCommand(("deepspeed", "train.py"), "/jobs/a").digest()
+        '8fcf770f'
+        """
+        return hashlib.sha1("\0".join((self.cwd, *self.argv)).encode()).hexdigest()[:8]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (a queued job's record)."""
