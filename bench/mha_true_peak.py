@@ -137,12 +137,19 @@ Notes (measured 2 CPU ranks, gloo, torch 2.13.0+cpu, DeepSpeed 0.19.8):
 * Without checkpointing the estimate is within 1 % of the true peak with either config: the traced layers (the
   attention weights ``need_weights`` materialises, the fp32 log-softmax under autocast) and the loss's workspace in
   the logits' dtype (:mod:`tuner.estimator.activations.plain_loss`; Hugging Face's fp32 formula over-counted it, +15 %).
-* ``baseline/checkpointing`` is 14 % under: its true peak falls in the second step's forward pass, inside one
-  checkpointed block's ``nn.MultiheadAttention`` (the allocation sites alive there, ``MHA_BENCH_DETAIL=1``: the 4 MiB
-  softmax output, 9 MiB of ``_to_copy`` made inside ``F.multi_head_attention_forward`` and the 0.5 MiB head-averaged
-  weights, beside the model states): a block's working set in forward under checkpointing, which the estimate's
-  forward phase (the checkpoints only) does not hold; at the 6.86B rows' shapes it is about 0.1 GiB.
-  ``bf16_full/checkpointing`` (its peak in backward, the recomputed block) agrees to 0.05 %.
+* ``baseline/checkpointing`` is 14 % under (5.29 MiB): its true peak falls in the second step's forward pass, inside
+  one checkpointed block's ``nn.MultiheadAttention``, when ``need_weights`` averages the attention weights over the
+  heads. The allocation sites alive there (``MHA_BENCH_DETAIL=1``, rank 0): the 4 MiB softmax output, 9 MiB made by
+  ``aten::mean`` (torch's CPU mean of a bf16 tensor sums in fp32: an 8 MiB fp32 copy of the ``[1, 8, 512, 512]``
+  weights and a 1 MiB fp32 sum; ``a.mean(dim=1)`` alone peaks at 9.5 MiB), the 0.5 MiB averaged weights and the
+  0.5 MiB checkpoints, beside the model states, among which a 3.65 MiB buffer the estimate does not hold: the flat
+  output of ZeRO-3's coalesced all-gather (``_all_gather_dtype``), kept by its handle until the last parameter of
+  the bucket is used, here every forward layer (the prefetch bucket holds the whole model), beside the 3.65 MiB of
+  gathered parameters copied out of it. Of the 5.29 MiB: 3.65 MiB that buffer, 1.64 MiB the block's forward working
+  set (14.00 MiB counted around one ``checkpoint(block, x)`` alone, 28.00 at micro-batch 2) beyond the loss moment's
+  12.63 MiB. The traced profile sees ops, not what a kernel allocates inside: the same block's forward traced op by
+  op peaks at 8.5 MiB, the mean's fp32 temporaries unseen. ``bf16_full/checkpointing`` (its peak in backward, the
+  recomputed block) agrees to 0.05 %.
 * At seq 512 with the example's ZeRO-3 settings this small model's parameters all stay gathered from forward to
   backward (``stage3_max_live_parameters`` and ``stage3_max_reuse_distance`` are 1e9), so torch's ``F.linear``
   holds nothing more: the ``torch-linear`` rows measure the same peaks, as estimated. Where every module's
