@@ -7,8 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.requests.trial import TrialSettings
-from tuner.space.dsconfig import merge_configs
-from tuner.workload import numerics_config
 from tuner.workload.layouts import LAYOUTS
 
 # the layouts the search does not vary (it searches the memory savers: Ulysses), pinned as their ds_config sections
@@ -17,24 +15,15 @@ PINNED_LAYOUTS = tuple(kind.field for kind in LAYOUTS if not kind.memory_saver)
 
 def pinned_sections(settings: TrialSettings) -> dict[str, Any] | None:
     """The sections every candidate gets: the layouts the search does not vary, then the numerics fields' keys
-    (``bf16_master_weights``, ``optimizer``, ``chunked_loss``, ``liger``...), then ``ds_config`` (it wins), in the
-    order :meth:`~tuner.requests.TrialRequest.to_trial` merges them; None when there are none.
+    (``bf16_master_weights``, ``optimizer``, ``chunked_loss``, ``liger``...), then ``ds_config`` (it wins), as
+    :meth:`~tuner.requests.TrialRequest.to_trial` merges them (:meth:`~tuner.requests.TrialSettings.with_choices`);
+    None when there are none.
 
     >>> pinned_sections(TrialSettings(liger=True, tensor_parallel=2))
     {'tensor_parallel': {'autotp_size': 2}, 'dstune': {'liger_kernel': True}}
     """
     layouts = TrialSettings(**{name: getattr(settings, name) for name in PINNED_LAYOUTS})
-    config = layouts.layout_config()
-    numerics = numerics_config(
-        settings.bf16_master_weights,
-        settings.bf16_optimizer_states,
-        settings.optimizer,
-        settings.chunked_loss,
-        settings.liger,
-    )
-    config = merge_configs(config, numerics) if numerics else config
-    config = merge_configs(config, settings.ds_config) if settings.ds_config is not None else config
-    return config or None
+    return settings.with_choices(layouts.layout_config()) or None
 
 
 __all__ = ["PINNED_LAYOUTS", "pinned_sections"]

@@ -110,6 +110,18 @@ class TrialSettings(_LayoutSettings):
             config = merge_configs(config, part)
         return config
 
+    def with_choices(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with the numerics fields' keys merged over it, then ``ds_config`` (it wins).
+
+        >>> TrialSettings(liger=True, ds_config={"stage3_x": 1}).with_choices({"a": 1})
+        {'a': 1, 'dstune': {'liger_kernel': True}, 'stage3_x': 1}
+        """
+        choices = numerics_config(
+            self.bf16_master_weights, self.bf16_optimizer_states, self.optimizer, self.chunked_loss, self.liger
+        )
+        config = merge_configs(config, choices) if choices else config
+        return merge_configs(config, self.ds_config) if self.ds_config is not None else config
+
 
 class TrialRequest(TrialSettings):
     """One trial config by its shortcut fields, with ``ds_config`` merged over them (it wins)."""
@@ -130,14 +142,7 @@ class TrialRequest(TrialSettings):
             self.nvme_path,
         )
         config = merge_configs(config, self.layout_config())
-        choices = numerics_config(
-            self.bf16_master_weights, self.bf16_optimizer_states, self.optimizer, self.chunked_loss, self.liger
-        )
-        if choices:
-            config = merge_configs(config, choices)
-        if self.ds_config is not None:
-            config = merge_configs(config, self.ds_config)
-        return TrialConfig(config, self.activation_checkpointing)
+        return TrialConfig(self.with_choices(config), self.activation_checkpointing)
 
 
 class WorkloadInput(WorkloadRequest):
