@@ -14,13 +14,8 @@ from tuner.cli.common import fail
 from tuner.cli.options import WorkloadFlags, build
 from tuner.cli.script_options import NO_MODEL
 from tuner.measure.script.command import ScriptCommand
-from tuner.workload import TrialConfig, Workload, unknown_model
-
-# the parameter count of the request that reads the cluster, training and launch flags; replaced at once by the
-# unknown model, so no estimate of it is ever made or kept
-_REQUEST_PARAMS = 1e9
-# flags that describe the model, meaningless without one
-_MODEL_FLAGS = {"peft": "peft", "freeze": "freeze", "quantization": "quantization"}
+from tuner.requests.command_workload import MODEL_FIELDS, REQUEST_PARAMS, of_command
+from tuner.workload import TrialConfig, Workload
 
 
 def without_model(flags: WorkloadFlags) -> bool:
@@ -41,11 +36,11 @@ def no_model_workload(flags: WorkloadFlags, script: ScriptCommand) -> tuple[Work
     """The workload (cluster, precision, sequence length, launch environment from the flags; the model unknown,
     told apart by the command) and the shortcut flags' trial; exit 2 on a flag that needs a model (``--peft``,
     ``--freeze``, ``--quantization``)."""
-    for attribute, flag in _MODEL_FLAGS.items():
-        if getattr(flags, attribute, None) is not None:
-            fail(flag, "describes the model: give --model too (without it dstune knows nothing of your model)")
-    workload, trial = build(replace(flags, params=_REQUEST_PARAMS, model=None))
-    return replace(workload, model=unknown_model(command_digest(script)), profile=None), trial
+    for name in MODEL_FIELDS:  # each flag is named as its field
+        if getattr(flags, name, None) is not None:
+            fail(name, "describes the model: give --model too (without it dstune knows nothing of your model)")
+    workload, trial = build(replace(flags, params=REQUEST_PARAMS, model=None))
+    return of_command(workload, script), trial
 
 
 def seq_len_known(flags: WorkloadFlags) -> bool:

@@ -18,8 +18,9 @@ from tuner.measure.script.command import ScriptCommand
 from tuner.requests.workload import FieldError, Loc, WorkloadRequest, to_workload
 from tuner.workload import Workload, unknown_model
 
-# the parameter count the cluster, training and launch fields are read with; replaced at once by the unknown model
-_REQUEST_PARAMS = 1e9
+# the parameter count the cluster, training and launch fields are read with; replaced at once by the unknown model,
+# so no estimate of it is ever made or kept
+REQUEST_PARAMS = 1e9
 MODEL_FIELDS = ("peft", "freeze", "quantization")  # fields that describe the model, meaningless without one
 
 
@@ -38,7 +39,11 @@ def command_workload(request: WorkloadRequest, script: ScriptCommand, loc: Loc =
                 (*loc, name),
                 "describes the model: give the workload a model too (without one dstune knows nothing of your model)",
             )
-    workload = to_workload(request.model_copy(update={"params": _REQUEST_PARAMS}), loc)
+    return of_command(to_workload(request.model_copy(update={"params": REQUEST_PARAMS}), loc), script)
+
+
+def of_command(workload: Workload, script: ScriptCommand) -> Workload:
+    """``workload`` (read with :data:`REQUEST_PARAMS`) with its model unknown, told apart by ``script``."""
     return replace(workload, model=unknown_model(script.digest()), profile=None)
 
 
@@ -48,4 +53,4 @@ def seq_len_known(request: WorkloadRequest) -> bool:
     return not without_model(request) or "seq_len" in request.model_fields_set
 
 
-__all__ = ["MODEL_FIELDS", "command_workload", "seq_len_known", "without_model"]
+__all__ = ["MODEL_FIELDS", "REQUEST_PARAMS", "command_workload", "of_command", "seq_len_known", "without_model"]
