@@ -48,10 +48,29 @@ def test_hf_export_of_a_ulysses_study_takes_the_fastest_config_the_trainer_train
     assert "--pin stage=3" in none.stderr and none.stderr.count("\n") == 1
 
 
-def test_a_length_searchs_name_points_to_its_lengths(tmp_path: Path) -> None:
+def test_a_length_searchs_name_exports_its_longest_length_that_trained(tmp_path: Path) -> None:
+    """``best --study lc5`` after ``tune --seq-len max --study lc5``: the search's lengths are studies of their own;
+    the bare name exports the longest that trained within the memory (2,560 here: 2,816 ran out of memory), and says
+    which. It pointed to ``lc5:2816``, whose export fails for want of a measured trial."""
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     with Store.open(url) as store:
         for length in (2304, 2560):
-            study_of(store, f"lc5:{length}", [(2, 900.0)])
+            study_of(store, f"lc5:{length}", [(2, 900.0 + length)])
+        study_of(store, "lc5:2816", [])
+        trial_id = store.add_trial(
+            store.get_study("lc5:2816").id, 0, "k0", shortcut_config(1, 1, "bf16", 3, "none", "none"), {}, False, None
+        )
+        store.start_trial(trial_id)
+        store.finish_trial(trial_id, "oom", {"status": "oom"})
+        study_of(store, "lc6:1024", [])
     result = runner.invoke(app, ["best", "--study", "lc5", "--storage", url])
-    assert result.exit_code == 2 and "lc5:2560, lc5:2304 (e.g. --study lc5:2560)" in result.stderr, result.output
+    assert result.exit_code == 0, result.output
+    exported = json.loads(result.stdout)
+    assert exported == json.loads(runner.invoke(app, ["best", "--study", "lc5:2560", "--storage", url]).stdout)
+    assert "exported lc5:2560, the longest length that trained within the memory (2,560 tokens)" in result.stderr
+    assert "(lc5:2816, lc5:2560, lc5:2304)" in result.stderr
+    none = runner.invoke(app, ["best", "--study", "lc6", "--storage", url])
+    assert none.exit_code == 2 and none.stderr.count("\n") == 1
+    assert "no length of the --seq-len max search lc6 trained within the memory yet: lc6:1024" in none.stderr
+    missing = runner.invoke(app, ["best", "--study", "lc7", "--storage", url])
+    assert missing.exit_code == 2 and "no study named 'lc7'" in missing.stderr

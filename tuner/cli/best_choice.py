@@ -1,7 +1,8 @@
 """Which stored trial ``dstune best`` exports, and what it says when there is none: a ``--seq-len max`` search's
-lengths are studies of their own (``NAME:LENGTH``), so a bare ``NAME`` points to them; and ``--format hf`` exports
-only a config the Hugging Face Trainer trains as it was measured (:func:`tuner.space.long_context_export.hf_problem`:
-Ulysses below ZeRO-3 gets sp times the gradient from the Trainer's loss reduction), the fastest such one."""
+lengths are studies of their own (``NAME:LENGTH``), so a bare ``NAME`` exports the longest that trained; and
+``--format hf`` exports only a config the Hugging Face Trainer trains as it was measured
+(:func:`tuner.space.long_context_export.hf_problem`: Ulysses below ZeRO-3 gets sp times the gradient from the
+Trainer's loss reduction), the fastest such one."""
 
 from __future__ import annotations
 
@@ -10,26 +11,39 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from tuner.cli.common import fail
 from tuner.space.long_context_export import hf_problem
 
 if TYPE_CHECKING:
-    from tuner.storage import Store, TrialRecord
+    from tuner.storage import Store, StudyRecord, TrialRecord
 
 NONE_RIGHT_EXIT = 1  # a valid question whose answer is "no measured config is right for that target"
 
 
-def lengths_hint(store: Store, name: str) -> str:
-    """For a study name that does not exist: the ``NAME:LENGTH`` studies of a length search by that name, longest
-    first (empty when there are none)."""
+def study_to_export(store: Store, name: str) -> tuple[StudyRecord, str | None]:
+    """The study ``dstune best --study NAME`` exports from, and a note when it is not the one named: a ``--seq-len
+    max`` search records each length as a study of its own (``NAME:LENGTH``), so its bare name exports the search's
+    answer, the longest length whose run trained within the memory. Exits 2 naming the field when there is neither
+    (a search whose lengths all ran out of memory lists them)."""
+    record = store.get_study(name)
+    if record is not None:
+        return record, None
     pattern = re.compile(rf"{re.escape(name)}:(\d+)")
     lengths = sorted(
-        (int(found.group(1)) for s in store.list_studies() if (found := pattern.fullmatch(s.name))), reverse=True
+        ((int(found.group(1)), s) for s in store.list_studies() if (found := pattern.fullmatch(s.name))),
+        key=lambda length: length[0],
+        reverse=True,
     )
-    if not lengths:
-        return ""
-    shown = ", ".join(f"{name}:{length}" for length in lengths[:4]) + (", ..." if len(lengths) > 4 else "")
-    first = f"{name}:{lengths[0]}"
-    return f"; a --seq-len max search records each length as a study of its own: {shown} (e.g. --study {first})"
+    shown = ", ".join(study.name for _, study in lengths[:4]) + (", ..." if len(lengths) > 4 else "")
+    for length, study in lengths:
+        if store.best_trial(study.id) is not None:
+            return study, (
+                f"{name} is a --seq-len max search, each length a study of its own ({shown}): exported {study.name}, "
+                f"the longest length that trained within the memory ({length:,} tokens)"
+            )
+    if lengths:
+        fail("study", f"no length of the --seq-len max search {name} trained within the memory yet: {shown}")
+    fail("study", f"no study named {name!r} in {store.url}")
 
 
 def best_for_format(store: Store, study_id: int, best: TrialRecord, format: str) -> tuple[TrialRecord, str | None]:
@@ -53,4 +67,4 @@ def best_for_format(store: Store, study_id: int, best: TrialRecord, format: str)
     raise typer.Exit(NONE_RIGHT_EXIT)
 
 
-__all__ = ["NONE_RIGHT_EXIT", "best_for_format", "lengths_hint"]
+__all__ = ["NONE_RIGHT_EXIT", "best_for_format", "study_to_export"]

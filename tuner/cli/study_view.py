@@ -15,9 +15,17 @@ from tuner.cli.facts_view import print_numerics
 from tuner.cli.script_view import render_script_best
 from tuner.units import GiB, MiB, format_duration
 from tuner.workload import TrialConfig
+from tuner.workload.differences import (
+    CHECKPOINTING,
+    describe_differences,
+    differing_keys,
+    layout_keys,
+    trial_settings,
+)
+from tuner.workload.layouts import LAYOUTS
 
 if TYPE_CHECKING:
-    from tuner.storage import Store
+    from tuner.storage import Store, TrialRecord
     from tuner.study import TuningStudy
     from tuner.workload import Workload
 
@@ -50,56 +58,103 @@ STOPPED_EARLY_NOTE = "stopped"
 
 TOP_COLUMNS = ("trial", "tokens/s", "peak GiB", "free GiB", "ZeRO", "micro", "accum", "offload", "ckpt")
 WORDS = ("offload", "layout", "note")  # the columns of words (left-aligned, may wrap); the rest are figures
+# the settings the columns show (the layout column: every layout of the registry, ALST's tiling and offload)
+SHOWN = (
+    "zero_optimization.stage",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",  # micro × accumulation × the data-parallel ranks
+    "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_param.device",
+    CHECKPOINTING,
+)
 
 
 def layout_text(config: TrialConfig) -> str:
-    """What a config adds to data parallelism, for the table: ``SP 2 · hpZ 2 · tiled MLP 4`` (empty for none).
+    """What a config adds to data parallelism, for the table: ``SP 2 · hpZ 2 · tiled MLP 4`` (empty for none): each
+    layout of the registry above degree 1, then ALST's tiling and checkpoint offload.
 
     >>> layout_text(TrialConfig({"sequence_parallel_size": 2, "dstune": {"tiled_mlp_shards": 4}}))
     'SP 2 · tiled MLP 4'
     """
-    parts = [config.layout.label(), config.long_context.summary()]
+    degrees = [f"{kind.label} {config.layout.degree(kind)}" for kind in LAYOUTS if config.layout.degree(kind) > 1]
+    parts = [*degrees, config.long_context.summary()]
     return " · ".join(part for part in parts if part)
 
 
-def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> tuple[Table, bool]:
+def memory_unit(budget: int) -> tuple[str, int]:
+    """The unit a table's memory figures read in for a GPU budget: MiB below 1 GiB, else GiB (the rule of
+    :func:`tuner.units.format_bytes`, which the rest of the output follows).
+
+    >>> memory_unit(2**26), memory_unit(80 * GiB)
+    (('MiB', 1048576), ('GiB', 1073741824))
+    """
+    return ("MiB", MiB) if 0 < budget < GiB else ("GiB", GiB)
+
+
+def _budget(store: Store, study_id: int, found: list[TrialRecord]) -> int:
+    """The study's GPU memory budget: its trials' estimates', else its workload's (a run without an estimate)."""
+    budget = max(((trial.estimate or {}).get("gpu_memory") or 0 for trial in found), default=0)
+    if budget:
+        return int(budget)
+    record = store.get_study(study_id)
+    return 0 if record is None else store.get_workload(record.workload_id).gpu_memory
+
+
+def _figures(trial: TrialRecord, budget: int, unit: str, scale: int) -> list[str]:
+    """A row's tokens/s, peak and free memory (``-`` where not measured)."""
+    gpu_memory = (trial.estimate or {}).get("gpu_memory") or budget
+    peak = trial.peak_bytes
+    return [
+        "-" if trial.tokens_per_s is None else f"{trial.tokens_per_s:,.0f}",  # stopped early, length unknown
+        "-" if peak is None else f"{peak / scale:.{3 if unit == 'GiB' else 1}f}",
+        "-" if peak is None or not gpu_memory else f"{(gpu_memory - peak) / scale:.{2 if unit == 'GiB' else 1}f}",
+    ]
+
+
+def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> tuple[Table, bool, list[str]]:
     """The top measured configs as a table whose figures never fold or shrink (headers wrap instead; the layout
     column appears when a config has Ulysses, AutoTP, AutoEP, ALST's tiling or hpZ, the note column when a run was
-    stopped early; memory in MiB under a budget below 1 GiB); and whether any row is partial."""
+    stopped early; memory in MiB under a budget below 1 GiB); whether any row is partial; and, for each row, the
+    settings no column shows in which the rows differ (``trial 3: overlap_comm=false · ...``; none when they differ
+    only in the columns)."""
     rows: list[list[str]] = []
-    partial = False
     found = store.trials(study_id, status="ok", order_by="-tokens_per_s", limit=top)
-    budget = max(((trial.estimate or {}).get("gpu_memory") or 0 for trial in found), default=0)
-    unit, scale = ("MiB", MiB) if 0 < budget < GiB else ("GiB", GiB)
-    for trial in found:
+    budget = _budget(store, study_id, found)
+    unit, scale = memory_unit(budget)
+    settings = [trial_settings(trial.trial) for trial in found]
+    others = differing_keys(settings, (*SHOWN, *layout_keys()))
+    stopped = [bool((trial.measurement or {}).get("stopped_early")) for trial in found]
+    for trial, partial in zip(found, stopped, strict=True):
         config = trial.trial
-        gpu_memory = (trial.estimate or {}).get("gpu_memory", 0)
-        peak = trial.peak_bytes
-        stopped = bool((trial.measurement or {}).get("stopped_early"))
-        partial = partial or stopped
         offload = [config.zero.offload_optimizer.device, config.zero.offload_param.device]
         micro, accum = config.batch
+        offload_text = "/".join(offload) if offload[1] != "none" else offload[0]
         rows.append(
             [
                 str(trial.number),
-                "-" if trial.tokens_per_s is None else f"{trial.tokens_per_s:,.0f}",  # stopped early, length unknown
-                "-" if peak is None else f"{peak / scale:.{3 if unit == 'GiB' else 1}f}",
-                "-"
-                if peak is None or not gpu_memory
-                else f"{(gpu_memory - peak) / scale:.{2 if unit == 'GiB' else 1}f}",
-                str(config.stage),
-                str(micro),
-                str(accum),
-                "/".join(offload) if offload[1] != "none" else offload[0],
+                *_figures(trial, budget, unit, scale),
+                *(str(value) for value in (config.stage, micro, accum)),
+                offload_text,
                 "yes" if trial.activation_checkpointing else "no",
                 layout_text(config),
-                STOPPED_EARLY_NOTE if stopped else "",
+                STOPPED_EARLY_NOTE if partial else "",
             ]
         )
-    layouts = any(row[-2] for row in rows)
-    columns = [c.replace("GiB", unit) for c in TOP_COLUMNS] + ["layout"] * layouts + ["note"] * partial
-    keep = [*range(len(TOP_COLUMNS)), *([len(TOP_COLUMNS)] if layouts else []), *([-1] if partial else [])]
-    rows = [[row[index] for index in keep] for row in rows]
+    optional = {"layout": -2, "note": -1}
+    kept = [column for column, index in optional.items() if any(row[index] for row in rows)]
+    columns = [c.replace("GiB", unit) for c in TOP_COLUMNS] + kept
+    keep = [*range(len(TOP_COLUMNS)), *(optional[column] for column in kept)]
+    table = _table(name, columns, [[row[index] for index in keep] for row in rows])
+    differences = [
+        f"trial {trial.number}: {describe_differences(values, others) or '(none of them set)'}"
+        for trial, values in zip(found, settings, strict=True)
+    ]
+    return table, any(stopped), differences if others else []
+
+
+def _table(name: str, columns: list[str], rows: list[list[str]]) -> Table:
+    """The rows under their columns: figures right-aligned and whole, words left-aligned and wrapping."""
     # no vertical rules: ten columns of figures fit in 80 columns; numbers keep their width, words may wrap
     table = Table(
         title=f"study {name}: top configs", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False
@@ -112,15 +167,19 @@ def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> t
         )
     for row in rows:
         table.add_row(*row)
-    return table, partial
+    return table
 
 
 def render_study(store: Store, study_id: int, name: str, console: Console, top: int = 5) -> None:
     """The top measured configs (runs the throughput pruner stopped early marked: their figures are partial), and
     what was pruned and why."""
     summary = store.study_summary(study_id)
-    table, partial = top_configs_table(store, study_id, name, top)
+    table, partial, differences = top_configs_table(store, study_id, name, top)
     console.print(table)
+    if differences:
+        console.print("where these configs also differ (their ds_config keys):", highlight=False)
+        for line in differences:
+            console.print(f"  {line}", highlight=False, soft_wrap=True, markup=False)
     if partial:
         console.print(
             f"{STOPPED_EARLY_NOTE}: the run was clearly slower than the best and was stopped early, after its first "

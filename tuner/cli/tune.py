@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 from rich.console import Console
 
-from tuner.cli.best_choice import best_for_format, lengths_hint
+from tuner.cli.best_choice import best_for_format, study_to_export
 from tuner.cli.common import fail, memory_cap_bytes, write_text_file
 from tuner.cli.confirm_view import ConfirmOpt, confirmation_notes
 from tuner.cli.local_gpu import checked_here
@@ -318,9 +318,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     if out:
         refuse_database_out(out)  # the study's own database named by mistake
     store = Store.open(storage_url(storage))
-    record = store.get_study(readable_name(study, "study"))
-    if record is None:
-        fail("study", f"no study named {study!r} in {store.url}{lengths_hint(store, study)}")
+    record, picked = study_to_export(store, readable_name(study, "study"))
     best = store.best_trial(record.id)
     if best is None:
         fail("study", f"study {study!r} has no successfully measured trial yet")
@@ -337,7 +335,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
         best.trial, format, workload.train.attention, workload.trainable, workload.train.seq_len
     )
     notes += launch_notes(workload, (best.measurement or {}).get("launch"), out or "ds_config.json")
-    notes += [chosen] if chosen else []
+    notes += [note for note in (chosen, picked) if note]
     notes += confirmation_notes(best)
     text = json.dumps(config, indent=2) + "\n"
     if out:

@@ -20,6 +20,7 @@
   and configs from;
 - ``ranks``: one description of the ranks (:class:`Ranks`): from the layout's degrees and the cluster, every
   group's size and members, the communicators and a rank's place;
+- ``differences``: the settings in which a table's trials (or workloads) differ beyond its columns, in words;
 - ``zero``, ``layout`` and ``config_values``: the typed views :class:`TrialConfig` reads a ds_config's sections
   through (:class:`ZeroConfig`, :class:`ParallelLayout`), the only code that parses a ds_config.
 

@@ -1,0 +1,113 @@
+"""What tells rows of a table apart: the settings in which they differ, beyond what the table's columns show.
+
+A table of trials (``dstune tune``'s top configs, the dashboard's trials) or of workloads (the dashboard's home) shows
+a few fields in columns; two rows that differ only elsewhere (a bucket size, ``overlap_comm``, the precision) would
+print as the same row. :func:`differing_keys` finds the settings whose values are not the same in every row, and
+:func:`describe_differences` says a row's values of them, so every row reads as what it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from tuner.workload.layouts import LAYOUTS
+from tuner.workload.long_context import long_context_config
+from tuner.workload.trial import TrialConfig
+
+# the prefixes left out of a setting's name where the rest names it alone (DeepSpeed's own key names remain)
+SHORT_PREFIXES = ("zero_optimization.", "dstune.")
+CHECKPOINTING = "activation_checkpointing"  # a trial's setting outside its ds_config
+
+
+def flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping's leaves under dotted keys (an empty section is a leaf).
+
+    >>> flat({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}, "gradient_clipping": 1.0})
+    {'zero_optimization.stage': 2, 'zero_optimization.offload_param.device': 'cpu', 'gradient_clipping': 1.0}
+    """
+    leaves: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, Mapping) and value:
+            leaves.update(flat(value, f"{prefix}{key}."))
+        else:
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
+def trial_settings(config: TrialConfig) -> dict[str, Any]:
+    """A trial's settings as one flat mapping: its ds_config's leaves and its activation checkpointing."""
+    return {**flat(config.ds_config), CHECKPOINTING: config.activation_checkpointing}
+
+
+def layout_keys() -> frozenset[str]:
+    """The settings of the parallel layouts (each kind of :data:`~tuner.workload.layouts.LAYOUTS`, with what it
+    writes beside its degree) and of ALST's tiling and checkpoint offload: what a table's layout column shows."""
+    keys = set(flat(long_context_config(2, 2, 2, offload_checkpoints=True)))
+    for kind in LAYOUTS:
+        keys |= set(flat(kind.config(2)))
+    return frozenset(keys)
+
+
+def _covered(key: str, shown: Collection[str]) -> bool:
+    return any(key == name or key.startswith(f"{name}.") for name in shown)
+
+
+def differing_keys(rows: Sequence[Mapping[str, Any]], shown: Collection[str] = ()) -> list[str]:
+    """The keys whose values are not the same in every row (a key a row does not set differs from any value), in
+    the order they first appear, leaving out those ``shown`` (a shown key covers the keys under it).
+
+    >>> differing_keys([{"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5}], shown=("c",))
+    ['b']
+    """
+    missing = object()
+    keys = dict.fromkeys(key for row in rows for key in row)
+    return [key for key in keys if not _covered(key, shown) and len({repr(row.get(key, missing)) for row in rows}) > 1]
+
+
+def short_name(key: str) -> str:
+    """A setting's name in a table: its dotted key without the section that goes without saying.
+
+    >>> short_name("zero_optimization.offload_param.pin_memory"), short_name("dstune.chunked_loss")
+    ('offload_param.pin_memory', 'chunked_loss')
+    """
+    for prefix in SHORT_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix) :]
+    return key
+
+
+def format_value(value: Any) -> str:
+    """A setting's value as a table shows it: DeepSpeed's words for booleans and none, counts of a million and more
+    to three significant digits (``5e8``, ``1.06e8``: enough to tell apart; ``dstune best`` exports them exactly).
+
+    >>> format_value(500_000_000), format_value(106_452_590), format_value(True), format_value(None), format_value(0.5)
+    ('5e8', '1.06e8', 'true', 'null', '0.5')
+    """
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, int) and abs(value) >= 10**6:
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return str(value)
+
+
+def describe_differences(row: Mapping[str, Any], keys: Iterable[str]) -> str:
+    """A row's values of ``keys`` (those it sets): ``reduce_bucket_size=5e8 · overlap_comm=false``.
+
+    >>> describe_differences({"zero_optimization.overlap_comm": False, "x": 1}, ["zero_optimization.overlap_comm"])
+    'overlap_comm=false'
+    """
+    return " · ".join(f"{short_name(key)}={format_value(row[key])}" for key in keys if key in row)
+
+
+__all__ = [
+    "CHECKPOINTING",
+    "describe_differences",
+    "differing_keys",
+    "flat",
+    "format_value",
+    "layout_keys",
+    "short_name",
+    "trial_settings",
+]
