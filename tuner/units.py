@@ -64,6 +64,16 @@ def format_bytes(size: int | None) -> str:
     return f"{size / 2**20:.1f} MiB"
 
 
+def memory_unit(budget: int) -> tuple[str, int]:
+    """The unit figures under a memory budget read in, and its bytes: MiB below 1 GiB, else GiB (the rule of
+    :func:`format_bytes`), so a 64 MiB budget's free memory reads 24.0 MiB, not 0.02 GiB.
+
+    >>> memory_unit(2**26), memory_unit(80 * GiB)
+    (('MiB', 1048576), ('GiB', 1073741824))
+    """
+    return ("MiB", MiB) if 0 < budget < GiB else ("GiB", GiB)
+
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms])")
 _SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 

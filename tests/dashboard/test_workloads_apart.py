@@ -6,6 +6,7 @@ measured-against-estimated memory chart (its diagonal from corner to corner)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -149,3 +150,103 @@ def test_browser_home_shows_the_length_search_and_both_launches(driver, live: st
     assert lengths == ["1,024", "2,048", "4,096"]
     described = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#workloads tbody tr td:first-child")]
     assert len(set(described)) == 2 and sum("launch torchrun" in text for text in described) == 1
+
+
+# ------------------------------------------------------------------------- rows that read alike, memory in its unit
+
+SHAPES = {  # three workloads whose descriptions read alike: "tiny-llama ... · 2 × 1.00 GiB cpu · seq 1024"
+    "two-gpus": (ClusterSpec(gpus_per_node=2, gpu_memory=GiB, device="cpu"), TrainSpec(1024)),
+    "two-nodes": (ClusterSpec(gpus_per_node=1, nodes=2, gpu_memory=GiB, device="cpu"), TrainSpec(1024)),
+    "adam": (ClusterSpec(gpus_per_node=2, gpu_memory=GiB, device="cpu"), TrainSpec(1024, optimizer="adam")),
+}
+MIB_BUDGET = 2**26  # 64 MiB: its memory figures read 0.04 GiB
+
+
+def bucket_trials(store: Store) -> None:
+    """A study under 64 MiB whose trials 0 and 1 read alike (ZeRO-2, micro 1) but for their reduce buckets and
+    overlap_comm, and trial 2 reads apart (micro 2); measured at 40, 41 and 42 MiB."""
+    work = Workload(
+        load_builtin_model("tiny-llama"),
+        ClusterSpec(gpus_per_node=2, gpu_memory=MIB_BUDGET, device="cpu"),
+        TrainSpec(64),
+    )
+    record = store.get_or_create_study("buckets", store.upsert_workload(work), "tpe", {})
+    plain = shortcut_config(1, 1, "bf16", 2, "none", "none")
+    zero = plain["zero_optimization"]
+    configs = [
+        {**plain, "zero_optimization": {**zero, "reduce_bucket_size": 500_000_000, "overlap_comm": True}},
+        {**plain, "zero_optimization": {**zero, "reduce_bucket_size": 200_000_000, "overlap_comm": True}},
+        shortcut_config(2, 1, "bf16", 2, "none", "none"),
+    ]
+    for number, config in enumerate(configs):
+        est = {**estimate(work, config).to_dict(), "throughput": throughput_summary(work, config)}
+        trial_id = store.add_trial(record.id, number, f"k{number}", config, None, False, est)
+        store.start_trial(trial_id)
+        peak = (40 + number) * 2**20
+        store.finish_trial(trial_id, "ok", {"tokens_per_s": 900.0 + number, "peak_bytes_per_rank": [peak, peak]})
+
+
+@pytest.fixture(scope="module")
+def alike(tmp_path_factory: pytest.TempPathFactory) -> FastAPI:
+    app = FastAPI()
+    app.state.store = store = Store.open(f"sqlite:///{tmp_path_factory.mktemp('alike')}/dstune.db")
+    app.include_router(router)
+    for name, (cluster, train) in SHAPES.items():
+        measured(store, name, Workload(load_builtin_model("tiny-llama"), cluster, train), [("ok", 1000.0)])
+    bucket_trials(store)
+    yield app
+    store.close()
+
+
+def test_workloads_that_read_alike_say_where_they_differ(alike: FastAPI) -> None:
+    """Three workloads differing in the cluster's shape (2 GPUs or 2 nodes of 1) or the optimizer read as three
+    identical rows: each now says its values of those settings; a row that reads apart says nothing more."""
+    workloads = rows(TestClient(alike).get("/").text, "workloads")
+    said = {}
+    for row in workloads:
+        differs = row.split('class="differs">')[1].split("</span>")[0] if "differs" in row else ""
+        said[row.split('href="/studies/')[-1].split('"')[0]] = differs
+    assert said == {
+        "two-gpus": "gpus_per_node=2 · nodes=1 · optimizer=adamw",
+        "two-nodes": "gpus_per_node=1 · nodes=2 · optimizer=adamw",
+        "adam": "gpus_per_node=2 · nodes=1 · optimizer=adam",
+        "buckets": "",  # 64.0 MiB: its description tells it apart
+    }
+
+
+def test_trials_that_read_alike_say_where_they_differ(alike: FastAPI) -> None:
+    page = TestClient(alike).get("/studies/buckets").text
+    trials = rows(page, "trials")
+    assert "reduce_bucket_size=5e8" in trials[0] and "reduce_bucket_size=2e8" in trials[1]
+    assert "overlap_comm" not in trials[0] + trials[1]  # alike in it: the one-line config is not repeated
+    assert "differs" not in trials[2]  # micro 2: its one line tells it apart
+
+
+def test_the_charts_memory_reads_in_the_budget_unit(alike: FastAPI) -> None:
+    """Under a 64 MiB budget the memory charts read 0.039, 0.040... GiB: they read in MiB, as the tables do."""
+    page = TestClient(alike).get("/studies/buckets").text
+    data = json.loads(page.split('id="chart-data">')[1].split("</script>")[0])
+    assert data["memory_unit"] == "MiB"
+    assert [point["y"] for point in data["estimate"]["trials"]] == [40.0, 41.0, 42.0]
+    assert sorted(point["x"] for point in data["pareto"]["trials"]) == [40.0, 41.0, 42.0]
+
+
+@pytest.fixture(scope="module")
+def alike_live(alike: FastAPI) -> str:
+    with serve(alike) as url:
+        yield url
+
+
+def test_browser_memory_axes_read_in_the_budget_unit(driver, alike_live: str) -> None:
+    severe_logs(driver)
+    charts(driver, alike_live, "buckets")
+    titles = driver.execute_script(
+        "const c = window.dstuneCharts; return [c.pareto.scales.x, c.estimate.scales.x, c.estimate.scales.y]"
+        ".map(s => s.options.title.text)"
+    )
+    assert titles == ["Peak memory per GPU (MiB)", "Estimated peak per GPU (MiB)", "Measured peak per GPU (MiB)"]
+    x, y = driver.execute_script(
+        "const s = window.dstuneCharts.estimate.scales; return [[s.x.min, s.x.max], [s.y.min, s.y.max]]"
+    )
+    assert x == y and x[0] < 40 < 42 < x[1]
+    assert severe_logs(driver) == []

@@ -13,10 +13,10 @@ from rich.table import Table
 from tuner.cli.confirm_view import print_confirmation
 from tuner.cli.facts_view import print_numerics
 from tuner.cli.script_view import render_script_best
-from tuner.units import GiB, MiB, format_duration
+from tuner.units import format_duration, memory_unit
 from tuner.workload import TrialConfig
 from tuner.workload.differences import (
-    CHECKPOINTING,
+    COLUMN_KEYS,
     describe_differences,
     differing_keys,
     layout_keys,
@@ -58,16 +58,6 @@ STOPPED_EARLY_NOTE = "stopped"
 
 TOP_COLUMNS = ("trial", "tokens/s", "peak GiB", "free GiB", "ZeRO", "micro", "accum", "offload", "ckpt")
 WORDS = ("offload", "layout", "note")  # the columns of words (left-aligned, may wrap); the rest are figures
-# the settings the columns show (the layout column: every layout of the registry, ALST's tiling and offload)
-SHOWN = (
-    "zero_optimization.stage",
-    "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps",
-    "train_batch_size",  # micro × accumulation × the data-parallel ranks
-    "zero_optimization.offload_optimizer.device",
-    "zero_optimization.offload_param.device",
-    CHECKPOINTING,
-)
 
 
 def layout_text(config: TrialConfig) -> str:
@@ -80,16 +70,6 @@ def layout_text(config: TrialConfig) -> str:
     degrees = [f"{kind.label} {config.layout.degree(kind)}" for kind in LAYOUTS if config.layout.degree(kind) > 1]
     parts = [*degrees, config.long_context.summary()]
     return " · ".join(part for part in parts if part)
-
-
-def memory_unit(budget: int) -> tuple[str, int]:
-    """The unit a table's memory figures read in for a GPU budget: MiB below 1 GiB, else GiB (the rule of
-    :func:`tuner.units.format_bytes`, which the rest of the output follows).
-
-    >>> memory_unit(2**26), memory_unit(80 * GiB)
-    (('MiB', 1048576), ('GiB', 1073741824))
-    """
-    return ("MiB", MiB) if 0 < budget < GiB else ("GiB", GiB)
 
 
 def _budget(store: Store, study_id: int, found: list[TrialRecord]) -> int:
@@ -123,7 +103,7 @@ def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> t
     budget = _budget(store, study_id, found)
     unit, scale = memory_unit(budget)
     settings = [trial_settings(trial.trial) for trial in found]
-    others = differing_keys(settings, (*SHOWN, *layout_keys()))
+    others = differing_keys(settings, (*COLUMN_KEYS, *layout_keys()))
     stopped = [bool((trial.measurement or {}).get("stopped_early")) for trial in found]
     for trial, partial in zip(found, stopped, strict=True):
         config = trial.trial

@@ -12,6 +12,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from tuner.dashboard import _views as views
+from tuner.dashboard._apart import tell_apart, trial_differences
 from tuner.dashboard._searches import length_searches, search_name
 from tuner.errors import InputError
 from tuner.forecast import describe_reason
@@ -83,11 +84,13 @@ def home(request: Request) -> HTMLResponse:
         if best is not None and (row.best is None or (best.tokens_per_s or 0) > (row.best.tokens_per_s or 0)):
             row.best, row.best_study = best, study
     ordered = sorted(rows.values(), key=lambda r: (r.workload.model_name, r.workload.id))
+    searches = length_searches(store, listed)
     studies = {study.name for study in listed}
     jobs = [views.JobView(job, job.study_name in studies) for job in store.list_jobs(limit=JOBS_SHOWN)]
     active = any(view.job.status in ACTIVE_JOB_STATUSES for view in jobs)
     context = {"title": "dstune", "rows": ordered, "jobs": jobs, "refresh_s": REFRESH_S if active else None,
-               "searches": length_searches(store, listed)}  # fmt: skip
+               "searches": searches, "rows_apart": tell_apart([(row.description, row.workload) for row in ordered]),
+               "searches_apart": tell_apart([(s.description, s.workload) for s in searches])}  # fmt: skip
     return _page(request, "home.html", context)
 
 
@@ -184,6 +187,7 @@ def study_page(request: Request, name: str) -> HTMLResponse:
         "script": _script(summary.best),
         "facts": answer_facts(summary.best) if summary.best is not None else None,
         "trials": trials,
+        "differences": trial_differences(trials),
         "quality": views.estimate_quality(trials),
         "throughput": views.throughput_accuracy(trials),
         "charts": views.chart_data(trials, summary.pruned_reasons, workload.gpu_memory),

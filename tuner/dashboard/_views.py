@@ -9,7 +9,7 @@ from typing import Any
 
 from tuner.forecast import PredictionAccuracy, group_counts, prediction_accuracy
 from tuner.storage import FINISHED_STATUSES, JobRecord, StudyRecord, TrialRecord, WorkloadRecord
-from tuner.units import GiB, format_bytes
+from tuner.units import format_bytes, memory_unit
 from tuner.workload import UNKNOWN_FAMILY, TrialConfig
 
 MEASURED_STATUSES = tuple(status for status in FINISHED_STATUSES if status != "pruned")
@@ -157,8 +157,8 @@ def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, fl
     return front
 
 
-def _gib(size: int | None) -> float | None:
-    return None if size is None else round(size / GiB, 4)
+def _in(size: int | None, scale: int) -> float | None:
+    return None if size is None else round(size / scale, 4)
 
 
 def _wrap(label: str, width: int = 48) -> list[str] | str:
@@ -222,7 +222,7 @@ def throughput_accuracy(trials: list[TrialRecord]) -> ThroughputAccuracy:
 
 
 def chart_data(trials: list[TrialRecord], pruned_reasons: dict[str, int], gpu_memory: int) -> dict[str, Any]:
-    """Everything the study page's charts draw, as JSON-ready data (memory in GiB, throughput in tokens/s).
+    """Everything the study page's charts draw, as JSON-ready data (memory in ``memory_unit``, as tables read sizes).
 
     ``progress``: each measured trial's throughput and the best so far, by trial number. ``pareto``: throughput
     against measured peak memory, and the front. ``estimate``: estimated against measured peak memory per trial.
@@ -240,12 +240,13 @@ def chart_data(trials: list[TrialRecord], pruned_reasons: dict[str, int], gpu_me
         if trial.status == "ok" and trial.tokens_per_s is not None:
             best = trial.tokens_per_s if best is None else max(best, trial.tokens_per_s)
         progress.append({"x": trial.number, "y": best})
-    points = [(t.peak_bytes / GiB, t.tokens_per_s, t.number) for t in ok if t.peak_bytes is not None]
+    unit, scale = memory_unit(gpu_memory)
+    points = [(t.peak_bytes / scale, t.tokens_per_s, t.number) for t in ok if t.peak_bytes is not None]
     front = pareto_front(points)  # type: ignore[arg-type]
     compared = [t for t in ordered if t.estimated_peak_bytes is not None and t.peak_bytes is not None]
     reasons = group_counts(pruned_reasons)
     return {
-        "gpu_memory_gib": _gib(gpu_memory),
+        "memory_unit": unit,  # MiB under a budget below 1 GiB, else GiB
         "progress": {
             "trials": [{"x": t.number, "y": t.tokens_per_s} for t in ok],
             "best": [p for p in progress if p["y"] is not None],
@@ -256,8 +257,9 @@ def chart_data(trials: list[TrialRecord], pruned_reasons: dict[str, int], gpu_me
         },
         "estimate": {
             "trials": [
-                {"x": _gib(t.estimated_peak_bytes), "y": _gib(t.peak_bytes), "n": t.number, "status": t.status}
+                {"x": x, "y": y, "n": t.number, "status": t.status}
                 for t in compared
+                for x, y in [(_in(t.estimated_peak_bytes, scale), _in(t.peak_bytes, scale))]
             ],
         },
         "throughput": {

@@ -8,16 +8,30 @@ print as the same row. :func:`differing_keys` finds the settings whose values ar
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from tuner.workload.layouts import LAYOUTS
 from tuner.workload.long_context import long_context_config
-from tuner.workload.trial import TrialConfig
+from tuner.workload.numerics import numerics_config
+from tuner.workload.trial import PRECISION_SECTIONS, TrialConfig
 
 # the prefixes left out of a setting's name where the rest names it alone (DeepSpeed's own key names remain)
 SHORT_PREFIXES = ("zero_optimization.", "dstune.")
+WORKLOAD_PREFIXES = ("model.", "cluster.", "train.", "trainable.")
 CHECKPOINTING = "activation_checkpointing"  # a trial's setting outside its ds_config
+# the settings every view of a trial names: ZeRO stage, batch shape, offload devices, activation checkpointing
+COLUMN_KEYS = (
+    "zero_optimization.stage",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",  # micro × accumulation × the data-parallel ranks
+    "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_param.device",
+    CHECKPOINTING,
+)
 
 
 def flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -49,6 +63,25 @@ def layout_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
+def summary_keys() -> frozenset[str]:
+    """The settings :meth:`TrialConfig.summary` names: :data:`COLUMN_KEYS`, the precision, the numerics choices and
+    the layouts (:func:`layout_keys`)."""
+    numerics = flat(numerics_config(True, True, "muon", chunked_loss=True, liger=True))
+    precision = {f"{section}.enabled" for section in PRECISION_SECTIONS}
+    return frozenset({*COLUMN_KEYS, *numerics, *precision, *layout_keys()})
+
+
+def workload_settings(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored workload's settings as one flat mapping (its peft adapter's fields each a setting), without its launch
+    environment (said apart, its variables' values private)."""
+    data = {key: value for key, value in stored.items() if key != "launch"}
+    trainable = data.get("trainable")
+    if isinstance(trainable, Mapping) and isinstance(trainable.get("peft"), str) and trainable["peft"]:
+        with contextlib.suppress(ValueError):
+            data["trainable"] = {**trainable, "peft": json.loads(trainable["peft"])}
+    return flat(data)
+
+
 def _covered(key: str, shown: Collection[str]) -> bool:
     return any(key == name or key.startswith(f"{name}.") for name in shown)
 
@@ -65,13 +98,13 @@ def differing_keys(rows: Sequence[Mapping[str, Any]], shown: Collection[str] = (
     return [key for key in keys if not _covered(key, shown) and len({repr(row.get(key, missing)) for row in rows}) > 1]
 
 
-def short_name(key: str) -> str:
+def short_name(key: str, prefixes: Sequence[str] = SHORT_PREFIXES) -> str:
     """A setting's name in a table: its dotted key without the section that goes without saying.
 
     >>> short_name("zero_optimization.offload_param.pin_memory"), short_name("dstune.chunked_loss")
     ('offload_param.pin_memory', 'chunked_loss')
     """
-    for prefix in SHORT_PREFIXES:
+    for prefix in prefixes:
         if key.startswith(prefix):
             return key[len(prefix) :]
     return key
@@ -92,22 +125,26 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def describe_differences(row: Mapping[str, Any], keys: Iterable[str]) -> str:
+def describe_differences(row: Mapping[str, Any], keys: Iterable[str], prefixes: Sequence[str] = SHORT_PREFIXES) -> str:
     """A row's values of ``keys`` (those it sets): ``reduce_bucket_size=5e8 · overlap_comm=false``.
 
     >>> describe_differences({"zero_optimization.overlap_comm": False, "x": 1}, ["zero_optimization.overlap_comm"])
     'overlap_comm=false'
     """
-    return " · ".join(f"{short_name(key)}={format_value(row[key])}" for key in keys if key in row)
+    return " · ".join(f"{short_name(key, prefixes)}={format_value(row[key])}" for key in keys if key in row)
 
 
 __all__ = [
     "CHECKPOINTING",
+    "COLUMN_KEYS",
+    "WORKLOAD_PREFIXES",
     "describe_differences",
     "differing_keys",
     "flat",
     "format_value",
     "layout_keys",
     "short_name",
+    "summary_keys",
     "trial_settings",
+    "workload_settings",
 ]

@@ -80,7 +80,7 @@
       { label: "Measured trial", data: data.pareto.trials, backgroundColor: COLORS.ok, borderColor: COLORS.ok },
       { label: "Pareto front", data: data.pareto.front, showLine: true, pointRadius: 5, pointStyle: "rectRot",
         borderColor: COLORS.front, backgroundColor: COLORS.front, borderWidth: 2 },
-    ], "Peak memory per GPU (GiB)", "Tokens/s");
+    ], "Peak memory per GPU (" + data.memory_unit + ")", "Tokens/s");
 
     const byStatus = {};
     data.estimate.trials.forEach(function (p) { (byStatus[p.status] = byStatus[p.status] || []).push(p); });
@@ -90,7 +90,8 @@
       return { label: status, data: byStatus[status], backgroundColor: color, borderColor: color };
     });
     if (values.length) datasets.push(diagonal(values, "measured = estimated"));
-    drawn.estimate = scatter("chart-estimate", datasets, "Estimated peak per GPU (GiB)", "Measured peak per GPU (GiB)",
+    const unit = " (" + data.memory_unit + ")";  // MiB under a budget below 1 GiB, as the tables' sizes read
+    drawn.estimate = scatter("chart-estimate", datasets, "Estimated peak per GPU" + unit, "Measured peak per GPU" + unit,
       sameRange(values), sameRange(values));
 
     const measured = data.throughput.trials.filter(function (p) { return !p.stopped_early; });
