@@ -301,9 +301,9 @@ class StudyOut(BaseModel):
 
 
 class TrialOut(BaseModel):
-    id: int
-    study_id: int
-    number: int
+    id: int = Field(description="The trial's database id (/v1/recommend's trial_id); number is the trial's number.")
+    study_id: int = Field(description="The study's database id.")
+    number: int = Field(description="The trial's number in its study, from 0, as dstune tune, best and the dashboard.")
     config_key: str
     ds_config: dict[str, Any]
     activation_checkpointing: bool

@@ -111,17 +111,23 @@ def run_study_job(
         report = tuning.run(dispatcher, should_stop=handle.cancel_requested)
     finally:
         dispatcher.close(wait=False)
-    best = store.best_trial(tuning.study_id)
-    handle.report(
-        {
-            "study_id": tuning.study_id,
-            "trials": sum(report.counts.values()),
-            "budget": settings.trials,
-            "counts": report.counts,
-            "best_tokens_per_s": None if best is None else best.tokens_per_s,
-            "best_trial_id": None if best is None else best.id,
-        }
-    )
+    handle.report(final_progress(store, tuning.study_id, report.counts, settings.trials))
     if report.stopped:
         return "cancelled"
     return "interrupted" if report.interrupted else "done"
+
+
+def final_progress(store: Store, study_id: int, counts: dict[str, int], budget: int) -> dict[str, Any]:
+    """A finished job's progress: its trials by status and its best trial, by the number the CLI and the dashboard
+    give it (``best_trial_number``, from 0) and by its database id (``best_trial_id``, as ``GET
+    /v1/studies/{name}/trials`` lists it)."""
+    best = store.best_trial(study_id)
+    return {
+        "study_id": study_id,
+        "trials": sum(counts.values()),
+        "budget": budget,
+        "counts": counts,
+        "best_tokens_per_s": None if best is None else best.tokens_per_s,
+        "best_trial_number": None if best is None else best.number,
+        "best_trial_id": None if best is None else best.id,
+    }
