@@ -21,6 +21,7 @@ pytest.importorskip("psutil")
 from fault_entry import FAULTED
 from faultkit import MARKER_ENV, marked_processes, rank_processes, wait_for
 
+from tuner.measure.driver.host_memory import HOST_MEMORY
 from tuner.measure.driver.local_launcher import launch_local
 from tuner.measure.measurement import INFRA_LOST, PEER_KILLED, Measurement
 from tuner.measure.run_protocol import RunSpec
@@ -30,6 +31,7 @@ from tuner.workload import ClusterSpec, TrainSpec, Workload, load_builtin_model,
 pytestmark = pytest.mark.deepspeed
 ENTRY = Path(__file__).with_name("fault_entry.py")
 DSTUNE = str(Path(sys.executable).with_name("dstune"))
+RSS_CAP = 3 * 2**29  # above a tiny rank's own resident memory, below what the grow fault adds to it
 ORPHAN_GRACE_S = 10.0  # "a few seconds": how long a rank may outlive whoever owned it
 TUNE = [
     *("--model", "tiny-gpt2", "--gpus", "1", "--seq-len", "32", "--device", "cpu", "--gpu-memory", "64GiB"),
@@ -89,6 +91,19 @@ def test_a_rank_killed_or_stopped_mid_step_is_classified_and_its_peer_is_gone(
         assert result.ranks[0].exception_type == PEER_KILLED or result.ranks[0].status == "error"
     else:
         assert {rank.status for rank in result.ranks} == {"timeout"}
+    assert no_ranks_left(marker)
+
+
+def test_a_rank_growing_past_its_host_memory_cap_ends_the_run_oom(marker: str, tmp_path: Path) -> None:
+    """A rank whose memory grows past its cap (its share of the host; here 1.5 GiB) is killed before it takes the
+    host, whatever its estimate said: the run is ``oom`` / HostMemory, its peer gone."""
+    started = time.monotonic()
+    entry = [sys.executable, str(ENTRY), "grow", "1"]
+    result = launch_local(run_spec(2), timeout=300, entry=entry, keep_dir=tmp_path, rss_cap=RSS_CAP)
+    assert (tmp_path / f"{FAULTED}1").exists(), f"rank 1 never reached its step: {result.error}"
+    assert result.status == "oom" and result.exception_type == HOST_MEMORY, result.error
+    assert "past its cap of 1.50 GiB" in (result.error or "")
+    assert time.monotonic() - started < 300  # the cap ended it, not the timeout
     assert no_ranks_left(marker)
 
 

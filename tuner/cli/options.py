@@ -53,7 +53,11 @@ ParamsOpt = Annotated[float | None, typer.Option(help="A bare parameter count, e
 GpusOpt = Annotated[int, typer.Option(min=1, help="GPUs per node.")]
 NodesOpt = Annotated[int, typer.Option(min=1, help="Number of nodes.")]
 GpuMemoryOpt = Annotated[
-    str | None, typer.Option(help="Memory per GPU (80GiB, 512GB or bytes; default: --gpu-type's, else 80GiB).")
+    str | None,
+    typer.Option(
+        help="Memory per GPU (80GiB, 512GB or bytes; default: --gpu-type's, else 80GiB; measure and tune on CPU "
+        "ranks here: each rank's share of this host's memory)."
+    ),
 ]
 GpuTypeOpt = Annotated[
     GpuTypeName | None,

@@ -6,7 +6,9 @@ in the host's memory beside what the estimator puts in the node's CPU memory (of
 processes themselves: ``cpu_per_node``). On GPUs the host holds the latter only: what offload puts there. A run whose
 sum exceeds what the host has available now (:data:`HOST_FRACTION` of it) is not started: it would be killed by the
 kernel or Ray's memory monitor, and other users' processes with it. Such a run ends ``oom`` (``HostMemory``): it does
-not fit here, and a length search goes down from it as from a measured overflow.
+not fit here, and a length search goes down from it as from a measured overflow. What is available is the tighter of
+the kernel's figure and this process's memory cgroup (:mod:`~tuner.measure.driver.cgroup_memory`); a run that starts
+has each rank capped at its share of it (:func:`rank_share`, :mod:`~tuner.measure.driver.rss_watch`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import replace
 
 from tuner.errors import InputError
 from tuner.estimator import MemoryEstimate, estimate
+from tuner.measure.driver.cgroup_memory import cgroup_limit
 from tuner.measure.measurement import Measurement
 from tuner.measure.options import MeasureOptions
 from tuner.units import format_bytes
@@ -28,10 +31,31 @@ CPU_RANKS_PER_CPU = 4  # CPU ranks one host may run, per logical CPU (each rank 
 
 def available_memory() -> int:
     """The memory a run may take on this host now: :data:`HOST_FRACTION` of what the kernel says is available
-    (bytes, MemAvailable)."""
+    (bytes, MemAvailable), or of what this process's control group may still take when that is less
+    (:func:`~tuner.measure.driver.cgroup_memory.cgroup_limit`)."""
     import psutil
 
-    return int(psutil.virtual_memory().available * HOST_FRACTION)
+    available = psutil.virtual_memory().available
+    limited = cgroup_limit()
+    if limited is not None:
+        available = min(available, limited.headroom)
+    return int(available * HOST_FRACTION)
+
+
+def host_total() -> int:
+    """This host's memory as a run here sees it: the kernel's total, or this process's control group's limit when
+    that is less (bytes)."""
+    import psutil
+
+    limited = cgroup_limit()
+    total = psutil.virtual_memory().total
+    return min(total, limited.limit) if limited is not None else total
+
+
+def rank_share(ranks: int) -> int:
+    """What one of ``ranks`` ranks started on this host now may hold resident before it is stopped as ``oom``
+    (:mod:`tuner.measure.driver.rss_watch`): its share of :func:`available_memory`."""
+    return available_memory() // max(1, ranks)
 
 
 def host_bytes(workload: Workload, estimate: MemoryEstimate) -> int:
@@ -108,5 +132,7 @@ __all__ = [
     "host_bytes",
     "host_refusal",
     "host_share",
+    "host_total",
+    "rank_share",
     "run_refusal",
 ]

@@ -18,10 +18,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from tuner.measure.driver.gpu_lease import TooFewDevices, node_leases
+from tuner.measure.driver.host_memory import rank_share
 from tuner.measure.driver.launch_env import measured_launch, plan_rank, rank_variables, with_plan
 from tuner.measure.driver.outcomes import collect_rank, summarize
 from tuner.measure.driver.places import free_port, local_places
 from tuner.measure.driver.processes import RankProcess, rank_preloads, start_rank, stop_ranks
+from tuner.measure.driver.rss_watch import over_cap, stop_over
 from tuner.measure.driver.shm_buffers import remove_allreduce_buffers
 from tuner.measure.measurement import Measurement, StepHook
 from tuner.measure.oom import cgroup_oom_kills, kills_between
@@ -42,11 +44,15 @@ def wait_ranks(
     should_stop: Callable[[], bool] | None = None,
     cancel: threading.Event | None = None,
     on_step: StepHook | None = None,
+    rss_cap: int | None = None,
 ) -> None:
     """Wait for every rank. At ``timeout`` kill them all; once a rank failed (or ``should_stop()`` says a rank
     elsewhere did), kill the rest after a short grace, since they would wait in a collective. When ``cancel`` is set
     (the study was stopped), kill them all at once. ``on_step`` sees the first rank's timed step times at every poll
-    once one finished; when it answers True every rank is stopped at once (``stopped_early``)."""
+    once one finished; when it answers True every rank is stopped at once (``stopped_early``). A rank holding more
+    than ``rss_cap`` bytes resident (default: its share of this host's memory, :func:`.rank_share`, ``ranks`` all
+    here) is killed at once, its peers after it (:mod:`tuner.measure.driver.rss_watch`)."""
+    rss_cap = rss_cap or rank_share(len(ranks))
     deadline = time.monotonic() + timeout
     failed_at: float | None = None
     alive_at = time.time()  # when the last poll found every rank not yet seen exited still running
@@ -70,6 +76,10 @@ def wait_ranks(
         if failed_at is not None and now - failed_at > PEER_GRACE_S:
             stop_ranks(ranks, "peer")
             return
+        over = over_cap(ranks, rss_cap)
+        if over is not None:
+            stop_over(ranks, *over, rss_cap)
+            return
         times = read_progress(run_dir, ranks[0].rank) if progress or on_step else []
         if progress is not None:
             progress(len(times), steps)
@@ -88,6 +98,7 @@ def launch_local(
     keep_dir: Path | None = None,
     cancel: threading.Event | None = None,
     on_step: StepHook | None = None,
+    rss_cap: int | None = None,
 ) -> Measurement:
     """Run ``spec`` on this machine with one process per rank and return the job's measurement. Each rank runs in
     the workload's launch environment (:mod:`tuner.measure.driver.launch_env`: its launcher's threads, core binding and
@@ -103,6 +114,7 @@ def launch_local(
         cancel: once set, every rank is killed and the run ends ``error`` / ``Cancelled``.
         on_step: sees rank 0's timed step times as they finish; True stops the run, which ends ``ok`` with its
             partial figures and ``stopped_early``.
+        rss_cap: resident bytes a rank may hold before it is stopped as ``oom`` (default: :func:`.rank_share`).
     """
     workload = workload_from_dict(spec.workload)
     cluster, launch, threads = workload.cluster, workload.launch, spec.trial.threads_per_rank
@@ -125,7 +137,7 @@ def launch_local(
             for place, plan in zip(places, planned, strict=True)
         ]
         try:
-            wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel, on_step=on_step)
+            wait_ranks(ranks, run_dir, timeout, spec.steps, progress, cancel=cancel, on_step=on_step, rss_cap=rss_cap)
         finally:
             stop_ranks(ranks)
             remove_allreduce_buffers(port)

@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 
 from tuner.estimator import resolve
+from tuner.measure.driver.host_memory import HOST_MEMORY
 from tuner.measure.driver.places import RankPlace
 from tuner.measure.driver.processes import RankProcess
+from tuner.measure.driver.rss_watch import OVER_MEMORY
 from tuner.measure.layout_checks import with_tp_split
 from tuner.measure.measurement import (
     CANCELLED,
@@ -27,6 +29,7 @@ from tuner.measure.measurement import (
 )
 from tuner.measure.oom import KILLED, exit_status
 from tuner.measure.run_protocol import RunSpec, read_progress, result_path, timings_path
+from tuner.units import format_bytes
 from tuner.workload import workload_from_dict
 
 
@@ -51,7 +54,7 @@ def collect_rank(run_dir: Path, rank: RankProcess, oom_kills: int = 0) -> RankRe
     return placed(_rank_outcome(run_dir, rank, oom_kills), rank.place)
 
 
-STOPPED_BY_LAUNCHER = frozenset({"timeout", "peer", "cancelled", "stopped_early"})
+STOPPED_BY_LAUNCHER = frozenset({"timeout", "peer", "cancelled", "stopped_early", OVER_MEMORY})
 # file times come from the kernel's coarse clock, up to a tick (4 ms at 250 Hz) behind time.time()
 MTIME_SLACK_S = 0.02
 
@@ -67,6 +70,13 @@ def _rank_outcome(run_dir: Path, rank: RankProcess, oom_kills: int = 0) -> RankR
         if report.status == "ok" or rank.killed_for not in STOPPED_BY_LAUNCHER or not after_signal:
             return report
     code = rank.process.returncode
+    if rank.killed_for == OVER_MEMORY and rank.over_memory is not None:
+        held, cap = rank.over_memory
+        why = (
+            f"killed holding {format_bytes(held)} of this host's memory, past its cap of {format_bytes(cap)} (its "
+            "share of the memory available when the run started)"
+        )
+        return RankResult(rank.rank, "oom", exception_type=HOST_MEMORY, error=why, failed_at=rank.signalled_at)
     if rank.killed_for == "timeout":
         return RankResult(rank.rank, "timeout", error=f"killed at the timeout\n{_tail(rank.log)}")
     if rank.killed_for == "peer":

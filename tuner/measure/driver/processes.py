@@ -60,6 +60,7 @@ class RankProcess:
     killed_for: str | None = None
     exited_at: float | None = None
     signalled_at: float | None = None  # wall-clock time of the launcher's first SIGTERM or SIGKILL
+    over_memory: tuple[int, int] | None = None  # resident bytes and cap of a rank stopped at its cap (rss_watch)
 
     def terminate(self, reason: str | None = None, at: float | None = None) -> None:
         """Ask the rank's process group to stop (SIGTERM: the rank unwinds, releasing the build locks it holds);

@@ -44,6 +44,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from tuner.measure.driver.host_memory import rank_share
 from tuner.measure.driver.launch_env import (
     measured_launch,
     node_inherited,
@@ -161,6 +162,7 @@ class RankHost:
             plan = plan_rank(workload.launch, place, workload.cluster.nodes, inherited, threads=threads)
             variables = rank_variables(plan)
             oom_kills = cgroup_oom_kills()
+            rss_cap = rank_share(workload.cluster.gpus_per_node)  # this node's ranks (one Ray node per bundle)
             process = start_rank(run_dir, place, master[0], master[1], entry, memory_cap, variables, forked, preload)
             try:
                 wait_ranks(
@@ -171,6 +173,7 @@ class RankHost:
                     should_stop=lambda: self.stop,
                     cancel=self.cancelled,
                     on_step=lambda times: self.early.is_set(),
+                    rss_cap=rss_cap,
                 )
             finally:
                 stop_ranks([process])
