@@ -119,3 +119,16 @@ def test_best_out_naming_the_studys_database_leaves_it_whole(measured: str) -> N
     code, stderr, _ = _run(["best", "--study", "s", "--storage", measured, "--out", database])
     assert code == 2 and stderr.startswith("error: out: ") and "SQLite database" in stderr, stderr
     assert Path(database).read_bytes() == before
+
+
+def test_best_out_over_a_file_that_is_not_json_leaves_it_whole(measured: str, tmp_path: Path) -> None:
+    notes = tmp_path / "train.py"
+    notes.write_text("print('my training script')\n")
+    code, stderr, _ = _run(["best", "--study", "s", "--storage", measured, "--out", str(notes)])
+    assert code == 2 and stderr.startswith("error: out: ") and "not JSON" in stderr, stderr
+    assert notes.read_text() == "print('my training script')\n"
+    earlier = tmp_path / "ds_config.json"
+    earlier.write_text('{"old": true}\n')  # an earlier export is written over
+    code, stderr, _ = _run(["best", "--study", "s", "--storage", measured, "--out", str(earlier)])
+    assert code == 0, stderr
+    assert "train_micro_batch_size_per_gpu" in earlier.read_text()
