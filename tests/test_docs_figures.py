@@ -1,6 +1,7 @@
-"""The docs agree with the tool on every figure they quote from it: each quoted command in the README and
-``docs/*.md`` written as ```dstune estimate ...` answers N tokens`` (or ``N trainable parameters``) is run and its
-answer compared (estimates only: the profile of each model is traced once and cached for the session)."""
+"""The docs agree with the tool on every figure they quote from it: each quoted command in the README,
+``docs/*.md`` and ``bench/results/*.md`` written as ```dstune estimate ...` answers N tokens`` (or ``N trainable
+parameters``) is run and its answer compared (estimates only: the profile of each model is traced once and cached
+for the session)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from typer.testing import CliRunner
 from tuner.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
 QUOTE = re.compile(r"`(dstune estimate [^`]+)`\s+answers\s+([\d,]+)\s+(tokens|trainable parameters)")
 
 
 def quotes() -> list[tuple[str, str, int, str]]:
     """(file, command, figure, what) for every quoted answer in the docs (a command may wrap over lines)."""
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(RESULTS.glob("*.md"))]:
         text = " ".join(path.read_text().split())
         for command, figure, what in QUOTE.findall(text):
             found.append((path.name, command, int(figure.replace(",", "")), what))

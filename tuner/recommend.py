@@ -195,14 +195,8 @@ def recommend_longest(store: Store, workload: Workload) -> tuple[Recommendation,
     """
     calibration = store.get_calibration(workload.cluster.hardware_key, workload.model.family)
     margin = calibration.margin if calibration is not None else Calibration().margin
-    checked = Calibration(margin=margin)
     fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
-    answer = longest_fit(
-        workload,
-        Pins(),
-        fits=lambda est: checked.fits(est.gpu_total, est.gpu_memory) and est.cpu_headroom >= 0,
-        factors=fit.factors,
-    )
+    answer = longest_fit(workload, Pins(), margin, fit.factors)
     prediction = predict(answer.workload, answer.trial, fit.factors).to_dict()
     found = Recommendation(
         "estimate",

@@ -137,7 +137,7 @@ def test_a_bad_global_batch_is_422_at_its_field(client: TestClient, body: dict[s
 def test_the_estimate_body_takes_every_trial_field_the_cli_takes() -> None:
     """Derived from the one trial request: its fields beside the workload, the batch split in the workload."""
     trial_fields = set(WorkloadInput.model_fields) - set(WorkloadRequest.model_fields)
-    assert set(EstimateRequest.model_fields) - {"workload"} | trial_fields == set(TrialRequest.model_fields)
+    assert set(EstimateRequest.model_fields) - {"workload", "margin"} | trial_fields == set(TrialRequest.model_fields)
 
 
 def test_the_estimate_asks_for_autotp_and_hpz(client: TestClient) -> None:

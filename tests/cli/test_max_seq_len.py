@@ -124,7 +124,7 @@ def test_long_context_flags_reach_a_plain_estimate_and_bad_ones_exit_2() -> None
 def test_the_answer_is_usable_as_given_config_out_and_what_the_code_applies(tmp_path: Path) -> None:
     """The human answer prints the ds_config to train with (``--out`` writes it), leaves the ``dstune`` keys out of
     it and says what the training code applies instead (checkpointing, ALST's pieces); ``--json`` carries the same
-    in ``export``; ``--margin 5%`` leaves that much free, as ``/v1/recommend`` does."""
+    in ``export``; ``--margin 5%`` (the default) leaves that much free, as ``/v1/recommend`` does."""
     out = tmp_path / "lc.json"
     args = ["--model", "tiny-llama", "--gpus", "2", "--device", "cpu", "--gpu-memory", "64MiB"]
     human = runner.invoke(app, ["estimate", *args, "--max-seq-len"])
@@ -134,12 +134,13 @@ def test_the_answer_is_usable_as_given_config_out_and_what_the_code_applies(tmp_
     assert written.exit_code == 0 and f"wrote {out}" in written.output
     config = json.loads(out.read_text())
     assert "dstune" not in config and config["train_micro_batch_size_per_gpu"] == 1
-    answer = _json(*args)
-    assert answer["export"]["ds_config"] == config and answer["export"]["margin"] == 0
+    answer = _json(*args, "--margin", "0")
+    assert answer["export"]["margin"] == 0
     if answer["max_seq_len"]["activation_checkpointing"]:
         assert "the training code applies, beside it (not DeepSpeed keys):" in human.output
         assert "gradient_checkpointing_enable" in human.output
     kept = _json(*args, "--margin", "5%")
+    assert kept["export"]["ds_config"] == config
     assert kept["export"]["margin"] == 0.05 and kept["max_seq_len"]["seq_len"] <= answer["max_seq_len"]["seq_len"]
     assert kept["per_gpu"]["total"] * 1.05 <= kept["gpu_memory"]
 

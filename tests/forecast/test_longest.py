@@ -124,8 +124,8 @@ def test_nothing_fits_says_why() -> None:
 def test_a_margin_shortens_the_answer() -> None:
     work = _work()
     plain = longest_fit(work)
-    margin = longest_fit(work, fits=lambda est: est.fits and est.gpu_total * 1.1 <= est.gpu_memory)
-    assert margin.seq_len < plain.seq_len
+    margin = longest_fit(work, margin=0.1)
+    assert margin.seq_len < plain.seq_len and margin.estimate.gpu_total * 1.1 <= margin.estimate.gpu_memory
 
 
 def test_beyond_the_positions_is_said_not_capped() -> None:

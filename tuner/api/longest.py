@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.api.schemas import EstimateRequest, LongestWorkloadInput
-from tuner.forecast import TRACE_LENGTHS, Fits, LongestFit, NoLengthFits, Pins, longest_fit
+from tuner.forecast import DEFAULT_MARGIN, TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
 from tuner.requests import FieldError, to_workload
 from tuner.requests.search_pins import pinned_sections
 from tuner.workload import Workload
@@ -58,11 +58,11 @@ def estimate_pins(body: EstimateRequest) -> Pins:
 
 
 def longest(
-    workload: Workload, pins: Pins, fits: Fits | None = None, factors: dict[str, float] | None = None
+    workload: Workload, pins: Pins, margin: float = DEFAULT_MARGIN, factors: dict[str, float] | None = None
 ) -> LongestFit:
-    """:func:`longest_fit`, nothing fitting as a 422 at ``workload.seq_len``."""
+    """:func:`longest_fit` with ``margin``, nothing fitting as a 422 at ``workload.seq_len``."""
     try:
-        return longest_fit(workload, pins, fits, factors)
+        return longest_fit(workload, pins, margin, factors)
     except NoLengthFits as error:
         raise FieldError((*LOC, "seq_len"), str(error)) from None
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
 from tuner.api.considered import ConsideredLayout
+from tuner.forecast import DEFAULT_MARGIN
 from tuner.requests import RequestModel, TrialRequest, TrialSettings, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
 from tuner.workload import MAX_SEQ_LEN  # WorkloadRequest's bound on a given length
@@ -47,8 +48,9 @@ class NextLimitOut(BaseModel):
     """What runs out one step past the longest length."""
 
     seq_len: int = Field(description="The next length tried, which does not fit.")
-    memory: Literal["gpu", "cpu", "cap", "refused"] = Field(
-        description="gpu or cpu: that memory runs out; cap: the search stopped at its cap; refused: the estimator "
+    memory: Literal["gpu", "cpu", "cap", "positions", "refused"] = Field(
+        description="gpu or cpu: that memory runs out (gpu: or the margin beside the peak, as reason says); cap: the "
+        "search stopped at its cap; positions: at the model's learned position table; refused: the estimator "
         "refuses the config there."
     )
     category: str | None = Field(
@@ -104,6 +106,7 @@ class MaxSeqLenOut(_LongestLayout):
     refused: int = Field(description="Of them, refused by the estimator (not considered).")
     tied: int = Field(description="Configs reaching seq_len; the fastest by predicted throughput, then the simplest.")
     estimates: int = Field(description="Estimates the search made.")
+    margin: float = Field(0.0, description="The share of the estimated GPU peak kept free beside it (0: none).")
 
 
 class EstimateRequest(TrialSettings):
@@ -114,10 +117,17 @@ class EstimateRequest(TrialSettings):
     they set, and the estimate of the config that reaches it at that length."""
 
     workload: LongestWorkloadInput
+    margin: float = Field(
+        DEFAULT_MARGIN,
+        ge=0,
+        lt=0.5,
+        description='With workload.seq_len "max": the share of the estimated GPU peak the answer keeps free beside it '
+        "(0: the estimate's own limit), as dstune estimate --max-seq-len --margin; not with a given length.",
+    )
 
     def trial_request(self) -> TrialRequest:
         """The trial config asked for: this body's trial fields and its workload object's."""
-        return TrialRequest(**self.workload.trial_fields(), **self.model_dump(exclude={"workload"}))
+        return TrialRequest(**self.workload.trial_fields(), **self.model_dump(exclude={"workload", "margin"}))
 
 
 class PhaseBytes(BaseModel):

@@ -15,6 +15,7 @@ from tuner.cli.common import fail, gib
 from tuner.cli.max_seq_len import max_seq_len_command
 from tuner.cli.options import JsonOpt, WorkloadFlags, build, workload_options
 from tuner.estimator import MemoryEstimate, estimate, predict
+from tuner.forecast import DEFAULT_MARGIN
 
 MaxSeqLenOpt = Annotated[
     bool,
@@ -66,11 +67,11 @@ def render(est: MemoryEstimate, title: str, console: Console | None = None) -> N
 def margin_of(text: str | None) -> float:
     """``5%`` or ``0.05`` as a fraction in [0, 0.5); exits 2 naming ``margin`` otherwise.
 
-    >>> margin_of("5%"), margin_of("0.05"), margin_of(None)
-    (0.05, 0.05, 0.0)
+    >>> margin_of("5%"), margin_of("0"), margin_of(None) == DEFAULT_MARGIN
+    (0.05, 0.0, True)
     """
     if text is None:
-        return 0.0
+        return DEFAULT_MARGIN
     try:
         value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
     except ValueError:
@@ -92,8 +93,8 @@ def estimate_command(
     margin: Annotated[
         str | None,
         typer.Option(
-            help="With --max-seq-len: GPU memory to leave free, 5% or 0.05 (/v1/recommend keeps its calibrated "
-            "margin, 5% by default; default here: none)."
+            help="With --max-seq-len: the share of the estimated GPU peak kept free beside it, 5% or 0.05; 0: the "
+            f"estimate's own limit (default {DEFAULT_MARGIN:.0%}, as the API's seq_len max answers)."
         ),
     ] = None,
 ) -> None:

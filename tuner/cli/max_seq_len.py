@@ -26,10 +26,12 @@ from rich.table import Table
 from tuner.cli.common import fail, gib, write_text_file
 from tuner.cli.options import WorkloadFlags, build, ds_config_file
 from tuner.estimator import MemoryEstimate, predict
-from tuner.forecast import TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
+from tuner.forecast import DEFAULT_MARGIN, TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
 from tuner.requests import TrialSettings
 from tuner.requests.search_pins import PINNED_LAYOUTS, pinned_sections
 from tuner.space.dsconfig import export_config
+from tuner.space.training_code import training_code, training_code_path
+from tuner.units import format_bytes
 from tuner.workload import Workload
 from tuner.workload.layouts import ULYSSES
 
@@ -85,19 +87,18 @@ def max_seq_len_command(
     as_json: bool,
     render: RenderEstimate,
     out: str | None = None,
-    margin: float = 0.0,
+    margin: float = DEFAULT_MARGIN,
 ) -> None:
     """Answer ``--max-seq-len``: a table (then the estimate's, by ``render``, and the config to train with), or the
-    estimate's JSON with a ``max_seq_len`` object and the ``export`` beside it; ``out``: the config written there.
-    ``margin``: the fraction of GPU memory the answer leaves free (the API's ``/v1/recommend`` keeps its calibrated
-    margin, 5 % by default)."""
+    estimate's JSON with a ``max_seq_len`` object and the ``export`` beside it; ``out``: the config written there, the
+    code-side settings beside it (:func:`training_code_path`). ``margin``: the fraction of the estimated GPU peak the
+    answer keeps free on top of it (:data:`DEFAULT_MARGIN`, as the API's ``seq_len: "max"`` answers)."""
     if flag_given(ctx, "seq_len"):
         fail("seq-len", "not with --max-seq-len: the length is what it searches")
     pins = pins_of(ctx, flags)
     workload = traced_workload(flags)
-    fits = (lambda est: est.gpu_total * (1 + margin) <= est.gpu_memory and est.cpu_headroom >= 0) if margin else None
     try:
-        answer = longest_fit(workload, pins, fits)
+        answer = longest_fit(workload, pins, margin)
     except NoLengthFits as error:
         typer.echo(f"error: max-seq-len: {error}", err=True)
         raise typer.Exit(NO_LENGTH_EXIT) from None
@@ -107,17 +108,19 @@ def max_seq_len_command(
     )
     if answer.trial.activation_checkpointing:  # a model setting: no ds_config key says it
         notes.insert(0, CHECKPOINTING)
+    code = training_code(answer.trial, notes, answer.seq_len, out or "the ds_config")
     if out:
         write_text_file(out, json.dumps(config, indent=2) + "\n")
+        write_text_file(training_code_path(out), json.dumps(code, indent=2) + "\n")
     if as_json:
-        export = {"ds_config": config, "notes": notes, "margin": margin}
+        export = {"ds_config": config, "notes": notes, "training_code": code, "margin": margin}
         body = {**answer.estimate.to_dict(), "throughput": throughput, "max_seq_len": answer.to_dict()}
         typer.echo(json.dumps({**body, "export": export}))
         return
     console = Console()
     render_longest(answer, workload.model.name, render, console)
-    if margin:
-        console.print(f"with a margin of {margin:.0%} of GPU memory left free", highlight=False)
+    kept = f"{margin:.0%} of the estimated peak kept free beside it" if margin else "none: the estimate's own limit"
+    console.print(f"margin: {kept} (--margin; default {DEFAULT_MARGIN:.0%})", highlight=False)
     render_export(config, notes, out, console)
 
 
@@ -126,7 +129,10 @@ def render_export(config: dict[str, Any], notes: list[str], out: str | None, con
     apply beside it: the ``dstune`` keys of the answer (ALST's tiled MLP and loss, checkpoint offload) are not
     DeepSpeed's, so they are left out of the config and said here."""
     if out:
-        console.print(f"wrote {out}: the ds_config to train with", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"wrote {out}: the ds_config to train with (DeepSpeed keys only)", highlight=False, markup=False,
+                      soft_wrap=True)  # fmt: skip
+        console.print(f"wrote {training_code_path(out)}: what the training code applies beside it (the steps "
+                      "below, and their values)", highlight=False, markup=False, soft_wrap=True)  # fmt: skip
     else:
         console.print("the ds_config to train with:", highlight=False)
         console.print_json(json.dumps(config))
@@ -165,10 +171,15 @@ def render_longest(answer: LongestFit, name: str, render: RenderEstimate, consol
 def _limit_text(seq_len: int, memory: str, category: str | None, short_by: int, reason: str = "") -> str:
     if memory == "cap":
         return f"the search's cap ({seq_len:,} tokens)"
+    if memory == "positions":
+        return f"the model's learned position table: {reason}"
     if memory == "refused":
         return f"{seq_len:,} tokens refused by the estimator"
-    why = reason.partition("; ")[2]  # beyond the overflow itself (a pinned buffer that doubles)
-    text = f"at {seq_len:,} tokens {memory.upper()} memory runs out ({category} grows most; {gib(short_by)} GiB short)"
+    if memory == "gpu" and not reason.startswith("GPU memory short"):  # it holds the peak, not the margin
+        return f"at {seq_len:,} tokens {reason} ({category} grows most)"
+    why = reason.partition("; ")[2]  # beyond the overflow itself (a pinned buffer that doubles, the margin)
+    short = format_bytes(short_by)
+    text = f"at {seq_len:,} tokens {memory.upper()} memory runs out ({category} grows most; {short} short)"
     return text + (f": {why}" if why else "")
 
 

@@ -15,9 +15,14 @@ What the estimator models decides the answer: :func:`modelled` checks, on this w
 MLP and loss and checkpoint offload change its estimate at all, and the answer says which do not (they then tie with
 their plain counterparts and lose on predicted throughput, or on simplicity).
 
-The model's ``max_position_embeddings`` does not cap the search: memory does not depend on it, and long-context
-training extends the positions (RoPE scaling); the answer says when it lies beyond (``beyond_max_positions``). The
-search stops at :data:`SEARCH_CAP` tokens. Pure Python.
+A margin (``margin``: the fraction the estimated peak is inflated by before it is compared with the GPU's memory,
+as :class:`tuner.forecast.Calibration` checks a fit; the faces default to :data:`tuner.forecast.DEFAULT_MARGIN`)
+keeps that much free, and the next limit then says where the margin is what the next length exceeds.
+
+A rotary model's ``max_position_embeddings`` does not cap the search: memory does not depend on it, and long-context
+training extends the positions (RoPE scaling); the answer says when it lies beyond (``beyond_max_positions``). A
+learned position table (GPT-2's ``wpe``) does: no scaling extends it, so the search stops at its rows and the next
+limit says so (``positions``). The search stops at :data:`SEARCH_CAP` tokens. Pure Python.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tuner.errors import InputError
-from tuner.estimator import CATEGORIES, CPU_VIEWS, ConfigError, MemoryEstimate, estimate, predict
+from tuner.estimator import ConfigError, MemoryEstimate, estimate, predict
+from tuner.forecast.calibration import Calibration
+from tuner.forecast.next_limit import NextLimit, next_limit
 from tuner.forecast.seq_candidates import Candidate, Pins, candidates
 from tuner.forecast.seq_scaling import SeqSizer
-from tuner.units import format_bytes
 from tuner.workload import MAX_SEQ_LEN, TrialConfig, Workload
 from tuner.workload.layouts import ULYSSES
 
@@ -40,23 +46,6 @@ Fits = Callable[[MemoryEstimate], bool]
 
 class NoLengthFits(Exception):
     """Not even the shortest length fits under any candidate the pins allow."""
-
-
-@dataclass(frozen=True)
-class NextLimit:
-    """What stops the answer one step further: ``memory`` ``gpu`` or ``cpu`` (``cap``: the search's cap), the
-    category that grows the most from the answer's length to ``seq_len`` (the one that runs out), the peak phase
-    there and the bytes it is short by."""
-
-    seq_len: int
-    memory: str
-    category: str | None
-    phase: str | None
-    short_by: int
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -76,6 +65,7 @@ class LongestFit:
     refused: int
     tied: int
     estimates: int
+    margin: float = 0.0
 
     @property
     def max_positions(self) -> int:
@@ -129,14 +119,15 @@ class LongestFit:
             "refused": self.refused,
             "tied": self.tied,
             "estimates": self.estimates,
+            "margin": self.margin,
         }
 
 
 class _Search:
     """The probes of one search: estimates by (candidate, length), refusals counted."""
 
-    def __init__(self, sizer: SeqSizer, pins: Pins, fits: Fits, cap: int) -> None:
-        self.sizer, self.pins, self.fits, self.cap = sizer, pins, fits, cap
+    def __init__(self, sizer: SeqSizer, pins: Pins, fits: Fits, cap: int, margin: float = 0.0) -> None:
+        self.sizer, self.pins, self.fits, self.cap, self.margin = sizer, pins, fits, cap, margin
         self.estimates = 0
         self.refusals: dict[Candidate, str] = {}
 
@@ -178,10 +169,24 @@ class _Search:
         return low * step
 
 
+def fits_within(margin: float) -> Fits:
+    """Whether an estimate fits with ``margin``: its GPU peak times 1 + margin within the GPU's memory (the check
+    :class:`Calibration` makes of a study's trial and the recommender's answer), and the node's host memory holding
+    its share.
+
+    >>> from tuner.workload import ClusterSpec, TrialConfig, Workload, load_builtin_model
+    >>> est = estimate(Workload(load_builtin_model("gpt2"), ClusterSpec()), TrialConfig({}))
+    >>> fits_within(0.0)(est), fits_within(est.gpu_memory / est.gpu_total)(est)
+    (True, False)
+    """
+    checked = Calibration(margin=margin)
+    return lambda est: checked.fits(est.gpu_total, est.gpu_memory) and est.cpu_headroom >= 0
+
+
 def longest_fit(
     workload: Workload,
     pins: Pins | None = None,
-    fits: Fits | None = None,
+    margin: float = 0.0,
     factors: Mapping[str, float] | None = None,
     cap: int = SEARCH_CAP,
 ) -> LongestFit:
@@ -191,9 +196,10 @@ def longest_fit(
         workload: The workload; its own ``seq_len`` is ignored. A transformers model's profile must hold traced
             lengths to extrapolate from (:data:`tuner.forecast.seq_scaling.TRACE_LENGTHS`).
         pins: What the user fixed (default: everything searched, micro-batch 1).
-        fits: Whether an estimate fits (default :attr:`MemoryEstimate.fits`; the recommender adds its margin).
+        margin: The share of the estimated GPU peak kept free beside it (:func:`fits_within`; the faces default
+            to :data:`~tuner.forecast.DEFAULT_MARGIN`, the recommender its calibrated one; 0: the estimate's fit).
         factors: The throughput model's fitted factors, for ranking ties.
-        cap: Stop searching at this many tokens.
+        cap: Stop searching at this many tokens (a learned position table stops it at its rows).
     Raises:
         NoLengthFits: nothing fits at the shortest length.
 
@@ -205,10 +211,9 @@ def longest_fit(
         (0, 3, 'cpu')
     """
     pins = pins or Pins()
-    fits = fits or (lambda est: est.fits)
     pool = list(candidates(workload, pins))
     sizer = SeqSizer(workload, {c.sp for c in pool})
-    search = _Search(sizer, pins, fits, cap)
+    search = _Search(sizer, pins, fits_within(margin), min(cap, workload.model.position_limit or cap), margin)
     best, tied = 0, []
     for candidate in pool:
         found = search.longest(candidate, best)
@@ -229,13 +234,14 @@ def longest_fit(
         trial=trial,
         workload=sizer.at(best),
         estimate=est,
-        next_limit=_next_limit(search, winner, best, est),
+        next_limit=next_limit(search, winner, best, est),
         tokens_per_s=tokens,
         modelled=modelled(workload, pins),
         candidates=len(pool),
         refused=_refused(search, pool),
         tied=len(tied),
         estimates=search.estimates,
+        margin=margin,
     )
 
 
@@ -266,37 +272,6 @@ def _rank(
 
     winner = min(tied, key=key)
     return winner, speeds[winner]
-
-
-def _next_limit(search: _Search, winner: Candidate, best: int, est: MemoryEstimate) -> NextLimit:
-    """What runs out one step past the answer: the memory short and the category that grew the most."""
-    nxt = best + winner.multiple
-    if nxt > search.cap:
-        return NextLimit(best, "cap", None, None, 0, f"the search stops at {search.cap} tokens")
-    found = search.probe(winner, nxt)
-    if found is None:
-        refusal = search.refusals.get(winner, "refused by the estimator")
-        return NextLimit(nxt, "refused", None, None, 0, refusal)
-    after = found[1]
-    if after.headroom < 0 or after.cpu_headroom >= 0:
-        grown = {n: (after.per_gpu[n] or 0) - (est.per_gpu[n] or 0) for n in (*CATEGORIES, "overhead")}
-        category = max(grown, key=grown.__getitem__)
-        if category == "overhead":  # which of its terms (the allocator's reserve, a communicator...)
-            terms = {n: size - est.overhead_terms.get(n, 0) for n, size in after.overhead_terms.items()}
-            category = f"overhead: {max(terms, key=terms.__getitem__)}" if terms else category
-        short = max(0, -after.headroom)
-        return NextLimit(nxt, "gpu", category, after.peak_phase, short, after.overflow_reason() or "over the margin")
-    host = [n for n in after.cpu_per_node if n not in CPU_VIEWS]
-    grown = {n: after.cpu_per_node[n] - est.cpu_per_node.get(n, 0) for n in host}
-    category = max(grown, key=grown.__getitem__)
-    reason = after.overflow_reason() or ""
-    pinned = after.cpu_per_node.get("pinned", 0) - est.cpu_per_node.get("pinned", 0)
-    if pinned > -after.cpu_headroom:  # the step itself costs more than what was left: a pinned buffer doubled
-        reason += (
-            f"; {winner.multiple} more tokens pin {format_bytes(pinned)} more host memory: CUDA's pinned allocator "
-            "rounds each buffer up to a power of two"
-        )
-    return NextLimit(nxt, "cpu", category, None, -after.cpu_headroom, reason)
 
 
 def _nothing_fits(search: _Search, pool: list[Candidate]) -> str:
@@ -344,4 +319,13 @@ def _bytes(est: MemoryEstimate) -> tuple[int, ...]:
     return tuple(part.get(name, 0) for part in parts for name in ("activations", "buffers"))
 
 
-__all__ = ["SEARCH_CAP", "Fits", "LongestFit", "NextLimit", "NoLengthFits", "longest_fit", "modelled"]
+__all__ = [
+    "SEARCH_CAP",
+    "Fits",
+    "LongestFit",
+    "NextLimit",
+    "NoLengthFits",
+    "fits_within",
+    "longest_fit",
+    "modelled",
+]

@@ -68,6 +68,8 @@ async def estimate_endpoint(body: EstimateRequest, request: Request) -> Estimate
     budget = request.app.state.request_budget_s
     try:
         check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
+        if "margin" in body.model_fields_set and not asks_max(body.workload):
+            raise FieldError(("margin",), 'only with workload.seq_len "max" (an estimate of one length has none)')
         if asks_max(body.workload):  # computed once, kept, and started only with a free slot
             key, client = f"estimate:{body.model_dump_json()}", request.client.host if request.client else ""
             cache = request.app.state.expensive_cache
@@ -102,7 +104,7 @@ def _longest_answer(body: EstimateRequest, request: Request) -> EstimateResponse
     workload = traced_for(workload, trial, lengths=TRACE_LENGTHS)
     checked_estimate(workload, trial)  # a bad ds_config: 422 at its key
     fit = load_fit(store, workload.cluster.hardware_key, workload.model.family)
-    answer = longest(workload, estimate_pins(body), factors=fit.factors)
+    answer = longest(workload, estimate_pins(body), body.margin, fit.factors)
     throughput = throughput_summary(answer.workload, answer.trial, fit)
     return EstimateResponse(
         **answer.estimate.to_dict(), ds_config=answer.trial.ds_config, throughput=throughput,
