@@ -89,8 +89,8 @@ def test_the_default_launch_keeps_fingerprints_and_another_changes_them() -> Non
     torchrun = Workload(plain.model, plain.cluster, launch=LaunchEnv.of("torchrun", variables={"NCCL_ALGO": "Ring"}))
     assert torchrun.fingerprint() != plain.fingerprint()
     assert workload_from_dict(workload_to_dict(torchrun)) == torchrun
-    reordered = LaunchEnv.of(variables={"NCCL_B": "1", "NCCL_A": "2"})
-    assert reordered == LaunchEnv.of(variables={"NCCL_A": "2", "NCCL_B": "1"})
+    reordered = LaunchEnv.of(variables={"NCCL_PROTO": "Simple", "NCCL_ALGO": "Ring"})
+    assert reordered == LaunchEnv.of(variables={"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"})
 
 
 def test_the_request_carries_the_launch_and_names_a_bad_variable_by_its_path() -> None:

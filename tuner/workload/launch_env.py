@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,12 @@ class LaunchEnv:
     variables: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse a launcher or a variable outside what a launch may set (a :class:`WorkloadError` naming it). Run
+        when one is made, and again by the launcher before any rank starts: one unpickled (on a Ray node) or copied
+        was never made."""
         if self.launcher not in LAUNCHER_ENVS:
             raise WorkloadError("launcher-env", f"must be one of {', '.join(LAUNCHER_ENVS)}, got {self.launcher!r}")
         for name, value in self.variables:
@@ -201,7 +208,7 @@ def launch_command(
     variables = launch.overrides
     if threads is not None:
         variables[THREADS] = str(threads)
-    prefix = "".join(f"{name}={value} " for name, value in sorted(variables.items()))
+    prefix = "".join(f"{name}={shlex.quote(value)} " for name, value in sorted(variables.items()))
     world = gpus_per_node * nodes
     if launch.launcher == "deepspeed":
         many = f" --num_nodes {nodes} --hostfile hostfile" if nodes > 1 else ""

@@ -32,7 +32,10 @@ def plan_rank(
     threads: int | None = None,
 ) -> RankEnv:
     """The environment the rank at ``place`` gets on this node (``cores``: its physical cores, default this node's;
-    ``threads``: the trial's own threads per rank, over the launch environment's rule)."""
+    ``threads``: the trial's own threads per rank, over the launch environment's rule). ``launch`` is checked again
+    first (:meth:`tuner.workload.LaunchEnv.check`): a variable outside the allow-list never reaches a rank or a fork
+    server, however the launch environment got here."""
+    launch.check()
     return rank_env(
         launch,
         physical_cores=cores or physical_cores(),
