@@ -49,6 +49,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import hostile  # noqa: E402  (bench/hostile.py)
 import security  # noqa: E402  (bench/security.py)
 import security_hostile  # noqa: E402  (bench/security_hostile.py)
+import security_launch  # noqa: E402  (bench/security_launch.py)
 import sqlalchemy as sa  # noqa: E402
 from faultkit import MARKER_ENV, PrivatePostgres, marked_processes, pruned_job_request, rank_processes, wait_for  # noqa: E402
 
@@ -374,6 +375,7 @@ def matrix(server: PrivatePostgres) -> list[tuple[str, str, bool, Callable[[], O
         *hostile.rows(),  # hostile input and broken environments
         *security.rows(),  # no code through a job, no secret to a reader, bounded cost
         *security_hostile.rows(),  # the same, one variation away
+        *security_launch.rows(),  # launch variables: many names and values, code in stored jobs
     ]
 
 

@@ -23,7 +23,8 @@ TOKEN = "bench-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LOADER = {"LD_PRELOAD": "/tmp/x.so", "LD_LIBRARY_PATH": "/tmp", "PYTHONPATH": "/tmp", "PYTHONSTARTUP": "x",
           "PATH": "/tmp", "NCCL_NET_PLUGIN": "x", "NCCL_TUNER_PLUGIN": "x", "NCCL_PROFILER_PLUGIN": "x",
-          "NCCL_DEBUG_FILE": "x", "OMP_TOOL_LIBRARIES": "x", "GLIBC_TUNABLES": "x", "MALLOC_CONF": "x"}  # fmt: skip
+          "NCCL_DEBUG_FILE": "x", "OMP_TOOL_LIBRARIES": "x", "GLIBC_TUNABLES": "x",
+          "MALLOC_CONF": "prof:true"}  # fmt: skip
 SECRETS = {"HF_TOKEN": "x", "WANDB_API_KEY": "x", "AWS_SECRET_ACCESS_KEY": "x", "NCCL_SOCKET_IFNAME": "hf_" + "a1" * 17,
            "NCCL_IB_HCA": "ghp_" + "Ab3" * 12, "NCCL_ALGO": "0123456789abcdef0123456789abcdef"}  # fmt: skip
 BOUNDS = {"OMP_NUM_THREADS": "99999999999", "MKL_NUM_THREADS": "0", "NCCL_BUFFSIZE": "9" * 30}
