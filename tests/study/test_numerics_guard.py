@@ -80,7 +80,7 @@ def test_layouts_and_fault_injected_runs_never_become_the_reference() -> None:
     assert tp["check"] == "unchecked"
     plain = figures()
     guard.judge(3, trial(), plain)
-    assert plain["check"] == "reference" and guard.references[reference_class(trial(), WORLD)].number == 3
+    assert plain["check"] == "reference" and guard.references[guard.key(trial(), plain)].number == 3
 
 
 def test_runs_are_compared_only_within_global_batch_precision_and_birth() -> None:
@@ -121,20 +121,31 @@ def test_expert_parallel_runs_are_judged_against_the_data_parallel_reference() -
     assert guard.judge(3, trial(**ep), dropped) is not None and dropped["check"] == "diverged"
 
 
-def test_another_split_of_the_readme_lora_batch_is_not_diverged_and_a_broken_average_is() -> None:
-    """The README's LoRA study (tiny LLaMA, bf16, 2 ranks, global batch 8): the step-0 gradient norms measured by
-    bench/numerics_noise.py. ZeRO-0 micro 1 × 4 was called diverged against micro 4 × 1 (2.04e-2 > 2e-2); another
-    split is judged within what 16-bit partial sums explain, the same split keeps the precision's tolerance, and a
-    loss average broken by a factor 2 is still diverged."""
+def test_any_split_is_judged_at_the_precisions_tolerance_and_a_broken_average_diverges() -> None:
+    """The README's LoRA study (tiny LLaMA, bf16, 2 ranks, global batch 8, step 0 with the dropout held): the step-0
+    figures measured by bench/numerics_noise.py. Another split of the global batch gets no wider tolerance: what
+    moved the gradient norm 2.0-2.5e-2 between splits was the dropout's masks, and held it moves 2e-5. The 2.04e-2 of
+    micro 1 × 4 with the masks drawn is diverged, as is a loss average broken by a factor 2."""
     loss = 6.963196
     guard = NumericsGuard(WORLD)
-    guard.judge(0, trial(stage=0, micro=4, accum=1), figures(loss, 0.24322930))
-    for number, (micro, accum, norm) in enumerate(((1, 4, 0.23826293), (2, 2, 0.23722361)), start=1):
-        run = figures(loss, norm)
-        assert guard.judge(number, trial(stage=0, micro=micro, accum=accum), run) is None, run
-        assert run["check"] == "ok" and run["tolerance"] == pytest.approx(0.0625)
-    same_split = figures(loss, 0.23826293)  # at the reference's own split, that difference is not noise
-    assert guard.judge(3, trial(stage=2, micro=4, accum=1), same_split) is not None
-    broken = figures(loss, 0.24322930 / 2)
-    assert guard.judge(4, trial(stage=2, micro=1, accum=4, dstune={"fault_loss_scale": 0.5}), broken) is not None
+    held = {"step0_dropout_held": 8}
+    guard.judge(0, trial(stage=0, micro=4, accum=1), {**figures(loss, 0.23615921), **held})
+    run = {**figures(loss, 0.23615445), **held}
+    assert guard.judge(1, trial(stage=0, micro=2, accum=2), run) is None
+    assert run["check"] == "ok" and run["tolerance"] == TOLERANCES["bf16"]
+    drawn = {**figures(loss, 0.23615921 * (1 - 2.04e-2)), **held}
+    assert guard.judge(2, trial(stage=0, micro=1, accum=4), drawn) is not None
+    broken = {**figures(loss, 0.23615921 / 2), **held}
+    assert guard.judge(3, trial(stage=2, micro=1, accum=4, dstune={"fault_loss_scale": 0.5}), broken) is not None
     assert broken["check"] == "diverged"
+
+
+def test_runs_recorded_before_the_dropout_was_held_have_references_of_their_own() -> None:
+    """A study resumed from before step 0 held the dropout: its old reference (masks drawn) judges none of the new
+    runs, and the first new plain run becomes theirs."""
+    guard = NumericsGuard(WORLD)
+    assert guard.learn(0, trial(micro=4, accum=1), figures(norm=0.2432293))
+    new = {**figures(norm=0.2361592), "step0_dropout_held": 8}
+    assert guard.judge(1, trial(micro=1, accum=4), new) is None and new["check"] == "reference"
+    later = {**figures(norm=0.2361590), "step0_dropout_held": 8}
+    assert guard.judge(2, trial(micro=2, accum=2), later) is None and later["reference"]["trial"] == 1

@@ -5,8 +5,9 @@ Every run of a workload trains on the same global batch: sample ``i`` of it is d
 exact arithmetic every config with the same global batch starts from the same loss and the same gradient: the
 built-in and transformers models average the loss over a micro-batch's tokens (all samples have the same number of
 targets), DeepSpeed divides each micro-batch's loss by the accumulation steps (``engine.backward(scale_wrt_gas=True)``)
-and averages gradients over the data-parallel ranks. The study compares these figures with its reference run
-(:mod:`tuner.study.numerics_guard`).
+and averages gradients over the data-parallel ranks; dropout, whose masks are drawn per micro-batch call, is held
+for step 0 (:mod:`tuner.measure.rank.dropout_hold`; ``step0_dropout_held``: how many sites). The study compares
+these figures with its reference run (:mod:`tuner.study.numerics_guard`).
 
 The gradient norm is DeepSpeed's own (``engine.get_global_grad_norm()``, read after the first optimizer step, i.e.
 the first accumulation boundary): the fp32 norm of the reduced, unclipped gradient that ZeRO-1/2
@@ -25,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tuner.measure.rank.dropout_hold import DropoutHold
 from tuner.workload import ModelSpec, TrialConfig
 
 DATA_SEED = 20_261_202  # sample i of a step's global batch is drawn from DATA_SEED + i
@@ -117,17 +119,21 @@ def first_step_numerics(step_losses: Sequence[Sequence[Any]], grad_norm: float |
 class NumericsRecorder:
     """Collects a rank's losses and its step-0 gradient norm while it trains: :meth:`start_step` at each optimizer
     step, :meth:`backward_loss` per micro-batch, :meth:`before_step` before the boundary's ``engine.step()`` and
-    :meth:`after_step` after it."""
+    :meth:`after_step` after it. Step 0 trains with the model's dropout held (:mod:`tuner.measure.rank.dropout_hold`:
+    every mask all ones), so that its figures do not depend on how the global batch is split."""
 
     def __init__(self, trial: TrialConfig) -> None:
         self.scale = trial.fault_loss_scale
         self.step_losses: list[list[Any]] = []
         self.grad_norm: float | None = None
         self._own: float | None = None
+        self.dropout = DropoutHold()
 
-    def start_step(self) -> None:
-        """An optimizer step begins."""
+    def start_step(self, engine: Any) -> None:
+        """An optimizer step begins (step 0: with ``engine``'s model's dropout held)."""
         self.step_losses.append([])
+        if len(self.step_losses) == 1:
+            self.dropout.hold(engine.module)
 
     def backward_loss(self, loss: Any) -> Any:
         """Record ``loss`` (a micro-batch's) and return what to backpropagate (scaled by the fault switch)."""
@@ -142,9 +148,11 @@ class NumericsRecorder:
     def after_step(self, engine: Any) -> None:
         """After the first optimizer step: its gradient norm (DeepSpeed's, else :func:`own_grad_norm`'s)."""
         if len(self.step_losses) == 1:
+            self.dropout.release()
             norm = engine.get_global_grad_norm()
             self.grad_norm = float(norm) if norm is not None else self._own
 
     def numerics(self) -> dict[str, Any]:
         """:func:`first_step_numerics` of what was recorded (a collective: every rank calls it)."""
-        return first_step_numerics(self.step_losses, self.grad_norm)
+        found = first_step_numerics(self.step_losses, self.grad_norm)
+        return {**found, "step0_dropout_held": self.dropout.sites} if found else found

@@ -344,7 +344,7 @@ class TrainingProcess:
             recorder = PhaseRecorder(engine)
         mark = self.allocator.mark if self.allocator.running else None
         numerics = self.numerics
-        numerics.start_step()
+        numerics.start_step(engine)
         for index, (tokens, targets) in enumerate(batches):
             if recorder is not None and index == len(batches) - 1:
                 recorder.train_step(tokens, targets, mark=mark, step=self.steps_done, loss_hook=numerics.backward_loss)
