@@ -98,3 +98,15 @@ def test_out_writes_deepspeed_keys_and_the_code_side_settings_beside_them(tmp_pa
     assert {k: v for k, v in answer["export"]["training_code"].items() if k != "about"} == {
         k: v for k, v in code.items() if k != "about"
     }
+
+
+@pytest.mark.parametrize("name", ["lc.json", "lc.training-code.json"])
+def test_out_never_writes_over_a_file_that_is_no_config(tmp_path: Path, name: str) -> None:
+    """Either file of ``--out lc.json`` naming a script (not JSON) is refused before the search, exit 2 naming
+    ``out``, and nothing is written."""
+    (tmp_path / name).write_text("import deepspeed\n")
+    out = tmp_path / "lc.json"
+    result = runner.invoke(app, ["estimate", *TINY, "--max-seq-len", "--out", str(out)])
+    assert result.exit_code == 2 and "error: out:" in result.output, result.output
+    assert (tmp_path / name).read_text() == "import deepspeed\n"
+    assert [p.name for p in tmp_path.iterdir()] == [name]

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from tuner.cli.common import fail, gib, write_text_file
 from tuner.cli.options import WorkloadFlags, build, ds_config_file
+from tuner.cli.out_guard import refuse_database_out
 from tuner.estimator import MemoryEstimate, predict
 from tuner.forecast import DEFAULT_MARGIN, TRACE_LENGTHS, LongestFit, NoLengthFits, Pins, longest_fit
 from tuner.requests import TrialSettings
@@ -95,6 +96,8 @@ def max_seq_len_command(
     answer keeps free on top of it (:data:`DEFAULT_MARGIN`, as the API's ``seq_len: "max"`` answers)."""
     if flag_given(ctx, "seq_len"):
         fail("seq-len", "not with --max-seq-len: the length is what it searches")
+    for path in (out, training_code_path(out)) if out else ():
+        refuse_database_out(path)  # before the search: a script or a database named by mistake stays whole
     pins = pins_of(ctx, flags)
     workload = traced_workload(flags)
     try:
