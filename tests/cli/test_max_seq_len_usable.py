@@ -5,6 +5,7 @@ with the code-side settings in a file of their own beside it."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -95,8 +96,9 @@ def test_out_writes_deepspeed_keys_and_the_code_side_settings_beside_them(tmp_pa
     assert any("gradient_checkpointing_enable" in step for step in code["apply"])
     answer = _answer(*TINY, *pins)
     assert answer["export"]["ds_config"] == config and code["seq_len"] == answer["max_seq_len"]["seq_len"]
-    assert {k: v for k, v in answer["export"]["training_code"].items() if k != "about"} == {
-        k: v for k, v in code.items() if k != "about"
+    named = ("about", "again")  # they name the file the config went to: ds_config.json without --out
+    assert {k: v for k, v in answer["export"]["training_code"].items() if k not in named} == {
+        k: v for k, v in code.items() if k not in named
     }
 
 
@@ -110,3 +112,23 @@ def test_out_never_writes_over_a_file_that_is_no_config(tmp_path: Path, name: st
     assert result.exit_code == 2 and "error: out:" in result.output, result.output
     assert (tmp_path / name).read_text() == "import deepspeed\n"
     assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+@pytest.mark.parametrize("gpus", ["1", "8"])
+def test_the_written_config_and_the_again_flags_estimate_the_answer_again(tmp_path: Path, gpus: str) -> None:
+    """The written ds_config holds only DeepSpeed's keys; with the flags the answer prints (``again``: the length,
+    checkpointing, ALST's shards, checkpoint offload) ``dstune estimate`` gives the answer's own estimate, byte for
+    byte; without them (the config alone) it does not fit, which is why they are printed."""
+    out = tmp_path / "lc.json"
+    model = (*LLAMA, "--gpus", gpus)
+    result = runner.invoke(app, ["estimate", *model, "--max-seq-len", "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    again = shlex.split(answer["export"]["training_code"]["again"])
+    assert again[:4] == ["--seq-len", str(answer["max_seq_len"]["seq_len"]), "--ds-config", str(out)]
+    assert json.loads((tmp_path / "lc.training-code.json").read_text())["again"] == shlex.join(again)
+    redone = runner.invoke(app, ["estimate", *model, *again, "--json"])
+    assert redone.exit_code == 0, redone.output
+    assert json.loads(redone.stdout)["per_gpu"] == answer["per_gpu"]
+    bare = runner.invoke(app, ["estimate", *model, *again[:4], "--json"])
+    assert bare.exit_code == 0 and json.loads(bare.stdout)["fits"] is False

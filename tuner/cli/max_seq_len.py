@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tuner.cli.answer_flags import again_flags, again_line
 from tuner.cli.common import fail, gib, write_text_file
 from tuner.cli.options import WorkloadFlags, build, ds_config_file
 from tuner.cli.out_guard import refuse_database_out
@@ -38,6 +39,7 @@ from tuner.workload.layouts import ULYSSES
 
 RenderEstimate = Callable[[MemoryEstimate, str, Console | None], None]  # tuner.cli.estimate.render
 CHECKPOINTING = "activation checkpointing: model.gradient_checkpointing_enable() before deepspeed.initialize"
+CONFIG_NAME = "ds_config.json"  # the printed config's name in the flags that use it again, without --out
 NO_LENGTH_EXIT = 1  # a valid question whose answer is "nothing fits": not bad input
 
 
@@ -106,12 +108,7 @@ def max_seq_len_command(
         typer.echo(f"error: max-seq-len: {error}", err=True)
         raise typer.Exit(NO_LENGTH_EXIT) from None
     throughput = predict(answer.workload, answer.trial).to_dict()
-    config, notes = export_config(
-        answer.trial, "deepspeed", answer.workload.train.attention, answer.workload.trainable, answer.seq_len
-    )
-    if answer.trial.activation_checkpointing:  # a model setting: no ds_config key says it
-        notes.insert(0, CHECKPOINTING)
-    code = training_code(answer.trial, notes, answer.seq_len, out or "the ds_config")
+    config, notes, code = answer_export(answer, out)
     if out:
         write_text_file(out, json.dumps(config, indent=2) + "\n")
         write_text_file(training_code_path(out), json.dumps(code, indent=2) + "\n")
@@ -125,6 +122,22 @@ def max_seq_len_command(
     kept = f"{margin:.0%} of the estimated peak kept free beside it" if margin else "none: the estimate's own limit"
     console.print(f"margin: {kept} (--margin; default {DEFAULT_MARGIN:.0%})", highlight=False)
     render_export(config, notes, out, console)
+    saved = "" if out else f" (the config above saved as {CONFIG_NAME})"
+    console.print(f"estimate or measure it again with{saved}: {code['again']}", highlight=False, markup=False,
+                  soft_wrap=True)  # fmt: skip
+
+
+def answer_export(answer: LongestFit, out: str | None) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """The answer's ds_config as DeepSpeed takes it, the notes that go with it and the code-side settings
+    (:func:`training_code`, with ``again``: the flags that estimate or measure it again from ``out``)."""
+    config, notes = export_config(
+        answer.trial, "deepspeed", answer.workload.train.attention, answer.workload.trainable, answer.seq_len
+    )
+    if answer.trial.activation_checkpointing:  # a model setting: no ds_config key says it
+        notes.insert(0, CHECKPOINTING)
+    code = training_code(answer.trial, notes, answer.seq_len, out or "the ds_config")
+    code["again"] = again_line(again_flags(answer.trial, answer.seq_len, out or CONFIG_NAME))
+    return config, notes, code
 
 
 def render_export(config: dict[str, Any], notes: list[str], out: str | None, console: Console) -> None:

@@ -6,7 +6,8 @@ of their own beside it (pure Python).
 A ds_config written to ``lc.json`` gets ``lc.training-code.json`` (:func:`training_code_path`) holding
 :func:`training_code`: the values a training script reads (``activation_checkpointing``, ``dstune.tiled_mlp_shards``,
 ``dstune.tiled_loss_shards``, ``dstune.offload_checkpoints``, ``seq_len``) and ``apply``, the export's notes that
-say, with DeepSpeed's and ArcticTraining's names, what to call with them.
+say, with DeepSpeed's and ArcticTraining's names, what to call with them (``dstune estimate --max-seq-len`` adds
+``again``, the flags that use the answer again: :mod:`tuner.cli.answer_flags`).
 """
 
 from __future__ import annotations
