@@ -1,4 +1,4 @@
-"""The flags that estimate, measure or tune a ``--max-seq-len`` answer again from the ds_config it wrote: that config
+"""The flags that estimate or measure a ``--max-seq-len`` answer again from the ds_config it wrote: that config
 holds only DeepSpeed's keys, so the length, checkpointing (a model setting) and the ``dstune`` section's settings
 (ALST's tiling, checkpoint offload, the numerics' loss paths) come back as the flags that set them."""
 
