@@ -90,12 +90,30 @@ def _mixed(text: str) -> bool:
     return bool(re.search(r"\d", text) and re.search(r"[A-Za-z]", text))
 
 
-def looks_secret(value: str) -> bool:
-    """Whether ``value`` looks like a credential: a token's known prefix (``ghp_``, ``hf_``, ``AKIA``, a JWT's
-    ``eyJ``...), 16 letters and digits in a row (:func:`_random_run`), a UUID or dashed groups of letters and
-    digits (a licence key), or 20 or more of a key's
+def token_shaped(text: str) -> bool:
+    """Whether ``text`` holds a token in a shape no ordinary word has: a token's known prefix (``ghp_``, ``hf_``,
+    ``AKIA``, a JWT's ``eyJ``...), 20 or more letters and digits in a row holding both, or 20 or more of a key's
     alphabet (base64 with ``+``, base64url, a JWT) holding lower case, upper case and digits, or 32 letters in a row
-    of both cases (``expandable_segments`` and ``mlx5_0`` are none of these; a hex, base62 or base64 key is).
+    of both cases. Error messages are read through it too (``OutOfMemoryError`` is none of these).
+
+    >>> token_shaped("ghp_" + "Ab3" * 12), token_shaped("OutOfMemoryError"), token_shaped("ncclUnhandledCudaError")
+    (True, False, False)
+    """
+    if SECRET_SHAPES.search(text):
+        return True
+    if any(_mixed(run) for run in re.findall(r"[A-Za-z0-9]{20,}", text)):
+        return True
+    for piece in PIECE.findall(text):
+        classes = sum(1 for pattern in CLASSES if pattern.search(piece))
+        if classes == 3 or (classes == 2 and re.search(r"[A-Za-z]{32}", piece)):
+            return True
+    return False
+
+
+def looks_secret(value: str) -> bool:
+    """Whether a setting's ``value`` looks like a credential: :func:`token_shaped`, 16 letters and digits in a row
+    (:func:`_random_run`), or a UUID or dashed groups of letters and digits (a licence key). ``expandable_segments``
+    and ``mlx5_0`` are none of these; a hex, base62 or base64 key is.
 
     >>> looks_secret("hf_" + "a1" * 17), looks_secret("expandable_segments:True"), looks_secret("^docker0,lo")
     (True, False, False)
@@ -104,17 +122,9 @@ def looks_secret(value: str) -> bool:
     >>> looks_secret("qzmvtkwphdjrxnbyfslc"), looks_secret("ring,collnetdirect;allreduce:tree")
     (True, False)
     """
-    if SECRET_SHAPES.search(value):
+    if token_shaped(value) or any(_mixed(group) for group in GROUPED.findall(value)):
         return True
-    if any(_mixed(group) for group in GROUPED.findall(value)):
-        return True
-    if any(_random_run(run) for run in LONG_RUN.findall(value)):
-        return True
-    for piece in PIECE.findall(value):
-        classes = sum(1 for pattern in CLASSES if pattern.search(piece))
-        if classes == 3 or (classes == 2 and re.search(r"[A-Za-z]{32}", piece)):
-            return True
-    return False
+    return any(_random_run(run) for run in LONG_RUN.findall(value))
 
 
 def allowed_names() -> str:
@@ -157,4 +167,4 @@ def check_variable(name: str, value: str) -> None:
             raise WorkloadError("launch-var", f"{name}: {number} is above {MAX_NUMBER}")
 
 
-__all__ = ["MAX_THREADS", "allowed_name", "allowed_names", "check_variable", "looks_secret"]
+__all__ = ["MAX_THREADS", "allowed_name", "allowed_names", "check_variable", "looks_secret", "token_shaped"]
