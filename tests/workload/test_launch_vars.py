@@ -1,6 +1,6 @@
 """The launch variables' allow-list (tuner.workload.launch_vars): documented names only, each family's documented
-value syntax, no credential by name or by shape, and a launch environment that was never checked (unpickled, as a
-Ray node receives it) checked again before any rank is planned."""
+value syntax, no credential by name or by shape, and a launch environment that was never checked (unpickled)
+checked again before any rank is planned."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def test_the_printed_command_quotes_a_value_a_shell_would_split() -> None:
 
 
 def test_an_unchecked_launch_environment_is_checked_before_any_rank_is_planned() -> None:
-    """Unpickling (how a Ray node gets the workload) makes an object without running its checks: the launcher's
+    """Unpickling makes an object without running its checks: the launcher's
     planning checks it again, so a stray LD_PRELOAD never reaches a rank's environment or a fork server's key."""
     from tuner.measure.driver.launch_env import plan_rank
     from tuner.measure.driver.places import RankPlace

@@ -88,7 +88,7 @@ class LaunchEnv:
 
     def check(self) -> None:
         """Refuse a launcher or a variable outside what a launch may set (a :class:`WorkloadError` naming it). Run
-        when one is made, and again by the launcher before any rank starts: one unpickled (on a Ray node) or copied
+        when one is made, and again by the launcher before any rank starts: one unpickled or copied
         was never made."""
         if self.launcher not in LAUNCHER_ENVS:
             raise WorkloadError("launcher-env", f"must be one of {', '.join(LAUNCHER_ENVS)}, got {self.launcher!r}")
