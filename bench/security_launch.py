@@ -7,6 +7,7 @@ is the file system (a marker each payload writes when it runs)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -132,10 +133,52 @@ def stored_code() -> Any:
     )
 
 
+# stored errors and what of each a reader without the token must not see
+ERRORS = [
+    ("CalledProcessError: Command 'deepspeed train.py --hub_token abc123' returned non-zero exit status 1.",
+     ["--hub_token abc123", "deepspeed train.py"]),
+    ("CalledProcessError: Command '['/usr/bin/python', 'train.py', '--token', 'abc']' returned 1",
+     ["train.py", "'abc'"]),
+    ("TimeoutExpired: Command 'python -c \"import os\"' timed out after 5 seconds", ["import os"]),
+    ("Task was killed due to the node running low on memory.\nPID\tMEM\tCOMMAND\n42\t7.7\tpython other.py --key k",
+     ["other.py", "--key k"]),
+    ("RuntimeError: the command exited 1: train.py --api-key sk-abcdefghijklmnopqrstuvwx", ["sk-abcdef"]),
+    ("Task was killed: python train.py --password hunter2", ["hunter2"]),
+    ("ValueError: bad header Authorization: Bearer abc.def-0123", ["abc.def-0123"]),
+    ("HTTPError: login with token=s3cr3t-value failed", ["s3cr3t-value"]),
+    ("KeyError: ghp_" + "Ab3" * 12, ["ghp_"]),
+    ("ValueError: hf_" + "x1" * 12 + " is not a repo", ["hf_x1"]),
+    ("AWS: AKIAIOSFODNN7EXAMPLE wJalrXUtnFEMI+K7MDENG+bPxRfiCYEXAMPLEKEY refused", ["AKIA", "wJalr"]),
+    ("OSError: [Errno 28] No space left on device: '/srv/dstune/profiles/x.json'", ["/srv/dstune"]),
+    ('Traceback (most recent call last):\n  File "/home/alice/x.py", line 1\nRuntimeError: bad', ["/home/alice"]),
+]  # fmt: skip
+
+
+def stored_errors() -> Any:
+    """Jobs failed with errors holding commands, credentials and paths: what GET /v1/jobs and /v1/jobs/{id} show a
+    reader without the token holds none of them (the token's reader sees each whole)."""
+    shown = whole = 0
+    with _client() as client:
+        store = client.app.state.store
+        for text, secrets in ERRORS:
+            job = _post(client, {}).json()["id"]
+            store.finish_job(job, "failed", text)
+            listed = [entry for entry in client.get("/v1/jobs").json() if entry["id"] == job]
+            answers = [json.dumps(listed), client.get(f"/v1/jobs/{job}").text]
+            shown += any(secret in answer for secret in secrets for answer in answers)
+            whole += client.get(f"/v1/jobs/{job}", headers=AUTH).json()["error"] == text
+    return _outcome(
+        recovered=shown == 0 and whole == len(ERRORS),
+        note=f"{len(ERRORS)} stored errors: {shown} showing a command, credential or path without the token; "
+        f"{whole} whole with it",
+    )
+
+
 def rows() -> list[tuple[str, str, bool, Any]]:
     """(name, criterion, needs DeepSpeed, injection) for bench/faults.py's matrix."""
     return [
         ("launch variables, hostile and documented (API)", "hostile 422, documented 201, none shown", False,
          names_and_values),
         ("code in a stored job's variables (worker)", "failed unrun, no marker", False, stored_code),
+        ("stored errors before an open reader (API)", "no command, credential, path", False, stored_errors),
     ]  # fmt: skip
