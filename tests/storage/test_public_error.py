@@ -11,7 +11,7 @@ from tuner.storage.public import public_error
 HIDDEN = [
     (
         "CalledProcessError: Command 'deepspeed train.py --hub_token abc123' returned non-zero exit status 1.",
-        ["deepspeed", "--hub_token", "abc123"],
+        ["deepspeed train.py", "--hub_token", "abc123"],
     ),
     (
         "subprocess.TimeoutExpired: Command 'python -c \"import os; os.system('x')\"' timed out after 5 seconds",
