@@ -92,6 +92,17 @@ def test_a_length_search_is_one_search_with_its_lengths_in_order(app: FastAPI) -
     assert f'href="/studies/{SEARCH}%3A4096"' in search and " · seq " not in search
 
 
+def test_a_length_studys_page_names_its_search_and_its_other_lengths(app: FastAPI) -> None:
+    """The page of one length (``tiny-lengths:2048``) read as a study of its own: it names its search, links the
+    other lengths with how each ended, and says the longest that trained."""
+    page = TestClient(app).get(f"/studies/{SEARCH}%3A2048").text
+    said = page[page.index('id="length-search"') :].split("</p>")[0]
+    assert f"search {SEARCH}," in said and "<strong>2,048</strong>" in said
+    assert f'href="/studies/{SEARCH}%3A1024">1,024</a>' in said and f'href="/studies/{SEARCH}%3A4096">4,096</a>' in said
+    assert said.count("s-ok") == 2 and said.count("s-oom") == 1 and "the longest that trained: 2,048 tokens" in said
+    assert 'id="length-search"' not in TestClient(app).get("/studies/launch-torchrun").text
+
+
 def test_only_a_length_search_is_not_an_empty_home(tmp_path: Path) -> None:
     app = FastAPI()
     app.state.store = store = Store.open(f"sqlite:///{tmp_path}/one.db")

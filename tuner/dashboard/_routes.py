@@ -13,7 +13,7 @@ from fastapi.templating import Jinja2Templates
 
 from tuner.dashboard import _views as views
 from tuner.dashboard._apart import tell_apart, trial_differences
-from tuner.dashboard._searches import length_searches, search_name
+from tuner.dashboard._searches import LengthSearch, length_searches, search_name
 from tuner.errors import InputError
 from tuner.forecast import describe_reason
 from tuner.measure.script.answer import public_answer, script_answer
@@ -191,8 +191,18 @@ def study_page(request: Request, name: str) -> HTMLResponse:
         "quality": views.estimate_quality(trials),
         "throughput": views.throughput_accuracy(trials),
         "charts": views.chart_data(trials, summary.pruned_reasons, workload.gpu_memory),
+        "search": _search_of(store, study),
     }
     return _page(request, "study.html", context)
+
+
+def _search_of(store: Store, study: StudyRecord) -> LengthSearch | None:
+    """The ``--seq-len max`` search ``study`` records one length of, with all its lengths (None: a study of its own)."""
+    name = search_name(study)
+    if name is None:
+        return None
+    found = length_searches(store, [s for s in store.list_studies() if search_name(s) == name])
+    return found[0] if found else None
 
 
 @router.get("/static/{filename}", name="dashboard_static")
