@@ -46,14 +46,15 @@ def test_configs_differing_only_in_settings_no_column_shows_say_where(tmp_path: 
     first = {**plain, "zero_optimization": {**zero, "reduce_bucket_size": 500_000_000, "overlap_comm": True}}
     second = {**plain, "zero_optimization": {**zero, "reduce_bucket_size": 106_452_590, "overlap_comm": False}}
     second["dstune"] = {"threads_per_rank": 4}
-    out = rendered(tmp_path, [first, second])
+    out = rendered(tmp_path, [first, second, plain])
     table, below = out.split("where these configs also differ")
     rows = [line.split()[4:] for line in table.splitlines() if line[:6].strip().isdigit()]
-    assert len(rows) == 2 and rows[0] == rows[1]  # the columns alone cannot tell them apart
+    assert len(rows) == 3 and rows[0] == rows[1] == rows[2]  # the columns alone cannot tell them apart
     lines = [line.strip() for line in below.split("trials by status")[0].splitlines()[1:] if line.strip()]
     assert lines == [
         "trial 0: reduce_bucket_size=5e8 · overlap_comm=true",
         "trial 1: reduce_bucket_size=1.06e8 · overlap_comm=false · threads_per_rank=4",
+        "trial 2: (sets none of them: the defaults)",
     ]
 
 
