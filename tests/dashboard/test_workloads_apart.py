@@ -261,3 +261,29 @@ def test_browser_memory_axes_read_in_the_budget_unit(driver, alike_live: str) ->
     )
     assert x == y and x[0] < 40 < 42 < x[1]
     assert severe_logs(driver) == []
+
+
+def test_browser_same_range_axes_end_on_ticks_and_trial_axes_start_at_zero(driver, live: str, alike_live: str) -> None:
+    """The memory and throughput diagonals' axes ended at 634.04 and 6,485.09 beside ticks at 1,000, 2,000..., and
+    the y = x line stopped short of the corners: both ends are now ticks of the same step and the line goes from
+    corner to corner; a study of one trial had its trial axis from -1 to 1."""
+    severe_logs(driver)
+    charts(driver, alike_live, "buckets")
+    for name in ("estimate", "throughput"):
+        spans = driver.execute_script(
+            "const s = window.dstuneCharts[arguments[0]].scales; return [s.x, s.y].map(a => a.ticks.map(t => t.value))",
+            name,
+        )
+        assert spans[0] == spans[1], name  # one range, one set of ticks
+        steps = {round(b - a, 9) for a, b in zip(spans[0], spans[0][1:], strict=False)}
+        assert len(spans[0]) > 2 and len(steps) == 1, (name, spans[0])
+        line, corners = driver.execute_script(
+            "const c = window.dstuneCharts[arguments[0]], s = c.scales, d = c.data.datasets.at(-1);"
+            "return [d.data.map(p => [p.x, p.y]), [[s.x.min, s.y.min], [s.x.max, s.y.max]]]",
+            name,
+        )
+        assert line == corners, name  # y = x from corner to corner
+    charts(driver, live, f"{SEARCH}%3A2048")  # one trial, numbered 0
+    ticks = driver.execute_script("return window.dstuneCharts.progress.scales.x.ticks.map(t => t.value)")
+    assert min(ticks) == 0 and all(float(tick).is_integer() for tick in ticks), ticks
+    assert severe_logs(driver) == []

@@ -34,17 +34,24 @@
   }
 
   // One range for both axes of a measured-against-predicted chart, so that its diagonal is the 45-degree line
-  // from corner to corner: the values' span, padded by 5 % (never below zero).
+  // from corner to corner: the values' span padded by 2 %, widened to whole ticks of a round step (1, 2 or 5 times a
+  // power of ten, at most 8 steps over the span: 500 for a span of 1,960), so that both ends are ticks like the
+  // others instead of 634.04 and 6,485.09 (never below zero).
   function sameRange(values) {
     if (!values.length) return {};
     const lo = Math.min.apply(null, values), hi = Math.max.apply(null, values);
-    const pad = (hi - lo) * 0.05 || Math.abs(hi) * 0.05 || 1;
-    return { min: Math.max(0, lo - pad), max: hi + pad, beginAtZero: false };
+    const span = (hi - lo) || Math.abs(hi) || 1;
+    const power = Math.pow(10, Math.floor(Math.log10(span)));
+    const step = [power / 5, power / 2, power, power * 2].find(function (s) { return span / s <= 8; });
+    const round = function (v) { return Number(v.toPrecision(12)); };
+    const min = round(Math.max(0, Math.floor((lo - span * 0.02) / step) * step));
+    const max = round(Math.ceil((hi + span * 0.02) / step) * step);
+    return { min: min, max: max, beginAtZero: false, ticks: { stepSize: round(step) } };
   }
 
-  // The dashed line y = x across the values' span.
-  function diagonal(values, label) {
-    const lo = Math.min.apply(null, values), hi = Math.max.apply(null, values);
+  // The dashed line y = x from corner to corner of a chart whose axes share ``range`` (sameRange's).
+  function diagonal(range, label) {
+    const lo = range.min, hi = range.max;
     return { label: label, data: [{ x: lo, y: lo }, { x: hi, y: hi }], showLine: true,
       pointRadius: 0, borderDash: [6, 4], borderColor: COLORS.grey, backgroundColor: COLORS.grey, borderWidth: 1 };
   }
@@ -74,7 +81,7 @@
       { label: "Measured trial", data: data.progress.trials, backgroundColor: COLORS.ok, borderColor: COLORS.ok },
       { label: "Best so far", data: data.progress.best, showLine: true, stepped: "after", pointRadius: 0,
         borderColor: COLORS.best, backgroundColor: COLORS.best, borderWidth: 2 },
-    ], "Trial number", "Tokens/s", { ticks: { precision: 0 } });  // trials are whole numbers
+    ], "Trial number", "Tokens/s", { ticks: { precision: 0 }, min: 0 });  // trials are whole numbers, from 0
 
     drawn.pareto = scatter("chart-pareto", [
       { label: "Measured trial", data: data.pareto.trials, backgroundColor: COLORS.ok, borderColor: COLORS.ok },
@@ -89,10 +96,11 @@
       const color = COLORS[status] || (status === "ok" ? COLORS.ok : COLORS.other);
       return { label: status, data: byStatus[status], backgroundColor: color, borderColor: color };
     });
-    if (values.length) datasets.push(diagonal(values, "measured = estimated"));
+    const memory = sameRange(values);
+    if (values.length) datasets.push(diagonal(memory, "measured = estimated"));
     const unit = " (" + data.memory_unit + ")";  // MiB under a budget below 1 GiB, as the tables' sizes read
     drawn.estimate = scatter("chart-estimate", datasets, "Estimated peak per GPU" + unit, "Measured peak per GPU" + unit,
-      sameRange(values), sameRange(values));
+      memory, memory);
 
     const measured = data.throughput.trials.filter(function (p) { return !p.stopped_early; });
     const stopped = data.throughput.trials.filter(function (p) { return p.stopped_early; });
@@ -102,9 +110,10 @@
       { label: "Stopped early (partial)", data: stopped, pointStyle: "triangle", pointRadius: 5,
         backgroundColor: COLORS.other, borderColor: COLORS.other },
     ];
-    if (rates.length) throughput.push(diagonal(rates, "measured = predicted"));
+    const speeds = sameRange(rates);
+    if (rates.length) throughput.push(diagonal(speeds, "measured = predicted"));
     drawn.throughput = scatter("chart-throughput", throughput, "Predicted tokens/s", "Measured tokens/s",
-      sameRange(rates), sameRange(rates));
+      speeds, speeds);
 
     drawn.reasons = makeChart("chart-reasons", {
       type: "bar",
