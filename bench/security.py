@@ -216,6 +216,73 @@ def smaller_items() -> Any:
     )
 
 
+def _lowest_available(stop: threading.Event, lowest: list[int]) -> None:
+    """Sample the kernel's MemAvailable every 50 ms into ``lowest[0]`` until ``stop``."""
+    import psutil
+
+    while not stop.is_set():
+        lowest[0] = min(lowest[0], psutil.virtual_memory().available)
+        time.sleep(0.05)
+
+
+def host_cap() -> Any:
+    """Two real CPU ranks of tiny-gpt2 under the launcher's default cap (each rank's share of the memory available
+    when it started), one growing in its step to 1.25 times that share, 64 MiB at a time, as an estimate that is
+    wrong would: the run ``oom`` / HostMemory, no rank left, and the host's MemAvailable (the kernel's, sampled every
+    50 ms) never below the fifth of it the cap leaves."""
+    import psutil
+    from faults import new_marker, orphans_after
+    from test_process_faults import ENTRY, run_spec
+
+    from tuner.measure.driver.host_memory import rank_share
+    from tuner.measure.driver.local_launcher import launch_local
+
+    marker = new_marker()
+    before = psutil.virtual_memory().available
+    growth = int(rank_share(2) * 1.25)
+    lowest, stop = [before], threading.Event()
+    sampler = threading.Thread(target=_lowest_available, args=(stop, lowest), daemon=True)
+    sampler.start()
+    entry = [sys.executable, str(ENTRY), f"grow:{growth}", "1"]
+    try:
+        result = launch_local(run_spec(2), timeout=300.0, entry=entry)
+    finally:
+        stop.set()
+        sampler.join()
+    returned = time.monotonic()
+    orphans, _ = orphans_after(marker, returned)
+    failed_at = result.ranks[1].failed_at if len(result.ranks) > 1 else None
+    recover = time.time() - failed_at if failed_at else result.timings.get("wall_s")
+    ok = result.status == "oom" and result.exception_type == "HostMemory" and orphans == 0
+    floor = lowest[0] >= before // 5
+    note = (
+        f"{(result.error or '').split(' (')[0]}; MemAvailable {before / 2**30:.1f} GiB before, lowest {lowest[0] / 2**30:.1f}"
+        f" GiB; growth asked {growth / 2**30:.1f} GiB"
+    )
+    return _outcome(recovered=ok and floor, orphans=orphans, recover_s=recover, note=note)
+
+
+def best_out_not_json() -> Any:
+    """best --out naming an existing training script and an existing text file: exit 2 naming out, both whole; an
+    earlier export (JSON) written over."""
+    from hostile import measured_study  # bench/hostile.py
+
+    storage = measured_study()
+    folder = Path(tempfile.mkdtemp())
+    files = {"train.py": "print('train')\n", "notes.txt": "my notes\n", "old.json": '{"old": 1}\n'}
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    results = {
+        name: _cli(["best", "--study", "s", "--storage", storage, "--out", str(folder / name)]) for name in files
+    }
+    refused = sum(results[name][0] == 2 and "error: out: " in results[name][1] for name in ("train.py", "notes.txt"))
+    whole = all((folder / name).read_text() == files[name] for name in ("train.py", "notes.txt"))
+    exported = results["old.json"][0] == 0 and "train_micro_batch_size_per_gpu" in (folder / "old.json").read_text()
+    slowest = max(seconds for _, _, seconds in results.values())
+    note = f"{refused}/2 exit 2, both whole: {whole}; earlier export written over: {exported}"
+    return _outcome(recovered=refused == 2 and whole and exported, recover_s=slowest, note=note)
+
+
 def rows() -> list[tuple[str, str, bool, Any]]:
     """(name, criterion, needs DeepSpeed, injection) for bench/faults.py's matrix."""
     return [
@@ -226,6 +293,8 @@ def rows() -> list[tuple[str, str, bool, Any]]:
         ("measure past the host (CLI, CPU ranks)", "oom HostMemory before any rank", False, host_memory),
         ("SIGTERM to dstune worker", "one line, exit 143, < 10 s", False, sigterm_worker),
         ("best --out db, bad dialect, YAML bytes", "exit 2, database whole", False, smaller_items),
+        ("rank past its host-memory share (CPU ranks)", "oom HostMemory, no rank left, host kept", True, host_cap),
+        ("best --out over a script or a note", "exit 2, files whole", False, best_out_not_json),
     ]
 
 

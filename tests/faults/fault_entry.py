@@ -4,8 +4,8 @@ step.
 Usage (as a launcher entry): ``python fault_entry.py FAULT RANK_WITH_FAULT RUN_DIR RANK``. FAULT is ``sigkill`` (the
 rank is SIGKILLed mid-step: no report, no cleanup), ``sigstop`` (the rank is stopped mid-step: a hang that no
 timeout inside the process can end) or ``grow`` (the step writes :data:`GROWTH` bytes more than its estimate said, 64
-MiB at a time: an estimate that is wrong, as the launcher's memory cap sees it). Just before, the rank writes
-``RUN_DIR/faulted-rank-N``.
+MiB at a time: an estimate that is wrong, as the launcher's memory cap sees it; ``grow:BYTES`` that many). Just
+before, the rank writes ``RUN_DIR/faulted-rank-N``.
 """
 
 import os
@@ -20,9 +20,9 @@ GROWTH = 3 * 2**30
 CHUNK = 64 * 2**20
 
 
-def _grow() -> None:
+def _grow(growth: int) -> None:
     held = []
-    while len(held) * CHUNK < GROWTH:
+    while len(held) * CHUNK < growth:
         held.append(bytearray(CHUNK))  # zero-filled: every page written, resident
         time.sleep(0.01)
     time.sleep(600)  # past the cap by now: the launcher kills the rank before this ends
@@ -34,8 +34,8 @@ def main() -> int:
 
         def faulty_step(self, engine, batches, probe=False):  # type: ignore[no-untyped-def]
             open(os.path.join(run_dir, f"{FAULTED}{rank}"), "w").close()  # the test sees that the fault came
-            if fault == "grow":
-                _grow()
+            if fault.startswith("grow"):
+                _grow(int(fault.partition(":")[2] or GROWTH))
             os.kill(os.getpid(), signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
 
         runner.TrainingProcess._train_step = faulty_step
