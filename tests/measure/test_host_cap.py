@@ -4,6 +4,7 @@ the control group's (tuner.measure.driver.cgroup_memory); CPU ranks default to t
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,24 @@ def test_cpu_ranks_default_to_their_share_of_the_host(monkeypatch: pytest.Monkey
     assert with_host_share(cluster, "ray", "ray://head:10001").gpu_memory is None  # a cluster's hosts, not this one
     gpu = WorkloadFlags(model="tiny-llama", gpus=2, device="cuda")
     assert with_host_share(gpu, "local", None).gpu_memory is None
+
+
+def test_a_training_command_past_the_host_memory_is_killed_as_oom(tmp_path: Path) -> None:
+    from tuner.measure.script import launch
+    from tuner.measure.script.readback import read_back
+    from tuner.requests import WorkloadRequest, to_workload
+
+    argv = [sys.executable, "-c", GROWER.format(size=400 * 2**20)]
+    running = launch.start(argv, str(tmp_path), dict(os.environ), tmp_path, None)
+    try:
+        launch.wait(running, tmp_path, timeout=120, world=1, steps=1, rss_cap=200 * 2**20)
+    finally:
+        running.stop(None)
+    assert running.killed_for == "host_memory" and running.over_memory is not None
+    assert running.leftovers() == []
+    workload = to_workload(WorkloadRequest(model="tiny-llama", model_impl="builtin", device="cpu", seq_len=256))
+    ended = read_back(
+        tmp_path, workload, running.killed_for, running.process.returncode, 120, True, running.over_memory
+    )
+    assert ended.status == "oom" and ended.exception_type == HOST_MEMORY
+    assert "past the 200.0 MiB it had available" in (ended.error or "")

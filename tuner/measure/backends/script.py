@@ -125,7 +125,9 @@ def _run_once(
             if not meeting.chosen_by_user:
                 remove_allreduce_buffers(port)
         ended = (running.killed_for, running.process.returncode)
-        measurement = read_back(run_dir, workload, *ended, options.timeout, options.seq_len_known)
+        measurement = read_back(
+            run_dir, workload, *ended, options.timeout, options.seq_len_known, over_memory=running.over_memory
+        )
     return measurement, not meeting.chosen_by_user
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from tuner.errors import InputError
 from tuner.measure.oom import oom_worded
+from tuner.units import format_bytes
 
 SCRIPT_FAILED = "ScriptFailed"  # not the config's fault: the study stops with the line
 NO_DEEPSPEED = (
@@ -58,14 +59,16 @@ def exception_status(error: BaseException, phase: str) -> str:
 @dataclass(frozen=True)
 class CommandEnd:
     """How the command ended and what its processes left: ``killed_for`` (``timeout``, ``cancelled``, ``peer``:
-    a rank failed and the rest hung; None: it ended itself), its exit code, the error records (earliest first),
-    whether any rank reached ``deepspeed.initialize``, and the tail of its output."""
+    a rank failed and the rest hung; ``host_memory``: past the host's memory, ``over_memory`` its resident bytes and
+    cap; None: it ended itself), its exit code, the error records (earliest first), whether any rank reached
+    ``deepspeed.initialize``, and the tail of its output."""
 
     killed_for: str | None
     exit_code: int | None
     errors: list[dict[str, Any]]
     initialized: bool
     log_tail: str
+    over_memory: tuple[int, int] | None = None  # resident bytes and cap of a command stopped past the host's memory
 
 
 def classify_end(end: CommandEnd, timeout_s: float) -> tuple[str, str | None, str]:
@@ -83,6 +86,12 @@ def classify_end(end: CommandEnd, timeout_s: float) -> tuple[str, str | None, st
         return "timeout", None, f"killed at the run timeout ({timeout_s:g} s){where}"
     if end.killed_for == "cancelled":
         return "error", "Cancelled", "killed: the study was stopped"
+    if end.killed_for == "host_memory" and end.over_memory:  # tuner.measure.driver.rss_watch's OVER_MEMORY
+        held, cap = end.over_memory
+        line = (
+            f"killed holding {format_bytes(held)} of this host's memory, past the {format_bytes(cap)} it had available"
+        )
+        return "oom", "HostMemory", line  # tuner.measure.driver.host_memory's HOST_MEMORY
     oom = next((e for e in end.errors if e["status"] == "oom"), None)
     if oom is not None:
         return "oom", oom["exception_type"], oom["line"]

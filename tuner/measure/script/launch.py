@@ -21,7 +21,9 @@ from pathlib import Path
 
 import psutil
 
+from tuner.measure.driver.host_memory import available_memory
 from tuner.measure.driver.processes import _rank_preexec
+from tuner.measure.driver.rss_watch import OVER_MEMORY, resident
 from tuner.measure.measurement import StepHook
 from tuner.measure.run_protocol import read_progress
 
@@ -38,6 +40,12 @@ class Running:
     log: Path
     seen: dict[int, float] = field(default_factory=dict)
     killed_for: str | None = None
+    over_memory: tuple[int, int] | None = None  # resident bytes and cap when stopped past the host's memory
+
+    def resident(self) -> int:
+        """Resident bytes of the command and every descendant seen alive."""
+        processes = [self.process.pid, *(process.pid for process in self._alive())]
+        return sum(resident(pid) for pid in processes)
 
     def remember(self) -> None:
         """Note the command's descendants alive now."""
@@ -55,12 +63,13 @@ class Running:
                     alive.append(process)
         return alive
 
-    def stop(self, reason: str | None) -> None:
-        """SIGTERM to the group and every descendant seen, then SIGKILL to what is left; reap the command."""
+    def stop(self, reason: str | None, at_once: bool = False) -> None:
+        """SIGTERM to the group and every descendant seen, then SIGKILL to what is left (``at_once``: SIGKILL only);
+        reap the command."""
         if reason and self.process.poll() is None:
             self.killed_for = reason
         self.remember()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for sig in (signal.SIGKILL,) if at_once else (signal.SIGTERM, signal.SIGKILL):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, sig)
             for process in self._alive():
@@ -104,14 +113,23 @@ def wait(
     progress: Callable[[int, int], None] | None = None,
     cancel: threading.Event | None = None,
     on_step: StepHook | None = None,
+    rss_cap: int | None = None,
 ) -> None:
     """Wait for the command; stop it at ``timeout``, when ``cancel`` is set, when ``on_step`` says so, or when a
     rank failed and the rest have not ended after :data:`PEER_GRACE_S` (hung in a collective). Every rank reporting
-    its result also ends the wait (a launcher that lingers is stopped)."""
+    its result also ends the wait (a launcher that lingers is stopped). Its processes together holding more than
+    ``rss_cap`` bytes resident (default: what this host has available now, :func:`.available_memory`) are killed at
+    once (``host_memory``): an estimate that is wrong must not take the host."""
     deadline = time.monotonic() + timeout
     failed_at: float | None = None
+    rss_cap = rss_cap or available_memory()
     while running.process.poll() is None:
         running.remember()
+        held = running.resident()
+        if held > rss_cap:
+            running.over_memory = (held, rss_cap)
+            running.stop(OVER_MEMORY, at_once=True)
+            return
         now = time.monotonic()
         if now >= deadline or (cancel is not None and cancel.is_set()):
             running.stop("timeout" if now >= deadline else "cancelled")

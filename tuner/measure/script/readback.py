@@ -48,6 +48,7 @@ def read_back(
     exit_code: int | None,
     timeout: float,
     seq_len_known: bool = True,
+    over_memory: tuple[int, int] | None = None,
 ) -> Measurement:
     """The command's measurement: every rank ok gives throughput (samples per step as DeepSpeed counts them: micro ×
     accumulation × data-parallel ranks; tokens from the token ids its forward saw, else ``--seq-len`` per sample;
@@ -74,7 +75,7 @@ def read_back(
             peak_bytes_per_rank=[r.peak_bytes for r in results],
         )
     initialized = any(run_dir.glob("init-*"))
-    end = CommandEnd(killed_for, exit_code, error_records(run_dir), initialized, log_tail(run_dir))
+    end = CommandEnd(killed_for, exit_code, error_records(run_dir), initialized, log_tail(run_dir), over_memory)
     status, kind, line = classify_end(end, timeout)
     return Measurement(
         status=status,
