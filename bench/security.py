@@ -255,9 +255,10 @@ def host_cap() -> Any:
     recover = time.time() - failed_at if failed_at else result.timings.get("wall_s")
     ok = result.status == "oom" and result.exception_type == "HostMemory" and orphans == 0
     floor = lowest[0] >= before // 5
+    killed = (result.error or "").split(" (")[0]
     note = (
-        f"{(result.error or '').split(' (')[0]}; MemAvailable {before / 2**30:.1f} GiB before, lowest {lowest[0] / 2**30:.1f}"
-        f" GiB; growth asked {growth / 2**30:.1f} GiB"
+        f"{killed}; MemAvailable {before / 2**30:.1f} GiB before, lowest {lowest[0] / 2**30:.1f} GiB; growth asked "
+        f"{growth / 2**30:.1f} GiB"
     )
     return _outcome(recovered=ok and floor, orphans=orphans, recover_s=recover, note=note)
 
