@@ -14,6 +14,9 @@ An answer is stamped when its computation ends, so one that took longer than ``t
 client's: a miss without one raises :class:`tuner.api.slots.Busy` before anything starts, a stale answer is served
 without its refresh; joining a computation in progress needs no slot.
 
+:meth:`AnswerCache.retry_after` says when a computation is expected to end (:class:`tuner.api.durations.Durations`):
+the ``Retry-After`` of a 503 for an answer still computed, or for a miss that found no slot.
+
 Errors of the types in ``cache_errors`` are answers too (cached and raised to every caller); other errors are not
 cached and reach the callers that waited for that computation. ``ttl_s == 0`` computes on every call.
 """
@@ -25,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from tuner.api.durations import Durations
 from tuner.api.slots import Slots
 
 T = TypeVar("T")
@@ -42,6 +46,7 @@ class AnswerCache(Generic[T]):
         cache_errors: tuple[type[Exception], ...] = (),
         clock: Callable[[], float] = time.monotonic,
         slots: Slots | None = None,
+        retry_after_s: int = 5,
     ) -> None:
         if ttl_s < 0 or max_stale_s < ttl_s or max_entries < 1:
             raise ValueError("need 0 <= ttl_s <= max_stale_s and max_entries >= 1")
@@ -49,6 +54,7 @@ class AnswerCache(Generic[T]):
         self.cache_errors, self.clock, self.slots = cache_errors, clock, slots
         self._entries: dict[str, tuple[float, T | Exception]] = {}
         self._computing: dict[str, asyncio.Task[T | Exception]] = {}
+        self.durations = Durations(retry_after_s, clock)
 
     async def get(self, key: str, compute: Callable[[], T], client: str = "") -> T:
         """The answer for ``key``: cached, or ``compute()`` run in a worker thread (raises what it raised), with a
@@ -64,10 +70,14 @@ class AnswerCache(Generic[T]):
         task = self._computing.get(key)
         if task is None:
             if not self._slot(client):
-                raise self.slots.refusal(client)  # type: ignore[union-attr]  # _slot is False with slots only
+                raise self.slots.refusal(client, self.retry_after())  # type: ignore[union-attr]  # only with slots
             task = self._start(key, compute, client)
         # shielded: a caller that goes away does not cancel the computation the others wait for
         return _unwrap(await asyncio.shield(task))
+
+    def retry_after(self, key: str | None = None) -> int:
+        """Seconds until the computation of ``key`` (``None``: the first running) is expected to end."""
+        return self.durations.retry_after(key)
 
     def _slot(self, client: str) -> bool:
         return self.slots is None or self.slots.take(client)
@@ -75,6 +85,7 @@ class AnswerCache(Generic[T]):
     def _start(self, key: str, compute: Callable[[], T], client: str) -> asyncio.Task[T | Exception]:
         task = asyncio.get_running_loop().create_task(self._compute(key, compute, client))
         self._computing[key] = task
+        self.durations.started(key)
         task.add_done_callback(lambda done: done.cancelled() or done.exception())  # a failed refresh is not an error
         return task
 
@@ -91,6 +102,7 @@ class AnswerCache(Generic[T]):
             return answer
         finally:
             del self._computing[key]
+            self.durations.finished(key)
             if self.slots is not None:
                 self.slots.give(client)
 

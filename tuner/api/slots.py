@@ -3,8 +3,9 @@
 
 A computation in a worker thread cannot be stopped from outside, and it holds a thread and the GIL until it ends,
 even after its client went away (:mod:`tuner.api.budget`). So the expensive answers (``seq_len: "max"``) start only
-while a slot is free: :data:`PER_SERVER` in each server process and :data:`PER_CLIENT` for each client address;
-a request for an answer already being computed joins it without a slot (:mod:`tuner.api.answer_cache`).
+while a slot is free: :data:`PER_SERVER` in each server process and :data:`PER_CLIENT` for each client (the token's
+holder, or a remote address: :func:`tuner.api.long_answers.client_of`); a request for an answer already being
+computed joins it without a slot (:mod:`tuner.api.answer_cache`).
 
 Example:
     >>> slots = Slots(per_server=2, per_client=1)
@@ -57,13 +58,17 @@ class Slots:
             if self._held[client] <= 0:
                 del self._held[client]
 
-    def refusal(self, client: str) -> Busy:
-        """Why ``client`` got no slot, as the error to raise."""
+    def refusal(self, client: str, retry_after: int = RETRY_AFTER_S) -> Busy:
+        """Why ``client`` got no slot, as the error to raise (retry in ``retry_after`` seconds)."""
         with self._lock:
             mine = self._held.get(client, 0)
         if mine >= self.per_client:
-            return Busy(f"this client already has {mine} long computation(s) running (at most {self.per_client})")
-        return Busy(f"this server already runs {self.per_server} long computations (at most {self.per_server})")
+            return Busy(
+                f"this client already has {mine} long computation(s) running (at most {self.per_client})", retry_after
+            )
+        return Busy(
+            f"this server already runs {self.per_server} long computations (at most {self.per_server})", retry_after
+        )
 
     @property
     def held(self) -> int:

@@ -3,8 +3,8 @@
 (:mod:`tuner.api.longest`).
 
 The estimate runs in a worker thread within the request's time budget (:mod:`tuner.api.budget`: 503 past it); a
-``seq_len: "max"`` answer is computed once per request and kept (the app's ``expensive_cache``, with a bounded number
-of such computations at once: :mod:`tuner.api.slots`)."""
+``seq_len: "max"`` answer is computed once per request and kept, a bounded number at once
+(:mod:`tuner.api.long_answers`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
+from tuner.api.long_answers import answer_once
 from tuner.api.longest import asks_max, estimate_pins, longest, traced_workload
 from tuner.api.responses import BODY, answers
 from tuner.api.schemas import EstimateRequest, EstimateResponse, MaxSeqLenOut
@@ -71,9 +72,7 @@ async def estimate_endpoint(body: EstimateRequest, request: Request) -> Estimate
         if "margin" in body.model_fields_set and not asks_max(body.workload):
             raise FieldError(("margin",), 'only with workload.seq_len "max" (an estimate of one length has none)')
         if asks_max(body.workload):  # computed once, kept, and started only with a free slot
-            key, client = f"estimate:{body.model_dump_json()}", request.client.host if request.client else ""
-            cache = request.app.state.expensive_cache
-            return await within(cache.get(key, lambda: _longest_answer(body, request), client), budget)
+            return await answer_once(request, "estimate", body, lambda: _longest_answer(body, request))
     except FieldError as error:
         raise invalid(error) from None
     return await within(asyncio.to_thread(_answer, body, request), budget)

@@ -1,7 +1,7 @@
 """``POST /v1/recommend``: a workload → the best config, ``source`` measured | nearest | estimate
 (:mod:`tuner.recommend`), answered through the app's :class:`tuner.api.answer_cache.AnswerCache`; with
-``workload.seq_len: "max"``, the config that reaches the longest sequence that fits, and ``max_seq_len`` (through the
-app's ``expensive_cache``: computed once, kept, a bounded number at once, :mod:`tuner.api.slots`)."""
+``workload.seq_len: "max"``, the config that reaches the longest sequence that fits, and ``max_seq_len`` (computed
+once, kept, a bounded number at once: :mod:`tuner.api.long_answers`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request, Response
 
 from tuner.api.budget import within
 from tuner.api.deps import invalid, store_of
+from tuner.api.long_answers import answer_once
 from tuner.api.longest import LOC, asks_max, traced_workload
 from tuner.api.responses import BODY, answers
 from tuner.api.schemas import MaxSeqLenOut, RecommendRequest, RecommendResponse
@@ -47,12 +48,11 @@ async def recommend_endpoint(body: RecommendRequest, request: Request) -> Respon
         check_request(body.workload, ("workload",))  # what bounds the cost, on the loop: no thread for hostile input
         if asks_max(body.workload) and body.global_batch is not None:
             raise FieldError(("global_batch",), NOT_WITH_MAX)
-        key, client = body.model_dump_json(), request.client.host if request.client else ""
         if asks_max(body.workload):
-            cached = request.app.state.expensive_cache.get(f"recommend:{key}", answer, client)
+            content = await answer_once(request, "recommend", body, answer)
         else:
-            cached = request.app.state.recommend_cache.get(key, answer)
-        content = await within(cached, request.app.state.request_budget_s)
+            cached = request.app.state.recommend_cache.get(body.model_dump_json(), answer)
+            content = await within(cached, request.app.state.request_budget_s)
     except FieldError as error:
         raise invalid(error) from None
     except NoFeasibleConfig as error:
