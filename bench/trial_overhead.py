@@ -87,7 +87,10 @@ def child(launcher: str) -> None:
     """One tree's runner: each stdin line ``INDEX ENV LEAN`` is one measured run (warm-up 2, 3 timed steps) of the
     cycle's config INDEX in launch environment ENV through ``launcher`` (local or ray), answered as a JSON line:
     status, error, timings, threads."""
-    from tuner.measure.driver.local_launcher import launch_local
+    try:
+        from tuner.measure.driver.local_launcher import launch_local
+    except ModuleNotFoundError:  # a baseline tree from before the measure room's rank/driver split
+        from tuner.measure.launcher import launch_local  # type: ignore[no-redef]
     from tuner.measure.run_protocol import RunSpec
     from tuner.workload import workload_to_dict
 
@@ -106,7 +109,10 @@ def child(launcher: str) -> None:
             lean=lean == "1",
         )
         if launcher == "ray":
-            from tuner.measure.driver.ray_launcher import launch_ray
+            try:
+                from tuner.measure.driver.ray_launcher import launch_ray
+            except ModuleNotFoundError:  # a baseline tree from before the rank/driver split
+                from tuner.measure.ray_launcher import launch_ray  # type: ignore[no-redef]
 
             run = launch_ray(spec, timeout=900.0)
         else:
