@@ -168,7 +168,8 @@ class SearchSpace:
 
         Categorical parameters give their choices, ints their ``grid`` list or the powers of two within the bounds
         (log scale), pinned ones their pin. With ``global_batch``, the micro-batch list keeps only values dividing
-        ``global_batch / world_size``. Conditional parameters are in the grid even where they do not apply, so some
+        a data-parallel rank's share of it (``world_size`` over the pinned layout's sp × tp), as the trials offer.
+        Conditional parameters are in the grid even where they do not apply, so some
         grid points repeat a config: compare :func:`config_key` to skip them.
 
         Example:
@@ -189,8 +190,9 @@ class SearchSpace:
                 values = parameter.grid(nvme=bool(nvme_path))
             except ValueError as error:
                 raise SpaceError(self.source, f"parameters.{name}.grid", str(error)) from None
-            if name == self._micro and global_batch is not None:
-                values = [v for v in values if (global_batch // world_size) % v == 0] or values
+            if name == self._micro and global_batch is not None:  # those its trials offer (tuner.space.choices)
+                data_parallel = study_data_parallel(self._parameters, self._pins, world_size)
+                values = micro_choices(values, global_batch, data_parallel) or values
             result[name] = values
         return result
 

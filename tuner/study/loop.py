@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Literal
 
 import optuna
+from optuna.trial import TrialState
 
 from tuner.forecast import Calibration, ThroughputGuide, largest_micro_first
 from tuner.measure.measurement import CANCELLED, Measurement
@@ -37,7 +38,7 @@ from tuner.study.gate import Verdict, answered_by_record, judge
 from tuner.study.measurer import Measurer
 from tuner.study.memory_bound import OutOfMemory, pruned_by_oom
 from tuner.study.optuna_storage import RetryingRDBStorage
-from tuner.study.outcome import Recorder, Run, load_calibration
+from tuner.study.outcome import REASON_ATTR, Recorder, Run, load_calibration
 from tuner.study.pin_checks import refuse_unmeasurable_pins
 from tuner.study.proposer import Proposer
 from tuner.study.resume import TRIAL_LEASE_S, Holding
@@ -160,8 +161,9 @@ class TuningStudy:
             stopped = self._loop(dispatcher, budget, ctrl_c, should_stop)
         except KeyboardInterrupt:
             interrupted = True
-        except BaseException:  # the loop itself failed (database gone...): no run may go on behind it
+        except BaseException as error:  # the loop itself failed (database gone...): no run may go on behind it
             dispatcher.cancel()  # its trials stay running in the store; resuming fails them and retries (recover)
+            _fail_unfinished(self.optuna, [run.trial for run in self.in_flight.values()], error)
             self.holding.release()  # so they are stale from now on, to this process too
             with contextlib.suppress(Exception):  # else the next run's recover removes it
                 self.holding.drop()
@@ -204,8 +206,17 @@ class TuningStudy:
         return True
 
     def _ask_one(self, dispatcher: Measurer) -> bool:
-        """Ask for one config and prune, dispatch or answer it; False when it repeats a recorded config."""
+        """Ask for one config and prune, dispatch or answer it; False when it repeats a recorded config. An error on
+        the way fails the trial in Optuna before it goes on up: no trial is left running there."""
         trial = self.proposer.ask(self.holding.owner)
+        try:
+            return self._prune_or_dispatch(dispatcher, trial)
+        except BaseException as error:
+            _fail_unfinished(self.optuna, [trial], error)
+            raise
+
+    def _prune_or_dispatch(self, dispatcher: Measurer, trial: optuna.Trial) -> bool:
+        """:meth:`_ask_one` for an asked ``trial``."""
         workload = self.settings.workload
         try:
             suggestion = self.space.suggest(trial, workload, self.settings.global_batch, self.settings.nvme_path)
@@ -335,6 +346,16 @@ def _refuse_another_workload(store: Store, settings: StudySettings) -> None:
             f"study {settings.name!r} was created for workload {existing.workload_id} ({stored}), not this one "
             f"({given}); choose another study name",
         )
+
+
+def _fail_unfinished(study: optuna.Study, trials: list[optuna.Trial], error: BaseException) -> None:
+    """Tell Optuna each of ``trials`` not finished yet failed, with ``error`` as its reason (best effort: the error
+    may be the database's own)."""
+    for trial in trials:
+        with contextlib.suppress(Exception):
+            if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
+                trial.set_user_attr(REASON_ATTR, f"the study failed: {type(error).__name__}: {error}")
+                study.tell(trial, state=TrialState.FAIL)
 
 
 def _measured_before_stop(future: Future[Measurement]) -> bool:
