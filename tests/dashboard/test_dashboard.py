@@ -360,7 +360,7 @@ def test_chart_data_and_estimate_quality(app: FastAPI) -> None:
     assert data["reasons"]["labels"] == [
         "GPU memory · backward",
         "GPU memory · forward",
-        "global batch N is not divisible by N",
+        "global batch 16 is not divisible by 128",
     ]
     assert [(p["n"], p["x"], p["y"], p["stopped_early"]) for p in data["throughput"]["trials"]] == [
         (0, 45000.0, 50210.0, True),

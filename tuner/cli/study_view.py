@@ -256,8 +256,7 @@ def render_pruned(store: Store, study_id: int, console: Console, kinds: int = 5)
         return
     console.print(f"pruned without a run: {len(pruned)}, by kind")
     for group in groups[:kinds]:
-        console.print(
-            f"  ×{group.count}  {group.key} — e.g. {group.example}", highlight=False, soft_wrap=True, markup=False
-        )
+        example = "" if group.example == group.key else f" — e.g. {group.example}"  # a kind that is its reason
+        console.print(f"  ×{group.count}  {group.key}{example}", highlight=False, soft_wrap=True, markup=False)
     if len(groups) > kinds:
         console.print(f"  … and {len(groups) - kinds} more kinds (the dashboard lists them all)", highlight=False)

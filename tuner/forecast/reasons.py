@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 from tuner.estimator import CATEGORIES, CPU_VIEWS, PHASES, MemoryEstimate
 from tuner.forecast.calibration import Calibration
+from tuner.storage import reason_kind
 from tuner.units import format_bytes
 
 MEMORY_LABELS = {"gpu": "GPU memory", "cpu": "node CPU memory"}
 SEPARATOR = " · "
-_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _BYTES = re.compile(r"\b(\d+) (?:B|bytes)\b")
 # Reasons written before this module, raw or with their numbers replaced by N (the store's summary).
 _OLD_LOOP = re.compile(r"^gpu: estimated peak .*? at the (\w+) phase; largest category (\w+)")
@@ -113,7 +113,7 @@ def reason_key(reason: str | None) -> str:
     """The kind of a stored reason (new sentence, older raw-byte text, or either's ``N`` template).
 
     Memory reasons group as ``memory · phase · largest category``; others (the search space's) by their text with
-    numbers replaced by ``N``.
+    what they measured replaced by ``N`` (:func:`tuner.storage.reason_kind`: a condition's operands stay).
 
     Example:
         >>> reason_key("needs 2.10 GiB of 1.00 GiB node CPU memory at the step phase; "
@@ -121,8 +121,8 @@ def reason_key(reason: str | None) -> str:
         'node CPU memory · step · optimizer states'
         >>> reason_key("GPU memory short by 1234567 bytes at the forward phase")
         'GPU memory · forward'
-        >>> reason_key("global batch 16 is not divisible by 128")
-        'global batch N is not divisible by N'
+        >>> reason_key("tensor_parallel is pinned to 2, which applies only when gpus_per_node >= 2 (gpus_per_node = 1)")
+        'tensor_parallel is pinned to 2, which applies only when gpus_per_node >= 2 (gpus_per_node = 1)'
     """
     if not reason:
         return "(no reason)"
@@ -139,7 +139,7 @@ def reason_key(reason: str | None) -> str:
     found = _OLD_CPU.match(reason)
     if found:
         return _key(MEMORY_LABELS["cpu"], None, found.group(1))
-    return _NUMBER.sub("N", reason)
+    return reason_kind(reason)
 
 
 def describe_reason(reason: str | None) -> str:

@@ -186,14 +186,27 @@ def as_dict(value: Any) -> dict[str, Any] | None:
     return to_dict()
 
 
+# What a reason measured, which differs from trial to trial of one kind: sizes and byte counts, percentages, figures
+# grouped by thousands (11,285 tokens/s) and the trial a reason refers to. Other numbers are the config's and the
+# conditions' own operands (a pin's value, ``trainable_params >= 1000000000``, a global batch): they stay.
+_NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][+-]?\d+)?"
+_UNIT = r"(?=\s?(?:B|bytes|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b|%)"
+_MEASURED = re.compile(rf"{_NUMBER}{_UNIT}|(?<=trial ){_NUMBER}|\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?")
+
+
 def reason_kind(reason: str) -> str:
-    """A prune reason with its numbers replaced by ``N``, so reasons of one kind share a histogram bucket.
+    """A prune reason with what it measured replaced by ``N`` (sizes, byte counts, percentages, the trial it names),
+    so reasons of one kind share a histogram bucket; a condition's operands and the config's values stay as written.
 
     Example:
         >>> reason_kind("GPU memory short by 1073741824 bytes at the backward phase (largest category: activations)")
         'GPU memory short by N bytes at the backward phase (largest category: activations)'
+        >>> reason_kind("needs 1.97 GiB of 64.0 MiB GPU memory (5% margin included); largest: buffers 1.00 GiB")
+        'needs N GiB of N MiB GPU memory (N% margin included); largest: buffers N GiB'
+        >>> reason_kind("tensor_parallel is pinned to 2, which applies only when trainable_params >= 1000000000")
+        'tensor_parallel is pinned to 2, which applies only when trainable_params >= 1000000000'
     """
-    return re.sub(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?", "N", reason)
+    return _MEASURED.sub("N", reason)
 
 
 __all__ = [
