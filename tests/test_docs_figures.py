@@ -20,10 +20,34 @@ RESULTS = ROOT / "bench" / "results"
 QUOTE = re.compile(r"`(dstune estimate [^`]+)`\s+answers\s+([\d,]+)\s+(tokens|trainable parameters)")
 
 
+CONSOLE = re.compile(r"```console\n\$ (dstune estimate [^\n]+)\n(.*?)```", re.S)
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(RESULTS.glob("*.md"))]
+
+
+def flat(text: str) -> str:
+    """Printed text without the table's box drawing and with its wrapping undone: a quoted excerpt matches at any
+    terminal width."""
+    return " ".join(re.sub(r"[\u2500-\u257f]", " ", text).split())
+
+
+def outputs() -> list[tuple[str, str, list[str]]]:
+    """(file, command, parts) for every ```console block that quotes a ``$ dstune estimate`` command and what it
+    prints: each part (between ``...`` lines) appears in the output as it is, in order."""
+    found = []
+    for path in documents():
+        for command, printed in CONSOLE.findall(path.read_text()):
+            parts = [flat(part) for part in re.split(r"^\.\.\.$", printed, flags=re.M)]
+            found.append((path.name, command, [part for part in parts if part]))
+    return found
+
+
 def quotes() -> list[tuple[str, str, int, str]]:
     """(file, command, figure, what) for every quoted answer in the docs (a command may wrap over lines)."""
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(RESULTS.glob("*.md"))]:
+    for path in documents():
         text = " ".join(path.read_text().split())
         for command, figure, what in QUOTE.findall(text):
             found.append((path.name, command, int(figure.replace(",", "")), what))
@@ -34,6 +58,18 @@ def test_the_docs_quote_the_headline_answers() -> None:
     """The headline figures are quoted in the checked form (a doc that drops the form drops the check)."""
     files = {file for file, *_ in quotes()}
     assert {"memory-model.md", "long-context-runs.md", "README.md"} <= files, files
+    assert "memory-model.md" in {file for file, *_ in outputs()}
+
+
+@pytest.mark.parametrize(("file", "command", "parts"), outputs(), ids=lambda v: str(v)[:60])
+def test_a_quoted_output_is_what_the_tool_prints(file: str, command: str, parts: list[str]) -> None:
+    result = CliRunner().invoke(app, shlex.split(command)[1:])
+    assert result.exit_code == 0, (file, command, result.output)
+    printed, start = flat(result.output), 0
+    for part in parts:
+        found = printed.find(part, start)
+        assert found >= 0, f"{file}: `{command}` does not print, where the doc says it does:\n{part}\n\n{printed}"
+        start = found + len(part)
 
 
 @pytest.mark.parametrize(("file", "command", "figure", "what"), quotes(), ids=lambda v: str(v)[:60])
