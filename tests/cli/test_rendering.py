@@ -25,3 +25,19 @@ def test_an_estimates_title_and_verdict_print_with_their_brackets() -> None:
     render(est, "models/[exp1]/config.json", console)
     text = console.export_text()
     assert "models/[exp1]/config.json" in text and "DOES NOT FIT" in text
+
+
+def test_a_runs_memory_reads_in_the_budgets_unit() -> None:
+    """``dstune measure --gpu-memory 64MiB`` printed its peaks as 0.04 GiB: under a budget below 1 GiB the ranks'
+    peaks and the estimate read in MiB, as the study table's do; above it, GiB as before."""
+    rank = {"rank": 0, "status": "ok", "peak_bytes": 42 * 2**20, "peak_rss_bytes": 900 * 2**20}
+    result = {"status": "error", "error": None, "ranks": [rank], "estimate": {"per_gpu": {"total": 40 * 2**20}}}
+    expected = {
+        2**26: ("peak MiB", "42.0", "900.0", "estimated peak per GPU: 40.0 MiB"),
+        80 * 2**30: ("peak GiB", "0.04", "0.88", "estimated peak per GPU: 0.04 GiB"),
+    }
+    for budget, figures in expected.items():
+        console = Console(record=True, width=200)
+        render_measurement(result, console, budget=budget)
+        text = console.export_text()
+        assert all(figure in text for figure in figures), text

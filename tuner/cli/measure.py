@@ -34,6 +34,7 @@ from tuner.cli.script_options import (
 from tuner.cli.study_view import describe_launch
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher
+from tuner.units import memory_unit
 from tuner.workload.measurable import measurement_refusal
 
 
@@ -87,13 +88,16 @@ def measure_command(
     if as_json:
         typer.echo(json.dumps(result))
     else:
-        render_measurement(result)
+        render_measurement(result, budget=workload.cluster.gpu_memory)
     raise typer.Exit(0 if result["status"] == "ok" else 1)
 
 
-def render_measurement(result: dict[str, Any], console: Console | None = None) -> None:
-    """Print a measured run: status, throughput, step times, peak memory per rank against the estimate."""
+def render_measurement(result: dict[str, Any], console: Console | None = None, budget: int | None = None) -> None:
+    """Print a measured run: status, throughput, step times, peak memory per rank against the estimate (sizes in
+    MiB under a GPU memory ``budget`` below 1 GiB, else GiB; the budget defaults to the estimate's)."""
     console = console or Console()
+    unit, scale = memory_unit(budget or (result.get("estimate") or {}).get("gpu_memory") or 0)
+    size = gib if unit == "GiB" else lambda value: "unknown" if value is None else f"{value / scale:.1f}"
     status = result["status"]
     console.print(f"status: [{'green' if status == 'ok' else 'red'}]{status}[/]")
     if result["error"]:
@@ -111,11 +115,11 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
     table = Table()
     for name in ("rank", "host", "node rank", "local rank", "status"):
         table.add_column(name)
-    table.add_column("peak GiB", justify="right")
-    table.add_column("peak RSS GiB", justify="right")
+    table.add_column(f"peak {unit}", justify="right")
+    table.add_column(f"peak RSS {unit}", justify="right")
     for rank in result.get("ranks") or []:
         where = [rank.get("hostname") or "-", *(str(rank.get(k, "-")) for k in ("node_rank", "local_rank"))]
-        peaks = (gib(rank.get("peak_bytes")), gib(rank.get("peak_rss_bytes")))
+        peaks = (size(rank.get("peak_bytes")), size(rank.get("peak_rss_bytes")))
         table.add_row(str(rank["rank"]), *where, rank["status"], *peaks)
     console.print(table)
     measured_in = describe_launch(result.get("launch"))
@@ -127,7 +131,7 @@ def render_measurement(result: dict[str, Any], console: Console | None = None) -
             f"the figures are your command's: {script['command']}", highlight=False, soft_wrap=True, markup=False
         )
     if result.get("estimate"):
-        console.print(f"estimated peak per GPU: {gib(result['estimate']['per_gpu']['total'])} GiB")
+        console.print(f"estimated peak per GPU: {size(result['estimate']['per_gpu']['total'])} {unit}")
     if result.get("estimate_assumes"):  # without an estimate, why there is none
         assumes = result["estimate_assumes"]
         line = f"the estimate assumes {assumes}" if result.get("estimate") else assumes
