@@ -74,6 +74,19 @@ def memory_unit(budget: int) -> tuple[str, int]:
     return ("MiB", MiB) if 0 < budget < GiB else ("GiB", GiB)
 
 
+def in_unit(size: int | None, unit: tuple[str, int]) -> str:
+    """``size`` as a figure in ``unit`` (:func:`memory_unit`'s), to print beside the unit's name: two decimals in
+    GiB, one in MiB; None prints as ``unknown``.
+
+    >>> in_unit(40 * MiB, memory_unit(64 * MiB)), in_unit(40 * MiB, memory_unit(80 * GiB)), in_unit(None, ("GiB", GiB))
+    ('40.0', '0.04', 'unknown')
+    """
+    if size is None:
+        return "unknown"
+    name, scale = unit
+    return f"{size / scale:.{2 if name == 'GiB' else 1}f}"
+
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms])")
 _SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 

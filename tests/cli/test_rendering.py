@@ -41,3 +41,15 @@ def test_a_runs_memory_reads_in_the_budgets_unit() -> None:
         render_measurement(result, console, budget=budget)
         text = console.export_text()
         assert all(figure in text for figure in figures), text
+
+
+def test_an_estimate_reads_in_its_budgets_unit() -> None:
+    """``dstune estimate --gpu-memory 64MiB`` printed 0.00-0.01 GiB for most categories and "0.04 GiB headroom (of
+    0.06 GiB)": under a budget below 1 GiB its GPU figures read in MiB; the CPU's follow the CPU memory's budget."""
+    work = Workload(load_builtin_model("tiny-llama"), ClusterSpec(2, gpu_memory=2**26, device="cpu"), TrainSpec(128))
+    est = estimate(work, TrialConfig({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 0}}))
+    console = Console(record=True, width=200)
+    render(est, "tiny-llama", console)
+    text = console.export_text()
+    assert est.fits and f"FITS with {est.headroom / 2**20:.1f} MiB headroom per GPU (of 64.0 MiB)" in text
+    assert f"total            │ {est.gpu_total / 2**20:.1f}" in text and "GiB of 1024.00 GiB" in text

@@ -3,6 +3,7 @@ with ``--max-seq-len``, the longest sequence that fits (:mod:`tuner.cli.max_seq_
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated
 
@@ -11,11 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli.common import fail, gib
+from tuner.cli.common import fail
 from tuner.cli.max_seq_len import max_seq_len_command
 from tuner.cli.options import JsonOpt, WorkloadFlags, build, workload_options
 from tuner.estimator import MemoryEstimate, estimate, predict
 from tuner.forecast import DEFAULT_MARGIN
+from tuner.units import in_unit, memory_unit
 
 MaxSeqLenOpt = Annotated[
     bool,
@@ -38,25 +40,30 @@ ROWS = (
 
 
 def render(est: MemoryEstimate, title: str, console: Console | None = None) -> None:
-    """Print an estimate as a table of per-GPU categories in GiB, the CPU total, peak phase and verdict."""
+    """Print an estimate as a table of per-GPU categories, the CPU total, peak phase and verdict: sizes in MiB under
+    a budget below 1 GiB (GPU memory for the GPU's, CPU memory for the CPU's), else GiB."""
     console = console or Console()
     console.print(title, highlight=False, markup=False)
+    unit, cpu_unit = memory_unit(est.gpu_memory), memory_unit(est.cpu_memory)
+    gpu = functools.partial(in_unit, unit=unit)
     table = Table()
     table.add_column("per GPU")
-    table.add_column("GiB", justify="right")
+    table.add_column(unit[0], justify="right")
     for key, label in ROWS:
-        table.add_row(label, gib(est.per_gpu.get(key)), style="bold" if key == "total" else None)
+        table.add_row(label, gpu(est.per_gpu.get(key)), style="bold" if key == "total" else None)
         if key == "overhead":  # its named CUDA terms (context, NCCL per communicator, cuBLAS, allocator reserve)
             for term, size in est.overhead_terms.items():
-                table.add_row(f"  {term.replace('_', ' ')}", gib(size), style="dim")
+                table.add_row(f"  {term.replace('_', ' ')}", gpu(size), style="dim")
     console.print(table)
-    console.print(f"CPU per node: {gib(est.cpu_per_node['total'])} GiB of {gib(est.cpu_memory)} GiB")
+    cpu = [in_unit(size, cpu_unit) for size in (est.cpu_per_node["total"], est.cpu_memory)]
+    console.print(f"CPU per node: {cpu[0]} {cpu_unit[0]} of {cpu[1]} {cpu_unit[0]}")
     console.print(f"peak phase: {est.peak_phase}")
     if est.estimate_only:
         console.print(f"[yellow]ESTIMATE ONLY[/yellow]: {escape(est.estimate_only)}", highlight=False, soft_wrap=True)
     if est.fits:
         console.print(
-            f"[green]FITS[/green] with {gib(est.headroom)} GiB headroom per GPU (of {gib(est.gpu_memory)} GiB)"
+            f"[green]FITS[/green] with {gpu(est.headroom)} {unit[0]} headroom per GPU "
+            f"(of {gpu(est.gpu_memory)} {unit[0]})"
         )
     else:
         console.print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any
 
@@ -9,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuner.cli.common import fail, gib, memory_cap_bytes
+from tuner.cli.common import fail, memory_cap_bytes
 from tuner.cli.local_gpu import checked_here
 from tuner.cli.options import (
     AUTO_DEVICE,
@@ -34,7 +35,7 @@ from tuner.cli.script_options import (
 from tuner.cli.study_view import describe_launch
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher
-from tuner.units import memory_unit
+from tuner.units import in_unit, memory_unit
 from tuner.workload.measurable import measurement_refusal
 
 
@@ -97,7 +98,7 @@ def render_measurement(result: dict[str, Any], console: Console | None = None, b
     MiB under a GPU memory ``budget`` below 1 GiB, else GiB; the budget defaults to the estimate's)."""
     console = console or Console()
     unit, scale = memory_unit(budget or (result.get("estimate") or {}).get("gpu_memory") or 0)
-    size = gib if unit == "GiB" else lambda value: "unknown" if value is None else f"{value / scale:.1f}"
+    size = functools.partial(in_unit, unit=(unit, scale))
     status = result["status"]
     console.print(f"status: [{'green' if status == 'ok' else 'red'}]{status}[/]")
     if result["error"]:
