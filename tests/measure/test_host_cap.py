@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from tuner.measure.driver.host_memory import HOST_MEMORY
 from tuner.measure.driver.local_launcher import wait_ranks
 from tuner.measure.driver.outcomes import collect_rank
 from tuner.measure.driver.processes import RankProcess
+from tuner.measure.driver.rss_watch import over_cap, resident
 from tuner.measure.measurement import PEER_KILLED
 
 GROWER = "import time\nheld = bytearray({size})\nprint('holding', flush=True)\ntime.sleep(120)\n"
@@ -127,3 +129,30 @@ def test_a_training_command_past_the_host_memory_is_killed_as_oom(tmp_path: Path
     )
     assert ended.status == "oom" and ended.exception_type == HOST_MEMORY
     assert "past the 200.0 MiB it had available" in (ended.error or "")
+
+
+SHARER = (
+    "import os, time\nheld = bytearray({size})\nif os.fork() == 0:\n    time.sleep(120)\n    os._exit(0)\n"
+    "print('shared', flush=True)\ntime.sleep(120)\n"
+)
+
+
+def test_pages_shared_with_a_fork_count_once_over_them(tmp_path: Path) -> None:
+    """A rank whose resident pages it shares with a process it forked (as forked ranks share their fork server's) is
+    judged by its proportional share past the cap: half of them here."""
+    log = tmp_path / "rank-0.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-c", SHARER.format(size=300 * 2**20)], stdout=sink, start_new_session=True
+        )
+    rank = RankProcess(0, process, log)
+    try:
+        while "shared" not in log.read_text():  # allocated and forked: both map the 300 MiB
+            assert process.poll() is None
+            time.sleep(0.05)
+        assert resident(process.pid) > 250 * 2**20
+        assert over_cap([rank], 250 * 2**20) is None  # resident past it, its share (about 150 MiB) within
+        over = over_cap([rank], 100 * 2**20)
+        assert over is not None and 100 * 2**20 < over[1] < 250 * 2**20
+    finally:
+        rank.kill()

@@ -5,11 +5,11 @@ The launcher reads each live rank's resident memory (RSS) at each poll (:func:`o
 SIGKILLed at once with its process group, its peers stopped as after any failed rank (:func:`stop_over`), and the rank
 ends ``oom`` / ``HostMemory`` with the figure it reached (:mod:`tuner.measure.driver.outcomes`): the config does not
 fit here, as a measured overflow says. The cap is the rank's share of the memory available on its host when it
-started (:func:`~.host_memory.rank_share`). Resident memory is what the OOM killer weighs; it counts pages shared with
-the fork server in every rank that maps them, so it errs towards stopping. The rank's own process only: the compilers
-a first run's op build starts (about 1 GB each) are the build's, not the config's, and end with it. Between two polls
-(0.2 s) a rank can grow past its cap by what it writes meanwhile: the fifth of available memory a run never takes
-covers that.
+started (:func:`~.host_memory.rank_share`). What a rank holds is its resident memory, and past the cap its
+proportional share (PSS), so the pages a forked rank shares with its fork server do not count whole in every rank.
+The rank's own process only: the compilers a first run's op build starts (about 1 GB each) are the build's, not the
+config's, and end with it. Between two polls (0.2 s) a rank can grow past its cap by what it writes meanwhile: the
+fifth of available memory a run never takes covers that.
 """
 
 from __future__ import annotations
@@ -32,11 +32,24 @@ def resident(pid: int) -> int:
         return 0
 
 
+def proportional(pid: int) -> int:
+    """Process ``pid``'s proportional share of the memory it maps (PSS: a page shared by n processes counts 1/n;
+    about 17 ms for a rank, so read only past the cap), its resident bytes where the kernel does not say."""
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).memory_full_info().pss)
+    except (psutil.Error, AttributeError):  # no smaps (another OS): RSS
+        return resident(pid)
+
+
 def over_cap(ranks: Sequence[RankProcess], cap: int) -> tuple[RankProcess, int] | None:
-    """The first live rank holding more than ``cap`` bytes resident, with what it holds; None when none does."""
+    """The first live rank holding more than ``cap`` bytes, with what it holds; None when none does. Resident memory
+    is read at each poll; past the cap, the rank's proportional share decides (:func:`proportional`): the pages a
+    forked rank shares with its fork server and its peers count once over them, not once in each."""
     for rank in ranks:
-        if rank.process.poll() is None:
-            held = resident(rank.process.pid)
+        if rank.process.poll() is None and resident(rank.process.pid) > cap:
+            held = proportional(rank.process.pid)
             if held > cap:
                 return rank, held
     return None
@@ -51,4 +64,4 @@ def stop_over(ranks: Sequence[RankProcess], rank: RankProcess, held: int, cap: i
     stop_ranks([other for other in ranks if other is not rank], "peer")
 
 
-__all__ = ["OVER_MEMORY", "over_cap", "resident", "stop_over"]
+__all__ = ["OVER_MEMORY", "over_cap", "proportional", "resident", "stop_over"]
