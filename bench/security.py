@@ -159,8 +159,8 @@ def _cli(args: list[str]) -> tuple[int, str, float]:
 
 
 def host_memory() -> Any:
-    """``dstune measure`` of tiny-llama on 2 CPU ranks at 1M tokens, --gpu-memory 80GiB (the default): refused
-    before any rank starts."""
+    """``dstune measure`` of tiny-llama on 2 CPU ranks at 1M tokens, --gpu-memory left out (each rank's share of this
+    host): refused before any rank starts."""
     _, text, seconds = _cli(["measure", "--model", "tiny-llama", "--model-impl", "builtin", "--gpus", "2",
                              "--device", "cpu", "--seq-len", "1048576", "--json"])  # fmt: skip
     data = json.loads(text[text.index("{") :]) if "{" in text else {}
