@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from tuner.space.dsconfig import shortcut_config
 from tuner.storage import Store
 from tuner.study.length_runs import length_study_name
 from tuner.units import GiB
-from tuner.workload import ClusterSpec, LaunchEnv, TrainSpec, Workload, load_builtin_model
+from tuner.workload import ClusterSpec, LaunchEnv, TrainableSpec, TrainSpec, Workload, load_builtin_model
 
 SEARCH = "tiny-lengths"
 LENGTHS = {1024: ("ok", 9000.0), 2048: ("ok", 8000.0), 4096: ("oom", None)}
@@ -223,6 +224,32 @@ def test_workloads_that_read_alike_say_where_they_differ(alike: FastAPI) -> None
         "adam": "gpus_per_node=2 · nodes=1 · optimizer=adam",
         "buckets": "",  # 64.0 MiB: its description tells it apart
     }
+
+
+def test_a_lora_and_a_full_fine_tuning_of_one_workload_are_told_apart(tmp_path: Path) -> None:
+    """The README's LoRA study and a full fine-tuning of the same model and cluster read as the same row."""
+    app = FastAPI()
+    app.state.store = store = Store.open(f"sqlite:///{tmp_path}/lora.db")
+    app.include_router(router)
+    lora = TrainableSpec(peft=json.dumps({"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}))
+    try:
+        for name, trainable in (("full", TrainableSpec()), ("lora", lora)):
+            study = store.get_or_create_study(
+                name, store.upsert_workload(replace(workload(), trainable=trainable)), "tpe", {}
+            )
+            trial_id = store.add_trial(
+                study.id, 0, "k0", shortcut_config(1, 1, "bf16", 2, "none", "none"), None, False, None
+            )
+            store.start_trial(trial_id)
+            store.finish_trial(trial_id, "ok", {"tokens_per_s": 1000.0, "peak_bytes_per_rank": [2**20, 2**20]})
+        page = TestClient(app).get("/").text
+    finally:
+        store.close()
+    said = [row.split('class="differs">')[1].split("</span>")[0] for row in rows(page, "workloads")]
+    assert said == [
+        "trainable=all parameters",
+        "peft.peft_type=LORA · peft.r=8 · peft.target_modules=[q_proj, v_proj]",
+    ]
 
 
 def test_trials_that_read_alike_say_where_they_differ(alike: FastAPI) -> None:

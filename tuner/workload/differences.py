@@ -72,14 +72,22 @@ def summary_keys() -> frozenset[str]:
 
 
 def workload_settings(stored: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored workload's settings as one flat mapping (its peft adapter's fields each a setting), without its launch
-    environment (said apart, its variables' values private)."""
+    """A stored workload's settings as one flat mapping: its peft adapter's fields each a setting, ``trainable=all
+    parameters`` for full fine-tuning (its stored form has no trainable part), without unset (empty) fields and without
+    its launch environment (said apart, its variables' values private).
+
+    >>> workload_settings({"train": {"seq_len": 64}, "trainable": {"peft": '{"r": 8}', "freeze": ""}})
+    {'train.seq_len': 64, 'trainable.peft.r': 8}
+    >>> workload_settings({"train": {"seq_len": 64}})
+    {'train.seq_len': 64, 'trainable': 'all parameters'}
+    """
     data = {key: value for key, value in stored.items() if key != "launch"}
     trainable = data.get("trainable")
     if isinstance(trainable, Mapping) and isinstance(trainable.get("peft"), str) and trainable["peft"]:
         with contextlib.suppress(ValueError):
             data["trainable"] = {**trainable, "peft": json.loads(trainable["peft"])}
-    return flat(data)
+    leaves = {key: value for key, value in flat(data).items() if value != ""}
+    return leaves if "trainable" in data else {**leaves, "trainable": "all parameters"}
 
 
 def _covered(key: str, shown: Collection[str]) -> bool:
@@ -116,9 +124,13 @@ def format_value(value: Any) -> str:
 
     >>> format_value(500_000_000), format_value(106_452_590), format_value(True), format_value(None), format_value(0.5)
     ('5e8', '1.06e8', 'true', 'null', '0.5')
+    >>> format_value(["q_proj", "v_proj"])
+    '[q_proj, v_proj]'
     """
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, list | tuple):  # a list of names: [q_proj, v_proj]
+        return f"[{', '.join(map(format_value, value))}]"
     if isinstance(value, int) and abs(value) >= 10**6:
         mantissa, exponent = f"{value:.2e}".split("e")
         return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
