@@ -32,7 +32,7 @@ from tuner.cli.script_options import (
     script_flags,
     script_trial,
 )
-from tuner.cli.study_view import describe_launch
+from tuner.cli.study_view import launch_lines
 from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher
 from tuner.units import in_unit, memory_unit
@@ -123,9 +123,8 @@ def render_measurement(result: dict[str, Any], console: Console | None = None, b
         peaks = (size(rank.get("peak_bytes")), size(rank.get("peak_rss_bytes")))
         table.add_row(str(rank["rank"]), *where, rank["status"], *peaks)
     console.print(table)
-    measured_in = describe_launch(result.get("launch"))
-    if measured_in:
-        console.print("launch: " + measured_in, highlight=False, soft_wrap=True, markup=False)
+    for line in launch_lines("launch: ", result.get("launch")):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
     script = result.get("script") or {}
     if script:
         console.print(

@@ -178,9 +178,17 @@ def render_study(store: Store, study_id: int, name: str, console: Console, top: 
         console.print_json(json.dumps(best.trial.deepspeed_config()))  # as DeepSpeed gets it (dstune best exports it)
         print_numerics(best, console)
         print_confirmation(best, console)
-        measured_in = describe_launch((best.measurement or {}).get("launch"))
-        if measured_in:
-            console.print("measured in: " + measured_in, highlight=False, soft_wrap=True, markup=False)
+        launch = (best.measurement or {}).get("launch")
+        for line in launch_lines("measured in: ", launch):
+            console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def launch_lines(label: str, launch: dict[str, Any] | None) -> list[str]:
+    """The launch environment a run was measured in, after ``label``, and the warning when its ranks' threads
+    outnumber the cores (:func:`oversubscribed`); empty without a ``launch`` record."""
+    measured_in = describe_launch(launch)
+    crowded = oversubscribed(launch)
+    return [*([label + measured_in] if measured_in else []), *([crowded] if crowded else [])]
 
 
 def describe_launch(launch: dict[str, Any] | None) -> str | None:
@@ -217,13 +225,10 @@ def launch_notes(workload: Workload, launch: dict[str, Any] | None, config_file:
     ran in and the command line that reproduces it."""
     from tuner.workload import launch_command
 
-    measured = describe_launch(launch)
     threads = ((launch or {}).get("threads_per_rank") or [None])[0]
     cluster = workload.cluster
     command = launch_command(workload.launch, cluster.gpus_per_node, cluster.nodes, threads, config_file)
-    notes = [f"measured in: {measured}"] if measured else []
-    crowded = oversubscribed(launch)
-    return [*notes, *([crowded] if crowded else []), f"launch it as measured: {command}"]
+    return [*launch_lines("measured in: ", launch), f"launch it as measured: {command}"]
 
 
 def oversubscribed(launch: dict[str, Any] | None) -> str | None:
