@@ -1,5 +1,6 @@
 """What ``--help`` and ``docs/commands.md`` say of the commands: every flag of every command is in commands.md (it
-claims every flag), and ``--help`` at 80 columns cuts no flag name or help text and shows no Sphinx markup."""
+claims every flag), and ``--help`` at 80 columns cuts no flag name or help text, overruns no line and shows no Sphinx
+markup."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 from tuner.cli.app import app
 
 COMMANDS_MD = Path(__file__).resolve().parents[2] / "docs" / "commands.md"
-NAMES = ("estimate", "measure", "tune", "best", "serve", "worker")
+NAMES = tuple(typer.main.get_command(app).commands)  # type: ignore[attr-defined]  # every command, queue included
 
 
 def flags(name: str) -> set[str]:
@@ -34,6 +35,8 @@ def test_help_at_80_columns_cuts_nothing_and_shows_no_markup(name: str) -> None:
     result = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
     assert result.exit_code == 0, result.output
     assert "…" not in result.output
+    wide = [line for line in result.output.splitlines() if len(line) > 80]
+    assert not wide, f"{name} --help overruns 80 columns: {wide}"
     assert not re.search(r"``|:mod:|:func:|:class:", result.output), result.output
     for flag in flags(name):
         assert flag in result.output, flag

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Annotated, Any, get_type_hints
+from typing import Annotated, Any, get_args, get_type_hints
 
 import typer
 
@@ -61,7 +61,11 @@ GpuMemoryOpt = Annotated[
 ]
 GpuTypeOpt = Annotated[
     GpuTypeName | None,
-    typer.Option(help="GPU type: its usable memory, CUDA terms and throughput (measure, tune: read from the GPU)."),
+    typer.Option(
+        metavar="<gpu type>",  # its choices in the help, which wraps: as a metavar they overran 80 columns
+        help=f"GPU type ({', '.join(get_args(GpuTypeName))}): its usable memory, CUDA terms and throughput (measure, "
+        "tune: read from the GPU).",
+    ),
 ]
 CpuMemoryOpt = Annotated[str, typer.Option(help="CPU memory per node.")]
 SeqLenOpt = Annotated[int, typer.Option(min=1, help="Sequence length.")]
