@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tuner.measure.op_builds import build_notice, environment_ninja_path, extensions_dir, missing_ops, ops_needed
+from tuner.measure.op_builds import (
+    build_notice,
+    environment_name,
+    environment_ninja_path,
+    extensions_dir,
+    installed_versions,
+    missing_ops,
+    ops_needed,
+)
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-4}}
 OFFLOAD = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
@@ -48,6 +56,17 @@ def test_extensions_dir_follows_torch_with_a_folder_per_environment(tmp_path: Pa
     assert extensions_dir({"XDG_CACHE_HOME": str(tmp_path)}, "cu128").parent == tmp_path / "torch_extensions" / (
         f"{python}_cu128"
     )
+
+
+def test_an_upgrade_of_torch_or_deepspeed_builds_in_a_folder_of_its_own() -> None:
+    """The build line ("once; later runs reuse them") is true after an upgrade too: the upgraded environment's ops are
+    missing from its new folder, so the line is printed, instead of a silent rebuild in the old folder."""
+    old, new = "torch 2.13.0, deepspeed 0.19.8", "torch 2.13.0, deepspeed 0.19.9"
+    assert environment_name("/opt/a/.venv", old) == environment_name("/opt/a/.venv", old)
+    assert environment_name("/opt/a/.venv", old) != environment_name("/opt/a/.venv", new)
+    assert environment_name("/opt/a/.venv", old) != environment_name("/opt/b/.venv", old)
+    assert environment_name("/opt/a/.venv") == environment_name("/opt/a/.venv", installed_versions())
+    assert installed_versions().startswith("torch 2.") and ", deepspeed 0." in installed_versions()
 
 
 def test_a_command_that_measures_builds_in_its_environments_folder(tmp_path: Path) -> None:

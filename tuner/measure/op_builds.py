@@ -4,8 +4,9 @@ DeepSpeed compiles its C++ ops on first use (``torch.utils.cpp_extension.load``)
 ``TORCH_EXTENSIONS_DIR``, one folder per op holding ``<op>.so``, and reuses them afterwards. Torch's own default,
 ``~/.cache/torch_extensions/py311_cpu``, is shared by every environment of a user: two virtualenvs (two torch or
 DeepSpeed copies, two ninjas) each read the other's build as stale and rebuild it, minutes per op on every alternation.
-So dstune's processes build into a folder of their own environment, ``py311_cpu/dstune-<env>-<hash of its prefix>``
-below that default (:func:`use_environment_builds`), unless ``TORCH_EXTENSIONS_DIR`` says otherwise.
+So dstune's processes build into a folder of their own environment, ``py311_cpu/dstune-<env>-<hash>`` below that
+default, the hash of the environment's prefix and of its torch and DeepSpeed versions (:func:`use_environment_builds`),
+unless ``TORCH_EXTENSIONS_DIR`` says otherwise.
 
 On CPU every run needs ``deepspeed_shm_comm``
 (``init_distributed``); DeepSpeed's Adam needs ``cpu_adam`` with optimizer offload and ``fused_adam`` otherwise, unless
@@ -19,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -26,6 +28,7 @@ import runpy
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -102,14 +105,30 @@ def extensions_dir(
     return root / f"{python}_{build_tag or torch_build_tag()}" / environment_name(prefix or sys.prefix)
 
 
-def environment_name(prefix: str) -> str:
-    """The build folder's name for the environment at ``prefix``: its folder's name and a hash of its real path.
+def environment_name(prefix: str, versions: str | None = None) -> str:
+    """The build folder's name for the environment at ``prefix``: its folder's name and a hash of its real path and
+    of the torch and DeepSpeed it holds (``versions``, default :func:`installed_versions`), so an upgrade builds
+    afresh in a folder of its own and the build line says so, instead of a silent rebuild in the old one.
 
-    >>> environment_name("/opt/dstune/.venv")
-    'dstune-.venv-e5d43088'
+    >>> environment_name("/opt/dstune/.venv", "torch 2.13.0, deepspeed 0.19.8")
+    'dstune-.venv-15ef5106'
     """
     real = os.path.realpath(prefix)
-    return f"dstune-{Path(real).name}-{hashlib.sha256(real.encode()).hexdigest()[:8]}"
+    key = f"{real}\n{installed_versions() if versions is None else versions}"
+    return f"dstune-{Path(real).name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+@functools.cache
+def installed_versions() -> str:
+    """The versions of torch and DeepSpeed this interpreter would import (``?`` for one not installed), read from
+    their metadata without importing them."""
+    found = []
+    for package in ("torch", "deepspeed"):
+        try:
+            found.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{package} ?")
+    return ", ".join(found)
 
 
 def use_environment_builds() -> None:
