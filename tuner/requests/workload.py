@@ -210,7 +210,7 @@ def _size(value: int | str, name: str, loc: Loc) -> int:
     except ValueError as error:
         raise FieldError((*loc, name), str(error)) from None
     if size > MAX_BYTES:
-        raise FieldError((*loc, name), f"must be at most {MAX_BYTES} bytes")
+        raise FieldError((*loc, name), f"must be at most {MAX_BYTES // 2**40:,} TiB (2^60 bytes)")
     return size
 
 
