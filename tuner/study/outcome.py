@@ -226,7 +226,8 @@ class Recorder:
             self._learn_peak(estimated_peak, peak)
             trial.set_constraint("memory", 1.0 if over_budget and not diverged else constraint)
             self.tell(trial, TrialState.FAIL)
-            self.emit(Event(trial.number, status, measurement.tokens_per_s, rejected, run.suggestion.trial.summary()))
+            summary = run.suggestion.trial.summary()
+            self.emit(Event(trial.number, status, measurement.tokens_per_s, rejected, summary, peak))
             return
         if measurement.status == "ok":
             self._learn_peak(estimated_peak, peak)
@@ -246,7 +247,7 @@ class Recorder:
             trial.set_constraint("memory", constraint)
             self.tell(trial, TrialState.FAIL)
         summary = run.suggestion.trial.summary()
-        self.emit(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error, summary))
+        self.emit(Event(trial.number, measurement.status, measurement.tokens_per_s, measurement.error, summary, peak))
 
     def fail(self, run: Run, reason: str) -> None:
         """A run killed before it ended: recorded failed with ``reason`` and told FAIL."""

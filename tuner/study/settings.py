@@ -9,6 +9,7 @@ from typing import Any
 
 from tuner.measure.options import MeasureOptions
 from tuner.study.early_stop import SlowRunStopper
+from tuner.units import format_bytes
 from tuner.workload import Workload
 
 # a training command's runs cost a whole launch each: its study stops once its best stood for this many (--patience)
@@ -66,12 +67,13 @@ class Event:
     tokens_per_s: float | None = None
     reason: str | None = None
     config: str | None = None  # the trial's config in one line (TrialConfig.summary)
+    peak_bytes: int | None = None  # the measured peak of its busiest rank
 
     def line(self) -> str:
         """The event in one line, for logs and output that is not a terminal.
 
-        >>> Event(3, "ok", 11285.4, config="ZeRO-2 · micro 4 × accum 2").line()
-        'trial 3: ok, 11,285 tokens/s · ZeRO-2 · micro 4 × accum 2'
+        >>> Event(3, "ok", 11285.4, config="ZeRO-2 · micro 4 × accum 2", peak_bytes=43_201_000).line()
+        'trial 3: ok, 11,285 tokens/s, peak 41.2 MiB · ZeRO-2 · micro 4 × accum 2'
         >>> Event(4, "pruned", reason="needs 1.97 GiB of 64.0 MiB", config="ZeRO-0").line()
         'trial 4: pruned · ZeRO-0 · needs 1.97 GiB of 64.0 MiB'
         >>> Event(5, "error", reason="Traceback ...\\n  File x\\nImportError: no fused_adam.so").line()
@@ -80,6 +82,8 @@ class Event:
         head = f"trial {self.number}: {self.status}"
         if self.tokens_per_s:
             head += f", {self.tokens_per_s:,.0f} tokens/s"
+        if self.peak_bytes:
+            head += f", peak {format_bytes(self.peak_bytes)}"
         last = ((self.reason or "").strip().splitlines() or [""])[-1].strip()  # a traceback's last line says it
         return " · ".join(part for part in (head, self.config, last) if part)
 
