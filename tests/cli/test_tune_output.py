@@ -53,11 +53,19 @@ def test_a_line_before_the_runs_that_build_deepspeed_ops(tmp_path: Path, monkeyp
     offload = shortcut_config(1, 1, "bf16", 2, "cpu", "none")
     lines: list[str] = []
     inner = Inner()
-    measurer = AnnounceBuilds(inner, lines.append)
+    builds: list[tuple[list[str], int]] = []  # the ops built, and how many runs had started by then
+
+    def build(ops: list[str]) -> bool:
+        builds.append((list(ops), len(inner.submitted)))
+        return True
+
+    measurer = AnnounceBuilds(inner, lines.append, build)
     measurer.prebuilt = set()  # whatever this machine's DeepSpeed was installed with
     for config in (plain, plain, offload, offload):
         measurer.submit(work, TrialConfig(config))
     assert inner.submitted == [plain, plain, offload, offload]
+    # each op built once, before the run that needs it starts (outside its timeout)
+    assert builds == [(["deepspeed_shm_comm", "fused_adam"], 0), (["cpu_adam"], 2)]
     assert lines == [
         f"Building DeepSpeed's CPU ops (deepspeed_shm_comm, fused_adam) once; later runs reuse them from {tmp_path}",
         f"Building DeepSpeed's CPU ops (cpu_adam) once; later runs reuse them from {tmp_path}",

@@ -12,6 +12,7 @@ import pytest
 
 from tuner.measure.op_builds import (
     build_notice,
+    build_ops,
     environment_name,
     environment_ninja_path,
     extensions_dir,
@@ -137,3 +138,22 @@ def test_the_suites_processes_find_the_ninja_the_runs_use() -> None:
     scripts = os.path.dirname(sys.executable)
     if os.path.isfile(os.path.join(scripts, "ninja")):
         assert shutil.which("ninja") == os.path.join(scripts, "ninja")
+
+
+@pytest.mark.deepspeed
+def test_an_op_built_once_is_reused_by_the_next_build() -> None:
+    """What a study or ``measure`` does before the run that needs an op (outside the run's timeout), twice: the second
+    time torch's build finds the library up to date and links nothing (ninja's log has no new link of it, the library
+    is the same file). In the suite's folder, where ``tests/run.sh`` built the op before the tests."""
+    root = extensions_dir()
+    assert build_ops(["deepspeed_shm_comm"])
+    library = root / "deepspeed_shm_comm" / "deepspeed_shm_comm.so"
+    links, written = links_of(root, "deepspeed_shm_comm"), library.stat().st_mtime_ns
+    assert build_ops(["deepspeed_shm_comm"]) and build_ops([])
+    assert links_of(root, "deepspeed_shm_comm") == links and library.stat().st_mtime_ns == written
+
+
+def links_of(root: Path, op: str) -> int:
+    """How many times ninja linked ``op``'s library in ``root`` (its build log's lines for ``<op>.so``)."""
+    lines = (root / op / ".ninja_log").read_text().splitlines()[1:]
+    return sum(line.split("\t")[3:4] == [f"{op}.so"] for line in lines)

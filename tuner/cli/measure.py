@@ -77,11 +77,12 @@ def measure_command(
     from tuner.measure.run import measure
 
     if not as_json and (launcher == "local" or ray_address is None):  # the ranks build DeepSpeed's ops here
-        from tuner.measure.op_builds import build_notice
+        from tuner.measure.op_builds import build_notice, build_ops
 
-        notice = build_notice(workload.cluster.device, [trial.ds_config])[0]
+        notice, ops = build_notice(workload.cluster.device, [trial.ds_config])
         if notice:
             Console().print(notice, highlight=False, soft_wrap=True, markup=False)
+            build_ops(ops)  # outside the run's --timeout
     options = MeasureOptions(
         launcher, ray_address, warmup, steps, timeout, cap, warmup_max, script, seq_len_known(flags)
     )

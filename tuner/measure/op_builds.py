@@ -25,6 +25,7 @@ import hashlib
 import importlib.util
 import os
 import runpy
+import subprocess
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future
@@ -43,6 +44,12 @@ SHM_COMM = "deepspeed_shm_comm"
 CPU_ADAM = "cpu_adam"
 FUSED_ADAM = "fused_adam"
 ADAM_TYPES = ("adam", "adamw")
+OP_BUILDERS = {SHM_COMM: "ShareMemCommBuilder", FUSED_ADAM: "FusedAdamBuilder", CPU_ADAM: "CPUAdamBuilder"}
+_BUILD = (
+    "import sys; from tuner.measure.op_builds import use_environment_ninja; use_environment_ninja(); "
+    "from deepspeed.accelerator import get_accelerator; "
+    "[get_accelerator().create_op_builder(name).load(verbose=False) for name in sys.argv[1:]]"
+)
 
 
 def ops_needed(device: str, ds_config: Mapping[str, Any]) -> list[str]:
@@ -185,6 +192,18 @@ def build_notice(
     return f"Building DeepSpeed's {kind} ({', '.join(missing)}) once; later runs reuse them from {root}", missing
 
 
+def build_ops(ops: Iterable[str]) -> bool:
+    """Build ``ops`` now, in a child interpreter of this environment (its folder, its ninja), before the run that
+    needs them starts: a build inside a run counts against the run's timeout, and one killed there is removed and
+    started again by the next run, so on a slow or loaded machine every trial could time out building. False when
+    the build failed (no compiler, ...): the run then meets the same failure and says why."""
+    names = [OP_BUILDERS[op] for op in ops if op in OP_BUILDERS]
+    if not names:
+        return True
+    done = subprocess.run([sys.executable, "-c", _BUILD, *names], capture_output=True, text=True, check=False)
+    return done.returncode == 0
+
+
 def _package_file_values(package: str, filename: str) -> dict[str, Any]:
     """The module-level values of a small generated file of ``package``, without importing the package."""
     try:
@@ -212,23 +231,27 @@ class _Submitter(Protocol):
 
 
 class AnnounceBuilds:
-    """Wraps a dispatcher: says, before a run, which of DeepSpeed's ops it compiles first (once per op), then runs it.
+    """Wraps a dispatcher: says, before a run, which of DeepSpeed's ops it needs built (once per op), builds them
+    outside the run's timeout, then runs it.
 
     It has the dispatcher's ``slots``, ``submit`` and ``cancel``, so the study takes it wherever it takes one.
     """
 
-    def __init__(self, inner: _Submitter, say: Callable[[str], None]) -> None:
-        self.inner, self.say, self.slots = inner, say, inner.slots
+    def __init__(
+        self, inner: _Submitter, say: Callable[[str], None], build: Callable[[list[str]], bool] = build_ops
+    ) -> None:
+        self.inner, self.say, self.build, self.slots = inner, say, build, inner.slots
         self.prebuilt = prebuilt_ops()
         self.announced: set[str] = set()
 
     def submit(self, workload: Workload, trial: TrialConfig, on_step: StepHook | None = None) -> Future[Measurement]:
-        """Announce the ops this run builds, if any, and submit it."""
+        """Announce the ops this run needs that are not built yet, build them (:func:`build_ops`), and submit it."""
         device = workload.cluster.device
         notice, ops = build_notice(device, [trial.ds_config], prebuilt=self.prebuilt, skip=self.announced)
         if notice:
             self.announced.update(ops)
             self.say(notice)
+            self.build(ops)
         return self.inner.submit(workload, trial, on_step)
 
     def cancel(self) -> None:

@@ -22,17 +22,13 @@ from typing import Any
 
 from tuner import env
 from tuner.measure.forkserver.protocol import decode, encode, exit_code
+from tuner.measure.op_builds import OP_BUILDERS
 from tuner.measure.rank.forked import run_rank
 
 IDLE_S = env.current().forkserver_idle_s
 TERM_GRACE_S = 3.0  # between SIGTERM and SIGKILL for the ranks of a launcher that went away
 
 
-OP_BUILDERS = {
-    "deepspeed_shm_comm": "ShareMemCommBuilder",
-    "fused_adam": "FusedAdamBuilder",
-    "cpu_adam": "CPUAdamBuilder",
-}
 _settled_ops: set[str] = set()  # loaded, or built but not loadable here: never tried again
 
 
