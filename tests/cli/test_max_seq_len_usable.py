@@ -94,6 +94,10 @@ def test_out_writes_deepspeed_keys_and_the_code_side_settings_beside_them(tmp_pa
     assert code["dstune"]["tiled_mlp_shards"] == 4 and code["activation_checkpointing"] is True
     assert any("TiledMLP.apply" in step for step in code["apply"])
     assert any("gradient_checkpointing_enable" in step for step in code["apply"])
+    arctic = code["arctic_training"]  # ArcticTraining's names for the same pieces
+    assert arctic["tiled_mlp_compute"] is True and arctic["data"]["max_length"] == code["seq_len"]
+    assert arctic["sequence_parallel_size"] == config.get("sequence_parallel_size", 1)
+    assert "tiled_mlp_compute: true" in result.output
     answer = _answer(*TINY, *pins)
     assert answer["export"]["ds_config"] == config and code["seq_len"] == answer["max_seq_len"]["seq_len"]
     named = ("about", "again")  # they name the file the config went to: ds_config.json without --out

@@ -40,6 +40,7 @@ from tuner.workload.layouts import ULYSSES
 RenderEstimate = Callable[[MemoryEstimate, str, Console | None], None]  # tuner.cli.estimate.render
 CHECKPOINTING = "activation checkpointing: model.gradient_checkpointing_enable() before deepspeed.initialize"
 CONFIG_NAME = "ds_config.json"  # the printed config's name in the flags that use it again, without --out
+ARCTIC_KEYS = ("sequence_parallel_size", "activation_checkpoint_cpu_offload", "tiled_mlp_compute")
 NO_LENGTH_EXIT = 1  # a valid question whose answer is "nothing fits": not bad input
 
 
@@ -122,6 +123,10 @@ def max_seq_len_command(
     kept = f"{margin:.0%} of the estimated peak kept free beside it" if margin else "none: the estimate's own limit"
     console.print(f"margin: {kept} (--margin; default {DEFAULT_MARGIN:.0%})", highlight=False)
     render_export(config, notes, out, console)
+    arctic = code["arctic_training"]
+    keys = ", ".join(f"{key}: {json.dumps(arctic[key])}" for key in ARCTIC_KEYS)
+    console.print(f"with ArcticTraining: {keys}, data.max_length: {answer.seq_len} (the ds_config as its deepspeed "
+                  "section)", highlight=False, markup=False, soft_wrap=True)  # fmt: skip
     saved = "" if out else f" (the config above saved as {CONFIG_NAME})"
     console.print(f"estimate or measure it again with{saved}: {code['again']}", highlight=False, markup=False,
                   soft_wrap=True)  # fmt: skip
