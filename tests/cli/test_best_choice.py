@@ -44,8 +44,10 @@ def test_hf_export_of_a_ulysses_study_takes_the_fastest_config_the_trainer_train
     plain = runner.invoke(app, ["best", "--study", "sp", "--storage", url])  # DeepSpeed's own loop: the fastest
     assert plain.exit_code == 0 and json.loads(plain.stdout)["zero_optimization"]["stage"] == 2
     none = runner.invoke(app, ["best", "--study", "sp-zero2", "--format", "hf", "--storage", url])
-    assert none.exit_code == 1 and "no measured config of this study is right for the HF Trainer" in none.stderr
-    assert "--pin stage=3" in none.stderr and none.stderr.count("\n") == 1
+    assert none.exit_code == 2 and none.stderr.count("\n") == 1, none.output
+    assert none.stderr.startswith("error: format: no measured config of study 'sp-zero2' is right for the HF Trainer")
+    assert "trains 2x the gradient" in none.stderr and "it measured no ZeRO-3 trial" in none.stderr
+    assert "with --pin stage=3 --study sp-zero2 (its ZeRO-3 trials join the study)" in none.stderr
 
 
 def test_a_length_searchs_name_exports_its_longest_length_that_trained(tmp_path: Path) -> None:
@@ -74,3 +76,16 @@ def test_a_length_searchs_name_exports_its_longest_length_that_trained(tmp_path:
     assert "no length of the --seq-len max search lc6 trained within the memory yet: lc6:1024" in none.stderr
     missing = runner.invoke(app, ["best", "--study", "lc7", "--storage", url])
     assert missing.exit_code == 2 and "no study named 'lc7'" in missing.stderr
+
+
+def test_hf_export_with_only_failed_zero3_trials_says_how_they_ended(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    with Store.open(url) as store:
+        study_of(store, "sp", [(1, 900.0)])
+        study = store.get_study("sp")
+        config = {**shortcut_config(1, 1, "bf16", 3, "none", "none"), "sequence_parallel_size": 2}
+        trial_id = store.add_trial(study.id, 1, "k-oom", {**config, "train_batch_size": 1}, {}, False, None)
+        store.start_trial(trial_id)
+        store.finish_trial(trial_id, "oom", {"status": "oom", "peak_bytes_per_rank": [2**20]})
+    none = runner.invoke(app, ["best", "--study", "sp", "--format", "hf", "--storage", url])
+    assert none.exit_code == 2 and "its ZeRO-3 trials did not train (oom 1)" in none.stderr, none.output

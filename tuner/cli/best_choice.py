@@ -2,22 +2,19 @@
 lengths are studies of their own (``NAME:LENGTH``), so a bare ``NAME`` exports the longest that trained; and
 ``--format hf`` exports only a config the Hugging Face Trainer trains as it was measured
 (:func:`tuner.space.long_context_export.hf_problem`: Ulysses below ZeRO-3 gets sp times the gradient from the
-Trainer's loss reduction), the fastest such one."""
+Trainer's loss reduction), the fastest such one, or with none, exit 2 saying why and what to run. Only ``best``
+exports for the Trainer: the API's and the dashboard's ds_configs are DeepSpeed's (its own loop reduces exactly)."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
 
-import typer
-
 from tuner.cli.common import fail
 from tuner.space.long_context_export import hf_problem
 
 if TYPE_CHECKING:
     from tuner.storage import Store, StudyRecord, TrialRecord
-
-NONE_RIGHT_EXIT = 1  # a valid question whose answer is "no measured config is right for that target"
 
 
 def study_to_export(store: Store, name: str) -> tuple[StudyRecord, str | None]:
@@ -46,25 +43,33 @@ def study_to_export(store: Store, name: str) -> tuple[StudyRecord, str | None]:
     fail("study", f"no study named {name!r} in {store.url}")
 
 
-def best_for_format(store: Store, study_id: int, best: TrialRecord, format: str) -> tuple[TrialRecord, str | None]:
-    """The trial to export in ``format`` and a note when it is not the study's fastest; exits 1 when no measured
-    trial is right for the target, saying why."""
+def best_for_format(store: Store, study: StudyRecord, best: TrialRecord, format: str) -> tuple[TrialRecord, str | None]:
+    """The trial to export in ``format`` and a note when it is not the study's fastest (which one, and why the faster
+    one was passed over); exits 2 when no measured trial is right for the target, saying why and what to run."""
     if format != "hf" or hf_problem(best.trial) is None:
         return best, None
-    for trial in store.trials(study_id, status="ok", order_by="-tokens_per_s"):
+    for trial in store.trials(study.id, status="ok", order_by="-tokens_per_s"):
         if trial.tokens_per_s is not None and hf_problem(trial.trial) is None:
             note = (
                 f"exported trial {trial.number} ({trial.tokens_per_s:,.0f} tokens/s), the fastest the Trainer trains "
                 f"as measured: the fastest, trial {best.number} ({best.trial.summary()}), {hf_problem(best.trial)}"
             )
             return trial, note
-    typer.echo(
-        f"error: format: no measured config of this study is right for the HF Trainer: the fastest, trial "
-        f"{best.number}, {hf_problem(best.trial)}; measure one at ZeRO-3 (tune --pin stage=3) or export "
-        "--format deepspeed (dstune's own training loop reduces it exactly)",
-        err=True,
+    fail("format", none_right_for_hf(store, study, best))
+
+
+def none_right_for_hf(store: Store, study: StudyRecord, best: TrialRecord) -> str:
+    """Why no measured trial of ``study`` is right for the HF Trainer, and the runs that would measure one: ZeRO-3
+    (exact under the Trainer's sequence-parallel loss reduction) added to the same study."""
+    tried = [t.status for t in store.trials(study.id) if t.trial.stage == 3 and t.status != "ok"]
+    outcomes = ", ".join(f"{status} {tried.count(status)}" for status in sorted(set(tried)))
+    why = f"; its ZeRO-3 trials did not train ({outcomes})" if tried else "; it measured no ZeRO-3 trial"
+    return (
+        f"no measured config of study {study.name!r} is right for the HF Trainer: the fastest, trial {best.number} "
+        f"({best.trial.summary()}), {hf_problem(best.trial)}{why}. Measure one: run the study's tune command again "
+        f"with --pin stage=3 --study {study.name} (its ZeRO-3 trials join the study), then best --study {study.name} "
+        "--format hf; or export --format deepspeed (dstune's own training loop reduces it exactly)"
     )
-    raise typer.Exit(NONE_RIGHT_EXIT)
 
 
-__all__ = ["NONE_RIGHT_EXIT", "best_for_format", "study_to_export"]
+__all__ = ["best_for_format", "none_right_for_hf", "study_to_export"]

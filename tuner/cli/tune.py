@@ -322,7 +322,7 @@ def export_best(study: str, *, storage: str | None, format: str, out: str | None
     best = store.best_trial(record.id)
     if best is None:
         fail("study", f"study {study!r} has no successfully measured trial yet")
-    best, chosen = best_for_format(store, record.id, best, format)
+    best, chosen = best_for_format(store, record, best, format)
     if export_script_best(best, out):  # the command's own config, as it trained with it
         return
     workload = store.workload_of(record.id)
