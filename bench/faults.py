@@ -48,6 +48,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import hostile  # noqa: E402  (bench/hostile.py)
 import security  # noqa: E402  (bench/security.py)
+import security_budget  # noqa: E402  (bench/security_budget.py)
 import security_hostile  # noqa: E402  (bench/security_hostile.py)
 import security_launch  # noqa: E402  (bench/security_launch.py)
 import sqlalchemy as sa  # noqa: E402
@@ -376,6 +377,7 @@ def matrix(server: PrivatePostgres) -> list[tuple[str, str, bool, Callable[[], O
         *security.rows(),  # no code through a job, no secret to a reader, bounded cost
         *security_hostile.rows(),  # the same, one variation away
         *security_launch.rows(),  # launch variables: many names and values, code in stored jobs
+        *security_budget.rows(),  # expensive answers once per canonical request, deep configs before any build
     ]
 
 

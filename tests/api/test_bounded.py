@@ -41,7 +41,7 @@ HOSTILE: list[tuple[str, dict[str, Any], list[str | int]]] = [
     ("/v1/estimate", {"config": {**LLAMA, "num_local_experts": 10**6}}, ["config", "num_local_experts"]),
     (
         "/v1/estimate",
-        {"config": {**LLAMA, "num_hidden_layers": 1024, "num_attention_heads": 4096, "head_dim": 2**17}},
+        {"config": {**LLAMA, "num_hidden_layers": 256, "num_attention_heads": 4096, "head_dim": 2**17}},
         ["config"],
     ),
     ("/v1/recommend", {"model": "llama-2-7b", "seq_len": 2**20, "gpus": 4096, "nodes": 4096}, ["nodes"]),

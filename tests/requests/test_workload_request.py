@@ -85,7 +85,7 @@ class _NoProfiles:
         ({"vocab_size": 2**40}, ("workload", "config", "vocab_size")),
         ({"text_config": {"hidden_size": 2**30}}, ("workload", "config", "text_config", "hidden_size")),
         # within every dimension's limit, but 1024 layers of 2^29-wide projections: counted, not built
-        ({"num_hidden_layers": 1024, "num_attention_heads": 4096, "head_dim": 2**17}, ("workload", "config")),
+        ({"num_hidden_layers": 256, "num_attention_heads": 4096, "head_dim": 2**17}, ("workload", "config")),
     ],
 )
 def test_hostile_configs_are_refused_before_any_model_is_described(

@@ -15,6 +15,7 @@ from typing import Any
 
 from tuner.errors import InputError
 from tuner.workload.config_bounds import pattern_limit
+from tuner.workload.config_depth import check_depth
 from tuner.workload.errors import WorkloadError
 from tuner.workload.model import ModelSpec
 from tuner.workload.plain_data import MAX_DEPTH, check_plain_data
@@ -46,7 +47,8 @@ MAX_CONFIG_DEPTH = 4  # nested configs (text_config...) deeper than this are ref
 
 def check_config_limits(config: Any, path: str = "model", depth: int = 0) -> None:
     """Refuse an inline config whose dimensions (:data:`CONFIG_LIMITS`), in it or in a nested config object, are
-    out of bounds (negative, or above the limit): a :class:`WorkloadError` naming the field
+    out of bounds (negative, or above the limit), or whose layers in all are too many
+    (:func:`tuner.workload.config_depth.check_depth`): a :class:`WorkloadError` naming the field
     (``model.num_hidden_layers: must be at most 1024``).
     Pure and linear in the config's size: run before any model is described or built.
 
@@ -73,6 +75,8 @@ def check_config_limits(config: Any, path: str = "model", depth: int = 0) -> Non
                 raise WorkloadError(f"{path}.{key}", f"must be at most {limit}, got {item!r}")
             if item < 0 and key in CONFIG_LIMITS:  # refused here, in pure Python, rather than by building the model
                 raise WorkloadError(f"{path}.{key}", f"must not be negative, got {item!r}")
+    if depth == 0:
+        check_depth(config)  # the layers in all, nested configs' too: what describing the model costs
 
 
 def _get(config: dict[str, Any], *names: str, default: Any = None) -> Any:
