@@ -68,3 +68,19 @@ def test_every_trial_of_a_failing_study_is_finished_in_optuna(tmp_path: Path, st
         )
     states = [t.state for t in optuna_trials(store)]  # besides the two runs, duplicates told pruned
     assert TrialState.RUNNING not in states and states.count(TrialState.FAIL) == 2
+
+
+def test_a_run_whose_outcome_cannot_be_recorded_is_failed_in_optuna(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run ended but recording it failed (the store's error): its Optuna trial is told FAIL, not left RUNNING."""
+    from tuner.study.outcome import Recorder
+
+    def broken(self: Recorder, run: Any, measurement: Any) -> None:
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(Recorder, "finish", broken)
+    with pytest.raises(OSError, match="disk I/O error"):
+        TuningStudy(settings(tmp_path, trials=2), store).run(FakeMeasurer())
+    [trial] = optuna_trials(store)
+    assert trial.state == TrialState.FAIL and "disk I/O error" in trial.user_attrs[REASON_ATTR]

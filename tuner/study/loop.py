@@ -280,12 +280,13 @@ class TuningStudy:
         return True
 
     def _finish(self, future: Future[Measurement]) -> None:
-        run = self.in_flight.pop(future)
+        run = self.in_flight[future]
         try:
             measurement = future.result()
         except Exception as error:  # the dispatcher itself failed (Ray unreachable...): record, never lose it
             measurement = Measurement(status="error", exception_type=type(error).__name__, error=str(error))
         self.recorder.finish(run, measurement)
+        del self.in_flight[future]  # only once recorded: a failure to record leaves it for run()'s failure handling
         if measurement.exception_type == SCRIPT_FAILED:  # the user's command failed on its own: no config can help
             raise ScriptFailed(measurement.error or "the training command failed")
         if measurement.status == "ok" and measurement.tokens_per_s is None and not measurement.stopped_early:
