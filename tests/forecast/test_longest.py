@@ -206,3 +206,14 @@ def test_an_estimator_that_models_ulysses_makes_the_search_use_it(monkeypatch: p
     assert answer.trial.layout.sequence_parallel == 8 and answer.trial.ds_config["sequence_parallel_size"] == 8
     assert answer.seq_len > 6 * plain.seq_len
     assert not any("sequence parallel" in note for note in answer.notes())
+
+
+def test_a_learned_position_table_caps_the_answer_and_one_below_the_step_is_said() -> None:
+    """GPT-2's 1,024 learned rows cap the search (no scaling extends them) and are its next limit; a table shorter
+    than the 256-token step answers nothing, saying so, not that memory ran out."""
+    gpt2 = _work("gpt2")
+    answer = longest_fit(gpt2)
+    assert answer.seq_len == 1024 and answer.next_limit.memory == "positions"
+    short = replace(gpt2, model=replace(gpt2.model, max_positions=128))
+    with pytest.raises(NoLengthFits, match="learned 128 positions, fewer than the shortest length searched"):
+        longest_fit(short)

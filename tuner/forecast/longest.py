@@ -275,8 +275,12 @@ def _rank(
 
 
 def _nothing_fits(search: _Search, pool: list[Candidate]) -> str:
-    """Why nothing fits: the overflow of the most memory-saving candidate the estimator accepts, at the shortest
-    length, or the refusals."""
+    """Why nothing fits: a learned position table shorter than any length searched, the overflow of the most
+    memory-saving candidate the estimator accepts at the shortest length, or the refusals."""
+    model, shortest = search.sizer.at(search.cap).model, min((c.multiple for c in pool), default=0)
+    if 0 < model.position_limit < shortest:
+        limit = model.position_limit
+        return f"{model.name} learned {limit} positions, fewer than the shortest length searched ({shortest})"
     for candidate in pool:
         found = search.probe(candidate, candidate.multiple)
         if found is not None:
