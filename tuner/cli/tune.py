@@ -301,10 +301,12 @@ def tune_settings(
 ) -> StudySettings:
     """The study's settings: its name (``--study``, else the model's name and the workload's fingerprint), the space
     resolved, how runs are measured, and the search options (pins, global batch, sampler, budget...)."""
-    from tuner.space import resolve_space
+    from tuner.space import check_global_batch, resolve_space
     from tuner.study import StudySettings
 
     name = default_study_name(workload) if study is None else check_study_name(study, "study")
+    if search.get("global_batch") is not None:  # before the study is created and Ray started
+        check_global_batch(search["global_batch"], workload.cluster.world_size)
     return StudySettings(name=name, workload=workload, space_path=resolve_space(space), dispatch=dispatch, **search)
 
 

@@ -125,10 +125,16 @@ def job_workload(request: JobRequest, loc: Loc = (), *, inline: bool = True) -> 
 
 def check_job(request: JobRequest, *, inline: bool = True) -> str:
     """Validate a job beyond its schema (workload, search space, pins); returns its study name."""
-    from tuner.space import SpaceError, resolve_space, space_names
+    from tuner.estimator import ConfigError
+    from tuner.space import SpaceError, check_global_batch, resolve_space, space_names
     from tuner.space.numerics_choices import load_study_space
 
     workload = job_workload(request, ("workload",), inline=inline)
+    if request.global_batch is not None:  # else the worker's study fails it after the job is queued
+        try:
+            check_global_batch(request.global_batch, workload.cluster.world_size)
+        except ConfigError as error:
+            raise FieldError(("global_batch",), error.message) from None
     if request.space not in space_names():
         raise FieldError(("space",), f"unknown search space {request.space!r}; built-in: {', '.join(space_names())}")
     try:

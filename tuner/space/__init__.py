@@ -91,7 +91,7 @@ Example:
 from tuner.space.errors import InfeasibleConfig, SpaceError
 from tuner.space.loader import default_space_path, load_space, parse_space, resolve_space, space_dir, space_names
 from tuner.space.parameters import Parameter, TrialLike
-from tuner.space.space import SearchSpace
+from tuner.space.space import SearchSpace, check_global_batch
 from tuner.space.suggestion import Suggestion, config_key
 
 __all__ = [
@@ -101,6 +101,7 @@ __all__ = [
     "SpaceError",
     "Suggestion",
     "TrialLike",
+    "check_global_batch",
     "config_key",
     "default_space_path",
     "load_space",

@@ -234,7 +234,7 @@ class SearchSpace:
             (4, 32)
         """
         if global_batch is not None:
-            _check_global_batch(global_batch, workload.cluster.world_size)
+            check_global_batch(global_batch, workload.cluster.world_size)
         asking = _Asking(trial, workload, global_batch, bool(nvme_path))
         facts = workload_facts(workload)
         for parameter in self._parameters:
@@ -389,7 +389,9 @@ class _Asking:
     fixed: dict[str, Any] = field(default_factory=dict)
 
 
-def _check_global_batch(global_batch: int, world: int) -> None:
+def check_global_batch(global_batch: int, world: int) -> None:
+    """Refuse (``ConfigError`` on ``global_batch``) a global batch that is not a positive multiple of the ranks:
+    every config the space proposes splits it over them (checked again before a study or job starts)."""
     if not is_positive_int(global_batch):
         raise ConfigError("global_batch", f"must be a positive integer, got {global_batch!r}")
     if global_batch % world:
