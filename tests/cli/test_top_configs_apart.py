@@ -54,7 +54,7 @@ def test_configs_differing_only_in_settings_no_column_shows_say_where(tmp_path: 
     assert lines == [
         "trial 0: reduce_bucket_size=5e8 · overlap_comm=true",
         "trial 1: reduce_bucket_size=1.06e8 · overlap_comm=false · threads_per_rank=4",
-        "trial 2: (sets none of them: the defaults)",
+        "trial 2: (sets none of them)",
     ]
 
 

@@ -127,7 +127,7 @@ def top_configs_table(store: Store, study_id: int, name: str, top: int = 5) -> t
     keep = [*range(len(TOP_COLUMNS)), *(optional[column] for column in kept)]
     table = _table(name, columns, [[row[index] for index in keep] for row in rows])
     differences = [
-        f"trial {trial.number}: {describe_differences(values, others) or '(sets none of them: the defaults)'}"
+        f"trial {trial.number}: {describe_differences(values, others) or '(sets none of them)'}"
         for trial, values in zip(found, settings, strict=True)
     ]
     return table, any(stopped), differences if others else []
