@@ -175,8 +175,8 @@ MIB_BUDGET = 2**26  # 64 MiB: its memory figures read 0.04 GiB
 
 
 def bucket_trials(store: Store) -> None:
-    """A study under 64 MiB whose trials 0 and 1 read alike (ZeRO-2, micro 1) but for their reduce buckets and
-    overlap_comm, and trial 2 reads apart (micro 2); measured at 40, 41 and 42 MiB."""
+    """A study under 64 MiB whose trials 0 and 1 read alike (ZeRO-2, micro 1) but for their reduce buckets, trial 2
+    reads apart (micro 2), and trial 3 is trial 0 with activation checkpointing; measured at 40, 41, 42 and 43 MiB."""
     work = Workload(
         load_builtin_model("tiny-llama"),
         ClusterSpec(gpus_per_node=2, gpu_memory=MIB_BUDGET, device="cpu"),
@@ -190,9 +190,10 @@ def bucket_trials(store: Store) -> None:
         {**plain, "zero_optimization": {**zero, "reduce_bucket_size": 200_000_000, "overlap_comm": True}},
         shortcut_config(2, 1, "bf16", 2, "none", "none"),
     ]
+    configs.append(configs[0])
     for number, config in enumerate(configs):
         est = {**estimate(work, config).to_dict(), "throughput": throughput_summary(work, config)}
-        trial_id = store.add_trial(record.id, number, f"k{number}", config, None, False, est)
+        trial_id = store.add_trial(record.id, number, f"k{number}", config, None, number == 3, est)
         store.start_trial(trial_id)
         peak = (40 + number) * 2**20
         store.finish_trial(trial_id, "ok", {"tokens_per_s": 900.0 + number, "peak_bytes_per_rank": [peak, peak]})
@@ -258,6 +259,7 @@ def test_trials_that_read_alike_say_where_they_differ(alike: FastAPI) -> None:
     assert "reduce_bucket_size=5e8" in trials[0] and "reduce_bucket_size=2e8" in trials[1]
     assert "overlap_comm" not in trials[0] + trials[1]  # alike in it: the one-line config is not repeated
     assert "differs" not in trials[2]  # micro 2: its one line tells it apart
+    assert "checkpointing" in trials[3] and "checkpointing" not in trials[0]  # the one line said neither
 
 
 def test_the_charts_memory_reads_in_the_budget_unit(alike: FastAPI) -> None:
@@ -265,8 +267,8 @@ def test_the_charts_memory_reads_in_the_budget_unit(alike: FastAPI) -> None:
     page = TestClient(alike).get("/studies/buckets").text
     data = json.loads(page.split('id="chart-data">')[1].split("</script>")[0])
     assert data["memory_unit"] == "MiB"
-    assert [point["y"] for point in data["estimate"]["trials"]] == [40.0, 41.0, 42.0]
-    assert sorted(point["x"] for point in data["pareto"]["trials"]) == [40.0, 41.0, 42.0]
+    assert [point["y"] for point in data["estimate"]["trials"]] == [40.0, 41.0, 42.0, 43.0]
+    assert sorted(point["x"] for point in data["pareto"]["trials"]) == [40.0, 41.0, 42.0, 43.0]
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +288,7 @@ def test_browser_memory_axes_read_in_the_budget_unit(driver, alike_live: str) ->
     x, y = driver.execute_script(
         "const s = window.dstuneCharts.estimate.scales; return [[s.x.min, s.x.max], [s.y.min, s.y.max]]"
     )
-    assert x == y and x[0] < 40 < 42 < x[1]
+    assert x == y and x[0] < 40 < 43 < x[1]
     assert severe_logs(driver) == []
 
 
