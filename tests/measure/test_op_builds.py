@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from tuner.measure.op_builds import (
+    AnnounceBuilds,
+    announced,
     build_notice,
     build_ops,
     environment_name,
@@ -20,6 +22,8 @@ from tuner.measure.op_builds import (
     missing_ops,
     ops_needed,
 )
+from tuner.measure.options import MeasureOptions
+from tuner.measure.script.command import ScriptCommand
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-4}}
 OFFLOAD = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
@@ -157,3 +161,27 @@ def links_of(root: Path, op: str) -> int:
     """How many times ninja linked ``op``'s library in ``root`` (its build log's lines for ``<op>.so``)."""
     lines = (root / op / ".ninja_log").read_text().splitlines()[1:]
     return sum(line.split("\t")[3:4] == [f"{op}.so"] for line in lines)
+
+
+class Dispatcher:
+    """Stands for a study's dispatcher: what ``announced`` wraps or leaves alone."""
+
+    slots = 1
+
+    def submit(self, workload: object, trial: object, on_step: object = None) -> None:
+        raise AssertionError("nothing is run here")
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_builds_are_announced_and_made_first_where_the_ranks_run_here() -> None:
+    """tune, the length search and the worker wrap their dispatcher alike: the local launcher or a private local Ray
+    builds here; a Ray cluster's nodes and a training command build in their own environments."""
+    inner = Dispatcher()
+    assert isinstance(announced(inner, MeasureOptions("local"), print), AnnounceBuilds)
+    assert isinstance(announced(inner, MeasureOptions("ray"), print), AnnounceBuilds)
+    assert announced(inner, MeasureOptions("ray", "head:6379"), print) is inner
+    assert isinstance(announced(inner, MeasureOptions("local", "head:6379"), print), AnnounceBuilds)
+    script = MeasureOptions("local", script=ScriptCommand(("python", "train.py"), "."))
+    assert announced(inner, script, print) is inner

@@ -215,16 +215,16 @@ def _measure(
     """The search's runs through the dispatcher, each probe printed as it ends."""
     from tuner.env import storage_url
     from tuner.measure.dispatch import Dispatcher
-    from tuner.measure.op_builds import AnnounceBuilds
+    from tuner.measure.op_builds import announced
     from tuner.storage import Store
     from tuner.study import LengthRuns, search_length
 
     cluster, dispatch = workload.cluster, options.dispatch
     store = Store.open(storage_url(options.storage))
     dispatcher = Dispatcher(dispatch, cluster.device, cluster.world_size)
-    measurer: Measurer = dispatcher
-    if dispatch.launcher == "local" or dispatch.ray_address is None:  # the ranks, and so the builds, run here
-        measurer = AnnounceBuilds(dispatcher, lambda line: console.print(line, highlight=False, markup=False))
+    measurer: Measurer = announced(
+        dispatcher, dispatch, lambda line: console.print(line, highlight=False, markup=False)
+    )
     sizer = SeqSizer(workload, (answer.candidate.sp,))
 
     def said(probe: Probe) -> None:

@@ -55,7 +55,7 @@ def open_study(settings: StudySettings, storage: str | None) -> tuple[Store, Tun
 def run_with_progress(tuning: TuningStudy, console: Console) -> StudyReport:
     """Run the study through the dispatcher, with a progress bar (configs recorded, best tokens/s so far)."""
     from tuner.measure.dispatch import Dispatcher
-    from tuner.measure.op_builds import AnnounceBuilds
+    from tuner.measure.op_builds import announced
     from tuner.measure.script.failures import ScriptFailed
     from tuner.study import Event, Measurer
 
@@ -81,12 +81,9 @@ def run_with_progress(tuning: TuningStudy, console: Console) -> StudyReport:
         tuning.on_event = on_event
         cluster, options = settings.workload.cluster, settings.dispatch
         dispatcher = Dispatcher(options, cluster.device, cluster.world_size)
-        measurer: Measurer = dispatcher
-        # the ranks, and so the builds, run here (a training command builds what its own optimizer needs)
-        if (options.launcher == "local" or options.ray_address is None) and options.script is None:
-            measurer = AnnounceBuilds(
-                dispatcher, lambda line: console.print(line, highlight=False, soft_wrap=True, markup=False)
-            )
+        measurer: Measurer = announced(
+            dispatcher, options, lambda line: console.print(line, highlight=False, soft_wrap=True, markup=False)
+        )
         try:
             return tuning.run(measurer)
         except ScriptFailed as failed:  # the command failed on its own at its first trial: the study stops

@@ -38,6 +38,7 @@ from tuner.workload.zero import offload_device
 
 if TYPE_CHECKING:
     from tuner.measure.measurement import Measurement, StepHook
+    from tuner.measure.options import MeasureOptions
     from tuner.workload import TrialConfig, Workload
 
 SHM_COMM = "deepspeed_shm_comm"
@@ -257,3 +258,13 @@ class AnnounceBuilds:
     def cancel(self) -> None:
         """Cancel the inner dispatcher's runs."""
         self.inner.cancel()
+
+
+def announced(inner: _Submitter, options: MeasureOptions, say: Callable[[str], None]) -> _Submitter:
+    """``inner`` wrapped in :class:`AnnounceBuilds` (each build said through ``say``, and made before its run) where
+    the runs' ranks, and so their builds, are on this machine: the local launcher or a private local Ray, running
+    dstune's trainer (a training command builds what its own optimizer needs, in its own environment). Else ``inner``.
+    """
+    if (options.launcher == "local" or options.ray_address is None) and options.script is None:
+        return AnnounceBuilds(inner, say)
+    return inner

@@ -83,6 +83,7 @@ def run_study_job(
     """The default executor: run the job as a study until its budget, or until it is cancelled (a training command
     only inside the folders ``trusted``)."""
     from tuner.measure.dispatch import Dispatcher
+    from tuner.measure.op_builds import announced
 
     request = JobRequest.model_validate(job.request)
     settings = study_settings(request, job.study_name, launcher=launcher, ray_address=ray_address, trusted=trusted)
@@ -107,8 +108,9 @@ def run_study_job(
     tuning.on_event = on_event
     handle.report({"study_id": tuning.study_id, "trials": tuning.configs_recorded(), "budget": settings.trials})
     dispatcher = Dispatcher(settings.dispatch, settings.workload.cluster.device, settings.workload.cluster.world_size)
+    measurer = announced(dispatcher, settings.dispatch, lambda line: _log.info("job %s: %s", job.id, line))
     try:
-        report = tuning.run(dispatcher, should_stop=handle.cancel_requested)
+        report = tuning.run(measurer, should_stop=handle.cancel_requested)
     finally:
         dispatcher.close(wait=False)
     handle.report(final_progress(store, tuning.study_id, report.counts, settings.trials))
