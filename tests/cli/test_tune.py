@@ -18,6 +18,7 @@ pytest.importorskip("ray")
 from postgres import postgres_url  # noqa: F401  (fixture)
 
 from tuner.storage import Store
+from tuner.units import format_bytes
 
 pytestmark = pytest.mark.deepspeed
 DSTUNE = str(Path(sys.executable).with_name("dstune"))
@@ -76,6 +77,17 @@ def test_tune_prunes_measures_records_and_exports(tmp_path) -> None:
             assert trial.tokens_per_s > 0 and trial.peak_bytes > 0 and trial.estimate["per_gpu"]["total"] > 0
     keys = [t.config_key for t in trials]
     assert len(keys) == len(set(keys)), "a config was recorded twice"
+    # its output went to a pipe (a file, a CI log): no live bar there, one line per trial as each ended
+    lines = {int(line.split(":")[0].split()[1]): line for line in done.stdout.splitlines() if line.startswith("trial ")}
+    assert {t.number for t in trials} <= set(lines), done.stdout
+    for trial in trials:
+        if trial.status == "ok" and not (trial.measurement or {}).get("stopped_early"):
+            figures = (
+                f"trial {trial.number}: ok, {trial.tokens_per_s:,.0f} tokens/s, peak {format_bytes(trial.peak_bytes)}"
+            )
+            assert lines[trial.number].startswith(figures), lines[trial.number]
+        if trial.status == "pruned":
+            assert lines[trial.number].startswith(f"trial {trial.number}: pruned · ZeRO-"), lines[trial.number]
 
     out = tmp_path / "best.json"
     exported = subprocess.run(

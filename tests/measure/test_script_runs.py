@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tuner.units import format_bytes
+
 pytest.importorskip("deepspeed")
 pytest.importorskip("accelerate")
 
@@ -92,12 +94,17 @@ def test_a_raw_deepspeed_loop_tunes_with_memory_and_throughput_for_every_trial(r
     assert tune.stderr.count("no --model: dstune cannot estimate") == 1, tune.stderr
     assert "no config pruned before it ran" in study.settings["no_model"]
     assert store.workload_of(study.id).model.is_unknown and all(t.estimate is None for t in trials)
+    lines = [line for line in tune.stdout.splitlines() if line.startswith("trial ")]  # a pipe: a line per trial
     for trial in measured:
         figures = trial.measurement or {}
         assert figures["script"]["backend"] == "script"
         if not figures.get("stopped_early"):
             assert all(peak and peak > 0 for peak in figures["peak_bytes_per_rank"])
             assert figures["tokens_per_s"] > 0 and figures["script"]["tokens_from"].startswith("the token ids")
+            said = (
+                f"trial {trial.number}: ok, {trial.tokens_per_s:,.0f} tokens/s, peak {format_bytes(trial.peak_bytes)}"
+            )
+            assert any(line.startswith(said) for line in lines), lines
     # the winner confirmed by an independent run of the same command (tune's default for a command), recorded
     # beside the trial and printed by tune and best
     winner = store.best_trial(study.id)
