@@ -245,9 +245,9 @@ def oversubscribed(launch: dict[str, Any] | None) -> str | None:
         return None
     return (
         f"oversubscribed: {len(threads)} ranks × {max(threads)} threads on {len(cores)} cores (the "
-        f"{(launch or {}).get('launcher')} launcher's rule): the ranks' threads contend, so this winner may not be "
-        "the winner under a launch that gives each rank its own cores (--launcher-env torchrun, --bind-cores, or "
-        "--launch-var OMP_NUM_THREADS=N)"
+        f"{(launch or {}).get('launcher')} launcher's rule): the ranks' threads contend, so its speeds, and the "
+        "winner they pick, may differ under a launch that gives each rank its own cores (--launcher-env torchrun, "
+        "--bind-cores, or --launch-var OMP_NUM_THREADS=N)"
     )
 
 
