@@ -63,9 +63,8 @@ class EnvironmentFailure:
     disk_full: bool = False
 
     def __str__(self) -> str:
-        label = {"database": "database unavailable", "disk": "disk full", "storage": "cannot use the database"}.get(
-            self.what, f"cannot write {self.what}"
-        )
+        labels = {"database": "database unavailable", "disk": "disk full", "storage": "cannot use the database"}
+        label = {**labels, "connection": "cannot connect"}.get(self.what, f"cannot write {self.what}")
         return f"{label}: {self.where}: {self.detail}" if self.where else f"{label}: {self.detail}"
 
 
@@ -93,6 +92,8 @@ def _classify(error: BaseException) -> EnvironmentFailure | None:
             return EnvironmentFailure("disk", "database", _one_line(error.orig), disk_full=True)
         if any(marker in text for marker in SQLITE_PATH):
             return EnvironmentFailure("storage", "database file", _one_line(error.orig))
+    if isinstance(error, ConnectionError) and error.errno is None:  # a client's own (Ray's: --ray-address unreachable)
+        return EnvironmentFailure("connection", "", _one_line(error))
     if isinstance(error, OSError) and error.errno is not None:
         where = str(error.filename) if error.filename is not None else ""
         if error.errno in DISK_FULL_ERRNOS:
