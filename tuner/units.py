@@ -114,6 +114,22 @@ def parse_duration(text: str | float) -> float:
     return seconds
 
 
+def parse_fraction(text: str | float) -> float:
+    """A share as a fraction (``0.05``) or a percentage (``"5%"``), as a fraction; ``ValueError`` otherwise.
+
+    Example:
+        >>> parse_fraction("10%"), parse_fraction("0.05"), parse_fraction(0)
+        (0.1, 0.05, 0.0)
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    compact = str(text).strip()
+    try:
+        return float(compact[:-1]) / 100 if compact.endswith("%") else float(compact)
+    except ValueError:
+        raise ValueError(f"expected a fraction such as 0.05 or a percentage such as 5%, got {text!r}") from None
+
+
 def format_duration(seconds: float) -> str:
     """Seconds for people: ``42 s``, ``6.5 min``, ``2.3 h``.
 

@@ -17,6 +17,7 @@ from tuner.api.considered import ConsideredLayout
 from tuner.forecast import DEFAULT_MARGIN
 from tuner.requests import RequestModel, TrialRequest, TrialSettings, WorkloadInput
 from tuner.storage import JOB_STATES, JobRecord, StudyRecord, TrialRecord
+from tuner.units import parse_fraction
 from tuner.workload import MAX_SEQ_LEN  # WorkloadRequest's bound on a given length
 from tuner.workload.layouts import ULYSSES
 
@@ -124,6 +125,12 @@ class EstimateRequest(TrialSettings):
         description='With workload.seq_len "max": the share of the estimated GPU peak the answer keeps free beside it '
         "(0: the estimate's own limit), as dstune estimate --max-seq-len --margin; not with a given length.",
     )
+
+    @field_validator("margin", mode="before")
+    @classmethod
+    def _percent(cls, value: Any) -> Any:
+        """``"10%"`` as 0.1, as ``--margin`` takes it."""
+        return parse_fraction(value) if isinstance(value, str) else value
 
     def trial_request(self) -> TrialRequest:
         """The trial config asked for: this body's trial fields and its workload object's."""

@@ -17,7 +17,7 @@ from tuner.cli.max_seq_len import max_seq_len_command
 from tuner.cli.options import JsonOpt, WorkloadFlags, build, workload_options
 from tuner.estimator import MemoryEstimate, estimate, predict
 from tuner.forecast import DEFAULT_MARGIN
-from tuner.units import in_unit, memory_unit
+from tuner.units import in_unit, memory_unit, parse_fraction
 
 MaxSeqLenOpt = Annotated[
     bool,
@@ -80,9 +80,9 @@ def margin_of(text: str | None) -> float:
     if text is None:
         return DEFAULT_MARGIN
     try:
-        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
-    except ValueError:
-        fail("margin", f"expected a fraction such as 0.05 or a percentage such as 5%, got {text!r}")
+        value = parse_fraction(text)
+    except ValueError as error:
+        fail("margin", str(error))
     if not 0 <= value < 0.5:
         fail("margin", f"must be at least 0 and below 50%, got {text!r}")
     return value
