@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -37,6 +37,9 @@ from tuner.measure.options import MEASURE_DEFAULTS, MeasureOptions
 from tuner.requests import Launcher
 from tuner.units import in_unit, memory_unit
 from tuner.workload.measurable import measurement_refusal
+
+if TYPE_CHECKING:
+    from tuner.workload import TrialConfig, Workload
 
 
 @workload_options(overrides=AUTO_DEVICE)
@@ -91,7 +94,24 @@ def measure_command(
         typer.echo(json.dumps(result))
     else:
         render_measurement(result, budget=workload.cluster.gpu_memory)
+        over = over_memory(workload, trial, result) if script is None else None
+        if over:
+            Console().print(f"over the memory: {over} (a study records this run oom)", highlight=False, soft_wrap=True)
     raise typer.Exit(0 if result["status"] == "ok" else 1)
+
+
+def over_memory(workload: Workload, trial: TrialConfig, result: dict[str, Any]) -> str | None:
+    """Why a run that trained does not fit ``--gpu-memory`` as a study judges it (its peak less, on CPU ranks, the
+    states a GPU would offload to the host), or None: CPU ranks train past any budget, so ``ok`` alone does not say."""
+    from tuner.estimator import estimate
+    from tuner.study.outcome import measured_over
+
+    peak = max((b for b in result.get("peak_bytes_per_rank") or [] if b is not None), default=None)
+    if result["status"] != "ok" or peak is None:
+        return None
+    cluster = workload.cluster
+    host = estimate(workload, trial).host_states_per_rank(cluster.gpus_per_node) if cluster.device == "cpu" else 0
+    return measured_over(peak, cluster.gpu_memory, host, whose="given")
 
 
 def render_measurement(result: dict[str, Any], console: Console | None = None, budget: int | None = None) -> None:

@@ -294,7 +294,7 @@ class Recorder:
         )
 
 
-def measured_over(peak: int | None, gpu_memory: int, host: int = 0) -> str | None:
+def measured_over(peak: int | None, gpu_memory: int, host: int = 0, whose: str = "the study targets") -> str | None:
     """Why a run that trained does not fit the GPU memory the study targets, or None when it does. ``host``: the
     bytes of the measured peak that a GPU would not hold (on CPU ranks, the states offloaded to the node's CPU)."""
     if peak is None or peak - host <= gpu_memory:
@@ -303,6 +303,6 @@ def measured_over(peak: int | None, gpu_memory: int, host: int = 0) -> str | Non
     over = peak - host - gpu_memory
     by = format_bytes(over) if over >= 2**20 // 10 else f"{over:,} B"  # in the units of the rest of the line
     return (
-        f"measured peak {format_bytes(peak - host)} per GPU{offloaded} exceeds the {format_bytes(gpu_memory)} the "
-        f"study targets (--gpu-memory) by {by}: a GPU of that size runs out of memory"
+        f"measured peak {format_bytes(peak - host)} per GPU{offloaded} exceeds the {format_bytes(gpu_memory)} "
+        f"{whose} (--gpu-memory) by {by}: a GPU of that size runs out of memory"
     )
