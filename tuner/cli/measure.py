@@ -104,7 +104,7 @@ def over_memory(workload: Workload, trial: TrialConfig, result: dict[str, Any]) 
     """Why a run that trained does not fit ``--gpu-memory`` as a study judges it (its peak less, on CPU ranks, the
     states a GPU would offload to the host), or None: CPU ranks train past any budget, so ``ok`` alone does not say."""
     from tuner.estimator import estimate
-    from tuner.study.outcome import measured_over
+    from tuner.study import measured_over
 
     peak = max((b for b in result.get("peak_bytes_per_rank") or [] if b is not None), default=None)
     if result["status"] != "ok" or peak is None:

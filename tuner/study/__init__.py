@@ -24,6 +24,7 @@ from tuner.study.length_runs import LengthRuns, Measured, default_base_name, len
 from tuner.study.length_search import LengthSearch, Probe, search_length
 from tuner.study.loop import TuningStudy
 from tuner.study.measurer import Measurer
+from tuner.study.outcome import measured_over
 from tuner.study.samplers import GRID_PARAMETERS, AskTellGridSampler, grid_parameters, make_sampler
 from tuner.study.settings import SCRIPT_PATIENCE, Event, StudyReport, StudySettings
 
@@ -53,6 +54,7 @@ __all__ = [
     "length_study_name",
     "longest_name_fits",
     "make_sampler",
+    "measured_over",
     "numerics_facts",
     "recorded_confirmation",
     "search_length",
