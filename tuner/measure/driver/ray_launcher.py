@@ -57,6 +57,7 @@ from tuner.measure.driver.local_launcher import Progress, wait_ranks
 from tuner.measure.driver.outcomes import MTIME_SLACK_S, collect_rank, placed, summarize
 from tuner.measure.driver.places import RankPlace, free_port
 from tuner.measure.driver.processes import rank_preloads, start_rank, stop_ranks
+from tuner.measure.driver.ray_address import check_reachable
 from tuner.measure.driver.ray_placement import assign_places, node_bundle, node_shape, why_unplaced
 from tuner.measure.driver.ray_reaper import start_reaper
 from tuner.measure.driver.shm_buffers import remove_allreduce_buffers
@@ -80,6 +81,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, num_gpus
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
+        check_reachable(address)  # Ray retries a GCS that does not answer: a mistyped address waited minutes
         ray.init(address=address, log_to_driver=False)
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local Ray needs no token file
