@@ -25,6 +25,7 @@ import typer
 
 from tuner.cli.common import default_device, fail
 from tuner.cli.numerics_flags import Bf16MasterOpt, Bf16StatesOpt, ChunkedLossOpt, LigerOpt, OptimizerOpt
+from tuner.cli.seq_len_option import sequence_length
 from tuner.errors import InputError
 from tuner.estimator import estimate
 from tuner.requests import (
@@ -69,28 +70,7 @@ GpuTypeOpt = Annotated[
 ]
 CpuMemoryOpt = Annotated[str, typer.Option(help="CPU memory per node.")]
 
-
-def sequence_length(value: str | int) -> int:
-    """A ``--seq-len`` of estimate and measure: a whole number from 1; ``max`` is refused pointing to the commands
-    that search the longest length (it is tune's and the API's)."""
-    text = str(value).strip()
-    if text.lower() == "max":
-        raise typer.BadParameter(
-            "max is searched by dstune estimate --max-seq-len (the longest that fits) and dstune tune --seq-len max "
-            "(by measurement); here give a number of tokens"
-        )
-    try:
-        length = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a whole number of tokens") from None
-    if length < 1:
-        raise typer.BadParameter(f"{length} is below 1 token")
-    return length
-
-
-SeqLenOpt = Annotated[
-    int, typer.Option(parser=sequence_length, metavar="<int range>", help="Sequence length (tokens, at least 1).")
-]
+SeqLenOpt = Annotated[int, typer.Option(parser=sequence_length, metavar="<int range>", help="Sequence length.")]
 TuneSeqLenOpt = Annotated[
     str, typer.Option(help="Sequence length, or max: the longest that fits, by measurement from the estimate.")
 ]
