@@ -90,11 +90,11 @@ def measure_command(
         launcher, ray_address, warmup, steps, timeout, cap, warmup_max, script, seq_len_known(flags)
     )
     result = measure(workload, trial, options, show_progress=not as_json)
+    over = over_memory(workload, trial, result) if script is None else None
     if as_json:
-        typer.echo(json.dumps(result))
+        typer.echo(json.dumps({**result, "over_memory": over}))
     else:
         render_measurement(result, budget=workload.cluster.gpu_memory)
-        over = over_memory(workload, trial, result) if script is None else None
         if over:
             Console().print(f"over the memory: {over} (a study records this run oom)", highlight=False, soft_wrap=True)
     raise typer.Exit(0 if result["status"] == "ok" else 1)
