@@ -172,7 +172,7 @@ def test_hpz_adds_a_secondary_16bit_partition_over_its_group() -> None:
     [
         (llama(), 2, config(tp=4), "tensor_parallel.autotp_size", "GPUs of a node"),  # 2 nodes × 2 GPUs
         (llama(), 16, config(tp=16), "tensor_parallel.autotp_size", "attention heads"),
-        (llama(), 8, config(tp=3), "tensor_parallel.autotp_size", "sp × tp = 3 must divide the 16 ranks"),
+        (llama(), 8, config(tp=3), "tensor_parallel.autotp_size", "tp = 3 must divide the 16 ranks"),
         (llama(), 8, config(tp=8), "tensor_parallel.autotp_size", "key-value heads"),
         (model_from_param_count(1e9), 8, config(tp=2), "tensor_parallel.autotp_size", "bare parameter count"),
         (llama(), 4, config(1, 2, zero_hpz_partition_size=2), "zero_optimization.zero_hpz_partition_size", "ZeRO-3"),

@@ -68,6 +68,6 @@ def test_a_trials_ranks_make_hpz_and_qgz_groups_at_zero3_only() -> None:
 
 
 def test_a_layout_that_does_not_divide_the_ranks_names_its_key() -> None:
-    with pytest.raises(ConfigError, match=r"tensor_parallel\.autotp_size: sp × tp = 4 must divide the 6 ranks"):
+    with pytest.raises(ConfigError, match=r"tensor_parallel\.autotp_size: tp = 4 must divide the 6 ranks"):
         ParallelLayout(tensor_parallel=4).data_parallel(6)
     assert Ranks(6, tensor=4).data_parallel == 1  # unchecked, as the space counts a study's ranks

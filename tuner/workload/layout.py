@@ -16,7 +16,7 @@ Example:
     (2, 4, 'SP 2')
     >>> layout.data_parallel(3)
     Traceback (most recent call last):
-    tuner.workload.config_values.ConfigError: sequence_parallel_size: sp × tp = 2 must divide the 3 ranks
+    tuner.workload.config_values.ConfigError: sequence_parallel_size: sp = 2 must divide the 3 ranks
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Example:
     >>> check_long_context(work, TrialConfig({"sequence_parallel_size": 8}))
     >>> check_long_context(work, TrialConfig({"sequence_parallel_size": 3}))
     Traceback (most recent call last):
-    tuner.workload.config_values.ConfigError: sequence_parallel_size: sp × tp = 3 must divide the 8 ranks
+    tuner.workload.config_values.ConfigError: sequence_parallel_size: sp = 3 must divide the 8 ranks
 """
 
 from __future__ import annotations

@@ -115,8 +115,18 @@ class Ranks:
         """
         if self.world % self.model_parallel:
             field = "sequence_parallel_size" if self.sequence > 1 else "tensor_parallel.autotp_size"
-            raise ConfigError(field, f"sp × tp = {self.model_parallel} must divide the {self.world} ranks")
+            raise ConfigError(field, f"{self.model_parallel_degrees()} must divide the {self.world} ranks")
         return self
+
+    def model_parallel_degrees(self) -> str:
+        """The model-parallel degrees as given: ``sp = 2``, ``tp = 3``, or ``sp × tp = 2 × 3 = 6`` with both.
+
+        >>> Ranks(8, sequence=2, tensor=3).model_parallel_degrees(), Ranks(8, tensor=3).model_parallel_degrees()
+        ('sp × tp = 2 × 3 = 6', 'tp = 3')
+        """
+        if self.sequence > 1 and self.tensor > 1:
+            return f"sp × tp = {self.sequence} × {self.tensor} = {self.model_parallel}"
+        return f"sp = {self.sequence}" if self.sequence > 1 else f"tp = {self.tensor}"
 
     def place(self, rank: int) -> RankPlace:
         """``rank``'s index in each group: sequence- and tensor-parallel groups are consecutive ranks, so the
