@@ -1,5 +1,6 @@
 """``"seq_len": "max"`` on ``/v1/estimate`` and ``/v1/recommend``: the answer beside the estimate of its config,
-pins from the fields given, 422 for bad input and for nothing fitting, and the OpenAPI schema."""
+pins from the fields given, a margin as ``--margin`` reads it, 422 for bad input and for nothing fitting, and the
+OpenAPI schema."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tuner.requests import WorkloadRequest, to_workload
 from tuner.workload import TrialConfig
 
 LLAMA = {"model": "llama-2-7b", "model_impl": "builtin", "gpus": 8, "seq_len": "max"}
+TINY = {"model": "tiny-llama", "gpus": 2, "device": "cpu", "gpu_memory": "64MiB", "seq_len": "max"}
 
 
 @pytest.fixture
@@ -84,3 +86,21 @@ def test_openapi_documents_max_and_the_answer(client: TestClient) -> None:
     assert any(option.get("const") == "max" or option.get("enum") == ["max"] for option in seq["anyOf"])
     assert "max_seq_len" in schema["EstimateResponse"]["properties"]
     assert "max_seq_len" in schema["RecommendResponse"]["properties"]
+
+
+# ``margin`` takes what ``--margin`` takes (the docs say "as ``--margin``"): "10%" as well as 0.1.
+
+
+def test_a_percentage_margin_answers_as_its_fraction(client: TestClient) -> None:
+    percent = client.post("/v1/estimate", json={"workload": TINY, "margin": "10%"})
+    assert percent.status_code == 200, percent.text
+    fraction = client.post("/v1/estimate", json={"workload": TINY, "margin": 0.1}).json()
+    assert percent.json()["max_seq_len"]["margin"] == 0.1
+    assert percent.json()["max_seq_len"]["seq_len"] == fraction["max_seq_len"]["seq_len"]
+
+
+@pytest.mark.parametrize("margin", ["ten", "60%"])
+def test_a_margin_that_does_not_read_is_422_naming_it(client: TestClient, margin: str) -> None:
+    response = client.post("/v1/estimate", json={"workload": TINY, "margin": margin})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][-1] == "margin"
